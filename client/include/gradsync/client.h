@@ -1,0 +1,73 @@
+// gradsync::Client: a trainer's handle on its node's gradsyncd.
+//
+//   auto client = gradsync::Client::connect({});              // $GRADSYNC_SOCKET or the default
+//   client->join({.job_id = "resnet", .rank = r, .world_size = n, .local_rank = r, .local_world_size = n});
+//   auto grads = client->allocate_flat(specs);                 // shared memory, views of one buffer
+//   auto set = client->register_tensors(grads, {});            // once; a barrier across local ranks
+//   ... fill grads ...
+//   client->allreduce(set).wait(std::chrono::seconds(30));     // each step
+//
+// Or, as autograd hooks fire: auto work = client->allreduce_deferred(set); then
+// client->mark_ready(set, i) for each tensor; buckets launch as soon as every local client has
+// marked all of their tensors.
+//
+// Errors: methods throw gradsync::Error, whose message names what was wrong. A Client is not
+// thread-safe; use it from one thread (Work handles may be waited on from any thread).
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "gradsync/options.h"
+#include "gradsync/tensor.h"
+#include "gradsync/work.h"
+
+namespace gradsync {
+
+class Client {
+ public:
+  // Connects and says hello; throws Error when the daemon is unreachable or incompatible.
+  static std::unique_ptr<Client> connect(const ConnectOptions& options);
+
+  virtual ~Client() = default;
+
+  // Joins a job. Joining again leaves the previous job (its other members see it fail) and
+  // joins a new incarnation: that is how a job re-forms after a failure.
+  virtual void join(const JoinOptions& options) = 0;
+
+  // A tensor in its own shared-memory segment, zero-filled.
+  virtual SharedTensor allocate(const TensorSpec& spec) = 0;
+
+  // Tensors as views of one flat shared buffer, packed in order (each aligned to its element
+  // size). Buckets of such tensors are reduced in place with no coalescing copy.
+  virtual std::vector<SharedTensor> allocate_flat(std::span<const TensorSpec> specs) = 0;
+
+  // Registers a set once. Blocks until every local client registered its set with the same id
+  // (the n-th call on every rank), and throws a LayoutMismatch Error naming the first differing
+  // tensor if their layouts differ.
+  virtual TensorSet register_tensors(std::span<const SharedTensor> tensors, const RegisterOptions& options) = 0;
+
+  // All tensors of the set are ready now.
+  virtual Work allreduce(const TensorSet& set, const ReduceOptions& options) = 0;
+
+  // Opens an allreduce whose tensors are marked ready one by one with mark_ready().
+  virtual Work allreduce_deferred(const TensorSet& set, const ReduceOptions& options) = 0;
+  virtual void mark_ready(const TensorSet& set, uint32_t tensor_index) = 0;
+
+  // Copies the root's tensors into every rank's.
+  virtual Work broadcast(const TensorSet& set, int root) = 0;
+
+  // Reduces into the root's tensors only; other ranks' tensors are unchanged.
+  virtual Work reduce(const TensorSet& set, int root, const ReduceOptions& options) = 0;
+
+  // Gathers every rank's tensors; read them with set.gathered(rank, i).
+  virtual Work allgather(const TensorSet& set) = 0;
+
+  // The job's timeout as the daemon applies it.
+  virtual std::chrono::milliseconds job_timeout() const = 0;
+};
+
+
+}  // namespace gradsync

@@ -1,0 +1,64 @@
+// Options of the client API. Defaults are what a data-parallel trainer wants.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "shared/dtype.h"
+
+namespace gradsync {
+
+inline constexpr const char* kDefaultSocketPath = "/run/gradsync/gradsync.sock";
+
+struct ConnectOptions {
+  // The daemon's control socket. Empty: $GRADSYNC_SOCKET, else kDefaultSocketPath.
+  std::string socket_path;
+  std::string client_name = "trainer";  // shows up in the daemon's logs
+  // Bound for control requests that do not wait for other clients (hello, segments).
+  std::chrono::milliseconds request_timeout{10'000};
+};
+
+// Who this process is in the job. On one node, world_size == local_world_size and
+// rank == local_rank.
+struct JoinOptions {
+  std::string job_id;
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  int local_world_size = 1;
+  // Bound for every wait of the job (registration barrier, a step's stragglers). Zero: the
+  // daemon's default (--timeout-ms).
+  std::chrono::milliseconds timeout{0};
+};
+
+// Where a tensor belongs; layout must be identical on every rank.
+struct TensorSpec {
+  DType dtype = DType::kFloat32;
+  uint64_t numel = 0;
+  std::string group = "dp";  // process group; only "dp" (all ranks) until multi-node support
+};
+
+struct RegisterOptions {
+  // Bucket cap in bytes. nullopt: 25 MiB. 0: one bucket per (group, dtype).
+  std::optional<uint64_t> bucket_cap_bytes;
+  // Reserve an allgather output for this set (world_size copies of its tensors).
+  bool allgather = false;
+};
+
+enum class ReduceOp { kSum, kAvg, kMin, kMax };
+
+// When kAvg divides: after combining (the default), or before (prescale, which keeps fp16
+// sums from overflowing).
+enum class Scaling { kAfter, kBefore };
+
+struct ReduceOptions {
+  ReduceOp op = ReduceOp::kAvg;
+  Scaling scaling = Scaling::kAfter;
+  double divisor = 0;  // kAvg only; 0 means the world size
+  // float16/bfloat16: accumulate in float32 and round once (DeepSpeed's fp32_allreduce).
+  bool fp32_accumulate = true;
+};
+
+}  // namespace gradsync

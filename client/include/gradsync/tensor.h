@@ -1,0 +1,78 @@
+// Tensors in shared memory and registered tensor sets. The memory belongs to the Client that
+// allocated it and stays valid as long as that Client lives.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "shared/dtype.h"
+
+namespace gradsync {
+
+// A view of a tensor in a shared-memory segment that the daemon can reach.
+class SharedTensor {
+ public:
+  SharedTensor() = default;
+  SharedTensor(DType dtype, uint64_t numel, std::string group, std::byte* data, uint32_t segment_id, uint64_t offset)
+      : dtype_(dtype), numel_(numel), group_(std::move(group)), data_(data), segment_id_(segment_id), offset_(offset) {}
+
+  DType dtype() const { return dtype_; }
+  uint64_t numel() const { return numel_; }
+  size_t bytes() const { return numel_ * dtype_size(dtype_); }
+  const std::string& group() const { return group_; }
+  std::byte* data() const { return data_; }
+
+  // The elements as T; T must match dtype() in size (uint16_t for float16/bfloat16).
+  template <class T>
+  std::span<T> as() const {
+    return {reinterpret_cast<T*>(data_), static_cast<size_t>(numel_)};
+  }
+
+  uint32_t segment_id() const { return segment_id_; }
+  uint64_t offset() const { return offset_; }
+
+ private:
+  DType dtype_ = DType::kFloat32;
+  uint64_t numel_ = 0;
+  std::string group_ = "dp";
+  std::byte* data_ = nullptr;
+  uint32_t segment_id_ = 0;
+  uint64_t offset_ = 0;
+};
+
+struct BucketInfo {
+  DType dtype = DType::kFloat32;
+  std::vector<uint32_t> tensors;  // indices into the set
+  uint64_t bytes = 0;
+  bool zero_copy = false;  // reduced in place, no coalescing copy
+};
+
+// A registered set of tensors. Sets get ids 0, 1, 2, ... in registration order, so every rank
+// must register its sets in the same order.
+class TensorSet {
+ public:
+  uint32_t id() const { return id_; }
+  size_t size() const { return tensors_.size(); }
+  const SharedTensor& tensor(size_t i) const { return tensors_.at(i); }
+  const std::vector<SharedTensor>& tensors() const { return tensors_; }
+  const std::vector<BucketInfo>& buckets() const { return buckets_; }
+
+  // After allgather: tensor i as contributed by `rank`. Requires RegisterOptions::allgather.
+  SharedTensor gathered(int rank, size_t i) const;
+
+ private:
+  friend class ClientImpl;
+  uint32_t id_ = 0;
+  std::vector<SharedTensor> tensors_;
+  std::vector<BucketInfo> buckets_;
+  std::byte* gather_base_ = nullptr;
+  uint64_t packed_bytes_ = 0;
+  std::vector<uint64_t> packed_offset_;
+  int world_size_ = 0;
+  uint64_t incarnation_ = 0;  // which join of the client it belongs to
+};
+
+}  // namespace gradsync

@@ -1,0 +1,333 @@
+#include "client/src/client_impl.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <unistd.h>
+
+#include "shared/version.h"
+
+namespace gradsync {
+namespace {
+
+uint64_t round_up(uint64_t value, uint64_t multiple) { return (value + multiple - 1) / multiple * multiple; }
+
+WireReduceOp wire(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return WireReduceOp::kSum;
+    case ReduceOp::kAvg: return WireReduceOp::kAvg;
+    case ReduceOp::kMin: return WireReduceOp::kMin;
+    case ReduceOp::kMax: return WireReduceOp::kMax;
+  }
+  throw Error(Status::invalid_argument("unknown reduce operation " + std::to_string(static_cast<int>(op))));
+}
+
+void check_spec(const TensorSpec& spec) {
+  if (!dtype_from_raw(static_cast<uint32_t>(spec.dtype))) {
+    throw Error(Status::invalid_argument("unknown dtype " + std::to_string(static_cast<uint32_t>(spec.dtype))));
+  }
+}
+
+// The bound for control calls that wait on other clients (registration barrier).
+std::chrono::milliseconds barrier_bound(std::chrono::milliseconds job_timeout) {
+  return job_timeout + std::chrono::seconds(5);
+}
+
+}  // namespace
+
+std::unique_ptr<Client> Client::connect(const ConnectOptions& options) {
+  ConnectOptions resolved = options;
+  if (resolved.socket_path.empty()) {
+    // The one place the client library reads the environment: the documented way to point a
+    // trainer at a daemon without changing its code.
+    const char* from_env = std::getenv("GRADSYNC_SOCKET");
+    resolved.socket_path = from_env && *from_env ? from_env : kDefaultSocketPath;
+  }
+  auto connection = std::make_shared<Connection>(resolved.socket_path);
+  control::Request request;
+  request.mutable_hello()->set_protocol_version(kProtocolVersion);
+  request.mutable_hello()->set_client_name(resolved.client_name);
+  connection->call(request, resolved.request_timeout);
+  return std::make_unique<ClientImpl>(std::move(connection), std::move(resolved));
+}
+
+ClientImpl::ClientImpl(std::shared_ptr<Connection> connection, ConnectOptions options)
+    : connection_(std::move(connection)), options_(std::move(options)) {}
+
+ClientImpl::~ClientImpl() = default;
+
+void ClientImpl::join(const JoinOptions& options) {
+  control::Request request;
+  auto* join = request.mutable_join();
+  join->set_job_id(options.job_id);
+  join->set_rank(options.rank);
+  join->set_world_size(options.world_size);
+  join->set_local_rank(options.local_rank);
+  join->set_local_world_size(options.local_world_size);
+  join->set_timeout_ms(static_cast<uint32_t>(options.timeout.count()));
+  // Whatever happens, the previous incarnation is gone.
+  joined_.reset();
+  submit_.reset();
+  completions_.reset();
+  channel_.reset();
+  set_sizes_.clear();
+  set_has_integers_.clear();
+  deferred_.clear();
+  next_seq_ = 1;
+  next_set_id_ = 0;
+  incarnation_++;
+
+  const control::Reply reply = connection_->call(request, options_.request_timeout);
+  const auto& body = reply.join();
+  ShmSegment::OpenOptions open;
+  open.expected_bytes = body.channel_bytes();
+  channel_ = std::make_shared<ShmSegment>(ShmSegment::open(body.channel_name(), open));
+  auto* header = reinterpret_cast<ChannelHeader*>(channel_->data());
+  if (header->magic != kChannelMagic || header->version != kChannelVersion ||
+      header->local_world_size != static_cast<uint32_t>(options.local_world_size)) {
+    throw Error(Status::protocol("the job channel from gradsyncd has an unexpected layout"));
+  }
+  completions_ = std::make_shared<Completions>(channel_, static_cast<uint32_t>(options.local_rank), connection_);
+  submit_.emplace(&client_channel(channel_->data(), static_cast<uint32_t>(options.local_rank))->submit);
+  timeout_ = std::chrono::milliseconds(body.timeout_ms());
+  joined_ = options;
+}
+
+ClientImpl::Segment& ClientImpl::new_segment(size_t bytes) {
+  auto segment = std::make_unique<Segment>(Segment{ShmSegment::create(ShmSegment::unique_name("t"), bytes), 0});
+  control::Request request;
+  request.mutable_segment()->set_name(segment->memory.name());
+  request.mutable_segment()->set_bytes(segment->memory.size());
+  const control::Reply reply = connection_->call(request, options_.request_timeout);
+  segment->id = reply.segment().segment_id();
+  segment->memory.unlink();  // the daemon has mapped it (and removed the name already)
+  segments_.push_back(std::move(segment));
+  return *segments_.back();
+}
+
+SharedTensor ClientImpl::allocate(const TensorSpec& spec) {
+  check_spec(spec);
+  Segment& segment = new_segment(std::max<size_t>(64, round_up(spec.numel * dtype_size(spec.dtype), 64)));
+  return SharedTensor(spec.dtype, spec.numel, spec.group, segment.memory.data(), segment.id, 0);
+}
+
+std::vector<SharedTensor> ClientImpl::allocate_flat(std::span<const TensorSpec> specs) {
+  if (specs.empty()) throw Error(Status::invalid_argument("allocate_flat needs at least one tensor"));
+  std::vector<uint64_t> offsets;
+  uint64_t bytes = 0;
+  for (const auto& spec : specs) {
+    check_spec(spec);
+    bytes = round_up(bytes, dtype_size(spec.dtype));
+    offsets.push_back(bytes);
+    bytes += spec.numel * dtype_size(spec.dtype);
+  }
+  Segment& segment = new_segment(std::max<uint64_t>(64, round_up(bytes, 64)));
+  std::vector<SharedTensor> tensors;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    tensors.emplace_back(specs[i].dtype, specs[i].numel, specs[i].group, segment.memory.data() + offsets[i], segment.id,
+                         offsets[i]);
+  }
+  return tensors;
+}
+
+void ClientImpl::require_joined(const char* what) const {
+  if (!joined_) throw Error(Status::invalid_argument(std::string("join a job before ") + what));
+}
+
+TensorSet ClientImpl::register_tensors(std::span<const SharedTensor> tensors, const RegisterOptions& options) {
+  require_joined("registering tensors");
+  if (tensors.empty()) throw Error(Status::invalid_argument("a tensor set needs at least one tensor"));
+  TensorSet set;
+  set.id_ = next_set_id_;
+  set.world_size_ = joined_->world_size;
+  set.incarnation_ = incarnation_;
+  control::Request request;
+  auto* body = request.mutable_register_();
+  body->set_set_id(set.id_);
+  if (options.bucket_cap_bytes) {
+    body->set_has_bucket_cap(true);
+    body->set_bucket_cap_bytes(*options.bucket_cap_bytes);
+  }
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const SharedTensor& tensor = tensors[i];
+    if (!dtype_from_raw(static_cast<uint32_t>(tensor.dtype()))) {
+      throw Error(Status::invalid_argument("tensor " + std::to_string(i) + ": unknown dtype " +
+                                           std::to_string(static_cast<uint32_t>(tensor.dtype()))));
+    }
+    auto* desc = body->add_tensors();
+    desc->set_dtype(static_cast<control::DType>(tensor.dtype()));
+    desc->set_numel(tensor.numel());
+    desc->set_segment_id(tensor.segment_id());
+    desc->set_offset(tensor.offset());
+    desc->set_group(tensor.group());
+    set.packed_offset_.push_back(set.packed_bytes_);
+    set.packed_bytes_ += tensor.bytes();
+  }
+  if (options.allgather) {
+    Segment& out = new_segment(std::max<uint64_t>(64, set.packed_bytes_ * static_cast<uint64_t>(set.world_size_)));
+    body->set_has_gather_output(true);
+    body->set_gather_segment_id(out.id);
+    body->set_gather_offset(0);
+    set.gather_base_ = out.memory.data();
+  }
+  next_set_id_++;  // ids stay aligned across ranks even when a registration fails
+  const control::Reply reply = connection_->call(request, barrier_bound(timeout_));
+  set.tensors_.assign(tensors.begin(), tensors.end());
+  for (const auto& info : reply.register_().buckets()) {
+    BucketInfo bucket;
+    bucket.dtype = static_cast<DType>(info.dtype());
+    bucket.tensors.assign(info.tensors().begin(), info.tensors().end());
+    bucket.bytes = info.bytes();
+    bucket.zero_copy = info.zero_copy();
+    set.buckets_.push_back(std::move(bucket));
+  }
+  set_sizes_[set.id_] = set.tensors_.size();
+  for (const SharedTensor& tensor : set.tensors_) {
+    if (!dtype_is_floating(tensor.dtype())) set_has_integers_.insert(set.id_);
+  }
+  return set;
+}
+
+void ClientImpl::require_set(const TensorSet& set) const {
+  require_joined("submitting operations");
+  if (set.incarnation_ != incarnation_ || !set_sizes_.count(set.id())) {
+    throw Error(Status::invalid_argument("set " + std::to_string(set.id()) +
+                                         " is not registered in the current job incarnation"));
+  }
+}
+
+SubmitEntry ClientImpl::op_entry(OpKind kind, const TensorSet& set) const {
+  require_set(set);
+  if (deferred_.count(set.id())) {
+    throw Error(Status::invalid_argument("set " + std::to_string(set.id()) +
+                                         " has a deferred allreduce whose tensors are not all marked ready"));
+  }
+  SubmitEntry entry;
+  entry.kind = static_cast<uint32_t>(SubmitKind::kOp);
+  entry.set_id = set.id();
+  entry.op = static_cast<uint32_t>(kind);
+  entry.flags = kSubmitAllReady;
+  return entry;
+}
+
+void ClientImpl::fill_reduce(SubmitEntry* entry, const ReduceOptions& options) const {
+  entry->reduce_op = static_cast<uint32_t>(wire(options.op));
+  if (options.op == ReduceOp::kAvg) {
+    // Checked here too, so that a plain mistake fails this call instead of the whole job.
+    if (set_has_integers_.count(entry->set_id)) {
+      throw Error(Status::invalid_argument("avg is not defined for integer tensors (set " +
+                                           std::to_string(entry->set_id) + "); use sum"));
+    }
+    entry->scaling = static_cast<uint32_t>(options.scaling == Scaling::kBefore ? WireScaling::kBefore : WireScaling::kAfter);
+    if (!(options.divisor >= 0) || !std::isfinite(options.divisor)) {
+      throw Error(Status::invalid_argument("divisor must be positive and finite (0 means the world size), got " +
+                                           std::to_string(options.divisor)));
+    }
+    entry->divisor = options.divisor;
+  } else if (options.divisor != 0) {
+    throw Error(Status::invalid_argument("a divisor applies only to ReduceOp::kAvg"));
+  }
+  if (!options.fp32_accumulate) entry->flags |= kSubmitNarrowAccumulate;
+}
+
+void ClientImpl::push(const SubmitEntry& entry) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout_;
+  while (!submit_->try_push(entry)) {
+    throw_if_error(completions_->job_failure());
+    // The daemon drains the ring continuously; a full ring means it is busy or stuck.
+    const bool space = submit_->space().wait_until([&] { return !submit_->full(); },
+                                                   std::min(deadline, std::chrono::steady_clock::now() +
+                                                                          std::chrono::milliseconds(100)));
+    if (!space && std::chrono::steady_clock::now() >= deadline) {
+      throw Error(Status::timeout("the submission ring stayed full for " + std::to_string(timeout_.count()) + " ms"));
+    }
+  }
+  auto* header = reinterpret_cast<ChannelHeader*>(channel_->data());
+  header->doorbell.notify();
+}
+
+Work ClientImpl::submit(const SubmitEntry& original) {
+  throw_if_error(completions_->job_failure());
+  completions_->wait_below(CompletionRing::capacity, std::chrono::steady_clock::now() + timeout_);
+  SubmitEntry entry = original;
+  entry.op_seq = next_seq_++;
+  completions_->expect(entry.op_seq);
+  push(entry);
+  return Work(completions_, entry.op_seq);
+}
+
+Work ClientImpl::allreduce(const TensorSet& set, const ReduceOptions& options) {
+  SubmitEntry entry = op_entry(OpKind::kAllreduce, set);
+  fill_reduce(&entry, options);
+  return submit(entry);
+}
+
+Work ClientImpl::allreduce_deferred(const TensorSet& set, const ReduceOptions& options) {
+  SubmitEntry entry = op_entry(OpKind::kAllreduce, set);
+  fill_reduce(&entry, options);
+  entry.flags &= ~kSubmitAllReady;
+  Work work = submit(entry);
+  deferred_[set.id()] = Deferred{work.seq(), std::vector<bool>(set.size(), false), set.size()};
+  return work;
+}
+
+void ClientImpl::mark_ready(const TensorSet& set, uint32_t tensor_index) {
+  require_set(set);
+  auto it = deferred_.find(set.id());
+  if (it == deferred_.end()) {
+    throw Error(Status::invalid_argument("set " + std::to_string(set.id()) + " has no deferred allreduce open"));
+  }
+  Deferred& deferred = it->second;
+  if (tensor_index >= set.size()) {
+    throw Error(Status::invalid_argument("tensor index " + std::to_string(tensor_index) + " is out of range; set " +
+                                         std::to_string(set.id()) + " has " + std::to_string(set.size()) + " tensors"));
+  }
+  if (deferred.marked[tensor_index]) {
+    throw Error(Status::invalid_argument("tensor " + std::to_string(tensor_index) + " is already marked ready"));
+  }
+  throw_if_error(completions_->job_failure());
+  SubmitEntry entry;
+  entry.kind = static_cast<uint32_t>(SubmitKind::kMarkReady);
+  entry.set_id = set.id();
+  entry.op_seq = deferred.seq;
+  entry.tensor_index = tensor_index;
+  push(entry);
+  deferred.marked[tensor_index] = true;
+  if (--deferred.left == 0) deferred_.erase(it);
+}
+
+Work ClientImpl::broadcast(const TensorSet& set, int root) {
+  SubmitEntry entry = op_entry(OpKind::kBroadcast, set);
+  entry.root = root;
+  return submit(entry);
+}
+
+Work ClientImpl::reduce(const TensorSet& set, int root, const ReduceOptions& options) {
+  SubmitEntry entry = op_entry(OpKind::kReduce, set);
+  fill_reduce(&entry, options);
+  entry.root = root;
+  return submit(entry);
+}
+
+Work ClientImpl::allgather(const TensorSet& set) {
+  SubmitEntry entry = op_entry(OpKind::kAllgather, set);
+  if (!set.gather_base_) {
+    throw Error(Status::invalid_argument("set " + std::to_string(set.id()) +
+                                         " was registered without RegisterOptions::allgather"));
+  }
+  return submit(entry);
+}
+
+SharedTensor TensorSet::gathered(int rank, size_t i) const {
+  if (!gather_base_) {
+    throw Error(Status::invalid_argument("set " + std::to_string(id_) + " was registered without RegisterOptions::allgather"));
+  }
+  if (rank < 0 || rank >= world_size_) {
+    throw Error(Status::invalid_argument("rank " + std::to_string(rank) + " is outside world size " +
+                                         std::to_string(world_size_)));
+  }
+  const SharedTensor& t = tensors_.at(i);
+  const uint64_t offset = static_cast<uint64_t>(rank) * packed_bytes_ + packed_offset_[i];
+  return SharedTensor(t.dtype(), t.numel(), t.group(), gather_base_ + offset, 0, offset);
+}
+
+}  // namespace gradsync

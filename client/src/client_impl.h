@@ -1,0 +1,71 @@
+// The implementation behind gradsync::Client.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <vector>
+
+#include "client/src/completions.h"
+#include "client/src/connection.h"
+#include "gradsync/client.h"
+#include "shared/shm_segment.h"
+
+namespace gradsync {
+
+class ClientImpl final : public Client {
+ public:
+  ClientImpl(std::shared_ptr<Connection> connection, ConnectOptions options);
+  ~ClientImpl() override;
+
+  void join(const JoinOptions& options) override;
+  SharedTensor allocate(const TensorSpec& spec) override;
+  std::vector<SharedTensor> allocate_flat(std::span<const TensorSpec> specs) override;
+  TensorSet register_tensors(std::span<const SharedTensor> tensors, const RegisterOptions& options) override;
+  Work allreduce(const TensorSet& set, const ReduceOptions& options) override;
+  Work allreduce_deferred(const TensorSet& set, const ReduceOptions& options) override;
+  void mark_ready(const TensorSet& set, uint32_t tensor_index) override;
+  Work broadcast(const TensorSet& set, int root) override;
+  Work reduce(const TensorSet& set, int root, const ReduceOptions& options) override;
+  Work allgather(const TensorSet& set) override;
+  std::chrono::milliseconds job_timeout() const override { return timeout_; }
+
+ private:
+  struct Segment {
+    ShmSegment memory;
+    uint32_t id;
+  };
+  // An allreduce opened with allreduce_deferred whose tensors are not all marked yet.
+  struct Deferred {
+    uint64_t seq = 0;
+    std::vector<bool> marked;
+    size_t left = 0;
+  };
+
+  Segment& new_segment(size_t bytes);
+  void require_joined(const char* what) const;
+  void require_set(const TensorSet& set) const;
+  SubmitEntry op_entry(OpKind kind, const TensorSet& set) const;
+  void fill_reduce(SubmitEntry* entry, const ReduceOptions& options) const;
+  Work submit(const SubmitEntry& entry);
+  void push(const SubmitEntry& entry);
+
+  std::shared_ptr<Connection> connection_;
+  ConnectOptions options_;
+  std::vector<std::unique_ptr<Segment>> segments_;
+  // Per job incarnation:
+  std::optional<JoinOptions> joined_;
+  std::chrono::milliseconds timeout_{0};
+  std::shared_ptr<ShmSegment> channel_;
+  std::shared_ptr<Completions> completions_;
+  std::optional<RingWriter<SubmitRing>> submit_;
+  uint64_t next_seq_ = 1;
+  uint32_t next_set_id_ = 0;
+  uint64_t incarnation_ = 0;  // bumped by every join; sets of older joins are refused
+  std::map<uint32_t, size_t> set_sizes_;  // registered sets of this incarnation
+  std::map<uint32_t, Deferred> deferred_;
+  std::set<uint32_t> set_has_integers_;  // sets with an integer tensor: no avg
+};
+
+}  // namespace gradsync

@@ -1,0 +1,90 @@
+#include "client/src/connection.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace gradsync {
+
+Connection::Connection(const std::string& socket_path) : path_(socket_path) {
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  if (socket_path.empty() || socket_path.size() >= sizeof(address.sun_path)) {
+    throw Error(Status::invalid_argument("control socket path '" + socket_path + "' is empty or too long"));
+  }
+  std::memcpy(address.sun_path, socket_path.c_str(), socket_path.size() + 1);
+  fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd_ < 0) throw Error(Status::internal(std::string("socket() failed: ") + std::strerror(errno)));
+  if (::connect(fd_, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
+    const int err = errno;
+    ::close(fd_);
+    fd_ = -1;
+    throw Error(Status::peer_lost("cannot connect to gradsyncd at " + socket_path + ": " + std::strerror(err) +
+                                  " (is the daemon running? set GRADSYNC_SOCKET or ConnectOptions::socket_path)"));
+  }
+}
+
+Connection::~Connection() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void Connection::write_all(const std::string& bytes) {
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::send(fd_, bytes.data() + done, bytes.size() - done, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) throw Error(Status::peer_lost("lost the connection to gradsyncd at " + path_ + ": " + std::strerror(errno)));
+    done += static_cast<size_t>(n);
+  }
+}
+
+control::Reply Connection::call(control::Request request, std::chrono::milliseconds timeout) {
+  const uint64_t id = next_id_++;
+  request.set_id(id);
+  write_all(encode_frame(request.SerializeAsString()));
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    std::optional<std::string> payload;
+    throw_if_error(decoder_.next(&payload));
+    if (payload) {
+      control::Reply reply;
+      if (!reply.ParseFromString(*payload)) throw Error(Status::protocol("gradsyncd sent an unparsable reply"));
+      if (reply.id() != id && reply.id() != 0) continue;  // a stale reply to an abandoned call
+      if (reply.has_error() && reply.error().code() != 0) {
+        throw Error(Status(static_cast<ErrorCode>(reply.error().code()), reply.error().message()));
+      }
+      return reply;
+    }
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      throw Error(Status::timeout("gradsyncd did not answer within " + std::to_string(timeout.count()) + " ms"));
+    }
+    pollfd p{fd_, POLLIN, 0};
+    const int ready = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count(), 1'000'000)));
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready <= 0) continue;
+    std::byte buffer[64 << 10];
+    const ssize_t n = ::recv(fd_, buffer, sizeof(buffer), 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      throw Error(Status::peer_lost("gradsyncd at " + path_ + " closed the connection" +
+                                    (n < 0 ? std::string(": ") + std::strerror(errno) : std::string())));
+    }
+    decoder_.feed(std::span<const std::byte>(buffer, static_cast<size_t>(n)));
+  }
+}
+
+bool Connection::peer_closed() const {
+  pollfd p{fd_, POLLIN | POLLRDHUP, 0};
+  if (::poll(&p, 1, 0) <= 0) return false;
+  // The daemon never speaks unprompted, so readable-with-nothing-to-read means end of stream.
+  if (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) return true;
+  char byte;
+  return ::recv(fd_, &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
+}
+
+}  // namespace gradsync

@@ -1,0 +1,99 @@
+#include "daemon/config.h"
+
+#include <boost/program_options.hpp>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "shared/version.h"
+
+namespace gradsync {
+
+namespace po = boost::program_options;
+
+ParsedConfig parse_daemon_config(int argc, const char* const* argv) {
+  DaemonConfig config;
+  std::string log_level = "info";
+  std::string config_file;
+  uint64_t timeout_ms = config.default_timeout.count();
+  uint64_t max_timeout_ms = config.max_timeout.count();
+  std::vector<uid_t> allowed;
+
+  po::options_description general("Options");
+  general.add_options()
+      ("help,h", "print this help and exit")
+      ("version", "print the version and exit")
+      ("config", po::value(&config_file), "read options from this file (key = value lines, same names as the flags)");
+  po::options_description settings("Settings (flags or config file)");
+  settings.add_options()
+      ("socket", po::value(&config.socket_path)->default_value(config.socket_path),
+       "Unix control socket that trainers connect to")
+      ("timeout-ms", po::value(&timeout_ms)->default_value(timeout_ms),
+       "default bound on every wait of a job, in milliseconds (a job may ask for its own)")
+      ("max-timeout-ms", po::value(&max_timeout_ms)->default_value(max_timeout_ms),
+       "largest timeout a job may ask for, in milliseconds")
+      ("reduce-threads", po::value(&config.reduce_threads)->default_value(0),
+       "threads that reduce buckets, shared by all jobs; 0 means one per CPU")
+      ("allow-uid", po::value(&allowed)->composing(),
+       "user id allowed to connect (repeatable); default: the daemon's own user and root")
+      ("log-level", po::value(&log_level)->default_value(log_level), "debug, info, warning or error");
+
+  po::options_description all;
+  all.add(general).add(settings);
+
+  std::ostringstream usage;
+  usage << "Usage: gradsyncd [options]\n\n"
+        << "gradsyncd reduces the gradients of the trainers on this node. Trainers connect to its\n"
+        << "control socket, register shared-memory tensors once, and signal each step through\n"
+        << "shared-memory rings.\n\n"
+        << all;
+
+  ParsedConfig result;
+  po::variables_map vm;
+  try {
+    po::store(po::parse_command_line(argc, argv, all), vm);
+    if (vm.count("config")) {
+      std::ifstream file(vm["config"].as<std::string>());
+      if (!file) {
+        result.message = "gradsyncd: cannot read config file '" + vm["config"].as<std::string>() + "'";
+        result.exit_code = 2;
+        return result;
+      }
+      po::store(po::parse_config_file(file, settings), vm);
+    }
+    po::notify(vm);
+  } catch (const po::error& e) {
+    result.message = std::string("gradsyncd: ") + e.what() + "\nTry 'gradsyncd --help'.";
+    result.exit_code = 2;
+    return result;
+  }
+  if (vm.count("help")) {
+    result.message = usage.str();
+    return result;
+  }
+  if (vm.count("version")) {
+    result.message = std::string("gradsyncd ") + kGradsyncVersion + " (protocol " +
+                     std::to_string(kProtocolVersion) + ")";
+    return result;
+  }
+  auto fail = [&](const std::string& why) {
+    result.message = "gradsyncd: " + why + "\nTry 'gradsyncd --help'.";
+    result.exit_code = 2;
+    return result;
+  };
+  if (!parse_log_level(log_level, &config.log_level)) {
+    return fail("--log-level must be debug, info, warning or error, not '" + log_level + "'");
+  }
+  if (config.socket_path.empty()) return fail("--socket must not be empty");
+  if (timeout_ms == 0) return fail("--timeout-ms must be positive");
+  if (max_timeout_ms < timeout_ms) return fail("--max-timeout-ms must be at least --timeout-ms");
+  config.default_timeout = std::chrono::milliseconds(timeout_ms);
+  config.max_timeout = std::chrono::milliseconds(max_timeout_ms);
+  if (config.reduce_threads == 0) config.reduce_threads = std::max(1u, std::thread::hardware_concurrency());
+  if (config.reduce_threads > 256) return fail("--reduce-threads must be at most 256");
+  config.allowed_uids = allowed;
+  result.config = config;
+  return result;
+}
+
+}  // namespace gradsync

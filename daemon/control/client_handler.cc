@@ -1,0 +1,242 @@
+#include "daemon/control/client_handler.h"
+
+#include <algorithm>
+
+#include "shared/dtype.h"
+#include "shared/version.h"
+
+namespace gradsync {
+namespace {
+
+constexpr std::string_view kDefaultGroup = "dp";
+
+// Resolves one tensor descriptor against the client's segments. The range check is written so
+// that no sum can overflow.
+Status resolve_tensor(size_t index, const control::TensorDesc& desc,
+                      const std::map<uint32_t, std::shared_ptr<const ShmSegment>>& segments,
+                      plan::TensorLayout* layout, std::byte** address, const ShmSegment** segment) {
+  const std::string name = "tensor " + std::to_string(index) + ": ";
+  const auto dtype = dtype_from_raw(static_cast<uint32_t>(desc.dtype()));
+  if (!dtype) return Status::invalid_argument(name + "unknown dtype " + std::to_string(desc.dtype()));
+  auto it = segments.find(desc.segment_id());
+  if (it == segments.end()) {
+    return Status::invalid_argument(name + "unknown segment " + std::to_string(desc.segment_id()) +
+                                    " (announce segments before registering tensors in them)");
+  }
+  const size_t element = dtype_size(*dtype);
+  const uint64_t size = it->second->size();
+  if (desc.numel() > size / element) {
+    return Status::invalid_argument(name + std::to_string(desc.numel()) + " elements of " +
+                                    std::string(dtype_name(*dtype)) + " do not fit in segment " +
+                                    std::to_string(desc.segment_id()) + " of " + std::to_string(size) + " bytes");
+  }
+  const uint64_t bytes = desc.numel() * element;
+  if (desc.offset() > size - bytes) {
+    return Status::invalid_argument(name + "offset " + std::to_string(desc.offset()) + " + " + std::to_string(bytes) +
+                                    " bytes is out of range for segment " + std::to_string(desc.segment_id()) +
+                                    " of " + std::to_string(size) + " bytes");
+  }
+  if (desc.offset() % element != 0) {
+    return Status::invalid_argument(name + "offset " + std::to_string(desc.offset()) +
+                                    " is not a multiple of the " + std::string(dtype_name(*dtype)) +
+                                    " element size " + std::to_string(element));
+  }
+  const std::string group = desc.group().empty() ? std::string(kDefaultGroup) : desc.group();
+  if (group != kDefaultGroup) {
+    return Status::not_supported(name + "process group '" + group +
+                                 "' is not supported yet: named groups need multi-node support; use 'dp' (all ranks)");
+  }
+  layout->dtype = *dtype;
+  layout->numel = desc.numel();
+  layout->group = group;
+  *address = it->second->data() + desc.offset();
+  *segment = it->second.get();
+  return Status::ok_status();
+}
+
+// Two tensors of one set must not share bytes: the reduction writes each of them.
+Status check_no_overlap(const std::vector<plan::TensorLayout>& layout, const std::vector<std::byte*>& address) {
+  std::vector<size_t> order(layout.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return address[a] < address[b]; });
+  for (size_t k = 1; k < order.size(); ++k) {
+    const size_t prev = order[k - 1], cur = order[k];
+    const std::byte* prev_end = address[prev] + layout[prev].numel * dtype_size(layout[prev].dtype);
+    if (layout[cur].numel > 0 && layout[prev].numel > 0 && address[cur] < prev_end) {
+      return Status::invalid_argument("tensor " + std::to_string(std::max(prev, cur)) + " overlaps tensor " +
+                                      std::to_string(std::min(prev, cur)) + " in memory");
+    }
+  }
+  return Status::ok_status();
+}
+
+}  // namespace
+
+void set_error(const Status& status, control::Reply* reply) {
+  reply->mutable_error()->set_code(static_cast<uint32_t>(status.code()));
+  reply->mutable_error()->set_message(status.message());
+}
+
+ClientHandler::ClientHandler(ClientHandlerOptions options) : options_(std::move(options)) {}
+
+ClientHandler::~ClientHandler() { disconnected("disconnected"); }
+
+std::string ClientHandler::who() const {
+  std::string text = "client pid " + std::to_string(options_.peer.pid);
+  if (job_) text = "rank " + std::to_string(rank_) + " (" + text + ")";
+  return text;
+}
+
+void ClientHandler::disconnected(const std::string& how) {
+  if (job_) leave_job(Status::peer_lost("job " + job_->params().id + ": " + who() + " " + how));
+}
+
+void ClientHandler::leave_job(const Status& why) {
+  if (!job_) return;
+  std::shared_ptr<Job> job = std::move(job_);
+  job_.reset();
+  job->leave(local_rank_, why);
+  options_.registry->left(job);
+}
+
+void ClientHandler::handle(const control::Request& request) {
+  control::Reply reply;
+  reply.set_id(request.id());
+  Status status;
+  if (!greeted_ && request.body_case() != control::Request::kHello) {
+    status = Status::protocol("the first request must be Hello");
+  } else {
+    switch (request.body_case()) {
+      case control::Request::kHello: status = on_hello(request.hello(), &reply); break;
+      case control::Request::kJoin: status = on_join(request.join(), &reply); break;
+      case control::Request::kSegment: status = on_segment(request.segment(), &reply); break;
+      case control::Request::kRegister:
+        status = on_register(request.id(), request.register_());
+        if (status.ok()) return;  // answered when the barrier completes
+        break;
+      case control::Request::BODY_NOT_SET: status = Status::invalid_argument("empty or unknown request type"); break;
+    }
+  }
+  if (!status.ok()) {
+    options_.log.info(who() + ": request refused: " + status.to_string());
+    set_error(status, &reply);
+  }
+  options_.send(reply);
+}
+
+Status ClientHandler::on_hello(const control::Hello& hello, control::Reply* reply) {
+  if (hello.protocol_version() != kProtocolVersion) {
+    return Status::not_supported("protocol version " + std::to_string(hello.protocol_version()) +
+                                 " is not supported; this daemon speaks version " + std::to_string(kProtocolVersion));
+  }
+  greeted_ = true;
+  reply->mutable_hello()->set_protocol_version(kProtocolVersion);
+  reply->mutable_hello()->set_daemon_version(kGradsyncVersion);
+  return Status::ok_status();
+}
+
+Status ClientHandler::on_join(const control::JoinRequest& join, control::Reply* reply) {
+  // Joining again re-forms: the old job (if any) fails for its other members, who re-join too.
+  if (job_) leave_job(Status::peer_lost("job " + job_->params().id + ": " + who() + " left to join again"));
+  MemberInfo member{join.rank(), join.local_rank(), options_.peer.pid, options_.peer.uid};
+  std::shared_ptr<Job> job;
+  if (Status status = options_.registry->join(join, member, &job); !status.ok()) return status;
+  job_ = std::move(job);
+  rank_ = join.rank();
+  local_rank_ = join.local_rank();
+  auto* body = reply->mutable_join();
+  body->set_channel_name(job_->channel_name());
+  body->set_channel_bytes(job_->channel_bytes());
+  body->set_timeout_ms(static_cast<uint32_t>(job_->params().timeout.count()));
+  return Status::ok_status();
+}
+
+Status ClientHandler::on_segment(const control::SegmentRequest& request, control::Reply* reply) {
+  if (segments_.size() >= options_.max_segments) {
+    return Status::resource_exhausted("a client may announce at most " + std::to_string(options_.max_segments) +
+                                      " segments");
+  }
+  if (request.bytes() == 0) return Status::invalid_argument("segment '" + request.name() + "' has zero bytes");
+  ShmSegment::OpenOptions open;
+  open.expected_bytes = request.bytes();
+  open.check_owner = true;
+  open.owner_uid = options_.peer.uid;
+  try {
+    auto segment = std::make_shared<ShmSegment>(ShmSegment::open(request.name(), open));
+    // Remove the name at once: from now on the memory lives exactly as long as the two mappings,
+    // so a client killed at any later point leaves nothing behind in /dev/shm.
+    ShmSegment::remove_name(request.name());
+    const uint32_t id = next_segment_id_++;
+    segments_[id] = std::move(segment);
+    reply->mutable_segment()->set_segment_id(id);
+  } catch (const Error& e) {
+    return e.status();
+  }
+  return Status::ok_status();
+}
+
+Status ClientHandler::on_register(uint64_t request_id, const control::RegisterRequest& request) {
+  if (!job_) return Status::invalid_argument("join a job before registering tensors");
+  if (request.tensors_size() == 0) return Status::invalid_argument("a tensor set needs at least one tensor");
+  SetRegistration reg;
+  reg.set_id = request.set_id();
+  reg.bucket_cap = request.has_bucket_cap() ? request.bucket_cap_bytes() : plan::kDefaultBucketCapBytes;
+  reg.layout.resize(static_cast<size_t>(request.tensors_size()));
+  reg.address.resize(reg.layout.size());
+  std::vector<const ShmSegment*> used;
+  for (size_t i = 0; i < reg.layout.size(); ++i) {
+    const ShmSegment* segment = nullptr;
+    if (Status status = resolve_tensor(i, request.tensors(static_cast<int>(i)), segments_, &reg.layout[i],
+                                       &reg.address[i], &segment);
+        !status.ok()) {
+      return status;
+    }
+    used.push_back(segment);
+  }
+  if (Status status = check_no_overlap(reg.layout, reg.address); !status.ok()) return status;
+  if (request.has_gather_output()) {
+    auto it = segments_.find(request.gather_segment_id());
+    if (it == segments_.end()) {
+      return Status::invalid_argument("allgather output: unknown segment " + std::to_string(request.gather_segment_id()));
+    }
+    uint64_t packed = 0;
+    for (const auto& tensor : reg.layout) packed += tensor.numel * dtype_size(tensor.dtype);
+    const uint64_t world = static_cast<uint64_t>(job_->params().world_size);
+    const uint64_t size = it->second->size();
+    if (packed > size / world || request.gather_offset() > size - packed * world) {
+      return Status::invalid_argument("allgather output: " + std::to_string(world) + " x " + std::to_string(packed) +
+                                      " bytes at offset " + std::to_string(request.gather_offset()) +
+                                      " do not fit in segment " + std::to_string(request.gather_segment_id()) +
+                                      " of " + std::to_string(size) + " bytes");
+    }
+    reg.gather_output = it->second->data() + request.gather_offset();
+    used.push_back(it->second.get());
+  }
+  for (const auto& [id, segment] : segments_) {
+    if (std::find(used.begin(), used.end(), segment.get()) != used.end()) reg.segments.push_back(segment);
+  }
+  ReplySender send = options_.send;
+  reg.done = [send, request_id](const Status& status, const TensorSet* set) {
+    control::Reply reply;
+    reply.set_id(request_id);
+    if (!status.ok()) {
+      set_error(status, &reply);
+    } else {
+      auto* body = reply.mutable_register_();
+      for (size_t b = 0; b < set->plan.buckets.size(); ++b) {
+        const plan::Bucket& bucket = set->plan.buckets[b];
+        auto* info = body->add_buckets();
+        info->set_group(bucket.group);
+        info->set_dtype(static_cast<control::DType>(bucket.dtype));
+        for (uint32_t t : bucket.tensors) info->add_tensors(t);
+        info->set_bytes(bucket.bytes);
+        info->set_zero_copy(set->runs[b].size() <= 1);
+      }
+    }
+    send(reply);
+  };
+  job_->register_set(local_rank_, std::move(reg));
+  return Status::ok_status();
+}
+
+}  // namespace gradsync

@@ -1,0 +1,66 @@
+// The control protocol of one connected client: Hello, then Join, then any number of Segment
+// and Register requests. Holds what the client owns in the daemon (its mapped segments and its
+// place in a job) and releases it when the client disconnects.
+//
+// Every request gets exactly one reply. Most are answered at once; Register is answered when the
+// set's registration barrier completes, which may be after this handler is gone (the reply is
+// then dropped by the Session).
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "daemon/control/peer_credentials.h"
+#include "daemon/job/registry.h"
+#include "daemon/util/log.h"
+#include "proto/control.pb.h"
+#include "shared/shm_segment.h"
+#include "shared/status.h"
+
+namespace gradsync {
+
+using ReplySender = std::function<void(const control::Reply&)>;
+
+struct ClientHandlerOptions {
+  JobRegistry* registry = nullptr;
+  PeerCredentials peer;
+  Logger log;
+  ReplySender send;  // must be safe to call after the handler is gone
+  size_t max_segments = 65536;
+};
+
+class ClientHandler {
+ public:
+  explicit ClientHandler(ClientHandlerOptions options);
+  ~ClientHandler();  // leaves the job, unmaps the segments
+  ClientHandler(const ClientHandler&) = delete;
+  ClientHandler& operator=(const ClientHandler&) = delete;
+
+  void handle(const control::Request& request);
+
+  // The connection ended; `how` says why ("disconnected", "sent a malformed frame").
+  void disconnected(const std::string& how);
+
+ private:
+  Status on_hello(const control::Hello& hello, control::Reply* reply);
+  Status on_join(const control::JoinRequest& join, control::Reply* reply);
+  Status on_segment(const control::SegmentRequest& segment, control::Reply* reply);
+  Status on_register(uint64_t request_id, const control::RegisterRequest& request);
+  void leave_job(const Status& why);
+  std::string who() const;
+
+  ClientHandlerOptions options_;
+  bool greeted_ = false;
+  std::shared_ptr<Job> job_;
+  int rank_ = -1;
+  int local_rank_ = -1;
+  std::map<uint32_t, std::shared_ptr<const ShmSegment>> segments_;
+  uint32_t next_segment_id_ = 1;
+};
+
+// Sets reply->error from a status.
+void set_error(const Status& status, control::Reply* reply);
+
+}  // namespace gradsync

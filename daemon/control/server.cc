@@ -1,0 +1,97 @@
+#include "daemon/control/server.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "daemon/control/session.h"
+
+namespace gradsync {
+
+namespace asio = boost::asio;
+using Protocol = asio::local::stream_protocol;
+
+namespace {
+
+// A socket file left by a crashed daemon is removed; one a live daemon serves is not.
+void claim_socket_path(asio::io_context& io, const std::string& path) {
+  std::error_code fs_error;
+  const auto parent = std::filesystem::path(path).parent_path();
+  if (!parent.empty()) std::filesystem::create_directories(parent, fs_error);
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) return;
+  if (!S_ISSOCK(st.st_mode)) {
+    throw Error(Status::already_exists("control socket path " + path + " exists and is not a socket"));
+  }
+  Protocol::socket probe(io);
+  boost::system::error_code ec;
+  probe.connect(Protocol::endpoint(path), ec);
+  if (!ec) throw Error(Status::already_exists("another gradsyncd is already serving " + path));
+  ::unlink(path.c_str());
+}
+
+}  // namespace
+
+ControlServer::ControlServer(asio::io_context& io, ControlServerOptions options)
+    : options_(std::move(options)), acceptor_(io) {
+  claim_socket_path(io, options_.socket_path);
+  boost::system::error_code ec;
+  acceptor_.open(Protocol(), ec);
+  if (!ec) acceptor_.bind(Protocol::endpoint(options_.socket_path), ec);
+  if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) throw Error(Status::internal("cannot listen on " + options_.socket_path + ": " + ec.message()));
+  // The allow-list is what authenticates; the file mode only keeps strangers from even trying.
+  ::chmod(options_.socket_path.c_str(), options_.allowed_uids.empty() ? 0600 : 0666);
+  options_.log.info("listening on " + options_.socket_path);
+}
+
+ControlServer::~ControlServer() {
+  stop();
+  ::unlink(options_.socket_path.c_str());
+}
+
+void ControlServer::start() {
+  asio::co_spawn(acceptor_.get_executor(), [this]() { return accept_loop(); }, asio::detached);
+}
+
+void ControlServer::stop() {
+  boost::system::error_code ignored;
+  acceptor_.close(ignored);
+}
+
+bool ControlServer::allowed(uid_t uid) const {
+  if (options_.allowed_uids.empty()) return uid == ::geteuid() || uid == 0;
+  return std::find(options_.allowed_uids.begin(), options_.allowed_uids.end(), uid) != options_.allowed_uids.end();
+}
+
+asio::awaitable<void> ControlServer::accept_loop() {
+  while (acceptor_.is_open()) {
+    boost::system::error_code ec;
+    Protocol::socket socket = co_await acceptor_.async_accept(asio::redirect_error(asio::use_awaitable, ec));
+    if (ec == asio::error::operation_aborted || !acceptor_.is_open()) break;
+    if (ec) {
+      // EMFILE and friends: log and keep serving the connections we have.
+      options_.log.error("accept failed: " + ec.message());
+      asio::steady_timer pause(acceptor_.get_executor(), std::chrono::milliseconds(100));
+      co_await pause.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+      continue;
+    }
+    PeerCredentials peer;
+    if (Status status = read_peer_credentials(socket.native_handle(), &peer); !status.ok()) {
+      options_.log.error(status.message());
+      continue;
+    }
+    auto session = std::make_shared<Session>(std::move(socket), peer, SessionOptions{options_.registry, options_.log});
+    session->start();
+    if (!allowed(peer.uid)) {
+      session->refuse(Status::permission_denied("uid " + std::to_string(peer.uid) + " (pid " + std::to_string(peer.pid) +
+                                                ") is not allowed to use this daemon (see --allow-uid)"));
+    }
+  }
+}
+
+}  // namespace gradsync

@@ -1,0 +1,43 @@
+// The control server: accepts clients on the Unix socket, authenticates them with SO_PEERCRED
+// against the allow-list, and starts a Session for each. Owns the socket file: refuses to start
+// when another daemon serves it, replaces a stale one, and removes it on destruction.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+#include "daemon/control/asio.h"
+#include "daemon/job/registry.h"
+#include "daemon/util/log.h"
+
+namespace gradsync {
+
+struct ControlServerOptions {
+  std::string socket_path;
+  std::vector<uid_t> allowed_uids;  // empty: this process's uid and root
+  JobRegistry* registry = nullptr;
+  Logger log;
+};
+
+class ControlServer {
+ public:
+  // Binds and listens; throws Error naming the path and the cause on failure.
+  ControlServer(boost::asio::io_context& io, ControlServerOptions options);
+  ~ControlServer();
+  ControlServer(const ControlServer&) = delete;
+  ControlServer& operator=(const ControlServer&) = delete;
+
+  void start();
+  void stop();  // stops accepting; existing sessions carry on until the io_context stops
+
+ private:
+  boost::asio::awaitable<void> accept_loop();
+  bool allowed(uid_t uid) const;
+
+  ControlServerOptions options_;
+  boost::asio::local::stream_protocol::acceptor acceptor_;
+};
+
+}  // namespace gradsync

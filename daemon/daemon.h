@@ -1,0 +1,36 @@
+// The daemon: owns the io_context, the reduction thread pool, the job registry and the control
+// server, and runs until SIGTERM or SIGINT. Two Daemons can live in one process (tests).
+#pragma once
+
+#include <memory>
+
+#include "daemon/config.h"
+#include "daemon/control/asio.h"
+#include "daemon/control/server.h"
+#include "daemon/job/registry.h"
+#include "daemon/util/log.h"
+#include "daemon/util/thread_pool.h"
+
+namespace gradsync {
+
+class Daemon {
+ public:
+  // Binds the control socket; throws Error when it cannot.
+  explicit Daemon(DaemonConfig config);
+  ~Daemon();
+
+  // Serves until a stop signal or stop(); returns the process exit code.
+  int run();
+  void stop();
+
+ private:
+  DaemonConfig config_;
+  Logger log_;
+  boost::asio::io_context io_;
+  boost::asio::signal_set signals_;
+  ThreadPool pool_;
+  JobRegistry registry_;
+  std::unique_ptr<ControlServer> server_;
+};
+
+}  // namespace gradsync

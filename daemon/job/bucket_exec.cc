@@ -1,0 +1,98 @@
+#include "daemon/job/bucket_exec.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+namespace gradsync {
+namespace {
+
+// Below this a bucket runs on the worker thread alone: waking helpers costs more than the work
+// (the 4 KiB latency path).
+constexpr uint64_t kMinBytesPerTask = 256 << 10;
+
+struct Chunk {
+  size_t run = 0;
+  uint64_t first = 0;  // element offset within the run
+  uint64_t count = 0;
+};
+
+// Cuts the runs into about pool.size() chunks of similar size, none smaller than
+// kMinBytesPerTask unless a run is.
+std::vector<Chunk> split(const std::vector<BucketRun>& runs, size_t element, size_t parts) {
+  uint64_t total = 0;
+  for (const auto& run : runs) total += run.elements;
+  const uint64_t min_elements = std::max<uint64_t>(1, kMinBytesPerTask / element);
+  const uint64_t per_part = std::max(min_elements, (total + parts - 1) / std::max<size_t>(parts, 1));
+  std::vector<Chunk> chunks;
+  for (size_t r = 0; r < runs.size(); ++r) {
+    for (uint64_t first = 0; first < runs[r].elements; first += per_part) {
+      chunks.push_back({r, first, std::min(per_part, runs[r].elements - first)});
+    }
+  }
+  return chunks;
+}
+
+template <class Body>
+void for_each_chunk(const TensorSet& set, size_t bucket, ThreadPool& pool, Body&& body) {
+  const size_t element = dtype_size(set.plan.buckets[bucket].dtype);
+  const auto& runs = set.runs[bucket];
+  const std::vector<Chunk> chunks = split(runs, element, pool.size());
+  pool.parallel_for(chunks.size(), [&](size_t i) {
+    const Chunk& chunk = chunks[i];
+    body(runs[chunk.run], chunk.first * element, chunk.count);
+  });
+}
+
+}  // namespace
+
+void execute_allreduce(const TensorSet& set, size_t bucket, const reduce::KernelArgs& args, ThreadPool& pool) {
+  for_each_chunk(set, bucket, pool, [&](const BucketRun& run, uint64_t byte_offset, uint64_t count) {
+    const size_t clients = run.address.size();
+    std::vector<const void*> inputs(clients);
+    std::vector<void*> outputs(clients);
+    for (size_t c = 0; c < clients; ++c) {
+      outputs[c] = run.address[c] + byte_offset;
+      inputs[c] = outputs[c];
+    }
+    reduce::reduce(args, inputs, outputs, count);
+  });
+}
+
+void execute_reduce(const TensorSet& set, size_t bucket, const reduce::KernelArgs& args, uint32_t root,
+                    ThreadPool& pool) {
+  for_each_chunk(set, bucket, pool, [&](const BucketRun& run, uint64_t byte_offset, uint64_t count) {
+    const size_t clients = run.address.size();
+    std::vector<const void*> inputs(clients);
+    for (size_t c = 0; c < clients; ++c) inputs[c] = run.address[c] + byte_offset;
+    void* output = run.address[root] + byte_offset;
+    reduce::reduce(args, inputs, std::span<void* const>(&output, 1), count);
+  });
+}
+
+void execute_broadcast(const TensorSet& set, size_t bucket, uint32_t root, ThreadPool& pool) {
+  const size_t element = dtype_size(set.plan.buckets[bucket].dtype);
+  for_each_chunk(set, bucket, pool, [&](const BucketRun& run, uint64_t byte_offset, uint64_t count) {
+    for (size_t c = 0; c < run.address.size(); ++c) {
+      if (c != root) std::memcpy(run.address[c] + byte_offset, run.address[root] + byte_offset, count * element);
+    }
+  });
+}
+
+void execute_allgather(const TensorSet& set, size_t bucket, ThreadPool& pool) {
+  const plan::Bucket& b = set.plan.buckets[bucket];
+  const size_t element = dtype_size(b.dtype);
+  const size_t clients = set.address.size();
+  // One task per (destination client, tensor); gathers are copies, bounded by memory bandwidth.
+  pool.parallel_for(clients * b.tensors.size(), [&](size_t i) {
+    const size_t dest = i / b.tensors.size();
+    const uint32_t t = b.tensors[i % b.tensors.size()];
+    const size_t bytes = set.layout[t].numel * element;
+    for (size_t source = 0; source < clients; ++source) {
+      std::byte* out = set.gather_output[dest] + source * set.packed_bytes + set.packed_offset[t];
+      std::memcpy(out, set.address[source][t], bytes);
+    }
+  });
+}
+
+}  // namespace gradsync

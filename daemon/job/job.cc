@@ -1,0 +1,219 @@
+#include "daemon/job/job.h"
+
+#include <new>
+
+#include "daemon/plan/layout.h"
+#include "shared/channel_layout.h"
+
+namespace gradsync {
+namespace {
+
+// Constructs the channel's header and rings in freshly created (zero-filled) shared memory.
+void init_channel(const ShmSegment& segment, uint32_t local_world_size) {
+  auto* header = new (segment.data()) ChannelHeader();
+  header->local_world_size = local_world_size;
+  for (uint32_t c = 0; c < local_world_size; ++c) new (client_channel(segment.data(), c)) ClientChannel();
+}
+
+}  // namespace
+
+Job::Job(JobOptions options)
+    : options_(std::move(options)),
+      log_(options_.log.with("job=" + options_.params.id)),
+      channel_(ShmSegment::create(ShmSegment::unique_name("ch"),
+                                  gradsync::channel_bytes(static_cast<uint32_t>(options_.params.local_world_size)))),
+      members_(static_cast<size_t>(options_.params.local_world_size)) {
+  const uint32_t locals = static_cast<uint32_t>(options_.params.local_world_size);
+  init_channel(channel_, locals);
+  WorkerOptions worker;
+  worker.job_id = options_.params.id;
+  worker.world_size = options_.params.world_size;
+  worker.local_world_size = locals;
+  for (uint32_t c = 0; c < locals; ++c) worker.ranks.push_back(static_cast<int>(c));  // one node: rank == local rank
+  worker.timeout = options_.params.timeout;
+  worker.channel = channel_.data();
+  worker.pool = options_.pool;
+  worker.log = log_;
+  worker_ = std::make_unique<Worker>(std::move(worker));
+  log_.info("formed (incarnation " + std::to_string(options_.incarnation) + ", world size " +
+            std::to_string(options_.params.world_size) + ", timeout " +
+            std::to_string(options_.params.timeout.count()) + " ms)");
+}
+
+Job::~Job() {
+  fail_pending(Status::aborted("job " + params().id + " ended"));
+  worker_.reset();
+  log_.info("ended");
+}
+
+std::string Job::describe_member(int local_rank) const {
+  const auto& member = members_[static_cast<size_t>(local_rank)];
+  std::string text = "rank " + std::to_string(local_rank);
+  if (member) text += " (pid " + std::to_string(member->pid) + ")";
+  return text;
+}
+
+Status Job::admit(const MemberInfo& member) {
+  const JobParams& p = params();
+  if (!failure_.ok()) {
+    return Status::aborted("job " + p.id + " has failed (" + failure_.message() + "); it re-forms once its " +
+                           "remaining clients have disconnected or re-joined");
+  }
+  if (member.local_rank < 0 || member.local_rank >= p.local_world_size) {
+    return Status::invalid_argument("local rank " + std::to_string(member.local_rank) +
+                                    " is outside local world size " + std::to_string(p.local_world_size));
+  }
+  auto& slot = members_[static_cast<size_t>(member.local_rank)];
+  if (slot) {
+    return Status::already_exists("rank " + std::to_string(member.rank) + " already joined job " + p.id +
+                                  " (pid " + std::to_string(slot->pid) + ")");
+  }
+  slot = member;
+  log_.info("rank " + std::to_string(member.rank) + " joined (pid " + std::to_string(member.pid) + ", uid " +
+            std::to_string(member.uid) + ")");
+  return Status::ok_status();
+}
+
+void Job::leave(int local_rank, const Status& why) {
+  auto& slot = members_[static_cast<size_t>(local_rank)];
+  if (!slot) return;
+  log_.info(describe_member(local_rank) + " left: " + why.message());
+  slot.reset();
+  fail(why);
+}
+
+bool Job::empty() const {
+  for (const auto& member : members_) {
+    if (member) return false;
+  }
+  return true;
+}
+
+Status Job::failure() const { return failure_; }
+
+void Job::fail(const Status& status) {
+  if (!failure_.ok()) return;
+  failure_ = status;
+  log_.warning("failed: " + status.to_string());
+  fail_pending(status);
+  // Stopping the worker waits for at most the bucket it is executing; afterwards nothing
+  // touches client memory, so the mappings can go now rather than when the last client leaves.
+  worker_->stop(status);
+  committed_.clear();
+}
+
+void Job::fail_pending(const Status& status) {
+  auto pending = std::move(pending_);
+  pending_.clear();
+  for (auto& [set_id, set] : pending) {
+    for (auto& [local_rank, registration] : set.by_local_rank) registration.done(status, nullptr);
+  }
+}
+
+void Job::register_set(int local_rank, SetRegistration registration) {
+  const uint32_t set_id = registration.set_id;
+  if (!failure_.ok()) {
+    registration.done(Status::aborted("job " + params().id + " has failed: " + failure_.message()), nullptr);
+    return;
+  }
+  if (committed_.count(set_id)) {
+    registration.done(Status::already_exists("set " + std::to_string(set_id) + " is already registered in job " +
+                                             params().id),
+                      nullptr);
+    return;
+  }
+  PendingSet& pending = pending_[set_id];
+  if (pending.by_local_rank.count(local_rank)) {
+    registration.done(Status::already_exists("set " + std::to_string(set_id) + " is already being registered by " +
+                                             describe_member(local_rank)),
+                      nullptr);
+    return;
+  }
+  if (!pending.deadline) {
+    pending.deadline = std::make_unique<boost::asio::steady_timer>(*options_.io, params().timeout);
+    pending.deadline->async_wait([this, set_id](const boost::system::error_code& ec) {
+      // The timer dies with its PendingSet, so a cancelled wait must not touch `this`' state.
+      if (ec) return;
+      expire(set_id);
+    });
+  }
+  pending.by_local_rank.emplace(local_rank, std::move(registration));
+  if (static_cast<int>(pending.by_local_rank.size()) == params().local_world_size) commit(set_id);
+}
+
+void Job::expire(uint32_t set_id) {
+  auto it = pending_.find(set_id);
+  if (it == pending_.end()) return;
+  std::string missing;
+  for (int c = 0; c < params().local_world_size; ++c) {
+    if (!it->second.by_local_rank.count(c)) missing += (missing.empty() ? "" : ", ") + std::to_string(c);
+  }
+  const Status status = Status::timeout("job " + params().id + ": set " + std::to_string(set_id) +
+                                        " was not registered by rank(s) " + missing + " within " +
+                                        std::to_string(params().timeout.count()) + " ms");
+  log_.warning(status.message());
+  PendingSet pending = std::move(it->second);
+  pending_.erase(it);
+  for (auto& [local_rank, registration] : pending.by_local_rank) registration.done(status, nullptr);
+}
+
+void Job::commit(uint32_t set_id) {
+  PendingSet pending = std::move(pending_[set_id]);
+  pending_.erase(set_id);
+  pending.deadline->cancel();
+  auto& regs = pending.by_local_rank;
+  const SetRegistration& first = regs.begin()->second;
+
+  // Every local client must describe the same set; the first difference is reported to all.
+  Status status;
+  for (auto& [local_rank, reg] : regs) {
+    if (auto diff = plan::first_difference(first.layout, regs.begin()->first, reg.layout, local_rank)) {
+      status = Status::layout_mismatch("job " + params().id + ": set " + std::to_string(set_id) +
+                                       " layout mismatch: " + *diff);
+    } else if (reg.bucket_cap != first.bucket_cap) {
+      status = Status::layout_mismatch("job " + params().id + ": set " + std::to_string(set_id) +
+                                       ": bucket cap differs: rank " + std::to_string(regs.begin()->first) + " asked " +
+                                       std::to_string(first.bucket_cap) + " bytes, rank " +
+                                       std::to_string(local_rank) + " asked " + std::to_string(reg.bucket_cap));
+    } else if ((reg.gather_output == nullptr) != (first.gather_output == nullptr)) {
+      status = Status::layout_mismatch("job " + params().id + ": set " + std::to_string(set_id) +
+                                       ": rank " + std::to_string(regs.begin()->first) +
+                                       (first.gather_output ? " registered" : " did not register") +
+                                       " an allgather output, rank " + std::to_string(local_rank) +
+                                       (reg.gather_output ? " did" : " did not"));
+    }
+    if (!status.ok()) break;
+  }
+  if (!status.ok()) {
+    log_.warning(status.message());
+    for (auto& [local_rank, reg] : regs) reg.done(status, nullptr);
+    return;
+  }
+
+  auto set = std::make_shared<TensorSet>();
+  set->id = set_id;
+  set->layout = first.layout;
+  set->plan = plan::plan_buckets(set->layout, plan::PlanOptions{first.bucket_cap});
+  for (auto& [local_rank, reg] : regs) {
+    set->address.push_back(reg.address);
+    if (reg.gather_output) set->gather_output.push_back(reg.gather_output);
+    set->segments.insert(set->segments.end(), reg.segments.begin(), reg.segments.end());
+  }
+  uint64_t packed = 0;
+  for (const auto& tensor : set->layout) {
+    set->packed_offset.push_back(packed);
+    packed += tensor.numel * dtype_size(tensor.dtype);
+  }
+  set->packed_bytes = packed;
+  build_runs(set.get());
+  // Every local client opened the channel before it could register, so its name can go: from
+  // now on the rings live exactly as long as the mappings, whatever happens to the processes.
+  channel_.unlink();
+  committed_[set_id] = set;
+  worker_->add_set(set);
+  log_.info("set " + std::to_string(set_id) + " registered: " + std::to_string(set->layout.size()) + " tensors, " +
+            std::to_string(set->plan.buckets.size()) + " buckets");
+  for (auto& [local_rank, reg] : regs) reg.done(Status::ok_status(), set.get());
+}
+
+}  // namespace gradsync

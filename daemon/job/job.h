@@ -1,0 +1,119 @@
+// A job: the local clients of one training run on this node. The Job owns the job's channel
+// segment (the per-step rings) and its Worker, admits clients, runs the registration barrier of
+// every tensor set, and turns a lost client into the job's sticky error.
+//
+// Threading: every method runs on the daemon's io thread; the Worker has its own thread and is
+// reached only through its thread-safe methods.
+#pragma once
+
+#include <sys/types.h>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "daemon/job/tensor_set.h"
+#include "daemon/job/worker.h"
+#include "daemon/util/log.h"
+#include "daemon/util/thread_pool.h"
+#include "shared/shm_segment.h"
+#include "shared/status.h"
+
+namespace gradsync {
+
+struct JobParams {
+  std::string id;
+  int world_size = 0;
+  int local_world_size = 0;
+  std::chrono::milliseconds timeout{30'000};
+};
+
+struct JobOptions {
+  JobParams params;
+  uint64_t incarnation = 0;  // distinguishes re-formed jobs with the same id in logs
+  boost::asio::io_context* io = nullptr;
+  ThreadPool* pool = nullptr;
+  Logger log;
+};
+
+struct MemberInfo {
+  int rank = 0;
+  int local_rank = 0;
+  pid_t pid = 0;
+  uid_t uid = 0;
+};
+
+// One client's registration of a tensor set, with addresses already resolved and checked
+// against the client's own segments.
+struct SetRegistration {
+  uint32_t set_id = 0;
+  std::vector<plan::TensorLayout> layout;
+  std::vector<std::byte*> address;
+  std::byte* gather_output = nullptr;  // nullptr: no allgather on this set
+  uint64_t bucket_cap = plan::kDefaultBucketCapBytes;
+  std::vector<std::shared_ptr<const ShmSegment>> segments;
+  // Called once: with the committed set, or with the error (mismatch, timeout, job failure).
+  std::function<void(const Status&, const TensorSet*)> done;
+};
+
+class Job {
+ public:
+  // Creates the channel segment and starts the worker. Throws Error when the segment cannot be
+  // created.
+  explicit Job(JobOptions options);
+  ~Job();
+  Job(const Job&) = delete;
+  Job& operator=(const Job&) = delete;
+
+  const JobParams& params() const { return options_.params; }
+  uint64_t incarnation() const { return options_.incarnation; }
+  const std::string& channel_name() const { return channel_.name(); }
+  size_t channel_bytes() const { return channel_.size(); }
+
+  // Checks the member against the job (rank ranges, duplicates) and records it.
+  Status admit(const MemberInfo& member);
+
+  // A member went away (disconnect, kill, re-join). A healthy job fails with `why`.
+  void leave(int local_rank, const Status& why);
+
+  // Adds a registration to the set's barrier; completes every registrant's callback once the
+  // last local client registered (or on mismatch, timeout or failure).
+  void register_set(int local_rank, SetRegistration registration);
+
+  // True once every admitted member has left.
+  bool empty() const;
+
+  // The job's sticky error; ok while healthy.
+  Status failure() const;
+
+  // Ends the job with `status` (first error wins) and releases every client's mappings.
+  void fail(const Status& status);
+
+ private:
+  struct PendingSet {
+    std::map<int, SetRegistration> by_local_rank;
+    std::unique_ptr<boost::asio::steady_timer> deadline;
+  };
+
+  void commit(uint32_t set_id);
+  void expire(uint32_t set_id);
+  void fail_pending(const Status& status);
+  std::string describe_member(int local_rank) const;
+
+  JobOptions options_;
+  Logger log_;
+  ShmSegment channel_;
+  std::vector<std::optional<MemberInfo>> members_;  // by local rank; nullopt: not joined or left
+  std::map<uint32_t, PendingSet> pending_;
+  std::map<uint32_t, std::shared_ptr<const TensorSet>> committed_;
+  Status failure_;
+  std::unique_ptr<Worker> worker_;
+};
+
+}  // namespace gradsync

@@ -1,0 +1,49 @@
+// An operation of a job as the worker tracks it: what every local client asked for under one
+// sequence number, and how far each bucket's readiness has come.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "daemon/job/tensor_set.h"
+#include "shared/channel_layout.h"
+#include "shared/status.h"
+
+namespace gradsync {
+
+// The part of a submission that must be identical across local clients.
+struct OpDesc {
+  OpKind kind = OpKind::kAllreduce;
+  uint32_t set_id = 0;
+  WireReduceOp reduce_op = WireReduceOp::kSum;
+  WireScaling scaling = WireScaling::kAfter;
+  int32_t root = 0;
+  double divisor = 0;
+  bool narrow_accumulate = false;
+
+  bool operator==(const OpDesc&) const = default;
+};
+
+// "allreduce(avg, divide after) on set 0", "broadcast(root 2) on set 1"
+std::string describe(const OpDesc& desc);
+
+// Validates a submission entry copied out of a ring and turns it into an OpDesc; the error
+// names what was wrong ("unknown operation 9", "root 5 is outside world size 4").
+Status parse_op(const SubmitEntry& entry, int world_size, OpDesc* desc);
+
+struct Op {
+  uint64_t seq = 0;
+  OpDesc desc;
+  std::shared_ptr<const TensorSet> set;
+  std::chrono::steady_clock::time_point started;  // first submission; the timeout runs from it
+  std::vector<bool> submitted;                    // per local rank
+  std::vector<std::vector<bool>> marked;          // [local rank][tensor]; deferred readiness
+  std::vector<std::vector<uint32_t>> remaining;   // [local rank][bucket] tensors not yet ready
+  std::vector<uint32_t> clients_ready;            // [bucket] local ranks whose bucket is ready
+  size_t next_bucket = 0;                         // buckets launch strictly in index order
+};
+
+}  // namespace gradsync

@@ -1,0 +1,52 @@
+// All jobs of this daemon, by id. Joining finds or forms a job; a failed job is replaced by a
+// new incarnation on the next join, while its remaining members keep the old one alive until
+// they leave. Runs on the io thread.
+#pragma once
+
+#include <boost/asio/io_context.hpp>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "daemon/job/job.h"
+#include "daemon/util/log.h"
+#include "daemon/util/thread_pool.h"
+#include "proto/control.pb.h"
+#include "shared/status.h"
+
+namespace gradsync {
+
+struct RegistryOptions {
+  boost::asio::io_context* io = nullptr;
+  ThreadPool* pool = nullptr;
+  Logger log;
+  std::chrono::milliseconds default_timeout{30'000};
+  std::chrono::milliseconds max_timeout{600'000};
+};
+
+class JobRegistry {
+ public:
+  explicit JobRegistry(RegistryOptions options) : options_(std::move(options)) {}
+
+  // Validates the request, finds or forms its job and admits the member. On success *job is set.
+  Status join(const control::JoinRequest& request, const MemberInfo& member, std::shared_ptr<Job>* job);
+
+  // A member left `job`; forgets the job once nobody is in it.
+  void left(const std::shared_ptr<Job>& job);
+
+  // Fails every job (daemon shutdown).
+  void fail_all(const Status& status);
+
+  size_t size() const { return jobs_.size(); }
+
+ private:
+  RegistryOptions options_;
+  std::map<std::string, std::shared_ptr<Job>> jobs_;
+  uint64_t incarnations_ = 0;
+};
+
+// Checks a join request on its own (names, ranges, single-node); the error names the field.
+Status validate_join(const control::JoinRequest& request, std::chrono::milliseconds max_timeout);
+
+}  // namespace gradsync

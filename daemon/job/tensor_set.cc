@@ -1,0 +1,41 @@
+#include "daemon/job/tensor_set.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "shared/dtype.h"
+
+namespace gradsync {
+
+void build_runs(TensorSet* set) {
+  const size_t clients = set->address.size();
+  set->runs.assign(set->plan.buckets.size(), {});
+  for (size_t b = 0; b < set->plan.buckets.size(); ++b) {
+    const plan::Bucket& bucket = set->plan.buckets[b];
+    const size_t element = dtype_size(bucket.dtype);
+    // Walk the bucket's tensors in client 0's address order and merge neighbours that are
+    // adjacent in every client. Element-wise operations do not care about the order of runs.
+    std::vector<uint32_t> order = bucket.tensors;
+    std::sort(order.begin(), order.end(),
+              [&](uint32_t x, uint32_t y) { return set->address[0][x] < set->address[0][y]; });
+    std::vector<BucketRun>& runs = set->runs[b];
+    for (uint32_t t : order) {
+      const uint64_t elements = set->layout[t].numel;
+      if (elements == 0) continue;
+      bool extends = !runs.empty();
+      for (size_t c = 0; extends && c < clients; ++c) {
+        extends = runs.back().address[c] + runs.back().elements * element == set->address[c][t];
+      }
+      if (extends) {
+        runs.back().elements += elements;
+        continue;
+      }
+      BucketRun run;
+      run.elements = elements;
+      for (size_t c = 0; c < clients; ++c) run.address.push_back(set->address[c][t]);
+      runs.push_back(std::move(run));
+    }
+  }
+}
+
+}  // namespace gradsync

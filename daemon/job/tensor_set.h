@@ -1,0 +1,42 @@
+// A tensor set as the daemon executes it: the layout every local client registered, its bucket
+// plan, and where each client's tensors live in the daemon's mappings. Built once when the last
+// local client registers the set, then immutable and shared with the job's worker.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "daemon/plan/planner.h"
+#include "shared/shm_segment.h"
+
+namespace gradsync {
+
+// A stretch of a bucket that is contiguous in every client's memory, with the same relative
+// arrangement in all of them, so it can be reduced as one array. A bucket whose tensors are
+// views of one flat buffer is a single run: the zero-copy case.
+struct BucketRun {
+  uint64_t elements = 0;
+  std::vector<std::byte*> address;  // per local rank
+};
+
+struct TensorSet {
+  uint32_t id = 0;
+  std::vector<plan::TensorLayout> layout;
+  plan::Plan plan;
+  std::vector<std::vector<std::byte*>> address;  // [local rank][tensor]
+  std::vector<std::vector<BucketRun>> runs;      // [bucket]
+  // allgather: tensor t of rank r lands at gather_output[client] + r * packed_bytes +
+  // packed_offset[t]. gather_output is empty when the set was registered without it.
+  std::vector<uint64_t> packed_offset;
+  uint64_t packed_bytes = 0;
+  std::vector<std::byte*> gather_output;  // per local rank
+  // The mappings the addresses point into; they outlive any use by the worker.
+  std::vector<std::shared_ptr<const ShmSegment>> segments;
+};
+
+// Splits every bucket into runs. `address` must already be filled.
+void build_runs(TensorSet* set);
+
+}  // namespace gradsync

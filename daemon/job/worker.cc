@@ -1,0 +1,328 @@
+#include "daemon/job/worker.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "daemon/job/bucket_exec.h"
+
+namespace gradsync {
+namespace {
+
+// The worker re-checks its stop flag at least this often even if a hostile client scribbles
+// over the doorbell's waiter count and a wake-up is lost.
+constexpr auto kWakeSlice = std::chrono::milliseconds(200);
+
+reduce::KernelArgs kernel_args(const OpDesc& desc, DType dtype, int group_size) {
+  reduce::KernelArgs args;
+  args.dtype = dtype;
+  args.wide_accumulate = !desc.narrow_accumulate;
+  switch (desc.reduce_op) {
+    case WireReduceOp::kSum: args.combine = reduce::Combine::kSum; break;
+    case WireReduceOp::kMin: args.combine = reduce::Combine::kMin; break;
+    case WireReduceOp::kMax: args.combine = reduce::Combine::kMax; break;
+    case WireReduceOp::kAvg:
+      args.combine = reduce::Combine::kSum;
+      args.scale = desc.scaling == WireScaling::kBefore ? reduce::Scale::kBefore : reduce::Scale::kAfter;
+      args.divisor = desc.divisor != 0 ? desc.divisor : static_cast<double>(group_size);
+      break;
+  }
+  return args;
+}
+
+}  // namespace
+
+Worker::Worker(WorkerOptions options)
+    : options_(std::move(options)), header_(reinterpret_cast<ChannelHeader*>(options_.channel)) {
+  for (uint32_t c = 0; c < options_.local_world_size; ++c) {
+    ClientChannel* channel = client_channel(options_.channel, c);
+    clients_.push_back(ClientState{RingReader<SubmitRing>(&channel->submit),
+                                   RingWriter<CompletionRing>(&channel->completion), &channel->completion_ready});
+  }
+  thread_ = std::thread([this] { run(); });
+}
+
+Worker::~Worker() { stop(Status::aborted("job " + options_.job_id + " is shutting down")); }
+
+void Worker::add_set(std::shared_ptr<const TensorSet> set) {
+  std::lock_guard lock(mutex_);
+  sets_[set->id] = std::move(set);
+}
+
+std::shared_ptr<const TensorSet> Worker::find_set(uint32_t id) {
+  std::lock_guard lock(mutex_);
+  auto it = sets_.find(id);
+  return it == sets_.end() ? nullptr : it->second;
+}
+
+void Worker::fail(Status status) {
+  {
+    std::lock_guard lock(mutex_);
+    if (!failure_.ok()) return;
+    failure_ = std::move(status);
+  }
+  failed_.store(true);
+  header_->doorbell.notify();
+}
+
+void Worker::stop(Status status) {
+  fail(std::move(status));
+  stopping_.store(true);
+  header_->doorbell.notify();
+  if (thread_.joinable()) thread_.join();
+}
+
+Status Worker::failure() const {
+  std::lock_guard lock(mutex_);
+  return failure_;
+}
+
+std::string Worker::who(uint32_t local_rank) const {
+  return "rank " + std::to_string(options_.ranks[local_rank]) + " (local rank " + std::to_string(local_rank) + ")";
+}
+
+void Worker::run() {
+  while (!failed_.load()) {
+    const bool consumed = drain_rings();
+    if (failed_.load()) break;
+    Status status = progress();
+    if (status.ok()) status = check_deadline();
+    if (!status.ok()) {
+      fail(status);
+      break;
+    }
+    if (consumed) continue;
+    // Sleep until a client rings the doorbell, the head operation's deadline, or a slice.
+    auto deadline = std::chrono::steady_clock::now() + kWakeSlice;
+    if (!ops_.empty()) deadline = std::min(deadline, ops_.front().started + options_.timeout);
+    header_->doorbell.wait_until(
+        [&] {
+          if (failed_.load()) return true;
+          for (const auto& client : clients_) {
+            if (!client.submit.empty()) return true;
+          }
+          return false;
+        },
+        deadline);
+  }
+  shut_down(failure());
+}
+
+bool Worker::drain_rings() {
+  bool consumed = false;
+  for (uint32_t c = 0; c < clients_.size(); ++c) {
+    SubmitEntry entry;
+    for (;;) {
+      const PopResult result = clients_[c].submit.try_pop(&entry);
+      if (result == PopResult::kEmpty) break;
+      if (result == PopResult::kCorrupt) {
+        fail(Status::protocol("job " + options_.job_id + ": " + who(c) + " corrupted its submission ring"));
+        return consumed;
+      }
+      consumed = true;
+      Status status = handle_entry(c, entry);
+      if (!status.ok()) {
+        fail(status);
+        return consumed;
+      }
+    }
+  }
+  return consumed;
+}
+
+Status Worker::handle_entry(uint32_t local_rank, const SubmitEntry& entry) {
+  switch (static_cast<SubmitKind>(entry.kind)) {
+    case SubmitKind::kOp: return handle_submit(local_rank, entry);
+    case SubmitKind::kMarkReady: return handle_mark_ready(local_rank, entry);
+  }
+  return Status::protocol("job " + options_.job_id + ": " + who(local_rank) + " sent an unknown ring entry kind " +
+                          std::to_string(entry.kind));
+}
+
+Status Worker::handle_submit(uint32_t local_rank, const SubmitEntry& entry) {
+  const std::string prefix = "job " + options_.job_id + ": " + who(local_rank) + ": operation " +
+                             std::to_string(entry.op_seq) + ": ";
+  ClientState& client = clients_[local_rank];
+  if (entry.op_seq != client.next_seq) {
+    return Status::protocol(prefix + "out of sequence, expected operation " + std::to_string(client.next_seq));
+  }
+  OpDesc desc;
+  if (Status status = parse_op(entry, options_.world_size, &desc); !status.ok()) {
+    return Status(status.code(), prefix + status.message(), status.where());
+  }
+  std::shared_ptr<const TensorSet> set = find_set(desc.set_id);
+  if (!set) {
+    return Status::invalid_argument(prefix + "set " + std::to_string(desc.set_id) +
+                                    " is not registered (register tensors before submitting operations)");
+  }
+  if (desc.kind == OpKind::kAllgather && set->gather_output.empty()) {
+    return Status::invalid_argument(prefix + "set " + std::to_string(desc.set_id) +
+                                    " was registered without an allgather output");
+  }
+  if (desc.kind == OpKind::kAllreduce || desc.kind == OpKind::kReduce) {
+    for (const auto& bucket : set->plan.buckets) {
+      const std::string_view problem =
+          reduce::validate_kernel_args(kernel_args(desc, bucket.dtype, options_.world_size));
+      if (!problem.empty()) return Status::invalid_argument(prefix + std::string(problem));
+    }
+  }
+  client.next_seq++;
+
+  const uint64_t index = entry.op_seq - first_seq_;
+  if (index == ops_.size()) {
+    Op op;
+    op.seq = entry.op_seq;
+    op.desc = desc;
+    op.set = set;
+    op.started = std::chrono::steady_clock::now();
+    const size_t clients = clients_.size();
+    const size_t buckets = set->plan.buckets.size();
+    op.submitted.assign(clients, false);
+    op.marked.assign(clients, {});
+    op.remaining.assign(clients, {});
+    op.clients_ready.assign(buckets, 0);
+    ops_.push_back(std::move(op));
+  }
+  Op& op = ops_[index];
+  if (!(op.desc == desc)) {
+    uint32_t first = 0;
+    while (first < op.submitted.size() && !op.submitted[first]) ++first;
+    return Status::layout_mismatch("job " + options_.job_id + ": operation " + std::to_string(op.seq) +
+                                   " differs: " + who(first) + " submitted " + describe(op.desc) + ", " +
+                                   who(local_rank) + " submitted " + describe(desc));
+  }
+  op.submitted[local_rank] = true;
+  const auto& buckets = op.set->plan.buckets;
+  if (entry.flags & kSubmitAllReady) {
+    op.remaining[local_rank].assign(buckets.size(), 0);
+    for (auto& ready : op.clients_ready) ready++;
+  } else {
+    op.marked[local_rank].assign(op.set->layout.size(), false);
+    op.remaining[local_rank].resize(buckets.size());
+    for (size_t b = 0; b < buckets.size(); ++b) {
+      op.remaining[local_rank][b] = static_cast<uint32_t>(buckets[b].tensors.size());
+      if (buckets[b].tensors.empty()) op.clients_ready[b]++;
+    }
+  }
+  return Status::ok_status();
+}
+
+Status Worker::handle_mark_ready(uint32_t local_rank, const SubmitEntry& entry) {
+  const std::string prefix = "job " + options_.job_id + ": " + who(local_rank) + ": ";
+  if (entry.op_seq < first_seq_ || entry.op_seq - first_seq_ >= ops_.size()) {
+    return Status::protocol(prefix + "marked a tensor ready for operation " + std::to_string(entry.op_seq) +
+                            ", which is not pending");
+  }
+  Op& op = ops_[entry.op_seq - first_seq_];
+  if (!op.submitted[local_rank] || op.marked[local_rank].empty()) {
+    return Status::protocol(prefix + "marked a tensor ready for operation " + std::to_string(entry.op_seq) +
+                            ", which it did not submit with deferred readiness");
+  }
+  if (entry.tensor_index >= op.set->layout.size()) {
+    return Status::invalid_argument(prefix + "tensor index " + std::to_string(entry.tensor_index) +
+                                    " is out of range; set " + std::to_string(op.desc.set_id) + " has " +
+                                    std::to_string(op.set->layout.size()) + " tensors");
+  }
+  if (op.marked[local_rank][entry.tensor_index]) {
+    return Status::invalid_argument(prefix + "tensor " + std::to_string(entry.tensor_index) +
+                                    " was marked ready twice in operation " + std::to_string(entry.op_seq));
+  }
+  op.marked[local_rank][entry.tensor_index] = true;
+  const uint32_t bucket = op.set->plan.bucket_of_tensor[entry.tensor_index];
+  if (--op.remaining[local_rank][bucket] == 0) op.clients_ready[bucket]++;
+  return Status::ok_status();
+}
+
+Status Worker::progress() {
+  while (!ops_.empty()) {
+    Op& op = ops_.front();
+    const size_t buckets = op.set->plan.buckets.size();
+    while (op.next_bucket < buckets && op.clients_ready[op.next_bucket] == clients_.size()) {
+      if (Status status = execute_bucket(op, op.next_bucket); !status.ok()) return status;
+      op.next_bucket++;
+      if (failed_.load()) return failure();
+    }
+    if (op.next_bucket < buckets) return Status::ok_status();
+    // A set with no buckets still needs every client's submission before it completes.
+    if (std::find(op.submitted.begin(), op.submitted.end(), false) != op.submitted.end()) return Status::ok_status();
+    for (uint32_t c = 0; c < clients_.size(); ++c) post(c, op.seq, Status::ok_status());
+    ops_.pop_front();
+    first_seq_++;
+    completed_ops_.fetch_add(1);
+  }
+  return Status::ok_status();
+}
+
+Status Worker::execute_bucket(const Op& op, size_t bucket) {
+  const TensorSet& set = *op.set;
+  ThreadPool& pool = *options_.pool;
+  const uint32_t root = static_cast<uint32_t>(op.desc.root);  // local rank == rank on one node
+  switch (op.desc.kind) {
+    case OpKind::kAllreduce:
+      execute_allreduce(set, bucket, kernel_args(op.desc, set.plan.buckets[bucket].dtype, options_.world_size), pool);
+      break;
+    case OpKind::kReduce:
+      execute_reduce(set, bucket, kernel_args(op.desc, set.plan.buckets[bucket].dtype, options_.world_size), root,
+                     pool);
+      break;
+    case OpKind::kBroadcast:
+      execute_broadcast(set, bucket, root, pool);
+      break;
+    case OpKind::kAllgather:
+      execute_allgather(set, bucket, pool);
+      break;
+  }
+  return Status::ok_status();
+}
+
+Status Worker::check_deadline() {
+  if (ops_.empty()) return Status::ok_status();
+  const Op& op = ops_.front();
+  if (std::chrono::steady_clock::now() - op.started < options_.timeout) return Status::ok_status();
+  std::string missing;
+  for (uint32_t c = 0; c < clients_.size(); ++c) {
+    const bool late = !op.submitted[c] || (op.next_bucket < op.remaining[c].size() &&
+                                            op.remaining[c][op.next_bucket] != 0);
+    if (late) missing += (missing.empty() ? "" : ", ") + who(c);
+  }
+  return Status::timeout("job " + options_.job_id + ": operation " + std::to_string(op.seq) + " (" +
+                         describe(op.desc) + ") did not complete within " +
+                         std::to_string(options_.timeout.count()) + " ms; waiting for bucket " +
+                         std::to_string(op.next_bucket) + " from " + (missing.empty() ? "nobody" : missing));
+}
+
+void Worker::post(uint32_t local_rank, uint64_t seq, const Status& status) {
+  CompletionEntry entry;
+  entry.op_seq = seq;
+  entry.code = static_cast<uint32_t>(status.code());
+  const std::string& message = status.message();
+  entry.message_length = static_cast<uint32_t>(std::min(message.size(), kCompletionMessageBytes));
+  std::memcpy(entry.message, message.data(), entry.message_length);
+  ClientState& client = clients_[local_rank];
+  // A client keeps at most CompletionRing::capacity operations outstanding, so a full ring means
+  // it stopped draining; the job cannot make progress without it.
+  if (!client.completion.try_push(entry)) {
+    fail(Status::protocol("job " + options_.job_id + ": " + who(local_rank) +
+                          " does not drain its completion ring"));
+    return;
+  }
+  client.completion_ready->notify();
+}
+
+void Worker::shut_down(const Status& status) {
+  // Publish the sticky error first so that clients fail later submissions without waiting.
+  const size_t length = std::min(status.message().size(), sizeof(header_->failure_message) - 1);
+  std::memcpy(header_->failure_message, status.message().data(), length);
+  header_->failure_message[length] = '\0';
+  header_->failure_code.store(static_cast<uint32_t>(status.code() == ErrorCode::kOk ? ErrorCode::kAborted : status.code()),
+                              std::memory_order_release);
+  for (const Op& op : ops_) {
+    for (uint32_t c = 0; c < clients_.size(); ++c) {
+      if (op.submitted[c]) post(c, op.seq, status);
+    }
+  }
+  ops_.clear();
+  for (auto& client : clients_) client.completion_ready->notify();
+  options_.log.warning("per-step path stopped: " + status.to_string());
+}
+
+}  // namespace gradsync

@@ -1,0 +1,101 @@
+// The per-job worker: the `_process_batch` analogue. One thread per job drains the job's
+// submission rings, matches the n-th operation of every local client, launches buckets strictly
+// in index order once every local client has marked all of a bucket's tensors ready, executes
+// them on the shared thread pool, and posts one completion per operation to each client.
+//
+// Failure: the first error sticks. fail() (from any thread) or an error found by the worker
+// itself (bad ring entry, mismatched operations, a timeout) ends the job's per-step path: the
+// worker publishes the error in the channel header, posts it as the completion of every pending
+// operation, wakes every client, and its thread exits. Every wait is bounded by the job timeout.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "daemon/job/op.h"
+#include "daemon/job/tensor_set.h"
+#include "daemon/util/log.h"
+#include "daemon/util/thread_pool.h"
+#include "shared/channel_layout.h"
+#include "shared/status.h"
+
+namespace gradsync {
+
+struct WorkerOptions {
+  std::string job_id;
+  int world_size = 0;
+  uint32_t local_world_size = 0;
+  std::vector<int> ranks;  // global rank of each local rank
+  std::chrono::milliseconds timeout{30'000};
+  std::byte* channel = nullptr;  // the mapped channel segment (kept alive by the Job)
+  ThreadPool* pool = nullptr;
+  Logger log;
+};
+
+class Worker {
+ public:
+  explicit Worker(WorkerOptions options);
+  ~Worker();  // stops and joins the thread
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+
+  // Makes a committed set available to operations. Thread-safe.
+  void add_set(std::shared_ptr<const TensorSet> set);
+
+  // Ends the job with `status` unless it already failed; returns at once. Thread-safe.
+  void fail(Status status);
+
+  // Stops the thread and waits for it; pending operations fail with `status` first.
+  void stop(Status status);
+
+  // The sticky error, ok while the job is healthy. Thread-safe.
+  Status failure() const;
+
+  // Operations completed so far, for status queries.
+  uint64_t completed_ops() const { return completed_ops_.load(); }
+
+ private:
+  struct ClientState {
+    RingReader<SubmitRing> submit;
+    RingWriter<CompletionRing> completion;
+    WakeWord* completion_ready;
+    uint64_t next_seq = 1;
+  };
+
+  void run();
+  bool drain_rings();  // true when an entry was consumed
+  Status handle_entry(uint32_t local_rank, const SubmitEntry& entry);
+  Status handle_submit(uint32_t local_rank, const SubmitEntry& entry);
+  Status handle_mark_ready(uint32_t local_rank, const SubmitEntry& entry);
+  Status progress();  // launches every bucket that is ready, in order
+  Status execute_bucket(const Op& op, size_t bucket);
+  Status check_deadline();
+  void post(uint32_t local_rank, uint64_t seq, const Status& status);
+  void shut_down(const Status& status);  // worker thread only
+  std::shared_ptr<const TensorSet> find_set(uint32_t id);
+  std::string who(uint32_t local_rank) const;
+
+  WorkerOptions options_;
+  ChannelHeader* header_;
+  std::vector<ClientState> clients_;  // worker thread only
+  std::deque<Op> ops_;                // worker thread only; ops_[i].seq == first_seq_ + i
+  uint64_t first_seq_ = 1;            // worker thread only
+  std::atomic<uint64_t> completed_ops_{0};
+
+  mutable std::mutex mutex_;
+  std::map<uint32_t, std::shared_ptr<const TensorSet>> sets_;  // guarded by mutex_
+  Status failure_;                                             // guarded by mutex_
+  std::atomic<bool> failed_{false};
+  std::atomic<bool> stopping_{false};
+  std::thread thread_;
+};
+
+}  // namespace gradsync

@@ -1,0 +1,329 @@
+#include "daemon/reduce/kernel.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "shared/half.h"
+
+namespace gradsync::reduce {
+namespace {
+
+// Elements are reduced in blocks whose accumulator stays in L1: every input's block is read
+// before any output's block is written, which is what makes in-place (aliased) calls correct,
+// and the accumulator is written out with memcpy at full store bandwidth.
+constexpr size_t kBlockBytes = 32 << 10;
+
+// How a dtype is stored and in which type it is accumulated. load/store convert between them;
+// store rounds to nearest even where the accumulation type is wider.
+template <typename StorageT, typename AccT>
+struct SameCodec {
+  using Storage = StorageT;
+  using Acc = AccT;
+  static Acc load(Storage value) { return value; }
+  static Storage store(Acc value) { return value; }
+};
+
+struct Float16Codec {
+  using Storage = uint16_t;
+  using Acc = float;
+  static Acc load(Storage value) { return half_to_float(value); }
+  static Storage store(Acc value) { return float_to_half(value); }
+};
+
+struct BFloat16Codec {
+  using Storage = uint16_t;
+  using Acc = float;
+  static Acc load(Storage value) { return bfloat16_to_float(value); }
+  static Storage store(Acc value) { return float_to_bfloat16(value); }
+};
+
+// Integer sums wrap modulo 2^bits; adding in the unsigned type makes that defined behaviour,
+// and C++20 defines the conversion back to the signed type as modular too.
+template <typename T>
+T wrapping_add(T a, T b) {
+  using U = std::make_unsigned_t<T>;
+  return static_cast<T>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
+}
+
+// min/max propagate NaN (a NaN in any input makes the result NaN, as in torch.minimum); on
+// ties, including -0 against +0, the earlier input wins. Both are fixed by the input order, so
+// results stay deterministic.
+template <Combine kCombine, typename Acc>
+Acc combine(Acc acc, Acc value) {
+  if constexpr (kCombine == Combine::kSum) {
+    if constexpr (std::is_integral_v<Acc>) {
+      return wrapping_add(acc, value);
+    } else {
+      return acc + value;
+    }
+  } else if constexpr (kCombine == Combine::kMin) {
+    return (value < acc || value != value) ? value : acc;
+  } else {
+    return (value > acc || value != value) ? value : acc;
+  }
+}
+
+// One instantiation per (dtype, combine, scale, rounding) so that the inner loops carry no
+// switch and compile to straight vector code. kRoundEach is the narrow half path: the float32
+// intermediate is rounded back to the half type after every operation. Because float32 has
+// more than 2*11+2 significand bits, a float32 add or divide followed by that rounding gives
+// exactly the correctly rounded half-precision result, so this is true half arithmetic.
+template <typename Codec, Combine kCombine, Scale kScale, bool kRoundEach>
+class BlockReducer {
+ public:
+  using Storage = typename Codec::Storage;
+  using Acc = typename Codec::Acc;
+  static constexpr size_t kBlock = kBlockBytes / sizeof(Acc);
+  // A multiple of every vector width up to AVX-512 bytes (64 uint8 lanes).
+  static constexpr size_t kChunk = 64;
+
+  // Integer reducers never scale; converting an arbitrary double to an integer would be UB.
+  explicit BlockReducer(double divisor)
+      : divisor_(kScale == Scale::kNone ? Acc{1} : static_cast<Acc>(divisor)) {}
+
+  void run(std::span<const void* const> inputs, std::span<void* const> outputs,
+           size_t count) const {
+    for (size_t begin = 0; begin < count; begin += kBlock) {
+      const size_t len = std::min(kBlock, count - begin);
+      reduce_block(inputs, outputs, begin, len);
+    }
+  }
+
+ private:
+  static Acc round(Acc value) {
+    if constexpr (kRoundEach) {
+      return Codec::load(Codec::store(value));
+    } else {
+      return value;
+    }
+  }
+
+  // Division is a true divide (not a multiply by the reciprocal) so that, e.g., x / 3 is
+  // correctly rounded.
+  Acc prescale(Acc value) const {
+    if constexpr (kScale == Scale::kBefore) {
+      return round(value / divisor_);
+    } else {
+      return value;
+    }
+  }
+
+  Acc postscale(Acc value) const {
+    if constexpr (kScale == Scale::kAfter) {
+      return round(value / divisor_);
+    } else {
+      return value;
+    }
+  }
+
+  // acc[i] = in[i] (kFirst) or acc[i] (+) in[i], with the post-divide fused into the pass over
+  // the last input so the accumulator is not swept once more.
+  template <bool kFirst, bool kLast>
+  void accumulate(Acc* __restrict acc, const Storage* __restrict in, size_t len) const {
+    // GCC's -O2 vectorizer (cost model "very-cheap") only vectorizes a loop that needs no
+    // scalar epilogue, so the bulk runs as fixed-length chunks and the rest element by element.
+    // Both do the same IEEE operations per element, so the split changes no result bit.
+    size_t i = 0;
+    for (; i + kChunk <= len; i += kChunk) {
+      for (size_t j = i; j < i + kChunk; ++j) step<kFirst, kLast>(acc, in, j);
+    }
+    for (; i < len; ++i) step<kFirst, kLast>(acc, in, i);
+  }
+
+  template <bool kFirst, bool kLast>
+  void step(Acc* __restrict acc, const Storage* __restrict in, size_t i) const {
+    const Acc value = prescale(Codec::load(in[i]));
+    Acc result;
+    if constexpr (kFirst) {
+      result = value;
+    } else {
+      result = round(combine<kCombine>(acc[i], value));
+    }
+    acc[i] = kLast ? postscale(result) : result;
+  }
+
+  void reduce_block(std::span<const void* const> inputs, std::span<void* const> outputs,
+                    size_t begin, size_t len) const {
+    alignas(64) Acc acc[kBlock];
+    const size_t n = inputs.size();
+    auto input = [&](size_t k) { return static_cast<const Storage*>(inputs[k]) + begin; };
+
+    if (n == 1) {
+      accumulate<true, true>(acc, input(0), len);
+    } else {
+      accumulate<true, false>(acc, input(0), len);
+      for (size_t k = 1; k + 1 < n; ++k) accumulate<false, false>(acc, input(k), len);
+      accumulate<false, true>(acc, input(n - 1), len);
+    }
+
+    if constexpr (std::is_same_v<Acc, Storage>) {
+      for (void* out : outputs) {
+        std::memcpy(static_cast<Storage*>(out) + begin, acc, len * sizeof(Storage));
+      }
+    } else {
+      // Rounded once into a staging block, then copied, so that several outputs do not pay for
+      // the conversion again.
+      alignas(64) Storage staged[kBlock];
+      size_t i = 0;
+      for (; i + kChunk <= len; i += kChunk) {
+        for (size_t j = i; j < i + kChunk; ++j) staged[j] = Codec::store(acc[j]);
+      }
+      for (; i < len; ++i) staged[i] = Codec::store(acc[i]);
+      for (void* out : outputs) {
+        std::memcpy(static_cast<Storage*>(out) + begin, staged, len * sizeof(Storage));
+      }
+    }
+  }
+
+  Acc divisor_;
+};
+
+template <typename Codec, Combine kCombine, Scale kScale, bool kRoundEach = false>
+void run_reducer(const KernelArgs& args, std::span<const void* const> inputs,
+                 std::span<void* const> outputs, size_t count) {
+  BlockReducer<Codec, kCombine, kScale, kRoundEach>(args.divisor).run(inputs, outputs, count);
+}
+
+// Scaling is only instantiated for floating types; validate_kernel_args rejects it elsewhere.
+template <typename Codec, bool kRoundEach = false>
+void dispatch_floating(const KernelArgs& args, std::span<const void* const> inputs,
+                       std::span<void* const> outputs, size_t count) {
+  switch (args.combine) {
+    case Combine::kSum:
+      switch (args.scale) {
+        case Scale::kNone:
+          return run_reducer<Codec, Combine::kSum, Scale::kNone, kRoundEach>(args, inputs, outputs, count);
+        case Scale::kBefore:
+          return run_reducer<Codec, Combine::kSum, Scale::kBefore, kRoundEach>(args, inputs, outputs, count);
+        case Scale::kAfter:
+          return run_reducer<Codec, Combine::kSum, Scale::kAfter, kRoundEach>(args, inputs, outputs, count);
+      }
+      return;
+    // min/max pick one of the inputs, so narrow and wide accumulation agree; no rounding needed.
+    case Combine::kMin:
+      return run_reducer<Codec, Combine::kMin, Scale::kNone>(args, inputs, outputs, count);
+    case Combine::kMax:
+      return run_reducer<Codec, Combine::kMax, Scale::kNone>(args, inputs, outputs, count);
+  }
+}
+
+template <typename Codec>
+void dispatch_half(const KernelArgs& args, std::span<const void* const> inputs,
+                   std::span<void* const> outputs, size_t count) {
+  if (args.wide_accumulate) {
+    dispatch_floating<Codec, false>(args, inputs, outputs, count);
+  } else {
+    dispatch_floating<Codec, true>(args, inputs, outputs, count);
+  }
+}
+
+template <typename T>
+void dispatch_integer(const KernelArgs& args, std::span<const void* const> inputs,
+                      std::span<void* const> outputs, size_t count) {
+  using Codec = SameCodec<T, T>;
+  switch (args.combine) {
+    case Combine::kSum:
+      return run_reducer<Codec, Combine::kSum, Scale::kNone>(args, inputs, outputs, count);
+    case Combine::kMin:
+      return run_reducer<Codec, Combine::kMin, Scale::kNone>(args, inputs, outputs, count);
+    case Combine::kMax:
+      return run_reducer<Codec, Combine::kMax, Scale::kNone>(args, inputs, outputs, count);
+  }
+}
+
+// Messages are static because validate_kernel_args returns a string_view.
+struct DTypeMessages {
+  DType dtype;
+  std::string_view scale_integer;
+  std::string_view scale_min_max;
+  std::string_view bad_divisor;
+};
+
+constexpr DTypeMessages kMessages[] = {
+    {DType::kFloat32, {},
+     "scaling is only defined for sum, not min or max (float32); use Scale::kNone",
+     "divisor must be finite, non-zero and within float32 range when scaling float32"},
+    {DType::kFloat64, {},
+     "scaling is only defined for sum, not min or max (float64); use Scale::kNone",
+     "divisor must be finite and non-zero when scaling float64"},
+    {DType::kFloat16, {},
+     "scaling is only defined for sum, not min or max (float16); use Scale::kNone",
+     "divisor must be finite, non-zero and within float32 range when scaling float16"},
+    {DType::kBFloat16, {},
+     "scaling is only defined for sum, not min or max (bfloat16); use Scale::kNone",
+     "divisor must be finite, non-zero and within float32 range when scaling bfloat16"},
+    {DType::kInt32, "scaling is not defined for int32 (use sum without a divisor)", {}, {}},
+    {DType::kInt64, "scaling is not defined for int64 (use sum without a divisor)", {}, {}},
+    {DType::kUInt8, "scaling is not defined for uint8 (use sum without a divisor)", {}, {}},
+};
+
+const DTypeMessages* find_messages(DType dtype) {
+  for (const auto& entry : kMessages) {
+    if (entry.dtype == dtype) return &entry;
+  }
+  return nullptr;
+}
+
+// The divisor is converted to the accumulation type before dividing, so for everything but
+// float64 it must survive the conversion to float32: 1e-50 would become 0, 1e50 infinity.
+bool divisor_usable(DType dtype, double divisor) {
+  if (!std::isfinite(divisor) || divisor == 0.0) return false;
+  if (dtype == DType::kFloat64) return true;
+  const float narrowed = static_cast<float>(divisor);
+  return std::isfinite(narrowed) && narrowed != 0.0f;
+}
+
+}  // namespace
+
+void reduce(const KernelArgs& args, std::span<const void* const> inputs,
+            std::span<void* const> outputs, size_t count) {
+  // With no inputs there is no result to write.
+  if (inputs.empty() || count == 0) return;
+  switch (args.dtype) {
+    case DType::kFloat32:
+      return dispatch_floating<SameCodec<float, float>>(args, inputs, outputs, count);
+    case DType::kFloat64:
+      return dispatch_floating<SameCodec<double, double>>(args, inputs, outputs, count);
+    case DType::kFloat16:
+      return dispatch_half<Float16Codec>(args, inputs, outputs, count);
+    case DType::kBFloat16:
+      return dispatch_half<BFloat16Codec>(args, inputs, outputs, count);
+    case DType::kInt32:
+      return dispatch_integer<int32_t>(args, inputs, outputs, count);
+    case DType::kInt64:
+      return dispatch_integer<int64_t>(args, inputs, outputs, count);
+    case DType::kUInt8:
+      return dispatch_integer<uint8_t>(args, inputs, outputs, count);
+  }
+}
+
+std::string_view validate_kernel_args(const KernelArgs& args) {
+  const DTypeMessages* messages = find_messages(args.dtype);
+  if (messages == nullptr) return "unknown dtype value in kernel args";
+  switch (args.combine) {
+    case Combine::kSum:
+    case Combine::kMin:
+    case Combine::kMax:
+      break;
+    default:
+      return "unknown combine value in kernel args";
+  }
+  switch (args.scale) {
+    case Scale::kNone:
+      return "";
+    case Scale::kBefore:
+    case Scale::kAfter:
+      break;
+    default:
+      return "unknown scale value in kernel args";
+  }
+  if (!messages->scale_integer.empty()) return messages->scale_integer;
+  if (args.combine != Combine::kSum) return messages->scale_min_max;
+  if (!divisor_usable(args.dtype, args.divisor)) return messages->bad_divisor;
+  return "";
+}
+
+}  // namespace gradsync::reduce

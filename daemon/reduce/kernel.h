@@ -1,0 +1,44 @@
+// Element-wise reduction of the local clients' buffers: the arithmetic core of every bucket.
+//
+// Contract: result[i] = scale(in[0][i] (+) in[1][i] (+) ... (+) in[n-1][i]), combined strictly in
+// input order, so the result is bit-identical from run to run and independent of how callers
+// split the element range across threads. The result is written to every output. Inputs and
+// outputs may alias (in-place all-reduce): the kernel reads a whole cache-sized block of every
+// input before it writes that block to any output.
+#pragma once
+
+#include <cstddef>
+#include <span>
+#include <string_view>
+
+#include "shared/dtype.h"
+
+namespace gradsync::reduce {
+
+enum class Combine { kSum, kMin, kMax };
+
+// When the divide happens. kBefore divides every input before combining (prescale, for fp16
+// overflow safety); kAfter divides the combined value. Only meaningful with Combine::kSum.
+enum class Scale { kNone, kBefore, kAfter };
+
+struct KernelArgs {
+  DType dtype = DType::kFloat32;
+  Combine combine = Combine::kSum;
+  Scale scale = Scale::kNone;
+  double divisor = 1.0;  // used when scale != kNone; must be finite and non-zero
+  // float16/bfloat16 only: accumulate (and divide) in float32 and round to nearest even once
+  // at the end. When false, every partial result is rounded back to the half type.
+  bool wide_accumulate = true;
+};
+
+// Reduces `count` elements. `inputs` and `outputs` hold one pointer per buffer, each to
+// `count` elements of args.dtype. Integer sums wrap modulo 2^bits. Scaling of integer types is
+// rejected by callers (see validate_kernel_args); the kernel assumes valid args.
+void reduce(const KernelArgs& args, std::span<const void* const> inputs,
+            std::span<void* const> outputs, size_t count);
+
+// Empty string when args are valid, otherwise a message naming what is wrong, e.g.
+// "scaling is not defined for int32 (use sum without a divisor)".
+std::string_view validate_kernel_args(const KernelArgs& args);
+
+}  // namespace gradsync::reduce

@@ -1,0 +1,39 @@
+#include "daemon/util/log.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+
+namespace gradsync {
+
+bool parse_log_level(std::string_view text, LogLevel* level) {
+  if (text == "debug") *level = LogLevel::kDebug;
+  else if (text == "info") *level = LogLevel::kInfo;
+  else if (text == "warning") *level = LogLevel::kWarning;
+  else if (text == "error") *level = LogLevel::kError;
+  else return false;
+  return true;
+}
+
+void Logger::log(LogLevel level, std::string_view message) const {
+  if (!enabled(level)) return;
+  const auto now = std::chrono::system_clock::now();
+  const auto secs = std::chrono::system_clock::to_time_t(now);
+  const auto millis = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
+  std::tm utc{};
+  gmtime_r(&secs, &utc);
+  char stamp[32];
+  std::strftime(stamp, sizeof(stamp), "%Y-%m-%dT%H:%M:%S", &utc);
+  static constexpr char kLetters[] = {'D', 'I', 'W', 'E'};
+  std::string line;
+  line.reserve(64 + context_.size() + message.size());
+  line.append(stamp).append(".").append(std::to_string(1000 + millis).substr(1)).append("Z ");
+  line.push_back(kLetters[static_cast<int>(level)]);
+  line.append(" ").append(context_).append(": ").append(message).append("\n");
+  // One write per line so lines from different threads never interleave.
+  (void)!::write(STDERR_FILENO, line.data(), line.size());
+}
+
+}  // namespace gradsync

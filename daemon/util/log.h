@@ -1,0 +1,37 @@
+// Leveled logging to stderr (journald picks it up under systemd). A Logger is a small value
+// passed down to the components that log; there is no global logger. Every line carries a
+// context prefix so operators can tell which job, rank or client it is about:
+//   2026-11-29T14:03:12.123Z W gradsyncd: job=resnet rank=2: client pid 4242 disconnected
+#pragma once
+
+#include <string>
+#include <string_view>
+
+namespace gradsync {
+
+enum class LogLevel { kDebug = 0, kInfo = 1, kWarning = 2, kError = 3 };
+
+// "debug", "info", "warning", "error"; false when unknown.
+bool parse_log_level(std::string_view text, LogLevel* level);
+
+class Logger {
+ public:
+  explicit Logger(LogLevel level = LogLevel::kInfo, std::string context = "gradsyncd")
+      : level_(level), context_(std::move(context)) {}
+
+  // A logger whose lines also carry `more` (e.g. "job=resnet").
+  Logger with(std::string_view more) const { return Logger(level_, context_ + " " + std::string(more)); }
+
+  bool enabled(LogLevel level) const { return level >= level_; }
+  void log(LogLevel level, std::string_view message) const;
+  void debug(std::string_view m) const { log(LogLevel::kDebug, m); }
+  void info(std::string_view m) const { log(LogLevel::kInfo, m); }
+  void warning(std::string_view m) const { log(LogLevel::kWarning, m); }
+  void error(std::string_view m) const { log(LogLevel::kError, m); }
+
+ private:
+  LogLevel level_;
+  std::string context_;
+};
+
+}  // namespace gradsync

@@ -1,0 +1,43 @@
+// A fixed set of reduction threads shared by every job's worker. parallel_for() runs a batch of
+// independent tasks on the pool and on the calling thread, and returns when all are done, so a
+// worker never sleeps while its own batch is unfinished. Batches from several jobs may run at
+// once; they share the threads.
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace gradsync {
+
+class ThreadPool {
+ public:
+  // `threads` counts the caller too: ThreadPool(1) starts no threads and runs everything inline.
+  explicit ThreadPool(size_t threads);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  size_t size() const { return workers_.size() + 1; }
+
+  // Calls task(i) for i in [0, count), in any order and on any thread. Exceptions must not
+  // escape task (the reduction tasks do not throw).
+  void parallel_for(size_t count, const std::function<void(size_t)>& task);
+
+ private:
+  struct Batch;
+  void run_worker();
+  static void finish_one(Batch& batch, size_t i);
+
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<Batch*> batches_;  // guarded by mutex_
+  bool stopping_ = false;       // guarded by mutex_
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace gradsync

@@ -1,0 +1,53 @@
+// Control-socket framing: every control message is one frame, a 4-byte little-endian payload
+// length followed by that many bytes of a serialized protobuf message (proto/control.proto).
+// Frames are bounded so that a hostile or broken peer cannot make the other side allocate
+// without limit. Only control messages travel this way; the per-step path uses shared rings.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+
+#include "shared/status.h"
+
+namespace gradsync {
+
+inline constexpr size_t kFrameHeaderBytes = 4;
+inline constexpr uint32_t kMaxFrameBytes = 16u << 20;  // a registration of ~500k tensors
+
+std::array<std::byte, kFrameHeaderBytes> encode_frame_header(uint32_t payload_bytes);
+
+// The payload length from a header; a kProtocol error naming both sizes when it exceeds
+// max_bytes ("frame of 20000000 bytes exceeds the 16777216-byte limit").
+Status decode_frame_header(std::span<const std::byte, kFrameHeaderBytes> header, uint32_t max_bytes,
+                           uint32_t* payload_bytes);
+
+// Header + payload in one buffer, ready to write. Fails if payload exceeds kMaxFrameBytes.
+std::string encode_frame(std::string_view payload);
+
+// Incremental decoder for a byte stream (the client's blocking reader and the tests).
+class FrameDecoder {
+ public:
+  explicit FrameDecoder(uint32_t max_bytes = kMaxFrameBytes) : max_bytes_(max_bytes) {}
+
+  // Appends received bytes.
+  void feed(std::span<const std::byte> bytes);
+
+  // The next complete payload, nullopt when more bytes are needed. Once it returns an error
+  // (oversized frame) the decoder stays failed: the stream cannot be resynchronized.
+  Status next(std::optional<std::string>* payload);
+
+  // Call at end of stream: ok when no partial frame is buffered, otherwise a kProtocol error
+  // "truncated frame: expected N payload bytes, got M before end of stream".
+  Status finish() const;
+
+ private:
+  uint32_t max_bytes_;
+  std::string buffer_;
+  Status failed_;
+};
+
+}  // namespace gradsync

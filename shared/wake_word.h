@@ -1,0 +1,48 @@
+// A wake-up word in shared memory: one process publishes something and notifies, another
+// waits until a predicate over the published data holds. No wake-up is lost:
+//   notifier: publish data; seq += 1; if (waiters > 0) futex_wake(seq)
+//   waiter:   s = seq; if ready() return; waiters += 1; if (!ready()) futex_wait(seq == s)
+// All four steps use sequentially consistent atomics, so either the waiter sees the data or
+// the notifier sees the waiter (or seq has moved and futex_wait returns at once).
+// The notifier pays a futex syscall only when somebody sleeps.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+
+#include "shared/futex.h"
+
+namespace gradsync {
+
+struct WakeWord {
+  std::atomic<uint32_t> seq{0};
+  std::atomic<uint32_t> waiters{0};
+
+  void notify() {
+    seq.fetch_add(1);
+    if (waiters.load() > 0) futex_wake_all(&seq);
+  }
+
+  // Waits until ready() or the deadline. Spins `spin` times first, which helps only when the
+  // other side is running on another core. Returns ready()'s final value. The memory is shared
+  // with another process that may be broken or hostile: a corrupted word can only cause extra
+  // or late wake-ups, never an unbounded sleep, because every sleep is bounded by the deadline.
+  template <class Ready>
+  bool wait_until(Ready&& ready, std::chrono::steady_clock::time_point deadline, int spin = 0) {
+    for (int i = 0; i < spin; ++i) {
+      if (ready()) return true;
+    }
+    for (;;) {
+      const uint32_t seen = seq.load();
+      if (ready()) return true;
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= deadline) return false;
+      waiters.fetch_add(1);
+      if (!ready()) futex_wait(&seq, seen, deadline - now);
+      waiters.fetch_sub(1);
+    }
+  }
+};
+
+}  // namespace gradsync

@@ -1,0 +1,319 @@
+// Bad input on the control path: each gets a clear error naming what was wrong, and the daemon
+// keeps serving.
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstring>
+
+#include "client/src/connection.h"
+#include "shared/channel_layout.h"
+#include "shared/framing.h"
+#include "shared/shm_segment.h"
+#include "shared/version.h"
+#include "tests/integration/harness.h"
+
+namespace gradsync::test {
+namespace {
+
+// Runs `body`, which must throw an Error with `code` whose message contains `text`.
+template <class Body>
+void expect_error(Body&& body, ErrorCode code, const std::string& text) {
+  try {
+    body();
+    FAIL("expected an error containing '" << text << "'");
+  } catch (const Error& e) {
+    INFO(e.what());
+    CHECK(e.code() == code);
+    CHECK_THAT(e.status().message(), Catch::Contains(text));
+  }
+}
+
+// A raw socket for hostile input: the bytes go out exactly as given.
+class RawSocket {
+ public:
+  explicit RawSocket(const std::string& path) {
+    fd_ = ::socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un address{};
+    address.sun_family = AF_UNIX;
+    std::strncpy(address.sun_path, path.c_str(), sizeof(address.sun_path) - 1);
+    REQUIRE(::connect(fd_, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0);
+  }
+  ~RawSocket() { ::close(fd_); }
+  void send(const std::string& bytes) { REQUIRE(::write(fd_, bytes.data(), bytes.size()) == ssize_t(bytes.size())); }
+  void finish_writing() { ::shutdown(fd_, SHUT_WR); }
+  // Everything the daemon sends until it closes the connection (bounded by 10 s).
+  std::string read_to_end() {
+    timeval tv{10, 0};
+    ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    std::string all;
+    char buffer[4096];
+    for (;;) {
+      const ssize_t n = ::read(fd_, buffer, sizeof(buffer));
+      if (n <= 0) break;
+      all.append(buffer, static_cast<size_t>(n));
+    }
+    return all;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+// The error message of the first reply in `bytes`.
+std::string first_error(const std::string& bytes) {
+  FrameDecoder decoder;
+  decoder.feed(std::span<const std::byte>(reinterpret_cast<const std::byte*>(bytes.data()), bytes.size()));
+  std::optional<std::string> payload;
+  REQUIRE(decoder.next(&payload).ok());
+  REQUIRE(payload);
+  control::Reply reply;
+  REQUIRE(reply.ParseFromString(*payload));
+  return reply.error().message();
+}
+
+std::string frame_header(uint32_t length) {
+  const auto header = encode_frame_header(length);
+  return std::string(reinterpret_cast<const char*>(header.data()), header.size());
+}
+
+// The daemon still serves a normal one-client job.
+void check_still_serving(const TestDaemon& daemon) {
+  auto client = join(daemon.socket(), unique_job("after"), 0, 1);
+  const std::vector<SharedTensor> tensors = {client->allocate(TensorSpec{DType::kFloat32, 4, "dp"})};
+  const TensorSet set = client->register_tensors(tensors, {});
+  tensors[0].as<float>()[0] = 3.0f;
+  CHECK(client->allreduce(set, ReduceOptions{ReduceOp::kSum}).wait(std::chrono::seconds(10)));
+  CHECK(tensors[0].as<float>()[0] == 3.0f);
+}
+
+}  // namespace
+
+TEST_CASE("join: a duplicate rank is refused and names the rank", "[integration][control]") {
+  TestDaemon daemon;
+  const std::string job = unique_job("dup");
+  auto first = join(daemon.socket(), job, 0, 2);
+  expect_error([&] { join(daemon.socket(), job, 0, 2); }, ErrorCode::kAlreadyExists, "rank 0 already joined");
+}
+
+TEST_CASE("join: a rank outside the world is refused", "[integration][control]") {
+  TestDaemon daemon;
+  expect_error([&] { join(daemon.socket(), unique_job("range"), 5, 2); }, ErrorCode::kInvalidArgument,
+               "rank 5 is outside world size 2");
+}
+
+TEST_CASE("join: inconsistent world sizes are refused", "[integration][control]") {
+  TestDaemon daemon;
+  const std::string job = unique_job("sizes");
+  auto first = join(daemon.socket(), job, 0, 2);
+  expect_error([&] { join(daemon.socket(), job, 1, 3); }, ErrorCode::kInvalidArgument, "inconsistent world sizes");
+}
+
+TEST_CASE("join: a multi-node job is not supported yet", "[integration][control]") {
+  TestDaemon daemon;
+  auto client = Client::connect(ConnectOptions{daemon.socket()});
+  expect_error([&] { client->join(JoinOptions{unique_job("multi"), 0, 8, 0, 4}); }, ErrorCode::kNotSupported,
+               "multi-node jobs are not supported yet");
+}
+
+TEST_CASE("register: before joining is refused", "[integration][control]") {
+  TestDaemon daemon;
+  auto client = Client::connect(ConnectOptions{daemon.socket()});
+  const std::vector<SharedTensor> tensors = {client->allocate(TensorSpec{DType::kFloat32, 4, "dp"})};
+  expect_error([&] { client->register_tensors(tensors, {}); }, ErrorCode::kInvalidArgument, "join a job before");
+}
+
+TEST_CASE("register: an offset or size outside the segment is refused", "[integration][control]") {
+  TestDaemon daemon;
+  auto client = join(daemon.socket(), unique_job("bounds"), 0, 1);
+  const SharedTensor real = client->allocate(TensorSpec{DType::kFloat32, 16, "dp"});  // 64-byte segment
+  const std::vector<SharedTensor> past_end = {
+      SharedTensor(DType::kFloat32, 16, "dp", real.data(), real.segment_id(), 4)};
+  expect_error([&] { client->register_tensors(past_end, {}); }, ErrorCode::kInvalidArgument, "out of range");
+  const std::vector<SharedTensor> huge = {
+      SharedTensor(DType::kFloat32, uint64_t{1} << 62, "dp", real.data(), real.segment_id(), 0)};
+  expect_error([&] { client->register_tensors(huge, {}); }, ErrorCode::kInvalidArgument, "do not fit");
+  const std::vector<SharedTensor> unknown = {SharedTensor(DType::kFloat32, 1, "dp", real.data(), 999, 0)};
+  expect_error([&] { client->register_tensors(unknown, {}); }, ErrorCode::kInvalidArgument, "unknown segment 999");
+  check_still_serving(daemon);
+}
+
+TEST_CASE("register: overlapping tensors are refused", "[integration][control]") {
+  TestDaemon daemon;
+  auto client = join(daemon.socket(), unique_job("overlap"), 0, 1);
+  const SharedTensor real = client->allocate(TensorSpec{DType::kFloat32, 16, "dp"});
+  const std::vector<SharedTensor> overlapping = {
+      SharedTensor(DType::kFloat32, 8, "dp", real.data(), real.segment_id(), 0),
+      SharedTensor(DType::kFloat32, 8, "dp", real.data() + 16, real.segment_id(), 16)};
+  expect_error([&] { client->register_tensors(overlapping, {}); }, ErrorCode::kInvalidArgument, "overlaps");
+}
+
+TEST_CASE("register: an unknown dtype is refused by the daemon", "[integration][control]") {
+  TestDaemon daemon;
+  Connection raw(daemon.socket());
+  control::Request hello;
+  hello.mutable_hello()->set_protocol_version(kProtocolVersion);
+  raw.call(hello, std::chrono::seconds(5));
+  control::Request join_request;
+  auto* j = join_request.mutable_join();
+  j->set_job_id(unique_job("dtype"));
+  j->set_world_size(1);
+  j->set_local_world_size(1);
+  raw.call(join_request, std::chrono::seconds(5));
+  ShmSegment segment = ShmSegment::create(ShmSegment::unique_name("test"), 4096);
+  control::Request announce;
+  announce.mutable_segment()->set_name(segment.name());
+  announce.mutable_segment()->set_bytes(4096);
+  const uint32_t id = raw.call(announce, std::chrono::seconds(5)).segment().segment_id();
+  control::Request reg;
+  auto* tensor = reg.mutable_register_()->add_tensors();
+  tensor->set_dtype(static_cast<control::DType>(42));
+  tensor->set_numel(4);
+  tensor->set_segment_id(id);
+  expect_error([&] { raw.call(reg, std::chrono::seconds(5)); }, ErrorCode::kInvalidArgument, "unknown dtype 42");
+}
+
+TEST_CASE("register: different layouts across ranks fail every rank, naming the tensor", "[integration][control]") {
+  TestDaemon daemon;
+  const std::string job = unique_job("mismatch");
+  ClientGroup group(2, [&](int rank) {
+    auto client = join(daemon.socket(), job, rank, 2);
+    std::vector<TensorSpec> specs = {{DType::kFloat32, 10, "dp"}, {DType::kFloat32, 20, "dp"}};
+    if (rank == 1) specs[1].numel = 21;
+    try {
+      client->register_tensors(client->allocate_flat(specs), {});
+      return fail("registration should have failed");
+    } catch (const Error& e) {
+      const std::string message = e.what();
+      if (e.code() != ErrorCode::kLayoutMismatch) return fail("wrong code: " + message);
+      if (message.find("tensor 1 differs") == std::string::npos) return fail("does not name tensor 1: " + message);
+      if (message.find("float32[21]") == std::string::npos) return fail("does not describe both: " + message);
+    }
+    return kOk;
+  });
+  for (int status : group.wait_all()) CHECK(exit_code(status) == kOk);
+}
+
+TEST_CASE("register: a rank that never registers times the others out", "[integration][control]") {
+  TestDaemon daemon;
+  const std::string job = unique_job("reg-timeout");
+  ClientGroup group(2, [&](int rank) {
+    auto client = join(daemon.socket(), job, rank, 2, std::chrono::milliseconds(500));
+    if (rank == 1) {
+      ::sleep(3);
+      return kOk;
+    }
+    try {
+      client->register_tensors(client->allocate_flat(std::vector<TensorSpec>{{DType::kFloat32, 4, "dp"}}), {});
+      return fail("registration should have timed out");
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kTimeout) return fail(std::string("wrong error: ") + e.what());
+      if (std::string(e.what()).find("rank(s) 1") == std::string::npos) return fail(std::string("unnamed: ") + e.what());
+    }
+    return kOk;
+  });
+  for (int status : group.wait_all()) CHECK(exit_code(status) == kOk);
+}
+
+TEST_CASE("operations: avg on integer tensors is refused before it reaches the job", "[integration][control]") {
+  TestDaemon daemon;
+  auto client = join(daemon.socket(), unique_job("int-avg"), 0, 1);
+  const std::vector<SharedTensor> tensors = {client->allocate(TensorSpec{DType::kInt32, 4, "dp"})};
+  const TensorSet set = client->register_tensors(tensors, {});
+  expect_error([&] { client->allreduce(set, ReduceOptions{ReduceOp::kAvg}); }, ErrorCode::kInvalidArgument,
+               "avg is not defined for integer");
+  CHECK(client->allreduce(set, ReduceOptions{ReduceOp::kSum}).wait(std::chrono::seconds(10)));
+}
+
+TEST_CASE("frames: an oversized frame is refused with the sizes", "[integration][control]") {
+  TestDaemon daemon;
+  RawSocket raw(daemon.socket());
+  raw.send(frame_header(100u << 20));
+  CHECK_THAT(first_error(raw.read_to_end()), Catch::Contains("exceeds the 16777216-byte limit"));
+  check_still_serving(daemon);
+}
+
+TEST_CASE("frames: a truncated frame is reported", "[integration][control]") {
+  TestDaemon daemon;
+  RawSocket raw(daemon.socket());
+  raw.send(frame_header(100) + std::string(10, 'x'));
+  raw.finish_writing();
+  CHECK_THAT(first_error(raw.read_to_end()), Catch::Contains("truncated frame: expected 100 payload bytes, got 10"));
+  check_still_serving(daemon);
+}
+
+TEST_CASE("frames: garbage is refused and the daemon keeps serving", "[integration][control]") {
+  TestDaemon daemon;
+  RawSocket raw(daemon.socket());
+  std::string garbage = frame_header(64);
+  for (int i = 0; i < 64; ++i) garbage.push_back(static_cast<char>(0xff - i));
+  raw.send(garbage);
+  CHECK_THAT(first_error(raw.read_to_end()), Catch::Contains("malformed request"));
+  check_still_serving(daemon);
+  CHECK(daemon.running());
+}
+
+TEST_CASE("hello: a different protocol version is refused", "[integration][control]") {
+  TestDaemon daemon;
+  Connection raw(daemon.socket());
+  control::Request hello;
+  hello.mutable_hello()->set_protocol_version(kProtocolVersion + 98);
+  expect_error([&] { raw.call(hello, std::chrono::seconds(5)); }, ErrorCode::kNotSupported, "protocol version");
+}
+
+TEST_CASE("connect: a user outside the allow-list is refused", "[integration][control]") {
+  TestDaemon daemon({"--allow-uid", std::to_string(::geteuid() + 12345)});
+  expect_error([&] { Client::connect(ConnectOptions{daemon.socket()}); }, ErrorCode::kPermissionDenied,
+               "is not allowed");
+}
+
+TEST_CASE("ring: an unknown operation from a hostile client fails its job with a clear error", "[integration][control]") {
+  TestDaemon daemon;
+  Connection raw(daemon.socket());
+  control::Request hello;
+  hello.mutable_hello()->set_protocol_version(kProtocolVersion);
+  raw.call(hello, std::chrono::seconds(5));
+  control::Request join_request;
+  join_request.mutable_join()->set_job_id(unique_job("hostile"));
+  join_request.mutable_join()->set_world_size(1);
+  join_request.mutable_join()->set_local_world_size(1);
+  const auto reply = raw.call(join_request, std::chrono::seconds(5));
+  ShmSegment channel = ShmSegment::open(reply.join().channel_name(), {});
+  auto* header = reinterpret_cast<ChannelHeader*>(channel.data());
+  RingWriter<SubmitRing> ring(&client_channel(channel.data(), 0)->submit);
+
+  SECTION("unknown operation") {
+    SubmitEntry entry;
+    entry.kind = static_cast<uint32_t>(SubmitKind::kOp);
+    entry.op_seq = 1;
+    entry.op = 99;
+    REQUIRE(ring.try_push(entry));
+    header->doorbell.notify();
+    for (int i = 0; i < 500 && header->failure_code.load() == 0; ++i) ::usleep(10'000);
+    CHECK(header->failure_code.load() == static_cast<uint32_t>(ErrorCode::kInvalidArgument));
+    CHECK_THAT(std::string(header->failure_message), Catch::Contains("unknown operation 99"));
+  }
+  SECTION("operation on a set that was never registered") {
+    SubmitEntry entry;
+    entry.kind = static_cast<uint32_t>(SubmitKind::kOp);
+    entry.op_seq = 1;
+    entry.op = static_cast<uint32_t>(OpKind::kBroadcast);
+    entry.set_id = 7;
+    REQUIRE(ring.try_push(entry));
+    header->doorbell.notify();
+    for (int i = 0; i < 500 && header->failure_code.load() == 0; ++i) ::usleep(10'000);
+    CHECK_THAT(std::string(header->failure_message), Catch::Contains("set 7 is not registered"));
+  }
+  SECTION("unknown entry kind") {
+    SubmitEntry entry;
+    entry.kind = 12345;
+    REQUIRE(ring.try_push(entry));
+    header->doorbell.notify();
+    for (int i = 0; i < 500 && header->failure_code.load() == 0; ++i) ::usleep(10'000);
+    CHECK_THAT(std::string(header->failure_message), Catch::Contains("unknown ring entry kind 12345"));
+  }
+  check_still_serving(daemon);
+}
+
+}  // namespace gradsync::test

@@ -1,0 +1,229 @@
+// Faults: a client killed or stuck mid-step, the daemon going away. The other clients get an
+// error naming the rank within the job's timeout, the daemon keeps serving other jobs, and the
+// dead client's memory and descriptors are released.
+#include <poll.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <thread>
+
+#include "tests/integration/harness.h"
+
+namespace gradsync::test {
+namespace {
+
+// One-shot notification from a forked child to the test, through a pipe made before fork.
+class Latch {
+ public:
+  Latch() { REQUIRE(::pipe(fds_) == 0); }
+  ~Latch() {
+    ::close(fds_[0]);
+    ::close(fds_[1]);
+  }
+  void open() const { (void)!::write(fds_[1], "x", 1); }
+  bool wait(std::chrono::milliseconds timeout) const {
+    pollfd p{fds_[0], POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(timeout.count())) != 1) return false;
+    char c;
+    return ::read(fds_[0], &c, 1) == 1;
+  }
+
+ private:
+  int fds_[2];
+};
+
+const std::vector<TensorSpec> kSpecs(4, TensorSpec{DType::kFloat32, 1 << 16, "dp"});
+
+// Ranks other than `victim` run steps until one fails, and check that the failure names the
+// victim with the expected code, quickly.
+int survivor(Client& client, const TensorSet& set, const Latch& ready, ErrorCode code, const std::string& names) {
+  ready.open();
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    for (int step = 0; step < 1000; ++step) {
+      if (!client.allreduce(set, ReduceOptions{}).wait(std::chrono::seconds(20))) return fail("wait timed out");
+    }
+    return fail("no step failed");
+  } catch (const Error& e) {
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (e.code() != code) return fail(std::string("unexpected error: ") + e.what());
+    if (std::string(e.what()).find(names) == std::string::npos) return fail(std::string("error does not name ") + names + ": " + e.what());
+    if (seconds > 15) return fail("the error took " + std::to_string(seconds) + " s");
+  }
+  // Later operations fail at once with the same sticky error.
+  try {
+    client.allreduce(set, ReduceOptions{}).wait(std::chrono::seconds(5));
+    return fail("an operation after the failure succeeded");
+  } catch (const Error& e) {
+    if (e.code() != code) return fail(std::string("later error differs: ") + e.what());
+  }
+  return kOk;
+}
+
+}  // namespace
+
+TEST_CASE("faults: a client killed mid-step fails the others' pending operations, naming it", "[integration][faults]") {
+  TestDaemon daemon({"--timeout-ms", "10000"});
+  const std::string job = unique_job("killed");
+  const size_t baseline_fds = open_fd_count(daemon.pid());
+  Latch victim_ready, survivors_ready;
+  ClientGroup group(3, [&](int rank) {
+    auto client = join(daemon.socket(), job, rank, 3);
+    const TensorSet set = client->register_tensors(client->allocate_flat(kSpecs), {});
+    if (rank == 2) {
+      // Take part in one step, then hang in the middle of the next one until killed.
+      client->allreduce(set, ReduceOptions{}).wait(std::chrono::seconds(20));
+      victim_ready.open();
+      ::pause();
+      return kOk;
+    }
+    return survivor(*client, set, survivors_ready, ErrorCode::kPeerLost, "rank 2");
+  });
+  REQUIRE(victim_ready.wait(std::chrono::seconds(20)));
+  REQUIRE(survivors_ready.wait(std::chrono::seconds(20)));
+  const pid_t victim = group.pid(2);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  group.signal(2, SIGKILL);
+  const auto statuses = group.wait_all(std::chrono::seconds(60));
+  CHECK(exit_code(statuses[0]) == kOk);
+  CHECK(exit_code(statuses[1]) == kOk);
+  CHECK_THAT(daemon.log(), Catch::Contains("rank 2"));
+
+  // The daemon is up and serves a new job.
+  CHECK(daemon.running());
+  {
+    auto client = join(daemon.socket(), unique_job("next"), 0, 1);
+    const TensorSet set = client->register_tensors(client->allocate_flat(kSpecs), {});
+    CHECK(client->allreduce(set, ReduceOptions{}).wait(std::chrono::seconds(10)));
+  }
+  // Nothing of the dead client is left: no shared-memory names, no mappings, no descriptors.
+  CHECK(shm_entries_containing("-" + std::to_string(victim) + "-").empty());
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  CHECK(mapped_gradsync_segments(daemon.pid()) == 0);
+  CHECK(open_fd_count(daemon.pid()) == baseline_fds);
+}
+
+TEST_CASE("faults: a client that stops submitting times the others out, naming it", "[integration][faults]") {
+  TestDaemon daemon({"--timeout-ms", "1000"});
+  const std::string job = unique_job("stuck");
+  Latch ready;
+  ClientGroup group(3, [&](int rank) {
+    auto client = join(daemon.socket(), job, rank, 3);
+    const TensorSet set = client->register_tensors(client->allocate_flat(kSpecs), {});
+    if (rank == 1) {
+      ::sleep(8);  // alive, connected, silent
+      return kOk;
+    }
+    return survivor(*client, set, ready, ErrorCode::kTimeout, "rank 1");
+  });
+  const auto statuses = group.wait_all(std::chrono::seconds(60));
+  CHECK(exit_code(statuses[0]) == kOk);
+  CHECK(exit_code(statuses[2]) == kOk);
+}
+
+TEST_CASE("faults: a rank that marks only some tensors ready times the others out", "[integration][faults]") {
+  TestDaemon daemon({"--timeout-ms", "1000"});
+  const std::string job = unique_job("partial");
+  ClientGroup group(2, [&](int rank) {
+    auto client = join(daemon.socket(), job, rank, 2);
+    const TensorSet set = client->register_tensors(client->allocate_flat(kSpecs), RegisterOptions{1 << 18});
+    Work work = client->allreduce_deferred(set, ReduceOptions{});
+    // One tensor per bucket; rank 0 never marks tensor 0, which is in the last bucket.
+    for (uint32_t t = 3; t >= 1; --t) client->mark_ready(set, t);
+    if (rank == 1) client->mark_ready(set, 0);
+    try {
+      work.wait(std::chrono::seconds(20));
+      return fail("the step should have timed out");
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kTimeout) return fail(std::string("unexpected: ") + e.what());
+      if (std::string(e.what()).find("from rank 0") == std::string::npos) return fail(std::string("unnamed: ") + e.what());
+    }
+    return kOk;
+  });
+  for (int status : group.wait_all(std::chrono::seconds(60))) CHECK(exit_code(status) == kOk);
+}
+
+TEST_CASE("faults: a killed daemon fails waiting clients instead of hanging", "[integration][faults]") {
+  TestDaemon daemon;
+  const std::string job = unique_job("daemon-dies");
+  Latch ready;
+  ClientGroup group(2, [&](int rank) {
+    auto client = join(daemon.socket(), job, rank, 2);
+    const TensorSet set = client->register_tensors(client->allocate_flat(kSpecs), {});
+    if (rank == 1) {
+      ready.open();
+      ::pause();
+    }
+    Work work = client->allreduce(set, ReduceOptions{});
+    ready.open();
+    try {
+      work.wait(std::chrono::seconds(30));
+      return fail("the wait should have failed");
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kPeerLost) return fail(std::string("unexpected: ") + e.what());
+    }
+    return kOk;
+  });
+  REQUIRE(ready.wait(std::chrono::seconds(20)));
+  REQUIRE(ready.wait(std::chrono::seconds(20)));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  daemon.process().signal(SIGKILL);
+  CHECK(exit_code(group.wait(0, std::chrono::seconds(20))) == kOk);
+}
+
+TEST_CASE("faults: a job re-forms after a failure when its clients join again", "[integration][faults]") {
+  TestDaemon daemon({"--timeout-ms", "5000"});
+  const std::string job = unique_job("reform");
+  {
+    Latch ready;
+    ClientGroup first(2, [&](int rank) {
+      auto client = join(daemon.socket(), job, rank, 2);
+      client->register_tensors(client->allocate_flat(kSpecs), {});
+      ready.open();
+      ::pause();
+      return kOk;
+    });
+    REQUIRE(ready.wait(std::chrono::seconds(20)));
+    REQUIRE(ready.wait(std::chrono::seconds(20)));
+    first.signal(1, SIGKILL);
+    first.wait(1);
+  }
+  ClientGroup second(2, [&](int rank) {
+    auto client = join(daemon.socket(), job, rank, 2);
+    const std::vector<SharedTensor> tensors = client->allocate_flat(kSpecs);
+    const TensorSet set = client->register_tensors(tensors, {});
+    tensors[0].as<float>()[0] = static_cast<float>(rank);
+    if (!client->allreduce(set, ReduceOptions{ReduceOp::kSum}).wait(std::chrono::seconds(20))) return fail("timed out");
+    if (tensors[0].as<float>()[0] != 1.0f) return fail("wrong sum after re-forming");
+    return kOk;
+  });
+  for (int status : second.wait_all()) CHECK(exit_code(status) == kOk);
+}
+
+TEST_CASE("faults: a disconnecting job does not disturb another job", "[integration][faults]") {
+  TestDaemon daemon({"--timeout-ms", "5000"});
+  const std::string healthy = unique_job("healthy");
+  const std::string doomed = unique_job("doomed");
+  Latch doomed_ready;
+  ClientGroup victims(2, [&](int rank) {
+    auto client = join(daemon.socket(), doomed, rank, 2);
+    client->register_tensors(client->allocate_flat(kSpecs), {});
+    doomed_ready.open();
+    ::pause();
+    return kOk;
+  });
+  ClientGroup others(2, [&](int rank) {
+    auto client = join(daemon.socket(), healthy, rank, 2);
+    const TensorSet set = client->register_tensors(client->allocate_flat(kSpecs), {});
+    for (int step = 0; step < 200; ++step) {
+      if (!client->allreduce(set, ReduceOptions{}).wait(std::chrono::seconds(20))) return fail("healthy job timed out");
+    }
+    return kOk;
+  });
+  REQUIRE(doomed_ready.wait(std::chrono::seconds(20)));
+  victims.signal(0, SIGKILL);
+  for (int status : others.wait_all()) CHECK(exit_code(status) == kOk);
+}
+
+}  // namespace gradsync::test

@@ -1,0 +1,153 @@
+#include "tests/integration/harness.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+namespace gradsync::test {
+
+TestDaemon::TestDaemon(std::vector<std::string> args) {
+  char pattern[] = "/tmp/gradsync-log-XXXXXX";
+  const int fd = ::mkstemp(pattern);
+  if (fd >= 0) ::close(fd);
+  log_path_ = pattern;
+  args.insert(args.begin(), {"--log-level", "debug"});
+  process_ = std::make_unique<DaemonProcess>(DaemonProcess::Options{GRADSYNCD_BINARY, std::move(args), log_path_});
+}
+
+TestDaemon::~TestDaemon() {
+  process_.reset();
+  ::unlink(log_path_.c_str());
+}
+
+std::string TestDaemon::log() const {
+  std::ifstream file(log_path_);
+  std::stringstream text;
+  text << file.rdbuf();
+  return text.str();
+}
+
+std::unique_ptr<Client> join(const std::string& socket, const std::string& job, int rank, int world,
+                             std::chrono::milliseconds timeout) {
+  auto client = Client::connect(ConnectOptions{socket, "test rank " + std::to_string(rank)});
+  client->join(JoinOptions{job, rank, world, rank, world, timeout});
+  return client;
+}
+
+ClientGroup::ClientGroup(int count, const std::function<int(int rank)>& body) {
+  std::fflush(nullptr);
+  for (int r = 0; r < count; ++r) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      int code = kThrew;
+      try {
+        code = body(r);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "client rank %d: uncaught: %s\n", r, e.what());
+      }
+      std::fflush(nullptr);
+      ::_exit(code);
+    }
+    pids_.push_back(pid);
+  }
+  statuses_.assign(pids_.size(), -1);
+  reaped_.assign(pids_.size(), false);
+}
+
+ClientGroup::~ClientGroup() {
+  for (size_t r = 0; r < pids_.size(); ++r) {
+    if (reaped_[r] || pids_[r] <= 0) continue;
+    ::kill(pids_[r], SIGKILL);
+    ::kill(pids_[r], SIGCONT);
+    ::waitpid(pids_[r], nullptr, 0);
+  }
+}
+
+void ClientGroup::signal(int rank, int signo) const { ::kill(pids_[static_cast<size_t>(rank)], signo); }
+
+int ClientGroup::wait(int rank, std::chrono::milliseconds timeout) {
+  const size_t r = static_cast<size_t>(rank);
+  if (reaped_[r]) return statuses_[r];
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    int status = 0;
+    if (::waitpid(pids_[r], &status, WNOHANG) == pids_[r]) {
+      reaped_[r] = true;
+      statuses_[r] = status;
+      return status;
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      ::kill(pids_[r], SIGKILL);
+      ::kill(pids_[r], SIGCONT);
+      ::waitpid(pids_[r], nullptr, 0);
+      reaped_[r] = true;
+      statuses_[r] = -1;
+      std::fprintf(stderr, "client rank %d did not finish in time and was killed\n", rank);
+      return -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+}
+
+std::vector<int> ClientGroup::wait_all(std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::vector<int> result;
+  for (size_t r = 0; r < pids_.size(); ++r) {
+    const auto left = std::max(std::chrono::milliseconds(0), std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                                  deadline - std::chrono::steady_clock::now()));
+    result.push_back(wait(static_cast<int>(r), left));
+  }
+  return result;
+}
+
+int exit_code(int status) { return status != -1 && WIFEXITED(status) ? WEXITSTATUS(status) : -1; }
+
+int fail(const std::string& what) {
+  std::fprintf(stderr, "[pid %d] check failed: %s\n", ::getpid(), what.c_str());
+  return kFailed;
+}
+
+std::string unique_job(const std::string& prefix) {
+  static std::atomic<int> counter{0};
+  return prefix + "-" + std::to_string(::getpid()) + "-" + std::to_string(counter.fetch_add(1));
+}
+
+size_t open_fd_count(pid_t pid) {
+  size_t count = 0;
+  std::error_code ec;
+  for (auto it = std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/fd", ec);
+       !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
+    count++;
+  }
+  return count;
+}
+
+std::vector<std::string> shm_entries_containing(const std::string& text) {
+  std::vector<std::string> found;
+  std::error_code ec;
+  for (auto it = std::filesystem::directory_iterator("/dev/shm", ec);
+       !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.find(text) != std::string::npos) found.push_back(name);
+  }
+  return found;
+}
+
+size_t mapped_gradsync_segments(pid_t pid) {
+  std::ifstream maps("/proc/" + std::to_string(pid) + "/maps");
+  std::string line;
+  size_t count = 0;
+  while (std::getline(maps, line)) {
+    if (line.find("/dev/shm/gradsync-") != std::string::npos) count++;
+  }
+  return count;
+}
+
+}  // namespace gradsync::test

@@ -1,0 +1,85 @@
+// Helpers for the integration tests: a real gradsyncd (the binary CMake built) on a private
+// socket, and client processes forked from the test, each running a scenario function with the
+// real client library. A child reports failure through its exit code and stderr; the parent
+// checks the codes. Every child is killed and reaped when its ClientGroup goes away.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "client/tools/process.h"
+#include "gradsync/client.h"
+
+namespace gradsync::test {
+
+// A gradsyncd for one test, with its log in a file the test can read.
+class TestDaemon {
+ public:
+  // Starts gradsyncd with `args` (plus --socket).
+  explicit TestDaemon(std::vector<std::string> args = {});
+  ~TestDaemon();
+
+  const std::string& socket() const { return process_->socket_path(); }
+  pid_t pid() { return process_->process().pid(); }
+  bool running() { return process_->process().wait_for(std::chrono::milliseconds(0)) == -1; }
+  ChildProcess& process() { return process_->process(); }
+  int terminate() { return process_->terminate(); }
+
+  // The daemon's log so far.
+  std::string log() const;
+
+ private:
+  std::string log_path_;
+  std::unique_ptr<DaemonProcess> process_;
+};
+
+// Connects and joins a single-node job of `world` ranks as `rank`; timeout 0 is the daemon's.
+std::unique_ptr<Client> join(const std::string& socket, const std::string& job, int rank, int world,
+                             std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
+
+// Exit codes of a scenario function.
+inline constexpr int kOk = 0;
+inline constexpr int kFailed = 1;       // a check failed (details on stderr)
+inline constexpr int kThrew = 2;        // an Error escaped
+
+class ClientGroup {
+ public:
+  // Forks `count` processes; process r runs body(r) and exits with its return value (kThrew if
+  // it throws).
+  ClientGroup(int count, const std::function<int(int rank)>& body);
+  ~ClientGroup();
+
+  pid_t pid(int rank) const { return pids_[static_cast<size_t>(rank)]; }
+  void signal(int rank, int signo) const;
+
+  // Waits for every process, at most `timeout` in total; a process still running then is
+  // killed and reported as -1.
+  std::vector<int> wait_all(std::chrono::milliseconds timeout = std::chrono::seconds(60));
+
+  // Waits for one process.
+  int wait(int rank, std::chrono::milliseconds timeout = std::chrono::seconds(60));
+
+ private:
+  std::vector<pid_t> pids_;
+  std::vector<int> statuses_;
+  std::vector<bool> reaped_;
+};
+
+// Exit code of a wait status, -1 for anything but a normal exit.
+int exit_code(int status);
+
+// Prints a failed check from a child and returns kFailed, for `return fail(...)`.
+int fail(const std::string& what);
+
+// A unique job id per test run.
+std::string unique_job(const std::string& prefix);
+
+// Open file descriptors and /dev/shm entries, to check that nothing leaks.
+size_t open_fd_count(pid_t pid);
+std::vector<std::string> shm_entries_containing(const std::string& text);
+size_t mapped_gradsync_segments(pid_t pid);
+
+}  // namespace gradsync::test
