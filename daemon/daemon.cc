@@ -19,14 +19,19 @@ Daemon::Daemon(DaemonConfig config)
 }
 
 Daemon::~Daemon() {
+  stop();
+  // Whatever is still queued (a session that was mid-shutdown) completes before the registry,
+  // the pool and the io_context are destroyed.
+  io_.restart();
+  io_.run_for(std::chrono::seconds(5));
   server_.reset();
-  registry_.fail_all(Status::aborted("gradsyncd is shutting down"));
 }
 
+// Shutdown lets the io_context run dry instead of stopping it: every session leaves its job
+// and releases its segments on the io thread, before the registry and the pool go away.
 void Daemon::stop() {
-  server_->stop();
   registry_.fail_all(Status::aborted("gradsyncd is shutting down"));
-  io_.stop();
+  server_->stop();
 }
 
 int Daemon::run() {

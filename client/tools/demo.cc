@@ -158,6 +158,7 @@ int run_demo(const DemoOptions& o) {
     daemon.emplace(DaemonProcess::Options{o.daemon, {"--log-level", "warning"}, ""});
     socket = daemon->socket_path();
     std::printf("gradsyncd started on %s\n", socket.c_str());
+    std::fflush(stdout);
   }
   const std::string job = o.job + "-" + std::to_string(::getpid());
   std::vector<ChildProcess> trainers;

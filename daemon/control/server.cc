@@ -61,6 +61,10 @@ void ControlServer::start() {
 void ControlServer::stop() {
   boost::system::error_code ignored;
   acceptor_.close(ignored);
+  for (auto& weak : sessions_) {
+    if (auto session = weak.lock()) session->stop();
+  }
+  sessions_.clear();
 }
 
 bool ControlServer::allowed(uid_t uid) const {
@@ -87,6 +91,8 @@ asio::awaitable<void> ControlServer::accept_loop() {
     }
     auto session = std::make_shared<Session>(std::move(socket), peer, SessionOptions{options_.registry, options_.log});
     session->start();
+    std::erase_if(sessions_, [](const std::weak_ptr<Session>& s) { return s.expired(); });
+    sessions_.push_back(session);
     if (!allowed(peer.uid)) {
       session->refuse(Status::permission_denied("uid " + std::to_string(peer.uid) + " (pid " + std::to_string(peer.pid) +
                                                 ") is not allowed to use this daemon (see --allow-uid)"));

@@ -5,6 +5,7 @@
 
 #include <sys/types.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -30,7 +31,8 @@ class ControlServer {
   ControlServer& operator=(const ControlServer&) = delete;
 
   void start();
-  void stop();  // stops accepting; existing sessions carry on until the io_context stops
+  // Stops accepting and ends every session; the io_context then runs out of work.
+  void stop();
 
  private:
   boost::asio::awaitable<void> accept_loop();
@@ -38,6 +40,7 @@ class ControlServer {
 
   ControlServerOptions options_;
   boost::asio::local::stream_protocol::acceptor acceptor_;
+  std::vector<std::weak_ptr<class Session>> sessions_;  // for shutdown; expired ones are pruned
 };
 
 }  // namespace gradsync

@@ -44,6 +44,12 @@ void Session::refuse(const Status& status) {
   close(status);
 }
 
+void Session::stop() {
+  close(Status::aborted("gradsyncd is shutting down"));
+  boost::system::error_code ignored;
+  socket_.cancel(ignored);
+}
+
 void Session::close(const Status& why) {
   if (closing_) return;
   closing_ = true;

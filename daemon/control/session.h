@@ -35,6 +35,9 @@ class Session : public std::enable_shared_from_this<Session> {
   // Queues an error reply and closes the connection once it is written.
   void refuse(const Status& status);
 
+  // Daemon shutdown: leaves the job and ends both coroutines promptly.
+  void stop();
+
  private:
   boost::asio::awaitable<void> read_loop();
   boost::asio::awaitable<void> write_loop();

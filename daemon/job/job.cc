@@ -94,7 +94,12 @@ Status Job::failure() const { return failure_; }
 void Job::fail(const Status& status) {
   if (!failure_.ok()) return;
   failure_ = status;
-  log_.warning("failed: " + status.to_string());
+  // A client leaving between steps is how a job normally ends; only interrupted work is a warning.
+  if (worker_->pending_ops() > 0 || !pending_.empty()) {
+    log_.warning("failed: " + status.to_string());
+  } else {
+    log_.info("ended: " + status.to_string());
+  }
   fail_pending(status);
   // Stopping the worker waits for at most the bucket it is executing; afterwards nothing
   // touches client memory, so the mappings can go now rather than when the last client leaves.

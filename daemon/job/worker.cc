@@ -181,6 +181,7 @@ Status Worker::handle_submit(uint32_t local_rank, const SubmitEntry& entry) {
     op.remaining.assign(clients, {});
     op.clients_ready.assign(buckets, 0);
     ops_.push_back(std::move(op));
+    pending_ops_.store(ops_.size());
   }
   Op& op = ops_[index];
   if (!(op.desc == desc)) {
@@ -246,6 +247,7 @@ Status Worker::progress() {
     if (std::find(op.submitted.begin(), op.submitted.end(), false) != op.submitted.end()) return Status::ok_status();
     for (uint32_t c = 0; c < clients_.size(); ++c) post(c, op.seq, Status::ok_status());
     ops_.pop_front();
+    pending_ops_.store(ops_.size());
     first_seq_++;
     completed_ops_.fetch_add(1);
   }
@@ -320,9 +322,11 @@ void Worker::shut_down(const Status& status) {
       if (op.submitted[c]) post(c, op.seq, status);
     }
   }
+  const bool interrupted = !ops_.empty();
   ops_.clear();
+  pending_ops_.store(0);
   for (auto& client : clients_) client.completion_ready->notify();
-  options_.log.warning("per-step path stopped: " + status.to_string());
+  if (interrupted) options_.log.warning("per-step path stopped with operations pending: " + status.to_string());
 }
 
 }  // namespace gradsync

@@ -62,6 +62,9 @@ class Worker {
   // Operations completed so far, for status queries.
   uint64_t completed_ops() const { return completed_ops_.load(); }
 
+  // Operations submitted by some rank and not yet completed.
+  size_t pending_ops() const { return pending_ops_.load(); }
+
  private:
   struct ClientState {
     RingReader<SubmitRing> submit;
@@ -89,6 +92,7 @@ class Worker {
   std::deque<Op> ops_;                // worker thread only; ops_[i].seq == first_seq_ + i
   uint64_t first_seq_ = 1;            // worker thread only
   std::atomic<uint64_t> completed_ops_{0};
+  std::atomic<size_t> pending_ops_{0};
 
   mutable std::mutex mutex_;
   std::map<uint32_t, std::shared_ptr<const TensorSet>> sets_;  // guarded by mutex_

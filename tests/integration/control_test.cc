@@ -6,6 +6,8 @@
 
 #include <catch2/catch.hpp>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 
 #include "client/src/connection.h"
 #include "shared/channel_layout.h"
@@ -314,6 +316,60 @@ TEST_CASE("ring: an unknown operation from a hostile client fails its job with a
     CHECK_THAT(std::string(header->failure_message), Catch::Contains("unknown ring entry kind 12345"));
   }
   check_still_serving(daemon);
+}
+
+}  // namespace gradsync::test
+
+namespace gradsync::test {
+namespace {
+
+// Runs gradsyncd with `args` to completion; returns (exit code, output).
+std::pair<int, std::string> run_daemon_command(const std::vector<std::string>& args) {
+  char pattern[] = "/tmp/gradsync-out-XXXXXX";
+  const int fd = ::mkstemp(pattern);
+  ::close(fd);
+  std::vector<std::string> argv = {GRADSYNCD_BINARY};
+  argv.insert(argv.end(), args.begin(), args.end());
+  ChildProcess process(argv, pattern);
+  const int status = process.wait_for(std::chrono::seconds(10));
+  std::ifstream file(pattern);
+  std::stringstream text;
+  text << file.rdbuf();
+  ::unlink(pattern);
+  return {exit_code(status), text.str()};
+}
+
+}  // namespace
+
+TEST_CASE("gradsyncd: --help describes the flags and exits 0", "[integration][daemon]") {
+  const auto [code, output] = run_daemon_command({"--help"});
+  CHECK(code == 0);
+  CHECK_THAT(output, Catch::Contains("--socket") && Catch::Contains("--timeout-ms") && Catch::Contains("--allow-uid"));
+}
+
+TEST_CASE("gradsyncd: an unknown flag or bad value exits 2 naming it", "[integration][daemon]") {
+  const auto [code, output] = run_daemon_command({"--no-such-flag"});
+  CHECK(code == 2);
+  CHECK_THAT(output, Catch::Contains("no-such-flag"));
+  const auto [level_code, level_output] = run_daemon_command({"--log-level", "loud"});
+  CHECK(level_code == 2);
+  CHECK_THAT(level_output, Catch::Contains("--log-level must be debug, info, warning or error, not 'loud'"));
+}
+
+TEST_CASE("gradsyncd: a socket that another daemon serves is not taken over", "[integration][daemon]") {
+  TestDaemon daemon;
+  const auto [code, output] = run_daemon_command({"--socket", daemon.socket()});
+  CHECK(code == 1);
+  CHECK_THAT(output, Catch::Contains("another gradsyncd is already serving"));
+  CHECK(daemon.running());
+}
+
+TEST_CASE("gradsyncd: SIGTERM fails running jobs, removes the socket and exits 0", "[integration][daemon]") {
+  TestDaemon daemon;
+  auto client = join(daemon.socket(), unique_job("sigterm"), 0, 2);
+  CHECK(exited_ok(daemon.terminate()));
+  CHECK(::access(daemon.socket().c_str(), F_OK) != 0);
+  CHECK_THAT(daemon.log(), Catch::Contains("received SIGTERM"));
 }
 
 }  // namespace gradsync::test
