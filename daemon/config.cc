@@ -36,7 +36,17 @@ ParsedConfig parse_daemon_config(int argc, const char* const* argv) {
        "threads that reduce buckets, shared by all jobs; 0 means one per CPU")
       ("allow-uid", po::value(&allowed)->composing(),
        "user id allowed to connect (repeatable); default: the daemon's own user and root")
-      ("log-level", po::value(&log_level)->default_value(log_level), "debug, info, warning or error");
+      ("log-level", po::value(&log_level)->default_value(log_level), "debug, info, warning or error")
+      ("peer-listen", po::value(&config.peer_listen)->default_value(config.peer_listen),
+       "HOST:PORT of the peer service other daemons rendezvous through (port 0: any free port)")
+      ("peer-advertise", po::value(&config.peer_advertise_host),
+       "host other daemons reach this one at (default: the listen host, or the hostname)")
+      ("gloo-transport", po::value(&config.gloo_transport)->default_value(config.gloo_transport),
+       "engine transport across nodes: tcp or ibverbs")
+      ("gloo-iface", po::value(&config.gloo_iface), "tcp: network interface for Gloo (default: the advertised host)")
+      ("gloo-ib-device", po::value(&config.gloo_ib_device), "ibverbs: device name, e.g. mlx5_0")
+      ("gloo-ib-port", po::value(&config.gloo_ib_port)->default_value(1), "ibverbs: port")
+      ("gloo-ib-index", po::value(&config.gloo_ib_index)->default_value(0), "ibverbs: GID index");
 
   po::options_description all;
   all.add(general).add(settings);
@@ -92,6 +102,16 @@ ParsedConfig parse_daemon_config(int argc, const char* const* argv) {
   if (config.reduce_threads == 0) config.reduce_threads = std::max(1u, std::thread::hardware_concurrency());
   if (config.reduce_threads > 256) return fail("--reduce-threads must be at most 256");
   config.allowed_uids = allowed;
+  const auto colon = config.peer_listen.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == config.peer_listen.size()) {
+    return fail("--peer-listen must be HOST:PORT, not '" + config.peer_listen + "'");
+  }
+  if (config.gloo_transport != "tcp" && config.gloo_transport != "ibverbs") {
+    return fail("--gloo-transport must be tcp or ibverbs, not '" + config.gloo_transport + "'");
+  }
+  if (config.gloo_transport == "ibverbs" && config.gloo_ib_device.empty()) {
+    return fail("--gloo-transport ibverbs needs --gloo-ib-device");
+  }
   result.config = config;
   return result;
 }

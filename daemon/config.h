@@ -25,7 +25,21 @@ struct DaemonConfig {
   // Users whose processes may connect, checked with SO_PEERCRED. Empty: the daemon's own user
   // and root.
   std::vector<uid_t> allowed_uids;
+
+  // The peer service (daemon-to-daemon rendezvous, gRPC). Port 0 picks a free port.
+  std::string peer_listen = "0.0.0.0:29590";
+  // The host other daemons reach this one at; empty: the listen host, or this machine's
+  // hostname when listening on every interface.
+  std::string peer_advertise_host;
+  // Gloo, the engine across nodes.
+  std::string gloo_transport = "tcp";  // tcp or ibverbs
+  std::string gloo_iface;              // tcp: bind this interface instead of the advertised host
+  std::string gloo_ib_device;          // ibverbs: device name
+  int gloo_ib_port = 1;
+  int gloo_ib_index = 0;
 };
+
+inline constexpr int kDefaultPeerPort = 29590;
 
 // Outcome of parsing: either a config, or text to print and an exit code (--help, --version,
 // or an error naming the bad option).

@@ -1,21 +1,47 @@
 #include "daemon/daemon.h"
 
+#include <unistd.h>
+
 #include <csignal>
 
 #include "shared/version.h"
 
 namespace gradsync {
 
+namespace {
+
+// The host part of the advertised peer address: explicit, or the listen host unless that is a
+// wildcard, in which case this machine's hostname.
+std::string advertise_host(const DaemonConfig& config) {
+  if (!config.peer_advertise_host.empty()) return config.peer_advertise_host;
+  std::string host = config.peer_listen.substr(0, config.peer_listen.rfind(':'));
+  if (host == "0.0.0.0" || host == "[::]" || host == "::") {
+    char name[256] = {};
+    ::gethostname(name, sizeof(name) - 1);
+    host = name;
+  }
+  return host;
+}
+
+}  // namespace
+
 Daemon::Daemon(DaemonConfig config)
-    : config_(std::move(config)),
-      log_(config_.log_level),
-      signals_(io_, SIGINT, SIGTERM),
-      pool_(config_.reduce_threads),
-      registry_(RegistryOptions{&io_, &pool_, log_, config_.default_timeout, config_.max_timeout}) {
+    : config_(std::move(config)), log_(config_.log_level), signals_(io_, SIGINT, SIGTERM), pool_(config_.reduce_threads) {
   // A client that vanishes mid-write must not kill the daemon.
   std::signal(SIGPIPE, SIG_IGN);
+  peer_ = std::make_unique<PeerServer>(PeerServerOptions{config_.peer_listen, log_});
+  RegistryOptions registry{&io_, &pool_, log_, config_.default_timeout, config_.max_timeout, {}};
+  const std::string host = advertise_host(config_);
+  registry.cluster.advertise = host + ":" + std::to_string(peer_->port());
+  registry.cluster.transport.transport = config_.gloo_transport;
+  registry.cluster.transport.hostname = host;
+  registry.cluster.transport.iface = config_.gloo_iface;
+  registry.cluster.transport.ib_device = config_.gloo_ib_device;
+  registry.cluster.transport.ib_port = config_.gloo_ib_port;
+  registry.cluster.transport.ib_index = config_.gloo_ib_index;
+  registry_ = std::make_unique<JobRegistry>(std::move(registry));
   server_ = std::make_unique<ControlServer>(
-      io_, ControlServerOptions{config_.socket_path, config_.allowed_uids, &registry_, log_});
+      io_, ControlServerOptions{config_.socket_path, config_.allowed_uids, registry_.get(), log_});
 }
 
 Daemon::~Daemon() {
@@ -25,12 +51,14 @@ Daemon::~Daemon() {
   io_.restart();
   io_.run_for(std::chrono::seconds(5));
   server_.reset();
+  registry_.reset();
+  peer_.reset();
 }
 
 // Shutdown lets the io_context run dry instead of stopping it: every session leaves its job
 // and releases its segments on the io thread, before the registry and the pool go away.
 void Daemon::stop() {
-  registry_.fail_all(Status::aborted("gradsyncd is shutting down"));
+  registry_->fail_all(Status::aborted("gradsyncd is shutting down"));
   server_->stop();
 }
 

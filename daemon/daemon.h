@@ -8,6 +8,7 @@
 #include "daemon/control/asio.h"
 #include "daemon/control/server.h"
 #include "daemon/job/registry.h"
+#include "daemon/peer/peer_server.h"
 #include "daemon/util/log.h"
 #include "daemon/util/thread_pool.h"
 
@@ -29,7 +30,8 @@ class Daemon {
   boost::asio::io_context io_;
   boost::asio::signal_set signals_;
   ThreadPool pool_;
-  JobRegistry registry_;
+  std::unique_ptr<PeerServer> peer_;
+  std::unique_ptr<JobRegistry> registry_;
   std::unique_ptr<ControlServer> server_;
 };
 

@@ -27,6 +27,22 @@ void check_spec(const TensorSpec& spec) {
   }
 }
 
+// Where a multi-node job rendezvous: explicit, else $GRADSYNC_RENDEZVOUS, else $MASTER_ADDR
+// with the default peer port. Like the socket path, this is the documented edge where the
+// library reads the environment. Single-node jobs need none.
+std::string resolve_rendezvous(const JoinOptions& options) {
+  if (!options.rendezvous.empty()) return options.rendezvous;
+  if (options.local_world_size <= 0 || options.world_size <= options.local_world_size) return {};
+  if (const char* explicit_address = std::getenv("GRADSYNC_RENDEZVOUS"); explicit_address && *explicit_address) {
+    return explicit_address;
+  }
+  if (const char* master = std::getenv("MASTER_ADDR"); master && *master) {
+    return std::string(master) + ":" + std::to_string(kDefaultPeerPort);
+  }
+  throw Error(Status::invalid_argument("a multi-node job needs a rendezvous: set JoinOptions::rendezvous, "
+                                       "GRADSYNC_RENDEZVOUS=host:port or MASTER_ADDR"));
+}
+
 // The bound for control calls that wait on other clients (registration barrier).
 std::chrono::milliseconds barrier_bound(std::chrono::milliseconds job_timeout) {
   return job_timeout + std::chrono::seconds(5);
@@ -64,6 +80,12 @@ void ClientImpl::join(const JoinOptions& options) {
   join->set_local_rank(options.local_rank);
   join->set_local_world_size(options.local_world_size);
   join->set_timeout_ms(static_cast<uint32_t>(options.timeout.count()));
+  join->set_rendezvous(resolve_rendezvous(options));
+  for (const GroupSpec& group : options.groups) {
+    auto* decl = join->add_groups();
+    decl->set_name(group.name);
+    for (int rank : group.ranks) decl->add_ranks(rank);
+  }
   // Whatever happens, the previous incarnation is gone.
   joined_.reset();
   submit_.reset();

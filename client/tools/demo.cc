@@ -155,7 +155,7 @@ int run_demo(const DemoOptions& o) {
   std::optional<DaemonProcess> daemon;
   std::string socket = o.socket;
   if (socket.empty()) {
-    daemon.emplace(DaemonProcess::Options{o.daemon, {"--log-level", "warning"}, ""});
+    daemon.emplace(DaemonProcess::Options{o.daemon, {"--log-level", "warning", "--peer-listen", "127.0.0.1:0"}, ""});
     socket = daemon->socket_path();
     std::printf("gradsyncd started on %s\n", socket.c_str());
     std::fflush(stdout);

@@ -8,11 +8,9 @@
 namespace gradsync {
 namespace {
 
-constexpr std::string_view kDefaultGroup = "dp";
-
 // Resolves one tensor descriptor against the client's segments. The range check is written so
 // that no sum can overflow.
-Status resolve_tensor(size_t index, const control::TensorDesc& desc,
+Status resolve_tensor(size_t index, const control::TensorDesc& desc, const Topology& topology,
                       const std::map<uint32_t, std::shared_ptr<const ShmSegment>>& segments,
                       plan::TensorLayout* layout, std::byte** address, const ShmSegment** segment) {
   const std::string name = "tensor " + std::to_string(index) + ": ";
@@ -42,9 +40,9 @@ Status resolve_tensor(size_t index, const control::TensorDesc& desc,
                                     " element size " + std::to_string(element));
   }
   const std::string group = desc.group().empty() ? std::string(kDefaultGroup) : desc.group();
-  if (group != kDefaultGroup) {
-    return Status::not_supported(name + "process group '" + group +
-                                 "' is not supported yet: named groups need multi-node support; use 'dp' (all ranks)");
+  if (!topology.has_group(group)) {
+    return Status::invalid_argument(name + "process group '" + group +
+                                    "' is not declared; declare it when joining (\"dp\" means all ranks)");
   }
   layout->dtype = *dtype;
   layout->numel = desc.numel();
@@ -186,7 +184,8 @@ Status ClientHandler::on_register(uint64_t request_id, const control::RegisterRe
   std::vector<const ShmSegment*> used;
   for (size_t i = 0; i < reg.layout.size(); ++i) {
     const ShmSegment* segment = nullptr;
-    if (Status status = resolve_tensor(i, request.tensors(static_cast<int>(i)), segments_, &reg.layout[i],
+    if (Status status = resolve_tensor(i, request.tensors(static_cast<int>(i)), job_->params().topology, segments_,
+                                       &reg.layout[i],
                                        &reg.address[i], &segment);
         !status.ok()) {
       return status;

@@ -47,13 +47,13 @@ void for_each_chunk(const TensorSet& set, size_t bucket, ThreadPool& pool, Body&
 }  // namespace
 
 void execute_allreduce(const TensorSet& set, size_t bucket, const reduce::KernelArgs& args, ThreadPool& pool) {
+  const auto& members = set.participants[bucket];
   for_each_chunk(set, bucket, pool, [&](const BucketRun& run, uint64_t byte_offset, uint64_t count) {
-    const size_t clients = run.address.size();
-    std::vector<const void*> inputs(clients);
-    std::vector<void*> outputs(clients);
-    for (size_t c = 0; c < clients; ++c) {
-      outputs[c] = run.address[c] + byte_offset;
-      inputs[c] = outputs[c];
+    std::vector<const void*> inputs(members.size());
+    std::vector<void*> outputs(members.size());
+    for (size_t k = 0; k < members.size(); ++k) {
+      outputs[k] = run.address[members[k]] + byte_offset;
+      inputs[k] = outputs[k];
     }
     reduce::reduce(args, inputs, outputs, count);
   });
@@ -61,10 +61,10 @@ void execute_allreduce(const TensorSet& set, size_t bucket, const reduce::Kernel
 
 void execute_reduce(const TensorSet& set, size_t bucket, const reduce::KernelArgs& args, uint32_t root,
                     ThreadPool& pool) {
+  const auto& members = set.participants[bucket];
   for_each_chunk(set, bucket, pool, [&](const BucketRun& run, uint64_t byte_offset, uint64_t count) {
-    const size_t clients = run.address.size();
-    std::vector<const void*> inputs(clients);
-    for (size_t c = 0; c < clients; ++c) inputs[c] = run.address[c] + byte_offset;
+    std::vector<const void*> inputs(members.size());
+    for (size_t k = 0; k < members.size(); ++k) inputs[k] = run.address[members[k]] + byte_offset;
     void* output = run.address[root] + byte_offset;
     reduce::reduce(args, inputs, std::span<void* const>(&output, 1), count);
   });
@@ -72,25 +72,27 @@ void execute_reduce(const TensorSet& set, size_t bucket, const reduce::KernelArg
 
 void execute_broadcast(const TensorSet& set, size_t bucket, uint32_t root, ThreadPool& pool) {
   const size_t element = dtype_size(set.plan.buckets[bucket].dtype);
+  const auto& members = set.participants[bucket];
   for_each_chunk(set, bucket, pool, [&](const BucketRun& run, uint64_t byte_offset, uint64_t count) {
-    for (size_t c = 0; c < run.address.size(); ++c) {
+    for (uint32_t c : members) {
       if (c != root) std::memcpy(run.address[c] + byte_offset, run.address[root] + byte_offset, count * element);
     }
   });
 }
 
-void execute_allgather(const TensorSet& set, size_t bucket, ThreadPool& pool) {
+void execute_allgather(const TensorSet& set, size_t bucket, int rank_base, ThreadPool& pool) {
   const plan::Bucket& b = set.plan.buckets[bucket];
   const size_t element = dtype_size(b.dtype);
-  const size_t clients = set.address.size();
+  const auto& members = set.participants[bucket];
   // One task per (destination client, tensor); gathers are copies, bounded by memory bandwidth.
-  pool.parallel_for(clients * b.tensors.size(), [&](size_t i) {
-    const size_t dest = i / b.tensors.size();
+  pool.parallel_for(members.size() * b.tensors.size(), [&](size_t i) {
+    const uint32_t dest = members[i / b.tensors.size()];
     const uint32_t t = b.tensors[i % b.tensors.size()];
     const size_t bytes = set.layout[t].numel * element;
-    for (size_t source = 0; source < clients; ++source) {
-      std::byte* out = set.gather_output[dest] + source * set.packed_bytes + set.packed_offset[t];
-      std::memcpy(out, set.address[source][t], bytes);
+    for (uint32_t source : members) {
+      const uint64_t rank = static_cast<uint64_t>(rank_base) + source;
+      std::memcpy(set.gather_output[dest] + rank * set.packed_bytes + set.packed_offset[t], set.address[source][t],
+                  bytes);
     }
   });
 }

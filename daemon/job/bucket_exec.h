@@ -1,7 +1,8 @@
-// Executes one bucket of an operation across the local clients' memory, on the thread pool.
-// Every function returns when the bucket's results are in every destination. The reduction
-// order is fixed (local rank 0, 1, ...) and independent of the thread count, so results are
-// bit-identical across clients and runs.
+// Executes one bucket of an operation within this node, across the local clients that take part
+// in it (the members of the bucket's process group), on the thread pool. Every function returns
+// when the bucket's results are in every destination. The reduction order is fixed (local rank
+// 0, 1, ...) and independent of the thread count, so results are bit-identical across clients
+// and runs. Operations whose group spans nodes go through hierarchy.h instead.
 #pragma once
 
 #include <cstddef>
@@ -16,14 +17,16 @@ namespace gradsync {
 // Results land in every client's tensors.
 void execute_allreduce(const TensorSet& set, size_t bucket, const reduce::KernelArgs& args, ThreadPool& pool);
 
-// Results land in the root's tensors only; the other clients' tensors are left as they were.
+// Results land in the root's tensors only (root is a local rank); the other clients' tensors are
+// left as they were.
 void execute_reduce(const TensorSet& set, size_t bucket, const reduce::KernelArgs& args, uint32_t root,
                     ThreadPool& pool);
 
-// The root's tensors are copied into every other client's.
+// The root's tensors (root is a local rank) are copied into every other participant's.
 void execute_broadcast(const TensorSet& set, size_t bucket, uint32_t root, ThreadPool& pool);
 
-// Every client's tensors are copied into every client's gather output, at the source's rank.
-void execute_allgather(const TensorSet& set, size_t bucket, ThreadPool& pool);
+// Every participant's tensors are copied into every participant's gather output, at the
+// source's global rank (rank_base + local rank).
+void execute_allgather(const TensorSet& set, size_t bucket, int rank_base, ThreadPool& pool);
 
 }  // namespace gradsync

@@ -1,5 +1,6 @@
 #include "daemon/job/job.h"
 
+#include <boost/asio/post.hpp>
 #include <new>
 
 #include "daemon/plan/layout.h"
@@ -27,16 +28,26 @@ Job::Job(JobOptions options)
   init_channel(channel_, locals);
   WorkerOptions worker;
   worker.job_id = options_.params.id;
-  worker.world_size = options_.params.world_size;
-  worker.local_world_size = locals;
-  for (uint32_t c = 0; c < locals; ++c) worker.ranks.push_back(static_cast<int>(c));  // one node: rank == local rank
+  worker.topology = options_.params.topology;
+  if (worker.topology.nodes > 1) {
+    ClusterOptions cluster;
+    cluster.job_id = options_.params.id;
+    cluster.topology = worker.topology;
+    cluster.timeout = options_.params.timeout;
+    cluster.rendezvous = options_.params.rendezvous;
+    cluster.advertise = options_.cluster.advertise;
+    cluster.transport = options_.cluster.transport;
+    cluster.log = log_;
+    worker.cluster = std::make_unique<Cluster>(std::move(cluster));
+  }
   worker.timeout = options_.params.timeout;
   worker.channel = channel_.data();
   worker.pool = options_.pool;
   worker.log = log_;
   worker_ = std::make_unique<Worker>(std::move(worker));
   log_.info("formed (incarnation " + std::to_string(options_.incarnation) + ", world size " +
-            std::to_string(options_.params.world_size) + ", timeout " +
+            std::to_string(options_.params.world_size) + ", node " + std::to_string(params().topology.node) + " of " +
+            std::to_string(params().topology.nodes) + ", timeout " +
             std::to_string(options_.params.timeout.count()) + " ms)");
 }
 
@@ -48,16 +59,21 @@ Job::~Job() {
 
 std::string Job::describe_member(int local_rank) const {
   const auto& member = members_[static_cast<size_t>(local_rank)];
-  std::string text = "rank " + std::to_string(local_rank);
+  std::string text = "rank " + std::to_string(params().topology.rank_of(local_rank));
   if (member) text += " (pid " + std::to_string(member->pid) + ")";
   return text;
 }
 
 Status Job::admit(const MemberInfo& member) {
   const JobParams& p = params();
-  if (!failure_.ok()) {
-    return Status::aborted("job " + p.id + " has failed (" + failure_.message() + "); it re-forms once its " +
+  if (const Status failed = failure(); !failed.ok()) {
+    return Status::aborted("job " + p.id + " has failed (" + failed.message() + "); it re-forms once its " +
                            "remaining clients have disconnected or re-joined");
+  }
+  if (member.rank / p.local_world_size != p.topology.node) {
+    return Status::invalid_argument("rank " + std::to_string(member.rank) + " belongs to node " +
+                                    std::to_string(member.rank / p.local_world_size) + ", but job " + p.id +
+                                    " on this daemon is node " + std::to_string(p.topology.node));
   }
   if (member.local_rank < 0 || member.local_rank >= p.local_world_size) {
     return Status::invalid_argument("local rank " + std::to_string(member.local_rank) +
@@ -89,7 +105,7 @@ bool Job::empty() const {
   return true;
 }
 
-Status Job::failure() const { return failure_; }
+Status Job::failure() const { return failure_.ok() ? worker_->failure() : failure_; }
 
 void Job::fail(const Status& status) {
   if (!failure_.ok()) return;
@@ -198,7 +214,13 @@ void Job::commit(uint32_t set_id) {
   auto set = std::make_shared<TensorSet>();
   set->id = set_id;
   set->layout = first.layout;
+  set->bucket_cap = first.bucket_cap;
   set->plan = plan::plan_buckets(set->layout, plan::PlanOptions{first.bucket_cap});
+  for (const auto& bucket : set->plan.buckets) {
+    std::vector<uint32_t> members;
+    for (int local : params().topology.local_members(bucket.group)) members.push_back(static_cast<uint32_t>(local));
+    set->participants.push_back(std::move(members));
+  }
   for (auto& [local_rank, reg] : regs) {
     set->address.push_back(reg.address);
     if (reg.gather_output) set->gather_output.push_back(reg.gather_output);
@@ -215,10 +237,18 @@ void Job::commit(uint32_t set_id) {
   // now on the rings live exactly as long as the mappings, whatever happens to the processes.
   channel_.unlink();
   committed_[set_id] = set;
-  worker_->add_set(set);
-  log_.info("set " + std::to_string(set_id) + " registered: " + std::to_string(set->layout.size()) + " tensors, " +
-            std::to_string(set->plan.buckets.size()) + " buckets");
-  for (auto& [local_rank, reg] : regs) reg.done(Status::ok_status(), set.get());
+  log_.info("set " + std::to_string(set_id) + " registered locally: " + std::to_string(set->layout.size()) +
+            " tensors, " + std::to_string(set->plan.buckets.size()) + " buckets");
+  // The worker admits the set (after the other nodes agree, for a multi-node job) and the
+  // replies go out from the io thread. The callbacks hold only weak references to sessions.
+  auto callbacks = std::make_shared<std::vector<std::function<void(const Status&, const TensorSet*)>>>();
+  for (auto& [local_rank, reg] : regs) callbacks->push_back(std::move(reg.done));
+  boost::asio::io_context* io = options_.io;
+  worker_->admit_set(set, [io, set, callbacks](const Status& status) {
+    boost::asio::post(*io, [set, callbacks, status] {
+      for (auto& done : *callbacks) done(status, status.ok() ? set.get() : nullptr);
+    });
+  });
 }
 
 }  // namespace gradsync

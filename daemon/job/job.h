@@ -18,7 +18,9 @@
 #include <string>
 #include <vector>
 
+#include "daemon/engine/gloo/gloo_engine.h"
 #include "daemon/job/tensor_set.h"
+#include "daemon/job/topology.h"
 #include "daemon/job/worker.h"
 #include "daemon/util/log.h"
 #include "daemon/util/thread_pool.h"
@@ -32,6 +34,14 @@ struct JobParams {
   int world_size = 0;
   int local_world_size = 0;
   std::chrono::milliseconds timeout{30'000};
+  Topology topology;
+  std::string rendezvous;  // node-0 peer service, multi-node jobs only
+};
+
+// How this daemon takes part in multi-node jobs (from its configuration).
+struct ClusterSettings {
+  std::string advertise;        // host:port of this daemon's peer service, as others reach it
+  GlooEngineOptions transport;  // transport, hostname/iface, ibverbs device
 };
 
 struct JobOptions {
@@ -39,6 +49,7 @@ struct JobOptions {
   uint64_t incarnation = 0;  // distinguishes re-formed jobs with the same id in logs
   boost::asio::io_context* io = nullptr;
   ThreadPool* pool = nullptr;
+  ClusterSettings cluster;
   Logger log;
 };
 

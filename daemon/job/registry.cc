@@ -2,7 +2,8 @@
 
 namespace gradsync {
 
-Status validate_join(const control::JoinRequest& r, std::chrono::milliseconds max_timeout) {
+Status validate_join(const control::JoinRequest& r, std::chrono::milliseconds default_timeout,
+                     std::chrono::milliseconds max_timeout, JobParams* params) {
   const std::string& id = r.job_id();
   if (id.empty() || id.size() > 128) return Status::invalid_argument("job id must have 1 to 128 characters");
   for (char c : id) {
@@ -22,24 +23,39 @@ Status validate_join(const control::JoinRequest& r, std::chrono::milliseconds ma
     return Status::invalid_argument("local rank " + std::to_string(r.local_rank()) + " is outside local world size " +
                                     std::to_string(r.local_world_size()));
   }
-  if (r.world_size() != r.local_world_size()) {
-    return Status::not_supported("multi-node jobs are not supported yet: world size " + std::to_string(r.world_size()) +
-                                 " spans more than this node's local world size " +
-                                 std::to_string(r.local_world_size()) + "; this daemon reduces within one node");
-  }
-  if (r.rank() != r.local_rank()) {
-    return Status::invalid_argument("on a single node rank and local rank must be equal, got rank " +
-                                    std::to_string(r.rank()) + " and local rank " + std::to_string(r.local_rank()));
-  }
   if (std::chrono::milliseconds(r.timeout_ms()) > max_timeout) {
     return Status::invalid_argument("timeout " + std::to_string(r.timeout_ms()) + " ms exceeds the daemon's maximum of " +
                                     std::to_string(max_timeout.count()) + " ms");
   }
+  std::map<std::string, std::vector<int>> groups;
+  for (const auto& group : r.groups()) {
+    if (groups.count(group.name())) return Status::invalid_argument("group '" + group.name() + "' is declared twice");
+    groups[group.name()] = std::vector<int>(group.ranks().begin(), group.ranks().end());
+  }
+  JobParams p;
+  if (Status status = make_topology(r.world_size(), r.local_world_size(), r.rank(), r.local_rank(), groups, &p.topology);
+      !status.ok()) {
+    return status;
+  }
+  if (p.topology.nodes > 1 && r.rendezvous().empty()) {
+    return Status::invalid_argument("a job spanning " + std::to_string(p.topology.nodes) +
+                                    " nodes needs a rendezvous address (the node-0 daemon's peer address; "
+                                    "clients derive it from MASTER_ADDR)");
+  }
+  p.id = r.job_id();
+  p.world_size = r.world_size();
+  p.local_world_size = r.local_world_size();
+  p.timeout = r.timeout_ms() ? std::chrono::milliseconds(r.timeout_ms()) : default_timeout;
+  p.rendezvous = p.topology.nodes > 1 ? r.rendezvous() : std::string();
+  *params = std::move(p);
   return Status::ok_status();
 }
 
 Status JobRegistry::join(const control::JoinRequest& request, const MemberInfo& member, std::shared_ptr<Job>* job) {
-  if (Status status = validate_join(request, options_.max_timeout); !status.ok()) return status;
+  JobParams params;
+  if (Status status = validate_join(request, options_.default_timeout, options_.max_timeout, &params); !status.ok()) {
+    return status;
+  }
   auto it = jobs_.find(request.job_id());
   if (it != jobs_.end() && !it->second->failure().ok()) {
     options_.log.info("job=" + request.job_id() + ": re-forming after failure: " + it->second->failure().message());
@@ -48,11 +64,8 @@ Status JobRegistry::join(const control::JoinRequest& request, const MemberInfo& 
   }
   if (it == jobs_.end()) {
     JobOptions options;
-    options.params.id = request.job_id();
-    options.params.world_size = request.world_size();
-    options.params.local_world_size = request.local_world_size();
-    options.params.timeout =
-        request.timeout_ms() ? std::chrono::milliseconds(request.timeout_ms()) : options_.default_timeout;
+    options.params = params;
+    options.cluster = options_.cluster;
     options.incarnation = ++incarnations_;
     options.io = options_.io;
     options.pool = options_.pool;
@@ -66,6 +79,14 @@ Status JobRegistry::join(const control::JoinRequest& request, const MemberInfo& 
                                     std::to_string(p.local_world_size) + ", this client says " +
                                     std::to_string(request.world_size()) + " and " +
                                     std::to_string(request.local_world_size()));
+  }
+  if (p.rendezvous != params.rendezvous) {
+    return Status::invalid_argument("inconsistent rendezvous: job " + p.id + " uses '" + p.rendezvous +
+                                    "', this client says '" + params.rendezvous + "'");
+  }
+  if (p.topology.groups != params.topology.groups) {
+    return Status::invalid_argument("inconsistent groups: this client declares different process groups than "
+                                    "the other clients of job " + p.id);
   }
   if (Status status = it->second->admit(member); !status.ok()) return status;
   *job = it->second;

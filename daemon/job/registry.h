@@ -23,6 +23,7 @@ struct RegistryOptions {
   Logger log;
   std::chrono::milliseconds default_timeout{30'000};
   std::chrono::milliseconds max_timeout{600'000};
+  ClusterSettings cluster;
 };
 
 class JobRegistry {
@@ -46,7 +47,9 @@ class JobRegistry {
   uint64_t incarnations_ = 0;
 };
 
-// Checks a join request on its own (names, ranges, single-node); the error names the field.
-Status validate_join(const control::JoinRequest& request, std::chrono::milliseconds max_timeout);
+// Checks a join request on its own (names, ranges, node layout, groups) and derives the job's
+// parameters; the error names the field.
+Status validate_join(const control::JoinRequest& request, std::chrono::milliseconds default_timeout,
+                     std::chrono::milliseconds max_timeout, JobParams* params);
 
 }  // namespace gradsync

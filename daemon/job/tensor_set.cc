@@ -10,8 +10,14 @@ namespace gradsync {
 void build_runs(TensorSet* set) {
   const size_t clients = set->address.size();
   set->runs.assign(set->plan.buckets.size(), {});
+  set->offset_in_bucket.assign(set->layout.size(), 0);
+  set->bucket_elements.assign(set->plan.buckets.size(), 0);
   for (size_t b = 0; b < set->plan.buckets.size(); ++b) {
     const plan::Bucket& bucket = set->plan.buckets[b];
+    for (uint32_t t : bucket.tensors) {
+      set->offset_in_bucket[t] = set->bucket_elements[b];
+      set->bucket_elements[b] += set->layout[t].numel;
+    }
     const size_t element = dtype_size(bucket.dtype);
     // Walk the bucket's tensors in client 0's address order and merge neighbours that are
     // adjacent in every client. Element-wise operations do not care about the order of runs.

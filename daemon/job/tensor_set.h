@@ -24,9 +24,17 @@ struct BucketRun {
 struct TensorSet {
   uint32_t id = 0;
   std::vector<plan::TensorLayout> layout;
+  uint64_t bucket_cap = 0;
   plan::Plan plan;
   std::vector<std::vector<std::byte*>> address;  // [local rank][tensor]
   std::vector<std::vector<BucketRun>> runs;      // [bucket]
+  // Local ranks taking part in each bucket: the members of the bucket's process group. The
+  // other local ranks' tensors of that bucket are left untouched.
+  std::vector<std::vector<uint32_t>> participants;  // [bucket]
+  // Element offset of each tensor within its bucket, in the bucket's (planner) order: the
+  // canonical layout of a bucket buffer that crosses nodes.
+  std::vector<uint64_t> offset_in_bucket;  // [tensor]
+  std::vector<uint64_t> bucket_elements;   // [bucket]
   // allgather: tensor t of rank r lands at gather_output[client] + r * packed_bytes +
   // packed_offset[t]. gather_output is empty when the set was registered without it.
   std::vector<uint64_t> packed_offset;
@@ -36,7 +44,8 @@ struct TensorSet {
   std::vector<std::shared_ptr<const ShmSegment>> segments;
 };
 
-// Splits every bucket into runs. `address` must already be filled.
+// Splits every bucket into runs and fills offset_in_bucket and bucket_elements. `address`
+// must already be filled.
 void build_runs(TensorSet* set);
 
 }  // namespace gradsync

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <set>
 
 #include "daemon/job/bucket_exec.h"
 
@@ -33,7 +34,7 @@ reduce::KernelArgs kernel_args(const OpDesc& desc, DType dtype, int group_size) 
 
 Worker::Worker(WorkerOptions options)
     : options_(std::move(options)), header_(reinterpret_cast<ChannelHeader*>(options_.channel)) {
-  for (uint32_t c = 0; c < options_.local_world_size; ++c) {
+  for (int c = 0; c < options_.topology.local_world_size; ++c) {
     ClientChannel* channel = client_channel(options_.channel, c);
     clients_.push_back(ClientState{RingReader<SubmitRing>(&channel->submit),
                                    RingWriter<CompletionRing>(&channel->completion), &channel->completion_ready});
@@ -43,9 +44,61 @@ Worker::Worker(WorkerOptions options)
 
 Worker::~Worker() { stop(Status::aborted("job " + options_.job_id + " is shutting down")); }
 
-void Worker::add_set(std::shared_ptr<const TensorSet> set) {
-  std::lock_guard lock(mutex_);
-  sets_[set->id] = std::move(set);
+void Worker::post_task(Task task) {
+  {
+    std::unique_lock lock(mutex_);
+    if (exited_) {
+      const Status failure = failure_;
+      lock.unlock();
+      task(failure);
+      return;
+    }
+    tasks_.push_back(std::move(task));
+    has_tasks_.store(true);
+  }
+  header_->doorbell.notify();
+}
+
+void Worker::run_tasks(bool last) {
+  for (;;) {
+    Task task;
+    {
+      std::lock_guard lock(mutex_);
+      if (tasks_.empty()) {
+        has_tasks_.store(false);
+        if (last) exited_ = true;
+        return;
+      }
+      task = std::move(tasks_.front());
+      tasks_.pop_front();
+    }
+    task(failed_.load() ? failure() : Status());
+  }
+}
+
+void Worker::admit_set(std::shared_ptr<const TensorSet> set, std::function<void(const Status&)> done) {
+  post_task([this, set, done](const Status& failed) {
+    if (!failed.ok()) return done(failed);
+    Status status;
+    if (options_.cluster) {
+      status = options_.cluster->form();
+      if (status.ok()) status = options_.cluster->check_layout(*set);
+      // Every node forms the engines of the set's groups in the same (sorted) order.
+      std::set<std::string> groups;
+      for (const auto& bucket : set->plan.buckets) groups.insert(bucket.group);
+      for (const auto& group : groups) {
+        CollectiveEngine* engine = nullptr;
+        if (status.ok()) status = options_.cluster->engine(group, &engine);
+      }
+    }
+    if (status.ok()) {
+      std::lock_guard lock(mutex_);
+      sets_[set->id] = set;
+    } else {
+      fail(status);
+    }
+    done(status);
+  });
 }
 
 std::shared_ptr<const TensorSet> Worker::find_set(uint32_t id) {
@@ -77,11 +130,14 @@ Status Worker::failure() const {
 }
 
 std::string Worker::who(uint32_t local_rank) const {
-  return "rank " + std::to_string(options_.ranks[local_rank]) + " (local rank " + std::to_string(local_rank) + ")";
+  return "rank " + std::to_string(options_.topology.rank_of(static_cast<int>(local_rank))) + " (local rank " +
+         std::to_string(local_rank) + ")";
 }
 
 void Worker::run() {
   while (!failed_.load()) {
+    if (has_tasks_.load()) run_tasks();
+    if (failed_.load()) break;
     const bool consumed = drain_rings();
     if (failed_.load()) break;
     Status status = progress();
@@ -96,7 +152,7 @@ void Worker::run() {
     if (!ops_.empty()) deadline = std::min(deadline, ops_.front().started + options_.timeout);
     header_->doorbell.wait_until(
         [&] {
-          if (failed_.load()) return true;
+          if (failed_.load() || has_tasks_.load()) return true;
           for (const auto& client : clients_) {
             if (!client.submit.empty()) return true;
           }
@@ -146,7 +202,7 @@ Status Worker::handle_submit(uint32_t local_rank, const SubmitEntry& entry) {
     return Status::protocol(prefix + "out of sequence, expected operation " + std::to_string(client.next_seq));
   }
   OpDesc desc;
-  if (Status status = parse_op(entry, options_.world_size, &desc); !status.ok()) {
+  if (Status status = parse_op(entry, options_.topology.world_size, &desc); !status.ok()) {
     return Status(status.code(), prefix + status.message(), status.where());
   }
   std::shared_ptr<const TensorSet> set = find_set(desc.set_id);
@@ -160,10 +216,13 @@ Status Worker::handle_submit(uint32_t local_rank, const SubmitEntry& entry) {
   }
   if (desc.kind == OpKind::kAllreduce || desc.kind == OpKind::kReduce) {
     for (const auto& bucket : set->plan.buckets) {
-      const std::string_view problem =
-          reduce::validate_kernel_args(kernel_args(desc, bucket.dtype, options_.world_size));
+      const int group_size = static_cast<int>(options_.topology.ranks(bucket.group).size());
+      const std::string_view problem = reduce::validate_kernel_args(kernel_args(desc, bucket.dtype, group_size));
       if (!problem.empty()) return Status::invalid_argument(prefix + std::string(problem));
     }
+  }
+  if (Status status = check_roots(desc, *set); !status.ok()) {
+    return Status(status.code(), prefix + status.message(), status.where());
   }
   client.next_seq++;
 
@@ -254,24 +313,47 @@ Status Worker::progress() {
   return Status::ok_status();
 }
 
+Status Worker::check_roots(const OpDesc& desc, const TensorSet& set) const {
+  if (desc.kind != OpKind::kBroadcast && desc.kind != OpKind::kReduce) return Status();
+  for (const auto& bucket : set.plan.buckets) {
+    const auto& ranks = options_.topology.ranks(bucket.group);
+    if (!std::binary_search(ranks.begin(), ranks.end(), desc.root)) {
+      return Status::invalid_argument("root rank " + std::to_string(desc.root) + " is not in group '" + bucket.group +
+                                      "'");
+    }
+  }
+  return Status();
+}
+
 Status Worker::execute_bucket(const Op& op, size_t bucket) {
   const TensorSet& set = *op.set;
+  const plan::Bucket& b = set.plan.buckets[bucket];
+  if (set.participants[bucket].empty()) return Status();  // the group has no rank on this node
   ThreadPool& pool = *options_.pool;
-  const uint32_t root = static_cast<uint32_t>(op.desc.root);  // local rank == rank on one node
+  const Topology& topology = options_.topology;
+  const int group_size = static_cast<int>(topology.ranks(b.group).size());
+  const reduce::KernelArgs args = kernel_args(op.desc, b.dtype, group_size);
+
+  CollectiveEngine* engine = nullptr;
+  if (options_.cluster) {
+    if (Status status = options_.cluster->engine(b.group, &engine); !status.ok()) return status;
+  }
+  if (engine) {
+    CrossNodeBucket call{&op, bucket, &topology, engine, args, &pool, &buffers_};
+    Status status = check_sequence(call);
+    if (status.ok()) status = execute_across_nodes(call);
+    if (!status.ok() && status.code() != ErrorCode::kLayoutMismatch && status.code() != ErrorCode::kNotSupported) {
+      status = options_.cluster->explain(status);
+    }
+    return status;
+  }
+  // The group lives on this node only, so the root (a member) is a local rank here.
+  const uint32_t root = static_cast<uint32_t>(op.desc.root % topology.local_world_size);
   switch (op.desc.kind) {
-    case OpKind::kAllreduce:
-      execute_allreduce(set, bucket, kernel_args(op.desc, set.plan.buckets[bucket].dtype, options_.world_size), pool);
-      break;
-    case OpKind::kReduce:
-      execute_reduce(set, bucket, kernel_args(op.desc, set.plan.buckets[bucket].dtype, options_.world_size), root,
-                     pool);
-      break;
-    case OpKind::kBroadcast:
-      execute_broadcast(set, bucket, root, pool);
-      break;
-    case OpKind::kAllgather:
-      execute_allgather(set, bucket, pool);
-      break;
+    case OpKind::kAllreduce: execute_allreduce(set, bucket, args, pool); break;
+    case OpKind::kReduce: execute_reduce(set, bucket, args, root, pool); break;
+    case OpKind::kBroadcast: execute_broadcast(set, bucket, root, pool); break;
+    case OpKind::kAllgather: execute_allgather(set, bucket, topology.rank_of(0), pool); break;
   }
   return Status::ok_status();
 }
@@ -321,6 +403,11 @@ void Worker::shut_down(const Status& status) {
     for (uint32_t c = 0; c < clients_.size(); ++c) {
       if (op.submitted[c]) post(c, op.seq, status);
     }
+  }
+  run_tasks(/*last=*/true);  // pending set admissions learn the failure
+  if (options_.cluster) {
+    options_.cluster->publish_failure(status);
+    options_.cluster.reset();  // closes the Gloo meshes, so peers fail fast instead of timing out
   }
   const bool interrupted = !ops_.empty();
   ops_.clear();

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -20,8 +21,11 @@
 #include <thread>
 #include <vector>
 
+#include "daemon/job/cluster.h"
+#include "daemon/job/hierarchy.h"
 #include "daemon/job/op.h"
 #include "daemon/job/tensor_set.h"
+#include "daemon/job/topology.h"
 #include "daemon/util/log.h"
 #include "daemon/util/thread_pool.h"
 #include "shared/channel_layout.h"
@@ -31,9 +35,8 @@ namespace gradsync {
 
 struct WorkerOptions {
   std::string job_id;
-  int world_size = 0;
-  uint32_t local_world_size = 0;
-  std::vector<int> ranks;  // global rank of each local rank
+  Topology topology;
+  std::unique_ptr<Cluster> cluster;  // null for a single-node job
   std::chrono::milliseconds timeout{30'000};
   std::byte* channel = nullptr;  // the mapped channel segment (kept alive by the Job)
   ThreadPool* pool = nullptr;
@@ -47,8 +50,11 @@ class Worker {
   Worker(const Worker&) = delete;
   Worker& operator=(const Worker&) = delete;
 
-  // Makes a committed set available to operations. Thread-safe.
-  void add_set(std::shared_ptr<const TensorSet> set);
+  // Makes a locally committed set available to operations, once every node agrees on it (a
+  // multi-node job checks layouts and forms its engines first, on the worker thread). Calls
+  // done exactly once, on the worker thread: ok, or the error that failed the job.
+  // Thread-safe.
+  void admit_set(std::shared_ptr<const TensorSet> set, std::function<void(const Status&)> done);
 
   // Ends the job with `status` unless it already failed; returns at once. Thread-safe.
   void fail(Status status);
@@ -73,6 +79,12 @@ class Worker {
     uint64_t next_seq = 1;
   };
 
+  // A unit of work for the worker thread: called with ok to run, or with the job's failure
+  // when the worker stops before it ran.
+  using Task = std::function<void(const Status&)>;
+  void post_task(Task task);
+  void run_tasks(bool last = false);
+
   void run();
   bool drain_rings();  // true when an entry was consumed
   Status handle_entry(uint32_t local_rank, const SubmitEntry& entry);
@@ -80,6 +92,7 @@ class Worker {
   Status handle_mark_ready(uint32_t local_rank, const SubmitEntry& entry);
   Status progress();  // launches every bucket that is ready, in order
   Status execute_bucket(const Op& op, size_t bucket);
+  Status check_roots(const OpDesc& desc, const TensorSet& set) const;
   Status check_deadline();
   void post(uint32_t local_rank, uint64_t seq, const Status& status);
   void shut_down(const Status& status);  // worker thread only
@@ -91,11 +104,15 @@ class Worker {
   std::vector<ClientState> clients_;  // worker thread only
   std::deque<Op> ops_;                // worker thread only; ops_[i].seq == first_seq_ + i
   uint64_t first_seq_ = 1;            // worker thread only
+  NodeBuffers buffers_;               // worker thread only
   std::atomic<uint64_t> completed_ops_{0};
   std::atomic<size_t> pending_ops_{0};
 
   mutable std::mutex mutex_;
   std::map<uint32_t, std::shared_ptr<const TensorSet>> sets_;  // guarded by mutex_
+  std::deque<Task> tasks_;                                     // guarded by mutex_
+  bool exited_ = false;  // guarded by mutex_; later tasks run at once with the failure
+  std::atomic<bool> has_tasks_{false};
   Status failure_;                                             // guarded by mutex_
   std::atomic<bool> failed_{false};
   std::atomic<bool> stopping_{false};

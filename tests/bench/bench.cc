@@ -154,7 +154,7 @@ JobResult run_job(const BenchOptions& o, const DaemonProcess& daemon, pid_t daem
 int run_bench(const BenchOptions& o) {
   std::printf("gradsync-bench: %u CPUs, daemon with %d reduce threads\n", std::thread::hardware_concurrency(), o.threads);
   DaemonProcess daemon(DaemonProcess::Options{o.daemon,
-                                              {"--log-level", "warning", "--reduce-threads", std::to_string(o.threads)},
+                                              {"--log-level", "warning", "--reduce-threads", std::to_string(o.threads), "--peer-listen", "127.0.0.1:0"},
                                               ""});
   const pid_t daemon_pid = daemon.process().pid();
   const long idle_kib = rss_anon_kib(daemon_pid);

@@ -112,11 +112,40 @@ TEST_CASE("join: inconsistent world sizes are refused", "[integration][control]"
   expect_error([&] { join(daemon.socket(), job, 1, 3); }, ErrorCode::kInvalidArgument, "inconsistent world sizes");
 }
 
-TEST_CASE("join: a multi-node job is not supported yet", "[integration][control]") {
+TEST_CASE("join: a multi-node job without a rendezvous address is refused", "[integration][control]") {
+  TestDaemon daemon;
+  ::unsetenv("MASTER_ADDR");
+  ::unsetenv("GRADSYNC_RENDEZVOUS");
+  auto client = Client::connect(ConnectOptions{daemon.socket()});
+  expect_error([&] { client->join(JoinOptions{unique_job("multi"), 0, 8, 0, 4}); }, ErrorCode::kInvalidArgument,
+               "needs a rendezvous");
+}
+
+TEST_CASE("join: ranks that do not fit node-major numbering are refused", "[integration][control]") {
   TestDaemon daemon;
   auto client = Client::connect(ConnectOptions{daemon.socket()});
-  expect_error([&] { client->join(JoinOptions{unique_job("multi"), 0, 8, 0, 4}); }, ErrorCode::kNotSupported,
-               "multi-node jobs are not supported yet");
+  expect_error([&] { client->join(JoinOptions{unique_job("layout"), 5, 8, 0, 4, {}, "127.0.0.1:1"}); },
+               ErrorCode::kInvalidArgument, "does not fit node-major numbering");
+  expect_error([&] { client->join(JoinOptions{unique_job("uneven"), 0, 6, 0, 4, {}, "127.0.0.1:1"}); },
+               ErrorCode::kInvalidArgument, "not a multiple of local world size");
+}
+
+TEST_CASE("join: bad process group declarations are refused", "[integration][control]") {
+  TestDaemon daemon;
+  auto client = Client::connect(ConnectOptions{daemon.socket()});
+  JoinOptions options{unique_job("groups"), 0, 2, 0, 2};
+  options.groups = {{"pair", {0, 7}}};
+  expect_error([&] { client->join(options); }, ErrorCode::kInvalidArgument, "group 'pair' names rank 7");
+  options.groups = {{"dp", {0}}};
+  expect_error([&] { client->join(options); }, ErrorCode::kInvalidArgument, "reserved");
+}
+
+TEST_CASE("register: a tensor in an undeclared group is refused", "[integration][control]") {
+  TestDaemon daemon;
+  auto client = join(daemon.socket(), unique_job("undeclared"), 0, 1);
+  const std::vector<SharedTensor> tensors = {client->allocate(TensorSpec{DType::kFloat32, 4, "tp"})};
+  expect_error([&] { client->register_tensors(tensors, {}); }, ErrorCode::kInvalidArgument,
+               "process group 'tp' is not declared");
 }
 
 TEST_CASE("register: before joining is refused", "[integration][control]") {

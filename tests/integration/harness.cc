@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <filesystem>
@@ -18,6 +19,10 @@ TestDaemon::TestDaemon(std::vector<std::string> args) {
   const int fd = ::mkstemp(pattern);
   if (fd >= 0) ::close(fd);
   log_path_ = pattern;
+  // Many daemons run at once in tests: each takes a free peer port unless the test picks one.
+  if (std::find(args.begin(), args.end(), "--peer-listen") == args.end()) {
+    args.insert(args.begin(), {"--peer-listen", "127.0.0.1:0"});
+  }
   args.insert(args.begin(), {"--log-level", "debug"});
   process_ = std::make_unique<DaemonProcess>(DaemonProcess::Options{GRADSYNCD_BINARY, std::move(args), log_path_});
 }

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "shared/dtype.h"
 
@@ -20,8 +21,16 @@ struct ConnectOptions {
   std::chrono::milliseconds request_timeout{10'000};
 };
 
-// Who this process is in the job. On one node, world_size == local_world_size and
-// rank == local_rank.
+inline constexpr int kDefaultPeerPort = 29590;
+
+// A named process group: the global ranks it spans. "dp" (every rank) always exists.
+struct GroupSpec {
+  std::string name;
+  std::vector<int> ranks;
+};
+
+// Who this process is in the job. Ranks are node-major, as torchrun assigns them:
+// rank = node * local_world_size + local_rank; world_size / local_world_size nodes.
 struct JoinOptions {
   std::string job_id;
   int rank = 0;
@@ -31,13 +40,18 @@ struct JoinOptions {
   // Bound for every wait of the job (registration barrier, a step's stragglers). Zero: the
   // daemon's default (--timeout-ms).
   std::chrono::milliseconds timeout{0};
+  // Multi-node jobs: HOST:PORT of the node-0 daemon's peer service. Empty: $GRADSYNC_RENDEZVOUS,
+  // else $MASTER_ADDR with port kDefaultPeerPort (the torchrun convention).
+  std::string rendezvous;
+  // Process groups beyond "dp"; every rank of the job declares the same list.
+  std::vector<GroupSpec> groups;
 };
 
 // Where a tensor belongs; layout must be identical on every rank.
 struct TensorSpec {
   DType dtype = DType::kFloat32;
   uint64_t numel = 0;
-  std::string group = "dp";  // process group; only "dp" (all ranks) until multi-node support
+  std::string group = "dp";  // process group, declared at join; "dp" is every rank
 };
 
 struct RegisterOptions {

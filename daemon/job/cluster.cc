@@ -1,0 +1,178 @@
+#include "daemon/job/cluster.h"
+
+#include <sstream>
+
+#include "daemon/plan/layout.h"
+
+namespace gradsync {
+namespace {
+
+// How long explain() waits for a peer daemon to answer before calling it unreachable.
+constexpr auto kProbeTimeout = std::chrono::milliseconds(500);
+
+// A layout as text for the store: "<fingerprint>\n<cap> <gather>\n<dtype> <numel> <group>\n...".
+std::string encode_layout(const TensorSet& set) {
+  std::ostringstream out;
+  out << plan::fingerprint(set.layout) << "\n" << set.bucket_cap << " " << (set.gather_output.empty() ? 0 : 1) << "\n";
+  for (const auto& t : set.layout) out << static_cast<uint32_t>(t.dtype) << " " << t.numel << " " << t.group << "\n";
+  return out.str();
+}
+
+bool decode_layout(const std::string& text, uint64_t* fingerprint, uint64_t* cap, int* gather,
+                   std::vector<plan::TensorLayout>* layout) {
+  std::istringstream in(text);
+  if (!(in >> *fingerprint >> *cap >> *gather)) return false;
+  uint32_t dtype = 0;
+  plan::TensorLayout t;
+  while (in >> dtype >> t.numel >> t.group) {
+    auto known = dtype_from_raw(dtype);
+    if (!known) return false;
+    t.dtype = *known;
+    layout->push_back(t);
+  }
+  return true;
+}
+
+}  // namespace
+
+Cluster::Cluster(ClusterOptions options)
+    : options_(std::move(options)), rendezvous_(std::make_shared<PeerClient>(options_.rendezvous)) {}
+
+std::string Cluster::describe_node(int node) const {
+  const int l = options_.topology.local_world_size;
+  std::string text = "node " + std::to_string(node) + " (ranks " + std::to_string(node * l) + "-" +
+                     std::to_string(node * l + l - 1);
+  if (static_cast<size_t>(node) < addresses_.size()) text += ", gradsyncd at " + addresses_[static_cast<size_t>(node)];
+  return text + ")";
+}
+
+Status Cluster::form() {
+  if (formed_) return Status();
+  const Topology& t = options_.topology;
+  const std::string& job = options_.job_id;
+  // Every node bumps the job's counter once per incarnation, so the n-th incarnation of every
+  // node lands in the same generation and never sees an older one's keys.
+  int64_t joined = 0;
+  Status status = rendezvous_->add(job, "incarnations", 1, options_.timeout, &joined);
+  if (!status.ok()) {
+    return Status(status.code(), "job " + job + ": cannot reach the rendezvous daemon at " + options_.rendezvous +
+                                     ": " + status.message());
+  }
+  prefix_ = "g" + std::to_string((joined - 1) / t.nodes) + "/";
+  const std::string mine = std::to_string(t.local_world_size) + " " + options_.advertise;
+  if (status = rendezvous_->set(job, key("node/" + std::to_string(t.node)), mine, options_.timeout); !status.ok()) {
+    return status;
+  }
+  std::vector<std::string> keys;
+  for (int n = 0; n < t.nodes; ++n) keys.push_back(key("node/" + std::to_string(n)));
+  std::vector<std::string> values;
+  status = rendezvous_->get(job, keys, options_.timeout, &values);
+  if (!status.ok()) {
+    return Status(status.code(), "job " + job + ": not every node of " + std::to_string(t.nodes) +
+                                     " joined within " + std::to_string(options_.timeout.count()) +
+                                     " ms: " + status.message());
+  }
+  addresses_.clear();
+  for (int n = 0; n < t.nodes; ++n) {
+    std::istringstream in(values[static_cast<size_t>(n)]);
+    int locals = 0;
+    std::string address;
+    in >> locals >> address;
+    if (locals != t.local_world_size) {
+      return Status::invalid_argument("job " + job + ": local world sizes differ: node " + std::to_string(t.node) +
+                                      " has " + std::to_string(t.local_world_size) + " ranks, node " +
+                                      std::to_string(n) + " has " + std::to_string(locals));
+    }
+    addresses_.push_back(address);
+  }
+  formed_ = true;
+  options_.log.info("formed across " + std::to_string(t.nodes) + " nodes as node " + std::to_string(t.node) +
+                    " (" + prefix_ + " at rendezvous " + options_.rendezvous + ")");
+  return Status();
+}
+
+Status Cluster::check_layout(const TensorSet& set) {
+  const Topology& t = options_.topology;
+  const std::string base = "set/" + std::to_string(set.id) + "/layout/";
+  Status status = rendezvous_->set(options_.job_id, key(base + std::to_string(t.node)), encode_layout(set),
+                                   options_.timeout);
+  if (!status.ok()) return status;
+  std::vector<std::string> keys;
+  for (int n = 0; n < t.nodes; ++n) keys.push_back(key(base + std::to_string(n)));
+  std::vector<std::string> values;
+  status = rendezvous_->get(options_.job_id, keys, options_.timeout, &values);
+  if (!status.ok()) {
+    return Status(status.code(), "job " + options_.job_id + ": set " + std::to_string(set.id) +
+                                     " was not registered on every node: " + status.message());
+  }
+  uint64_t fp0 = 0, cap0 = 0;
+  int gather0 = 0;
+  std::vector<plan::TensorLayout> layout0;
+  if (!decode_layout(values[0], &fp0, &cap0, &gather0, &layout0)) return Status::protocol("undecodable layout from node 0");
+  for (int n = 1; n < t.nodes; ++n) {
+    uint64_t fp = 0, cap = 0;
+    int gather = 0;
+    std::vector<plan::TensorLayout> layout;
+    if (!decode_layout(values[static_cast<size_t>(n)], &fp, &cap, &gather, &layout)) {
+      return Status::protocol("undecodable layout from node " + std::to_string(n));
+    }
+    const std::string where = "job " + options_.job_id + ": set " + std::to_string(set.id) + " differs between " +
+                              describe_node(0) + " and " + describe_node(n) + ": ";
+    if (fp != fp0) {
+      const auto diff = plan::first_difference(layout0, 0, layout, n * t.local_world_size);
+      return Status::layout_mismatch(where + diff.value_or("layouts differ"));
+    }
+    if (cap != cap0) return Status::layout_mismatch(where + "bucket caps " + std::to_string(cap0) + " and " + std::to_string(cap));
+    if (gather != gather0) return Status::layout_mismatch(where + "only one registered an allgather output");
+  }
+  return Status();
+}
+
+Status Cluster::engine(const std::string& group, CollectiveEngine** engine) {
+  *engine = nullptr;
+  const std::vector<int> nodes = options_.topology.nodes_of(group);
+  if (nodes.size() <= 1) return Status();
+  auto it = engines_.find(group);
+  if (it == engines_.end()) {
+    GlooEngineOptions gloo = options_.transport;
+    gloo.rendezvous = rendezvous_;
+    gloo.job = options_.job_id;
+    gloo.prefix = key("group/" + group + "/");
+    gloo.node = static_cast<int>(std::find(nodes.begin(), nodes.end(), options_.topology.node) - nodes.begin());
+    gloo.nodes = static_cast<int>(nodes.size());
+    gloo.timeout = options_.timeout;
+    try {
+      it = engines_.emplace(group, make_gloo_engine(gloo)).first;
+    } catch (const Error& e) {
+      return explain(e.status());
+    }
+    options_.log.info("group '" + group + "': Gloo mesh of " + std::to_string(nodes.size()) + " nodes ready");
+  }
+  *engine = it->second.get();
+  return Status();
+}
+
+Status Cluster::explain(const Status& error) {
+  std::string culprits;
+  for (int n = 0; n < options_.topology.nodes; ++n) {
+    if (n == options_.topology.node || static_cast<size_t>(n) >= addresses_.size()) continue;
+    PeerClient peer(addresses_[static_cast<size_t>(n)]);
+    std::vector<std::string> notice;
+    if (!peer.ping(kProbeTimeout).ok()) {
+      culprits += (culprits.empty() ? "" : "; ") + describe_node(n) + " is unreachable";
+    } else if (rendezvous_->get(options_.job_id, {key("failure/" + std::to_string(n))}, std::chrono::milliseconds(0), &notice).ok()) {
+      culprits += (culprits.empty() ? "" : "; ") + describe_node(n) + " failed: " + notice[0];
+    }
+  }
+  if (culprits.empty()) return error;
+  return Status(error.code() == ErrorCode::kTimeout ? ErrorCode::kTimeout : ErrorCode::kPeerLost,
+                "job " + options_.job_id + ": " + culprits + " (" + error.message() + ")", error.where());
+}
+
+void Cluster::publish_failure(const Status& status) {
+  if (!formed_) return;
+  rendezvous_->set(options_.job_id, key("failure/" + std::to_string(options_.topology.node)), status.message(),
+                   std::chrono::milliseconds(1000));
+}
+
+}  // namespace gradsync

@@ -1,0 +1,224 @@
+#include "daemon/job/hierarchy.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "daemon/reduce/staged.h"
+
+namespace gradsync {
+namespace {
+
+constexpr uint64_t kMinBytesPerTask = 256 << 10;
+
+// A piece of one tensor of the bucket: elements [first, first + count) of tensor `tensor`.
+struct Piece {
+  uint32_t tensor = 0;
+  uint64_t first = 0;
+  uint64_t count = 0;
+};
+
+std::vector<Piece> pieces_of(const TensorSet& set, size_t bucket, size_t parts) {
+  const size_t element = dtype_size(set.plan.buckets[bucket].dtype);
+  const uint64_t total = set.bucket_elements[bucket];
+  const uint64_t per = std::max<uint64_t>(std::max<uint64_t>(1, kMinBytesPerTask / element),
+                                          (total + parts - 1) / std::max<size_t>(parts, 1));
+  std::vector<Piece> pieces;
+  for (uint32_t t : set.plan.buckets[bucket].tensors) {
+    for (uint64_t first = 0; first < set.layout[t].numel; first += per) {
+      pieces.push_back({t, first, std::min(per, set.layout[t].numel - first)});
+    }
+  }
+  return pieces;
+}
+
+// The header every node must agree on before a bucket crosses nodes.
+struct Header {
+  uint64_t seq = 0;
+  uint32_t kind = 0;
+  uint32_t set = 0;
+  uint32_t bucket = 0;
+  uint32_t reduce_op = 0;
+  int32_t root = 0;
+  uint32_t scaling = 0;
+  double divisor = 0;
+  uint64_t elements = 0;
+};
+
+Header header_of(const CrossNodeBucket& c) {
+  Header h;
+  h.seq = c.op->seq;
+  h.kind = static_cast<uint32_t>(c.op->desc.kind);
+  h.set = c.op->desc.set_id;
+  h.bucket = static_cast<uint32_t>(c.bucket);
+  h.reduce_op = static_cast<uint32_t>(c.op->desc.reduce_op);
+  h.root = c.op->desc.root;
+  h.scaling = static_cast<uint32_t>(c.op->desc.scaling);
+  h.divisor = c.op->desc.divisor;
+  h.elements = c.op->set->bucket_elements[c.bucket];
+  return h;
+}
+
+std::string describe(const Header& h) {
+  OpDesc d;
+  d.kind = static_cast<OpKind>(h.kind);
+  d.set_id = h.set;
+  d.reduce_op = static_cast<WireReduceOp>(h.reduce_op);
+  d.root = h.root;
+  d.scaling = static_cast<WireScaling>(h.scaling);
+  d.divisor = h.divisor;
+  return "operation " + std::to_string(h.seq) + " (" + describe(d) + ", bucket " + std::to_string(h.bucket) + ")";
+}
+
+bool same(const Header& a, const Header& b) {
+  return a.seq == b.seq && a.kind == b.kind && a.set == b.set && a.bucket == b.bucket && a.reduce_op == b.reduce_op &&
+         a.root == b.root && a.scaling == b.scaling && a.divisor == b.divisor && a.elements == b.elements;
+}
+
+// The node's index within the group's nodes, for a global rank.
+int group_node_of(const Topology& t, const std::string& group, int rank) {
+  const std::vector<int> nodes = t.nodes_of(group);
+  return static_cast<int>(std::find(nodes.begin(), nodes.end(), rank / t.local_world_size) - nodes.begin());
+}
+
+Status allreduce_or_reduce(const CrossNodeBucket& c, bool to_root) {
+  const TensorSet& set = *c.op->set;
+  const auto& members = set.participants[c.bucket];
+  const DType acc_type = reduce::accumulation_dtype(c.args.dtype);
+  const size_t acc_size = dtype_size(acc_type);
+  const size_t element = dtype_size(c.args.dtype);
+  const uint64_t elements = set.bucket_elements[c.bucket];
+  c.buffers->work.resize(elements * acc_size);
+  std::byte* acc = c.buffers->work.data();
+  const std::vector<Piece> pieces = pieces_of(set, c.bucket, c.pool->size());
+  c.pool->parallel_for(pieces.size(), [&](size_t i) {
+    const Piece& p = pieces[i];
+    std::vector<const void*> inputs;
+    for (uint32_t m : members) inputs.push_back(set.address[m][p.tensor] + p.first * element);
+    reduce::accumulate(c.args, inputs, acc + (set.offset_in_bucket[p.tensor] + p.first) * acc_size, p.count);
+  });
+  const auto combine = reduce::combiner(c.args);
+  const std::string& group = set.plan.buckets[c.bucket].group;
+  Status status;
+  int root_local = -1;
+  if (to_root) {
+    const int root = c.op->desc.root;
+    status = c.engine->reduce(acc, elements, acc_type, combine, group_node_of(*c.topology, group, root));
+    if (root / c.topology->local_world_size == c.topology->node) root_local = root % c.topology->local_world_size;
+  } else {
+    status = c.engine->allreduce(acc, elements, acc_type, combine);
+  }
+  if (!status.ok()) return status;
+  if (to_root && root_local < 0) return Status();
+  c.pool->parallel_for(pieces.size(), [&](size_t i) {
+    const Piece& p = pieces[i];
+    std::vector<void*> outputs;
+    if (to_root) {
+      outputs.push_back(set.address[static_cast<size_t>(root_local)][p.tensor] + p.first * element);
+    } else {
+      for (uint32_t m : members) outputs.push_back(set.address[m][p.tensor] + p.first * element);
+    }
+    reduce::finish(c.args, acc + (set.offset_in_bucket[p.tensor] + p.first) * acc_size, outputs, p.count);
+  });
+  return Status();
+}
+
+Status broadcast(const CrossNodeBucket& c) {
+  const TensorSet& set = *c.op->set;
+  const plan::Bucket& bucket = set.plan.buckets[c.bucket];
+  const size_t element = dtype_size(bucket.dtype);
+  const uint64_t bytes = set.bucket_elements[c.bucket] * element;
+  const int root = c.op->desc.root;
+  const bool root_here = root / c.topology->local_world_size == c.topology->node;
+  const uint32_t root_local = static_cast<uint32_t>(root % c.topology->local_world_size);
+  c.buffers->work.resize(bytes);
+  std::byte* buffer = c.buffers->work.data();
+  if (root_here) {
+    for (uint32_t t : bucket.tensors) {
+      std::memcpy(buffer + set.offset_in_bucket[t] * element, set.address[root_local][t], set.layout[t].numel * element);
+    }
+  }
+  if (Status s = c.engine->broadcast(buffer, bytes, group_node_of(*c.topology, bucket.group, root)); !s.ok()) return s;
+  for (uint32_t m : set.participants[c.bucket]) {
+    if (root_here && m == root_local) continue;
+    for (uint32_t t : bucket.tensors) {
+      std::memcpy(set.address[m][t], buffer + set.offset_in_bucket[t] * element, set.layout[t].numel * element);
+    }
+  }
+  return Status();
+}
+
+Status allgather(const CrossNodeBucket& c) {
+  const TensorSet& set = *c.op->set;
+  const Topology& topo = *c.topology;
+  const plan::Bucket& bucket = set.plan.buckets[c.bucket];
+  const size_t element = dtype_size(bucket.dtype);
+  const uint64_t bytes = set.bucket_elements[c.bucket] * element;
+  const auto& members = set.participants[c.bucket];
+  const std::vector<int> nodes = topo.nodes_of(bucket.group);
+  // Gloo's allgather needs the same contribution from every node.
+  for (int n : nodes) {
+    size_t count = 0;
+    for (int r : topo.ranks(bucket.group)) count += r / topo.local_world_size == n;
+    if (count != members.size()) {
+      return Status::not_supported("allgather over group '" + bucket.group +
+                                   "' needs the same number of its ranks on every node");
+    }
+  }
+  c.buffers->work.resize(members.size() * bytes);
+  c.buffers->gathered.resize(nodes.size() * members.size() * bytes);
+  for (size_t k = 0; k < members.size(); ++k) {
+    for (uint32_t t : bucket.tensors) {
+      std::memcpy(c.buffers->work.data() + k * bytes + set.offset_in_bucket[t] * element, set.address[members[k]][t],
+                  set.layout[t].numel * element);
+    }
+  }
+  if (Status s = c.engine->allgather(c.buffers->work.data(), members.size() * bytes, c.buffers->gathered.data());
+      !s.ok()) {
+    return s;
+  }
+  for (size_t n = 0; n < nodes.size(); ++n) {
+    std::vector<int> ranks;
+    for (int r : topo.ranks(bucket.group)) {
+      if (r / topo.local_world_size == nodes[n]) ranks.push_back(r);
+    }
+    for (size_t k = 0; k < ranks.size(); ++k) {
+      const std::byte* source = c.buffers->gathered.data() + (n * members.size() + k) * bytes;
+      for (uint32_t dest : members) {
+        for (uint32_t t : bucket.tensors) {
+          std::memcpy(set.gather_output[dest] + static_cast<uint64_t>(ranks[k]) * set.packed_bytes + set.packed_offset[t],
+                      source + set.offset_in_bucket[t] * element, set.layout[t].numel * element);
+        }
+      }
+    }
+  }
+  return Status();
+}
+
+}  // namespace
+
+Status check_sequence(const CrossNodeBucket& c) {
+  const Header mine = header_of(c);
+  std::vector<Header> all(static_cast<size_t>(c.engine->nodes()));
+  if (Status s = c.engine->allgather(&mine, sizeof(Header), all.data()); !s.ok()) return s;
+  const std::vector<int> nodes = c.topology->nodes_of(c.op->set->plan.buckets[c.bucket].group);
+  for (size_t n = 0; n < all.size(); ++n) {
+    if (!same(all[n], mine)) {
+      return Status::layout_mismatch("sequence mismatch: node " + std::to_string(c.topology->node) + " is at " +
+                                     describe(mine) + ", node " + std::to_string(nodes[n]) + " is at " +
+                                     describe(all[n]));
+    }
+  }
+  return Status();
+}
+
+Status execute_across_nodes(const CrossNodeBucket& c) {
+  switch (c.op->desc.kind) {
+    case OpKind::kAllreduce: return allreduce_or_reduce(c, false);
+    case OpKind::kReduce: return allreduce_or_reduce(c, true);
+    case OpKind::kBroadcast: return broadcast(c);
+    case OpKind::kAllgather: return allgather(c);
+  }
+  return Status::internal("unknown operation kind");
+}
+
+}  // namespace gradsync

@@ -1,0 +1,41 @@
+// A client of another daemon's peer service, with every call bounded by a deadline and every
+// gRPC error translated once, here, into a Status that names the daemon.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "proto/peer.grpc.pb.h"
+#include "shared/status.h"
+
+namespace gradsync {
+
+class PeerClient {
+ public:
+  // `address` is host:port. Connecting is lazy; the first call reports an unreachable daemon.
+  explicit PeerClient(std::string address);
+
+  const std::string& address() const { return address_; }
+
+  Status set(const std::string& job, const std::string& key, const std::string& value,
+             std::chrono::milliseconds timeout);
+  // Waits up to `timeout` for every key; kTimeout when they do not all appear.
+  Status get(const std::string& job, const std::vector<std::string>& keys, std::chrono::milliseconds timeout,
+             std::vector<std::string>* values);
+  Status add(const std::string& job, const std::string& key, int64_t delta, std::chrono::milliseconds timeout,
+             int64_t* value);
+  Status delete_job(const std::string& job, std::chrono::milliseconds timeout);
+  // Whether the daemon answers within `timeout`.
+  Status ping(std::chrono::milliseconds timeout);
+
+ private:
+  std::string address_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<peer::Peer::Stub> stub_;
+};
+
+}  // namespace gradsync

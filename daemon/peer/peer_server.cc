@@ -1,0 +1,102 @@
+#include "daemon/peer/peer_server.h"
+
+#include "shared/version.h"
+
+namespace gradsync {
+namespace {
+
+// Nobody may park a get for longer than this, whatever it asks.
+constexpr std::chrono::milliseconds kMaxWait = std::chrono::minutes(10);
+
+}  // namespace
+
+grpc::Status to_grpc(const Status& status) {
+  switch (status.code()) {
+    case ErrorCode::kOk: return grpc::Status::OK;
+    case ErrorCode::kNotFound: return {grpc::StatusCode::NOT_FOUND, status.message()};
+    case ErrorCode::kTimeout: return {grpc::StatusCode::DEADLINE_EXCEEDED, status.message()};
+    case ErrorCode::kInvalidArgument: return {grpc::StatusCode::INVALID_ARGUMENT, status.message()};
+    case ErrorCode::kResourceExhausted: return {grpc::StatusCode::RESOURCE_EXHAUSTED, status.message()};
+    case ErrorCode::kAborted: return {grpc::StatusCode::ABORTED, status.message()};
+    default: return {grpc::StatusCode::INTERNAL, status.message()};
+  }
+}
+
+Status from_grpc(const grpc::Status& status, const std::string& context) {
+  const std::string message = context + ": " + status.error_message();
+  switch (status.error_code()) {
+    case grpc::StatusCode::OK: return Status();
+    case grpc::StatusCode::NOT_FOUND: return Status::not_found(message);
+    case grpc::StatusCode::DEADLINE_EXCEEDED: return Status::timeout(message);
+    case grpc::StatusCode::UNAVAILABLE: return Status::peer_lost(message);
+    case grpc::StatusCode::INVALID_ARGUMENT: return Status::invalid_argument(message);
+    case grpc::StatusCode::RESOURCE_EXHAUSTED: return Status::resource_exhausted(message);
+    case grpc::StatusCode::ABORTED: return Status::aborted(message);
+    default: return Status::internal(message);
+  }
+}
+
+grpc::ServerUnaryReactor* PeerService::Set(grpc::CallbackServerContext* context, const peer::SetRequest* request,
+                                           peer::SetReply*) {
+  auto* reactor = context->DefaultReactor();
+  reactor->Finish(to_grpc(store_->set(request->job(), request->key(), request->value())));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* PeerService::Get(grpc::CallbackServerContext* context, const peer::GetRequest* request,
+                                           peer::GetReply* reply) {
+  auto* reactor = context->DefaultReactor();
+  std::vector<std::string> keys(request->keys().begin(), request->keys().end());
+  const auto timeout = std::min(kMaxWait, std::chrono::milliseconds(request->timeout_ms()));
+  store_->get(request->job(), std::move(keys), timeout,
+              [reactor, reply](const Status& status, std::vector<std::string> values) {
+                for (auto& value : values) reply->add_values(std::move(value));
+                reactor->Finish(to_grpc(status));
+              });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* PeerService::Add(grpc::CallbackServerContext* context, const peer::AddRequest* request,
+                                           peer::AddReply* reply) {
+  auto* reactor = context->DefaultReactor();
+  int64_t value = 0;
+  const Status status = store_->add(request->job(), request->key(), request->delta(), &value);
+  reply->set_value(value);
+  reactor->Finish(to_grpc(status));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* PeerService::DeleteJob(grpc::CallbackServerContext* context,
+                                                 const peer::DeleteJobRequest* request, peer::DeleteJobReply* reply) {
+  auto* reactor = context->DefaultReactor();
+  reply->set_removed(store_->delete_job(request->job()));
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* PeerService::Ping(grpc::CallbackServerContext* context, const peer::PingRequest*,
+                                            peer::PingReply* reply) {
+  auto* reactor = context->DefaultReactor();
+  reply->set_daemon_version(kGradsyncVersion);
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+PeerServer::PeerServer(PeerServerOptions options) : options_(std::move(options)), service_(&store_) {
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(options_.listen, grpc::InsecureServerCredentials(), &port_);
+  builder.RegisterService(&service_);
+  server_ = builder.BuildAndStart();
+  if (!server_ || port_ == 0) {
+    throw Error(Status::internal("cannot serve the peer service on " + options_.listen +
+                                 " (address in use or invalid? see --peer-listen)"));
+  }
+  options_.log.info("peer service listening on " + options_.listen + " (port " + std::to_string(port_) + ")");
+}
+
+PeerServer::~PeerServer() {
+  store_.abort_all(Status::aborted("gradsyncd is shutting down"));
+  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+}
+
+}  // namespace gradsync

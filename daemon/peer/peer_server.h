@@ -1,0 +1,62 @@
+// The peer service (proto/peer.proto) on a gRPC server of its own: the job-scoped key-value
+// store other daemons rendezvous through. The service is a callback-API class, so a waiting Get
+// holds no thread.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+
+#include "daemon/peer/kv_store.h"
+#include "daemon/util/log.h"
+#include "proto/peer.grpc.pb.h"
+
+namespace gradsync {
+
+class PeerService final : public peer::Peer::CallbackService {
+ public:
+  explicit PeerService(KvStore* store) : store_(store) {}
+
+  grpc::ServerUnaryReactor* Set(grpc::CallbackServerContext* context, const peer::SetRequest* request,
+                                peer::SetReply* reply) override;
+  grpc::ServerUnaryReactor* Get(grpc::CallbackServerContext* context, const peer::GetRequest* request,
+                                peer::GetReply* reply) override;
+  grpc::ServerUnaryReactor* Add(grpc::CallbackServerContext* context, const peer::AddRequest* request,
+                                peer::AddReply* reply) override;
+  grpc::ServerUnaryReactor* DeleteJob(grpc::CallbackServerContext* context, const peer::DeleteJobRequest* request,
+                                      peer::DeleteJobReply* reply) override;
+  grpc::ServerUnaryReactor* Ping(grpc::CallbackServerContext* context, const peer::PingRequest* request,
+                                 peer::PingReply* reply) override;
+
+ private:
+  KvStore* store_;
+};
+
+struct PeerServerOptions {
+  std::string listen;  // host:port
+  Logger log;
+};
+
+class PeerServer {
+ public:
+  // Binds and starts serving; throws Error naming the address when it cannot.
+  explicit PeerServer(PeerServerOptions options);
+  ~PeerServer();  // aborts waiting gets, then shuts the server down
+
+  int port() const { return port_; }
+  KvStore& store() { return store_; }
+
+ private:
+  PeerServerOptions options_;
+  KvStore store_;
+  PeerService service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+};
+
+// Translates a gradsync Status into a gRPC status for replies, and back for callers.
+grpc::Status to_grpc(const Status& status);
+Status from_grpc(const grpc::Status& status, const std::string& context);
+
+}  // namespace gradsync
