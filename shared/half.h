@@ -18,6 +18,17 @@
 #include <cstdint>
 
 namespace gradsync {
+namespace half_detail {
+
+// condition ? if_true : if_false, written with a mask. GCC turns a plain ?: on these values
+// into vector code that is several times slower (measured 0.55 vs 2-5 ns per element on
+// x86-64 SSE2), and it does not if-convert a ?: whose arm holds a floating-point operation.
+inline uint32_t select(bool condition, uint32_t if_true, uint32_t if_false) {
+  const uint32_t mask = 0u - static_cast<uint32_t>(condition);
+  return (if_true & mask) | (if_false & ~mask);
+}
+
+}  // namespace half_detail
 
 inline uint16_t float_to_half(float value) {
   const uint32_t bits = std::bit_cast<uint32_t>(value);
@@ -63,28 +74,17 @@ inline float half_to_float(uint16_t value) {
   const uint32_t normal = (abs << 13) + ((127u - 15u) << 23);
   // Infinity and NaN: exponent 31 maps to 255. NaNs get the quiet bit.
   const uint32_t special =
-      ((abs << 13) + ((255u - 31u) << 23)) | (abs > 0x7c00u ? 0x00400000u : 0u);
-  // Subnormals (abs in [1, 0x3ff]) have the value abs * 2^-24: shift the leading one up to
-  // bit 10 in fixed steps (no leading-zero count, so the loop stays vectorizable), then build
-  // the float from the normalized significand; its exponent drops by one per bit shifted.
-  uint32_t normalized = abs;
-  uint32_t shifted = 0;
-  shifted += normalized < 0x004u ? 8u : 0u;
-  normalized = normalized < 0x004u ? normalized << 8 : normalized;
-  shifted += normalized < 0x040u ? 4u : 0u;
-  normalized = normalized < 0x040u ? normalized << 4 : normalized;
-  shifted += normalized < 0x100u ? 2u : 0u;
-  normalized = normalized < 0x100u ? normalized << 2 : normalized;
-  shifted += normalized < 0x200u ? 1u : 0u;
-  normalized = normalized < 0x200u ? normalized << 1 : normalized;
-  shifted += normalized < 0x400u ? 1u : 0u;
-  normalized = normalized < 0x400u ? normalized << 1 : normalized;
-  const uint32_t subnormal = (normalized << 13) + ((127u - 15u - shifted) << 23);
+      (normal + ((127u - 15u) << 23)) | half_detail::select(abs > 0x7c00u, 0x00400000u, 0u);
+  // Subnormals (and zero) are abs * 2^-24. Normalizing them with shifts takes five
+  // compare-and-shift steps and made this function 5x slower; instead the integer is
+  // converted to float and scaled by a power of two. Both operations are exact (abs < 2^11,
+  // and the product is 0 or at least 2^-24, a normal float), so the result does not depend on
+  // the rounding mode or on flush-to-zero, just like the bit manipulation around it.
+  const uint32_t subnormal =
+      std::bit_cast<uint32_t>(static_cast<float>(static_cast<int32_t>(abs)) * 0x1p-24f);
 
-  // Zero (abs == 0) must not go through the subnormal path: it has no leading one.
-  uint32_t magnitude = abs < 0x0400u ? subnormal : normal;
-  magnitude = abs == 0u ? 0u : magnitude;
-  magnitude = abs >= 0x7c00u ? special : magnitude;
+  uint32_t magnitude = half_detail::select(abs < 0x0400u, subnormal, normal);
+  magnitude = half_detail::select(abs >= 0x7c00u, special, magnitude);
   return std::bit_cast<float>(sign | magnitude);
 }
 

@@ -1,5 +1,6 @@
 #include "daemon/job/cluster.h"
 
+#include <algorithm>
 #include <sstream>
 
 #include "daemon/plan/layout.h"
@@ -131,7 +132,10 @@ Status Cluster::check_layout(const TensorSet& set) {
 Status Cluster::engine(const std::string& group, CollectiveEngine** engine) {
   *engine = nullptr;
   const std::vector<int> nodes = options_.topology.nodes_of(group);
-  if (nodes.size() <= 1) return Status();
+  // A group on one node needs no engine; a group without ranks here does not involve this node.
+  if (nodes.size() <= 1 || std::find(nodes.begin(), nodes.end(), options_.topology.node) == nodes.end()) {
+    return Status();
+  }
   auto it = engines_.find(group);
   if (it == engines_.end()) {
     GlooEngineOptions gloo = options_.transport;

@@ -404,16 +404,20 @@ void Worker::shut_down(const Status& status) {
       if (op.submitted[c]) post(c, op.seq, status);
     }
   }
-  run_tasks(/*last=*/true);  // pending set admissions learn the failure
-  if (options_.cluster) {
-    options_.cluster->publish_failure(status);
-    options_.cluster.reset();  // closes the Gloo meshes, so peers fail fast instead of timing out
-  }
   const bool interrupted = !ops_.empty();
   ops_.clear();
   pending_ops_.store(0);
   for (auto& client : clients_) client.completion_ready->notify();
   if (interrupted) options_.log.warning("per-step path stopped with operations pending: " + status.to_string());
+  run_tasks(/*last=*/true);  // pending set admissions learn the failure
+  if (options_.cluster) {
+    const auto start = std::chrono::steady_clock::now();
+    options_.cluster->publish_failure(status);
+    options_.cluster.reset();  // closes the Gloo meshes, so peers fail fast instead of timing out
+    options_.log.debug("cluster state released in " +
+                       std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                          std::chrono::steady_clock::now() - start).count()) + " ms");
+  }
 }
 
 }  // namespace gradsync

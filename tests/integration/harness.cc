@@ -1,6 +1,9 @@
 #include "tests/integration/harness.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -37,6 +40,44 @@ std::string TestDaemon::log() const {
   std::stringstream text;
   text << file.rdbuf();
   return text.str();
+}
+
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
+  socklen_t length = sizeof(address);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
+  ::close(fd);
+  return ntohs(address.sin_port);
+}
+
+TestCluster::TestCluster(int nodes, std::vector<std::string> args) : args_(std::move(args)) {
+  const int port = free_port();
+  rendezvous_ = "127.0.0.1:" + std::to_string(port);
+  for (int n = 0; n < nodes; ++n) {
+    std::vector<std::string> node_args = args_;
+    node_args.insert(node_args.end(), {"--peer-listen", n == 0 ? rendezvous_ : "127.0.0.1:0"});
+    daemons_.push_back(std::make_unique<TestDaemon>(node_args));
+  }
+}
+
+void TestCluster::restart(int n) {
+  std::vector<std::string> node_args = args_;
+  node_args.insert(node_args.end(), {"--peer-listen", n == 0 ? rendezvous_ : "127.0.0.1:0"});
+  daemons_.at(static_cast<size_t>(n)) = std::make_unique<TestDaemon>(node_args);
+}
+
+std::unique_ptr<Client> join_nodes(const std::string& socket, const std::string& job, int rank, int world, int local,
+                                   const std::string& rendezvous, std::vector<GroupSpec> groups) {
+  auto client = Client::connect(ConnectOptions{socket, "test rank " + std::to_string(rank)});
+  JoinOptions options{job, rank, world, rank % local, local};
+  options.rendezvous = rendezvous;
+  options.groups = std::move(groups);
+  client->join(options);
+  return client;
 }
 
 std::unique_ptr<Client> join(const std::string& socket, const std::string& job, int rank, int world,

@@ -40,6 +40,29 @@ class TestDaemon {
 std::unique_ptr<Client> join(const std::string& socket, const std::string& job, int rank, int world,
                              std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
 
+// A free TCP port on 127.0.0.1 (bound and released; another process could take it meanwhile).
+int free_port();
+
+// Several daemons on loopback, as nodes of multi-node jobs: each with its own control socket
+// and peer port. Node 0's peer service is the rendezvous.
+class TestCluster {
+ public:
+  TestCluster(int nodes, std::vector<std::string> args = {});
+  TestDaemon& node(int n) { return *daemons_.at(static_cast<size_t>(n)); }
+  const std::string& rendezvous() const { return rendezvous_; }
+  // Replaces node n's daemon with a fresh one (after it was killed).
+  void restart(int n);
+
+ private:
+  std::vector<std::string> args_;
+  std::vector<std::unique_ptr<TestDaemon>> daemons_;
+  std::string rendezvous_;
+};
+
+// Connects to `socket` and joins as `rank` of a job with `local` ranks per node.
+std::unique_ptr<Client> join_nodes(const std::string& socket, const std::string& job, int rank, int world, int local,
+                                   const std::string& rendezvous, std::vector<GroupSpec> groups = {});
+
 // Exit codes of a scenario function.
 inline constexpr int kOk = 0;
 inline constexpr int kFailed = 1;       // a check failed (details on stderr)

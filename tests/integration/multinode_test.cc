@@ -1,0 +1,361 @@
+// Jobs across nodes: three gradsyncd on loopback, each with its own socket and peer port, and
+// two client processes each (world size 6). Values are chosen so that every partial sum is
+// exact, which makes the reference independent of the order the engine combines nodes in, so
+// results are checked bit for bit.
+#include <poll.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstring>
+#include <thread>
+
+#include "tests/integration/harness.h"
+#include "tests/integration/values.h"
+
+namespace gradsync::test {
+namespace {
+
+constexpr int kNodes = 3;
+constexpr int kLocal = 2;
+constexpr int kWorld = kNodes * kLocal;
+const DType kAllDTypes[] = {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16,
+                            DType::kInt32,   DType::kInt64,   DType::kUInt8};
+
+// Multiples of 6 in [-24, 24] (uint8: [0, 24]): sums of six stay exact even in bfloat16, and
+// dividing by the world size or by 4 is exact too.
+double exact_value(DType dtype, int rank, uint64_t tensor, uint64_t i, int seed) {
+  const int64_t h = static_cast<int64_t>((static_cast<uint64_t>(rank) * 7 + i * 13 + tensor * 5 +
+                                          static_cast<uint64_t>(seed) * 3) % 9);
+  return dtype == DType::kUInt8 ? 6.0 * static_cast<double>(h % 5) : 6.0 * static_cast<double>(h - 4);
+}
+
+void fill_exact(const SharedTensor& t, int rank, uint64_t tensor, int seed) {
+  for (uint64_t i = 0; i < t.numel(); ++i) store(t.dtype(), t.data(), i, exact_value(t.dtype(), rank, tensor, i, seed));
+}
+
+// The bytes of `value` stored as dtype (the values here are exactly representable).
+std::vector<std::byte> bytes_of(DType dtype, double value) {
+  std::vector<std::byte> bytes(dtype_size(dtype));
+  if (dtype == DType::kInt32) {
+    const int32_t v = static_cast<int32_t>(value);
+    std::memcpy(bytes.data(), &v, 4);
+  } else if (dtype == DType::kInt64) {
+    const int64_t v = static_cast<int64_t>(value);
+    std::memcpy(bytes.data(), &v, 8);
+  } else if (dtype == DType::kUInt8) {
+    const uint8_t v = static_cast<uint8_t>(static_cast<int64_t>(value) & 0xff);
+    std::memcpy(bytes.data(), &v, 1);
+  } else {
+    store(dtype, bytes.data(), 0, value);
+  }
+  return bytes;
+}
+
+// Reference over `ranks` (order-independent because every step is exact).
+std::vector<std::byte> expected(DType dtype, const ReduceOptions& o, const std::vector<int>& ranks, uint64_t t,
+                                uint64_t i, int seed) {
+  // Integer inputs are stored scaled (values.h): read them back the same way.
+  auto input = [&](int r) {
+    const double raw = exact_value(dtype, r, t, i, seed);
+    if (dtype == DType::kInt32) return std::round(raw * 1e6);
+    if (dtype == DType::kInt64) return std::round(raw * 1e12);
+    return raw;
+  };
+  double acc = input(ranks[0]);
+  for (size_t k = 1; k < ranks.size(); ++k) {
+    const double x = input(ranks[k]);
+    acc = o.op == ReduceOp::kMin ? std::min(acc, x) : o.op == ReduceOp::kMax ? std::max(acc, x) : acc + x;
+  }
+  if (o.op == ReduceOp::kAvg) acc /= o.divisor != 0 ? o.divisor : static_cast<double>(ranks.size());
+  return bytes_of(dtype, acc);
+}
+
+std::vector<int> all_ranks() {
+  std::vector<int> ranks;
+  for (int r = 0; r < kWorld; ++r) ranks.push_back(r);
+  return ranks;
+}
+
+int check(const SharedTensor& tensor, uint64_t i, const std::vector<std::byte>& want, const std::string& what) {
+  const size_t size = dtype_size(tensor.dtype());
+  if (std::memcmp(tensor.data() + i * size, want.data(), size) != 0) {
+    return fail(what + ": " + std::string(dtype_name(tensor.dtype())) + " element " + std::to_string(i) + " is wrong");
+  }
+  return kOk;
+}
+
+// Runs body(rank, client) in kWorld forked clients, rank r on node r / kLocal.
+std::vector<int> run_job(TestCluster& cluster, const std::string& job,
+                         const std::function<int(int, Client&)>& body, std::vector<GroupSpec> groups = {}) {
+  ClientGroup group(kWorld, [&](int rank) {
+    auto client = join_nodes(cluster.node(rank / kLocal).socket(), job, rank, kWorld, kLocal, cluster.rendezvous(),
+                             groups);
+    return body(rank, *client);
+  });
+  return group.wait_all(std::chrono::seconds(120));
+}
+
+}  // namespace
+
+TEST_CASE("multi-node: every operation and dtype is bit-exact across 3 daemons x 2 clients", "[integration][multinode]") {
+  TestCluster cluster(kNodes);
+  const std::string job = unique_job("nodes-ops");
+  const auto statuses = run_job(cluster, job, [&](int rank, Client& client) {
+    std::vector<TensorSet> sets;
+    for (DType dtype : kAllDTypes) {
+      // 70,000 elements of float32 cross the 256 KiB line, so both Gloo algorithms run.
+      std::vector<TensorSpec> specs = {{dtype, 3, "dp"}, {dtype, 70'000, "dp"}, {dtype, 517, "dp"}};
+      std::vector<SharedTensor> tensors;
+      for (const auto& spec : specs) tensors.push_back(client.allocate(spec));
+      sets.push_back(client.register_tensors(tensors, RegisterOptions{std::nullopt, true}));
+    }
+    const std::vector<std::pair<const char*, ReduceOptions>> modes = {
+        {"sum", {ReduceOp::kSum}},
+        {"min", {ReduceOp::kMin}},
+        {"max", {ReduceOp::kMax}},
+        {"avg", {ReduceOp::kAvg}},
+        {"avg prescaled", {ReduceOp::kAvg, Scaling::kBefore}},
+        {"avg divisor 4", {ReduceOp::kAvg, Scaling::kAfter, 4.0}},
+    };
+    int seed = 0;
+    for (const auto& [name, options] : modes) {
+      for (TensorSet& set : sets) {
+        const DType dtype = set.tensor(0).dtype();
+        if (options.op == ReduceOp::kAvg && !dtype_is_floating(dtype)) continue;
+        ++seed;
+        for (uint64_t t = 0; t < set.size(); ++t) fill_exact(set.tensor(t), rank, t, seed);
+        if (!client.allreduce(set, options).wait(std::chrono::seconds(60))) return fail("allreduce timed out");
+        for (uint64_t t = 0; t < set.size(); ++t) {
+          for (uint64_t i = 0; i < set.tensor(t).numel(); ++i) {
+            if (int c = check(set.tensor(t), i, expected(dtype, options, all_ranks(), t, i, seed),
+                              std::string("allreduce ") + name);
+                c != kOk) {
+              return c;
+            }
+          }
+        }
+      }
+    }
+    for (TensorSet& set : sets) {
+      const DType dtype = set.tensor(0).dtype();
+      // reduce to rank 3 (node 1): only it changes.
+      ++seed;
+      for (uint64_t t = 0; t < set.size(); ++t) fill_exact(set.tensor(t), rank, t, seed);
+      if (!client.reduce(set, 3, ReduceOptions{ReduceOp::kSum}).wait(std::chrono::seconds(60))) return fail("reduce timed out");
+      for (uint64_t t = 0; t < set.size(); ++t) {
+        for (uint64_t i = 0; i < set.tensor(t).numel(); ++i) {
+          // Off the root a rank keeps its input: the "sum" over itself alone.
+          const std::vector<int> over = rank == 3 ? all_ranks() : std::vector<int>{rank};
+          if (int c = check(set.tensor(t), i, expected(dtype, ReduceOptions{ReduceOp::kSum}, over, t, i, seed), "reduce");
+              c != kOk) {
+            return c;
+          }
+        }
+      }
+      // broadcast from rank 5 (node 2).
+      ++seed;
+      for (uint64_t t = 0; t < set.size(); ++t) fill_exact(set.tensor(t), rank, t, seed);
+      if (!client.broadcast(set, 5).wait(std::chrono::seconds(60))) return fail("broadcast timed out");
+      for (uint64_t t = 0; t < set.size(); ++t) {
+        for (uint64_t i = 0; i < set.tensor(t).numel(); ++i) {
+          if (int c = check(set.tensor(t), i, expected(dtype, ReduceOptions{ReduceOp::kSum}, {5}, t, i, seed),
+                            "broadcast");
+              c != kOk) {
+            return c;
+          }
+        }
+      }
+      // allgather: every rank's tensors, by global rank.
+      ++seed;
+      for (uint64_t t = 0; t < set.size(); ++t) fill_exact(set.tensor(t), rank, t, seed);
+      if (!client.allgather(set).wait(std::chrono::seconds(60))) return fail("allgather timed out");
+      for (int source = 0; source < kWorld; ++source) {
+        for (uint64_t t = 0; t < set.size(); ++t) {
+          const SharedTensor got = set.gathered(source, t);
+          for (uint64_t i = 0; i < got.numel(); ++i) {
+            if (int c = check(got, i, expected(dtype, ReduceOptions{ReduceOp::kSum}, {source}, t, i, seed),
+                              "allgather from rank " + std::to_string(source));
+                c != kOk) {
+              return c;
+            }
+          }
+        }
+      }
+    }
+    return kOk;
+  });
+  for (int status : statuses) CHECK(exit_code(status) == kOk);
+}
+
+TEST_CASE("multi-node: a named group over a subset reduces only among its ranks", "[integration][multinode]") {
+  TestCluster cluster(kNodes);
+  const std::string job = unique_job("nodes-groups");
+  const std::vector<GroupSpec> groups = {{"pair", {1, 4}}, {"local", {2, 3}}};
+  const auto statuses = run_job(
+      cluster, job,
+      [&](int rank, Client& client) {
+        const std::vector<TensorSpec> specs = {{DType::kFloat32, 1000, "dp"},
+                                               {DType::kFloat32, 1000, "pair"},
+                                               {DType::kFloat32, 1000, "local"}};
+        const std::vector<SharedTensor> tensors = client.allocate_flat(specs);
+        const TensorSet set = client.register_tensors(tensors, {});
+        for (int step = 0; step < 3; ++step) {
+          for (uint64_t t = 0; t < 3; ++t) fill_exact(tensors[t], rank, t, step);
+          if (!client.allreduce(set, ReduceOptions{ReduceOp::kSum}).wait(std::chrono::seconds(60))) {
+            return fail("allreduce timed out");
+          }
+          const std::vector<std::vector<int>> members = {all_ranks(), {1, 4}, {2, 3}};
+          for (uint64_t t = 0; t < 3; ++t) {
+            const auto& m = members[t];
+            const bool member = std::find(m.begin(), m.end(), rank) != m.end();
+            for (uint64_t i = 0; i < tensors[t].numel(); ++i) {
+              const auto want = expected(DType::kFloat32, ReduceOptions{ReduceOp::kSum}, member ? m : std::vector<int>{rank},
+                                         t, i, step);
+              if (int c = check(tensors[t], i, want, "group tensor " + std::to_string(t)); c != kOk) return c;
+            }
+          }
+        }
+        return kOk;
+      },
+      groups);
+  for (int status : statuses) CHECK(exit_code(status) == kOk);
+}
+
+TEST_CASE("multi-node: different layouts on different nodes fail the job everywhere, naming the ranks",
+          "[integration][multinode]") {
+  TestCluster cluster(kNodes);
+  const std::string job = unique_job("nodes-layout");
+  const auto statuses = run_job(cluster, job, [&](int rank, Client& client) {
+    std::vector<TensorSpec> specs = {{DType::kFloat32, 100, "dp"}, {DType::kFloat32, 200, "dp"}};
+    if (rank / kLocal == 2) specs[1].numel = 201;
+    try {
+      client.register_tensors(client.allocate_flat(specs), {});
+      return fail("registration should have failed");
+    } catch (const Error& e) {
+      const std::string text = e.what();
+      if (e.code() != ErrorCode::kLayoutMismatch) return fail("wrong error: " + text);
+      if (text.find("node 2 (ranks 4-5") == std::string::npos || text.find("tensor 1 differs") == std::string::npos) {
+        return fail("does not name the node and tensor: " + text);
+      }
+    }
+    return kOk;
+  });
+  for (int status : statuses) CHECK(exit_code(status) == kOk);
+}
+
+TEST_CASE("multi-node: nodes at different operations fail with a sequence mismatch instead of hanging",
+          "[integration][multinode]") {
+  TestCluster cluster(kNodes, {"--timeout-ms", "20000"});
+  const std::string job = unique_job("nodes-sequence");
+  const auto statuses = run_job(cluster, job, [&](int rank, Client& client) {
+    const std::vector<SharedTensor> tensors = client.allocate_flat(std::vector<TensorSpec>{{DType::kFloat32, 64, "dp"}});
+    const TensorSet set = client.register_tensors(tensors, {});
+    try {
+      Work work = rank / kLocal == 0 ? client.allreduce(set, ReduceOptions{}) : client.broadcast(set, 0);
+      work.wait(std::chrono::seconds(60));
+      return fail("the mismatched operation completed");
+    } catch (const Error& e) {
+      const std::string text = e.what();
+      if (e.code() != ErrorCode::kLayoutMismatch || text.find("sequence mismatch") == std::string::npos) {
+        return fail("wrong error: " + text);
+      }
+    }
+    return kOk;
+  });
+  for (int status : statuses) CHECK(exit_code(status) == kOk);
+}
+
+namespace {
+
+// Survivors of a node failure: step until an operation fails, and check the error names node 2.
+int survive_node_loss(Client& client, const TensorSet& set, int rank, ErrorCode expected_code) {
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    for (int step = 0; step < 100000; ++step) {
+      if (!client.allreduce(set, ReduceOptions{}).wait(std::chrono::seconds(60))) return fail("wait timed out");
+    }
+    return fail("no operation failed");
+  } catch (const Error& e) {
+    const std::string text = e.what();
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (e.code() != expected_code) return fail("rank " + std::to_string(rank) + ": unexpected error: " + text);
+    if (text.find("node 2") == std::string::npos) return fail("does not name node 2: " + text);
+    if (seconds > 30) return fail("took " + std::to_string(seconds) + " s");
+  }
+  return kOk;
+}
+
+}  // namespace
+
+TEST_CASE("multi-node: a daemon killed mid-step fails the other nodes, naming it; the job re-forms",
+          "[integration][multinode]") {
+  TestCluster cluster(kNodes, {"--timeout-ms", "10000"});
+  const std::string job = unique_job("nodes-kill");
+  const std::vector<TensorSpec> specs = {{DType::kFloat32, 1 << 16, "dp"}};
+  {
+    ClientGroup group(kWorld, [&](int rank) {
+      auto client = join_nodes(cluster.node(rank / kLocal).socket(), job, rank, kWorld, kLocal, cluster.rendezvous());
+      const TensorSet set = client->register_tensors(client->allocate_flat(specs), {});
+      if (rank / kLocal == 2) {
+        client->allreduce(set, ReduceOptions{}).wait(std::chrono::seconds(60));
+        ::pause();  // node 2's clients stop; their daemon is about to be killed
+      }
+      return survive_node_loss(*client, set, rank, ErrorCode::kPeerLost);
+    });
+    std::this_thread::sleep_for(std::chrono::seconds(2));
+    cluster.node(2).process().signal(SIGKILL);
+    for (int r = 0; r < 4; ++r) CHECK(exit_code(group.wait(r, std::chrono::seconds(60))) == kOk);
+  }
+  CHECK(cluster.node(0).running());
+  CHECK(cluster.node(1).running());
+  INFO(cluster.node(0).log());
+  CHECK_THAT(cluster.node(0).log(), Catch::Contains("node 2 (ranks 4-5"));
+
+  // The trainers re-form the job on a restarted node 2, as a new incarnation.
+  cluster.restart(2);
+  const auto statuses = run_job(cluster, job, [&](int rank, Client& client) {
+    const std::vector<SharedTensor> tensors = client.allocate_flat(specs);
+    const TensorSet set = client.register_tensors(tensors, {});
+    fill_exact(tensors[0], rank, 0, 1);
+    if (!client.allreduce(set, ReduceOptions{ReduceOp::kSum}).wait(std::chrono::seconds(60))) return fail("timed out");
+    for (uint64_t i = 0; i < tensors[0].numel(); ++i) {
+      if (int c = check(tensors[0], i, expected(DType::kFloat32, ReduceOptions{ReduceOp::kSum}, all_ranks(), 0, i, 1),
+                        "after re-forming");
+          c != kOk) {
+        return c;
+      }
+    }
+    return kOk;
+  });
+  for (int status : statuses) CHECK(exit_code(status) == kOk);
+}
+
+TEST_CASE("multi-node: a frozen daemon (SIGSTOP) times the other nodes out, naming it", "[integration][multinode]") {
+  TestCluster cluster(kNodes, {"--timeout-ms", "2000"});
+  const std::string job = unique_job("nodes-stop");
+  const std::vector<TensorSpec> specs = {{DType::kFloat32, 1 << 16, "dp"}};
+  ClientGroup group(kWorld, [&](int rank) {
+    auto client = join_nodes(cluster.node(rank / kLocal).socket(), job, rank, kWorld, kLocal, cluster.rendezvous());
+    const TensorSet set = client->register_tensors(client->allocate_flat(specs), {});
+    if (rank / kLocal == 2) {
+      for (;;) {
+        try {
+          client->allreduce(set, ReduceOptions{}).wait(std::chrono::seconds(60));
+        } catch (const Error&) {
+          ::pause();
+        }
+      }
+    }
+    return survive_node_loss(*client, set, rank, ErrorCode::kTimeout);
+  });
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  cluster.node(2).process().signal(SIGSTOP);
+  for (int r = 0; r < 4; ++r) CHECK(exit_code(group.wait(r, std::chrono::seconds(60))) == kOk);
+  cluster.node(2).process().signal(SIGCONT);
+  CHECK(cluster.node(0).running());
+  CHECK(cluster.node(1).running());
+}
+
+}  // namespace gradsync::test
