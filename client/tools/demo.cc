@@ -1,5 +1,6 @@
 // gradsync-demo: the main job. Starts a gradsyncd on a private socket and N trainer processes
-// on this machine. Each trainer registers gradients laid out like a real model's parameters
+// on this machine; with --nodes M, M daemons on loopback (each its own socket and peer port,
+// node 0's peer service as the rendezvous) with N trainers each, forming one job of M * N ranks. Each trainer registers gradients laid out like a real model's parameters
 // (one flat buffer with a view per parameter, like DDP's gradient_as_bucket_view), and every
 // step fills them with rank-dependent values, marks them ready in reverse order as autograd
 // hooks would, waits for the coalesced average, and checks every element against the exact
@@ -11,6 +12,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -23,22 +25,27 @@ namespace gradsync {
 namespace {
 
 struct DemoOptions {
-  int clients = 4;
+  int clients = 4;  // per node
+  int nodes = 1;
   int steps = 10;
   std::string model = "resnet50";
   std::string socket;  // empty: start a daemon
   std::string daemon = executable_directory() + "/gradsyncd";
   std::string job = "demo";
-  int trainer_rank = -1;  // set in trainer processes
+  std::string rendezvous;  // set in trainer processes of a multi-node run
+  int trainer_rank = -1;   // set in trainer processes
   bool help = false;
 };
 
 const char* kUsage =
-    "Usage: gradsync-demo [--clients N] [--steps S] [--model resnet50|tiny] [--socket PATH] [--daemon PATH]\n"
+    "Usage: gradsync-demo [--clients N] [--nodes M] [--steps S] [--model resnet50|tiny] [--socket PATH]\n"
+    "                     [--daemon PATH]\n"
     "\n"
     "Runs a gradsyncd on a private socket (or uses the one at --socket) and N trainer processes\n"
-    "that average their gradients for S steps, checking every element exactly.\n"
-    "  --clients N    trainer processes (default 4)\n"
+    "that average their gradients for S steps, checking every element exactly. With --nodes M it\n"
+    "runs M daemons on loopback, N trainers each, as the nodes of one job.\n"
+    "  --clients N    trainer processes per node (default 4)\n"
+    "  --nodes M      daemons, one per simulated node (default 1)\n"
     "  --steps S      training steps (default 10)\n"
     "  --model M      parameter layout: resnet50 (161 tensors, 25.6 M floats) or tiny\n"
     "  --socket PATH  use a running gradsyncd instead of starting one\n"
@@ -71,7 +78,9 @@ bool parse(int argc, char** argv, DemoOptions* o, std::string* error) {
     if (arg == "--help" || arg == "-h") o->help = true;
     else if (arg == "--clients") { if (!number("--clients", &o->clients, 1, 64)) return false; }
     else if (arg == "--steps") { if (!number("--steps", &o->steps, 1, 1000000)) return false; }
-    else if (arg == "--trainer") { if (!number("--trainer", &o->trainer_rank, 0, 63)) return false; }
+    else if (arg == "--nodes") { if (!number("--nodes", &o->nodes, 1, 16)) return false; }
+    else if (arg == "--trainer") { if (!number("--trainer", &o->trainer_rank, 0, 1023)) return false; }
+    else if (arg == "--rendezvous") { if (!(v = value("--rendezvous"))) return false; o->rendezvous = v; }
     else if (arg == "--model") { if (!(v = value("--model"))) return false; o->model = v; }
     else if (arg == "--socket") { if (!(v = value("--socket"))) return false; o->socket = v; }
     else if (arg == "--daemon") { if (!(v = value("--daemon"))) return false; o->daemon = v; }
@@ -92,8 +101,11 @@ inline float gradient(int rank, uint64_t t, uint64_t i, int step) {
 
 int run_trainer(const DemoOptions& o) {
   const int rank = o.trainer_rank;
+  const int world = o.clients * o.nodes;
   auto client = Client::connect(ConnectOptions{o.socket, "gradsync-demo rank " + std::to_string(rank)});
-  client->join(JoinOptions{o.job, rank, o.clients, rank, o.clients, std::chrono::milliseconds(0)});
+  JoinOptions join{o.job, rank, world, rank % o.clients, o.clients, std::chrono::milliseconds(0)};
+  join.rendezvous = o.rendezvous;
+  client->join(join);
   const std::vector<TensorSpec> specs = model_layout(o.model);
   const std::vector<SharedTensor> grads = client->allocate_flat(specs);
   const TensorSet set = client->register_tensors(grads, RegisterOptions{});
@@ -104,7 +116,7 @@ int run_trainer(const DemoOptions& o) {
   uint64_t params = 0;
   for (const auto& t : grads) params += t.numel();
   const double bytes = static_cast<double>(params) * sizeof(float);
-  const float mean_factor = static_cast<float>(o.clients + 1) / 2.0f;
+  const float mean_factor = static_cast<float>(world + 1) / 2.0f;
   std::vector<double> step_ms;
   for (int step = 0; step < o.steps; ++step) {
     for (uint64_t t = 0; t < grads.size(); ++t) {
@@ -145,38 +157,59 @@ int run_trainer(const DemoOptions& o) {
     std::printf("model %s: %zu tensors, %llu parameters (%.1f MiB float32), %zu buckets (%zu in place)\n",
                 o.model.c_str(), grads.size(), static_cast<unsigned long long>(params), bytes / (1 << 20),
                 set.buckets().size(), zero_copy);
-    std::printf("%d clients x %d steps: allreduce(avg) median %.2f ms per step (min %.2f, max %.2f), %.2f GB/s per client\n",
-                o.clients, o.steps, median, sorted.front(), sorted.back(), bytes / (median / 1e3) / 1e9);
+    std::printf("%d node(s) x %d clients x %d steps: allreduce(avg) median %.2f ms per step (min %.2f, max %.2f), "
+                "%.2f GB/s per client\n",
+                o.nodes, o.clients, o.steps, median, sorted.front(), sorted.back(), bytes / (median / 1e3) / 1e9);
   }
   return 0;
 }
 
 int run_demo(const DemoOptions& o) {
-  std::optional<DaemonProcess> daemon;
-  std::string socket = o.socket;
-  if (socket.empty()) {
-    daemon.emplace(DaemonProcess::Options{o.daemon, {"--log-level", "warning", "--peer-listen", "127.0.0.1:0"}, ""});
-    socket = daemon->socket_path();
-    std::printf("gradsyncd started on %s\n", socket.c_str());
+  if (!o.socket.empty() && o.nodes > 1) {
+    std::fprintf(stderr, "gradsync-demo: --socket and --nodes do not combine: --nodes starts its own daemons\n");
+    return 2;
+  }
+  // One daemon per simulated node; node 0's peer service is the rendezvous.
+  std::vector<std::unique_ptr<DaemonProcess>> daemons;
+  std::vector<std::string> sockets;
+  std::string rendezvous;
+  if (o.socket.empty()) {
+    for (int n = 0; n < o.nodes; ++n) {
+      std::string listen = "127.0.0.1:0";
+      if (n == 0 && o.nodes > 1) {
+        rendezvous = "127.0.0.1:" + std::to_string(free_loopback_port());
+        listen = rendezvous;
+      }
+      daemons.push_back(std::make_unique<DaemonProcess>(
+          DaemonProcess::Options{o.daemon, {"--log-level", "warning", "--peer-listen", listen}, ""}));
+      sockets.push_back(daemons.back()->socket_path());
+      std::printf("gradsyncd (node %d) started on %s\n", n, sockets.back().c_str());
+    }
     std::fflush(stdout);
+  } else {
+    sockets.push_back(o.socket);
   }
   const std::string job = o.job + "-" + std::to_string(::getpid());
+  const int world = o.clients * o.nodes;
   std::vector<ChildProcess> trainers;
   const std::string self = executable_directory() + "/gradsync-demo";
-  for (int r = 0; r < o.clients; ++r) {
-    trainers.emplace_back(std::vector<std::string>{self, "--trainer", std::to_string(r), "--clients",
-                                                   std::to_string(o.clients), "--steps", std::to_string(o.steps),
-                                                   "--model", o.model, "--socket", socket, "--job", job});
+  for (int r = 0; r < world; ++r) {
+    std::vector<std::string> argv = {self, "--trainer", std::to_string(r), "--clients", std::to_string(o.clients),
+                                     "--nodes", std::to_string(o.nodes), "--steps", std::to_string(o.steps),
+                                     "--model", o.model, "--socket", sockets[static_cast<size_t>(r / o.clients)],
+                                     "--job", job};
+    if (!rendezvous.empty()) argv.insert(argv.end(), {"--rendezvous", rendezvous});
+    trainers.emplace_back(argv);
   }
   int failures = 0;
-  for (int r = 0; r < o.clients; ++r) {
+  for (int r = 0; r < world; ++r) {
     const int status = trainers[static_cast<size_t>(r)].wait_for(std::chrono::hours(24));
     if (!exited_ok(status)) {
       std::fprintf(stderr, "trainer rank %d %s\n", r, describe_wait_status(status).c_str());
       failures++;
     }
   }
-  if (daemon) {
+  for (auto& daemon : daemons) {
     const int status = daemon->terminate();
     if (!exited_ok(status)) {
       std::fprintf(stderr, "gradsyncd %s\n", describe_wait_status(status).c_str());
@@ -184,11 +217,11 @@ int run_demo(const DemoOptions& o) {
     }
   }
   if (failures) {
-    std::printf("FAILED: %d of %d processes did not finish cleanly\n", failures, o.clients);
+    std::printf("FAILED: %d processes did not finish cleanly\n", failures);
     return 1;
   }
-  std::printf("verified: %d clients x %d steps, every element of every step matched the exact average\n", o.clients,
-              o.steps);
+  std::printf("verified: %d node(s) x %d clients x %d steps, every element of every step matched the exact average\n",
+              o.nodes, o.clients, o.steps);
   return 0;
 }
 

@@ -1,6 +1,8 @@
 #include "client/tools/process.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/socket.h>
@@ -133,6 +135,19 @@ DaemonProcess::~DaemonProcess() {
 int DaemonProcess::terminate(std::chrono::milliseconds timeout) {
   process_.signal(SIGTERM);
   return process_.wait_for(timeout);
+}
+
+int free_loopback_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
+                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0;
+  ::close(fd);
+  if (!ok) throw Error(Status::internal(std::string("cannot find a free port: ") + std::strerror(errno)));
+  return ntohs(address.sin_port);
 }
 
 std::string executable_directory() {

@@ -73,4 +73,7 @@ class DaemonProcess {
 // Directory of the running executable, to find sibling binaries (gradsyncd next to the demo).
 std::string executable_directory();
 
+// A free TCP port on 127.0.0.1 (bound and released; another process could take it meanwhile).
+int free_loopback_port();
+
 }  // namespace gradsync

@@ -80,8 +80,39 @@ int group_node_of(const Topology& t, const std::string& group, int rank) {
   return static_cast<int>(std::find(nodes.begin(), nodes.end(), rank / t.local_world_size) - nodes.begin());
 }
 
+// The common case of a flat float32/float64/integer gradient buffer: the first participant's
+// memory is the node buffer, so nothing is staged in the daemon. Accumulate in place, run the
+// engine on the client's memory, then divide and copy out.
+Status allreduce_in_place(const CrossNodeBucket& c) {
+  const TensorSet& set = *c.op->set;
+  const auto& members = set.participants[c.bucket];
+  const BucketRun& run = set.runs[c.bucket][0];
+  const size_t element = dtype_size(c.args.dtype);
+  const uint64_t elements = set.bucket_elements[c.bucket];
+  const uint64_t per = std::max<uint64_t>(kMinBytesPerTask / element, (elements + c.pool->size() - 1) / c.pool->size());
+  const size_t chunks = static_cast<size_t>((elements + per - 1) / per);
+  std::byte* node_buffer = run.address[members[0]];
+  c.pool->parallel_for(chunks, [&](size_t i) {
+    const uint64_t first = i * per, count = std::min(per, elements - first);
+    std::vector<const void*> inputs;
+    for (uint32_t m : members) inputs.push_back(run.address[m] + first * element);
+    reduce::accumulate(c.args, inputs, node_buffer + first * element, count);
+  });
+  if (Status s = c.engine->allreduce(node_buffer, elements, c.args.dtype, reduce::combiner(c.args)); !s.ok()) return s;
+  c.pool->parallel_for(chunks, [&](size_t i) {
+    const uint64_t first = i * per, count = std::min(per, elements - first);
+    std::vector<void*> outputs;
+    for (uint32_t m : members) outputs.push_back(run.address[m] + first * element);
+    reduce::finish(c.args, node_buffer + first * element, outputs, count);
+  });
+  return Status();
+}
+
 Status allreduce_or_reduce(const CrossNodeBucket& c, bool to_root) {
   const TensorSet& set = *c.op->set;
+  if (!to_root && set.canonical_run[c.bucket] && reduce::accumulation_dtype(c.args.dtype) == c.args.dtype) {
+    return allreduce_in_place(c);
+  }
   const auto& members = set.participants[c.bucket];
   const DType acc_type = reduce::accumulation_dtype(c.args.dtype);
   const size_t acc_size = dtype_size(acc_type);

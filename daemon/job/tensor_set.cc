@@ -12,9 +12,12 @@ void build_runs(TensorSet* set) {
   set->runs.assign(set->plan.buckets.size(), {});
   set->offset_in_bucket.assign(set->layout.size(), 0);
   set->bucket_elements.assign(set->plan.buckets.size(), 0);
+  set->canonical_run.assign(set->plan.buckets.size(), false);
   for (size_t b = 0; b < set->plan.buckets.size(); ++b) {
     const plan::Bucket& bucket = set->plan.buckets[b];
-    for (uint32_t t : bucket.tensors) {
+    std::vector<uint32_t> canonical = bucket.tensors;
+    std::sort(canonical.begin(), canonical.end());
+    for (uint32_t t : canonical) {
       set->offset_in_bucket[t] = set->bucket_elements[b];
       set->bucket_elements[b] += set->layout[t].numel;
     }
@@ -40,6 +43,15 @@ void build_runs(TensorSet* set) {
       run.elements = elements;
       for (size_t c = 0; c < clients; ++c) run.address.push_back(set->address[c][t]);
       runs.push_back(std::move(run));
+    }
+    if (runs.size() == 1) {
+      bool canonical_here = true;
+      for (size_t c = 0; c < clients && canonical_here; ++c) {
+        for (uint32_t t : bucket.tensors) {
+          canonical_here &= set->address[c][t] == runs[0].address[c] + set->offset_in_bucket[t] * element;
+        }
+      }
+      set->canonical_run[b] = canonical_here;
     }
   }
 }

@@ -31,10 +31,13 @@ struct TensorSet {
   // Local ranks taking part in each bucket: the members of the bucket's process group. The
   // other local ranks' tensors of that bucket are left untouched.
   std::vector<std::vector<uint32_t>> participants;  // [bucket]
-  // Element offset of each tensor within its bucket, in the bucket's (planner) order: the
-  // canonical layout of a bucket buffer that crosses nodes.
+  // Element offset of each tensor within its bucket, with the bucket's tensors in registration
+  // order: the canonical layout of a bucket buffer that crosses nodes, the same on every node.
   std::vector<uint64_t> offset_in_bucket;  // [tensor]
   std::vector<uint64_t> bucket_elements;   // [bucket]
+  // The bucket is one run laid out exactly in canonical order in every client (a flat buffer
+  // registered in order), so a cross-node collective can work in the clients' memory directly.
+  std::vector<bool> canonical_run;  // [bucket]
   // allgather: tensor t of rank r lands at gather_output[client] + r * packed_bytes +
   // packed_offset[t]. gather_output is empty when the set was registered without it.
   std::vector<uint64_t> packed_offset;

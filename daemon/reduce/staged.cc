@@ -1,6 +1,7 @@
 #include "daemon/reduce/staged.h"
 
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
 #include <type_traits>
 #include <vector>
@@ -53,37 +54,69 @@ typename Codec::Acc rounded(typename Codec::Acc v, bool round_each) {
   return round_each ? Codec::load(Codec::store(v)) : v;
 }
 
-template <class Codec>
-void accumulate_typed(const KernelArgs& args, std::span<const void* const> inputs, void* acc_out, size_t count) {
-  using Acc = typename Codec::Acc;
+// The half types accumulate in float32, which kernel.h's reduce() cannot hand out, so they get
+// their own loops; flags are template parameters so the loops carry no branches.
+template <class Codec, Combine kCombine, bool kBefore, bool kRound>
+void accumulate_half(const KernelArgs& args, std::span<const void* const> inputs, float* acc, size_t count) {
   using Storage = typename Codec::Storage;
-  const bool round_each = !std::is_same_v<Acc, Storage> && !args.wide_accumulate;
-  const bool before = args.scale == Scale::kBefore;
-  const Acc divisor = before ? static_cast<Acc>(args.divisor) : Acc{1};
-  auto* acc = static_cast<Acc*>(acc_out);
-  auto value = [&](size_t k, size_t i) {
-    const Acc v = Codec::load(static_cast<const Storage*>(inputs[k])[i]);
-    return before ? rounded<Codec>(v / divisor, round_each) : v;
+  const float divisor = kBefore ? static_cast<float>(args.divisor) : 1.0f;
+  auto value = [&](const Storage* in, size_t i) {
+    const float v = Codec::load(in[i]);
+    if constexpr (kBefore) return rounded<Codec>(v / divisor, kRound);
+    return v;
   };
-  for (size_t i = 0; i < count; ++i) acc[i] = value(0, i);
+  const auto* first = static_cast<const Storage*>(inputs[0]);
+  for (size_t i = 0; i < count; ++i) acc[i] = value(first, i);
   for (size_t k = 1; k < inputs.size(); ++k) {
-    for (size_t i = 0; i < count; ++i) acc[i] = rounded<Codec>(combine(args.combine, acc[i], value(k, i)), round_each);
+    const auto* in = static_cast<const Storage*>(inputs[k]);
+    for (size_t i = 0; i < count; ++i) acc[i] = rounded<Codec>(combine(kCombine, acc[i], value(in, i)), kRound);
+  }
+}
+
+template <class Codec, bool kAfter, bool kRound>
+void finish_half(const KernelArgs& args, const float* acc, std::span<void* const> outputs, size_t count) {
+  using Storage = typename Codec::Storage;
+  const float divisor = kAfter ? static_cast<float>(args.divisor) : 1.0f;
+  constexpr size_t kBlock = 4096;
+  Storage staged[kBlock];
+  for (size_t begin = 0; begin < count; begin += kBlock) {
+    const size_t len = std::min(kBlock, count - begin);
+    for (size_t i = 0; i < len; ++i) {
+      const float v = acc[begin + i];
+      staged[i] = Codec::store(kAfter ? rounded<Codec>(v / divisor, kRound) : v);
+    }
+    for (void* out : outputs) std::memcpy(static_cast<Storage*>(out) + begin, staged, len * sizeof(Storage));
   }
 }
 
 template <class Codec>
-void finish_typed(const KernelArgs& args, const void* acc_in, std::span<void* const> outputs, size_t count) {
-  using Acc = typename Codec::Acc;
-  using Storage = typename Codec::Storage;
-  const bool round_each = !std::is_same_v<Acc, Storage> && !args.wide_accumulate;
-  const bool after = args.scale == Scale::kAfter;
-  const Acc divisor = after ? static_cast<Acc>(args.divisor) : Acc{1};
-  const auto* acc = static_cast<const Acc*>(acc_in);
-  std::vector<Storage> staged(count);
-  for (size_t i = 0; i < count; ++i) {
-    staged[i] = Codec::store(after ? rounded<Codec>(acc[i] / divisor, round_each) : acc[i]);
+void accumulate_half_dispatch(const KernelArgs& args, std::span<const void* const> inputs, void* acc, size_t count) {
+  auto* out = static_cast<float*>(acc);
+  const bool before = args.scale == Scale::kBefore;
+  const bool round = !args.wide_accumulate;
+  switch (args.combine) {
+    case Combine::kSum:
+      if (before) {
+        return round ? accumulate_half<Codec, Combine::kSum, true, true>(args, inputs, out, count)
+                     : accumulate_half<Codec, Combine::kSum, true, false>(args, inputs, out, count);
+      }
+      return round ? accumulate_half<Codec, Combine::kSum, false, true>(args, inputs, out, count)
+                   : accumulate_half<Codec, Combine::kSum, false, false>(args, inputs, out, count);
+    case Combine::kMin: return accumulate_half<Codec, Combine::kMin, false, false>(args, inputs, out, count);
+    case Combine::kMax: return accumulate_half<Codec, Combine::kMax, false, false>(args, inputs, out, count);
   }
-  for (void* out : outputs) std::memcpy(out, staged.data(), count * sizeof(Storage));
+}
+
+template <class Codec>
+void finish_half_dispatch(const KernelArgs& args, const void* acc, std::span<void* const> outputs, size_t count) {
+  const auto* in = static_cast<const float*>(acc);
+  const bool after = args.scale == Scale::kAfter;
+  const bool round = !args.wide_accumulate;
+  if (after) {
+    return round ? finish_half<Codec, true, true>(args, in, outputs, count)
+                 : finish_half<Codec, true, false>(args, in, outputs, count);
+  }
+  finish_half<Codec, false, false>(args, in, outputs, count);
 }
 
 template <class Acc, Combine kCombine, class RoundCodec>
@@ -108,31 +141,32 @@ CombinerFn pick(Combine c) {
   return nullptr;
 }
 
-template <class Fn>
-void with_codec(DType dtype, Fn&& fn) {
-  switch (dtype) {
-    case DType::kFloat32: return fn(Plain<float>{});
-    case DType::kFloat64: return fn(Plain<double>{});
-    case DType::kFloat16: return fn(Half{});
-    case DType::kBFloat16: return fn(BFloat{});
-    case DType::kInt32: return fn(Plain<int32_t>{});
-    case DType::kInt64: return fn(Plain<int64_t>{});
-    case DType::kUInt8: return fn(Plain<uint8_t>{});
-  }
-}
-
 }  // namespace
 
 DType accumulation_dtype(DType dtype) { return dtype_is_half(dtype) ? DType::kFloat32 : dtype; }
 
 void accumulate(const KernelArgs& args, std::span<const void* const> inputs, void* acc, size_t count) {
   if (inputs.empty() || count == 0) return;
-  with_codec(args.dtype, [&](auto codec) { accumulate_typed<decltype(codec)>(args, inputs, acc, count); });
+  if (args.dtype == DType::kFloat16) return accumulate_half_dispatch<Half>(args, inputs, acc, count);
+  if (args.dtype == DType::kBFloat16) return accumulate_half_dispatch<BFloat>(args, inputs, acc, count);
+  // Every other dtype accumulates in itself, so kernel.h's blocked, vectorized reduce() is the
+  // accumulate stage as long as the post-divide is left for finish().
+  KernelArgs stage = args;
+  if (stage.scale == Scale::kAfter) stage.scale = Scale::kNone;
+  void* const out = acc;
+  reduce(stage, inputs, std::span<void* const>(&out, 1), count);
 }
 
 void finish(const KernelArgs& args, const void* acc, std::span<void* const> outputs, size_t count) {
   if (count == 0) return;
-  with_codec(args.dtype, [&](auto codec) { finish_typed<decltype(codec)>(args, acc, outputs, count); });
+  if (args.dtype == DType::kFloat16) return finish_half_dispatch<Half>(args, acc, outputs, count);
+  if (args.dtype == DType::kBFloat16) return finish_half_dispatch<BFloat>(args, acc, outputs, count);
+  // A one-input reduce() is a copy, with the post-divide fused when there is one; the prescale
+  // already happened in accumulate().
+  KernelArgs stage = args;
+  if (stage.scale == Scale::kBefore) stage.scale = Scale::kNone;
+  const void* const in = acc;
+  reduce(stage, std::span<const void* const>(&in, 1), outputs, count);
 }
 
 CombinerFn combiner(const KernelArgs& args) {

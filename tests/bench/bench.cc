@@ -2,6 +2,7 @@
 // baseline, all in the same run, and prints medians and ratios (never a pass/fail verdict).
 //
 //   throughput  4 clients x 100 MiB float32 avg-allreduce, time per step (median of --steps)
+//   nodes       2 daemons x 2 clients x 100 MiB float32 avg-allreduce across "nodes" on loopback
 //   latency     2 clients x 4 KiB float32 avg-allreduce, round trip median and p99
 //   memory      the daemon's own peak memory (anonymous RSS, excluding the client memory it
 //               maps), after warm-up and at the end, to show nothing grows per step
@@ -39,6 +40,7 @@ struct BenchOptions {
   int rank = 0;
   std::string socket;
   std::string job;
+  std::string rendezvous;
 };
 
 double percentile(std::vector<double> v, double q) {
@@ -50,9 +52,12 @@ double percentile(std::vector<double> v, double q) {
 int run_client(const BenchOptions& o) {
   const bool latency = o.role == "latency";
   const int world = latency ? 2 : 4;
+  const int local = o.role == "nodes" ? 2 : world;
   const uint64_t numel = latency ? 1024 : (100ull << 20) / 4;
   auto client = Client::connect(ConnectOptions{o.socket, "gradsync-bench"});
-  client->join(JoinOptions{o.job, o.rank, world, o.rank, world, std::chrono::milliseconds(0)});
+  JoinOptions join{o.job, o.rank, world, o.rank % local, local, std::chrono::milliseconds(0)};
+  join.rendezvous = o.rendezvous;
+  client->join(join);
   const std::vector<TensorSpec> specs = {TensorSpec{DType::kFloat32, numel, "dp"}};
   const std::vector<SharedTensor> tensors = client->allocate_flat(specs);
   const TensorSet set = client->register_tensors(tensors, {});
@@ -114,17 +119,20 @@ struct JobResult {
   long rss_anon_end_kib = -1;
 };
 
-JobResult run_job(const BenchOptions& o, const DaemonProcess& daemon, pid_t daemon_pid, const std::string& role) {
+JobResult run_job(const BenchOptions& o, const DaemonProcess& daemon, pid_t daemon_pid, const std::string& role,
+                  const std::vector<std::string>& sockets = {}, const std::string& rendezvous = {}) {
   const int world = role == "latency" ? 2 : 4;
+  const int per_socket = sockets.empty() ? world : world / static_cast<int>(sockets.size());
   const std::string out_file = daemon.directory() + "/" + role + ".out";
   const std::string self = executable_directory() + "/gradsync-bench";
   const std::string job = role + "-" + std::to_string(::getpid());
   std::vector<ChildProcess> clients;
   for (int r = 0; r < world; ++r) {
-    clients.emplace_back(std::vector<std::string>{self, "--role", role, "--rank", std::to_string(r), "--socket",
-                                                  daemon.socket_path(), "--job", job, "--steps", std::to_string(o.steps),
-                                                  "--rounds", std::to_string(o.rounds)},
-                         r == 0 ? out_file : std::string());
+    std::vector<std::string> argv = {self, "--role", role, "--rank", std::to_string(r), "--socket",
+                                     sockets.empty() ? daemon.socket_path() : sockets[static_cast<size_t>(r / per_socket)],
+                                     "--job", job, "--steps", std::to_string(o.steps), "--rounds", std::to_string(o.rounds)};
+    if (!rendezvous.empty()) argv.insert(argv.end(), {"--rendezvous", rendezvous});
+    clients.emplace_back(argv, r == 0 ? out_file : std::string());
   }
   JobResult result;
   bool all_done = false;
@@ -160,6 +168,21 @@ int run_bench(const BenchOptions& o) {
   const long idle_kib = rss_anon_kib(daemon_pid);
   const JobResult throughput = run_job(o, daemon, daemon_pid, "throughput");
   const JobResult latency = run_job(o, daemon, daemon_pid, "latency");
+  // Two "nodes" on loopback: the first daemon plus a second one; node 0's peer service (a
+  // third daemon, so the port is known in advance) is the rendezvous.
+  const std::string rendezvous = "127.0.0.1:" + std::to_string(free_loopback_port());
+  JobResult nodes;
+  {
+    const std::vector<std::string> common = {"--log-level", "warning", "--reduce-threads", std::to_string(o.threads)};
+    std::vector<std::string> node0 = common, node1 = common;
+    node0.insert(node0.end(), {"--peer-listen", rendezvous});
+    node1.insert(node1.end(), {"--peer-listen", "127.0.0.1:0"});
+    DaemonProcess first(DaemonProcess::Options{o.daemon, node0, ""});
+    DaemonProcess second(DaemonProcess::Options{o.daemon, node1, ""});
+    nodes = run_job(o, first, first.process().pid(), "nodes", {first.socket_path(), second.socket_path()}, rendezvous);
+    first.terminate();
+    second.terminate();
+  }
 
   // Floors and peer, same session.
   const std::string tmp = daemon.directory();
@@ -188,6 +211,8 @@ int run_bench(const BenchOptions& o) {
   std::printf("| 4 clients x 100 MiB f32 avg-allreduce, median per step | %.2f ms | %.2f ms (memory_floor, %d threads) | %.2fx | %.2f ms | %.3fx |\n",
               step_ms, floor_ms, o.threads, ratio(step_ms, floor_ms), peer_big_ms, ratio(step_ms, peer_big_ms));
   std::printf("| 4 clients x 100 MiB, p99 per step | %.2f ms | | | | |\n", throughput.p99_us / 1e3);
+  std::printf("| 2 daemons x 2 clients x 100 MiB f32 avg-allreduce (loopback), median per step | %.2f ms | | | %.2f ms (world 4) | %.3fx |\n",
+              nodes.median_us / 1e3, peer_big_ms, ratio(nodes.median_us / 1e3, peer_big_ms));
   std::printf("| 2 clients x 4 KiB f32 avg-allreduce, median round trip | %.1f us | %.1f us (futex round trip) | %.2fx | %.1f us | %.3fx |\n",
               latency.median_us, futex_us, ratio(latency.median_us, futex_us), peer_small_ms * 1e3,
               ratio(latency.median_us, peer_small_ms * 1e3));
@@ -234,6 +259,7 @@ int main(int argc, char** argv) {
     else if (arg == "--rank") o.rank = std::atoi(next().c_str());
     else if (arg == "--socket") o.socket = next();
     else if (arg == "--job") o.job = next();
+    else if (arg == "--rendezvous") o.rendezvous = next();
     else {
       std::fprintf(stderr, "gradsync-bench: unknown argument '%s' (see --help)\n", arg.c_str());
       return 2;

@@ -42,20 +42,8 @@ std::string TestDaemon::log() const {
   return text.str();
 }
 
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
-  socklen_t length = sizeof(address);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
-  ::close(fd);
-  return ntohs(address.sin_port);
-}
-
 TestCluster::TestCluster(int nodes, std::vector<std::string> args) : args_(std::move(args)) {
-  const int port = free_port();
+  const int port = free_loopback_port();
   rendezvous_ = "127.0.0.1:" + std::to_string(port);
   for (int n = 0; n < nodes; ++n) {
     std::vector<std::string> node_args = args_;

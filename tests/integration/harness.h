@@ -40,9 +40,6 @@ class TestDaemon {
 std::unique_ptr<Client> join(const std::string& socket, const std::string& job, int rank, int world,
                              std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
 
-// A free TCP port on 127.0.0.1 (bound and released; another process could take it meanwhile).
-int free_port();
-
 // Several daemons on loopback, as nodes of multi-node jobs: each with its own control socket
 // and peer port. Node 0's peer service is the rendezvous.
 class TestCluster {

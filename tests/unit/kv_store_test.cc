@@ -1,0 +1,370 @@
+// The peer service's key-value store: round trips, job isolation, counters, limits, and the
+// waiting get (answered by a later set, by the expiry thread at its deadline, or by shutdown).
+#include "daemon/peer/kv_store.h"
+
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace gradsync {
+namespace {
+
+using std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+// A bound on every wait that should end long before it: it only keeps a broken store from
+// hanging the test run, and is never the thing a test measures.
+constexpr auto kHangGuard = 10s;
+
+// Records the answers to one get. The state is shared with the callback, so an answer that
+// arrives late (or during the store's destruction) never touches a dead object.
+class Answer {
+ public:
+  Answer() : state_(std::make_shared<State>()) {}
+
+  KvStore::GetDone callback() const {
+    return [state = state_](const Status& status, std::vector<std::string> values) {
+      std::lock_guard lock(state->mutex);
+      ++state->calls;
+      state->status = status;
+      state->values = std::move(values);
+      state->answered_at = steady_clock::now();
+      state->changed.notify_all();
+    };
+  }
+
+  // True once the get has been answered; gives up after `limit`.
+  bool wait(std::chrono::milliseconds limit = kHangGuard) const {
+    std::unique_lock lock(state_->mutex);
+    return state_->changed.wait_for(lock, limit, [&] { return state_->calls > 0; });
+  }
+
+  int calls() const {
+    std::lock_guard lock(state_->mutex);
+    return state_->calls;
+  }
+  Status status() const {
+    std::lock_guard lock(state_->mutex);
+    return state_->status;
+  }
+  std::vector<std::string> values() const {
+    std::lock_guard lock(state_->mutex);
+    return state_->values;
+  }
+  steady_clock::time_point answered_at() const {
+    std::lock_guard lock(state_->mutex);
+    return state_->answered_at;
+  }
+
+ private:
+  struct State {
+    mutable std::mutex mutex;
+    std::condition_variable changed;
+    int calls = 0;
+    Status status;
+    std::vector<std::string> values;
+    steady_clock::time_point answered_at;
+  };
+  std::shared_ptr<State> state_;
+};
+
+// A get with timeout 0: answered before get() returns.
+Answer get_now(KvStore& store, const std::string& job, std::vector<std::string> keys) {
+  Answer answer;
+  store.get(job, std::move(keys), 0ms, answer.callback());
+  REQUIRE(answer.calls() == 1);
+  return answer;
+}
+
+TEST_CASE("a value set can be read back", "[kv_store]") {
+  KvStore store;
+  REQUIRE(store.set("job", "key", "value").ok());
+  REQUIRE(store.set("job", "other", std::string("\0bytes\xff", 7)).ok());
+
+  Answer answer = get_now(store, "job", {"key", "other"});
+  CHECK(answer.status().ok());
+  CHECK(answer.values() == std::vector<std::string>{"value", std::string("\0bytes\xff", 7)});
+}
+
+TEST_CASE("a later set replaces the value", "[kv_store]") {
+  KvStore store;
+  REQUIRE(store.set("job", "key", "first").ok());
+  REQUIRE(store.set("job", "key", "second").ok());
+
+  Answer answer = get_now(store, "job", {"key"});
+  CHECK(answer.status().ok());
+  CHECK(answer.values() == std::vector<std::string>{"second"});
+}
+
+TEST_CASE("a get with timeout 0 for a missing key answers NotFound at once", "[kv_store]") {
+  KvStore store;
+  REQUIRE(store.set("job", "present", "x").ok());
+
+  // One missing key among present ones is enough, and no partial values come back.
+  Answer answer = get_now(store, "job", {"present", "missing"});
+  CHECK(answer.status().code() == ErrorCode::kNotFound);
+  CHECK(answer.values().empty());
+
+  // An unknown job is the same as a missing key.
+  Answer unknown_job = get_now(store, "no-such-job", {"present"});
+  CHECK(unknown_job.status().code() == ErrorCode::kNotFound);
+}
+
+TEST_CASE("a waiting get is answered by later sets, in the order asked, once every key exists",
+          "[kv_store]") {
+  KvStore store;
+  Answer answer;
+  store.get("job", {"b", "a"}, 60s, answer.callback());
+  CHECK(answer.calls() == 0);
+
+  std::thread first([&] { REQUIRE(store.set("job", "a", "value-a").ok()); });
+  first.join();
+  // "b" is still missing: the get stays parked. (Nothing can answer it but a set of "b" or the
+  // 60 s deadline, so this short wait cannot succeed spuriously.)
+  CHECK_FALSE(answer.wait(100ms));
+
+  std::thread second([&] { REQUIRE(store.set("job", "b", "value-b").ok()); });
+  second.join();
+  REQUIRE(answer.wait());
+  CHECK(answer.status().ok());
+  CHECK(answer.values() == std::vector<std::string>{"value-b", "value-a"});
+  CHECK(answer.calls() == 1);
+}
+
+TEST_CASE("a waiting get is answered by a counter that add() creates", "[kv_store]") {
+  KvStore store;
+  Answer answer;
+  store.get("job", {"counter"}, 60s, answer.callback());
+
+  int64_t result = 0;
+  REQUIRE(store.add("job", "counter", 2, &result).ok());
+  REQUIRE(answer.wait());
+  CHECK(answer.status().ok());
+  CHECK(answer.values() == std::vector<std::string>{"2"});
+}
+
+TEST_CASE("a waiting get that is never completed times out naming its keys", "[kv_store]") {
+  KvStore store;
+  REQUIRE(store.set("job", "present", "x").ok());
+  constexpr auto kTimeout = 200ms;
+
+  Answer answer;
+  const auto start = steady_clock::now();
+  store.get("job", {"present", "late-one", "late-two"}, kTimeout, answer.callback());
+  REQUIRE(answer.wait());
+
+  CHECK(answer.status().code() == ErrorCode::kTimeout);
+  CHECK_THAT(answer.status().message(), Catch::Contains("late-one") && Catch::Contains("late-two") &&
+                                            Catch::Contains("job"));
+  CHECK(answer.values().empty());
+  // Never before the deadline; the upper bound only catches a get that was not expired at all.
+  const auto waited = answer.answered_at() - start;
+  CHECK(waited >= kTimeout);
+  CHECK(waited < 10s);
+  CHECK(answer.calls() == 1);
+}
+
+TEST_CASE("gets with different deadlines each time out at their own", "[kv_store]") {
+  KvStore store;
+  Answer slow;
+  Answer fast;
+  const auto start = steady_clock::now();
+  store.get("job", {"slow"}, 600ms, slow.callback());
+  store.get("job", {"fast"}, 100ms, fast.callback());
+
+  REQUIRE(fast.wait());
+  CHECK(fast.status().code() == ErrorCode::kTimeout);
+  CHECK(fast.answered_at() - start >= 100ms);
+  REQUIRE(slow.wait());
+  CHECK(slow.status().code() == ErrorCode::kTimeout);
+  CHECK(slow.answered_at() - start >= 600ms);
+}
+
+TEST_CASE("add() on a missing key starts the counter at 0", "[kv_store]") {
+  KvStore store;
+  int64_t result = -1;
+  REQUIRE(store.add("job", "zero", 0, &result).ok());
+  CHECK(result == 0);
+  REQUIRE(store.add("job", "counter", 5, &result).ok());
+  CHECK(result == 5);
+  REQUIRE(store.add("job", "counter", -7, &result).ok());
+  CHECK(result == -2);
+
+  // The counter is stored as its decimal text, readable by get.
+  Answer answer = get_now(store, "job", {"zero", "counter"});
+  REQUIRE(answer.status().ok());
+  CHECK(answer.values() == std::vector<std::string>{"0", "-2"});
+}
+
+TEST_CASE("add() continues a counter written by set()", "[kv_store]") {
+  KvStore store;
+  REQUIRE(store.set("job", "counter", "40").ok());
+  int64_t result = 0;
+  REQUIRE(store.add("job", "counter", 2, &result).ok());
+  CHECK(result == 42);
+}
+
+TEST_CASE("concurrent add() calls are atomic", "[kv_store]") {
+  KvStore store;
+  constexpr int kThreads = 4;
+  constexpr int kAddsPerThread = 2000;
+  constexpr size_t kTotal = kThreads * kAddsPerThread;
+  std::vector<std::vector<int64_t>> seen(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&store, &seen, t] {
+      for (int i = 0; i < kAddsPerThread; ++i) {
+        int64_t result = 0;
+        if (store.add("job", "counter", 1, &result).ok()) seen[static_cast<size_t>(t)].push_back(result);
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+
+  // Every add succeeded and saw a distinct intermediate value: no update was lost or doubled.
+  std::set<int64_t> results;
+  size_t total = 0;
+  for (const auto& per_thread : seen) {
+    total += per_thread.size();
+    results.insert(per_thread.begin(), per_thread.end());
+  }
+  CHECK(total == kTotal);
+  CHECK(results.size() == kTotal);
+  CHECK(*results.begin() == 1);
+  CHECK(*results.rbegin() == static_cast<int64_t>(kTotal));
+
+  Answer answer = get_now(store, "job", {"counter"});
+  REQUIRE(answer.status().ok());
+  CHECK(answer.values() == std::vector<std::string>{std::to_string(kTotal)});
+}
+
+TEST_CASE("add() refuses a value that is not a counter and leaves it alone", "[kv_store]") {
+  KvStore store;
+  REQUIRE(store.set("job", "text", "hello").ok());
+  int64_t result = 123;
+  const Status status = store.add("job", "text", 1, &result);
+  CHECK(status.code() == ErrorCode::kInvalidArgument);
+  CHECK_THAT(status.message(), Catch::Contains("text"));
+  CHECK(result == 123);
+
+  Answer answer = get_now(store, "job", {"text"});
+  REQUIRE(answer.status().ok());
+  CHECK(answer.values() == std::vector<std::string>{"hello"});
+}
+
+TEST_CASE("the same key in two jobs holds two values", "[kv_store]") {
+  KvStore store;
+  REQUIRE(store.set("job-1", "key", "one").ok());
+  REQUIRE(store.set("job-2", "key", "two").ok());
+  int64_t result = 0;
+  REQUIRE(store.add("job-1", "counter", 10, &result).ok());
+  REQUIRE(store.add("job-2", "counter", 1, &result).ok());
+  CHECK(result == 1);
+
+  Answer first = get_now(store, "job-1", {"key", "counter"});
+  Answer second = get_now(store, "job-2", {"key", "counter"});
+  CHECK(first.values() == std::vector<std::string>{"one", "10"});
+  CHECK(second.values() == std::vector<std::string>{"two", "1"});
+
+  // A key set in one job does not complete a get in another.
+  REQUIRE(store.set("job-1", "only-in-1", "x").ok());
+  CHECK(get_now(store, "job-2", {"only-in-1"}).status().code() == ErrorCode::kNotFound);
+}
+
+TEST_CASE("a waiting get is not answered by a set in another job", "[kv_store]") {
+  KvStore store;
+  Answer answer;
+  store.get("job-2", {"key"}, 60s, answer.callback());
+  REQUIRE(store.set("job-1", "key", "wrong job").ok());
+  CHECK_FALSE(answer.wait(100ms));
+
+  REQUIRE(store.set("job-2", "key", "right job").ok());
+  REQUIRE(answer.wait());
+  CHECK(answer.values() == std::vector<std::string>{"right job"});
+}
+
+TEST_CASE("delete_job removes only that job's keys and counts them", "[kv_store]") {
+  KvStore store;
+  REQUIRE(store.set("doomed", "a", "1").ok());
+  REQUIRE(store.set("doomed", "b", "2").ok());
+  int64_t result = 0;
+  REQUIRE(store.add("doomed", "c", 3, &result).ok());
+  REQUIRE(store.set("kept", "a", "kept-a").ok());
+
+  CHECK(store.delete_job("doomed") == 3);
+  CHECK(get_now(store, "doomed", {"a"}).status().code() == ErrorCode::kNotFound);
+  CHECK(get_now(store, "doomed", {"c"}).status().code() == ErrorCode::kNotFound);
+  Answer kept = get_now(store, "kept", {"a"});
+  CHECK(kept.status().ok());
+  CHECK(kept.values() == std::vector<std::string>{"kept-a"});
+
+  // Deleting again (or deleting an unknown job) removes nothing.
+  CHECK(store.delete_job("doomed") == 0);
+  CHECK(store.delete_job("never-existed") == 0);
+}
+
+TEST_CASE("a value over the size limit is refused with ResourceExhausted", "[kv_store]") {
+  KvStore store(KvStore::Limits{.max_value_bytes = 8, .max_keys_per_job = 100});
+  CHECK(store.set("job", "fits", std::string(8, 'x')).ok());
+  const Status status = store.set("job", "too-big", std::string(9, 'x'));
+  CHECK(status.code() == ErrorCode::kResourceExhausted);
+  CHECK_THAT(status.message(), Catch::Contains("too-big") && Catch::Contains("9"));
+  CHECK(get_now(store, "job", {"too-big"}).status().code() == ErrorCode::kNotFound);
+}
+
+TEST_CASE("a job at its key limit refuses new keys but may overwrite old ones", "[kv_store]") {
+  KvStore store(KvStore::Limits{.max_value_bytes = 64, .max_keys_per_job = 2});
+  REQUIRE(store.set("job", "a", "1").ok());
+  REQUIRE(store.set("job", "b", "2").ok());
+  CHECK(store.set("job", "c", "3").code() == ErrorCode::kResourceExhausted);
+  CHECK(store.set("job", "a", "again").ok());
+  // The limit is per job.
+  CHECK(store.set("other", "c", "3").ok());
+}
+
+TEST_CASE("destroying the store answers parked gets with Aborted", "[kv_store]") {
+  auto store = std::make_unique<KvStore>();
+  Answer first;
+  Answer second;
+  store->get("job", {"never"}, 60s, first.callback());
+  store->get("other", {"never", "either"}, 60s, second.callback());
+  CHECK(first.calls() == 0);
+
+  store.reset();
+  // The destructor answers before it returns.
+  CHECK(first.calls() == 1);
+  CHECK(first.status().code() == ErrorCode::kAborted);
+  CHECK(second.calls() == 1);
+  CHECK(second.status().code() == ErrorCode::kAborted);
+}
+
+TEST_CASE("abort_all answers parked gets with the given status, and the store goes on",
+          "[kv_store]") {
+  KvStore store;
+  Answer parked;
+  store.get("job", {"never"}, 60s, parked.callback());
+  store.abort_all(Status::aborted("shutting down for the test"));
+
+  CHECK(parked.calls() == 1);
+  CHECK(parked.status().code() == ErrorCode::kAborted);
+  CHECK(parked.status().message() == "shutting down for the test");
+
+  // A later set does not answer the aborted get again, and new gets still wait and complete.
+  Answer later;
+  store.get("job", {"never"}, 60s, later.callback());
+  REQUIRE(store.set("job", "never", "now").ok());
+  REQUIRE(later.wait());
+  CHECK(later.status().ok());
+  CHECK(parked.calls() == 1);
+}
+
+}  // namespace
+}  // namespace gradsync
