@@ -64,18 +64,18 @@ Status Cluster::form() {
   if (status = rendezvous_->set(job, key("node/" + std::to_string(t.node)), mine, options_.timeout); !status.ok()) {
     return status;
   }
-  std::vector<std::string> keys;
-  for (int n = 0; n < t.nodes; ++n) keys.push_back(key("node/" + std::to_string(n)));
-  std::vector<std::string> values;
-  status = rendezvous_->get(job, keys, options_.timeout, &values);
-  if (!status.ok()) {
-    return Status(status.code(), "job " + job + ": not every node of " + std::to_string(t.nodes) +
-                                     " joined within " + std::to_string(options_.timeout.count()) +
-                                     " ms: " + status.message());
-  }
+  // Node by node, so that a node with a different local world size is reported as soon as it
+  // arrives rather than after waiting for nodes that will never come.
   addresses_.clear();
   for (int n = 0; n < t.nodes; ++n) {
-    std::istringstream in(values[static_cast<size_t>(n)]);
+    std::vector<std::string> values;
+    status = rendezvous_->get(job, {key("node/" + std::to_string(n))}, options_.timeout, &values);
+    if (!status.ok()) {
+      return Status(status.code(), "job " + job + ": node " + std::to_string(n) + " of " + std::to_string(t.nodes) +
+                                       " did not join within " + std::to_string(options_.timeout.count()) +
+                                       " ms: " + status.message());
+    }
+    std::istringstream in(values[0]);
     int locals = 0;
     std::string address;
     in >> locals >> address;

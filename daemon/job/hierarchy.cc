@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <future>
 
 #include "daemon/reduce/staged.h"
 
@@ -81,30 +82,59 @@ int group_node_of(const Topology& t, const std::string& group, int rank) {
 }
 
 // The common case of a flat float32/float64/integer gradient buffer: the first participant's
-// memory is the node buffer, so nothing is staged in the daemon. Accumulate in place, run the
-// engine on the client's memory, then divide and copy out.
+// memory is the node buffer, so nothing is staged in the daemon. The bucket is cut into slices
+// and pipelined: while the engine carries slice k between nodes (on its own thread), the pool
+// accumulates slice k + 1 and finishes slice k - 1, so the network and memory stages overlap.
+constexpr uint64_t kSliceBytes = 16 << 20;
+
 Status allreduce_in_place(const CrossNodeBucket& c) {
   const TensorSet& set = *c.op->set;
   const auto& members = set.participants[c.bucket];
   const BucketRun& run = set.runs[c.bucket][0];
   const size_t element = dtype_size(c.args.dtype);
   const uint64_t elements = set.bucket_elements[c.bucket];
-  const uint64_t per = std::max<uint64_t>(kMinBytesPerTask / element, (elements + c.pool->size() - 1) / c.pool->size());
-  const size_t chunks = static_cast<size_t>((elements + per - 1) / per);
+  const uint64_t slice = std::max<uint64_t>(1, kSliceBytes / element);
+  const size_t slices = static_cast<size_t>((elements + slice - 1) / slice);
   std::byte* node_buffer = run.address[members[0]];
-  c.pool->parallel_for(chunks, [&](size_t i) {
-    const uint64_t first = i * per, count = std::min(per, elements - first);
-    std::vector<const void*> inputs;
-    for (uint32_t m : members) inputs.push_back(run.address[m] + first * element);
-    reduce::accumulate(c.args, inputs, node_buffer + first * element, count);
-  });
-  if (Status s = c.engine->allreduce(node_buffer, elements, c.args.dtype, reduce::combiner(c.args)); !s.ok()) return s;
-  c.pool->parallel_for(chunks, [&](size_t i) {
-    const uint64_t first = i * per, count = std::min(per, elements - first);
-    std::vector<void*> outputs;
-    for (uint32_t m : members) outputs.push_back(run.address[m] + first * element);
-    reduce::finish(c.args, node_buffer + first * element, outputs, count);
-  });
+  const auto combine = reduce::combiner(c.args);
+
+  auto chunks_of = [&](size_t k, auto&& body) {
+    const uint64_t first = k * slice, count = std::min(slice, elements - first);
+    const uint64_t per = std::max<uint64_t>(kMinBytesPerTask / element, (count + c.pool->size() - 1) / c.pool->size());
+    const size_t parts = static_cast<size_t>((count + per - 1) / per);
+    c.pool->parallel_for(parts, [&](size_t i) {
+      const uint64_t begin = first + i * per;
+      body(begin, std::min(per, first + count - begin));
+    });
+  };
+  auto accumulate = [&](size_t k) {
+    chunks_of(k, [&](uint64_t first, uint64_t count) {
+      std::vector<const void*> inputs;
+      for (uint32_t m : members) inputs.push_back(run.address[m] + first * element);
+      reduce::accumulate(c.args, inputs, node_buffer + first * element, count);
+    });
+  };
+  auto finish = [&](size_t k) {
+    chunks_of(k, [&](uint64_t first, uint64_t count) {
+      std::vector<void*> outputs;
+      for (uint32_t m : members) outputs.push_back(run.address[m] + first * element);
+      reduce::finish(c.args, node_buffer + first * element, outputs, count);
+    });
+  };
+  auto carry = [&](size_t k) {
+    const uint64_t first = k * slice;
+    return c.engine->allreduce(node_buffer + first * element, std::min(slice, elements - first), c.args.dtype, combine);
+  };
+
+  accumulate(0);
+  for (size_t k = 0; k < slices; ++k) {
+    // The engine runs slice k on its own thread; Gloo calls stay strictly sequential.
+    std::future<Status> carried = std::async(std::launch::async, carry, k);
+    if (k + 1 < slices) accumulate(k + 1);
+    if (k > 0) finish(k - 1);
+    if (Status s = carried.get(); !s.ok()) return s;
+  }
+  finish(slices - 1);
   return Status();
 }
 

@@ -267,6 +267,27 @@ TEST_CASE("multi-node: nodes at different operations fail with a sequence mismat
   for (int status : statuses) CHECK(exit_code(status) == kOk);
 }
 
+TEST_CASE("multi-node: nodes with different local world sizes are refused, naming both", "[integration][multinode]") {
+  TestCluster cluster(2, {"--timeout-ms", "5000"});
+  const std::string job = unique_job("nodes-uneven");
+  // World size 6: node 0 runs ranks 0-1 of local size 2, node 1 claims ranks 3-5 of local size 3.
+  ClientGroup group(5, [&](int index) {
+    const bool first = index < 2;
+    const int rank = first ? index : index + 1;
+    const int local = first ? 2 : 3;
+    auto client = join_nodes(cluster.node(first ? 0 : 1).socket(), job, rank, 6, local, cluster.rendezvous());
+    try {
+      client->register_tensors(client->allocate_flat(std::vector<TensorSpec>{{DType::kFloat32, 8, "dp"}}), {});
+      return fail("registration should have failed");
+    } catch (const Error& e) {
+      const std::string text = e.what();
+      if (text.find("local world sizes differ") == std::string::npos) return fail("wrong error: " + text);
+    }
+    return kOk;
+  });
+  for (int status : group.wait_all(std::chrono::seconds(60))) CHECK(exit_code(status) == kOk);
+}
+
 namespace {
 
 // Survivors of a node failure: step until an operation fails, and check the error names node 2.

@@ -4,6 +4,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -215,15 +216,21 @@ TEST_CASE("add() continues a counter written by set()", "[kv_store]") {
 TEST_CASE("concurrent add() calls are atomic", "[kv_store]") {
   KvStore store;
   constexpr int kThreads = 4;
-  constexpr int kAddsPerThread = 2000;
+  constexpr int kAddsPerThread = 50000;
   constexpr size_t kTotal = kThreads * kAddsPerThread;
   std::vector<std::vector<int64_t>> seen(kThreads);
+  // All threads start adding together, so that their adds overlap.
+  std::atomic<int> ready{0};
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t) {
-    threads.emplace_back([&store, &seen, t] {
+    threads.emplace_back([&store, &seen, &ready, t] {
+      ready.fetch_add(1);
+      while (ready.load() < kThreads) std::this_thread::yield();
+      auto& mine = seen[static_cast<size_t>(t)];
+      mine.reserve(kAddsPerThread);
       for (int i = 0; i < kAddsPerThread; ++i) {
         int64_t result = 0;
-        if (store.add("job", "counter", 1, &result).ok()) seen[static_cast<size_t>(t)].push_back(result);
+        if (store.add("job", "counter", 1, &result).ok()) mine.push_back(result);
       }
     });
   }
