@@ -1,17 +1,19 @@
 #include "daemon/peer/kv_store.h"
 
 #include <algorithm>
+#include <cctype>
 
 namespace gradsync {
 
 KvStore::KvStore(Limits limits) : limits_(limits), expiry_([this] { expire_loop(); }) {}
 
 KvStore::~KvStore() {
-  abort_all(Status::aborted("the peer service is shutting down"));
+  // Stop parking first, so no get slips in between the abort and the end.
   {
     std::lock_guard lock(mutex_);
     stopping_ = true;
   }
+  abort_all(Status::aborted("the peer service is shutting down"));
   changed_.notify_all();
   expiry_.join();
 }
@@ -69,9 +71,13 @@ Status KvStore::add(const std::string& job, const std::string& key, int64_t delt
     std::string& slot = jobs_[job][key];
     int64_t value = 0;
     if (!slot.empty()) {
+      size_t used = 0;
       try {
-        value = std::stoll(slot);
+        value = std::stoll(slot, &used);
       } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used != slot.size() || std::isspace(static_cast<unsigned char>(slot[0]))) {
         return Status::invalid_argument("key '" + key + "' of job " + job + " does not hold a counter");
       }
     }

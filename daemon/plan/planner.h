@@ -1,6 +1,6 @@
 // The bucket planner: groups a client's registered tensors into buckets, once, at registration.
 //
-// Rules (the seeds' _take_tensors and DDP's compute_bucket_assignment_by_size):
+// Rules (the seeds' _take_tensors; DDP's visit order):
 //  - A bucket holds tensors of one key (group, dtype) only.
 //  - Tensors are visited in reverse registration order, because gradients of the last layers
 //    are ready first in backward. Bucket 0 holds the last-registered tensor.

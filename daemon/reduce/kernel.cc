@@ -6,6 +6,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "daemon/reduce/combine.h"
 #include "shared/half.h"
 
 namespace gradsync::reduce {
@@ -72,31 +73,6 @@ std::byte* place_accumulator(std::byte* storage, std::span<const void* const> in
   return storage + (start - reinterpret_cast<uintptr_t>(storage)) % kPage;
 }
 
-// Integer sums wrap modulo 2^bits; adding in the unsigned type makes that defined behaviour,
-// and C++20 defines the conversion back to the signed type as modular too.
-template <typename T>
-T wrapping_add(T a, T b) {
-  using U = std::make_unsigned_t<T>;
-  return static_cast<T>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
-}
-
-// min/max propagate NaN (a NaN in any input makes the result NaN, as in torch.minimum); on
-// ties, including -0 against +0, the earlier input wins. Both are fixed by the input order, so
-// results stay deterministic.
-template <Combine kCombine, typename Acc>
-Acc combine(Acc acc, Acc value) {
-  if constexpr (kCombine == Combine::kSum) {
-    if constexpr (std::is_integral_v<Acc>) {
-      return wrapping_add(acc, value);
-    } else {
-      return acc + value;
-    }
-  } else if constexpr (kCombine == Combine::kMin) {
-    return (value < acc || value != value) ? value : acc;
-  } else {
-    return (value > acc || value != value) ? value : acc;
-  }
-}
 
 // One instantiation per (dtype, combine, scale, rounding) so that the inner loops carry no
 // switch and compile to straight vector code. kRoundEach is the narrow half path: the float32

@@ -18,22 +18,25 @@ namespace gradsync::reduce {
 enum class Combine { kSum, kMin, kMax };
 
 // When the divide happens. kBefore divides every input before combining (prescale, for fp16
-// overflow safety); kAfter divides the combined value. Only meaningful with Combine::kSum.
+// overflow safety); kAfter divides the combined value. Scaling is valid only with
+// Combine::kSum on floating dtypes; validate_kernel_args rejects anything else.
 enum class Scale { kNone, kBefore, kAfter };
 
 struct KernelArgs {
   DType dtype = DType::kFloat32;
   Combine combine = Combine::kSum;
   Scale scale = Scale::kNone;
-  double divisor = 1.0;  // used when scale != kNone; must be finite and non-zero
+  // Used when scale != kNone. The divide happens in the accumulation type (float32 for float32
+  // and the half types), so the divisor must be finite, non-zero and representable there.
+  double divisor = 1.0;
   // float16/bfloat16 only: accumulate (and divide) in float32 and round to nearest even once
   // at the end. When false, every partial result is rounded back to the half type.
   bool wide_accumulate = true;
 };
 
-// Reduces `count` elements. `inputs` and `outputs` hold one pointer per buffer, each to
-// `count` elements of args.dtype. Integer sums wrap modulo 2^bits. Scaling of integer types is
-// rejected by callers (see validate_kernel_args); the kernel assumes valid args.
+// Reduces `count` elements. `inputs` (at least one; none writes nothing) and `outputs` hold one
+// pointer per buffer, each to `count` elements of args.dtype. The kernel assumes args passed
+// validate_kernel_args.
 void reduce(const KernelArgs& args, std::span<const void* const> inputs,
             std::span<void* const> outputs, size_t count);
 

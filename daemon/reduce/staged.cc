@@ -6,6 +6,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "daemon/reduce/combine.h"
 #include "shared/half.h"
 
 namespace gradsync::reduce {
@@ -31,23 +32,6 @@ struct BFloat {
   static Storage store(Acc v) { return float_to_bfloat16(v); }
 };
 
-// Same semantics as kernel.cc: integer sums wrap, min/max propagate NaN and keep the earlier
-// value on ties.
-template <class Acc>
-Acc combine(Combine c, Acc acc, Acc value) {
-  switch (c) {
-    case Combine::kSum:
-      if constexpr (std::is_integral_v<Acc>) {
-        using U = std::make_unsigned_t<Acc>;
-        return static_cast<Acc>(static_cast<U>(static_cast<U>(acc) + static_cast<U>(value)));
-      } else {
-        return acc + value;
-      }
-    case Combine::kMin: return (value < acc || value != value) ? value : acc;
-    case Combine::kMax: return (value > acc || value != value) ? value : acc;
-  }
-  return acc;
-}
 
 template <class Codec>
 typename Codec::Acc rounded(typename Codec::Acc v, bool round_each) {
@@ -69,7 +53,7 @@ void accumulate_half(const KernelArgs& args, std::span<const void* const> inputs
   for (size_t i = 0; i < count; ++i) acc[i] = value(first, i);
   for (size_t k = 1; k < inputs.size(); ++k) {
     const auto* in = static_cast<const Storage*>(inputs[k]);
-    for (size_t i = 0; i < count; ++i) acc[i] = rounded<Codec>(combine(kCombine, acc[i], value(in, i)), kRound);
+    for (size_t i = 0; i < count; ++i) acc[i] = rounded<Codec>(combine<kCombine>(acc[i], value(in, i)), kRound);
   }
 }
 
@@ -125,7 +109,7 @@ void combine_buffers(void* out, const void* a, const void* b, size_t n) {
   const auto* x = static_cast<const Acc*>(a);
   const auto* y = static_cast<const Acc*>(b);
   for (size_t i = 0; i < n; ++i) {
-    Acc v = combine(kCombine, x[i], y[i]);
+    Acc v = combine<kCombine>(x[i], y[i]);
     if constexpr (!std::is_void_v<RoundCodec>) v = RoundCodec::load(RoundCodec::store(v));
     o[i] = v;
   }
