@@ -27,30 +27,6 @@ constexpr size_t kBlockBytes = 32 << 10;
 constexpr uintptr_t kPage = 4096;
 constexpr uintptr_t kAliasWindow = 256;
 
-// How a dtype is stored and in which type it is accumulated. load/store convert between them;
-// store rounds to nearest even where the accumulation type is wider.
-template <typename T>
-struct SameCodec {
-  using Storage = T;
-  using Acc = T;
-  static Acc load(Storage value) { return value; }
-  static Storage store(Acc value) { return value; }
-};
-
-struct Float16Codec {
-  using Storage = uint16_t;
-  using Acc = float;
-  static Acc load(Storage value) { return half_to_float(value); }
-  static Storage store(Acc value) { return float_to_half(value); }
-};
-
-struct BFloat16Codec {
-  using Storage = uint16_t;
-  using Acc = float;
-  static Acc load(Storage value) { return bfloat16_to_float(value); }
-  static Storage store(Acc value) { return float_to_bfloat16(value); }
-};
-
 // Picks the accumulator's start inside `storage` (the accumulator's size plus kPage bytes,
 // 64-byte aligned): level with the first input, rounded up to a cache line, then moved on by
 // kAliasWindow while it would sit just below some buffer. Every block advances all buffers by

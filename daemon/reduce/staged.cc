@@ -12,25 +12,6 @@
 namespace gradsync::reduce {
 namespace {
 
-template <class T>
-struct Plain {
-  using Storage = T;
-  using Acc = T;
-  static Acc load(Storage v) { return v; }
-  static Storage store(Acc v) { return v; }
-};
-struct Half {
-  using Storage = uint16_t;
-  using Acc = float;
-  static Acc load(Storage v) { return half_to_float(v); }
-  static Storage store(Acc v) { return float_to_half(v); }
-};
-struct BFloat {
-  using Storage = uint16_t;
-  using Acc = float;
-  static Acc load(Storage v) { return bfloat16_to_float(v); }
-  static Storage store(Acc v) { return float_to_bfloat16(v); }
-};
 
 
 template <class Codec>
@@ -131,8 +112,8 @@ DType accumulation_dtype(DType dtype) { return dtype_is_half(dtype) ? DType::kFl
 
 void accumulate(const KernelArgs& args, std::span<const void* const> inputs, void* acc, size_t count) {
   if (inputs.empty() || count == 0) return;
-  if (args.dtype == DType::kFloat16) return accumulate_half_dispatch<Half>(args, inputs, acc, count);
-  if (args.dtype == DType::kBFloat16) return accumulate_half_dispatch<BFloat>(args, inputs, acc, count);
+  if (args.dtype == DType::kFloat16) return accumulate_half_dispatch<Float16Codec>(args, inputs, acc, count);
+  if (args.dtype == DType::kBFloat16) return accumulate_half_dispatch<BFloat16Codec>(args, inputs, acc, count);
   // Every other dtype accumulates in itself, so kernel.h's blocked, vectorized reduce() is the
   // accumulate stage as long as the post-divide is left for finish().
   KernelArgs stage = args;
@@ -143,8 +124,8 @@ void accumulate(const KernelArgs& args, std::span<const void* const> inputs, voi
 
 void finish(const KernelArgs& args, const void* acc, std::span<void* const> outputs, size_t count) {
   if (count == 0) return;
-  if (args.dtype == DType::kFloat16) return finish_half_dispatch<Half>(args, acc, outputs, count);
-  if (args.dtype == DType::kBFloat16) return finish_half_dispatch<BFloat>(args, acc, outputs, count);
+  if (args.dtype == DType::kFloat16) return finish_half_dispatch<Float16Codec>(args, acc, outputs, count);
+  if (args.dtype == DType::kBFloat16) return finish_half_dispatch<BFloat16Codec>(args, acc, outputs, count);
   // A one-input reduce() is a copy, with the post-divide fused when there is one; the prescale
   // already happened in accumulate().
   KernelArgs stage = args;
@@ -157,8 +138,8 @@ CombinerFn combiner(const KernelArgs& args) {
   switch (args.dtype) {
     case DType::kFloat32: return pick<float>(args.combine);
     case DType::kFloat64: return pick<double>(args.combine);
-    case DType::kFloat16: return args.wide_accumulate ? pick<float>(args.combine) : pick<float, Half>(args.combine);
-    case DType::kBFloat16: return args.wide_accumulate ? pick<float>(args.combine) : pick<float, BFloat>(args.combine);
+    case DType::kFloat16: return args.wide_accumulate ? pick<float>(args.combine) : pick<float, Float16Codec>(args.combine);
+    case DType::kBFloat16: return args.wide_accumulate ? pick<float>(args.combine) : pick<float, BFloat16Codec>(args.combine);
     case DType::kInt32: return pick<int32_t>(args.combine);
     case DType::kInt64: return pick<int64_t>(args.combine);
     case DType::kUInt8: return pick<uint8_t>(args.combine);
