@@ -30,7 +30,8 @@ Daemon::Daemon(DaemonConfig config)
   // A client that vanishes mid-write must not kill the daemon.
   std::signal(SIGPIPE, SIG_IGN);
   peer_ = std::make_unique<PeerServer>(PeerServerOptions{config_.peer_listen, log_});
-  RegistryOptions registry{&io_, &pool_, log_, config_.default_timeout, config_.max_timeout, {}};
+  reaper_ = std::make_unique<Reaper>();
+  RegistryOptions registry{&io_, &pool_, log_, config_.default_timeout, config_.max_timeout, {}, reaper_.get()};
   const std::string host = advertise_host(config_);
   registry.cluster.advertise = host + ":" + std::to_string(peer_->port());
   registry.cluster.transport.transport = config_.gloo_transport;
@@ -52,6 +53,7 @@ Daemon::~Daemon() {
   io_.run_for(std::chrono::seconds(5));
   server_.reset();
   registry_.reset();
+  reaper_.reset();
   peer_.reset();
 }
 

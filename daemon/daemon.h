@@ -7,6 +7,7 @@
 #include "daemon/config.h"
 #include "daemon/control/asio.h"
 #include "daemon/control/server.h"
+#include "daemon/job/reaper.h"
 #include "daemon/job/registry.h"
 #include "daemon/peer/peer_server.h"
 #include "daemon/util/log.h"
@@ -31,6 +32,7 @@ class Daemon {
   boost::asio::signal_set signals_;
   ThreadPool pool_;
   std::unique_ptr<PeerServer> peer_;
+  std::unique_ptr<Reaper> reaper_;  // outlives the jobs, whose workers it stops
   std::unique_ptr<JobRegistry> registry_;
   std::unique_ptr<ControlServer> server_;
 };

@@ -44,7 +44,7 @@ Job::Job(JobOptions options)
   worker.channel = channel_.data();
   worker.pool = options_.pool;
   worker.log = log_;
-  worker_ = std::make_unique<Worker>(std::move(worker));
+  worker_ = std::make_shared<Worker>(std::move(worker));
   log_.info("formed (incarnation " + std::to_string(options_.incarnation) + ", world size " +
             std::to_string(options_.params.world_size) + ", node " + std::to_string(params().topology.node) + " of " +
             std::to_string(params().topology.nodes) + ", timeout " +
@@ -52,8 +52,16 @@ Job::Job(JobOptions options)
 }
 
 Job::~Job() {
-  fail_pending(Status::aborted("job " + params().id + " ended"));
-  worker_.reset();
+  const Status ended = Status::aborted("job " + params().id + " ended");
+  fail_pending(ended);
+  // The worker uses the channel until its thread has stopped, so both go to the reaper, the
+  // worker first.
+  auto channel = std::make_shared<ShmSegment>(std::move(channel_));
+  options_.reaper->adopt([worker = std::move(worker_), channel, ended]() mutable {
+    worker->stop(ended);
+    worker.reset();
+    channel.reset();
+  });
   log_.info("ended");
 }
 
@@ -117,9 +125,9 @@ void Job::fail(const Status& status) {
     log_.info("ended: " + status.to_string());
   }
   fail_pending(status);
-  // Stopping the worker waits for at most the bucket it is executing; afterwards nothing
-  // touches client memory, so the mappings can go now rather than when the last client leaves.
-  worker_->stop(status);
+  // Never waits: the worker notices within the bucket it is executing, fails the pending
+  // operations, and drops its references to client memory; the job's own go now.
+  worker_->fail(status);
   committed_.clear();
 }
 

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "daemon/engine/gloo/gloo_engine.h"
+#include "daemon/job/reaper.h"
 #include "daemon/job/tensor_set.h"
 #include "daemon/job/topology.h"
 #include "daemon/job/worker.h"
@@ -50,6 +51,7 @@ struct JobOptions {
   boost::asio::io_context* io = nullptr;
   ThreadPool* pool = nullptr;
   ClusterSettings cluster;
+  Reaper* reaper = nullptr;  // stops the worker when the job ends, off the io thread
   Logger log;
 };
 
@@ -124,7 +126,7 @@ class Job {
   std::map<uint32_t, PendingSet> pending_;
   std::map<uint32_t, std::shared_ptr<const TensorSet>> committed_;
   Status failure_;
-  std::unique_ptr<Worker> worker_;
+  std::shared_ptr<Worker> worker_;
 };
 
 }  // namespace gradsync

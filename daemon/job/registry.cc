@@ -66,6 +66,7 @@ Status JobRegistry::join(const control::JoinRequest& request, const MemberInfo& 
     JobOptions options;
     options.params = params;
     options.cluster = options_.cluster;
+    options.reaper = options_.reaper;
     options.incarnation = ++incarnations_;
     options.io = options_.io;
     options.pool = options_.pool;

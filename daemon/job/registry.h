@@ -24,6 +24,7 @@ struct RegistryOptions {
   std::chrono::milliseconds default_timeout{30'000};
   std::chrono::milliseconds max_timeout{600'000};
   ClusterSettings cluster;
+  Reaper* reaper = nullptr;
 };
 
 class JobRegistry {

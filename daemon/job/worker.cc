@@ -406,6 +406,11 @@ void Worker::shut_down(const Status& status) {
   }
   const bool interrupted = !ops_.empty();
   ops_.clear();
+  {
+    // Nothing will execute any more: release the client mappings now, not when the job ends.
+    std::lock_guard lock(mutex_);
+    sets_.clear();
+  }
   pending_ops_.store(0);
   for (auto& client : clients_) client.completion_ready->notify();
   if (interrupted) options_.log.warning("per-step path stopped with operations pending: " + status.to_string());

@@ -379,4 +379,42 @@ TEST_CASE("multi-node: a frozen daemon (SIGSTOP) times the other nodes out, nami
   CHECK(cluster.node(1).running());
 }
 
+TEST_CASE("multi-node: a job stuck on a frozen peer does not stall the daemon's other jobs",
+          "[integration][multinode]") {
+  TestCluster cluster(2, {"--timeout-ms", "30000"});
+  const std::string job = unique_job("nodes-stall");
+  const std::vector<TensorSpec> specs = {{DType::kFloat32, 1 << 16, "dp"}};
+  ClientGroup group(4, [&](int rank) {
+    auto client = join_nodes(cluster.node(rank / 2).socket(), job, rank, 4, 2, cluster.rendezvous());
+    const TensorSet set = client->register_tensors(client->allocate_flat(specs), {});
+    for (;;) {
+      try {
+        client->allreduce(set, ReduceOptions{}).wait(std::chrono::seconds(120));
+      } catch (const Error&) {
+        ::pause();
+      }
+    }
+    return kOk;
+  });
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  // Node 1 freezes; node 0's worker is now stuck in a Gloo operation for up to 30 s. A client
+  // of node 0 dies, so node 0 fails the job on its io thread while the worker is stuck.
+  cluster.node(1).process().signal(SIGSTOP);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  group.signal(0, SIGKILL);
+  group.wait(0, std::chrono::seconds(10));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  // The daemon still answers at once: a new job joins, registers and reduces.
+  const auto start = std::chrono::steady_clock::now();
+  {
+    auto client = join(cluster.node(0).socket(), unique_job("bystander"), 0, 1);
+    const std::vector<SharedTensor> tensors = {client->allocate(TensorSpec{DType::kFloat32, 16, "dp"})};
+    const TensorSet set = client->register_tensors(tensors, {});
+    CHECK(client->allreduce(set, ReduceOptions{ReduceOp::kSum}).wait(std::chrono::seconds(10)));
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  CHECK(seconds < 10.0);
+  cluster.node(1).process().signal(SIGCONT);
+}
+
 }  // namespace gradsync::test
