@@ -158,18 +158,22 @@ Status Cluster::engine(const std::string& group, CollectiveEngine** engine) {
 
 Status Cluster::explain(const Status& error) {
   std::string culprits;
+  bool unreachable = false;
   for (int n = 0; n < options_.topology.nodes; ++n) {
     if (n == options_.topology.node || static_cast<size_t>(n) >= addresses_.size()) continue;
     PeerClient peer(addresses_[static_cast<size_t>(n)]);
     std::vector<std::string> notice;
     if (!peer.ping(kProbeTimeout).ok()) {
+      unreachable = true;
       culprits += (culprits.empty() ? "" : "; ") + describe_node(n) + " is unreachable";
     } else if (rendezvous_->get(options_.job_id, {key("failure/" + std::to_string(n))}, std::chrono::milliseconds(0), &notice).ok()) {
       culprits += (culprits.empty() ? "" : "; ") + describe_node(n) + " failed: " + notice[0];
     }
   }
   if (culprits.empty()) return error;
-  return Status(error.code() == ErrorCode::kTimeout ? ErrorCode::kTimeout : ErrorCode::kPeerLost,
+  // A node that does not answer is lost, whether this node's operation timed out on it or a
+  // neighbour gave up first and closed its connections: one code for one cause.
+  return Status(unreachable || error.code() != ErrorCode::kTimeout ? ErrorCode::kPeerLost : ErrorCode::kTimeout,
                 "job " + options_.job_id + ": " + culprits + " (" + error.message() + ")", error.where());
 }
 

@@ -101,7 +101,8 @@ TEST_CASE("faults: a client killed mid-step fails the others' pending operations
   CHECK(shm_entries_containing("-" + std::to_string(victim) + "-").empty());
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   CHECK(mapped_gradsync_segments(daemon.pid()) == 0);
-  CHECK(open_fd_count(daemon.pid()) == baseline_fds);
+  // gRPC may close internal descriptors of its own, so "no leak" means "not more than before".
+  CHECK(open_fd_count(daemon.pid()) <= baseline_fds);
 }
 
 TEST_CASE("faults: a client that stops submitting times the others out, naming it", "[integration][faults]") {
