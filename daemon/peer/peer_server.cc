@@ -84,6 +84,9 @@ grpc::ServerUnaryReactor* PeerService::Ping(grpc::CallbackServerContext* context
 
 PeerServer::PeerServer(PeerServerOptions options) : options_(std::move(options)), service_(&store_) {
   grpc::ServerBuilder builder;
+  // gRPC sets SO_REUSEPORT by default, which would let a second daemon bind the same port and
+  // silently take half of the rendezvous traffic. A port in use must be an error instead.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddListeningPort(options_.listen, grpc::InsecureServerCredentials(), &port_);
   builder.RegisterService(&service_);
   server_ = builder.BuildAndStart();

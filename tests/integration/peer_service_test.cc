@@ -1,0 +1,98 @@
+// The peer service of a real gradsyncd, through the same gRPC client the daemons use.
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "daemon/peer/peer_client.h"
+#include "tests/integration/harness.h"
+
+namespace gradsync::test {
+namespace {
+
+struct PeerDaemon {
+  PeerDaemon() : port(free_loopback_port()), daemon({"--peer-listen", "127.0.0.1:" + std::to_string(port)}) {}
+  std::string address() const { return "127.0.0.1:" + std::to_string(port); }
+  int port;
+  TestDaemon daemon;
+};
+
+constexpr auto kShort = std::chrono::milliseconds(5000);
+
+}  // namespace
+
+TEST_CASE("peer service: set, get, add and ping work over gRPC", "[integration][peer]") {
+  PeerDaemon peer;
+  PeerClient client(peer.address());
+  REQUIRE(client.ping(kShort).ok());
+  REQUIRE(client.set("job-a", "key", "value", kShort).ok());
+  std::vector<std::string> values;
+  REQUIRE(client.get("job-a", {"key"}, kShort, &values).ok());
+  CHECK(values == std::vector<std::string>{"value"});
+  int64_t counter = 0;
+  REQUIRE(client.add("job-a", "counter", 5, kShort, &counter).ok());
+  REQUIRE(client.add("job-a", "counter", -2, kShort, &counter).ok());
+  CHECK(counter == 3);
+}
+
+TEST_CASE("peer service: a get waits until another daemon sets the key", "[integration][peer]") {
+  PeerDaemon peer;
+  PeerClient waiter(peer.address());
+  std::thread setter([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    PeerClient(peer.address()).set("job-b", "late", "here", kShort);
+  });
+  std::vector<std::string> values;
+  const Status status = waiter.get("job-b", {"late"}, std::chrono::milliseconds(10'000), &values);
+  setter.join();
+  REQUIRE(status.ok());
+  CHECK(values == std::vector<std::string>{"here"});
+}
+
+TEST_CASE("peer service: a get for a key nobody sets times out with a clear error", "[integration][peer]") {
+  PeerDaemon peer;
+  std::vector<std::string> values;
+  const Status status = PeerClient(peer.address()).get("job-c", {"never"}, std::chrono::milliseconds(300), &values);
+  CHECK(status.code() == ErrorCode::kTimeout);
+  CHECK_THAT(status.message(), Catch::Contains("never"));
+}
+
+TEST_CASE("peer service: deleting a job removes its keys only", "[integration][peer]") {
+  PeerDaemon peer;
+  PeerClient client(peer.address());
+  REQUIRE(client.set("job-d", "k", "1", kShort).ok());
+  REQUIRE(client.set("job-e", "k", "2", kShort).ok());
+  REQUIRE(client.delete_job("job-d", kShort).ok());
+  std::vector<std::string> values;
+  CHECK(client.get("job-d", {"k"}, std::chrono::milliseconds(0), &values).code() == ErrorCode::kNotFound);
+  REQUIRE(client.get("job-e", {"k"}, std::chrono::milliseconds(0), &values).ok());
+  CHECK(values == std::vector<std::string>{"2"});
+}
+
+TEST_CASE("peer service: an unreachable daemon is reported as lost, naming its address", "[integration][peer]") {
+  const std::string nobody = "127.0.0.1:" + std::to_string(free_loopback_port());
+  const Status status = PeerClient(nobody).ping(std::chrono::milliseconds(1000));
+  CHECK(!status.ok());
+  CHECK((status.code() == ErrorCode::kPeerLost || status.code() == ErrorCode::kTimeout));
+  CHECK_THAT(status.message(), Catch::Contains(nobody));
+}
+
+TEST_CASE("peer service: a port already in use stops the daemon with a clear error", "[integration][peer]") {
+  PeerDaemon peer;
+  char pattern[] = "/tmp/gradsync-out-XXXXXX";
+  const int fd = ::mkstemp(pattern);
+  ::close(fd);
+  ChildProcess second({GRADSYNCD_BINARY, "--socket", std::string(pattern) + ".sock", "--peer-listen", peer.address()},
+                      pattern);
+  const int status = second.wait_for(std::chrono::seconds(10));
+  std::ifstream file(pattern);
+  std::stringstream text;
+  text << file.rdbuf();
+  ::unlink(pattern);
+  CHECK(exit_code(status) == 1);
+  CHECK_THAT(text.str(), Catch::Contains("cannot serve the peer service on " + peer.address()));
+}
+
+}  // namespace gradsync::test
