@@ -48,7 +48,12 @@ ShmSegment ShmSegment::create(const std::string& name, size_t bytes) {
 }
 
 ShmSegment ShmSegment::open(const std::string& name, const OpenOptions& options) {
-  if (!valid_name(name)) throw Error(Status::invalid_argument("invalid shared-memory name '" + name + "'"));
+  if (!valid_name(name)) {
+    // The name comes from a client: echo only a bounded prefix of it.
+    const std::string shown = name.size() > 64 ? name.substr(0, 64) + "..." : name;
+    throw Error(Status::invalid_argument("invalid shared-memory name '" + shown + "' (" + std::to_string(name.size()) +
+                                         " bytes)"));
+  }
   auto impl = std::make_unique<Impl>();
   impl->name = name;
   try {

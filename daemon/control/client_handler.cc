@@ -154,7 +154,7 @@ Status ClientHandler::on_segment(const control::SegmentRequest& request, control
     return Status::resource_exhausted("a client may announce at most " + std::to_string(options_.max_segments) +
                                       " segments");
   }
-  if (request.bytes() == 0) return Status::invalid_argument("segment '" + request.name() + "' has zero bytes");
+  if (request.bytes() == 0) return Status::invalid_argument("a segment must not have zero bytes");
   ShmSegment::OpenOptions open;
   open.expected_bytes = request.bytes();
   open.check_owner = true;

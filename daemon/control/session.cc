@@ -32,7 +32,19 @@ void Session::start() {
 
 void Session::send(const control::Reply& reply) {
   if (closing_ && !socket_.is_open()) return;
-  outbox_.push_back(encode_frame(reply.SerializeAsString()));
+  std::string frame = encode_frame(reply.SerializeAsString());
+  // A client that sends requests but never reads replies must not grow the daemon's memory.
+  if (outbox_bytes_ + frame.size() > kMaxOutboxBytes) {
+    outbox_.clear();
+    outbox_bytes_ = 0;
+    log_.warning("closing connection: the client does not read its replies");
+    close(Status::resource_exhausted("the client does not read its replies"));
+    boost::system::error_code ignored;
+    socket_.cancel(ignored);
+    return;
+  }
+  outbox_bytes_ += frame.size();
+  outbox_.push_back(std::move(frame));
   outbox_ready_.cancel();
 }
 
@@ -69,6 +81,9 @@ asio::awaitable<void> Session::read_loop() {
     boost::system::error_code ec;
     size_t got = co_await asio::async_read(socket_, asio::buffer(header),
                                            asio::redirect_error(asio::use_awaitable, ec));
+    // The writer may have closed the session (and released the handler) while this read was
+    // completing; nothing read after that point is served.
+    if (closing_ || !handler_) break;
     if (ec) {
       if (got == 0) {
         close(Status());
@@ -85,6 +100,7 @@ asio::awaitable<void> Session::read_loop() {
     }
     payload.resize(length);
     got = co_await asio::async_read(socket_, asio::buffer(payload), asio::redirect_error(asio::use_awaitable, ec));
+    if (closing_ || !handler_) break;
     if (ec) {
       refuse(Status::protocol("truncated frame: expected " + std::to_string(length) + " payload bytes, got " +
                               std::to_string(got) + " before end of stream"));
@@ -96,7 +112,15 @@ asio::awaitable<void> Session::read_loop() {
                               " bytes do not parse as gradsync.control.Request"));
       break;
     }
-    handler_->handle(request);
+    // A request that throws (out of memory, no room in /dev/shm) ends this connection with the
+    // error, never the daemon, and never leaves the session half alive.
+    try {
+      handler_->handle(request);
+    } catch (const Error& e) {
+      refuse(e.status());
+    } catch (const std::exception& e) {
+      refuse(Status::internal(std::string("request failed: ") + e.what()));
+    }
   }
 }
 
@@ -111,6 +135,7 @@ asio::awaitable<void> Session::write_loop() {
         close(Status::peer_lost("writing to it failed: " + ec.message()));
         break;
       }
+      outbox_bytes_ -= outbox_.front().size();
       outbox_.pop_front();
     }
     if (closing_) break;

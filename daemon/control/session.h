@@ -49,7 +49,9 @@ class Session : public std::enable_shared_from_this<Session> {
   SessionOptions options_;
   Logger log_;
   std::optional<ClientHandler> handler_;
+  static constexpr size_t kMaxOutboxBytes = 64u << 20;
   std::deque<std::string> outbox_;
+  size_t outbox_bytes_ = 0;
   boost::asio::steady_timer outbox_ready_;
   bool closing_ = false;       // no more reads; close once the outbox is flushed
 };

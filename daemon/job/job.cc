@@ -159,20 +159,23 @@ void Job::register_set(int local_rank, SetRegistration registration) {
     return;
   }
   if (!pending.deadline) {
+    pending.serial = next_serial_++;
     pending.deadline = std::make_unique<boost::asio::steady_timer>(*options_.io, params().timeout);
-    pending.deadline->async_wait([this, set_id](const boost::system::error_code& ec) {
-      // The timer dies with its PendingSet, so a cancelled wait must not touch `this`' state.
+    // A handler that already fired is not stopped by cancel(), so it checks that the job and
+    // this very barrier still exist.
+    pending.deadline->async_wait([weak = weak_from_this(), set_id, serial = pending.serial](
+                                     const boost::system::error_code& ec) {
       if (ec) return;
-      expire(set_id);
+      if (auto self = weak.lock()) self->expire(set_id, serial);
     });
   }
   pending.by_local_rank.emplace(local_rank, std::move(registration));
   if (static_cast<int>(pending.by_local_rank.size()) == params().local_world_size) commit(set_id);
 }
 
-void Job::expire(uint32_t set_id) {
+void Job::expire(uint32_t set_id, uint64_t serial) {
   auto it = pending_.find(set_id);
-  if (it == pending_.end()) return;
+  if (it == pending_.end() || it->second.serial != serial) return;
   std::string missing;
   for (int c = 0; c < params().local_world_size; ++c) {
     if (!it->second.by_local_rank.count(c)) missing += (missing.empty() ? "" : ", ") + std::to_string(c);

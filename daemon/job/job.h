@@ -75,7 +75,7 @@ struct SetRegistration {
   std::function<void(const Status&, const TensorSet*)> done;
 };
 
-class Job {
+class Job : public std::enable_shared_from_this<Job> {
  public:
   // Creates the channel segment and starts the worker. Throws Error when the segment cannot be
   // created.
@@ -112,10 +112,11 @@ class Job {
   struct PendingSet {
     std::map<int, SetRegistration> by_local_rank;
     std::unique_ptr<boost::asio::steady_timer> deadline;
+    uint64_t serial = 0;  // tells a stale timer handler from this barrier's own
   };
 
   void commit(uint32_t set_id);
-  void expire(uint32_t set_id);
+  void expire(uint32_t set_id, uint64_t serial);
   void fail_pending(const Status& status);
   std::string describe_member(int local_rank) const;
 
@@ -124,6 +125,7 @@ class Job {
   ShmSegment channel_;
   std::vector<std::optional<MemberInfo>> members_;  // by local rank; nullopt: not joined or left
   std::map<uint32_t, PendingSet> pending_;
+  uint64_t next_serial_ = 1;
   std::map<uint32_t, std::shared_ptr<const TensorSet>> committed_;
   Status failure_;
   std::shared_ptr<Worker> worker_;

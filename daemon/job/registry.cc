@@ -10,7 +10,13 @@ Status validate_join(const control::JoinRequest& r, std::chrono::milliseconds de
     const bool ok = std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.';
     if (!ok) return Status::invalid_argument("job id '" + id + "' may contain only letters, digits, '-', '_' and '.'");
   }
-  if (r.world_size() < 1) return Status::invalid_argument("world size must be at least 1, got " + std::to_string(r.world_size()));
+  // Bounded so that a single join cannot make the daemon allocate per-rank tables without limit.
+  constexpr int kMaxWorldSize = 1 << 16;
+  if (r.world_size() < 1 || r.world_size() > kMaxWorldSize) {
+    return Status::invalid_argument("world size must be between 1 and " + std::to_string(kMaxWorldSize) + ", got " +
+                                    std::to_string(r.world_size()));
+  }
+  if (r.groups_size() > 1024) return Status::invalid_argument("at most 1024 process groups may be declared");
   if (r.local_world_size() < 1 || r.local_world_size() > 1024) {
     return Status::invalid_argument("local world size must be between 1 and 1024, got " +
                                     std::to_string(r.local_world_size()));

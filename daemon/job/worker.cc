@@ -167,7 +167,9 @@ bool Worker::drain_rings() {
   bool consumed = false;
   for (uint32_t c = 0; c < clients_.size(); ++c) {
     SubmitEntry entry;
-    for (;;) {
+    // At most one ring's worth per client per pass, so a client that keeps refilling its ring
+    // cannot keep the worker from its deadlines, its other clients or a stop request.
+    for (uint32_t popped = 0; popped < SubmitRing::capacity && !failed_.load(); ++popped) {
       const PopResult result = clients_[c].submit.try_pop(&entry);
       if (result == PopResult::kEmpty) break;
       if (result == PopResult::kCorrupt) {
@@ -200,6 +202,12 @@ Status Worker::handle_submit(uint32_t local_rank, const SubmitEntry& entry) {
   ClientState& client = clients_[local_rank];
   if (entry.op_seq != client.next_seq) {
     return Status::protocol(prefix + "out of sequence, expected operation " + std::to_string(client.next_seq));
+  }
+  // The client library keeps at most CompletionRing::capacity operations outstanding; a client
+  // that runs further ahead of the job is broken, and would otherwise grow ops_ without bound.
+  if (entry.op_seq - first_seq_ >= CompletionRing::capacity) {
+    return Status::protocol(prefix + "more than " + std::to_string(CompletionRing::capacity) +
+                            " operations ahead of the job");
   }
   OpDesc desc;
   if (Status status = parse_op(entry, options_.topology.world_size, &desc); !status.ok()) {

@@ -9,12 +9,7 @@ KvStore::KvStore(Limits limits) : limits_(limits), expiry_([this] { expire_loop(
 
 KvStore::~KvStore() {
   // Stop parking first, so no get slips in between the abort and the end.
-  {
-    std::lock_guard lock(mutex_);
-    stopping_ = true;
-  }
-  abort_all(Status::aborted("the peer service is shutting down"));
-  changed_.notify_all();
+  shutdown(Status::aborted("the peer service is shutting down"));
   expiry_.join();
 }
 
@@ -45,7 +40,33 @@ KvStore::Ready KvStore::collect_ready_locked() {
   return ready;
 }
 
+Status KvStore::check_names(const std::string& job, const std::string& key) const {
+  if (job.size() > limits_.max_name_bytes || key.size() > limits_.max_name_bytes) {
+    return Status::invalid_argument("job ids and keys are limited to " + std::to_string(limits_.max_name_bytes) +
+                                    " bytes");
+  }
+  return Status();
+}
+
+// The slot for job/key, created if needed within the limits on jobs and keys.
+Status KvStore::slot_locked(const std::string& job, const std::string& key, std::string** slot) {
+  auto it = jobs_.find(job);
+  if (it == jobs_.end()) {
+    if (jobs_.size() >= limits_.max_jobs) {
+      return Status::resource_exhausted("the store holds " + std::to_string(jobs_.size()) + " jobs, the limit");
+    }
+    it = jobs_.emplace(job, std::map<std::string, std::string>{}).first;
+  }
+  auto& keys = it->second;
+  if (keys.size() >= limits_.max_keys_per_job && !keys.count(key)) {
+    return Status::resource_exhausted("job " + job + " has " + std::to_string(keys.size()) + " keys, the limit");
+  }
+  *slot = &keys[key];
+  return Status();
+}
+
 Status KvStore::set(const std::string& job, const std::string& key, std::string value) {
+  if (Status status = check_names(job, key); !status.ok()) return status;
   if (value.size() > limits_.max_value_bytes) {
     return Status::resource_exhausted("value of " + std::to_string(value.size()) + " bytes for key '" + key +
                                       "' exceeds the " + std::to_string(limits_.max_value_bytes) + "-byte limit");
@@ -53,11 +74,9 @@ Status KvStore::set(const std::string& job, const std::string& key, std::string 
   Ready ready;
   {
     std::lock_guard lock(mutex_);
-    auto& keys = jobs_[job];
-    if (keys.size() >= limits_.max_keys_per_job && !keys.count(key)) {
-      return Status::resource_exhausted("job " + job + " has " + std::to_string(keys.size()) + " keys, the limit");
-    }
-    keys[key] = std::move(value);
+    std::string* slot = nullptr;
+    if (Status status = slot_locked(job, key, &slot); !status.ok()) return status;
+    *slot = std::move(value);
     ready = collect_ready_locked();
   }
   for (auto& [done, values] : ready) done(Status(), std::move(values));
@@ -65,10 +84,13 @@ Status KvStore::set(const std::string& job, const std::string& key, std::string 
 }
 
 Status KvStore::add(const std::string& job, const std::string& key, int64_t delta, int64_t* result) {
+  if (Status status = check_names(job, key); !status.ok()) return status;
   Ready ready;
   {
     std::lock_guard lock(mutex_);
-    std::string& slot = jobs_[job][key];
+    std::string* found = nullptr;
+    if (Status status = slot_locked(job, key, &found); !status.ok()) return status;
+    std::string& slot = *found;
     int64_t value = 0;
     if (!slot.empty()) {
       size_t used = 0;
@@ -81,7 +103,9 @@ Status KvStore::add(const std::string& job, const std::string& key, int64_t delt
         return Status::invalid_argument("key '" + key + "' of job " + job + " does not hold a counter");
       }
     }
-    value += delta;
+    if (__builtin_add_overflow(value, delta, &value)) {
+      return Status::invalid_argument("adding " + std::to_string(delta) + " to key '" + key + "' overflows");
+    }
     slot = std::to_string(value);
     *result = value;
     ready = collect_ready_locked();
@@ -118,6 +142,15 @@ void KvStore::get(const std::string& job, std::vector<std::string> keys, std::ch
     return;
   }
   done(Status(), std::move(values));
+}
+
+void KvStore::shutdown(const Status& status) {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  changed_.notify_all();
+  abort_all(status);
 }
 
 void KvStore::abort_all(const Status& status) {

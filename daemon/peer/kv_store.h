@@ -28,6 +28,8 @@ class KvStore {
   struct Limits {
     size_t max_value_bytes = 16u << 20;
     size_t max_keys_per_job = 1u << 20;
+    size_t max_name_bytes = 1024;  // job ids and keys
+    size_t max_jobs = 1u << 16;
   };
 
   explicit KvStore(Limits limits);
@@ -47,8 +49,12 @@ class KvStore {
   // a missing key; otherwise with kTimeout at the deadline.
   void get(const std::string& job, std::vector<std::string> keys, std::chrono::milliseconds timeout, GetDone done);
 
-  // Answers every parked get with `status` (daemon shutdown).
+  // Answers every parked get with `status`; the store keeps working.
   void abort_all(const Status& status);
+
+  // Answers every parked get with `status` and parks no more (server shutdown): a get that
+  // arrives later is answered at once.
+  void shutdown(const Status& status);
 
  private:
   struct Waiter {
@@ -59,6 +65,8 @@ class KvStore {
   };
   using Ready = std::vector<std::pair<GetDone, std::vector<std::string>>>;
 
+  Status check_names(const std::string& job, const std::string& key) const;
+  Status slot_locked(const std::string& job, const std::string& key, std::string** slot);
   bool lookup_locked(const std::string& job, const std::vector<std::string>& keys, std::vector<std::string>* values) const;
   Ready collect_ready_locked();
   void expire_loop();

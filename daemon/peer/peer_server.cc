@@ -98,7 +98,7 @@ PeerServer::PeerServer(PeerServerOptions options) : options_(std::move(options))
 }
 
 PeerServer::~PeerServer() {
-  store_.abort_all(Status::aborted("gradsyncd is shutting down"));
+  store_.shutdown(Status::aborted("gradsyncd is shutting down"));
   server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
 }
 

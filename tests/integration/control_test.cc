@@ -99,6 +99,62 @@ TEST_CASE("join: a duplicate rank is refused and names the rank", "[integration]
   expect_error([&] { join(daemon.socket(), job, 0, 2); }, ErrorCode::kAlreadyExists, "rank 0 already joined");
 }
 
+TEST_CASE("join: an absurd world size is refused", "[integration][control]") {
+  TestDaemon daemon;
+  expect_error([&] { join(daemon.socket(), unique_job("huge"), 0, 1 << 30); }, ErrorCode::kInvalidArgument,
+               "world size must be between 1 and 65536");
+}
+
+TEST_CASE("ring: a client running far ahead of the job fails it instead of growing the daemon",
+          "[integration][control]") {
+  TestDaemon daemon;
+  const std::string job = unique_job("ahead");
+  // Rank 1 registers and then stays silent; rank 0 is a raw client flooding its ring.
+  ClientGroup silent(1, [&](int) {
+    auto client = join(daemon.socket(), job, 1, 2);
+    client->register_tensors(client->allocate_flat(std::vector<TensorSpec>{{DType::kFloat32, 4, "dp"}}), {});
+    ::sleep(20);
+    return kOk;
+  });
+  Connection raw(daemon.socket());
+  control::Request hello;
+  hello.mutable_hello()->set_protocol_version(kProtocolVersion);
+  raw.call(hello, std::chrono::seconds(5));
+  control::Request join_request;
+  auto* j = join_request.mutable_join();
+  j->set_job_id(job);
+  j->set_world_size(2);
+  j->set_local_world_size(2);
+  const auto joined = raw.call(join_request, std::chrono::seconds(10));
+  ShmSegment channel = ShmSegment::open(joined.join().channel_name(), {});
+  ShmSegment memory = ShmSegment::create(ShmSegment::unique_name("test"), 64);
+  control::Request announce;
+  announce.mutable_segment()->set_name(memory.name());
+  announce.mutable_segment()->set_bytes(64);
+  const uint32_t segment = raw.call(announce, std::chrono::seconds(5)).segment().segment_id();
+  control::Request reg;
+  auto* tensor = reg.mutable_register_()->add_tensors();
+  tensor->set_dtype(control::FLOAT32);
+  tensor->set_numel(4);
+  tensor->set_segment_id(segment);
+  raw.call(reg, std::chrono::seconds(10));
+  auto* header = reinterpret_cast<ChannelHeader*>(channel.data());
+  RingWriter<SubmitRing> ring(&client_channel(channel.data(), 0)->submit);
+  for (uint64_t seq = 1; seq <= 300; ++seq) {
+    SubmitEntry entry;
+    entry.kind = static_cast<uint32_t>(SubmitKind::kOp);
+    entry.op_seq = seq;
+    entry.op = static_cast<uint32_t>(OpKind::kBroadcast);
+    entry.flags = kSubmitAllReady;
+    REQUIRE(ring.try_push(entry));
+  }
+  header->doorbell.notify();
+  for (int i = 0; i < 500 && header->failure_code.load() == 0; ++i) ::usleep(10'000);
+  CHECK(header->failure_code.load() == static_cast<uint32_t>(ErrorCode::kProtocol));
+  CHECK_THAT(std::string(header->failure_message), Catch::Contains("more than 256 operations ahead"));
+  check_still_serving(daemon);
+}
+
 TEST_CASE("join: a rank outside the world is refused", "[integration][control]") {
   TestDaemon daemon;
   expect_error([&] { join(daemon.socket(), unique_job("range"), 5, 2); }, ErrorCode::kInvalidArgument,

@@ -375,3 +375,49 @@ TEST_CASE("abort_all answers parked gets with the given status, and the store go
 
 }  // namespace
 }  // namespace gradsync
+
+namespace gradsync {
+
+TEST_CASE("kv store: add refuses to overflow a counter", "[kv_store]") {
+  KvStore store;
+  int64_t value = 0;
+  REQUIRE(store.add("job", "c", INT64_MAX, &value).ok());
+  const Status status = store.add("job", "c", 1, &value);
+  CHECK(status.code() == ErrorCode::kInvalidArgument);
+  CHECK_THAT(status.message(), Catch::Contains("overflows"));
+}
+
+TEST_CASE("kv store: over-long job ids and keys are refused", "[kv_store]") {
+  KvStore store;
+  const std::string huge(5000, 'k');
+  CHECK(store.set("job", huge, "v").code() == ErrorCode::kInvalidArgument);
+  CHECK(store.set(huge, "key", "v").code() == ErrorCode::kInvalidArgument);
+  int64_t value = 0;
+  CHECK(store.add("job", huge, 1, &value).code() == ErrorCode::kInvalidArgument);
+}
+
+TEST_CASE("kv store: add respects the per-job key limit", "[kv_store]") {
+  KvStore::Limits limits;
+  limits.max_keys_per_job = 2;
+  KvStore store(limits);
+  int64_t value = 0;
+  REQUIRE(store.add("job", "a", 1, &value).ok());
+  REQUIRE(store.add("job", "b", 1, &value).ok());
+  CHECK(store.add("job", "c", 1, &value).code() == ErrorCode::kResourceExhausted);
+  CHECK(store.add("job", "a", 1, &value).ok());
+}
+
+TEST_CASE("kv store: after shutdown a get for a missing key is answered at once", "[kv_store]") {
+  KvStore store;
+  store.shutdown(Status::aborted("stopping"));
+  Status seen;
+  bool answered = false;
+  store.get("job", {"missing"}, std::chrono::milliseconds(60'000), [&](const Status& s, std::vector<std::string>) {
+    seen = s;
+    answered = true;
+  });
+  CHECK(answered);
+  CHECK(!seen.ok());
+}
+
+}  // namespace gradsync
