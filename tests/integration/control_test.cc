@@ -80,6 +80,28 @@ std::string frame_header(uint32_t length) {
   return std::string(reinterpret_cast<const char*>(header.data()), header.size());
 }
 
+// A hostile client speaks the protocol by hand: hello, then join as rank 0 of `world` ranks
+// on this node. Returns the join reply (it names the job's channel).
+control::Reply raw_join(Connection& raw, const std::string& job, int world) {
+  control::Request hello;
+  hello.mutable_hello()->set_protocol_version(kProtocolVersion);
+  raw.call(hello, std::chrono::seconds(5));
+  control::Request join_request;
+  auto* j = join_request.mutable_join();
+  j->set_job_id(job);
+  j->set_world_size(world);
+  j->set_local_world_size(world);
+  return raw.call(join_request, std::chrono::seconds(10));
+}
+
+// Announces a fresh segment of `bytes` over a raw connection; returns its id.
+uint32_t raw_segment(Connection& raw, const ShmSegment& memory) {
+  control::Request announce;
+  announce.mutable_segment()->set_name(memory.name());
+  announce.mutable_segment()->set_bytes(memory.size());
+  return raw.call(announce, std::chrono::seconds(5)).segment().segment_id();
+}
+
 // The daemon still serves a normal one-client job.
 void check_still_serving(const TestDaemon& daemon) {
   auto client = join(daemon.socket(), unique_job("after"), 0, 1);
@@ -117,26 +139,14 @@ TEST_CASE("ring: a client running far ahead of the job fails it instead of growi
     return kOk;
   });
   Connection raw(daemon.socket());
-  control::Request hello;
-  hello.mutable_hello()->set_protocol_version(kProtocolVersion);
-  raw.call(hello, std::chrono::seconds(5));
-  control::Request join_request;
-  auto* j = join_request.mutable_join();
-  j->set_job_id(job);
-  j->set_world_size(2);
-  j->set_local_world_size(2);
-  const auto joined = raw.call(join_request, std::chrono::seconds(10));
+  const auto joined = raw_join(raw, job, 2);
   ShmSegment channel = ShmSegment::open(joined.join().channel_name(), {});
   ShmSegment memory = ShmSegment::create(ShmSegment::unique_name("test"), 64);
-  control::Request announce;
-  announce.mutable_segment()->set_name(memory.name());
-  announce.mutable_segment()->set_bytes(64);
-  const uint32_t segment = raw.call(announce, std::chrono::seconds(5)).segment().segment_id();
   control::Request reg;
   auto* tensor = reg.mutable_register_()->add_tensors();
   tensor->set_dtype(control::FLOAT32);
   tensor->set_numel(4);
-  tensor->set_segment_id(segment);
+  tensor->set_segment_id(raw_segment(raw, memory));
   raw.call(reg, std::chrono::seconds(10));
   auto* header = reinterpret_cast<ChannelHeader*>(channel.data());
   RingWriter<SubmitRing> ring(&client_channel(channel.data(), 0)->submit);
@@ -239,20 +249,9 @@ TEST_CASE("register: overlapping tensors are refused", "[integration][control]")
 TEST_CASE("register: an unknown dtype is refused by the daemon", "[integration][control]") {
   TestDaemon daemon;
   Connection raw(daemon.socket());
-  control::Request hello;
-  hello.mutable_hello()->set_protocol_version(kProtocolVersion);
-  raw.call(hello, std::chrono::seconds(5));
-  control::Request join_request;
-  auto* j = join_request.mutable_join();
-  j->set_job_id(unique_job("dtype"));
-  j->set_world_size(1);
-  j->set_local_world_size(1);
-  raw.call(join_request, std::chrono::seconds(5));
+  raw_join(raw, unique_job("dtype"), 1);
   ShmSegment segment = ShmSegment::create(ShmSegment::unique_name("test"), 4096);
-  control::Request announce;
-  announce.mutable_segment()->set_name(segment.name());
-  announce.mutable_segment()->set_bytes(4096);
-  const uint32_t id = raw.call(announce, std::chrono::seconds(5)).segment().segment_id();
+  const uint32_t id = raw_segment(raw, segment);
   control::Request reg;
   auto* tensor = reg.mutable_register_()->add_tensors();
   tensor->set_dtype(static_cast<control::DType>(42));
@@ -358,14 +357,7 @@ TEST_CASE("connect: a user outside the allow-list is refused", "[integration][co
 TEST_CASE("ring: an unknown operation from a hostile client fails its job with a clear error", "[integration][control]") {
   TestDaemon daemon;
   Connection raw(daemon.socket());
-  control::Request hello;
-  hello.mutable_hello()->set_protocol_version(kProtocolVersion);
-  raw.call(hello, std::chrono::seconds(5));
-  control::Request join_request;
-  join_request.mutable_join()->set_job_id(unique_job("hostile"));
-  join_request.mutable_join()->set_world_size(1);
-  join_request.mutable_join()->set_local_world_size(1);
-  const auto reply = raw.call(join_request, std::chrono::seconds(5));
+  const auto reply = raw_join(raw, unique_job("hostile"), 1);
   ShmSegment channel = ShmSegment::open(reply.join().channel_name(), {});
   auto* header = reinterpret_cast<ChannelHeader*>(channel.data());
   RingWriter<SubmitRing> ring(&client_channel(channel.data(), 0)->submit);
