@@ -41,6 +41,15 @@ Job::Job(JobOptions options)
     worker.cluster = std::make_unique<Cluster>(std::move(cluster));
   }
   worker.timeout = options_.params.timeout;
+  // A failure the worker finds itself (a timeout, a bad ring entry, a lost node) also ends the
+  // job's control side, on the io thread: pending registrations fail and client memory is
+  // released now rather than when the clients leave.
+  // `alive_` is read and cleared only on the io thread, so the posted call cannot outlive the job.
+  worker.on_stopped = [io = options_.io, alive = alive_](const Status& status) {
+    boost::asio::post(*io, [alive, status] {
+      if (*alive) (*alive)->fail(status);
+    });
+  };
   worker.channel = channel_.data();
   worker.pool = options_.pool;
   worker.log = log_;
@@ -52,6 +61,7 @@ Job::Job(JobOptions options)
 }
 
 Job::~Job() {
+  *alive_ = nullptr;
   const Status ended = Status::aborted("job " + params().id + " ended");
   fail_pending(ended);
   // The worker uses the channel until its thread has stopped, so both go to the reaper, the

@@ -121,6 +121,7 @@ class Job : public std::enable_shared_from_this<Job> {
   std::string describe_member(int local_rank) const;
 
   JobOptions options_;
+  std::shared_ptr<Job*> alive_ = std::make_shared<Job*>(this);  // cleared by the destructor
   Logger log_;
   ShmSegment channel_;
   std::vector<std::optional<MemberInfo>> members_;  // by local rank; nullopt: not joined or left

@@ -423,6 +423,7 @@ void Worker::shut_down(const Status& status) {
   for (auto& client : clients_) client.completion_ready->notify();
   if (interrupted) options_.log.warning("per-step path stopped with operations pending: " + status.to_string());
   run_tasks(/*last=*/true);  // pending set admissions learn the failure
+  if (options_.on_stopped) options_.on_stopped(status);
   if (options_.cluster) {
     const auto start = std::chrono::steady_clock::now();
     options_.cluster->publish_failure(status);

@@ -40,6 +40,9 @@ struct WorkerOptions {
   std::chrono::milliseconds timeout{30'000};
   std::byte* channel = nullptr;  // the mapped channel segment (kept alive by the Job)
   ThreadPool* pool = nullptr;
+  // Called once, on the worker thread, when the per-step path has stopped because of a
+  // failure the worker found itself or was told about.
+  std::function<void(const Status&)> on_stopped;
   Logger log;
 };
 
