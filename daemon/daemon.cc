@@ -4,6 +4,7 @@
 
 #include <csignal>
 
+#include "daemon/util/shm_sweep.h"
 #include "shared/version.h"
 
 namespace gradsync {
@@ -29,6 +30,9 @@ Daemon::Daemon(DaemonConfig config)
     : config_(std::move(config)), log_(config_.log_level), signals_(io_, SIGINT, SIGTERM), pool_(config_.reduce_threads) {
   // A client that vanishes mid-write must not kill the daemon.
   std::signal(SIGPIPE, SIG_IGN);
+  if (const size_t removed = sweep_stale_segments(); removed > 0) {
+    log_.info("removed " + std::to_string(removed) + " shared-memory name(s) left by processes that are gone");
+  }
   peer_ = std::make_unique<PeerServer>(PeerServerOptions{config_.peer_listen, log_});
   reaper_ = std::make_unique<Reaper>();
   RegistryOptions registry{&io_, &pool_, log_, config_.default_timeout, config_.max_timeout, {}, reaper_.get()};

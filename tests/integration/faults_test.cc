@@ -1,7 +1,10 @@
 // Faults: a client killed or stuck mid-step, the daemon going away. The other clients get an
 // error naming the rank within the job's timeout, the daemon keeps serving other jobs, and the
 // dead client's memory and descriptors are released.
+#include <fcntl.h>
 #include <poll.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -225,6 +228,30 @@ TEST_CASE("faults: a disconnecting job does not disturb another job", "[integrat
   REQUIRE(doomed_ready.wait(std::chrono::seconds(20)));
   victims.signal(0, SIGKILL);
   for (int status : others.wait_all()) CHECK(exit_code(status) == kOk);
+}
+
+}  // namespace gradsync::test
+
+namespace gradsync::test {
+
+TEST_CASE("faults: names left in /dev/shm by crashed processes are removed at daemon start", "[integration][faults]") {
+  // A pid that certainly exited: a child that is already reaped.
+  const pid_t dead = ::fork();
+  if (dead == 0) ::_exit(0);
+  ::waitpid(dead, nullptr, 0);
+  const std::string stale = "gradsync-t-" + std::to_string(dead) + "-0-deadbeef";
+  const std::string live = "gradsync-t-" + std::to_string(::getpid()) + "-0-cafe";
+  for (const auto& name : {stale, live}) {
+    const int fd = ::shm_open(("/" + name).c_str(), O_CREAT | O_RDWR, 0600);
+    REQUIRE(fd >= 0);
+    REQUIRE(::ftruncate(fd, 4096) == 0);
+    ::close(fd);
+  }
+  TestDaemon daemon;
+  CHECK(shm_entries_containing(stale).empty());
+  CHECK(shm_entries_containing(live).size() == 1);
+  CHECK_THAT(daemon.log(), Catch::Contains("shared-memory name(s) left by processes that are gone"));
+  ::shm_unlink(("/" + live).c_str());
 }
 
 }  // namespace gradsync::test
