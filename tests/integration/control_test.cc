@@ -433,6 +433,22 @@ TEST_CASE("gradsyncd: an unknown flag or bad value exits 2 naming it", "[integra
   CHECK_THAT(level_output, Catch::Contains("--log-level must be debug, info, warning or error, not 'loud'"));
 }
 
+TEST_CASE("gradsyncd: settings come from a config file, and a missing one is an error", "[integration][daemon]") {
+  char pattern[] = "/tmp/gradsync-conf-XXXXXX";
+  const int fd = ::mkstemp(pattern);
+  const std::string text = "# gradsyncd settings\ntimeout-ms = 1234\nreduce-threads = 1\nlog-level = debug\n";
+  REQUIRE(::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()));
+  ::close(fd);
+  {
+    TestDaemon daemon({"--config", pattern});
+    CHECK_THAT(daemon.log(), Catch::Contains("1 reduce threads, default timeout 1234 ms"));
+  }
+  ::unlink(pattern);
+  const auto [code, output] = run_daemon_command({"--config", "/nonexistent/gradsyncd.conf"});
+  CHECK(code == 2);
+  CHECK_THAT(output, Catch::Contains("cannot read config file '/nonexistent/gradsyncd.conf'"));
+}
+
 TEST_CASE("gradsyncd: a socket that another daemon serves is not taken over", "[integration][daemon]") {
   TestDaemon daemon;
   const auto [code, output] = run_daemon_command({"--socket", daemon.socket()});
