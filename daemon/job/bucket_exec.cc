@@ -7,10 +7,6 @@
 namespace gradsync {
 namespace {
 
-// Below this a bucket runs on the worker thread alone: waking helpers costs more than the work
-// (the 4 KiB latency path).
-constexpr uint64_t kMinBytesPerTask = 256 << 10;
-
 struct Chunk {
   size_t run = 0;
   uint64_t first = 0;  // element offset within the run

@@ -14,6 +14,10 @@
 
 namespace gradsync {
 
+// Below this many bytes a piece of work runs on one thread: waking helpers costs more than
+// the work (the 4 KiB latency path). Used by the one-node and the cross-node execution.
+inline constexpr uint64_t kMinBytesPerTask = 256 << 10;
+
 // Results land in every client's tensors.
 void execute_allreduce(const TensorSet& set, size_t bucket, const reduce::KernelArgs& args, ThreadPool& pool);
 

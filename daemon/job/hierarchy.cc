@@ -4,12 +4,11 @@
 #include <cstring>
 #include <future>
 
+#include "daemon/job/bucket_exec.h"
 #include "daemon/reduce/staged.h"
 
 namespace gradsync {
 namespace {
-
-constexpr uint64_t kMinBytesPerTask = 256 << 10;
 
 // A piece of one tensor of the bucket: elements [first, first + count) of tensor `tensor`.
 struct Piece {

@@ -14,6 +14,7 @@
 
 #include "shared/dtype.h"
 #include "shared/half.h"
+#include "tests/unit/dtype_store.h"
 
 namespace gradsync::reduce {
 namespace {
@@ -38,16 +39,7 @@ class Buffers {
         bytes_(buffers, std::vector<std::byte>(count * dtype_size(dtype))) {}
 
   void set(size_t buffer, size_t i, double value) {
-    std::byte* at = bytes_[buffer].data() + i * dtype_size(dtype_);
-    switch (dtype_) {
-      case DType::kFloat32: return store(at, static_cast<float>(value));
-      case DType::kFloat64: return store(at, value);
-      case DType::kFloat16: return store(at, float_to_half(static_cast<float>(value)));
-      case DType::kBFloat16: return store(at, float_to_bfloat16(static_cast<float>(value)));
-      case DType::kInt32: return store(at, static_cast<int32_t>(value));
-      case DType::kInt64: return store(at, static_cast<int64_t>(value));
-      case DType::kUInt8: return store(at, static_cast<uint8_t>(value));
-    }
+    test::store_as(dtype_, bytes_[buffer].data() + i * dtype_size(dtype_), value);
   }
 
   double get(size_t buffer, size_t i) const {
@@ -87,10 +79,6 @@ class Buffers {
   size_t count() const { return count_; }
 
  private:
-  template <typename T>
-  static void store(std::byte* at, T value) {
-    std::memcpy(at, &value, sizeof(T));
-  }
   template <typename T>
   static T load(const std::byte* at) {
     T value;

@@ -19,6 +19,7 @@
 
 #include "shared/dtype.h"
 #include "shared/half.h"
+#include "tests/unit/dtype_store.h"
 
 namespace gradsync::reduce {
 namespace {
@@ -71,23 +72,8 @@ std::vector<KernelArgs> valid_args(DType dtype) {
   return all;
 }
 
-template <typename T>
-void store(std::byte* at, T value) {
-  std::memcpy(at, &value, sizeof(T));
-}
-
 // Writes `value`, which the caller chose to be exactly representable in `dtype`.
-void store_exact(DType dtype, std::byte* at, double value) {
-  switch (dtype) {
-    case DType::kFloat32: return store(at, static_cast<float>(value));
-    case DType::kFloat64: return store(at, value);
-    case DType::kFloat16: return store(at, float_to_half(static_cast<float>(value)));
-    case DType::kBFloat16: return store(at, float_to_bfloat16(static_cast<float>(value)));
-    case DType::kInt32: return store(at, static_cast<int32_t>(value));
-    case DType::kInt64: return store(at, static_cast<int64_t>(value));
-    case DType::kUInt8: return store(at, static_cast<uint8_t>(value));
-  }
-}
+void store_exact(DType dtype, std::byte* at, double value) { test::store_as(dtype, at, value); }
 
 // Values that make every operation exact for up to 4 inputs, however they are grouped:
 // multiples of 6 (so /3 and /6 are exact, before or after summing) no larger than 120 in
@@ -150,13 +136,13 @@ void fill_random(DType dtype, Bytes& buffer, size_t count, Nans nans, std::mt199
   for (size_t i = 0; i < count; ++i) {
     std::byte* at = buffer.data() + i * size;
     switch (dtype) {
-      case DType::kFloat32: store(at, static_cast<uint32_t>(random_float_bits(8, 23, 6, nans, rng))); break;
-      case DType::kFloat64: store(at, random_float_bits(11, 52, 6, nans, rng)); break;
-      case DType::kFloat16: store(at, static_cast<uint16_t>(random_float_bits(5, 10, 4, nans, rng))); break;
-      case DType::kBFloat16: store(at, static_cast<uint16_t>(random_float_bits(8, 7, 4, nans, rng))); break;
-      case DType::kInt32: store(at, static_cast<uint32_t>(rng())); break;
-      case DType::kInt64: store(at, static_cast<uint64_t>(rng())); break;
-      case DType::kUInt8: store(at, static_cast<uint8_t>(rng())); break;
+      case DType::kFloat32: test::store_raw(at, static_cast<uint32_t>(random_float_bits(8, 23, 6, nans, rng))); break;
+      case DType::kFloat64: test::store_raw(at, random_float_bits(11, 52, 6, nans, rng)); break;
+      case DType::kFloat16: test::store_raw(at, static_cast<uint16_t>(random_float_bits(5, 10, 4, nans, rng))); break;
+      case DType::kBFloat16: test::store_raw(at, static_cast<uint16_t>(random_float_bits(8, 7, 4, nans, rng))); break;
+      case DType::kInt32: test::store_raw(at, static_cast<uint32_t>(rng())); break;
+      case DType::kInt64: test::store_raw(at, static_cast<uint64_t>(rng())); break;
+      case DType::kUInt8: test::store_raw(at, static_cast<uint8_t>(rng())); break;
     }
   }
 }
