@@ -1,10 +1,10 @@
 #include "daemon/daemon.h"
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <csignal>
 
-#include "daemon/util/shm_sweep.h"
 #include "shared/version.h"
 
 namespace gradsync {
@@ -30,9 +30,14 @@ Daemon::Daemon(DaemonConfig config)
     : config_(std::move(config)), log_(config_.log_level), signals_(io_, SIGINT, SIGTERM), pool_(config_.reduce_threads) {
   // A client that vanishes mid-write must not kill the daemon.
   std::signal(SIGPIPE, SIG_IGN);
-  if (const size_t removed = sweep_stale_segments(); removed > 0) {
-    log_.info("removed " + std::to_string(removed) + " shared-memory name(s) left by processes that are gone");
+  // Every client connection holds a few descriptors while it sets up; use what the hard limit
+  // allows rather than the 1024 of a login shell.
+  rlimit files{};
+  if (::getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
+    files.rlim_cur = files.rlim_max;
+    ::setrlimit(RLIMIT_NOFILE, &files);
   }
+  backends_ = make_backend_factory();
   peer_ = std::make_unique<PeerServer>(PeerServerOptions{config_.peer_listen, log_});
   reaper_ = std::make_unique<Reaper>();
   RegistryOptions registry{&io_, &pool_, log_, config_.default_timeout, config_.max_timeout, {}, reaper_.get()};
@@ -46,7 +51,7 @@ Daemon::Daemon(DaemonConfig config)
   registry.cluster.transport.ib_index = config_.gloo_ib_index;
   registry_ = std::make_unique<JobRegistry>(std::move(registry));
   server_ = std::make_unique<ControlServer>(
-      io_, ControlServerOptions{config_.socket_path, config_.allowed_uids, registry_.get(), log_});
+      io_, ControlServerOptions{config_.socket_path, config_.allowed_uids, registry_.get(), backends_.get(), log_});
 }
 
 Daemon::~Daemon() {
@@ -64,8 +69,9 @@ Daemon::~Daemon() {
 // Shutdown lets the io_context run dry instead of stopping it: every session leaves its job
 // and releases its segments on the io thread, before the registry and the pool go away.
 void Daemon::stop() {
-  registry_->fail_all(Status::aborted("gradsyncd is shutting down"));
-  server_->stop();
+  const Status why = Status::aborted("gradsyncd is shutting down");
+  registry_->fail_all(why);
+  server_->stop(why);
 }
 
 int Daemon::run() {

@@ -4,6 +4,7 @@
 
 #include <memory>
 
+#include "daemon/backend/factory.h"
 #include "daemon/config.h"
 #include "daemon/control/asio.h"
 #include "daemon/control/server.h"
@@ -31,6 +32,7 @@ class Daemon {
   boost::asio::io_context io_;
   boost::asio::signal_set signals_;
   ThreadPool pool_;
+  std::unique_ptr<BackendFactory> backends_;
   std::unique_ptr<PeerServer> peer_;
   std::unique_ptr<Reaper> reaper_;  // outlives the jobs, whose workers it stops
   std::unique_ptr<JobRegistry> registry_;

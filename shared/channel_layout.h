@@ -1,15 +1,24 @@
-// The layout of a job's channel: one shared-memory segment per job, created by the daemon and
-// mapped by each local client. It holds the per-step path: for every local rank a submission
-// ring (client -> daemon) and a completion ring (daemon -> client), plus the doorbell the job's
-// worker sleeps on. Nothing on the per-step path uses the socket or protobuf.
+// The per-step path between a job's clients and the daemon: memory the daemon creates as
+// memfds and hands to each client over the control socket (JoinReply, three descriptors).
 //
-// Trust: every client of a job can write the whole segment, so a client can disturb only its own
-// job. The daemon copies each entry out before validating it and treats impossible indices as a
-// protocol error of the ring's owner (see SpscRing).
+//   DoorbellPage  one per job, shared by the job's clients: the word the job's worker sleeps
+//                 on; clients ring it after submitting. Every client of the job writes it, so
+//                 a client can disturb only its own job (late wake-ups, bounded by the worker's
+//                 wake slice), never read or write another client's rings.
+//   ClientRings   one per client, written by that client and the daemon: the submission ring
+//                 and the client's cursor of its completion ring.
+//   DaemonRings   one per client, written by the daemon only and sealed F_SEAL_FUTURE_WRITE
+//                 before it is handed over, so the client can map it read-only and nothing
+//                 else: the completion entries, the completion wake-up word and the job's
+//                 sticky error. No client can forge a completion, its own or anybody's.
+//
+// The daemon copies each submission entry out before validating it and treats impossible
+// indices as a protocol error of the ring's owner (see ring.h). Nothing on the per-step path
+// uses the socket or protobuf.
 #pragma once
 
-#include <cstddef>
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 
 #include "shared/ring.h"
@@ -17,8 +26,10 @@
 
 namespace gradsync {
 
-inline constexpr uint32_t kChannelMagic = 0x67734348;  // "gsCH"
-inline constexpr uint32_t kChannelVersion = 1;
+inline constexpr uint32_t kChannelVersion = 2;
+inline constexpr uint32_t kDoorbellMagic = 0x67734442;     // "gsDB"
+inline constexpr uint32_t kClientRingsMagic = 0x67734352;  // "gsCR"
+inline constexpr uint32_t kDaemonRingsMagic = 0x67734452;  // "gsDR"
 
 enum class SubmitKind : uint32_t { kOp = 1, kMarkReady = 2 };
 enum class OpKind : uint32_t { kAllreduce = 1, kBroadcast = 2, kAllgather = 3, kReduce = 4 };
@@ -47,7 +58,9 @@ static_assert(sizeof(SubmitEntry) == 64);
 
 inline constexpr size_t kCompletionMessageBytes = 240;
 
-// One entry of a completion ring: the outcome of one operation for this client.
+// One entry of a completion ring: the outcome of one operation for this client. A failed
+// operation always failed with the job's sticky error, whose whole text is in DaemonRings;
+// `message` holds its first kCompletionMessageBytes bytes.
 struct CompletionEntry {
   uint64_t op_seq = 0;
   uint32_t code = 0;  // ErrorCode; 0 is success
@@ -59,33 +72,42 @@ static_assert(sizeof(CompletionEntry) == 256);
 using SubmitRing = SpscRing<SubmitEntry, 4096>;
 using CompletionRing = SpscRing<CompletionEntry, 256>;
 
-struct ClientChannel {
-  SubmitRing submit;
-  CompletionRing completion;
-  alignas(64) WakeWord completion_ready;  // the client sleeps on it
+struct DoorbellPage {
+  uint32_t magic = kDoorbellMagic;
+  uint32_t version = kChannelVersion;
+  alignas(64) WakeWord doorbell;  // the job's worker sleeps on it; clients ring it after submitting
 };
 
-struct ChannelHeader {
-  uint32_t magic = kChannelMagic;
+struct ClientRings {
+  uint32_t magic = kClientRingsMagic;
   uint32_t version = kChannelVersion;
-  uint32_t local_world_size = 0;
-  uint32_t reserved = 0;
-  alignas(64) WakeWord doorbell;  // the job's worker sleeps on it; clients ring it after submitting
+  SubmitRing submit;                                     // client -> daemon
+  RingCursor completion_cursor;                          // the client's cursor of its completions
+  alignas(64) std::atomic<uint32_t> completion_waiters{0};  // the waiter half of the completion wake-up
+};
+
+inline constexpr size_t kFailureMessageBytes = 4096;
+
+struct DaemonRings {
+  uint32_t magic = kDaemonRingsMagic;
+  uint32_t version = kChannelVersion;
+  CompletionRing::Data completion;                  // daemon -> client
+  alignas(64) std::atomic<uint32_t> completion_seq{0};  // the notifier half of the completion wake-up
   // The job's sticky error. The daemon writes the message, then the code (release); a client
   // that reads a non-zero code (acquire) fails every pending and later operation with it,
   // even if the daemon's worker is gone.
   alignas(64) std::atomic<uint32_t> failure_code{0};
-  char failure_message[512] = {};
+  uint32_t failure_length = 0;
+  char failure_message[kFailureMessageBytes] = {};
 };
 
-inline size_t channel_bytes(uint32_t local_world_size) {
-  return sizeof(ChannelHeader) + size_t{local_world_size} * sizeof(ClientChannel);
-}
+// memfd sizes: whole pages, so that every mapping covers exactly the object.
+inline constexpr size_t page_rounded(size_t bytes) { return (bytes + 4095) / 4096 * 4096; }
+inline constexpr size_t kDoorbellBytes = page_rounded(sizeof(DoorbellPage));
+inline constexpr size_t kClientRingsBytes = page_rounded(sizeof(ClientRings));
+inline constexpr size_t kDaemonRingsBytes = page_rounded(sizeof(DaemonRings));
 
-// The channel of local rank `local_rank` in a mapped segment.
-inline ClientChannel* client_channel(void* base, uint32_t local_rank) {
-  auto* first = reinterpret_cast<ClientChannel*>(static_cast<std::byte*>(base) + sizeof(ChannelHeader));
-  return first + local_rank;
-}
+// The order of the descriptors in a JoinReply.
+enum JoinFd : int { kJoinFdDoorbell = 0, kJoinFdClientRings = 1, kJoinFdDaemonRings = 2, kJoinFdCount = 3 };
 
 }  // namespace gradsync

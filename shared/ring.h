@@ -2,6 +2,11 @@
 // path between a client and the daemon. Each side keeps its own index privately and only
 // publishes it, so a broken or hostile peer that scribbles over the shared indices can make
 // the ring look full or corrupt, but can never make this side read or write out of bounds.
+//
+// A ring has two halves, each written by one side only: RingData (the producer's tail and the
+// entries) and RingCursor (the consumer's head and its space wake-up). They may live in
+// different memory, so that the consumer can be given the data half read-only: a client can
+// then never write its own completion entries, let alone another client's.
 #pragma once
 
 #include <atomic>
@@ -13,17 +18,34 @@
 
 namespace gradsync {
 
+// Written by the producer only.
 template <class Entry, uint32_t kCapacity>
-struct SpscRing {
+struct RingData {
   static_assert(kCapacity > 0 && (kCapacity & (kCapacity - 1)) == 0, "capacity must be a power of two");
   static_assert(std::is_trivially_copyable_v<Entry>, "entries are copied between processes");
   using EntryType = Entry;
   static constexpr uint32_t capacity = kCapacity;
 
-  alignas(64) std::atomic<uint64_t> head{0};  // entries consumed; written by the consumer
-  alignas(64) std::atomic<uint64_t> tail{0};  // entries published; written by the producer
-  alignas(64) WakeWord space;                 // consumer notifies after freeing slots
+  alignas(64) std::atomic<uint64_t> tail{0};  // entries published
   alignas(64) Entry entries[kCapacity];
+};
+
+// Written by the consumer only.
+struct RingCursor {
+  alignas(64) std::atomic<uint64_t> head{0};  // entries consumed
+  alignas(64) WakeWord space;                 // the consumer notifies after freeing slots
+};
+
+// Both halves in one place, for a ring whose two sides may both write the memory (the
+// submission ring, which lives in memory the client writes anyway).
+template <class Entry, uint32_t kCapacity>
+struct SpscRing {
+  using Data = RingData<Entry, kCapacity>;
+  using EntryType = Entry;
+  static constexpr uint32_t capacity = kCapacity;
+
+  RingCursor cursor;
+  Data data;
 };
 
 enum class PopResult { kOk, kEmpty, kCorrupt };
@@ -33,47 +55,52 @@ enum class PopResult { kOk, kEmpty, kCorrupt };
 template <class Ring>
 class RingWriter {
  public:
-  explicit RingWriter(Ring* ring) : ring_(ring), tail_(ring->tail.load()) {}
+  using Data = typename Ring::Data;
+  explicit RingWriter(Ring* ring) : RingWriter(&ring->data, &ring->cursor) {}
+  RingWriter(Data* data, RingCursor* cursor) : data_(data), cursor_(cursor), tail_(data->tail.load()) {}
 
   // False when the ring is full (or the consumer's index is corrupt, which looks the same).
   bool try_push(const typename Ring::EntryType& entry) {
-    const uint64_t head = ring_->head.load(std::memory_order_acquire);
-    if (tail_ - head >= Ring::capacity) return false;
-    std::memcpy(&ring_->entries[tail_ & (Ring::capacity - 1)], &entry, sizeof(entry));
-    ring_->tail.store(++tail_, std::memory_order_release);
+    if (full()) return false;
+    std::memcpy(&data_->entries[tail_ & (Ring::capacity - 1)], &entry, sizeof(entry));
+    data_->tail.store(++tail_, std::memory_order_release);
     return true;
   }
 
-  bool full() const { return tail_ - ring_->head.load(std::memory_order_acquire) >= Ring::capacity; }
-  WakeWord& space() { return ring_->space; }
+  bool full() const { return tail_ - cursor_->head.load(std::memory_order_acquire) >= Ring::capacity; }
+  WakeWord& space() { return cursor_->space; }
 
  private:
-  Ring* ring_;
+  Data* data_;
+  RingCursor* cursor_;
   uint64_t tail_;
 };
 
-// The consumer's view.
+// The consumer's view; it reads the data half and writes only the cursor.
 template <class Ring>
 class RingReader {
  public:
-  explicit RingReader(Ring* ring) : ring_(ring), head_(ring->head.load()) {}
+  using Data = typename Ring::Data;
+  explicit RingReader(Ring* ring) : RingReader(&ring->data, &ring->cursor) {}
+  RingReader(const Data* data, RingCursor* cursor) : data_(data), cursor_(cursor), head_(cursor->head.load()) {}
 
   // Copies the next entry out of shared memory before the caller validates it, so the producer
   // cannot change it between check and use. kCorrupt when the producer's index is impossible.
   PopResult try_pop(typename Ring::EntryType* out) {
-    const uint64_t tail = ring_->tail.load(std::memory_order_acquire);
+    const uint64_t tail = data_->tail.load(std::memory_order_acquire);
     if (tail == head_) return PopResult::kEmpty;
     if (tail - head_ > Ring::capacity) return PopResult::kCorrupt;
-    std::memcpy(out, &ring_->entries[head_ & (Ring::capacity - 1)], sizeof(*out));
-    ring_->head.store(++head_, std::memory_order_release);
-    ring_->space.notify();
+    std::memcpy(out, &data_->entries[head_ & (Ring::capacity - 1)], sizeof(*out));
+    cursor_->head.store(++head_, std::memory_order_release);
+    cursor_->space.notify();
     return PopResult::kOk;
   }
 
-  bool empty() const { return ring_->tail.load(std::memory_order_acquire) == head_; }
+  bool empty() const { return data_->tail.load(std::memory_order_acquire) == head_; }
 
  private:
-  Ring* ring_;
+  const Data* data_;
+  RingCursor* cursor_;
   uint64_t head_;
 };
 

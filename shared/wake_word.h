@@ -5,6 +5,10 @@
 // All four steps use sequentially consistent atomics, so either the waiter sees the data or
 // the notifier sees the waiter (or seq has moved and futex_wait returns at once).
 // The notifier pays a futex syscall only when somebody sleeps.
+//
+// `seq` is written only by the notifier and `waiters` only by the waiter, so the two words may
+// live in different memory (WakeRef): the daemon's completion wake-up keeps `seq` in memory the
+// client can only read, and `waiters` in memory the client writes.
 #pragma once
 
 #include <atomic>
@@ -15,13 +19,13 @@
 
 namespace gradsync {
 
-struct WakeWord {
-  std::atomic<uint32_t> seq{0};
-  std::atomic<uint32_t> waiters{0};
+struct WakeRef {
+  std::atomic<uint32_t>* seq = nullptr;
+  std::atomic<uint32_t>* waiters = nullptr;
 
-  void notify() {
-    seq.fetch_add(1);
-    if (waiters.load() > 0) futex_wake_all(&seq);
+  void notify() const {
+    seq->fetch_add(1);
+    if (waiters->load() > 0) futex_wake_all(seq);
   }
 
   // Waits until ready() or the deadline. Spins `spin` times first, which helps only when the
@@ -29,19 +33,32 @@ struct WakeWord {
   // with another process that may be broken or hostile: a corrupted word can only cause extra
   // or late wake-ups, never an unbounded sleep, because every sleep is bounded by the deadline.
   template <class Ready>
-  bool wait_until(Ready&& ready, std::chrono::steady_clock::time_point deadline, int spin = 0) {
+  bool wait_until(Ready&& ready, std::chrono::steady_clock::time_point deadline, int spin = 0) const {
     for (int i = 0; i < spin; ++i) {
       if (ready()) return true;
     }
     for (;;) {
-      const uint32_t seen = seq.load();
+      const uint32_t seen = seq->load();
       if (ready()) return true;
       const auto now = std::chrono::steady_clock::now();
       if (now >= deadline) return false;
-      waiters.fetch_add(1);
-      if (!ready()) futex_wait(&seq, seen, deadline - now);
-      waiters.fetch_sub(1);
+      waiters->fetch_add(1);
+      if (!ready()) futex_wait(seq, seen, deadline - now);
+      waiters->fetch_sub(1);
     }
+  }
+};
+
+// Both words together, for memory that notifier and waiter may both write.
+struct WakeWord {
+  std::atomic<uint32_t> seq{0};
+  std::atomic<uint32_t> waiters{0};
+
+  WakeRef ref() { return WakeRef{&seq, &waiters}; }
+  void notify() { ref().notify(); }
+  template <class Ready>
+  bool wait_until(Ready&& ready, std::chrono::steady_clock::time_point deadline, int spin = 0) {
+    return ref().wait_until(std::forward<Ready>(ready), deadline, spin);
   }
 };
 

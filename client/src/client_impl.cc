@@ -1,8 +1,10 @@
 #include "client/src/client_impl.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdlib>
-#include <unistd.h>
 
 #include "shared/version.h"
 
@@ -43,6 +45,27 @@ std::string resolve_rendezvous(const JoinOptions& options) {
                                        "GRADSYNC_RENDEZVOUS=host:port or MASTER_ADDR"));
 }
 
+// The daemon uid a client trusts beyond root and itself: explicit, else $GRADSYNC_DAEMON_UID.
+std::optional<uid_t> resolve_daemon_uid(const ConnectOptions& options) {
+  if (options.daemon_uid) return options.daemon_uid;
+  const char* text = std::getenv("GRADSYNC_DAEMON_UID");
+  if (!text || !*text) return std::nullopt;
+  char* end = nullptr;
+  const unsigned long uid = std::strtoul(text, &end, 10);
+  if (*end != '\0' || uid > 0xFFFFFFFEul) {
+    throw Error(Status::invalid_argument(std::string("GRADSYNC_DAEMON_UID must be a numeric uid, got '") + text + "'"));
+  }
+  return static_cast<uid_t>(uid);
+}
+
+// Maps one of the join reply's descriptors after checking that it is what the daemon says.
+Mapping map_channel_fd(const UniqueFd& fd, size_t bytes, Access access, unsigned seals, const std::string& what) {
+  throw_if_error(check_memfd(fd.get(), seals, bytes, "the job's " + what));
+  Mapping mapping;
+  throw_if_error(map_fd(fd.get(), bytes, access, "the job's " + what, &mapping));
+  return mapping;
+}
+
 // The bound for control calls that wait on other clients (registration barrier).
 std::chrono::milliseconds barrier_bound(std::chrono::milliseconds job_timeout) {
   return job_timeout + std::chrono::seconds(5);
@@ -58,7 +81,8 @@ std::unique_ptr<Client> Client::connect(const ConnectOptions& options) {
     const char* from_env = std::getenv("GRADSYNC_SOCKET");
     resolved.socket_path = from_env && *from_env ? from_env : kDefaultSocketPath;
   }
-  auto connection = std::make_shared<Connection>(resolved.socket_path);
+  resolved.daemon_uid = resolve_daemon_uid(resolved);
+  auto connection = std::make_shared<Connection>(resolved.socket_path, resolved.daemon_uid);
   control::Request request;
   request.mutable_hello()->set_protocol_version(kProtocolVersion);
   request.mutable_hello()->set_client_name(resolved.client_name);
@@ -98,31 +122,48 @@ void ClientImpl::join(const JoinOptions& options) {
   next_set_id_ = 0;
   incarnation_++;
 
-  const control::Reply reply = connection_->call(request, options_.request_timeout);
+  std::vector<UniqueFd> fds;
+  const control::Reply reply = connection_->call(request, options_.request_timeout, {}, &fds);
   const auto& body = reply.join();
-  ShmSegment::OpenOptions open;
-  open.expected_bytes = body.channel_bytes();
-  channel_ = std::make_shared<ShmSegment>(ShmSegment::open(body.channel_name(), open));
-  auto* header = reinterpret_cast<ChannelHeader*>(channel_->data());
-  if (header->magic != kChannelMagic || header->version != kChannelVersion ||
-      header->local_world_size != static_cast<uint32_t>(options.local_world_size)) {
+  if (fds.size() != kJoinFdCount || body.doorbell_bytes() != kDoorbellBytes ||
+      body.client_rings_bytes() != kClientRingsBytes || body.daemon_rings_bytes() != kDaemonRingsBytes) {
+    throw Error(Status::protocol("gradsyncd's join reply does not match this client's ring layout (" +
+                                 std::to_string(fds.size()) + " descriptors)"));
+  }
+  auto channel = std::make_shared<JobChannel>();
+  channel->doorbell = map_channel_fd(fds[kJoinFdDoorbell], kDoorbellBytes, Access::kReadWrite, kSizeSeals, "doorbell");
+  channel->client_rings =
+      map_channel_fd(fds[kJoinFdClientRings], kClientRingsBytes, Access::kReadWrite, kSizeSeals, "client rings");
+  channel->daemon_rings = map_channel_fd(fds[kJoinFdDaemonRings], kDaemonRingsBytes, Access::kReadOnly,
+                                         kSizeSeals | F_SEAL_FUTURE_WRITE, "daemon rings");
+  if (channel->doorbell_page()->magic != kDoorbellMagic || channel->client()->magic != kClientRingsMagic ||
+      channel->daemon()->magic != kDaemonRingsMagic || channel->daemon()->version != kChannelVersion) {
     throw Error(Status::protocol("the job channel from gradsyncd has an unexpected layout"));
   }
-  completions_ = std::make_shared<Completions>(channel_, static_cast<uint32_t>(options.local_rank), connection_);
-  submit_.emplace(&client_channel(channel_->data(), static_cast<uint32_t>(options.local_rank))->submit);
+  channel_ = channel;
+  std::weak_ptr<Connection> weak = connection_;
+  completions_ = std::make_shared<Completions>(channel_, [weak]() -> std::string {
+    auto connection = weak.lock();
+    if (connection && !connection->peer_closed()) return {};
+    return "gradsyncd at " + (connection ? connection->path() : std::string("its socket")) + " went away";
+  });
+  submit_.emplace(&channel_->client()->submit);
   timeout_ = std::chrono::milliseconds(body.timeout_ms());
   joined_ = options;
 }
 
 ClientImpl::Segment& ClientImpl::new_segment(size_t bytes) {
-  auto segment = std::make_unique<Segment>(Segment{ShmSegment::create(ShmSegment::unique_name("t"), bytes), 0});
+  // Sealed against resizing before the daemon sees it; the descriptor closes once the daemon
+  // has mapped it, and the two mappings keep the memory alive.
+  MappedMemfd memory = MappedMemfd::create("tensor", bytes);
+  memory.seal(kSizeSeals);
   control::Request request;
-  request.mutable_segment()->set_name(segment->memory.name());
-  request.mutable_segment()->set_bytes(segment->memory.size());
-  const control::Reply reply = connection_->call(request, options_.request_timeout);
-  segment->id = reply.segment().segment_id();
-  segment->memory.unlink();  // the daemon has mapped it (and removed the name already)
-  segments_.push_back(std::move(segment));
+  request.mutable_segment()->set_kind(control::HOST_MEMFD);
+  request.mutable_segment()->set_bytes(memory.size());
+  const int fd = memory.fd().get();
+  const control::Reply reply = connection_->call(request, options_.request_timeout, std::span<const int>(&fd, 1));
+  UniqueFd closed = memory.release_fd();
+  segments_.push_back(std::make_unique<Segment>(Segment{memory.release_mapping(), reply.segment().segment_id()}));
   return *segments_.back();
 }
 
@@ -263,8 +304,7 @@ void ClientImpl::push(const SubmitEntry& entry) {
       throw Error(Status::timeout("the submission ring stayed full for " + std::to_string(timeout_.count()) + " ms"));
     }
   }
-  auto* header = reinterpret_cast<ChannelHeader*>(channel_->data());
-  header->doorbell.notify();
+  channel_->doorbell_page()->doorbell.notify();
 }
 
 Work ClientImpl::submit(const SubmitEntry& original) {

@@ -10,7 +10,7 @@
 #include "client/src/completions.h"
 #include "client/src/connection.h"
 #include "gradsync/client.h"
-#include "shared/shm_segment.h"
+#include "shared/memfd.h"
 
 namespace gradsync {
 
@@ -33,7 +33,7 @@ class ClientImpl final : public Client {
 
  private:
   struct Segment {
-    ShmSegment memory;
+    Mapping memory;
     uint32_t id;
   };
   // An allreduce opened with allreduce_deferred whose tensors are not all marked yet.
@@ -57,7 +57,7 @@ class ClientImpl final : public Client {
   // Per job incarnation:
   std::optional<JoinOptions> joined_;
   std::chrono::milliseconds timeout_{0};
-  std::shared_ptr<ShmSegment> channel_;
+  std::shared_ptr<JobChannel> channel_;
   std::shared_ptr<Completions> completions_;
   std::optional<RingWriter<SubmitRing>> submit_;
   uint64_t next_seq_ = 1;

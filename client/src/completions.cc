@@ -1,6 +1,6 @@
 #include "client/src/completions.h"
 
-#include <cstring>
+#include <algorithm>
 
 #include "gradsync/work.h"
 
@@ -14,32 +14,40 @@ constexpr auto kLivenessInterval = std::chrono::milliseconds(100);
 // Spinning helps only when the daemon runs on another idle core; keep it short.
 constexpr int kSpin = 200;
 
-// Completed entries kept for Work handles that have not looked yet. Old ones are forgotten
-// (a Work asking about a forgotten seq reports success; it completed long ago).
-constexpr size_t kMaxRemembered = 1 << 16;
-
 }  // namespace
 
-Completions::Completions(std::shared_ptr<ShmSegment> channel, uint32_t local_rank,
-                         std::shared_ptr<Connection> connection)
+Completions::Completions(std::shared_ptr<JobChannel> channel, std::function<std::string()> daemon_gone)
     : channel_(std::move(channel)),
-      header_(reinterpret_cast<ChannelHeader*>(channel_->data())),
-      mine_(client_channel(channel_->data(), local_rank)),
-      connection_(std::move(connection)),
-      reader_(&mine_->completion) {}
+      daemon_gone_(std::move(daemon_gone)),
+      reader_(&channel_->daemon()->completion, &channel_->client()->completion_cursor) {}
+
+WakeRef Completions::completion_ready() const {
+  // The client only waits on this word (it never notifies), so the read-only half is only read.
+  return WakeRef{const_cast<std::atomic<uint32_t>*>(&channel_->daemon()->completion_seq),
+                 &channel_->client()->completion_waiters};
+}
 
 // Reads only the shared atomics, so it is safe without the mutex while another thread drains.
 bool Completions::has_entries() const {
-  return mine_->completion.tail.load(std::memory_order_acquire) != mine_->completion.head.load(std::memory_order_acquire);
+  return channel_->daemon()->completion.tail.load(std::memory_order_acquire) !=
+         channel_->client()->completion_cursor.head.load(std::memory_order_acquire);
+}
+
+Status Completions::daemon_failure() const {
+  const DaemonRings* rings = channel_->daemon();
+  const uint32_t code = rings->failure_code.load(std::memory_order_acquire);
+  if (code == 0) return Status();
+  const size_t length = std::min<size_t>(rings->failure_length, sizeof(rings->failure_message));
+  return Status(static_cast<ErrorCode>(code), std::string(rings->failure_message, length));
 }
 
 void Completions::expect(uint64_t seq) {
   std::lock_guard lock(mutex_);
   if (!failure_.ok()) {
-    done_[seq] = failure_;
+    first_failed_ = std::min(first_failed_, seq);
     return;
   }
-  pending_[seq] = Status();
+  pending_.insert(seq);
 }
 
 size_t Completions::pending() const {
@@ -47,29 +55,33 @@ size_t Completions::pending() const {
   return pending_.size();
 }
 
+Status Completions::outcome_locked(uint64_t seq) const { return seq >= first_failed_ ? failure_ : Status(); }
+
 void Completions::drain_locked() {
+  // The daemon posts a completion before it publishes a failure, so reading the failure first
+  // and the ring second never takes a completed operation for a failed one.
+  const Status published = daemon_failure();
   CompletionEntry entry;
   while (reader_.try_pop(&entry) == PopResult::kOk) {
-    Status status;
-    if (entry.code != 0) {
-      const size_t length = std::min<size_t>(entry.message_length, kCompletionMessageBytes);
-      status = Status(static_cast<ErrorCode>(entry.code), std::string(entry.message, length));
+    if (entry.code != 0 && failure_.ok()) {
+      // Every failed completion carries the job's sticky error; its whole text is in the
+      // daemon's ring memory, the entry holds only its beginning.
+      Status whole = daemon_failure();
+      if (whole.ok()) {
+        const size_t length = std::min<size_t>(entry.message_length, kCompletionMessageBytes);
+        whole = Status(static_cast<ErrorCode>(entry.code), std::string(entry.message, length));
+      }
+      failure_ = whole;
     }
+    if (entry.code != 0) first_failed_ = std::min(first_failed_, entry.op_seq);
     pending_.erase(entry.op_seq);
-    done_[entry.op_seq] = status;
   }
-  while (done_.size() > kMaxRemembered) done_.erase(done_.begin());
-  const uint32_t code = header_->failure_code.load(std::memory_order_acquire);
-  if (code != 0 && failure_.ok()) {
-    char message[sizeof(header_->failure_message) + 1] = {};
-    std::memcpy(message, header_->failure_message, sizeof(header_->failure_message));
-    fail_all_locked(Status(static_cast<ErrorCode>(code), message));
-  }
+  if (failure_.ok() && !published.ok()) fail_all_locked(published);
 }
 
 void Completions::fail_all_locked(const Status& status) {
-  failure_ = status;
-  for (auto& [seq, unused] : pending_) done_[seq] = status;
+  if (failure_.ok()) failure_ = status;
+  if (!pending_.empty()) first_failed_ = std::min(first_failed_, *pending_.begin());
   pending_.clear();
 }
 
@@ -77,9 +89,10 @@ bool Completions::check_liveness_locked() {
   const auto now = std::chrono::steady_clock::now();
   if (now < next_liveness_check_) return true;
   next_liveness_check_ = now + kLivenessInterval;
-  if (!connection_->peer_closed()) return true;
+  const std::string gone = daemon_gone_();
+  if (gone.empty()) return true;
   drain_locked();  // completions posted before the daemon went away still count
-  if (failure_.ok()) fail_all_locked(Status::peer_lost("gradsyncd at " + connection_->path() + " went away"));
+  if (failure_.ok() || !pending_.empty()) fail_all_locked(Status::peer_lost(gone));
   return false;
 }
 
@@ -87,8 +100,7 @@ bool Completions::poll(uint64_t seq, Status* status) {
   std::lock_guard lock(mutex_);
   drain_locked();
   if (pending_.count(seq)) return false;
-  auto it = done_.find(seq);
-  *status = it == done_.end() ? Status() : it->second;
+  *status = outcome_locked(seq);
   return true;
 }
 
@@ -98,8 +110,7 @@ bool Completions::wait(uint64_t seq, std::chrono::steady_clock::time_point deadl
       std::lock_guard lock(mutex_);
       drain_locked();
       if (!pending_.count(seq)) {
-        auto it = done_.find(seq);
-        *status = it == done_.end() ? Status() : it->second;
+        *status = outcome_locked(seq);
         return true;
       }
       if (!check_liveness_locked()) continue;
@@ -107,8 +118,9 @@ bool Completions::wait(uint64_t seq, std::chrono::steady_clock::time_point deadl
     const auto now = std::chrono::steady_clock::now();
     if (now >= deadline) return false;
     const auto slice = std::min(deadline, now + kLivenessInterval);
-    mine_->completion_ready.wait_until(
-        [&] { return has_entries() || header_->failure_code.load(std::memory_order_acquire) != 0; }, slice, kSpin);
+    completion_ready().wait_until(
+        [&] { return has_entries() || channel_->daemon()->failure_code.load(std::memory_order_acquire) != 0; }, slice,
+        kSpin);
   }
 }
 
@@ -125,7 +137,7 @@ void Completions::wait_below(size_t limit, std::chrono::steady_clock::time_point
       throw Error(Status::timeout("more than " + std::to_string(limit) + " operations are pending and none completed " +
                                   "before the job timeout"));
     }
-    mine_->completion_ready.wait_until([&] { return has_entries(); }, std::min(deadline, now + kLivenessInterval));
+    completion_ready().wait_until([&] { return has_entries(); }, std::min(deadline, now + kLivenessInterval));
   }
 }
 

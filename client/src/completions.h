@@ -1,27 +1,41 @@
-// The client's side of the completion ring: drains the daemon's completion entries into a table
-// that Work handles query, and turns the job's sticky error (channel header) or a closed control
-// connection into failures of every pending operation, so a wait never outlives its timeout.
+// The client's side of its completion ring: drains the daemon's completion entries and answers
+// Work handles, and turns the job's sticky error (DaemonRings) or a daemon that went away into
+// failures of every pending operation, so a wait never outlives its timeout.
 // Thread-safe: Work handles may be waited on from several threads.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
-#include <map>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <set>
+#include <string>
 
-#include "client/src/connection.h"
 #include "shared/channel_layout.h"
-#include "shared/shm_segment.h"
+#include "shared/memfd.h"
 #include "shared/status.h"
 
 namespace gradsync {
 
+// The job's per-step memory as this client maps it (shared/channel_layout.h).
+struct JobChannel {
+  Mapping doorbell;      // read-write, shared with the job's other clients
+  Mapping client_rings;  // read-write, this client's own
+  Mapping daemon_rings;  // read-only: the daemon sealed it against writes
+
+  DoorbellPage* doorbell_page() const { return reinterpret_cast<DoorbellPage*>(doorbell.data()); }
+  ClientRings* client() const { return reinterpret_cast<ClientRings*>(client_rings.data()); }
+  const DaemonRings* daemon() const { return reinterpret_cast<const DaemonRings*>(daemon_rings.data()); }
+};
+
 class Completions {
  public:
-  Completions(std::shared_ptr<ShmSegment> channel, uint32_t local_rank, std::shared_ptr<Connection> connection);
+  // `daemon_gone` is asked now and then while waiting; it returns why the daemon is gone, or an
+  // empty string while it is there. It must never block.
+  Completions(std::shared_ptr<JobChannel> channel, std::function<std::string()> daemon_gone);
 
-  // Records that operation `seq` was submitted and awaits a completion.
+  // Records that operation `seq` was submitted and awaits a completion. Sequence numbers grow.
   void expect(uint64_t seq);
 
   // Operations submitted and not yet completed.
@@ -43,17 +57,21 @@ class Completions {
   bool has_entries() const;
   void drain_locked();
   void fail_all_locked(const Status& status);
+  Status outcome_locked(uint64_t seq) const;
+  Status daemon_failure() const;
   bool check_liveness_locked();
+  WakeRef completion_ready() const;
 
-  std::shared_ptr<ShmSegment> channel_;  // keeps the rings mapped while any Work lives
-  ChannelHeader* header_;
-  ClientChannel* mine_;
-  std::shared_ptr<Connection> connection_;
+  std::shared_ptr<JobChannel> channel_;  // keeps the rings mapped while any Work lives
+  std::function<std::string()> daemon_gone_;
   mutable std::mutex mutex_;
-  RingReader<CompletionRing> reader_;      // guarded by mutex_
-  std::map<uint64_t, Status> pending_;     // guarded by mutex_; submitted, not yet completed
-  std::map<uint64_t, Status> done_;        // guarded by mutex_
-  Status failure_;                         // guarded by mutex_
+  RingReader<CompletionRing> reader_;  // guarded by mutex_
+  std::set<uint64_t> pending_;         // guarded by mutex_; submitted, not yet completed
+  // Operations complete in sequence order and the first error of a job sticks, so every
+  // operation from the first failed one on failed with failure_, and every earlier one
+  // succeeded: the outcome of any completed operation, however old, without a table.
+  uint64_t first_failed_ = UINT64_MAX;  // guarded by mutex_
+  Status failure_;                      // guarded by mutex_
   std::chrono::steady_clock::time_point next_liveness_check_;
 };
 

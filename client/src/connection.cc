@@ -8,9 +8,11 @@
 #include <cerrno>
 #include <cstring>
 
+#include "shared/fd_passing.h"
+
 namespace gradsync {
 
-Connection::Connection(const std::string& socket_path) : path_(socket_path) {
+Connection::Connection(const std::string& socket_path, std::optional<uid_t> daemon_uid) : path_(socket_path) {
   sockaddr_un address{};
   address.sun_family = AF_UNIX;
   if (socket_path.empty() || socket_path.size() >= sizeof(address.sun_path)) {
@@ -26,26 +28,50 @@ Connection::Connection(const std::string& socket_path) : path_(socket_path) {
     throw Error(Status::peer_lost("cannot connect to gradsyncd at " + socket_path + ": " + std::strerror(err) +
                                   " (is the daemon running? set GRADSYNC_SOCKET or ConnectOptions::socket_path)"));
   }
+  ucred peer{};
+  socklen_t length = sizeof(peer);
+  if (::getsockopt(fd_, SOL_SOCKET, SO_PEERCRED, &peer, &length) != 0) {
+    const int err = errno;
+    ::close(fd_);
+    fd_ = -1;
+    throw Error(Status::internal("SO_PEERCRED on " + socket_path + " failed: " + std::strerror(err)));
+  }
+  const bool trusted = peer.uid == 0 || peer.uid == ::geteuid() || (daemon_uid && peer.uid == *daemon_uid);
+  if (!trusted) {
+    ::close(fd_);
+    fd_ = -1;
+    throw Error(Status::permission_denied(
+        "the process serving " + socket_path + " (pid " + std::to_string(peer.pid) + ") runs as uid " +
+        std::to_string(peer.uid) + ", which is neither root, this process's uid " + std::to_string(::geteuid()) +
+        ", nor the daemon uid this client trusts" +
+        (daemon_uid ? " (" + std::to_string(*daemon_uid) + ")" : std::string()) +
+        "; if gradsyncd runs as that user, set GRADSYNC_DAEMON_UID=" + std::to_string(peer.uid) +
+        " or ConnectOptions::daemon_uid"));
+  }
 }
 
 Connection::~Connection() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-void Connection::write_all(const std::string& bytes) {
+void Connection::write_all(const std::string& bytes, std::span<const int> fds) {
   size_t done = 0;
   while (done < bytes.size()) {
-    const ssize_t n = ::send(fd_, bytes.data() + done, bytes.size() - done, MSG_NOSIGNAL);
+    // The descriptors travel with the frame's first bytes, in one sendmsg().
+    const ssize_t n = send_with_fds(fd_, std::as_bytes(std::span<const char>(bytes.data() + done, bytes.size() - done)),
+                                    done == 0 ? fds : std::span<const int>(), 0);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) throw Error(Status::peer_lost("lost the connection to gradsyncd at " + path_ + ": " + std::strerror(errno)));
     done += static_cast<size_t>(n);
   }
 }
 
-control::Reply Connection::call(control::Request request, std::chrono::milliseconds timeout) {
+control::Reply Connection::call(control::Request request, std::chrono::milliseconds timeout, std::span<const int> fds,
+                                std::vector<UniqueFd>* reply_fds) {
   const uint64_t id = next_id_++;
   request.set_id(id);
-  write_all(encode_frame(request.SerializeAsString()));
+  request.set_fd_count(static_cast<uint32_t>(fds.size()));
+  write_all(encode_frame(request.SerializeAsString()), fds);
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {
     std::optional<std::string> payload;
@@ -53,10 +79,21 @@ control::Reply Connection::call(control::Request request, std::chrono::milliseco
     if (payload) {
       control::Reply reply;
       if (!reply.ParseFromString(*payload)) throw Error(Status::protocol("gradsyncd sent an unparsable reply"));
-      if (reply.id() != id && reply.id() != 0) continue;  // a stale reply to an abandoned call
+      if (reply.fd_count() > received_fds_.size()) {
+        throw Error(Status::protocol("gradsyncd sent a reply naming " + std::to_string(reply.fd_count()) +
+                                     " file descriptors, but only " + std::to_string(received_fds_.size()) +
+                                     " arrived"));
+      }
+      std::vector<UniqueFd> mine;
+      for (uint32_t i = 0; i < reply.fd_count(); ++i) {
+        mine.push_back(std::move(received_fds_.front()));
+        received_fds_.pop_front();
+      }
+      if (reply.id() != id && reply.id() != 0) continue;  // a stale reply to an abandoned call; its fds close
       if (reply.has_error() && reply.error().code() != 0) {
         throw Error(Status(static_cast<ErrorCode>(reply.error().code()), reply.error().message()));
       }
+      if (reply_fds) *reply_fds = std::move(mine);
       return reply;
     }
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
@@ -68,8 +105,10 @@ control::Reply Connection::call(control::Request request, std::chrono::milliseco
     if (ready < 0 && errno == EINTR) continue;
     if (ready <= 0) continue;
     std::byte buffer[64 << 10];
-    const ssize_t n = ::recv(fd_, buffer, sizeof(buffer), 0);
+    Received got;
+    const ssize_t n = receive_with_fds(fd_, buffer, 0, &got);
     if (n < 0 && errno == EINTR) continue;
+    for (auto& fd : got.fds) received_fds_.push_back(std::move(fd));
     if (n <= 0) {
       throw Error(Status::peer_lost("gradsyncd at " + path_ + " closed the connection" +
                                     (n < 0 ? std::string(": ") + std::strerror(errno) : std::string())));

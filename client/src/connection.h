@@ -1,28 +1,41 @@
-// The client's end of the control socket: blocking request/reply with frames. Used only for
-// setup (hello, join, segments, registration), never on the per-step path.
+// The client's end of the control socket: blocking request/reply with frames, and descriptors
+// passed alongside them (SCM_RIGHTS). Used only for setup (hello, join, segments,
+// registration), never on the per-step path.
 #pragma once
 
 #include <chrono>
+#include <sys/types.h>
+
 #include <cstdint>
+#include <deque>
+#include <optional>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "proto/control.pb.h"
 #include "shared/framing.h"
 #include "shared/status.h"
+#include "shared/unique_fd.h"
 
 namespace gradsync {
 
 class Connection {
  public:
-  // Connects to the daemon's socket; throws Error naming the path and the cause.
-  explicit Connection(const std::string& socket_path);
+  // Connects to the daemon's socket and checks who serves it (SO_PEERCRED): root, this
+  // process's own user, or `daemon_uid`. Anybody else may be squatting the path to pose as the
+  // daemon and receive the trainer's memory, so the connection is refused. Throws Error naming
+  // the path and the cause.
+  Connection(const std::string& socket_path, std::optional<uid_t> daemon_uid);
   ~Connection();
   Connection(const Connection&) = delete;
   Connection& operator=(const Connection&) = delete;
 
-  // Sends the request (its id is filled in) and waits at most `timeout` for its reply. Throws
-  // Error for transport failures and for an error reply.
-  control::Reply call(control::Request request, std::chrono::milliseconds timeout);
+  // Sends the request (its id and fd_count are filled in) with `fds`, and waits at most
+  // `timeout` for its reply. The descriptors sent with the reply go to *reply_fds (closed when
+  // it is null). Throws Error for transport failures and for an error reply.
+  control::Reply call(control::Request request, std::chrono::milliseconds timeout, std::span<const int> fds = {},
+                      std::vector<UniqueFd>* reply_fds = nullptr);
 
   // True when the daemon has closed the connection (it died or dropped us). Never blocks.
   bool peer_closed() const;
@@ -30,12 +43,13 @@ class Connection {
   const std::string& path() const { return path_; }
 
  private:
-  void write_all(const std::string& bytes);
+  void write_all(const std::string& bytes, std::span<const int> fds);
 
   std::string path_;
   int fd_ = -1;
   uint64_t next_id_ = 1;
   FrameDecoder decoder_;
+  std::deque<UniqueFd> received_fds_;  // arrived, not yet claimed by a decoded reply
 };
 
 }  // namespace gradsync

@@ -11,8 +11,8 @@ namespace {
 // Resolves one tensor descriptor against the client's segments. The range check is written so
 // that no sum can overflow.
 Status resolve_tensor(size_t index, const control::TensorDesc& desc, const Topology& topology,
-                      const std::map<uint32_t, std::shared_ptr<const ShmSegment>>& segments,
-                      plan::TensorLayout* layout, std::byte** address, const ShmSegment** segment) {
+                      const std::map<uint32_t, std::shared_ptr<const MemoryRegion>>& segments,
+                      plan::TensorLayout* layout, std::byte** address, const MemoryRegion** segment) {
   const std::string name = "tensor " + std::to_string(index) + ": ";
   const auto dtype = dtype_from_raw(static_cast<uint32_t>(desc.dtype()));
   if (!dtype) return Status::invalid_argument(name + "unknown dtype " + std::to_string(desc.dtype()));
@@ -47,7 +47,7 @@ Status resolve_tensor(size_t index, const control::TensorDesc& desc, const Topol
   layout->dtype = *dtype;
   layout->numel = desc.numel();
   layout->group = group;
-  *address = it->second->data() + desc.offset();
+  *address = it->second->base() + desc.offset();
   *segment = it->second.get();
   return Status::ok_status();
 }
@@ -77,7 +77,7 @@ void set_error(const Status& status, control::Reply* reply) {
 
 ClientHandler::ClientHandler(ClientHandlerOptions options) : options_(std::move(options)) {}
 
-ClientHandler::~ClientHandler() { disconnected("disconnected"); }
+ClientHandler::~ClientHandler() { disconnected(Status()); }
 
 std::string ClientHandler::who() const {
   std::string text = "client pid " + std::to_string(options_.peer.pid);
@@ -85,8 +85,12 @@ std::string ClientHandler::who() const {
   return text;
 }
 
-void ClientHandler::disconnected(const std::string& how) {
-  if (job_) leave_job(Status::peer_lost("job " + job_->params().id + ": " + who() + " " + how));
+void ClientHandler::disconnected(const Status& why) {
+  if (!job_) return;
+  // Daemon shutdown is not the client's fault: the others learn the daemon's reason.
+  if (why.code() == ErrorCode::kAborted) return leave_job(why);
+  const std::string how = why.ok() ? "disconnected" : "was disconnected: " + why.message();
+  leave_job(Status::peer_lost("job " + job_->params().id + ": " + who() + " " + how));
 }
 
 void ClientHandler::leave_job(const Status& why) {
@@ -97,17 +101,24 @@ void ClientHandler::leave_job(const Status& why) {
   options_.registry->left(job);
 }
 
-void ClientHandler::handle(const control::Request& request) {
+void ClientHandler::handle(const control::Request& request, std::vector<UniqueFd> fds) {
   control::Reply reply;
   reply.set_id(request.id());
+  std::vector<UniqueFd> reply_fds;
   Status status;
+  const bool takes_fd = request.body_case() == control::Request::kSegment;
   if (!greeted_ && request.body_case() != control::Request::kHello) {
     status = Status::protocol("the first request must be Hello");
+  } else if (fds.size() != (takes_fd ? 1u : 0u)) {
+    status = Status::invalid_argument(takes_fd ? "a Segment request carries exactly one file descriptor, got " +
+                                                     std::to_string(fds.size())
+                                               : "this request carries no file descriptors, got " +
+                                                     std::to_string(fds.size()));
   } else {
     switch (request.body_case()) {
       case control::Request::kHello: status = on_hello(request.hello(), &reply); break;
-      case control::Request::kJoin: status = on_join(request.join(), &reply); break;
-      case control::Request::kSegment: status = on_segment(request.segment(), &reply); break;
+      case control::Request::kJoin: status = on_join(request.join(), &reply, &reply_fds); break;
+      case control::Request::kSegment: status = on_segment(request.segment(), std::move(fds), &reply); break;
       case control::Request::kRegister:
         status = on_register(request.id(), request.register_());
         if (status.ok()) return;  // answered when the barrier completes
@@ -118,8 +129,9 @@ void ClientHandler::handle(const control::Request& request) {
   if (!status.ok()) {
     options_.log.info(who() + ": request refused: " + status.to_string());
     set_error(status, &reply);
+    reply_fds.clear();
   }
-  options_.send(reply);
+  options_.send(reply, std::move(reply_fds));
 }
 
 Status ClientHandler::on_hello(const control::Hello& hello, control::Reply* reply) {
@@ -133,43 +145,43 @@ Status ClientHandler::on_hello(const control::Hello& hello, control::Reply* repl
   return Status::ok_status();
 }
 
-Status ClientHandler::on_join(const control::JoinRequest& join, control::Reply* reply) {
+Status ClientHandler::on_join(const control::JoinRequest& join, control::Reply* reply, std::vector<UniqueFd>* fds) {
   // Joining again re-forms: the old job (if any) fails for its other members, who re-join too.
   if (job_) leave_job(Status::peer_lost("job " + job_->params().id + ": " + who() + " left to join again"));
   MemberInfo member{join.rank(), join.local_rank(), options_.peer.pid, options_.peer.uid};
   std::shared_ptr<Job> job;
-  if (Status status = options_.registry->join(join, member, &job); !status.ok()) return status;
+  Job::ChannelFds channel;
+  if (Status status = options_.registry->join(join, member, &job, &channel); !status.ok()) return status;
   job_ = std::move(job);
   rank_ = join.rank();
   local_rank_ = join.local_rank();
   auto* body = reply->mutable_join();
-  body->set_channel_name(job_->channel_name());
-  body->set_channel_bytes(job_->channel_bytes());
   body->set_timeout_ms(static_cast<uint32_t>(job_->params().timeout.count()));
+  body->set_doorbell_bytes(kDoorbellBytes);
+  body->set_client_rings_bytes(kClientRingsBytes);
+  body->set_daemon_rings_bytes(kDaemonRingsBytes);
+  fds->resize(kJoinFdCount);
+  (*fds)[kJoinFdDoorbell] = std::move(channel.doorbell);
+  (*fds)[kJoinFdClientRings] = std::move(channel.client_rings);
+  (*fds)[kJoinFdDaemonRings] = std::move(channel.daemon_rings);
   return Status::ok_status();
 }
 
-Status ClientHandler::on_segment(const control::SegmentRequest& request, control::Reply* reply) {
+Status ClientHandler::on_segment(const control::SegmentRequest& request, std::vector<UniqueFd> fds,
+                                 control::Reply* reply) {
   if (segments_.size() >= options_.max_segments) {
     return Status::resource_exhausted("a client may announce at most " + std::to_string(options_.max_segments) +
                                       " segments");
   }
-  if (request.bytes() == 0) return Status::invalid_argument("a segment must not have zero bytes");
-  ShmSegment::OpenOptions open;
-  open.expected_bytes = request.bytes();
-  open.check_owner = true;
-  open.owner_uid = options_.peer.uid;
-  try {
-    auto segment = std::make_shared<ShmSegment>(ShmSegment::open(request.name(), open));
-    // Remove the name at once: from now on the memory lives exactly as long as the two mappings,
-    // so a client killed at any later point leaves nothing behind in /dev/shm.
-    ShmSegment::remove_name(request.name());
-    const uint32_t id = next_segment_id_++;
-    segments_[id] = std::move(segment);
-    reply->mutable_segment()->set_segment_id(id);
-  } catch (const Error& e) {
-    return e.status();
-  }
+  std::shared_ptr<MemoryRegion> region;
+  const auto kind = static_cast<MemoryKind>(request.kind());
+  Status status = options_.backends->import_memory(kind, std::move(fds[0]), request.bytes(), &region);
+  if (!status.ok()) return Status(status.code(), "segment: " + status.message(), status.where());
+  // The descriptor is closed; the memory lives exactly as long as the two mappings, so a
+  // client killed at any later point leaves nothing behind.
+  const uint32_t id = next_segment_id_++;
+  segments_[id] = std::move(region);
+  reply->mutable_segment()->set_segment_id(id);
   return Status::ok_status();
 }
 
@@ -181,9 +193,9 @@ Status ClientHandler::on_register(uint64_t request_id, const control::RegisterRe
   reg.bucket_cap = request.has_bucket_cap() ? request.bucket_cap_bytes() : plan::kDefaultBucketCapBytes;
   reg.layout.resize(static_cast<size_t>(request.tensors_size()));
   reg.address.resize(reg.layout.size());
-  std::vector<const ShmSegment*> used;
+  std::vector<const MemoryRegion*> used;
   for (size_t i = 0; i < reg.layout.size(); ++i) {
-    const ShmSegment* segment = nullptr;
+    const MemoryRegion* segment = nullptr;
     if (Status status = resolve_tensor(i, request.tensors(static_cast<int>(i)), job_->params().topology, segments_,
                                        &reg.layout[i],
                                        &reg.address[i], &segment);
@@ -208,11 +220,11 @@ Status ClientHandler::on_register(uint64_t request_id, const control::RegisterRe
                                       " do not fit in segment " + std::to_string(request.gather_segment_id()) +
                                       " of " + std::to_string(size) + " bytes");
     }
-    reg.gather_output = it->second->data() + request.gather_offset();
+    reg.gather_output = it->second->base() + request.gather_offset();
     used.push_back(it->second.get());
   }
   for (const auto& [id, segment] : segments_) {
-    if (std::find(used.begin(), used.end(), segment.get()) != used.end()) reg.segments.push_back(segment);
+    if (std::find(used.begin(), used.end(), segment.get()) != used.end()) reg.regions.push_back(segment);
   }
   ReplySender send = options_.send;
   reg.done = [send, request_id](const Status& status, const TensorSet* set) {
@@ -232,7 +244,7 @@ Status ClientHandler::on_register(uint64_t request_id, const control::RegisterRe
         info->set_zero_copy(set->runs[b].size() <= 1);
       }
     }
-    send(reply);
+    send(reply, {});
   };
   job_->register_set(local_rank_, std::move(reg));
   return Status::ok_status();

@@ -1,6 +1,6 @@
 // The control protocol of one connected client: Hello, then Join, then any number of Segment
-// and Register requests. Holds what the client owns in the daemon (its mapped segments and its
-// place in a job) and releases it when the client disconnects.
+// and Register requests. Holds what the client owns in the daemon (the memory regions it passed
+// and its place in a job) and releases it when the client disconnects.
 //
 // Every request gets exactly one reply. Most are answered at once; Register is answered when the
 // set's registration barrier completes, which may be after this handler is gone (the reply is
@@ -12,19 +12,22 @@
 #include <memory>
 #include <string>
 
+#include "daemon/backend/factory.h"
 #include "daemon/control/peer_credentials.h"
 #include "daemon/job/registry.h"
 #include "daemon/util/log.h"
 #include "proto/control.pb.h"
-#include "shared/shm_segment.h"
+#include "shared/unique_fd.h"
 #include "shared/status.h"
 
 namespace gradsync {
 
-using ReplySender = std::function<void(const control::Reply&)>;
+// Sends a reply with the descriptors that go with it.
+using ReplySender = std::function<void(const control::Reply&, std::vector<UniqueFd>)>;
 
 struct ClientHandlerOptions {
   JobRegistry* registry = nullptr;
+  BackendFactory* backends = nullptr;
   PeerCredentials peer;
   Logger log;
   ReplySender send;  // must be safe to call after the handler is gone
@@ -34,19 +37,21 @@ struct ClientHandlerOptions {
 class ClientHandler {
  public:
   explicit ClientHandler(ClientHandlerOptions options);
-  ~ClientHandler();  // leaves the job, unmaps the segments
+  ~ClientHandler();  // leaves the job, releases the memory regions
   ClientHandler(const ClientHandler&) = delete;
   ClientHandler& operator=(const ClientHandler&) = delete;
 
-  void handle(const control::Request& request);
+  // Serves one request; `fds` are the descriptors sent with it (already counted against the
+  // request's fd_count).
+  void handle(const control::Request& request, std::vector<UniqueFd> fds);
 
-  // The connection ended; `how` says why ("disconnected", "sent a malformed frame").
-  void disconnected(const std::string& how);
+  // The connection ended: ok for a plain disconnect, else why it was closed.
+  void disconnected(const Status& why);
 
  private:
   Status on_hello(const control::Hello& hello, control::Reply* reply);
-  Status on_join(const control::JoinRequest& join, control::Reply* reply);
-  Status on_segment(const control::SegmentRequest& segment, control::Reply* reply);
+  Status on_join(const control::JoinRequest& join, control::Reply* reply, std::vector<UniqueFd>* fds);
+  Status on_segment(const control::SegmentRequest& segment, std::vector<UniqueFd> fds, control::Reply* reply);
   Status on_register(uint64_t request_id, const control::RegisterRequest& request);
   void leave_job(const Status& why);
   std::string who() const;
@@ -56,7 +61,7 @@ class ClientHandler {
   std::shared_ptr<Job> job_;
   int rank_ = -1;
   int local_rank_ = -1;
-  std::map<uint32_t, std::shared_ptr<const ShmSegment>> segments_;
+  std::map<uint32_t, std::shared_ptr<const MemoryRegion>> segments_;
   uint32_t next_segment_id_ = 1;
 };
 

@@ -50,7 +50,7 @@ ControlServer::ControlServer(asio::io_context& io, ControlServerOptions options)
 }
 
 ControlServer::~ControlServer() {
-  stop();
+  stop(Status::aborted("gradsyncd is shutting down"));
   ::unlink(options_.socket_path.c_str());
 }
 
@@ -58,11 +58,11 @@ void ControlServer::start() {
   asio::co_spawn(acceptor_.get_executor(), [this]() { return accept_loop(); }, asio::detached);
 }
 
-void ControlServer::stop() {
+void ControlServer::stop(const Status& why) {
   boost::system::error_code ignored;
   acceptor_.close(ignored);
   for (auto& weak : sessions_) {
-    if (auto session = weak.lock()) session->stop();
+    if (auto session = weak.lock()) session->stop(why);
   }
   sessions_.clear();
 }
@@ -89,7 +89,8 @@ asio::awaitable<void> ControlServer::accept_loop() {
       options_.log.error(status.message());
       continue;
     }
-    auto session = std::make_shared<Session>(std::move(socket), peer, SessionOptions{options_.registry, options_.log});
+    auto session = std::make_shared<Session>(std::move(socket), peer,
+                                                  SessionOptions{options_.registry, options_.backends, options_.log});
     session->start();
     std::erase_if(sessions_, [](const std::weak_ptr<Session>& s) { return s.expired(); });
     sessions_.push_back(session);

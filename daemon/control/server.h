@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "daemon/control/asio.h"
+#include "daemon/backend/factory.h"
 #include "daemon/job/registry.h"
 #include "daemon/util/log.h"
 
@@ -19,6 +20,7 @@ struct ControlServerOptions {
   std::string socket_path;
   std::vector<uid_t> allowed_uids;  // empty: this process's uid and root
   JobRegistry* registry = nullptr;
+  BackendFactory* backends = nullptr;
   Logger log;
 };
 
@@ -31,8 +33,9 @@ class ControlServer {
   ControlServer& operator=(const ControlServer&) = delete;
 
   void start();
-  // Stops accepting and ends every session; the io_context then runs out of work.
-  void stop();
+  // Stops accepting and ends every session (its job learns `why`); the io_context then runs out
+  // of work.
+  void stop(const Status& why);
 
  private:
   boost::asio::awaitable<void> accept_loop();

@@ -1,10 +1,34 @@
 #include "daemon/control/session.h"
 
+#include <sys/socket.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "shared/fd_passing.h"
 #include "shared/framing.h"
 
 namespace gradsync {
 
 namespace asio = boost::asio;
+
+namespace {
+
+// Descriptors a connection may hold unclaimed (a frame still arriving); more is an attack.
+constexpr size_t kMaxHeldFds = 4 * kMaxFdsPerMessage;
+
+const char* request_name(const control::Request& request) {
+  switch (request.body_case()) {
+    case control::Request::kHello: return "Hello";
+    case control::Request::kJoin: return "Join";
+    case control::Request::kSegment: return "Segment";
+    case control::Request::kRegister: return "Register";
+    case control::Request::BODY_NOT_SET: break;
+  }
+  return "empty";
+}
+
+}  // namespace
 
 Session::Session(Socket socket, PeerCredentials peer, SessionOptions options)
     : socket_(std::move(socket)),
@@ -19,10 +43,11 @@ void Session::start() {
   std::weak_ptr<Session> weak = weak_from_this();
   ClientHandlerOptions handler;
   handler.registry = options_.registry;
+  handler.backends = options_.backends;
   handler.peer = peer_;
   handler.log = log_;
-  handler.send = [weak](const control::Reply& reply) {
-    if (auto self = weak.lock()) self->send(reply);
+  handler.send = [weak](const control::Reply& reply, std::vector<UniqueFd> fds) {
+    if (auto self = weak.lock()) self->send(reply, std::move(fds));
   };
   handler_.emplace(std::move(handler));
   auto self = shared_from_this();
@@ -30,21 +55,25 @@ void Session::start() {
   asio::co_spawn(socket_.get_executor(), [self]() { return self->write_loop(); }, asio::detached);
 }
 
-void Session::send(const control::Reply& reply) {
-  if (closing_ && !socket_.is_open()) return;
-  std::string frame = encode_frame(reply.SerializeAsString());
+void Session::send(const control::Reply& reply, std::vector<UniqueFd> fds) {
+  if ((closing_ && !socket_.is_open()) || overflowed_) return;
+  control::Reply copy = reply;
+  copy.set_fd_count(static_cast<uint32_t>(fds.size()));
+  std::string frame = encode_frame(copy.SerializeAsString());
   // A client that sends requests but never reads replies must not grow the daemon's memory.
-  if (outbox_bytes_ + frame.size() > kMaxOutboxBytes) {
-    outbox_.clear();
-    outbox_bytes_ = 0;
+  // The queue is not touched here: a write may be in flight from its front, so the write loop
+  // drops it once that write has been cancelled.
+  if (outbox_bytes_ + frame.size() > options_.max_outbox_bytes) {
+    overflowed_ = true;
     log_.warning("closing connection: the client does not read its replies");
     close(Status::resource_exhausted("the client does not read its replies"));
     boost::system::error_code ignored;
     socket_.cancel(ignored);
+    outbox_ready_.cancel();
     return;
   }
   outbox_bytes_ += frame.size();
-  outbox_.push_back(std::move(frame));
+  outbox_.push_back(Outgoing{std::move(frame), std::move(fds)});
   outbox_ready_.cancel();
 }
 
@@ -56,8 +85,8 @@ void Session::refuse(const Status& status) {
   close(status);
 }
 
-void Session::stop() {
-  close(Status::aborted("gradsyncd is shutting down"));
+void Session::stop(const Status& why) {
+  close(why);
   boost::system::error_code ignored;
   socket_.cancel(ignored);
 }
@@ -67,7 +96,7 @@ void Session::close(const Status& why) {
   closing_ = true;
   // Leave the job now, not when the last coroutine lets go of the session: the other clients
   // must learn about it within their timeout.
-  if (handler_) handler_->disconnected(why.ok() ? "disconnected" : "was disconnected: " + why.message());
+  if (handler_) handler_->disconnected(why);
   boost::system::error_code ignored;
   socket_.shutdown(Socket::shutdown_receive, ignored);
   outbox_ready_.cancel();
@@ -75,75 +104,138 @@ void Session::close(const Status& why) {
 
 asio::awaitable<void> Session::read_loop() {
   auto self = shared_from_this();
-  std::array<std::byte, kFrameHeaderBytes> header{};
-  std::string payload;
+  std::vector<std::byte> buffer(64 << 10);
   while (!closing_) {
     boost::system::error_code ec;
-    size_t got = co_await asio::async_read(socket_, asio::buffer(header),
-                                           asio::redirect_error(asio::use_awaitable, ec));
-    // The writer may have closed the session (and released the handler) while this read was
-    // completing; nothing read after that point is served.
+    co_await socket_.async_wait(Socket::wait_read, asio::redirect_error(asio::use_awaitable, ec));
+    // The writer may have closed the session (and released the handler) meanwhile; nothing
+    // read after that point is served.
     if (closing_ || !handler_) break;
     if (ec) {
-      if (got == 0) {
+      close(Status::peer_lost("reading from it failed: " + ec.message()));
+      break;
+    }
+    Received got;
+    const ssize_t n = receive_with_fds(socket_.native_handle(), buffer, MSG_DONTWAIT, &got);
+    if (n < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) continue;
+      close(Status::peer_lost(std::string("reading from it failed: ") + std::strerror(errno)));
+      break;
+    }
+    if (got.fds_truncated) {
+      refuse(Status::protocol("more than " + std::to_string(kMaxFdsPerMessage) +
+                              " file descriptors were sent in one message"));
+      break;
+    }
+    if (n == 0) {
+      const Status rest = decoder_.finish();
+      if (rest.ok()) {
         close(Status());
       } else {
-        refuse(Status::protocol("truncated frame header: got " + std::to_string(got) + " of " +
-                                std::to_string(kFrameHeaderBytes) + " bytes before end of stream"));
+        refuse(rest);
       }
       break;
     }
-    uint32_t length = 0;
-    if (Status status = decode_frame_header(header, kMaxFrameBytes, &length); !status.ok()) {
+    received_bytes_ += static_cast<uint64_t>(n);
+    inbox_.add(received_bytes_, std::move(got.fds));
+    if (inbox_.size() > kMaxHeldFds) {
+      refuse(Status::protocol("more than " + std::to_string(kMaxHeldFds) +
+                              " file descriptors arrived without a complete request claiming them"));
+      break;
+    }
+    decoder_.feed(std::span<const std::byte>(buffer.data(), static_cast<size_t>(n)));
+    if (!serve_frames()) break;
+  }
+}
+
+bool Session::serve_frames() {
+  for (;;) {
+    std::optional<std::string> payload;
+    if (Status status = decoder_.next(&payload); !status.ok()) {
       refuse(status);
-      break;
+      return false;
     }
-    payload.resize(length);
-    got = co_await asio::async_read(socket_, asio::buffer(payload), asio::redirect_error(asio::use_awaitable, ec));
-    if (closing_ || !handler_) break;
-    if (ec) {
-      refuse(Status::protocol("truncated frame: expected " + std::to_string(length) + " payload bytes, got " +
-                              std::to_string(got) + " before end of stream"));
-      break;
-    }
+    if (!payload) return true;
+    const uint64_t frame_end = frame_begin_ + kFrameHeaderBytes + payload->size();
     control::Request request;
-    if (!request.ParseFromString(payload)) {
-      refuse(Status::protocol("malformed request: " + std::to_string(length) +
+    if (!request.ParseFromString(*payload)) {
+      refuse(Status::protocol("malformed request: " + std::to_string(payload->size()) +
                               " bytes do not parse as gradsync.control.Request"));
-      break;
+      return false;
     }
-    // A request that throws (out of memory, no room in /dev/shm) ends this connection with the
-    // error, never the daemon, and never leaves the session half alive.
+    std::vector<UniqueFd> fds;
+    if (Status status = inbox_.take(frame_begin_, frame_end, request.fd_count(), request_name(request), &fds);
+        !status.ok()) {
+      refuse(status);
+      return false;
+    }
+    frame_begin_ = frame_end;
+    // A request that throws (out of memory, no memory for a memfd) ends this connection with
+    // the error, never the daemon, and never leaves the session half alive.
     try {
-      handler_->handle(request);
+      handler_->handle(request, std::move(fds));
     } catch (const Error& e) {
       refuse(e.status());
     } catch (const std::exception& e) {
       refuse(Status::internal(std::string("request failed: ") + e.what()));
     }
+    if (closing_ || !handler_) return false;
   }
+}
+
+asio::awaitable<bool> Session::write_one(Outgoing& out) {
+  boost::system::error_code ec;
+  size_t sent = 0;
+  if (!out.fds.empty()) {
+    // The descriptors go with the frame's first bytes, in one sendmsg().
+    std::vector<int> raw;
+    for (const auto& fd : out.fds) raw.push_back(fd.get());
+    for (;;) {
+      co_await socket_.async_wait(Socket::wait_write, asio::redirect_error(asio::use_awaitable, ec));
+      if (ec || overflowed_) co_return false;
+      const ssize_t n = send_with_fds(socket_.native_handle(),
+                                      std::as_bytes(std::span<const char>(out.frame.data(), out.frame.size())), raw,
+                                      MSG_DONTWAIT);
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) continue;
+      if (n < 0) {
+        close(Status::peer_lost(std::string("writing to it failed: ") + std::strerror(errno)));
+        co_return false;
+      }
+      sent = static_cast<size_t>(n);
+      break;
+    }
+    out.fds.clear();  // the client holds its own copies now
+  }
+  if (sent < out.frame.size()) {
+    co_await asio::async_write(socket_, asio::buffer(out.frame.data() + sent, out.frame.size() - sent),
+                               asio::redirect_error(asio::use_awaitable, ec));
+  }
+  if (ec) {
+    if (!overflowed_) close(Status::peer_lost("writing to it failed: " + ec.message()));
+    co_return false;
+  }
+  co_return true;
 }
 
 asio::awaitable<void> Session::write_loop() {
   auto self = shared_from_this();
   for (;;) {
-    while (!outbox_.empty()) {
-      boost::system::error_code ec;
-      co_await asio::async_write(socket_, asio::buffer(outbox_.front()), asio::redirect_error(asio::use_awaitable, ec));
-      if (ec) {
-        outbox_.clear();
-        close(Status::peer_lost("writing to it failed: " + ec.message()));
-        break;
-      }
-      outbox_bytes_ -= outbox_.front().size();
+    while (!outbox_.empty() && !overflowed_) {
+      if (!co_await write_one(outbox_.front())) break;
+      outbox_bytes_ -= outbox_.front().frame.size();
       outbox_.pop_front();
     }
-    if (closing_) break;
+    // No write is in flight here, so the queue can go.
+    if (overflowed_ || (closing_ && !outbox_.empty() && !socket_.is_open())) {
+      outbox_.clear();
+      outbox_bytes_ = 0;
+    }
+    if (closing_ || overflowed_) break;
     boost::system::error_code ec;
     outbox_ready_.expires_at(asio::steady_timer::time_point::max());
     co_await outbox_ready_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
   }
-  // Everything queued before closing has been written; now release the handler (its segments,
+  // Everything queued before closing has been written; now release the handler (its memory,
   // its place in the job) and the socket.
   handler_.reset();
   boost::system::error_code ignored;

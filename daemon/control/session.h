@@ -1,22 +1,31 @@
-// One client connection: framing and I/O for a ClientHandler. One coroutine reads frames,
-// another writes queued replies, both on the daemon's single io thread. A malformed frame
-// (oversized, truncated, unparsable) is answered with an error naming the problem, and the
-// connection is closed; the daemon and every other connection carry on.
+// One client connection: framing, descriptor passing and I/O for a ClientHandler. One coroutine
+// reads frames (with the descriptors sent alongside them), another writes queued replies (with
+// theirs), both on the daemon's single io thread. A malformed frame (oversized, truncated,
+// unparsable, with descriptors nobody claims or without the ones it names) is answered with an
+// error naming the problem, and the connection is closed; the daemon and every other
+// connection carry on.
 #pragma once
 
 #include <deque>
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "daemon/control/asio.h"
 #include "daemon/control/client_handler.h"
+#include "daemon/control/fd_inbox.h"
+#include "shared/framing.h"
 
 namespace gradsync {
 
 struct SessionOptions {
   JobRegistry* registry = nullptr;
+  BackendFactory* backends = nullptr;
   Logger log;
+  // A client that sends requests but never reads its replies is disconnected once this many
+  // reply bytes are queued.
+  size_t max_outbox_bytes = 64u << 20;
 };
 
 class Session : public std::enable_shared_from_this<Session> {
@@ -29,18 +38,27 @@ class Session : public std::enable_shared_from_this<Session> {
   // Starts the reader and writer; they keep the session alive until the connection ends.
   void start();
 
-  // Queues a frame; dropped once the connection is closing.
-  void send(const control::Reply& reply);
+  // Queues a frame and the descriptors that go with it; dropped once the connection is closing.
+  void send(const control::Reply& reply, std::vector<UniqueFd> fds = {});
 
   // Queues an error reply and closes the connection once it is written.
   void refuse(const Status& status);
 
-  // Daemon shutdown: leaves the job and ends both coroutines promptly.
-  void stop();
+  // Daemon shutdown: leaves the job (telling the other clients `why`) and ends both coroutines.
+  void stop(const Status& why);
 
  private:
+  struct Outgoing {
+    std::string frame;
+    std::vector<UniqueFd> fds;  // sent with the frame's first bytes, closed here once sent
+  };
+
   boost::asio::awaitable<void> read_loop();
   boost::asio::awaitable<void> write_loop();
+  // Serves every complete frame buffered so far; false once the connection is closing.
+  bool serve_frames();
+  // Sends one queued frame; false when the connection failed.
+  boost::asio::awaitable<bool> write_one(Outgoing& out);
   // Ends the connection; `why` is ok for a plain disconnect, else what went wrong.
   void close(const Status& why);
 
@@ -49,11 +67,16 @@ class Session : public std::enable_shared_from_this<Session> {
   SessionOptions options_;
   Logger log_;
   std::optional<ClientHandler> handler_;
-  static constexpr size_t kMaxOutboxBytes = 64u << 20;
-  std::deque<std::string> outbox_;
+  FrameDecoder decoder_;
+  FdInbox inbox_;
+  uint64_t received_bytes_ = 0;  // stream offset of the next byte read
+  uint64_t frame_begin_ = 0;     // stream offset of the next frame
+  // Never cleared while a write may refer to its front: only the write loop pops or clears it.
+  std::deque<Outgoing> outbox_;
   size_t outbox_bytes_ = 0;
+  bool overflowed_ = false;      // the client stopped reading; the write loop drops the outbox
   boost::asio::steady_timer outbox_ready_;
-  bool closing_ = false;       // no more reads; close once the outbox is flushed
+  bool closing_ = false;         // no more reads; close once the outbox is flushed
 };
 
 }  // namespace gradsync

@@ -51,17 +51,18 @@ Status Cluster::form() {
   if (formed_) return Status();
   const Topology& t = options_.topology;
   const std::string& job = options_.job_id;
+  const std::string& store = options_.store_job;
   // Every node bumps the job's counter once per incarnation, so the n-th incarnation of every
   // node lands in the same generation and never sees an older one's keys.
   int64_t joined = 0;
-  Status status = rendezvous_->add(job, "incarnations", 1, options_.timeout, &joined);
+  Status status = rendezvous_->add(store, "incarnations", 1, options_.timeout, &joined);
   if (!status.ok()) {
     return Status(status.code(), "job " + job + ": cannot reach the rendezvous daemon at " + options_.rendezvous +
                                      ": " + status.message());
   }
   prefix_ = "g" + std::to_string((joined - 1) / t.nodes) + "/";
   const std::string mine = std::to_string(t.local_world_size) + " " + options_.advertise;
-  if (status = rendezvous_->set(job, key("node/" + std::to_string(t.node)), mine, options_.timeout); !status.ok()) {
+  if (status = rendezvous_->set(store, key("node/" + std::to_string(t.node)), mine, options_.timeout); !status.ok()) {
     return status;
   }
   // Node by node, so that a node with a different local world size is reported as soon as it
@@ -69,7 +70,7 @@ Status Cluster::form() {
   addresses_.clear();
   for (int n = 0; n < t.nodes; ++n) {
     std::vector<std::string> values;
-    status = rendezvous_->get(job, {key("node/" + std::to_string(n))}, options_.timeout, &values);
+    status = rendezvous_->get(store, {key("node/" + std::to_string(n))}, options_.timeout, &values);
     if (!status.ok()) {
       return Status(status.code(), "job " + job + ": node " + std::to_string(n) + " of " + std::to_string(t.nodes) +
                                        " did not join within " + std::to_string(options_.timeout.count()) +
@@ -95,13 +96,13 @@ Status Cluster::form() {
 Status Cluster::check_layout(const TensorSet& set) {
   const Topology& t = options_.topology;
   const std::string base = "set/" + std::to_string(set.id) + "/layout/";
-  Status status = rendezvous_->set(options_.job_id, key(base + std::to_string(t.node)), encode_layout(set),
+  Status status = rendezvous_->set(options_.store_job, key(base + std::to_string(t.node)), encode_layout(set),
                                    options_.timeout);
   if (!status.ok()) return status;
   std::vector<std::string> keys;
   for (int n = 0; n < t.nodes; ++n) keys.push_back(key(base + std::to_string(n)));
   std::vector<std::string> values;
-  status = rendezvous_->get(options_.job_id, keys, options_.timeout, &values);
+  status = rendezvous_->get(options_.store_job, keys, options_.timeout, &values);
   if (!status.ok()) {
     return Status(status.code(), "job " + options_.job_id + ": set " + std::to_string(set.id) +
                                      " was not registered on every node: " + status.message());
@@ -140,7 +141,7 @@ Status Cluster::engine(const std::string& group, CollectiveEngine** engine) {
   if (it == engines_.end()) {
     GlooEngineOptions gloo = options_.transport;
     gloo.rendezvous = rendezvous_;
-    gloo.job = options_.job_id;
+    gloo.job = options_.store_job;
     gloo.prefix = key("group/" + group + "/");
     gloo.node = static_cast<int>(std::find(nodes.begin(), nodes.end(), options_.topology.node) - nodes.begin());
     gloo.nodes = static_cast<int>(nodes.size());
@@ -166,7 +167,7 @@ Status Cluster::explain(const Status& error) {
     if (!peer.ping(kProbeTimeout).ok()) {
       unreachable = true;
       culprits += (culprits.empty() ? "" : "; ") + describe_node(n) + " is unreachable";
-    } else if (rendezvous_->get(options_.job_id, {key("failure/" + std::to_string(n))}, std::chrono::milliseconds(0), &notice).ok()) {
+    } else if (rendezvous_->get(options_.store_job, {key("failure/" + std::to_string(n))}, std::chrono::milliseconds(0), &notice).ok()) {
       culprits += (culprits.empty() ? "" : "; ") + describe_node(n) + " failed: " + notice[0];
     }
   }
@@ -179,7 +180,7 @@ Status Cluster::explain(const Status& error) {
 
 void Cluster::publish_failure(const Status& status) {
   if (!formed_) return;
-  rendezvous_->set(options_.job_id, key("failure/" + std::to_string(options_.topology.node)), status.message(),
+  rendezvous_->set(options_.store_job, key("failure/" + std::to_string(options_.topology.node)), status.message(),
                    std::chrono::milliseconds(1000));
 }
 

@@ -20,7 +20,10 @@
 namespace gradsync {
 
 struct ClusterOptions {
-  std::string job_id;
+  std::string job_id;           // for messages
+  // The job's namespace in the rendezvous store: "<uid>.<job id>", so that two users' jobs of
+  // the same id never share keys (user ids are assumed to agree across nodes).
+  std::string store_job;
   Topology topology;
   std::chrono::milliseconds timeout{30'000};
   std::string rendezvous;       // host:port of the node-0 daemon's peer service

@@ -7,31 +7,18 @@
 #include "shared/channel_layout.h"
 
 namespace gradsync {
-namespace {
-
-// Constructs the channel's header and rings in freshly created (zero-filled) shared memory.
-void init_channel(const ShmSegment& segment, uint32_t local_world_size) {
-  auto* header = new (segment.data()) ChannelHeader();
-  header->local_world_size = local_world_size;
-  for (uint32_t c = 0; c < local_world_size; ++c) new (client_channel(segment.data(), c)) ClientChannel();
-}
-
-}  // namespace
-
 Job::Job(JobOptions options)
     : options_(std::move(options)),
-      log_(options_.log.with("job=" + options_.params.id)),
-      channel_(ShmSegment::create(ShmSegment::unique_name("ch"),
-                                  gradsync::channel_bytes(static_cast<uint32_t>(options_.params.local_world_size)))),
+      log_(options_.log.with("job=" + options_.params.id + " uid=" + std::to_string(options_.params.uid))),
+      doorbell_(std::make_shared<JobDoorbell>()),
       members_(static_cast<size_t>(options_.params.local_world_size)) {
-  const uint32_t locals = static_cast<uint32_t>(options_.params.local_world_size);
-  init_channel(channel_, locals);
   WorkerOptions worker;
   worker.job_id = options_.params.id;
   worker.topology = options_.params.topology;
   if (worker.topology.nodes > 1) {
     ClusterOptions cluster;
     cluster.job_id = options_.params.id;
+    cluster.store_job = std::to_string(options_.params.uid) + "." + options_.params.id;
     cluster.topology = worker.topology;
     cluster.timeout = options_.params.timeout;
     cluster.rendezvous = options_.params.rendezvous;
@@ -50,7 +37,7 @@ Job::Job(JobOptions options)
       if (*alive) (*alive)->fail(status);
     });
   };
-  worker.channel = channel_.data();
+  worker.doorbell = doorbell_;
   worker.pool = options_.pool;
   worker.log = log_;
   worker_ = std::make_shared<Worker>(std::move(worker));
@@ -64,13 +51,10 @@ Job::~Job() {
   *alive_ = nullptr;
   const Status ended = Status::aborted("job " + params().id + " ended");
   fail_pending(ended);
-  // The worker uses the channel until its thread has stopped, so both go to the reaper, the
-  // worker first.
-  auto channel = std::make_shared<ShmSegment>(std::move(channel_));
-  options_.reaper->adopt([worker = std::move(worker_), channel, ended]() mutable {
+  // The worker owns the rings it drains; it goes to the reaper, which stops it off the io thread.
+  options_.reaper->adopt([worker = std::move(worker_), ended]() mutable {
     worker->stop(ended);
     worker.reset();
-    channel.reset();
   });
   log_.info("ended");
 }
@@ -82,7 +66,7 @@ std::string Job::describe_member(int local_rank) const {
   return text;
 }
 
-Status Job::admit(const MemberInfo& member) {
+Status Job::admit(const MemberInfo& member, ChannelFds* fds) {
   const JobParams& p = params();
   if (const Status failed = failure(); !failed.ok()) {
     return Status::aborted("job " + p.id + " has failed (" + failed.message() + "); it re-forms once its " +
@@ -102,6 +86,11 @@ Status Job::admit(const MemberInfo& member) {
     return Status::already_exists("rank " + std::to_string(member.rank) + " already joined job " + p.id +
                                   " (pid " + std::to_string(slot->pid) + ")");
   }
+  auto channel = std::make_shared<ClientChannel>();
+  fds->doorbell = doorbell_->duplicate();
+  fds->client_rings = channel->release_client_fd();
+  fds->daemon_rings = channel->release_daemon_fd();
+  worker_->attach_client(static_cast<uint32_t>(member.local_rank), std::move(channel));
   slot = member;
   log_.info("rank " + std::to_string(member.rank) + " joined (pid " + std::to_string(member.pid) + ", uid " +
             std::to_string(member.uid) + ")");
@@ -245,7 +234,7 @@ void Job::commit(uint32_t set_id) {
   for (auto& [local_rank, reg] : regs) {
     set->address.push_back(reg.address);
     if (reg.gather_output) set->gather_output.push_back(reg.gather_output);
-    set->segments.insert(set->segments.end(), reg.segments.begin(), reg.segments.end());
+    set->regions.insert(set->regions.end(), reg.regions.begin(), reg.regions.end());
   }
   uint64_t packed = 0;
   for (const auto& tensor : set->layout) {
@@ -254,9 +243,6 @@ void Job::commit(uint32_t set_id) {
   }
   set->packed_bytes = packed;
   build_runs(set.get());
-  // Every local client opened the channel before it could register, so its name can go: from
-  // now on the rings live exactly as long as the mappings, whatever happens to the processes.
-  channel_.unlink();
   committed_[set_id] = set;
   log_.info("set " + std::to_string(set_id) + " registered locally: " + std::to_string(set->layout.size()) +
             " tensors, " + std::to_string(set->plan.buckets.size()) + " buckets");

@@ -1,5 +1,5 @@
-// A job: the local clients of one training run on this node. The Job owns the job's channel
-// segment (the per-step rings) and its Worker, admits clients, runs the registration barrier of
+// A job: the local clients of one training run on this node, of one user. The Job owns the job's
+// doorbell, creates each client's rings when it joins, owns its Worker, admits clients, runs the registration barrier of
 // every tensor set, and turns a lost client into the job's sticky error.
 //
 // Threading: every method runs on the daemon's io thread; the Worker has its own thread and is
@@ -25,13 +25,15 @@
 #include "daemon/job/worker.h"
 #include "daemon/util/log.h"
 #include "daemon/util/thread_pool.h"
-#include "shared/shm_segment.h"
+#include "daemon/backend/memory.h"
+#include "daemon/job/channel.h"
 #include "shared/status.h"
 
 namespace gradsync {
 
 struct JobParams {
   std::string id;
+  uid_t uid = 0;  // jobs are keyed by (uid, id): another user's job of the same id is another job
   int world_size = 0;
   int local_world_size = 0;
   std::chrono::milliseconds timeout{30'000};
@@ -70,15 +72,14 @@ struct SetRegistration {
   std::vector<std::byte*> address;
   std::byte* gather_output = nullptr;  // nullptr: no allgather on this set
   uint64_t bucket_cap = plan::kDefaultBucketCapBytes;
-  std::vector<std::shared_ptr<const ShmSegment>> segments;
+  std::vector<std::shared_ptr<const MemoryRegion>> regions;
   // Called once: with the committed set, or with the error (mismatch, timeout, job failure).
   std::function<void(const Status&, const TensorSet*)> done;
 };
 
 class Job : public std::enable_shared_from_this<Job> {
  public:
-  // Creates the channel segment and starts the worker. Throws Error when the segment cannot be
-  // created.
+  // Creates the doorbell and starts the worker. Throws Error when the memory cannot be created.
   explicit Job(JobOptions options);
   ~Job();
   Job(const Job&) = delete;
@@ -86,11 +87,16 @@ class Job : public std::enable_shared_from_this<Job> {
 
   const JobParams& params() const { return options_.params; }
   uint64_t incarnation() const { return options_.incarnation; }
-  const std::string& channel_name() const { return channel_.name(); }
-  size_t channel_bytes() const { return channel_.size(); }
+  // The descriptors a member gets: the job's doorbell and its own rings (channel_layout.h).
+  struct ChannelFds {
+    UniqueFd doorbell;
+    UniqueFd client_rings;
+    UniqueFd daemon_rings;
+  };
 
-  // Checks the member against the job (rank ranges, duplicates) and records it.
-  Status admit(const MemberInfo& member);
+  // Checks the member against the job (rank ranges, duplicates), records it, and creates its
+  // rings. Throws Error when the memory cannot be created.
+  Status admit(const MemberInfo& member, ChannelFds* fds);
 
   // A member went away (disconnect, kill, re-join). A healthy job fails with `why`.
   void leave(int local_rank, const Status& why);
@@ -123,7 +129,7 @@ class Job : public std::enable_shared_from_this<Job> {
   JobOptions options_;
   std::shared_ptr<Job*> alive_ = std::make_shared<Job*>(this);  // cleared by the destructor
   Logger log_;
-  ShmSegment channel_;
+  std::shared_ptr<JobDoorbell> doorbell_;
   std::vector<std::optional<MemberInfo>> members_;  // by local rank; nullopt: not joined or left
   std::map<uint32_t, PendingSet> pending_;
   uint64_t next_serial_ = 1;

@@ -57,12 +57,15 @@ Status validate_join(const control::JoinRequest& r, std::chrono::milliseconds de
   return Status::ok_status();
 }
 
-Status JobRegistry::join(const control::JoinRequest& request, const MemberInfo& member, std::shared_ptr<Job>* job) {
+Status JobRegistry::join(const control::JoinRequest& request, const MemberInfo& member, std::shared_ptr<Job>* job,
+                         Job::ChannelFds* fds) {
   JobParams params;
   if (Status status = validate_join(request, options_.default_timeout, options_.max_timeout, &params); !status.ok()) {
     return status;
   }
-  auto it = jobs_.find(request.job_id());
+  params.uid = member.uid;
+  const Key key{member.uid, request.job_id()};
+  auto it = jobs_.find(key);
   if (it != jobs_.end() && !it->second->failure().ok()) {
     options_.log.info("job=" + request.job_id() + ": re-forming after failure: " + it->second->failure().message());
     jobs_.erase(it);  // members of the failed incarnation keep it alive until they leave
@@ -77,7 +80,7 @@ Status JobRegistry::join(const control::JoinRequest& request, const MemberInfo& 
     options.io = options_.io;
     options.pool = options_.pool;
     options.log = options_.log;
-    it = jobs_.emplace(request.job_id(), std::make_shared<Job>(std::move(options))).first;
+    it = jobs_.emplace(key, std::make_shared<Job>(std::move(options))).first;
   }
   const JobParams& p = it->second->params();
   if (p.world_size != request.world_size() || p.local_world_size != request.local_world_size()) {
@@ -95,13 +98,13 @@ Status JobRegistry::join(const control::JoinRequest& request, const MemberInfo& 
     return Status::invalid_argument("inconsistent groups: this client declares different process groups than "
                                     "the other clients of job " + p.id);
   }
-  if (Status status = it->second->admit(member); !status.ok()) return status;
+  if (Status status = it->second->admit(member, fds); !status.ok()) return status;
   *job = it->second;
   return Status::ok_status();
 }
 
 void JobRegistry::left(const std::shared_ptr<Job>& job) {
-  auto it = jobs_.find(job->params().id);
+  auto it = jobs_.find(Key{job->params().uid, job->params().id});
   if (it != jobs_.end() && it->second == job && job->empty()) jobs_.erase(it);
 }
 

@@ -1,4 +1,5 @@
-// All jobs of this daemon, by id. Joining finds or forms a job; a failed job is replaced by a
+// All jobs of this daemon, by (uid, id): a job belongs to the user whose clients formed it, and
+// another user's join with the same id forms (or joins) that user's own job. Joining finds or forms a job; a failed job is replaced by a
 // new incarnation on the next join, while its remaining members keep the old one alive until
 // they leave. Runs on the io thread.
 #pragma once
@@ -8,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "daemon/job/job.h"
 #include "daemon/util/log.h"
@@ -32,7 +34,9 @@ class JobRegistry {
   explicit JobRegistry(RegistryOptions options) : options_(std::move(options)) {}
 
   // Validates the request, finds or forms its job and admits the member. On success *job is set.
-  Status join(const control::JoinRequest& request, const MemberInfo& member, std::shared_ptr<Job>* job);
+  // Throws Error when the job's memory cannot be created.
+  Status join(const control::JoinRequest& request, const MemberInfo& member, std::shared_ptr<Job>* job,
+              Job::ChannelFds* fds);
 
   // A member left `job`; forgets the job once nobody is in it.
   void left(const std::shared_ptr<Job>& job);
@@ -44,7 +48,8 @@ class JobRegistry {
 
  private:
   RegistryOptions options_;
-  std::map<std::string, std::shared_ptr<Job>> jobs_;
+  using Key = std::pair<uid_t, std::string>;
+  std::map<Key, std::shared_ptr<Job>> jobs_;
   uint64_t incarnations_ = 0;
 };
 

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "daemon/plan/planner.h"
-#include "shared/shm_segment.h"
+#include "daemon/backend/memory.h"
 
 namespace gradsync {
 
@@ -43,8 +43,8 @@ struct TensorSet {
   std::vector<uint64_t> packed_offset;
   uint64_t packed_bytes = 0;
   std::vector<std::byte*> gather_output;  // per local rank
-  // The mappings the addresses point into; they outlive any use by the worker.
-  std::vector<std::shared_ptr<const ShmSegment>> segments;
+  // The regions the addresses point into; they outlive any use by the worker.
+  std::vector<std::shared_ptr<const MemoryRegion>> regions;
 };
 
 // Splits every bucket into runs and fills offset_in_bucket and bucket_elements. `address`

@@ -33,12 +33,7 @@ reduce::KernelArgs kernel_args(const OpDesc& desc, DType dtype, int group_size) 
 }  // namespace
 
 Worker::Worker(WorkerOptions options)
-    : options_(std::move(options)), header_(reinterpret_cast<ChannelHeader*>(options_.channel)) {
-  for (int c = 0; c < options_.topology.local_world_size; ++c) {
-    ClientChannel* channel = client_channel(options_.channel, c);
-    clients_.push_back(ClientState{RingReader<SubmitRing>(&channel->submit),
-                                   RingWriter<CompletionRing>(&channel->completion), &channel->completion_ready});
-  }
+    : options_(std::move(options)), clients_(static_cast<size_t>(options_.topology.local_world_size)) {
   thread_ = std::thread([this] { run(); });
 }
 
@@ -56,7 +51,7 @@ void Worker::post_task(Task task) {
     tasks_.push_back(std::move(task));
     has_tasks_.store(true);
   }
-  header_->doorbell.notify();
+  doorbell().notify();
 }
 
 void Worker::run_tasks(bool last) {
@@ -74,6 +69,17 @@ void Worker::run_tasks(bool last) {
     }
     task(failed_.load() ? failure() : Status());
   }
+}
+
+void Worker::attach_client(uint32_t local_rank, std::shared_ptr<ClientChannel> channel) {
+  post_task([this, local_rank, channel](const Status& failed) {
+    if (!failed.ok()) {
+      channel->publish_failure(failed);
+      channel->completion_ready().notify();
+      return;
+    }
+    clients_[local_rank].emplace(channel);
+  });
 }
 
 void Worker::admit_set(std::shared_ptr<const TensorSet> set, std::function<void(const Status&)> done) {
@@ -114,13 +120,13 @@ void Worker::fail(Status status) {
     failure_ = std::move(status);
   }
   failed_.store(true);
-  header_->doorbell.notify();
+  doorbell().notify();
 }
 
 void Worker::stop(Status status) {
   fail(std::move(status));
   stopping_.store(true);
-  header_->doorbell.notify();
+  doorbell().notify();
   if (thread_.joinable()) thread_.join();
 }
 
@@ -150,11 +156,11 @@ void Worker::run() {
     // Sleep until a client rings the doorbell, the head operation's deadline, or a slice.
     auto deadline = std::chrono::steady_clock::now() + kWakeSlice;
     if (!ops_.empty()) deadline = std::min(deadline, ops_.front().started + options_.timeout);
-    header_->doorbell.wait_until(
+    doorbell().wait_until(
         [&] {
           if (failed_.load() || has_tasks_.load()) return true;
           for (const auto& client : clients_) {
-            if (!client.submit.empty()) return true;
+            if (client && !client->submit.empty()) return true;
           }
           return false;
         },
@@ -166,11 +172,12 @@ void Worker::run() {
 bool Worker::drain_rings() {
   bool consumed = false;
   for (uint32_t c = 0; c < clients_.size(); ++c) {
+    if (!clients_[c]) continue;
     SubmitEntry entry;
     // At most one ring's worth per client per pass, so a client that keeps refilling its ring
     // cannot keep the worker from its deadlines, its other clients or a stop request.
     for (uint32_t popped = 0; popped < SubmitRing::capacity && !failed_.load(); ++popped) {
-      const PopResult result = clients_[c].submit.try_pop(&entry);
+      const PopResult result = clients_[c]->submit.try_pop(&entry);
       if (result == PopResult::kEmpty) break;
       if (result == PopResult::kCorrupt) {
         fail(Status::protocol("job " + options_.job_id + ": " + who(c) + " corrupted its submission ring"));
@@ -199,7 +206,7 @@ Status Worker::handle_entry(uint32_t local_rank, const SubmitEntry& entry) {
 Status Worker::handle_submit(uint32_t local_rank, const SubmitEntry& entry) {
   const std::string prefix = "job " + options_.job_id + ": " + who(local_rank) + ": operation " +
                              std::to_string(entry.op_seq) + ": ";
-  ClientState& client = clients_[local_rank];
+  ClientState& client = *clients_[local_rank];
   if (entry.op_seq != client.next_seq) {
     return Status::protocol(prefix + "out of sequence, expected operation " + std::to_string(client.next_seq));
   }
@@ -389,7 +396,8 @@ void Worker::post(uint32_t local_rank, uint64_t seq, const Status& status) {
   const std::string& message = status.message();
   entry.message_length = static_cast<uint32_t>(std::min(message.size(), kCompletionMessageBytes));
   std::memcpy(entry.message, message.data(), entry.message_length);
-  ClientState& client = clients_[local_rank];
+  if (!clients_[local_rank]) return;  // never joined; nobody to tell
+  ClientState& client = *clients_[local_rank];
   // A client keeps at most CompletionRing::capacity operations outstanding, so a full ring means
   // it stopped draining; the job cannot make progress without it.
   if (!client.completion.try_push(entry)) {
@@ -397,16 +405,14 @@ void Worker::post(uint32_t local_rank, uint64_t seq, const Status& status) {
                           " does not drain its completion ring"));
     return;
   }
-  client.completion_ready->notify();
+  client.completion_ready.notify();
 }
 
 void Worker::shut_down(const Status& status) {
   // Publish the sticky error first so that clients fail later submissions without waiting.
-  const size_t length = std::min(status.message().size(), sizeof(header_->failure_message) - 1);
-  std::memcpy(header_->failure_message, status.message().data(), length);
-  header_->failure_message[length] = '\0';
-  header_->failure_code.store(static_cast<uint32_t>(status.code() == ErrorCode::kOk ? ErrorCode::kAborted : status.code()),
-                              std::memory_order_release);
+  for (auto& client : clients_) {
+    if (client) client->channel->publish_failure(status);
+  }
   for (const Op& op : ops_) {
     for (uint32_t c = 0; c < clients_.size(); ++c) {
       if (op.submitted[c]) post(c, op.seq, status);
@@ -420,7 +426,9 @@ void Worker::shut_down(const Status& status) {
     sets_.clear();
   }
   pending_ops_.store(0);
-  for (auto& client : clients_) client.completion_ready->notify();
+  for (auto& client : clients_) {
+    if (client) client->completion_ready.notify();
+  }
   if (interrupted) options_.log.warning("per-step path stopped with operations pending: " + status.to_string());
   run_tasks(/*last=*/true);  // pending set admissions learn the failure
   if (options_.on_stopped) options_.on_stopped(status);

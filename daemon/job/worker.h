@@ -17,10 +17,12 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "daemon/job/channel.h"
 #include "daemon/job/cluster.h"
 #include "daemon/job/hierarchy.h"
 #include "daemon/job/op.h"
@@ -38,7 +40,7 @@ struct WorkerOptions {
   Topology topology;
   std::unique_ptr<Cluster> cluster;  // null for a single-node job
   std::chrono::milliseconds timeout{30'000};
-  std::byte* channel = nullptr;  // the mapped channel segment (kept alive by the Job)
+  std::shared_ptr<JobDoorbell> doorbell;  // the worker sleeps on it
   ThreadPool* pool = nullptr;
   // Called once, on the worker thread, when the per-step path has stopped because of a
   // failure the worker found itself or was told about.
@@ -59,6 +61,10 @@ class Worker {
   // Thread-safe.
   void admit_set(std::shared_ptr<const TensorSet> set, std::function<void(const Status&)> done);
 
+  // A client joined as `local_rank`: the worker starts draining its rings. If the job has
+  // already failed, the client's rings get the failure at once. Thread-safe.
+  void attach_client(uint32_t local_rank, std::shared_ptr<ClientChannel> channel);
+
   // Ends the job with `status` unless it already failed; returns at once. Thread-safe.
   void fail(Status status);
 
@@ -76,9 +82,15 @@ class Worker {
 
  private:
   struct ClientState {
+    explicit ClientState(std::shared_ptr<ClientChannel> memory)
+        : channel(std::move(memory)),
+          submit(&channel->client()->submit),
+          completion(&channel->daemon()->completion, &channel->client()->completion_cursor),
+          completion_ready(channel->completion_ready()) {}
+    std::shared_ptr<ClientChannel> channel;  // keeps the rings mapped
     RingReader<SubmitRing> submit;
     RingWriter<CompletionRing> completion;
-    WakeWord* completion_ready;
+    WakeRef completion_ready;
     uint64_t next_seq = 1;
   };
 
@@ -103,8 +115,10 @@ class Worker {
   std::string who(uint32_t local_rank) const;
 
   WorkerOptions options_;
-  ChannelHeader* header_;
-  std::vector<ClientState> clients_;  // worker thread only
+  WakeWord& doorbell() { return options_.doorbell->page()->doorbell; }
+
+  // By local rank; empty until the client joined. Worker thread only.
+  std::vector<std::optional<ClientState>> clients_;
   std::deque<Op> ops_;                // worker thread only; ops_[i].seq == first_seq_ + i
   uint64_t first_seq_ = 1;            // worker thread only
   NodeBuffers buffers_;               // worker thread only

@@ -12,9 +12,9 @@
 #include "client/src/connection.h"
 #include "shared/channel_layout.h"
 #include "shared/framing.h"
-#include "shared/shm_segment.h"
 #include "shared/version.h"
 #include "tests/integration/harness.h"
+#include "tests/integration/raw_protocol.h"
 
 namespace gradsync::test {
 namespace {
@@ -32,74 +32,9 @@ void expect_error(Body&& body, ErrorCode code, const std::string& text) {
   }
 }
 
-// A raw socket for hostile input: the bytes go out exactly as given.
-class RawSocket {
- public:
-  explicit RawSocket(const std::string& path) {
-    fd_ = ::socket(AF_UNIX, SOCK_STREAM, 0);
-    sockaddr_un address{};
-    address.sun_family = AF_UNIX;
-    std::strncpy(address.sun_path, path.c_str(), sizeof(address.sun_path) - 1);
-    REQUIRE(::connect(fd_, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0);
-  }
-  ~RawSocket() { ::close(fd_); }
-  void send(const std::string& bytes) { REQUIRE(::write(fd_, bytes.data(), bytes.size()) == ssize_t(bytes.size())); }
-  void finish_writing() { ::shutdown(fd_, SHUT_WR); }
-  // Everything the daemon sends until it closes the connection (bounded by 10 s).
-  std::string read_to_end() {
-    timeval tv{10, 0};
-    ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    std::string all;
-    char buffer[4096];
-    for (;;) {
-      const ssize_t n = ::read(fd_, buffer, sizeof(buffer));
-      if (n <= 0) break;
-      all.append(buffer, static_cast<size_t>(n));
-    }
-    return all;
-  }
-
- private:
-  int fd_ = -1;
-};
-
-// The error message of the first reply in `bytes`.
-std::string first_error(const std::string& bytes) {
-  FrameDecoder decoder;
-  decoder.feed(std::span<const std::byte>(reinterpret_cast<const std::byte*>(bytes.data()), bytes.size()));
-  std::optional<std::string> payload;
-  REQUIRE(decoder.next(&payload).ok());
-  REQUIRE(payload);
-  control::Reply reply;
-  REQUIRE(reply.ParseFromString(*payload));
-  return reply.error().message();
-}
-
 std::string frame_header(uint32_t length) {
   const auto header = encode_frame_header(length);
   return std::string(reinterpret_cast<const char*>(header.data()), header.size());
-}
-
-// A hostile client speaks the protocol by hand: hello, then join as rank 0 of `world` ranks
-// on this node. Returns the join reply (it names the job's channel).
-control::Reply raw_join(Connection& raw, const std::string& job, int world) {
-  control::Request hello;
-  hello.mutable_hello()->set_protocol_version(kProtocolVersion);
-  raw.call(hello, std::chrono::seconds(5));
-  control::Request join_request;
-  auto* j = join_request.mutable_join();
-  j->set_job_id(job);
-  j->set_world_size(world);
-  j->set_local_world_size(world);
-  return raw.call(join_request, std::chrono::seconds(10));
-}
-
-// Announces a fresh segment of `bytes` over a raw connection; returns its id.
-uint32_t raw_segment(Connection& raw, const ShmSegment& memory) {
-  control::Request announce;
-  announce.mutable_segment()->set_name(memory.name());
-  announce.mutable_segment()->set_bytes(memory.size());
-  return raw.call(announce, std::chrono::seconds(5)).segment().segment_id();
 }
 
 // The daemon still serves a normal one-client job.
@@ -138,18 +73,16 @@ TEST_CASE("ring: a client running far ahead of the job fails it instead of growi
     ::sleep(20);
     return kOk;
   });
-  Connection raw(daemon.socket());
-  const auto joined = raw_join(raw, job, 2);
-  ShmSegment channel = ShmSegment::open(joined.join().channel_name(), {});
-  ShmSegment memory = ShmSegment::create(ShmSegment::unique_name("test"), 64);
+  Connection raw(daemon.socket(), std::nullopt);
+  RawJoin joined = raw_join(raw, job, 2);
+  const RawSegment memory = raw_segment(raw, 64);
   control::Request reg;
   auto* tensor = reg.mutable_register_()->add_tensors();
   tensor->set_dtype(control::FLOAT32);
   tensor->set_numel(4);
-  tensor->set_segment_id(raw_segment(raw, memory));
+  tensor->set_segment_id(memory.id);
   raw.call(reg, std::chrono::seconds(10));
-  auto* header = reinterpret_cast<ChannelHeader*>(channel.data());
-  RingWriter<SubmitRing> ring(&client_channel(channel.data(), 0)->submit);
+  RingWriter<SubmitRing> ring(&joined.channel.client()->submit);
   for (uint64_t seq = 1; seq <= 300; ++seq) {
     SubmitEntry entry;
     entry.kind = static_cast<uint32_t>(SubmitKind::kOp);
@@ -158,10 +91,10 @@ TEST_CASE("ring: a client running far ahead of the job fails it instead of growi
     entry.flags = kSubmitAllReady;
     REQUIRE(ring.try_push(entry));
   }
-  header->doorbell.notify();
-  for (int i = 0; i < 500 && header->failure_code.load() == 0; ++i) ::usleep(10'000);
-  CHECK(header->failure_code.load() == static_cast<uint32_t>(ErrorCode::kProtocol));
-  CHECK_THAT(std::string(header->failure_message), Catch::Contains("more than 256 operations ahead"));
+  joined.channel.doorbell_page()->doorbell.notify();
+  const auto [code, message] = wait_for_failure(joined.channel.daemon());
+  CHECK(code == static_cast<uint32_t>(ErrorCode::kProtocol));
+  CHECK_THAT(message, Catch::Contains("more than 256 operations ahead"));
   check_still_serving(daemon);
 }
 
@@ -248,10 +181,9 @@ TEST_CASE("register: overlapping tensors are refused", "[integration][control]")
 
 TEST_CASE("register: an unknown dtype is refused by the daemon", "[integration][control]") {
   TestDaemon daemon;
-  Connection raw(daemon.socket());
+  Connection raw(daemon.socket(), std::nullopt);
   raw_join(raw, unique_job("dtype"), 1);
-  ShmSegment segment = ShmSegment::create(ShmSegment::unique_name("test"), 4096);
-  const uint32_t id = raw_segment(raw, segment);
+  const uint32_t id = raw_segment(raw, 4096).id;
   control::Request reg;
   auto* tensor = reg.mutable_register_()->add_tensors();
   tensor->set_dtype(static_cast<control::DType>(42));
@@ -342,10 +274,19 @@ TEST_CASE("frames: garbage is refused and the daemon keeps serving", "[integrati
 
 TEST_CASE("hello: a different protocol version is refused", "[integration][control]") {
   TestDaemon daemon;
-  Connection raw(daemon.socket());
+  Connection raw(daemon.socket(), std::nullopt);
   control::Request hello;
   hello.mutable_hello()->set_protocol_version(kProtocolVersion + 98);
   expect_error([&] { raw.call(hello, std::chrono::seconds(5)); }, ErrorCode::kNotSupported, "protocol version");
+}
+
+TEST_CASE("hello: a protocol 1 client (shared-memory names) gets a clear version error", "[integration][control]") {
+  TestDaemon daemon;
+  Connection raw(daemon.socket(), std::nullopt);
+  control::Request hello;
+  hello.mutable_hello()->set_protocol_version(1);
+  expect_error([&] { raw.call(hello, std::chrono::seconds(5)); }, ErrorCode::kNotSupported,
+               "protocol version 1 is not supported; this daemon speaks version 2");
 }
 
 TEST_CASE("connect: a user outside the allow-list is refused", "[integration][control]") {
@@ -356,11 +297,11 @@ TEST_CASE("connect: a user outside the allow-list is refused", "[integration][co
 
 TEST_CASE("ring: an unknown operation from a hostile client fails its job with a clear error", "[integration][control]") {
   TestDaemon daemon;
-  Connection raw(daemon.socket());
-  const auto reply = raw_join(raw, unique_job("hostile"), 1);
-  ShmSegment channel = ShmSegment::open(reply.join().channel_name(), {});
-  auto* header = reinterpret_cast<ChannelHeader*>(channel.data());
-  RingWriter<SubmitRing> ring(&client_channel(channel.data(), 0)->submit);
+  Connection raw(daemon.socket(), std::nullopt);
+  RawJoin joined = raw_join(raw, unique_job("hostile"), 1);
+  RingWriter<SubmitRing> ring(&joined.channel.client()->submit);
+  auto ring_doorbell = [&] { joined.channel.doorbell_page()->doorbell.notify(); };
+  auto failure = [&] { return wait_for_failure(joined.channel.daemon()); };
 
   SECTION("unknown operation") {
     SubmitEntry entry;
@@ -368,10 +309,10 @@ TEST_CASE("ring: an unknown operation from a hostile client fails its job with a
     entry.op_seq = 1;
     entry.op = 99;
     REQUIRE(ring.try_push(entry));
-    header->doorbell.notify();
-    for (int i = 0; i < 500 && header->failure_code.load() == 0; ++i) ::usleep(10'000);
-    CHECK(header->failure_code.load() == static_cast<uint32_t>(ErrorCode::kInvalidArgument));
-    CHECK_THAT(std::string(header->failure_message), Catch::Contains("unknown operation 99"));
+    ring_doorbell();
+    const auto [code, message] = failure();
+    CHECK(code == static_cast<uint32_t>(ErrorCode::kInvalidArgument));
+    CHECK_THAT(message, Catch::Contains("unknown operation 99"));
   }
   SECTION("operation on a set that was never registered") {
     SubmitEntry entry;
@@ -380,17 +321,15 @@ TEST_CASE("ring: an unknown operation from a hostile client fails its job with a
     entry.op = static_cast<uint32_t>(OpKind::kBroadcast);
     entry.set_id = 7;
     REQUIRE(ring.try_push(entry));
-    header->doorbell.notify();
-    for (int i = 0; i < 500 && header->failure_code.load() == 0; ++i) ::usleep(10'000);
-    CHECK_THAT(std::string(header->failure_message), Catch::Contains("set 7 is not registered"));
+    ring_doorbell();
+    CHECK_THAT(failure().second, Catch::Contains("set 7 is not registered"));
   }
   SECTION("unknown entry kind") {
     SubmitEntry entry;
     entry.kind = 12345;
     REQUIRE(ring.try_push(entry));
-    header->doorbell.notify();
-    for (int i = 0; i < 500 && header->failure_code.load() == 0; ++i) ::usleep(10'000);
-    CHECK_THAT(std::string(header->failure_message), Catch::Contains("unknown ring entry kind 12345"));
+    ring_doorbell();
+    CHECK_THAT(failure().second, Catch::Contains("unknown ring entry kind 12345"));
   }
   check_still_serving(daemon);
 }

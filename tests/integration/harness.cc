@@ -174,12 +174,24 @@ std::vector<std::string> shm_entries_containing(const std::string& text) {
   return found;
 }
 
-size_t mapped_gradsync_segments(pid_t pid) {
+size_t mapped_memfds(pid_t pid, const std::string& tag) {
   std::ifstream maps("/proc/" + std::to_string(pid) + "/maps");
   std::string line;
   size_t count = 0;
   while (std::getline(maps, line)) {
-    if (line.find("/dev/shm/gradsync-") != std::string::npos) count++;
+    if (line.find("/memfd:gradsync-" + tag) != std::string::npos) count++;
+  }
+  return count;
+}
+
+size_t open_memfds(pid_t pid) {
+  size_t count = 0;
+  std::error_code ec;
+  for (auto it = std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/fd", ec);
+       !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
+    std::error_code link_error;
+    const auto target = std::filesystem::read_symlink(it->path(), link_error).string();
+    if (target.rfind("/memfd:gradsync-", 0) == 0) count++;
   }
   return count;
 }

@@ -97,9 +97,13 @@ int fail(const std::string& what);
 // A unique job id per test run.
 std::string unique_job(const std::string& prefix);
 
-// Open file descriptors and /dev/shm entries, to check that nothing leaks.
+// Open file descriptors, /dev/shm entries and gradsync memory, to check that nothing leaks.
 size_t open_fd_count(pid_t pid);
 std::vector<std::string> shm_entries_containing(const std::string& text);
-size_t mapped_gradsync_segments(pid_t pid);
+// Mappings of gradsync memfds whose name starts with `tag` ("tensor", "client-rings", ""
+// for all) in the process.
+size_t mapped_memfds(pid_t pid, const std::string& tag = "");
+// Descriptors of gradsync memfds the process holds open.
+size_t open_memfds(pid_t pid);
 
 }  // namespace gradsync::test

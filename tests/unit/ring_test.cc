@@ -119,8 +119,8 @@ TEMPLATE_TEST_CASE("ring delivers entries in FIFO order across wrap-around", "[r
   CHECK(pushed == total);
   CHECK(reader.empty());
   // The published indices count entries, not slots, so they ran past the capacity.
-  CHECK(ring->head.load() == total);
-  CHECK(ring->tail.load() == total);
+  CHECK(ring->cursor.head.load() == total);
+  CHECK(ring->data.tail.load() == total);
 }
 
 TEMPLATE_TEST_CASE("full ring rejects a push and accepts one again after a pop", "[ring]", TestRing, SubmitRing) {
@@ -133,7 +133,7 @@ TEMPLATE_TEST_CASE("full ring rejects a push and accepts one again after a pop",
   for (uint64_t i = 0; i < kCapacity; ++i) REQUIRE(writer.try_push(make_entry<Entry>(i)));
   CHECK(writer.full());
   CHECK_FALSE(writer.try_push(make_entry<Entry>(kCapacity)));
-  CHECK(ring->tail.load() == kCapacity);  // the refused push published nothing
+  CHECK(ring->data.tail.load() == kCapacity);  // the refused push published nothing
 
   Entry entry;
   REQUIRE(reader.try_pop(&entry) == PopResult::kOk);
@@ -173,15 +173,15 @@ TEMPLATE_TEST_CASE("corrupted tail makes the reader report kCorrupt without read
   };
   for (const uint64_t bad_tail : bad_tails) {
     CAPTURE(bad_tail);
-    ring->tail.store(bad_tail);
+    ring->data.tail.store(bad_tail);
     Entry out = sentinel;
     CHECK(reader.try_pop(&out) == PopResult::kCorrupt);
     CHECK(entry_is(out, 0xdeadbeef));  // nothing was copied out
-    CHECK(ring->head.load() == kHead);  // and nothing was consumed
+    CHECK(ring->cursor.head.load() == kHead);  // and nothing was consumed
   }
 
   // The reader kept its own index: once the tail is sane again, so is the ring.
-  ring->tail.store(kHead);
+  ring->data.tail.store(kHead);
   CHECK(reader.try_pop(&entry) == PopResult::kEmpty);
 }
 
@@ -194,8 +194,8 @@ TEMPLATE_TEST_CASE("corrupted head makes the writer see a full ring instead of o
 
   constexpr uint64_t kTail = 2;
   for (uint64_t i = 0; i < kTail; ++i) REQUIRE(writer.try_push(make_entry<Entry>(i)));
-  std::vector<std::byte> before(sizeof(ring->entries));
-  std::memcpy(before.data(), ring->entries, before.size());
+  std::vector<std::byte> before(sizeof(ring->data.entries));
+  std::memcpy(before.data(), ring->data.entries, before.size());
 
   // Indices are free-running 64-bit counters, so "corrupt" means impossible relative to the
   // writer's own tail: ahead of it, or further behind than the ring holds. (A head a little
@@ -207,17 +207,17 @@ TEMPLATE_TEST_CASE("corrupted head makes the writer see a full ring instead of o
   };
   for (const uint64_t bad_head : bad_heads) {
     CAPTURE(bad_head);
-    ring->head.store(bad_head);
+    ring->cursor.head.store(bad_head);
     CHECK(writer.full());
     CHECK_FALSE(writer.try_push(make_entry<Entry>(0xdeadbeef)));
-    CHECK(ring->tail.load() == kTail);
-    CHECK(std::memcmp(before.data(), ring->entries, before.size()) == 0);
+    CHECK(ring->data.tail.load() == kTail);
+    CHECK(std::memcmp(before.data(), ring->data.entries, before.size()) == 0);
   }
 
   // The writer kept its own index: once the head is sane again, pushing resumes where it left off.
-  ring->head.store(0);
+  ring->cursor.head.store(0);
   CHECK(writer.try_push(make_entry<Entry>(kTail)));
-  CHECK(ring->tail.load() == kTail + 1);
+  CHECK(ring->data.tail.load() == kTail + 1);
 }
 
 // What a channel puts next to a ring: the doorbell the consumer sleeps on.
@@ -289,7 +289,7 @@ TEMPLATE_TEST_CASE("entries pushed by a child process arrive exactly once and in
   CHECK(WEXITSTATUS(status) == 0);
   // Nothing beyond the last entry: each one arrived exactly once.
   CHECK(reader.empty());
-  CHECK(shared->ring.tail.load() == kEntries);
+  CHECK(shared->ring.data.tail.load() == kEntries);
 }
 
 TEST_CASE("wait_until returns false at the deadline when never notified", "[wake_word]") {

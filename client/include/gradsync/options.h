@@ -1,6 +1,8 @@
 // Options of the client API. Defaults are what a data-parallel trainer wants.
 #pragma once
 
+#include <sys/types.h>
+
 #include <chrono>
 #include <cstdint>
 #include <optional>
@@ -19,6 +21,10 @@ struct ConnectOptions {
   std::string client_name = "trainer";  // shows up in the daemon's logs
   // Bound for control requests that do not wait for other clients (hello, segments).
   std::chrono::milliseconds request_timeout{10'000};
+  // The client hands its memory only to a daemon that runs as root, as this process's own user,
+  // or as this uid (checked with SO_PEERCRED when connecting). nullopt: $GRADSYNC_DAEMON_UID if
+  // set, else root or the own user only.
+  std::optional<uid_t> daemon_uid;
 };
 
 inline constexpr int kDefaultPeerPort = 29590;

@@ -1,0 +1,31 @@
+// MemoryRegion: one buffer a client handed to the daemon, mapped into the daemon once at
+// registration and released (unmapped, handles closed) when the last user lets go. Every kind
+// (host memfd now; CUDA VMM and legacy IPC with the CUDA backend) is one implementation in its
+// backend's folder; the control plane and the job see only this interface.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+namespace gradsync {
+
+enum class MemoryKind : uint32_t {
+  kHostMemfd = 1,  // values match control.proto's MemoryKind
+};
+
+std::string_view memory_kind_name(MemoryKind kind);
+
+class MemoryRegion {
+ public:
+  virtual ~MemoryRegion() = default;
+
+  virtual MemoryKind kind() const = 0;
+  virtual size_t size() const = 0;
+
+  // The first byte in the daemon's address space: host memory for host kinds, a device address
+  // for device kinds. Offsets from clients are checked against size() before use.
+  virtual std::byte* base() const = 0;
+};
+
+}  // namespace gradsync

@@ -1,0 +1,104 @@
+#include "tests/integration/raw_protocol.h"
+
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <thread>
+
+#include "shared/fd_passing.h"
+#include "shared/framing.h"
+#include "shared/version.h"
+
+namespace gradsync::test {
+
+RawJoin raw_join(Connection& raw, const std::string& job, int world, int rank) {
+  control::Request hello;
+  hello.mutable_hello()->set_protocol_version(kProtocolVersion);
+  raw.call(hello, std::chrono::seconds(5));
+  control::Request join_request;
+  auto* j = join_request.mutable_join();
+  j->set_job_id(job);
+  j->set_rank(rank);
+  j->set_local_rank(rank);
+  j->set_world_size(world);
+  j->set_local_world_size(world);
+  RawJoin joined;
+  joined.reply = raw.call(join_request, std::chrono::seconds(10), {}, &joined.fds);
+  REQUIRE(joined.fds.size() == kJoinFdCount);
+  REQUIRE(map_fd(joined.fds[kJoinFdDoorbell].get(), kDoorbellBytes, Access::kReadWrite, "doorbell",
+                 &joined.channel.doorbell).ok());
+  REQUIRE(map_fd(joined.fds[kJoinFdClientRings].get(), kClientRingsBytes, Access::kReadWrite, "client rings",
+                 &joined.channel.client_rings).ok());
+  REQUIRE(map_fd(joined.fds[kJoinFdDaemonRings].get(), kDaemonRingsBytes, Access::kReadOnly, "daemon rings",
+                 &joined.channel.daemon_rings).ok());
+  return joined;
+}
+
+RawSegment raw_segment(Connection& raw, size_t bytes) {
+  RawSegment segment;
+  segment.memory = MappedMemfd::create("test", bytes);
+  segment.memory.seal(kSizeSeals);
+  control::Request announce;
+  announce.mutable_segment()->set_kind(control::HOST_MEMFD);
+  announce.mutable_segment()->set_bytes(bytes);
+  const int fd = segment.memory.fd().get();
+  segment.id = raw.call(announce, std::chrono::seconds(5), std::span<const int>(&fd, 1)).segment().segment_id();
+  return segment;
+}
+
+std::pair<uint32_t, std::string> wait_for_failure(const DaemonRings* rings) {
+  for (int i = 0; i < 500 && rings->failure_code.load() == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  const uint32_t code = rings->failure_code.load(std::memory_order_acquire);
+  return {code, std::string(rings->failure_message, std::min<size_t>(rings->failure_length, kFailureMessageBytes))};
+}
+
+RawSocket::RawSocket(const std::string& path) {
+  fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  std::strncpy(address.sun_path, path.c_str(), sizeof(address.sun_path) - 1);
+  REQUIRE(::connect(fd_, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0);
+}
+
+RawSocket::~RawSocket() { ::close(fd_); }
+
+void RawSocket::send(const std::string& bytes, const std::vector<int>& fds) {
+  const auto data = std::as_bytes(std::span<const char>(bytes.data(), bytes.size()));
+  REQUIRE(send_with_fds(fd_, data, fds, 0) == ssize_t(bytes.size()));
+}
+
+void RawSocket::finish_writing() { ::shutdown(fd_, SHUT_WR); }
+
+std::string RawSocket::read_to_end() {
+  timeval tv{10, 0};
+  ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  std::string all;
+  char buffer[4096];
+  for (;;) {
+    const ssize_t n = ::read(fd_, buffer, sizeof(buffer));
+    if (n <= 0) break;
+    all.append(buffer, static_cast<size_t>(n));
+  }
+  return all;
+}
+
+std::string first_error(const std::string& bytes) {
+  FrameDecoder decoder;
+  decoder.feed(std::span<const std::byte>(reinterpret_cast<const std::byte*>(bytes.data()), bytes.size()));
+  std::optional<std::string> payload;
+  REQUIRE(decoder.next(&payload).ok());
+  REQUIRE(payload);
+  control::Reply reply;
+  REQUIRE(reply.ParseFromString(*payload));
+  return reply.error().message();
+}
+
+std::string frame_of(const control::Request& request) { return encode_frame(request.SerializeAsString()); }
+
+}  // namespace gradsync::test
