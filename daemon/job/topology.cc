@@ -4,6 +4,22 @@
 #include <set>
 
 namespace gradsync {
+namespace {
+
+// Group names go into the whitespace-separated layout text (cluster.cc) and into peer-store
+// keys ("group/<name>/"), so they are limited to characters neither uses as separators.
+constexpr size_t kMaxGroupNameLength = 64;
+constexpr const char* kGroupNameRule = "1 to 64 characters, each one of letters, digits, '-', '_' and '.'";
+
+bool valid_group_name(const std::string& name) {
+  if (name.empty() || name.size() > kMaxGroupNameLength) return false;
+  return std::all_of(name.begin(), name.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_' ||
+           c == '.';
+  });
+}
+
+}  // namespace
 
 std::vector<int> Topology::local_members(const std::string& group) const {
   std::vector<int> members;
@@ -38,7 +54,9 @@ Status make_topology(int world_size, int local_world_size, int rank, int local_r
   t.nodes = world_size / local_world_size;
   for (const auto& [name, ranks] : declared) {
     if (name == kDefaultGroup) return Status::invalid_argument("group name 'dp' is reserved for all ranks");
-    if (name.empty() || name.size() > 64) return Status::invalid_argument("group names must have 1 to 64 characters");
+    if (!valid_group_name(name)) {
+      return Status::invalid_argument("group name '" + name + "' is refused: a group name has " + kGroupNameRule);
+    }
     if (ranks.empty()) return Status::invalid_argument("group '" + name + "' has no ranks");
     std::vector<int> sorted = ranks;
     std::sort(sorted.begin(), sorted.end());

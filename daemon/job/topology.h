@@ -30,7 +30,8 @@ struct Topology {
 };
 
 // Builds the topology for a join: checks the node layout and the declared groups, and adds
-// "dp". The error names what is wrong.
+// "dp". A group name has 1 to 64 characters, each a letter, digit, '-', '_' or '.'. The error
+// names what is wrong.
 Status make_topology(int world_size, int local_world_size, int rank, int local_rank,
                      const std::map<std::string, std::vector<int>>& declared, Topology* topology);
 

@@ -8,6 +8,11 @@
 //               maps), after warm-up and at the end, to show nothing grows per step
 //   floors      ../shared/bench/memory_floor.cc and wakeup_latency.cc, built and run here
 //   peer        ../shared/bench/torch_gloo_allreduce.py under /usr/bin/python3
+//
+// A measurement that could not be taken (a floor or peer command failed, or printed no number)
+// is printed as "missing" with the command and how it ended, and the bench then exits 1 after
+// printing everything it did measure. One deliberately not taken (--skip-peer, --floors-only)
+// is printed as "skipped" and is not a failure.
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,11 +20,13 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "client/tools/process.h"
@@ -35,6 +42,7 @@ struct BenchOptions {
   int steps = 15;          // throughput steps
   int rounds = 2000;       // latency round trips
   bool skip_peer = false;
+  bool floors_only = false;  // no gradsync jobs: only the floors and the peer
   // Child mode.
   std::string role;        // "throughput" or "latency"
   int rank = 0;
@@ -92,31 +100,97 @@ long rss_anon_kib(pid_t pid) {
   return -1;
 }
 
-// Runs a shell command and returns its output.
-std::string capture(const std::string& command) {
-  std::string out;
+std::string read_text(const std::string& path) {
+  std::ifstream file(path);
+  std::stringstream text;
+  text << file.rdbuf();
+  return text.str();
+}
+
+// One number of the report: measured (value set), deliberately skipped, or missing because it
+// could not be taken. `note` says why there is no value: the flag that skipped it, or for a
+// missing one what failed (the command and its exit status).
+struct Measurement {
+  std::optional<double> value;
+  bool skipped = false;
+  std::string note;
+};
+
+Measurement measured(double value) { return Measurement{value, false, {}}; }
+Measurement skipped(const std::string& why) { return Measurement{std::nullopt, true, why}; }
+Measurement missing(const std::string& why) { return Measurement{std::nullopt, false, why}; }
+
+// A shell command's output and how it ended.
+struct CommandRun {
+  std::string command;
+  std::string output;
+  int status = -1;  // pclose's wait status; -1 when the shell could not be started
+  bool ran = false;  // false: deliberately not run
+};
+
+CommandRun run_command(const std::string& command) {
+  CommandRun run{command, {}, -1, true};
   if (FILE* pipe = ::popen(command.c_str(), "r")) {
     char buffer[4096];
     size_t n;
-    while ((n = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0) out.append(buffer, n);
-    ::pclose(pipe);
+    while ((n = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0) run.output.append(buffer, n);
+    run.status = ::pclose(pipe);
   }
-  return out;
+  return run;
 }
 
-// The number after "key=" in text, or nullopt.
-std::optional<double> field(const std::string& text, const std::string& key) {
-  const auto pos = text.find(key + "=");
-  if (pos == std::string::npos) return std::nullopt;
-  return std::strtod(text.c_str() + pos + key.size() + 1, nullptr);
+// The number after "key=" in the command's output; missing, naming the command and its exit
+// status, when the command failed or printed no such number.
+Measurement field(const CommandRun& run, const std::string& key, const std::string& skip_reason) {
+  if (!run.ran) return skipped(skip_reason);
+  if (run.status == -1) return missing("`" + run.command + "` could not be started");
+  if (!exited_ok(run.status)) return missing("`" + run.command + "` " + describe_wait_status(run.status));
+  const auto pos = run.output.find(key + "=");
+  if (pos == std::string::npos) return missing("`" + run.command + "` exited 0 but printed no " + key + "=");
+  return measured(std::strtod(run.output.c_str() + pos + key.size() + 1, nullptr));
+}
+
+// a / b, absent (missing before skipped) when either is.
+Measurement ratio(const Measurement& a, const Measurement& b) {
+  if (a.value && b.value) return *b.value > 0 ? measured(*a.value / *b.value) : missing("a zero denominator");
+  if ((!a.value && !a.skipped) || (!b.value && !b.skipped)) return missing("an input is missing");
+  return skipped("an input was skipped");
+}
+
+// The value scaled and printed with `format` ("%.2f ms"), or "missing" / "skipped".
+std::string cell(const Measurement& m, const char* format, double scale = 1) {
+  if (!m.value) return m.skipped ? "skipped" : "missing";
+  char text[64];
+  std::snprintf(text, sizeof(text), format, *m.value * scale);
+  return text;
 }
 
 struct JobResult {
-  double median_us = 0;
-  double p99_us = 0;
+  Measurement median_us;
+  Measurement p99_us;
   long rss_anon_warm_kib = -1;
   long rss_anon_peak_kib = -1;
   long rss_anon_end_kib = -1;
+};
+
+// A temporary directory for the floors' binaries, removed with everything in it.
+class TempDirectory {
+ public:
+  TempDirectory() {
+    char pattern[] = "/tmp/gradsync-bench-XXXXXX";
+    if (!::mkdtemp(pattern)) throw Error(Status::internal("mkdtemp failed for the floors' directory"));
+    path_ = pattern;
+  }
+  ~TempDirectory() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path_, ignored);
+  }
+  TempDirectory(const TempDirectory&) = delete;
+  TempDirectory& operator=(const TempDirectory&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
 };
 
 JobResult run_job(const BenchOptions& o, const DaemonProcess& daemon, pid_t daemon_pid, const std::string& role,
@@ -141,7 +215,7 @@ JobResult run_job(const BenchOptions& o, const DaemonProcess& daemon, pid_t daem
     for (auto& c : clients) all_done &= c.wait_for(std::chrono::milliseconds(0)) != -1;
     const long anon = rss_anon_kib(daemon_pid);
     result.rss_anon_peak_kib = std::max(result.rss_anon_peak_kib, anon);
-    if (result.rss_anon_warm_kib < 0 && capture("cat " + out_file + " 2>/dev/null").find("phase steady") != std::string::npos) {
+    if (result.rss_anon_warm_kib < 0 && read_text(out_file).find("phase steady") != std::string::npos) {
       result.rss_anon_warm_kib = anon;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -153,25 +227,44 @@ JobResult run_job(const BenchOptions& o, const DaemonProcess& daemon, pid_t daem
       std::exit(1);
     }
   }
-  const std::string text = capture("cat " + out_file);
-  if (auto pos = text.find("result median_us "); pos != std::string::npos) result.median_us = std::strtod(text.c_str() + pos + 17, nullptr);
-  if (auto pos = text.find("result p99_us "); pos != std::string::npos) result.p99_us = std::strtod(text.c_str() + pos + 14, nullptr);
+  const std::string text = read_text(out_file);
+  auto result_line = [&](const std::string& name) {
+    const std::string prefix = "result " + name + " ";
+    const auto pos = text.find(prefix);
+    if (pos == std::string::npos) return missing("the " + role + " job's rank 0 exited 0 but printed no '" + prefix + "'");
+    return measured(std::strtod(text.c_str() + pos + prefix.size(), nullptr));
+  };
+  result.median_us = result_line("median_us");
+  result.p99_us = result_line("p99_us");
   return result;
 }
 
-int run_bench(const BenchOptions& o) {
-  std::printf("gradsync-bench: %u CPUs, daemon with %d reduce threads\n", std::thread::hardware_concurrency(), o.threads);
+JobResult skipped_job() {
+  return JobResult{skipped("--floors-only"), skipped("--floors-only")};
+}
+
+// The gradsync jobs, each on fresh daemons; with --floors-only, all skipped.
+struct GradsyncResults {
+  JobResult throughput = skipped_job();
+  JobResult latency = skipped_job();
+  JobResult nodes = skipped_job();
+  long idle_kib = -1;
+  bool daemons_ok = true;  // every daemon exited cleanly
+};
+
+GradsyncResults run_gradsync(const BenchOptions& o) {
+  GradsyncResults r;
+  if (o.floors_only) return r;
   DaemonProcess daemon(DaemonProcess::Options{o.daemon,
                                               {"--log-level", "warning", "--reduce-threads", std::to_string(o.threads), "--peer-listen", "127.0.0.1:0"},
                                               ""});
   const pid_t daemon_pid = daemon.process().pid();
-  const long idle_kib = rss_anon_kib(daemon_pid);
-  const JobResult throughput = run_job(o, daemon, daemon_pid, "throughput");
-  const JobResult latency = run_job(o, daemon, daemon_pid, "latency");
+  r.idle_kib = rss_anon_kib(daemon_pid);
+  r.throughput = run_job(o, daemon, daemon_pid, "throughput");
+  r.latency = run_job(o, daemon, daemon_pid, "latency");
   // Two "nodes" on loopback: the first daemon plus a second one; node 0's peer service (a
   // third daemon, so the port is known in advance) is the rendezvous.
   const std::string rendezvous = "127.0.0.1:" + std::to_string(free_loopback_port());
-  JobResult nodes;
   {
     const std::vector<std::string> common = {"--log-level", "warning", "--reduce-threads", std::to_string(o.threads)};
     std::vector<std::string> node0 = common, node1 = common;
@@ -179,57 +272,102 @@ int run_bench(const BenchOptions& o) {
     node1.insert(node1.end(), {"--peer-listen", "127.0.0.1:0"});
     DaemonProcess first(DaemonProcess::Options{o.daemon, node0, ""});
     DaemonProcess second(DaemonProcess::Options{o.daemon, node1, ""});
-    nodes = run_job(o, first, first.process().pid(), "nodes", {first.socket_path(), second.socket_path()}, rendezvous);
+    r.nodes = run_job(o, first, first.process().pid(), "nodes", {first.socket_path(), second.socket_path()}, rendezvous);
     first.terminate();
     second.terminate();
   }
+  r.daemons_ok = daemon.terminate() == 0;
+  return r;
+}
+
+int run_bench(const BenchOptions& o) {
+  std::printf("gradsync-bench: %u CPUs, daemon with %d reduce threads\n", std::thread::hardware_concurrency(), o.threads);
+  const GradsyncResults gradsync = run_gradsync(o);
+  const JobResult& throughput = gradsync.throughput;
+  const JobResult& latency = gradsync.latency;
+  const JobResult& nodes = gradsync.nodes;
 
   // Floors and peer, same session.
-  const std::string tmp = daemon.directory();
+  const TempDirectory tmp_dir;
+  const std::string tmp = tmp_dir.path();
   const std::string cc = "c++ -O3 -march=native -pthread ";
-  const std::string floor_out = capture(cc + o.team_bench + "/memory_floor.cc -o " + tmp + "/memory_floor && " + tmp +
-                                        "/memory_floor 4 100 " + std::to_string(o.threads));
-  const std::string wake_out = capture("c++ -O2 -pthread " + o.team_bench + "/wakeup_latency.cc -o " + tmp +
-                                       "/wakeup_latency && " + tmp + "/wakeup_latency 20000");
-  std::string peer_big, peer_small, engine_floor;
+  const CommandRun floor_run = run_command(cc + o.team_bench + "/memory_floor.cc -o " + tmp + "/memory_floor && " + tmp +
+                                           "/memory_floor 4 100 " + std::to_string(o.threads));
+  const CommandRun wake_run = run_command("c++ -O2 -pthread " + o.team_bench + "/wakeup_latency.cc -o " + tmp +
+                                          "/wakeup_latency && " + tmp + "/wakeup_latency 20000");
+  CommandRun peer_big, peer_small, engine_floor;
   if (!o.skip_peer) {
     // The cross-node stage alone: Gloo between two processes, 100 MiB. gradsync's two-node job
     // runs exactly this between its daemons, so it is the floor for that row.
-    engine_floor = capture("/usr/bin/python3 " + o.team_bench + "/torch_gloo_allreduce.py 2 104857600 " +
+    engine_floor = run_command("/usr/bin/python3 " + o.team_bench + "/torch_gloo_allreduce.py 2 104857600 " +
+                               std::to_string(o.steps) + " 2>&1");
+    peer_big = run_command("/usr/bin/python3 " + o.team_bench + "/torch_gloo_allreduce.py 4 104857600 " +
                            std::to_string(o.steps) + " 2>&1");
-    peer_big = capture("/usr/bin/python3 " + o.team_bench + "/torch_gloo_allreduce.py 4 104857600 " +
-                       std::to_string(o.steps) + " 2>&1");
-    peer_small = capture("/usr/bin/python3 " + o.team_bench + "/torch_gloo_allreduce.py 2 4096 " +
-                         std::to_string(o.rounds) + " 2>&1");
+    peer_small = run_command("/usr/bin/python3 " + o.team_bench + "/torch_gloo_allreduce.py 2 4096 " +
+                             std::to_string(o.rounds) + " 2>&1");
   }
-  const double floor_ms = field(floor_out, "median_ms").value_or(0);
-  const double futex_us = field(wake_out, "futex").value_or(0);
-  const double pipe_us = field(wake_out, "pipe").value_or(0);
-  const double peer_big_ms = field(peer_big, "median_ms").value_or(0);
-  const double peer_small_ms = field(peer_small, "median_ms").value_or(0);
-  const double engine_floor_ms = field(engine_floor, "median_ms").value_or(0);
-  const double step_ms = throughput.median_us / 1e3;
+  const Measurement floor_ms = field(floor_run, "median_ms", "");
+  const Measurement futex_us = field(wake_run, "futex", "");
+  const Measurement pipe_us = field(wake_run, "pipe", "");
+  const Measurement peer_big_ms = field(peer_big, "median_ms", "--skip-peer");
+  const Measurement peer_small_ms = field(peer_small, "median_ms", "--skip-peer");
+  const Measurement engine_floor_ms = field(engine_floor, "median_ms", "--skip-peer");
+  // Ratios in one unit: milliseconds for the 100 MiB rows, microseconds for the 4 KiB rows.
+  auto scaled = [](Measurement m, double scale) {
+    if (m.value) *m.value *= scale;
+    return m;
+  };
+  const Measurement step_ms = scaled(throughput.median_us, 1e-3);
+  const Measurement nodes_ms = scaled(nodes.median_us, 1e-3);
+  const Measurement peer_small_us = scaled(peer_small_ms, 1e3);
 
-  auto ratio = [](double a, double b) { return b > 0 ? a / b : 0.0; };
   std::printf("\n| measurement | gradsync | floor | ratio to floor | peer (torch gloo) | ratio to peer |\n");
   std::printf("|---|---|---|---|---|---|\n");
-  std::printf("| 4 clients x 100 MiB f32 avg-allreduce, median per step | %.2f ms | %.2f ms (memory_floor, %d threads) | %.2fx | %.2f ms | %.3fx |\n",
-              step_ms, floor_ms, o.threads, ratio(step_ms, floor_ms), peer_big_ms, ratio(step_ms, peer_big_ms));
-  std::printf("| 4 clients x 100 MiB, p99 per step | %.2f ms | | | | |\n", throughput.p99_us / 1e3);
-  std::printf("| 2 daemons x 2 clients x 100 MiB f32 avg-allreduce (loopback), median per step | %.2f ms | %.2f ms (Gloo alone, 2 processes) | %.2fx | %.2f ms (world 4) | %.3fx |\n",
-              nodes.median_us / 1e3, engine_floor_ms, ratio(nodes.median_us / 1e3, engine_floor_ms), peer_big_ms,
-              ratio(nodes.median_us / 1e3, peer_big_ms));
-  std::printf("| 2 clients x 4 KiB f32 avg-allreduce, median round trip | %.1f us | %.1f us (futex round trip) | %.2fx | %.1f us | %.3fx |\n",
-              latency.median_us, futex_us, ratio(latency.median_us, futex_us), peer_small_ms * 1e3,
-              ratio(latency.median_us, peer_small_ms * 1e3));
-  std::printf("| 2 clients x 4 KiB, p99 round trip | %.1f us | %.1f us (pipe round trip) | | | |\n", latency.p99_us, pipe_us);
-  std::printf("\ndaemon anonymous memory (beyond the client memory it maps): idle %ld KiB; throughput job: "
-              "after warm-up %ld KiB, peak %ld KiB, at the end %ld KiB; latency job: peak %ld KiB\n",
-              idle_kib, throughput.rss_anon_warm_kib, throughput.rss_anon_peak_kib, throughput.rss_anon_end_kib,
-              latency.rss_anon_peak_kib);
-  std::printf("\nraw: %s     %s     %s     %s     %s\n", floor_out.c_str(), wake_out.c_str(), peer_big.c_str(),
-              peer_small.c_str(), engine_floor.c_str());
-  return daemon.terminate() == 0 ? 0 : 1;
+  std::printf("| 4 clients x 100 MiB f32 avg-allreduce, median per step | %s | %s (memory_floor, %d threads) | %s | %s | %s |\n",
+              cell(step_ms, "%.2f ms").c_str(), cell(floor_ms, "%.2f ms").c_str(), o.threads,
+              cell(ratio(step_ms, floor_ms), "%.2fx").c_str(), cell(peer_big_ms, "%.2f ms").c_str(),
+              cell(ratio(step_ms, peer_big_ms), "%.3fx").c_str());
+  std::printf("| 4 clients x 100 MiB, p99 per step | %s | | | | |\n", cell(throughput.p99_us, "%.2f ms", 1e-3).c_str());
+  std::printf("| 2 daemons x 2 clients x 100 MiB f32 avg-allreduce (loopback), median per step | %s | %s (Gloo alone, 2 processes) | %s | %s (world 4) | %s |\n",
+              cell(nodes_ms, "%.2f ms").c_str(), cell(engine_floor_ms, "%.2f ms").c_str(),
+              cell(ratio(nodes_ms, engine_floor_ms), "%.2fx").c_str(), cell(peer_big_ms, "%.2f ms").c_str(),
+              cell(ratio(nodes_ms, peer_big_ms), "%.3fx").c_str());
+  std::printf("| 2 clients x 4 KiB f32 avg-allreduce, median round trip | %s | %s (futex round trip) | %s | %s | %s |\n",
+              cell(latency.median_us, "%.1f us").c_str(), cell(futex_us, "%.1f us").c_str(),
+              cell(ratio(latency.median_us, futex_us), "%.2fx").c_str(), cell(peer_small_us, "%.1f us").c_str(),
+              cell(ratio(latency.median_us, peer_small_us), "%.3fx").c_str());
+  std::printf("| 2 clients x 4 KiB, p99 round trip | %s | %s (pipe round trip) | | | |\n",
+              cell(latency.p99_us, "%.1f us").c_str(), cell(pipe_us, "%.1f us").c_str());
+  if (o.floors_only) {
+    std::printf("\ndaemon anonymous memory: skipped (--floors-only)\n");
+  } else {
+    std::printf("\ndaemon anonymous memory (beyond the client memory it maps): idle %ld KiB; throughput job: "
+                "after warm-up %ld KiB, peak %ld KiB, at the end %ld KiB; latency job: peak %ld KiB\n",
+                gradsync.idle_kib, throughput.rss_anon_warm_kib, throughput.rss_anon_peak_kib,
+                throughput.rss_anon_end_kib, latency.rss_anon_peak_kib);
+  }
+  std::printf("\nraw: %s     %s     %s     %s     %s\n", floor_run.output.c_str(), wake_run.output.c_str(),
+              peer_big.output.c_str(), peer_small.output.c_str(), engine_floor.output.c_str());
+
+  const std::pair<const char*, const Measurement*> all[] = {
+      {"gradsync 4 x 100 MiB median", &throughput.median_us}, {"gradsync 4 x 100 MiB p99", &throughput.p99_us},
+      {"gradsync 2 nodes x 100 MiB median", &nodes.median_us}, {"gradsync 2 x 4 KiB median", &latency.median_us},
+      {"gradsync 2 x 4 KiB p99", &latency.p99_us},            {"memory floor", &floor_ms},
+      {"futex round trip", &futex_us},                         {"pipe round trip", &pipe_us},
+      {"peer 4 x 100 MiB", &peer_big_ms},                      {"peer 2 x 4 KiB", &peer_small_ms},
+      {"Gloo alone 2 x 100 MiB", &engine_floor_ms},
+  };
+  int missing_count = 0;
+  for (const auto& [name, m] : all) {
+    if (m->value || m->skipped) continue;
+    if (missing_count++ == 0) std::printf("\n");
+    std::printf("missing: %s: %s\n", name, m->note.c_str());
+  }
+  if (missing_count > 0) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "gradsync-bench: %d measurement(s) missing; see above\n", missing_count);
+  }
+  return missing_count == 0 && gradsync.daemons_ok ? 0 : 1;
 }
 
 }  // namespace
@@ -248,12 +386,16 @@ int main(int argc, char** argv) {
     };
     if (arg == "--help" || arg == "-h") {
       std::printf("Usage: gradsync-bench [--team-bench DIR] [--threads N] [--steps S] [--rounds R] [--skip-peer]\n"
+                  "                      [--floors-only]\n"
                   "Measures gradsync next to the memory and wake-up floors and the torch gloo peer, in one run.\n"
                   "  --team-bench DIR  folder with memory_floor.cc, wakeup_latency.cc, torch_gloo_allreduce.py\n"
                   "                    (default ../shared/bench)\n"
                   "  --threads N       daemon reduce threads and memory-floor threads (default 2)\n"
                   "  --steps S         100 MiB steps (default 15);  --rounds R  4 KiB round trips (default 2000)\n"
-                  "  --skip-peer       do not run the torch peer\n");
+                  "  --skip-peer       do not run the torch peer (printed as skipped)\n"
+                  "  --floors-only     do not run gradsync, only the floors and the peer (gradsync printed as skipped)\n"
+                  "A measurement that could not be taken is printed as missing, with the command and its exit\n"
+                  "status, and the bench then exits 1.\n");
       return 0;
     }
     if (arg == "--team-bench") o.team_bench = next();
@@ -262,6 +404,7 @@ int main(int argc, char** argv) {
     else if (arg == "--steps") o.steps = std::atoi(next().c_str());
     else if (arg == "--rounds") o.rounds = std::atoi(next().c_str());
     else if (arg == "--skip-peer") o.skip_peer = true;
+    else if (arg == "--floors-only") o.floors_only = true;
     else if (arg == "--role") o.role = next();
     else if (arg == "--rank") o.rank = std::atoi(next().c_str());
     else if (arg == "--socket") o.socket = next();

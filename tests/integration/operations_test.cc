@@ -1,5 +1,7 @@
 // Every operation, dtype and scaling mode through the real daemon and real client processes,
 // checked bit-exact against the reference in values.cc.
+#include <sys/mman.h>
+
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstring>
@@ -89,6 +91,27 @@ int allreduce_scenario(const std::string& socket, const std::string& job, int ra
 void expect_all_ok(ClientGroup& group) {
   for (int status : group.wait_all(std::chrono::seconds(120))) CHECK(exit_code(status) == kOk);
 }
+
+// Memory shared with the client processes a ClientGroup forks afterwards: one zero-filled slot
+// of `slot_bytes` per rank, which rank r fills and the parent reads once the ranks exited.
+class SharedSlots {
+ public:
+  SharedSlots(int ranks, size_t slot_bytes) : slot_bytes_(slot_bytes), size_(static_cast<size_t>(ranks) * slot_bytes) {
+    void* memory = ::mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    REQUIRE(memory != MAP_FAILED);
+    data_ = static_cast<std::byte*>(memory);
+  }
+  ~SharedSlots() { ::munmap(data_, size_); }
+  SharedSlots(const SharedSlots&) = delete;
+  SharedSlots& operator=(const SharedSlots&) = delete;
+
+  std::byte* slot(int rank) const { return data_ + static_cast<size_t>(rank) * slot_bytes_; }
+
+ private:
+  size_t slot_bytes_;
+  size_t size_;
+  std::byte* data_ = nullptr;
+};
 
 }  // namespace
 
@@ -244,12 +267,17 @@ TEST_CASE("deferred readiness: the operation waits until every rank marked every
   expect_all_ok(group);
 }
 
-TEST_CASE("results are bit-identical from run to run", "[integration][ops]") {
+// Allreduce leaves every rank with the same bytes, and the same inputs give the same bytes again.
+TEST_CASE("results are bit-identical from run to run and on every rank", "[integration][ops]") {
+  constexpr int kRanks = 4;
+  constexpr uint64_t kNumel = 100'003;
+  const size_t bytes = kNumel * dtype_size(DType::kBFloat16);
   TestDaemon daemon;
   const std::string job = unique_job("determinism");
-  ClientGroup group(4, [&](int rank) {
-    auto client = join(daemon.socket(), job, rank, 4);
-    const SharedTensor tensor = client->allocate(TensorSpec{DType::kBFloat16, 100'003, "dp"});
+  const SharedSlots results(kRanks, bytes);  // each rank's run-0 result
+  ClientGroup group(kRanks, [&](int rank) {
+    auto client = join(daemon.socket(), job, rank, kRanks);
+    const SharedTensor tensor = client->allocate(TensorSpec{DType::kBFloat16, kNumel, "dp"});
     const std::vector<SharedTensor> tensors = {tensor};
     const TensorSet set = client->register_tensors(tensors, {});
     std::vector<std::byte> first;
@@ -260,9 +288,15 @@ TEST_CASE("results are bit-identical from run to run", "[integration][ops]") {
       if (run == 0) first = now;
       else if (now != first) return fail("run " + std::to_string(run) + " differs from run 0");
     }
+    if (first.size() != bytes) return fail("the tensor has " + std::to_string(first.size()) + " bytes");
+    std::memcpy(results.slot(rank), first.data(), bytes);
     return kOk;
   });
   expect_all_ok(group);
+  for (int rank = 1; rank < kRanks; ++rank) {
+    INFO("rank " << rank << "'s result compared with rank 0's");
+    CHECK(std::memcmp(results.slot(rank), results.slot(0), bytes) == 0);
+  }
 }
 
 }  // namespace gradsync::test

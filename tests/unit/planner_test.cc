@@ -284,17 +284,47 @@ TEST_CASE("planner: ResNet-50 with the default 25 MiB cap plans 5 buckets", "[pl
   CHECK(plan.buckets[4].tensors.back() == 0);
 }
 
-TEST_CASE("planner: 100k tensors plan without quadratic cost", "[planner]") {
+// Scale, checked by structure (unit tests are not timed; see the benchmark for speed): 100k
+// tensors of 4 KiB each, their keys cycling through 4 (group, dtype) pairs in registration order,
+// so each key has 25,000 tensors and exactly 6,400 of them fill a default 25 MiB bucket.
+TEST_CASE("planner: 100k tensors over 4 interleaved keys are each planned once, 6,400 to a full bucket",
+          "[planner]") {
+  constexpr uint32_t kTensors = 100'000;
+  constexpr uint32_t kKeys = 4;
+  constexpr uint32_t kPerFullBucket = kDefaultBucketCapBytes / 4096;  // 6,400
+  constexpr uint32_t kPerKey = kTensors / kKeys;                      // 25,000
+  constexpr uint32_t kBucketsPerKey = (kPerKey + kPerFullBucket - 1) / kPerFullBucket;  // 4
+  constexpr uint32_t kPerLastBucket = kPerKey - (kBucketsPerKey - 1) * kPerFullBucket;  // 5,800
+  const TensorLayout key_layouts[kKeys] = {of(DType::kFloat32, 1024, "dp"), of(DType::kBFloat16, 2048, "tp"),
+                                           of(DType::kFloat32, 1024, "pp"), of(DType::kBFloat16, 2048, "ep")};
   std::vector<TensorLayout> tensors;
-  tensors.reserve(100'000);
-  const char* groups[] = {"dp", "tp", "pp", "ep"};
-  for (uint64_t i = 0; i < 100'000; ++i) {
-    tensors.push_back(of(i % 2 == 0 ? DType::kFloat32 : DType::kBFloat16, 1 + (i * 131) % 65536,
-                         groups[i % 4]));
-  }
+  tensors.reserve(kTensors);
+  for (uint32_t i = 0; i < kTensors; ++i) tensors.push_back(key_layouts[i % kKeys]);
+
   const Plan plan = plan_buckets(tensors, PlanOptions{});
-  check_consistent(tensors, plan);
-  for (const Bucket& bucket : plan.buckets) CHECK(bucket.bytes <= kDefaultBucketCapBytes);
+  check_consistent(tensors, plan);  // every tensor in exactly one bucket
+  REQUIRE(plan.buckets.size() == kKeys * kBucketsPerKey);
+  // The reverse visit opens one bucket per key in the order ep, pp, tp, dp (the keys of tensors
+  // 99,999 down to 99,996), and the keys fill at the same pace, so that order repeats. Bucket b
+  // holds, in descending order, every 4th tensor of one contiguous stretch of the layout.
+  for (uint32_t b = 0; b < plan.buckets.size(); ++b) {
+    INFO("bucket " << b);
+    const Bucket& bucket = plan.buckets[b];
+    const uint32_t key = kKeys - 1 - b % kKeys;
+    const uint32_t fill = b / kKeys;  // how many buckets of this key were opened before
+    const uint32_t count = fill + 1 < kBucketsPerKey ? kPerFullBucket : kPerLastBucket;
+    CHECK(bucket.group == key_layouts[key].group);
+    CHECK(bucket.dtype == key_layouts[key].dtype);
+    REQUIRE(bucket.tensors.size() == count);
+    CHECK(bucket.bytes == uint64_t{count} * 4096);
+    const uint32_t first = kTensors - kKeys + key - fill * kPerFullBucket * kKeys;
+    CHECK(bucket.tensors.front() == first);
+    for (size_t j = 1; j < bucket.tensors.size(); ++j) {
+      if (bucket.tensors[j] != bucket.tensors[j - 1] - kKeys) {
+        FAIL("tensor " << bucket.tensors[j] << " follows " << bucket.tensors[j - 1]);
+      }
+    }
+  }
 }
 
 }  // namespace

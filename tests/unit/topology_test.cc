@@ -110,6 +110,26 @@ TEST_CASE("group names of 1 to 64 characters are accepted, others refused", "[to
   refusal_of(4, 2, 0, 0, {{"", {0}}});
 }
 
+TEST_CASE("group names of letters, digits, '-', '_' and '.' are accepted", "[topology]") {
+  const Topology t = topology_of(4, 2, 0, {{"tp-0.a_b", {0, 1}}, {"Z9", {2}}});
+  CHECK(t.has_group("tp-0.a_b"));
+  CHECK(t.has_group("Z9"));
+}
+
+// Group names go into whitespace-separated layout text and into peer-store keys
+// ("group/<name>/"), so any other character is refused, naming the group and the allowed set.
+TEST_CASE("a group name with a character outside [A-Za-z0-9._-] is refused, naming it", "[topology]") {
+  const std::string name = GENERATE(as<std::string>{}, "tp 0", "tp/0", "tp\n0", "tp\t0", "t\xc3\xa9", "tp:0");
+  const Status status = refusal_of(4, 2, 0, 0, {{name, {0}}});
+  CHECK_THAT(status.message(), Catch::Contains("'" + name + "'") && Catch::Contains("letters, digits, '-', '_' and '.'"));
+}
+
+TEST_CASE("an empty group name is refused, saying what a name may hold", "[topology]") {
+  const Status status = refusal_of(4, 2, 0, 0, {{"", {0}}});
+  CHECK_THAT(status.message(), Catch::Contains("''") && Catch::Contains("1 to 64") &&
+                                   Catch::Contains("letters, digits, '-', '_' and '.'"));
+}
+
 TEST_CASE("a group spanning nodes 0 and 2 of 3 has members on those nodes only", "[topology]") {
   // 3 nodes of 2 ranks: node 0 = {0, 1}, node 1 = {2, 3}, node 2 = {4, 5}.
   const Groups declared{{"g", {5, 0, 1}}};
