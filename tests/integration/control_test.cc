@@ -12,6 +12,7 @@
 #include "client/src/connection.h"
 #include "shared/channel_layout.h"
 #include "shared/framing.h"
+#include "shared/memfd.h"
 #include "shared/version.h"
 #include "tests/integration/harness.h"
 #include "tests/integration/raw_protocol.h"
@@ -270,6 +271,116 @@ TEST_CASE("frames: garbage is refused and the daemon keeps serving", "[integrati
   CHECK_THAT(first_error(raw.read_to_end()), Catch::Contains("malformed request"));
   check_still_serving(daemon);
   CHECK(daemon.running());
+}
+
+// A Hello frame, then `request` with `fds` attached; returns the first error the daemon sent
+// before it closed the connection, or the error reply of the request if it stayed open.
+std::string error_for(const TestDaemon& daemon, control::Request request, const std::vector<int>& fds,
+                      uint32_t declared_fds) {
+  RawSocket raw(daemon.socket());
+  control::Request hello;
+  hello.set_id(1);
+  hello.mutable_hello()->set_protocol_version(kProtocolVersion);
+  request.set_id(2);
+  request.set_fd_count(declared_fds);
+  raw.send(frame_of(hello));
+  raw.send(frame_of(request), fds);
+  raw.finish_writing();
+  const std::string bytes = raw.read_to_end();
+  // Skip the Hello reply: the second frame answers the request.
+  FrameDecoder decoder;
+  decoder.feed(std::span<const std::byte>(reinterpret_cast<const std::byte*>(bytes.data()), bytes.size()));
+  std::optional<std::string> payload;
+  for (int frame = 0; frame < 2; ++frame) {
+    payload.reset();
+    REQUIRE(decoder.next(&payload).ok());
+    REQUIRE(payload);
+  }
+  control::Reply reply;
+  REQUIRE(reply.ParseFromString(*payload));
+  return reply.error().message();
+}
+
+control::Request segment_request(uint64_t bytes) {
+  control::Request request;
+  request.mutable_segment()->set_kind(control::HOST_MEMFD);
+  request.mutable_segment()->set_bytes(bytes);
+  return request;
+}
+
+TEST_CASE("fds: a descriptor that is not a memfd is refused, naming what it is", "[integration][control][fds]") {
+  TestDaemon daemon;
+  int pipe_fds[2];
+  REQUIRE(::pipe(pipe_fds) == 0);
+  CHECK_THAT(error_for(daemon, segment_request(4096), {pipe_fds[0]}, 1), Catch::Contains("is a pipe, not a memfd"));
+  ::close(pipe_fds[0]);
+  ::close(pipe_fds[1]);
+  char path[] = "/tmp/gradsync-file-XXXXXX";
+  const int file = ::mkstemp(path);
+  REQUIRE(::ftruncate(file, 4096) == 0);
+  CHECK_THAT(error_for(daemon, segment_request(4096), {file}, 1), Catch::Contains("not a memfd"));
+  ::close(file);
+  ::unlink(path);
+  check_still_serving(daemon);
+}
+
+TEST_CASE("fds: a memfd without the size seals is refused, naming the missing seals", "[integration][control][fds]") {
+  TestDaemon daemon;
+  MappedMemfd unsealed = MappedMemfd::create("test", 4096);
+  CHECK_THAT(error_for(daemon, segment_request(4096), {unsealed.fd().get()}, 1),
+             Catch::Contains("without the seals F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL"));
+  MappedMemfd half = MappedMemfd::create("test", 4096);
+  half.seal(F_SEAL_SHRINK);
+  CHECK_THAT(error_for(daemon, segment_request(4096), {half.fd().get()}, 1),
+             Catch::Contains("without the seals F_SEAL_GROW | F_SEAL_SEAL"));
+  MappedMemfd sealed = MappedMemfd::create("test", 4096);
+  sealed.seal(kSizeSeals);
+  CHECK_THAT(error_for(daemon, segment_request(8192), {sealed.fd().get()}, 1),
+             Catch::Contains("has 4096 bytes, but 8192 were announced"));
+  check_still_serving(daemon);
+}
+
+TEST_CASE("fds: more descriptors in one message than the limit are refused", "[integration][control][fds]") {
+  TestDaemon daemon;
+  std::vector<MappedMemfd> many;
+  std::vector<int> fds;
+  for (int i = 0; i < 20; ++i) {
+    many.push_back(MappedMemfd::create("test", 4096));
+    fds.push_back(many.back().fd().get());
+  }
+  RawSocket raw(daemon.socket());
+  control::Request hello;
+  hello.mutable_hello()->set_protocol_version(kProtocolVersion);
+  hello.set_fd_count(20);
+  raw.send(frame_of(hello), fds);
+  raw.finish_writing();
+  CHECK_THAT(first_error(raw.read_to_end()), Catch::Contains("more than 16 file descriptors were sent in one message"));
+  check_still_serving(daemon);
+}
+
+TEST_CASE("fds: descriptors that no request claims end the connection", "[integration][control][fds]") {
+  TestDaemon daemon;
+  MappedMemfd memory = MappedMemfd::create("test", 4096);
+  memory.seal(kSizeSeals);
+  control::Request join;
+  join.mutable_join()->set_job_id(unique_job("stray"));
+  join.mutable_join()->set_world_size(1);
+  join.mutable_join()->set_local_world_size(1);
+  CHECK_THAT(error_for(daemon, join, {memory.fd().get()}, 0),
+             Catch::Contains("declares 0 file descriptor(s), but 1 were sent with it"));
+  // Declared but of a request that takes none: refused by the request, the connection stays.
+  CHECK_THAT(error_for(daemon, join, {memory.fd().get()}, 1),
+             Catch::Contains("this request carries no file descriptors, got 1"));
+  check_still_serving(daemon);
+}
+
+TEST_CASE("fds: a request naming a descriptor that was never sent is refused", "[integration][control][fds]") {
+  TestDaemon daemon;
+  CHECK_THAT(error_for(daemon, segment_request(4096), {}, 1),
+             Catch::Contains("names 1 file descriptor(s), but 0 were sent with it"));
+  CHECK_THAT(error_for(daemon, segment_request(4096), {}, 0),
+             Catch::Contains("a Segment request carries exactly one file descriptor, got 0"));
+  check_still_serving(daemon);
 }
 
 TEST_CASE("hello: a different protocol version is refused", "[integration][control]") {

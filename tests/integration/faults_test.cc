@@ -16,26 +16,6 @@
 namespace gradsync::test {
 namespace {
 
-// One-shot notification from a forked child to the test, through a pipe made before fork.
-class Latch {
- public:
-  Latch() { REQUIRE(::pipe(fds_) == 0); }
-  ~Latch() {
-    ::close(fds_[0]);
-    ::close(fds_[1]);
-  }
-  void open() const { (void)!::write(fds_[1], "x", 1); }
-  bool wait(std::chrono::milliseconds timeout) const {
-    pollfd p{fds_[0], POLLIN, 0};
-    if (::poll(&p, 1, static_cast<int>(timeout.count())) != 1) return false;
-    char c;
-    return ::read(fds_[0], &c, 1) == 1;
-  }
-
- private:
-  int fds_[2];
-};
-
 const std::vector<TensorSpec> kSpecs(4, TensorSpec{DType::kFloat32, 1 << 16, "dp"});
 
 // Ranks other than `victim` run steps until one fails, and check that the failure names the

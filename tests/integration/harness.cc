@@ -1,6 +1,7 @@
 #include "tests/integration/harness.h"
 
 #include <arpa/inet.h>
+#include <poll.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -146,6 +147,24 @@ int exit_code(int status) { return status != -1 && WIFEXITED(status) ? WEXITSTAT
 int fail(const std::string& what) {
   std::fprintf(stderr, "[pid %d] check failed: %s\n", ::getpid(), what.c_str());
   return kFailed;
+}
+
+Latch::Latch() {
+  if (::pipe(fds_) != 0) throw Error(Status::internal("pipe() failed"));
+}
+
+Latch::~Latch() {
+  ::close(fds_[0]);
+  ::close(fds_[1]);
+}
+
+void Latch::open() const { (void)!::write(fds_[1], "x", 1); }
+
+bool Latch::wait(std::chrono::milliseconds timeout) const {
+  pollfd p{fds_[0], POLLIN, 0};
+  if (::poll(&p, 1, static_cast<int>(timeout.count())) != 1) return false;
+  char c;
+  return ::read(fds_[0], &c, 1) == 1;
 }
 
 std::string unique_job(const std::string& prefix) {

@@ -88,6 +88,22 @@ class ClientGroup {
   std::vector<bool> reaped_;
 };
 
+// One-shot notification between processes (a forked child and the test), through a pipe made
+// before fork: the synchronization tests use instead of sleeps.
+class Latch {
+ public:
+  Latch();
+  ~Latch();
+  Latch(const Latch&) = delete;
+  Latch& operator=(const Latch&) = delete;
+  void open() const;
+  // True once open() was called (in any process), false after `timeout`.
+  bool wait(std::chrono::milliseconds timeout) const;
+
+ private:
+  int fds_[2] = {-1, -1};
+};
+
 // Exit code of a wait status, -1 for anything but a normal exit.
 int exit_code(int status);
 

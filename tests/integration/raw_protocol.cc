@@ -9,7 +9,6 @@
 #include <cstring>
 #include <thread>
 
-#include "shared/fd_passing.h"
 #include "shared/framing.h"
 #include "shared/version.h"
 
@@ -69,8 +68,22 @@ RawSocket::RawSocket(const std::string& path) {
 RawSocket::~RawSocket() { ::close(fd_); }
 
 void RawSocket::send(const std::string& bytes, const std::vector<int>& fds) {
-  const auto data = std::as_bytes(std::span<const char>(bytes.data(), bytes.size()));
-  REQUIRE(send_with_fds(fd_, data, fds, 0) == ssize_t(bytes.size()));
+  // Its own sendmsg(), without the library's limit on descriptors per message.
+  iovec io{const_cast<char*>(bytes.data()), bytes.size()};
+  msghdr message{};
+  message.msg_iov = &io;
+  message.msg_iovlen = 1;
+  std::vector<char> control(CMSG_SPACE(sizeof(int) * std::max<size_t>(fds.size(), 1)));
+  if (!fds.empty()) {
+    message.msg_control = control.data();
+    message.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
+    cmsghdr* header = CMSG_FIRSTHDR(&message);
+    header->cmsg_level = SOL_SOCKET;
+    header->cmsg_type = SCM_RIGHTS;
+    header->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+    std::memcpy(CMSG_DATA(header), fds.data(), sizeof(int) * fds.size());
+  }
+  REQUIRE(::sendmsg(fd_, &message, MSG_NOSIGNAL) == ssize_t(bytes.size()));
 }
 
 void RawSocket::finish_writing() { ::shutdown(fd_, SHUT_WR); }

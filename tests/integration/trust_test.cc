@@ -1,0 +1,269 @@
+// Trust boundaries of the per-step path, played by a hostile local user: memory passed as
+// sealed memfds cannot be shrunk under the daemon, a client can only read its completions, no
+// rank can reach another rank's rings, jobs of different users never mix, and a client hands
+// its memory only to a daemon it trusts.
+#include <fcntl.h>
+#include <grp.h>
+#include <pwd.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cerrno>
+#include <csignal>
+#include <filesystem>
+#include <cstring>
+#include <thread>
+
+#include "client/tools/process.h"
+#include "tests/integration/harness.h"
+#include "tests/integration/raw_protocol.h"
+#include "tests/integration/values.h"
+
+namespace gradsync::test {
+namespace {
+
+constexpr const char* kTestUser = "gradsync-test";
+
+// The unprivileged user the tests run processes as, created on first use (tests run as root).
+struct TestUser {
+  uid_t uid = 0;
+  gid_t gid = 0;
+};
+
+TestUser test_user() {
+  passwd* entry = ::getpwnam(kTestUser);
+  if (!entry) {
+    const std::string command = std::string("useradd --system --no-create-home --shell /usr/sbin/nologin ") + kTestUser +
+                                " >/dev/null 2>&1";
+    REQUIRE(std::system(command.c_str()) == 0);
+    entry = ::getpwnam(kTestUser);
+  }
+  REQUIRE(entry != nullptr);
+  return TestUser{entry->pw_uid, entry->pw_gid};
+}
+
+// In a forked child: become `user` for good (no way back to root).
+bool become(const TestUser& user) {
+  return ::setgroups(0, nullptr) == 0 && ::setresgid(user.gid, user.gid, user.gid) == 0 &&
+         ::setresuid(user.uid, user.uid, user.uid) == 0;
+}
+
+// One verified step: every rank fills rank + 1, the sum is world * (world + 1) / 2.
+bool sum_step(Client& client, const TensorSet& set, int rank, int world) {
+  const auto values = set.tensor(0).as<float>();
+  for (auto& v : values) v = static_cast<float>(rank + 1);
+  if (!client.allreduce(set, ReduceOptions{ReduceOp::kSum}).wait(std::chrono::seconds(10))) return false;
+  const float expected = static_cast<float>(world * (world + 1) / 2);
+  for (float v : values) {
+    if (v != expected) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("trust: a client that truncates its memfds or rings cannot crash the daemon; other jobs keep verifying",
+          "[integration][trust]") {
+  TestDaemon daemon;
+  // A bystander job verifies steps for as long as the attack lasts.
+  const std::string bystander_job = unique_job("bystander");
+  ClientGroup bystander(2, [&](int rank) {
+    auto client = join(daemon.socket(), bystander_job, rank, 2);
+    const TensorSet set = client->register_tensors(client->allocate_flat(std::vector<TensorSpec>{{DType::kFloat32, 4096, "dp"}}), {});
+    for (int step = 0; step < 200; ++step) {
+      if (!sum_step(*client, set, rank, 2)) return fail("bystander step " + std::to_string(step) + " was wrong");
+    }
+    return kOk;
+  });
+  Connection raw(daemon.socket(), std::nullopt);
+  RawJoin joined = raw_join(raw, unique_job("truncate"), 1);
+  RawSegment segment = raw_segment(raw, 1 << 20);
+  control::Request reg;
+  auto* tensor = reg.mutable_register_()->add_tensors();
+  tensor->set_dtype(control::FLOAT32);
+  tensor->set_numel((1 << 20) / 4);
+  tensor->set_segment_id(segment.id);
+  raw.call(reg, std::chrono::seconds(10));
+
+  // Every descriptor the client holds is sealed against resizing, whatever it tries.
+  const std::vector<std::pair<const char*, int>> fds = {{"tensor memfd", segment.memory.fd().get()},
+                                                        {"doorbell", joined.fds[kJoinFdDoorbell].get()},
+                                                        {"client rings", joined.fds[kJoinFdClientRings].get()},
+                                                        {"daemon rings", joined.fds[kJoinFdDaemonRings].get()}};
+  for (const auto& [what, fd] : fds) {
+    CAPTURE(what);
+    CHECK(::ftruncate(fd, 0) == -1);
+    CHECK(errno == EPERM);
+    CHECK(::ftruncate(fd, 1 << 30) == -1);
+    CHECK(::fcntl(fd, F_GET_SEALS) & F_SEAL_SEAL);  // and the seals cannot be taken off
+  }
+  // The daemon still reduces this client's memory (it would have died of SIGBUS on a shrunk
+  // mapping), and the bystander job verified every step meanwhile.
+  RingWriter<SubmitRing> ring(&joined.channel.client()->submit);
+  SubmitEntry entry;
+  entry.kind = static_cast<uint32_t>(SubmitKind::kOp);
+  entry.op_seq = 1;
+  entry.op = static_cast<uint32_t>(OpKind::kAllreduce);
+  entry.reduce_op = static_cast<uint32_t>(WireReduceOp::kSum);
+  entry.flags = kSubmitAllReady;
+  REQUIRE(ring.try_push(entry));
+  joined.channel.doorbell_page()->doorbell.notify();
+  const DaemonRings* rings = joined.channel.daemon();
+  for (int i = 0; i < 500 && rings->completion.tail.load() == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  REQUIRE(rings->completion.tail.load() == 1);
+  CHECK(rings->completion.entries[0].op_seq == 1);
+  CHECK(rings->completion.entries[0].code == 0);
+  for (int status : bystander.wait_all()) CHECK(exit_code(status) == kOk);
+  CHECK(daemon.running());
+}
+
+TEST_CASE("trust: a client can map its completion ring read-only and in no other way", "[integration][trust]") {
+  TestDaemon daemon;
+  Connection raw(daemon.socket(), std::nullopt);
+  RawJoin joined = raw_join(raw, unique_job("readonly"), 1);
+  const int fd = joined.fds[kJoinFdDaemonRings].get();
+  // A writable shared mapping is refused.
+  errno = 0;
+  CHECK(::mmap(nullptr, kDaemonRingsBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) == MAP_FAILED);
+  CHECK(errno == EPERM);
+  // A read-only mapping cannot be made writable.
+  void* mapping = ::mmap(nullptr, kDaemonRingsBytes, PROT_READ, MAP_SHARED, fd, 0);
+  REQUIRE(mapping != MAP_FAILED);
+  CHECK(::mprotect(mapping, kDaemonRingsBytes, PROT_READ | PROT_WRITE) == -1);
+  ::munmap(mapping, kDaemonRingsBytes);
+  // Nor does write() get through, on the descriptor or on a fresh one from /proc.
+  const char byte = 1;
+  CHECK(::pwrite(fd, &byte, 1, 0) == -1);
+  const int reopened = ::open(("/proc/self/fd/" + std::to_string(fd)).c_str(), O_RDWR);
+  if (reopened >= 0) {
+    CHECK(::pwrite(reopened, &byte, 1, 0) == -1);
+    CHECK(::mmap(nullptr, kDaemonRingsBytes, PROT_READ | PROT_WRITE, MAP_SHARED, reopened, 0) == MAP_FAILED);
+    ::close(reopened);
+  }
+  // The client's own ring memory is writable, as it must be.
+  void* own = ::mmap(nullptr, kClientRingsBytes, PROT_READ | PROT_WRITE, MAP_SHARED,
+                     joined.fds[kJoinFdClientRings].get(), 0);
+  CHECK(own != MAP_FAILED);
+  if (own != MAP_FAILED) ::munmap(own, kClientRingsBytes);
+}
+
+TEST_CASE("trust: a rank that forges completions everywhere it can write cannot make another rank succeed",
+          "[integration][trust]") {
+  TestDaemon daemon({"--timeout-ms", "1500"});
+  const std::string job = unique_job("forge");
+  // Rank 1 is hostile: it joins, registers, and then writes success entries for operations
+  // 1..20 over every byte of memory the daemon gave it, instead of taking part.
+  Connection raw(daemon.socket(), std::nullopt);
+  ClientGroup honest(1, [&](int) {
+    auto client = join(daemon.socket(), job, 0, 2);
+    const TensorSet set = client->register_tensors(client->allocate_flat(std::vector<TensorSpec>{{DType::kFloat32, 16, "dp"}}), {});
+    int forged = 0;
+    for (int step = 0; step < 20; ++step) {
+      try {
+        if (sum_step(*client, set, 0, 2)) return fail("step " + std::to_string(step) + " succeeded without rank 1");
+        forged++;  // reported success, with wrong values
+      } catch (const Error& e) {
+        if (step == 0 && std::string(e.what()).find("rank 1") == std::string::npos) {
+          return fail(std::string("the failure does not name rank 1: ") + e.what());
+        }
+      }
+    }
+    return forged == 0 ? kOk : fail(std::to_string(forged) + " steps reported success with wrong values");
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  RawJoin joined = raw_join(raw, job, 2, 1);
+  RawSegment segment = raw_segment(raw, 64);
+  control::Request reg;
+  auto* tensor = reg.mutable_register_()->add_tensors();
+  tensor->set_dtype(control::FLOAT32);
+  tensor->set_numel(16);
+  tensor->set_segment_id(segment.id);
+  raw.call(reg, std::chrono::seconds(10));
+  CompletionEntry forged;
+  for (auto* region : {joined.channel.doorbell.data(), joined.channel.client_rings.data()}) {
+    const size_t bytes = region == joined.channel.doorbell.data() ? kDoorbellBytes : kClientRingsBytes;
+    for (size_t offset = 0; offset + sizeof(forged) <= bytes; offset += sizeof(forged)) {
+      forged.op_seq = 1 + (offset / sizeof(forged)) % 20;
+      std::memcpy(region + offset, &forged, sizeof(forged));
+    }
+  }
+  joined.channel.doorbell_page()->doorbell.notify();
+  for (int status : honest.wait_all(std::chrono::seconds(60))) CHECK(exit_code(status) == kOk);
+  CHECK(daemon.running());
+}
+
+TEST_CASE("trust: another user's process joining a job id in use gets its own job; both verify",
+          "[integration][trust]") {
+  const TestUser user = test_user();
+  TestDaemon daemon({"--allow-uid", "0", "--allow-uid", std::to_string(user.uid)});
+  REQUIRE(::chmod(std::filesystem::path(daemon.socket()).parent_path().c_str(), 0755) == 0);
+  const std::string job = unique_job("shared-id");
+  // Root's rank 0 waits for its rank 1; the other user takes ranks 0 and 1 of "the same" id.
+  Latch others_done;
+  ClientGroup root_ranks(2, [&](int rank) {
+    if (rank == 1 && !others_done.wait(std::chrono::seconds(30))) return fail("the other user never finished");
+    auto client = join(daemon.socket(), job, rank, 2);
+    const TensorSet set = client->register_tensors(client->allocate_flat(std::vector<TensorSpec>{{DType::kFloat32, 64, "dp"}}), {});
+    for (int step = 0; step < 5; ++step) {
+      if (!sum_step(*client, set, rank, 2)) return fail("root's job computed a wrong sum");
+    }
+    return kOk;
+  });
+  ClientGroup other_ranks(2, [&](int rank) {
+    if (!become(user)) return fail(std::string("cannot become the test user: ") + std::strerror(errno));
+    // The daemon runs as root, whose channel memory this user could never open by name.
+    auto client = join(daemon.socket(), job, rank, 2);
+    const TensorSet set = client->register_tensors(client->allocate_flat(std::vector<TensorSpec>{{DType::kFloat32, 64, "dp"}}), {});
+    for (int step = 0; step < 5; ++step) {
+      if (!sum_step(*client, set, rank, 2)) return fail("the other user's job computed a wrong sum");
+    }
+    return kOk;
+  });
+  for (int status : other_ranks.wait_all(std::chrono::seconds(60))) CHECK(exit_code(status) == kOk);
+  others_done.open();
+  for (int status : root_ranks.wait_all(std::chrono::seconds(60))) CHECK(exit_code(status) == kOk);
+  const std::string log = daemon.log();
+  CHECK_THAT(log, Catch::Contains("job=" + job + " uid=0"));
+  CHECK_THAT(log, Catch::Contains("job=" + job + " uid=" + std::to_string(user.uid)));
+}
+
+TEST_CASE("trust: a client refuses a daemon of another user unless told to trust that uid", "[integration][trust]") {
+  const TestUser user = test_user();
+  char pattern[] = "/tmp/gradsync-other-XXXXXX";
+  REQUIRE(::mkdtemp(pattern));
+  const std::string directory = pattern;
+  REQUIRE(::chown(directory.c_str(), user.uid, user.gid) == 0);
+  const std::string socket = directory + "/gradsync.sock";
+  // The daemon runs as the test user and lets root in.
+  ChildProcess daemon({"/usr/bin/setpriv", "--reuid", std::to_string(user.uid), "--regid", std::to_string(user.gid),
+                       "--clear-groups", GRADSYNCD_BINARY, "--socket", socket, "--peer-listen", "127.0.0.1:0",
+                       "--allow-uid", "0"});
+  for (int i = 0; i < 200 && !std::filesystem::exists(socket); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  REQUIRE(std::filesystem::exists(socket));
+  try {
+    Client::connect(ConnectOptions{socket});
+    FAIL("a daemon of another user was trusted");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::kPermissionDenied);
+    CHECK_THAT(e.status().message(), Catch::Contains("runs as uid " + std::to_string(user.uid)));
+    CHECK_THAT(e.status().message(), Catch::Contains("GRADSYNC_DAEMON_UID"));
+  }
+  ConnectOptions trusting{socket};
+  trusting.daemon_uid = user.uid;
+  auto client = Client::connect(trusting);
+  client->join(JoinOptions{unique_job("trusted"), 0, 1, 0, 1});
+  const TensorSet set = client->register_tensors(client->allocate_flat(std::vector<TensorSpec>{{DType::kFloat32, 8, "dp"}}), {});
+  CHECK(sum_step(*client, set, 0, 1));
+  client.reset();
+  daemon.signal(SIGTERM);
+  CHECK(exited_ok(daemon.wait_for(std::chrono::seconds(10))));
+  std::filesystem::remove_all(directory);
+}
+
+}  // namespace gradsync::test
