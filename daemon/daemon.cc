@@ -43,12 +43,15 @@ Daemon::Daemon(DaemonConfig config)
   RegistryOptions registry{&io_, &pool_, log_, config_.default_timeout, config_.max_timeout, {}, reaper_.get()};
   const std::string host = advertise_host(config_);
   registry.cluster.advertise = host + ":" + std::to_string(peer_->port());
-  registry.cluster.transport.transport = config_.gloo_transport;
-  registry.cluster.transport.hostname = host;
-  registry.cluster.transport.iface = config_.gloo_iface;
-  registry.cluster.transport.ib_device = config_.gloo_ib_device;
-  registry.cluster.transport.ib_port = config_.gloo_ib_port;
-  registry.cluster.transport.ib_index = config_.gloo_ib_index;
+  GlooTransport gloo;
+  gloo.transport = config_.gloo_transport;
+  gloo.hostname = host;
+  gloo.iface = config_.gloo_iface;
+  gloo.ib_device = config_.gloo_ib_device;
+  gloo.ib_port = config_.gloo_ib_port;
+  gloo.ib_index = config_.gloo_ib_index;
+  engines_ = make_engine_factory(gloo);
+  registry.cluster.engines = engines_.get();
   registry_ = std::make_unique<JobRegistry>(std::move(registry));
   server_ = std::make_unique<ControlServer>(
       io_, ControlServerOptions{config_.socket_path, config_.allowed_uids, registry_.get(), backends_.get(), log_});

@@ -6,6 +6,7 @@
 
 #include "daemon/backend/factory.h"
 #include "daemon/config.h"
+#include "daemon/engine/factory.h"
 #include "daemon/control/asio.h"
 #include "daemon/control/server.h"
 #include "daemon/job/reaper.h"
@@ -33,6 +34,7 @@ class Daemon {
   boost::asio::signal_set signals_;
   ThreadPool pool_;
   std::unique_ptr<BackendFactory> backends_;
+  std::unique_ptr<EngineFactory> engines_;
   std::unique_ptr<PeerServer> peer_;
   std::unique_ptr<Reaper> reaper_;  // outlives the jobs, whose workers it stops
   std::unique_ptr<JobRegistry> registry_;

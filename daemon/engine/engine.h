@@ -1,43 +1,66 @@
-// A collective engine among the daemons of the nodes that host one process group: the
-// cross-node stage of a hierarchical operation (local reduce -> engine -> local fan-out).
-// gradsync never implements its own network collective; engines wrap existing ones (Gloo here,
-// NCCL with the CUDA backend), each in its own subfolder with the same file names.
+// CollectiveEngine: the collective among the daemons of the nodes that host one process group,
+// the cross-node stage of a hierarchical operation (local reduce -> engine -> local fan-out).
+// gradsync never implements its own network collective; engines wrap existing ones (gloo/ now,
+// nccl/ with the CUDA backend), each in its own folder with the same file names, and only the
+// engine factory (factory.cc) names them.
 //
-// Every call is bounded by the engine's timeout and returns a Status; foreign exceptions are
-// translated once, inside the implementation. After an error the engine is unusable (the job
-// has failed) and every later call returns the same error.
+// Contract:
+//   - Calls are asynchronous: each returns at once and its Done runs exactly once, on a thread
+//     of the engine, when the call finished, failed or was aborted. Calls run in the order they
+//     were made (every node makes the same calls in the same order).
+//   - A reduction takes a gradsync reduction (ReduceSpec), not a callback, so an engine can map
+//     it to its library's own operations (NCCL) or build the combine itself (Gloo).
+//   - abort() may be called from any thread: the call in flight fails promptly (well within a
+//     second, not at the engine's timeout) and every later call fails with the same reason.
+//   - Foreign errors are translated once, inside the implementation. After the first error the
+//     engine is unusable and every later call fails with that error.
 #pragma once
 
 #include <cstddef>
 #include <functional>
 
+#include "daemon/reduce/kernel.h"
 #include "shared/dtype.h"
 #include "shared/status.h"
 
 namespace gradsync {
 
-// out[i] = a[i] (+) b[i] for n elements of the engine buffer's type (Gloo's reduce signature).
-using CombineFn = std::function<void(void* out, const void* a, const void* b, size_t n)>;
+// A reduction as the engine carries it. The buffer holds elements of
+// reduce::accumulation_dtype(element); with wide_accumulate off, half types round to their own
+// precision after every combine, as the one-node kernel does.
+struct ReduceSpec {
+  reduce::Combine op = reduce::Combine::kSum;
+  DType element = DType::kFloat32;  // the tensors' dtype
+  bool wide_accumulate = true;
+};
+
+using EngineDone = std::function<void(const Status&)>;
 
 class CollectiveEngine {
  public:
-  virtual ~CollectiveEngine() = default;
+  virtual ~CollectiveEngine() = default;  // aborts what is in flight, then waits for it
 
   virtual int node() const = 0;   // this daemon's index among the group's nodes
   virtual int nodes() const = 0;  // how many nodes the group spans
 
-  // In place over `count` elements of `dtype` (float32, float64, int32, int64 or uint8: the
-  // accumulation types).
-  virtual Status allreduce(void* data, size_t count, DType dtype, const CombineFn& combine) = 0;
+  // In place over `count` accumulation-type elements.
+  virtual void allreduce(void* data, size_t count, const ReduceSpec& spec, EngineDone done) = 0;
 
   // In place; on the root node `data` is the input, elsewhere the output.
-  virtual Status broadcast(void* data, size_t bytes, int root_node) = 0;
+  virtual void broadcast(void* data, size_t bytes, int root_node, EngineDone done) = 0;
 
   // Every node contributes `bytes`; `out` receives nodes() * bytes, node-major.
-  virtual Status allgather(const void* in, size_t bytes, void* out) = 0;
+  virtual void allgather(const void* in, size_t bytes, void* out, EngineDone done) = 0;
 
   // In place; the result is meaningful on the root node only.
-  virtual Status reduce(void* data, size_t count, DType dtype, const CombineFn& combine, int root_node) = 0;
+  virtual void reduce(void* data, size_t count, const ReduceSpec& spec, int root_node, EngineDone done) = 0;
+
+  // Fails the call in flight and every later one with `why`. Any thread; idempotent.
+  virtual void abort(const Status& why) = 0;
 };
+
+// Runs one engine call and waits for its Done: for callers that have nothing else to do
+// meanwhile. Bounded because every engine call is (by its timeout, or by abort()).
+Status run_engine_call(const std::function<void(EngineDone)>& call);
 
 }  // namespace gradsync

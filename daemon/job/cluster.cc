@@ -137,27 +137,45 @@ Status Cluster::engine(const std::string& group, CollectiveEngine** engine) {
   if (nodes.size() <= 1 || std::find(nodes.begin(), nodes.end(), options_.topology.node) == nodes.end()) {
     return Status();
   }
-  auto it = engines_.find(group);
-  if (it == engines_.end()) {
-    GlooEngineOptions gloo = options_.transport;
-    gloo.rendezvous = rendezvous_;
-    gloo.job = options_.store_job;
-    gloo.prefix = key("group/" + group + "/");
-    gloo.node = static_cast<int>(std::find(nodes.begin(), nodes.end(), options_.topology.node) - nodes.begin());
-    gloo.nodes = static_cast<int>(nodes.size());
-    gloo.timeout = options_.timeout;
-    try {
-      it = engines_.emplace(group, make_gloo_engine(gloo)).first;
-    } catch (const Error& e) {
-      return explain(e.status());
+  {
+    std::lock_guard lock(engines_mutex_);
+    if (!aborted_.ok()) return aborted_;
+    auto it = engines_.find(group);
+    if (it != engines_.end()) {
+      *engine = it->second.get();
+      return Status();
     }
-    options_.log.info("group '" + group + "': Gloo mesh of " + std::to_string(nodes.size()) + " nodes ready");
   }
-  *engine = it->second.get();
+  EngineSpec spec;
+  spec.rendezvous = rendezvous_;
+  spec.job = options_.store_job;
+  spec.prefix = key("group/" + group + "/");
+  spec.node = static_cast<int>(std::find(nodes.begin(), nodes.end(), options_.topology.node) - nodes.begin());
+  spec.nodes = static_cast<int>(nodes.size());
+  spec.timeout = options_.timeout;
+  std::unique_ptr<CollectiveEngine> made;
+  if (Status status = options_.engines->make(spec, &made); !status.ok()) return explain(status);
+  options_.log.info("group '" + group + "': engine of " + std::to_string(nodes.size()) + " nodes ready");
+  std::lock_guard lock(engines_mutex_);
+  if (!aborted_.ok()) made->abort(aborted_);
+  *engine = made.get();
+  engines_.emplace(group, std::move(made));
   return Status();
 }
 
+void Cluster::abort(const Status& why) {
+  std::lock_guard lock(engines_mutex_);
+  if (!aborted_.ok()) return;
+  aborted_ = why;
+  for (auto& [group, engine] : engines_) engine->abort(why);
+}
+
 Status Cluster::explain(const Status& error) {
+  {
+    // This node gave up on purpose (its job failed or the daemon stops): nobody else is to blame.
+    std::lock_guard lock(engines_mutex_);
+    if (!aborted_.ok()) return aborted_;
+  }
   std::string culprits;
   bool unreachable = false;
   for (int n = 0; n < options_.topology.nodes; ++n) {

@@ -1,7 +1,7 @@
 // The nodes of a multi-node job, as seen from one daemon: forms the job's generation through
 // the rendezvous daemon's peer service, checks that every node registered the same layouts,
 // creates one collective engine per process group that spans nodes, and explains engine
-// failures by finding out which node is gone. Used only on the job's worker thread.
+// failures by finding out which node is gone. Used on the job's worker thread, except abort().
 #pragma once
 
 #include <chrono>
@@ -10,8 +10,10 @@
 #include <string>
 #include <vector>
 
+#include <mutex>
+
 #include "daemon/engine/engine.h"
-#include "daemon/engine/gloo/gloo_engine.h"
+#include "daemon/engine/factory.h"
 #include "daemon/job/tensor_set.h"
 #include "daemon/job/topology.h"
 #include "daemon/peer/peer_client.h"
@@ -28,7 +30,7 @@ struct ClusterOptions {
   std::chrono::milliseconds timeout{30'000};
   std::string rendezvous;       // host:port of the node-0 daemon's peer service
   std::string advertise;        // host:port other daemons reach this daemon's peer service at
-  GlooEngineOptions transport;  // transport settings; job, prefix and ranks are filled in here
+  EngineFactory* engines = nullptr;  // makes one engine per group that spans nodes
   Logger log;
 };
 
@@ -51,6 +53,10 @@ class Cluster {
   // Turns an engine error into one that names the node that is gone or that failed first.
   Status explain(const Status& error);
 
+  // Aborts every engine (the call in flight returns promptly) and every engine made later.
+  // Thread-safe: the job calls it when it fails, while the worker may be blocked in a call.
+  void abort(const Status& why);
+
   // Tells the other nodes why this node's job failed (best effort, short timeout).
   void publish_failure(const Status& status);
 
@@ -65,7 +71,9 @@ class Cluster {
   bool formed_ = false;
   std::string prefix_;                  // "g<generation>/"
   std::vector<std::string> addresses_;  // peer address of every node
+  std::mutex engines_mutex_;  // engines_ and aborted_: the worker adds, abort() may come from anywhere
   std::map<std::string, std::unique_ptr<CollectiveEngine>> engines_;
+  Status aborted_;
 };
 
 }  // namespace gradsync

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <future>
+#include <memory>
 
 #include "daemon/job/bucket_exec.h"
 #include "daemon/reduce/staged.h"
@@ -80,6 +81,10 @@ int group_node_of(const Topology& t, const std::string& group, int rank) {
   return static_cast<int>(std::find(nodes.begin(), nodes.end(), rank / t.local_world_size) - nodes.begin());
 }
 
+ReduceSpec spec_of(const reduce::KernelArgs& args) {
+  return ReduceSpec{args.combine, args.dtype, args.wide_accumulate};
+}
+
 // The common case of a flat float32/float64/integer gradient buffer: the first participant's
 // memory is the node buffer, so nothing is staged in the daemon. The bucket is cut into slices
 // and pipelined: while the engine carries slice k between nodes (on its own thread), the pool
@@ -95,7 +100,7 @@ Status allreduce_in_place(const CrossNodeBucket& c) {
   const uint64_t slice = std::max<uint64_t>(1, kSliceBytes / element);
   const size_t slices = static_cast<size_t>((elements + slice - 1) / slice);
   std::byte* node_buffer = run.address[members[0]];
-  const auto combine = reduce::combiner(c.args);
+  const ReduceSpec spec = spec_of(c.args);
 
   auto chunks_of = [&](size_t k, auto&& body) {
     const uint64_t first = k * slice, count = std::min(slice, elements - first);
@@ -120,15 +125,19 @@ Status allreduce_in_place(const CrossNodeBucket& c) {
       reduce::finish(c.args, node_buffer + first * element, outputs, count);
     });
   };
+  // The engine carries slice k on its own (persistent) thread while this one prepares the next.
   auto carry = [&](size_t k) {
     const uint64_t first = k * slice;
-    return c.engine->allreduce(node_buffer + first * element, std::min(slice, elements - first), c.args.dtype, combine);
+    auto done = std::make_shared<std::promise<Status>>();
+    std::future<Status> carried = done->get_future();
+    c.engine->allreduce(node_buffer + first * element, std::min(slice, elements - first), spec,
+                        [done](const Status& status) { done->set_value(status); });
+    return carried;
   };
 
   accumulate(0);
   for (size_t k = 0; k < slices; ++k) {
-    // The engine runs slice k on its own thread; Gloo calls stay strictly sequential.
-    std::future<Status> carried = std::async(std::launch::async, carry, k);
+    std::future<Status> carried = carry(k);
     if (k + 1 < slices) accumulate(k + 1);
     if (k > 0) finish(k - 1);
     if (Status s = carried.get(); !s.ok()) return s;
@@ -156,16 +165,17 @@ Status allreduce_or_reduce(const CrossNodeBucket& c, bool to_root) {
     for (uint32_t m : members) inputs.push_back(set.address[m][p.tensor] + p.first * element);
     reduce::accumulate(c.args, inputs, acc + (set.offset_in_bucket[p.tensor] + p.first) * acc_size, p.count);
   });
-  const auto combine = reduce::combiner(c.args);
+  const ReduceSpec spec = spec_of(c.args);
   const std::string& group = set.plan.buckets[c.bucket].group;
   Status status;
   int root_local = -1;
   if (to_root) {
     const int root = c.op->desc.root;
-    status = c.engine->reduce(acc, elements, acc_type, combine, group_node_of(*c.topology, group, root));
+    const int root_node = group_node_of(*c.topology, group, root);
+    status = run_engine_call([&](EngineDone done) { c.engine->reduce(acc, elements, spec, root_node, std::move(done)); });
     if (root / c.topology->local_world_size == c.topology->node) root_local = root % c.topology->local_world_size;
   } else {
-    status = c.engine->allreduce(acc, elements, acc_type, combine);
+    status = run_engine_call([&](EngineDone done) { c.engine->allreduce(acc, elements, spec, std::move(done)); });
   }
   if (!status.ok()) return status;
   if (to_root && root_local < 0) return Status();
@@ -197,7 +207,11 @@ Status broadcast(const CrossNodeBucket& c) {
       std::memcpy(buffer + set.offset_in_bucket[t] * element, set.address[root_local][t], set.layout[t].numel * element);
     }
   }
-  if (Status s = c.engine->broadcast(buffer, bytes, group_node_of(*c.topology, bucket.group, root)); !s.ok()) return s;
+  const int root_node = group_node_of(*c.topology, bucket.group, root);
+  if (Status s = run_engine_call([&](EngineDone done) { c.engine->broadcast(buffer, bytes, root_node, std::move(done)); });
+      !s.ok()) {
+    return s;
+  }
   for (uint32_t m : set.participants[c.bucket]) {
     if (root_here && m == root_local) continue;
     for (uint32_t t : bucket.tensors) {
@@ -232,7 +246,9 @@ Status allgather(const CrossNodeBucket& c) {
                   set.layout[t].numel * element);
     }
   }
-  if (Status s = c.engine->allgather(c.buffers->work.data(), members.size() * bytes, c.buffers->gathered.data());
+  if (Status s = run_engine_call([&](EngineDone done) {
+        c.engine->allgather(c.buffers->work.data(), members.size() * bytes, c.buffers->gathered.data(), std::move(done));
+      });
       !s.ok()) {
     return s;
   }
@@ -259,7 +275,11 @@ Status allgather(const CrossNodeBucket& c) {
 Status check_sequence(const CrossNodeBucket& c) {
   const Header mine = header_of(c);
   std::vector<Header> all(static_cast<size_t>(c.engine->nodes()));
-  if (Status s = c.engine->allgather(&mine, sizeof(Header), all.data()); !s.ok()) return s;
+  if (Status s = run_engine_call(
+          [&](EngineDone done) { c.engine->allgather(&mine, sizeof(Header), all.data(), std::move(done)); });
+      !s.ok()) {
+    return s;
+  }
   const std::vector<int> nodes = c.topology->nodes_of(c.op->set->plan.buckets[c.bucket].group);
   for (size_t n = 0; n < all.size(); ++n) {
     if (!same(all[n], mine)) {

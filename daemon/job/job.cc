@@ -23,7 +23,7 @@ Job::Job(JobOptions options)
     cluster.timeout = options_.params.timeout;
     cluster.rendezvous = options_.params.rendezvous;
     cluster.advertise = options_.cluster.advertise;
-    cluster.transport = options_.cluster.transport;
+    cluster.engines = options_.cluster.engines;
     cluster.log = log_;
     worker.cluster = std::make_unique<Cluster>(std::move(cluster));
   }

@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "daemon/engine/gloo/gloo_engine.h"
+#include "daemon/engine/factory.h"
 #include "daemon/job/reaper.h"
 #include "daemon/job/tensor_set.h"
 #include "daemon/job/topology.h"
@@ -44,7 +44,7 @@ struct JobParams {
 // How this daemon takes part in multi-node jobs (from its configuration).
 struct ClusterSettings {
   std::string advertise;        // host:port of this daemon's peer service, as others reach it
-  GlooEngineOptions transport;  // transport, hostname/iface, ibverbs device
+  EngineFactory* engines = nullptr;  // the engines of groups that span nodes
 };
 
 struct JobOptions {

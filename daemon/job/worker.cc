@@ -118,6 +118,9 @@ void Worker::fail(Status status) {
     std::lock_guard lock(mutex_);
     if (!failure_.ok()) return;
     failure_ = std::move(status);
+    // A worker blocked in a cross-node collective returns promptly instead of at the engine's
+    // timeout: that is what bounds job failure and daemon shutdown.
+    if (options_.cluster && !cluster_released_) options_.cluster->abort(failure_);
   }
   failed_.store(true);
   doorbell().notify();
@@ -435,6 +438,10 @@ void Worker::shut_down(const Status& status) {
   if (options_.cluster) {
     const auto start = std::chrono::steady_clock::now();
     options_.cluster->publish_failure(status);
+    {
+      std::lock_guard lock(mutex_);
+      cluster_released_ = true;
+    }
     options_.cluster.reset();  // closes the Gloo meshes, so peers fail fast instead of timing out
     options_.log.debug("cluster state released in " +
                        std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(

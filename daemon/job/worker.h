@@ -131,6 +131,7 @@ class Worker {
   bool exited_ = false;  // guarded by mutex_; later tasks run at once with the failure
   std::atomic<bool> has_tasks_{false};
   Status failure_;                                             // guarded by mutex_
+  bool cluster_released_ = false;                              // guarded by mutex_
   std::atomic<bool> failed_{false};
   std::atomic<bool> stopping_{false};
   std::thread thread_;

@@ -1,4 +1,4 @@
-#include "daemon/engine/gloo/peer_store.h"
+#include "daemon/engine/gloo/store.h"
 
 namespace gradsync {
 

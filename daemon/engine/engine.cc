@@ -1,0 +1,14 @@
+#include "daemon/engine/engine.h"
+
+#include <future>
+
+namespace gradsync {
+
+Status run_engine_call(const std::function<void(EngineDone)>& call) {
+  auto result = std::make_shared<std::promise<Status>>();
+  std::future<Status> outcome = result->get_future();
+  call([result](const Status& status) { result->set_value(status); });
+  return outcome.get();
+}
+
+}  // namespace gradsync

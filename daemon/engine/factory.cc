@@ -1,0 +1,23 @@
+#include "daemon/engine/factory.h"
+
+#include "daemon/engine/gloo/engine.h"
+
+namespace gradsync {
+namespace {
+
+class Engines final : public EngineFactory {
+ public:
+  explicit Engines(GlooTransport gloo) : gloo_(std::move(gloo)) {}
+  Status make(const EngineSpec& spec, std::unique_ptr<CollectiveEngine>* out) override {
+    return gloo_engine::make_engine(spec, gloo_, out);
+  }
+
+ private:
+  GlooTransport gloo_;
+};
+
+}  // namespace
+
+std::unique_ptr<EngineFactory> make_engine_factory(const GlooTransport& gloo) { return std::make_unique<Engines>(gloo); }
+
+}  // namespace gradsync

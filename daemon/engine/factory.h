@@ -1,0 +1,46 @@
+// The engine factory: the one place that names the concrete engines (gloo/ now, nccl/ with the
+// CUDA backend). The daemon builds one from its configuration (transport, interface, ibverbs
+// device) and hands it to every job; a job's cluster asks it for one engine per process group
+// that spans nodes. Tests pass fakes of the same interface.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "daemon/engine/engine.h"
+#include "daemon/peer/peer_client.h"
+#include "shared/status.h"
+
+namespace gradsync {
+
+// What one engine connects: the nodes of one group of one job generation.
+struct EngineSpec {
+  std::shared_ptr<PeerClient> rendezvous;  // the job's node-0 peer service
+  std::string job;                         // the job's namespace in the rendezvous store
+  std::string prefix;                      // key scope: job generation and group
+  int node = 0;                            // this node's index among the group's nodes
+  int nodes = 1;
+  std::chrono::milliseconds timeout{30'000};  // bound for waiting on peers
+};
+
+class EngineFactory {
+ public:
+  virtual ~EngineFactory() = default;
+  // Connects the engine; blocks up to spec.timeout. The error names the job and the group.
+  virtual Status make(const EngineSpec& spec, std::unique_ptr<CollectiveEngine>* out) = 0;
+};
+
+// The daemon's transport settings for Gloo.
+struct GlooTransport {
+  std::string transport = "tcp";       // "tcp" or "ibverbs"
+  std::string hostname = "127.0.0.1";  // tcp: address to bind and advertise
+  std::string iface;                   // tcp: interface to bind instead of hostname
+  std::string ib_device;               // ibverbs: device name, e.g. mlx5_0
+  int ib_port = 1;
+  int ib_index = 0;
+};
+
+std::unique_ptr<EngineFactory> make_engine_factory(const GlooTransport& gloo);
+
+}  // namespace gradsync

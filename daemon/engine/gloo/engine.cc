@@ -1,0 +1,276 @@
+#include "daemon/engine/gloo/engine.h"
+
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/reduce.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/transport/ibverbs/device.h>
+#include <gloo/transport/tcp/device.h>
+
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "daemon/engine/gloo/store.h"
+#include "daemon/reduce/staged.h"
+
+namespace gradsync::gloo_engine {
+namespace {
+
+// The one place Gloo's exceptions become Status. IoException covers closed connections and
+// Gloo's own timeouts; both mean a peer daemon is gone or stuck.
+template <class Body>
+Status translate(const std::string& what, Body&& body) {
+  try {
+    body();
+    return Status();
+  } catch (const ::gloo::IoException& e) {
+    const std::string text = e.what();
+    if (text.find("imed out") != std::string::npos) return Status::timeout(what + " timed out: " + text);
+    return Status::peer_lost(what + " lost a peer: " + text);
+  } catch (const ::gloo::Exception& e) {
+    return Status::internal(what + " failed in Gloo: " + e.what());
+  } catch (const Error& e) {
+    return Status(e.code(), what + ": " + e.status().message(), e.status().where());
+  } catch (const std::exception& e) {
+    return Status::internal(what + " failed: " + e.what());
+  }
+}
+
+// Gloo's typed entry points want T*; the element type only sets the chunking granularity.
+template <class Fn>
+void with_type(DType dtype, Fn&& fn) {
+  switch (dtype) {
+    case DType::kFloat32: fn(static_cast<float*>(nullptr)); break;
+    case DType::kFloat64: fn(static_cast<double*>(nullptr)); break;
+    case DType::kInt32: fn(static_cast<int32_t*>(nullptr)); break;
+    case DType::kInt64: fn(static_cast<int64_t*>(nullptr)); break;
+    case DType::kUInt8: fn(static_cast<uint8_t*>(nullptr)); break;
+    default: throw Error(Status::internal("the engine does not carry " + std::string(dtype_name(dtype))));
+  }
+}
+
+// How long abort() waits for a call that is still moving data to fail on the closed pairs.
+constexpr auto kLeaveGlooWait = std::chrono::milliseconds(500);
+
+std::function<void(void*, const void*, const void*, size_t)> combine_of(const ReduceSpec& spec) {
+  reduce::KernelArgs args;
+  args.dtype = spec.element;
+  args.combine = spec.op;
+  args.wide_accumulate = spec.wide_accumulate;
+  return reduce::combiner(args);
+}
+
+// What the engine's thread needs, shared with it: the thread may outlive the engine (see abort).
+struct EngineState {
+  struct Call {
+    std::string what;
+    EngineDone done;
+    std::function<void()> body;
+    std::shared_ptr<std::atomic<bool>> finished = std::make_shared<std::atomic<bool>>(false);
+  };
+
+  EngineSpec spec;
+  std::shared_ptr<::gloo::Context> context;
+  std::mutex mutex;
+  std::condition_variable wake;
+  std::deque<Call> calls;                          // guarded by mutex
+  std::shared_ptr<std::atomic<bool>> in_flight;    // guarded by mutex; the call Gloo is running
+  EngineDone in_flight_done;                       // guarded by mutex
+  Status aborted;                                  // guarded by mutex
+  bool stopping = false;                           // guarded by mutex
+  Status failure;                                  // engine thread only
+
+  // Runs the calls in order until the engine is closed.
+  void run() {
+    for (;;) {
+      Call call;
+      Status status;
+      {
+        std::unique_lock lock(mutex);
+        wake.wait(lock, [&] { return stopping || !calls.empty(); });
+        if (calls.empty()) return;
+        call = std::move(calls.front());
+        calls.pop_front();
+        status = failure.ok() ? aborted : failure;
+        if (status.ok()) {
+          in_flight = call.finished;
+          in_flight_done = call.done;
+        }
+      }
+      if (status.ok()) {
+        status = translate("gloo " + call.what + " among " + std::to_string(spec.nodes) + " nodes", call.body);
+        std::lock_guard lock(mutex);
+        in_flight.reset();
+        in_flight_done = nullptr;
+        if (!status.ok() && !aborted.ok()) status = aborted;  // our own abort, not a peer's fault
+        wake.notify_all();  // an abort() may be waiting for this call to leave Gloo
+      }
+      if (failure.ok()) failure = status;
+      // abort() may have answered this call already.
+      if (!call.finished->exchange(true)) call.done(status);
+    }
+  }
+};
+
+// Gloo (2022) cannot interrupt a call blocked on a peer that stopped answering: it waits until
+// its own timeout. abort() therefore closes every pair of the mesh first, so that no byte can
+// reach or leave the call's buffers any more, and then answers the call at once. The blocked
+// Gloo call lingers on the engine's thread until its timeout, touching only Gloo's own state,
+// which the thread keeps alive; the engine does not wait for it when it is destroyed.
+class GlooEngine final : public CollectiveEngine {
+ public:
+  GlooEngine(const EngineSpec& spec, std::shared_ptr<::gloo::Context> context) : state_(std::make_shared<EngineState>()) {
+    state_->spec = spec;
+    state_->context = std::move(context);
+    std::thread([state = state_] { state->run(); }).detach();
+  }
+
+  ~GlooEngine() override {
+    abort(Status::aborted("the engine of job " + state_->spec.job + " (" + state_->spec.prefix + ") was closed"));
+    {
+      std::lock_guard lock(state_->mutex);
+      state_->stopping = true;
+    }
+    state_->wake.notify_all();
+  }
+
+  int node() const override { return state_->spec.node; }
+  int nodes() const override { return state_->spec.nodes; }
+
+  void allreduce(void* data, size_t count, const ReduceSpec& spec, EngineDone done) override {
+    post("allreduce", std::move(done), [context = state_->context, timeout = state_->spec.timeout, data, count, spec] {
+      with_type(reduce::accumulation_dtype(spec.element), [&](auto* typed) {
+        using T = std::remove_pointer_t<decltype(typed)>;
+        ::gloo::AllreduceOptions opts(context);
+        opts.setInput(static_cast<T*>(data), count);
+        opts.setOutput(static_cast<T*>(data), count);
+        opts.setReduceFunction(combine_of(spec));
+        opts.setAlgorithm(count * sizeof(T) < kBcubeBelowBytes ? ::gloo::AllreduceOptions::Algorithm::BCUBE
+                                                                : ::gloo::AllreduceOptions::Algorithm::RING);
+        opts.setTimeout(timeout);
+        ::gloo::allreduce(opts);
+      });
+    });
+  }
+
+  void broadcast(void* data, size_t bytes, int root_node, EngineDone done) override {
+    post("broadcast", std::move(done),
+         [context = state_->context, timeout = state_->spec.timeout, node = state_->spec.node, data, bytes, root_node] {
+           ::gloo::BroadcastOptions opts(context);
+           opts.setOutput(static_cast<uint8_t*>(data), bytes);
+           if (node == root_node) opts.setInput(static_cast<uint8_t*>(data), bytes);
+           opts.setRoot(root_node);
+           opts.setTimeout(timeout);
+           ::gloo::broadcast(opts);
+         });
+  }
+
+  void allgather(const void* in, size_t bytes, void* out, EngineDone done) override {
+    post("allgather", std::move(done),
+         [context = state_->context, timeout = state_->spec.timeout, nodes = state_->spec.nodes, in, bytes, out] {
+           ::gloo::AllgatherOptions opts(context);
+           opts.setInput(const_cast<uint8_t*>(static_cast<const uint8_t*>(in)), bytes);
+           opts.setOutput(static_cast<uint8_t*>(out), bytes * static_cast<size_t>(nodes));
+           opts.setTimeout(timeout);
+           ::gloo::allgather(opts);
+         });
+  }
+
+  void reduce(void* data, size_t count, const ReduceSpec& spec, int root_node, EngineDone done) override {
+    post("reduce", std::move(done),
+         [context = state_->context, timeout = state_->spec.timeout, data, count, spec, root_node] {
+           with_type(reduce::accumulation_dtype(spec.element), [&](auto* typed) {
+             using T = std::remove_pointer_t<decltype(typed)>;
+             ::gloo::ReduceOptions opts(context);
+             opts.setInput(static_cast<T*>(data), count);
+             opts.setOutput(static_cast<T*>(data), count);
+             opts.setReduceFunction(combine_of(spec));
+             opts.setRoot(root_node);
+             opts.setTimeout(timeout);
+             ::gloo::reduce(opts);
+           });
+         });
+  }
+
+  void abort(const Status& why) override {
+    std::shared_ptr<std::atomic<bool>> in_flight;
+    EngineDone done;
+    {
+      std::lock_guard lock(state_->mutex);
+      if (!state_->aborted.ok()) return;
+      state_->aborted = why.ok() ? Status::aborted("aborted") : why;
+      in_flight = state_->in_flight;
+      done = state_->in_flight_done;
+    }
+    // Close every pair before answering: from then on Gloo moves no byte in or out of the
+    // caller's buffers, so the caller may release them as soon as it has the answer.
+    for (int n = 0; n < state_->spec.nodes; ++n) {
+      if (n == state_->spec.node) continue;
+      if (auto& pair = state_->context->getPair(n)) pair->close();
+    }
+    if (in_flight) {
+      // A call that is moving data fails at its next send on a closed pair, within
+      // milliseconds; only one blocked on a silent peer stays. Wait for the former, so that no
+      // combine step can touch the buffers after the caller has its answer.
+      std::unique_lock lock(state_->mutex);
+      state_->wake.wait_for(lock, kLeaveGlooWait, [&] { return state_->in_flight != in_flight; });
+    }
+    if (in_flight && done && !in_flight->exchange(true)) done(state_->aborted);
+    state_->wake.notify_all();
+  }
+
+ private:
+  void post(const char* what, EngineDone done, std::function<void()> body) {
+    {
+      std::lock_guard lock(state_->mutex);
+      state_->calls.push_back(EngineState::Call{what, std::move(done), std::move(body)});
+    }
+    state_->wake.notify_all();
+  }
+
+  std::shared_ptr<EngineState> state_;
+};
+
+std::shared_ptr<::gloo::transport::Device> make_device(const GlooTransport& options) {
+  if (options.transport == "ibverbs") {
+    ::gloo::transport::ibverbs::attr attr;
+    attr.name = options.ib_device;
+    attr.port = options.ib_port;
+    attr.index = options.ib_index;
+    return ::gloo::transport::ibverbs::CreateDevice(attr);
+  }
+  if (options.transport != "tcp") {
+    throw Error(Status::invalid_argument("unknown Gloo transport '" + options.transport + "' (tcp or ibverbs)"));
+  }
+  ::gloo::transport::tcp::attr attr;
+  if (!options.iface.empty()) {
+    attr.iface = options.iface;
+  } else {
+    attr.hostname = options.hostname;
+  }
+  return ::gloo::transport::tcp::CreateDevice(attr);
+}
+
+}  // namespace
+
+Status make_engine(const EngineSpec& spec, const GlooTransport& transport, std::unique_ptr<CollectiveEngine>* out) {
+  std::shared_ptr<::gloo::rendezvous::Context> context;
+  const Status status = translate("forming the Gloo mesh of job " + spec.job + " (" + spec.prefix + ")", [&] {
+    auto device = make_device(transport);
+    context = std::make_shared<::gloo::rendezvous::Context>(spec.node, spec.nodes);
+    context->setTimeout(spec.timeout);
+    PeerStore store(spec.rendezvous, spec.job, spec.prefix, spec.timeout);
+    context->connectFullMesh(store, device);
+  });
+  if (!status.ok()) return status;
+  *out = std::make_unique<GlooEngine>(spec, std::move(context));
+  return Status();
+}
+
+}  // namespace gradsync::gloo_engine
