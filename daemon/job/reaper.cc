@@ -2,36 +2,33 @@
 
 namespace gradsync {
 
-Reaper::Reaper() : thread_([this] { run(); }) {}
-
 Reaper::~Reaper() {
+  std::list<Retirement> all;
   {
     std::lock_guard lock(mutex_);
-    stopping_ = true;
+    all.swap(retirements_);
   }
-  wake_.notify_all();
-  thread_.join();
+  for (auto& retirement : all) retirement.thread.join();
 }
 
 void Reaper::adopt(std::function<void()> retire) {
+  std::list<Retirement> finished;
   {
     std::lock_guard lock(mutex_);
-    queue_.push_back(std::move(retire));
+    for (auto it = retirements_.begin(); it != retirements_.end();) {
+      auto next = std::next(it);
+      if (it->done) finished.splice(finished.end(), retirements_, it);
+      it = next;
+    }
+    Retirement& slot = retirements_.emplace_back();  // list nodes never move
+    slot.thread = std::thread([this, &slot, retire = std::move(retire)] {
+      retire();
+      std::lock_guard done_lock(mutex_);
+      slot.done = true;
+    });
   }
-  wake_.notify_all();
-}
-
-void Reaper::run() {
-  std::unique_lock lock(mutex_);
-  for (;;) {
-    wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-    if (queue_.empty()) return;  // stopping, and nothing left to retire
-    auto retire = std::move(queue_.front());
-    queue_.pop_front();
-    lock.unlock();
-    retire();
-    lock.lock();
-  }
+  // These have finished their work and at most still release the mutex.
+  for (auto& retirement : finished) retirement.thread.join();
 }
 
 }  // namespace gradsync

@@ -507,10 +507,35 @@ TEST_CASE("gradsyncd: a socket that another daemon serves is not taken over", "[
   CHECK(daemon.running());
 }
 
-TEST_CASE("gradsyncd: SIGTERM fails running jobs, removes the socket and exits 0", "[integration][daemon]") {
+TEST_CASE("gradsyncd: SIGTERM fails running jobs, telling clients it shuts down, removes the socket and exits 0",
+          "[integration][daemon]") {
   TestDaemon daemon;
-  auto client = join(daemon.socket(), unique_job("sigterm"), 0, 2);
+  const std::string job = unique_job("sigterm");
+  Latch pending;
+  // Rank 0 has an operation waiting for rank 1, which registered and then stays away.
+  ClientGroup ranks(2, [&](int rank) {
+    auto client = join(daemon.socket(), job, rank, 2);
+    const TensorSet set = client->register_tensors(client->allocate_flat(std::vector<TensorSpec>{{DType::kFloat32, 4, "dp"}}), {});
+    if (rank == 1) {
+      ::pause();
+      return kOk;
+    }
+    Work work = client->allreduce(set, ReduceOptions{});
+    pending.open();
+    try {
+      work.wait(std::chrono::seconds(20));
+      return fail("the pending operation succeeded");
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kAborted) return fail(std::string("wrong code: ") + e.what());
+      if (std::string(e.what()).find("gradsyncd is shutting down") == std::string::npos) {
+        return fail(std::string("the client was not told why: ") + e.what());
+      }
+    }
+    return kOk;
+  });
+  REQUIRE(pending.wait(std::chrono::seconds(20)));
   CHECK(exited_ok(daemon.terminate()));
+  CHECK(exit_code(ranks.wait(0, std::chrono::seconds(20))) == kOk);
   CHECK(::access(daemon.socket().c_str(), F_OK) != 0);
   CHECK_THAT(daemon.log(), Catch::Contains("received SIGTERM"));
 }

@@ -2,6 +2,8 @@
 // two client processes each (world size 6). Values are chosen so that every partial sum is
 // exact, which makes the reference independent of the order the engine combines nodes in, so
 // results are checked bit for bit.
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <unistd.h>
@@ -416,6 +418,58 @@ TEST_CASE("multi-node: a job stuck on a frozen peer does not stall the daemon's 
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   CHECK(seconds < 10.0);
+  cluster.node(1).process().signal(SIGCONT);
+}
+
+}  // namespace gradsync::test
+
+namespace gradsync::test {
+
+TEST_CASE("multi-node: SIGTERM with a job stuck on a frozen peer exits 0 within 5 s, telling clients why",
+          "[integration][multinode]") {
+  // A long job timeout: the daemon must not wait it out.
+  TestCluster cluster(2, {"--timeout-ms", "30000"});
+  const std::string job = unique_job("term-frozen");
+  const std::vector<TensorSpec> specs = {{DType::kFloat32, 4 << 20, "dp"}};
+  Latch stepping;
+  ClientGroup group(2, [&](int rank) {
+    auto client = join_nodes(cluster.node(rank).socket(), job, rank, 2, 1, cluster.rendezvous());
+    const TensorSet set = client->register_tensors(client->allocate_flat(specs), {});
+    for (int step = 0;; ++step) {
+      if (step == 1 && rank == 0) stepping.open();
+      try {
+        client->allreduce(set, ReduceOptions{}).wait(std::chrono::seconds(60));
+      } catch (const Error& e) {
+        if (rank == 1) ::pause();
+        if (e.code() != ErrorCode::kAborted || std::string(e.what()).find("shutting down") == std::string::npos) {
+          return fail(std::string("node 0's client was not told the daemon shuts down: ") + e.what());
+        }
+        return kOk;
+      }
+    }
+  });
+  REQUIRE(stepping.wait(std::chrono::seconds(30)));
+  cluster.node(1).process().signal(SIGSTOP);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // node 0 is now blocked in the collective
+  const auto start = std::chrono::steady_clock::now();
+  cluster.node(0).process().signal(SIGTERM);
+  const int status = cluster.node(0).process().wait_for(std::chrono::seconds(20));
+  const auto took = std::chrono::steady_clock::now() - start;
+  CHECK(exited_ok(status));
+  CHECK(took < std::chrono::seconds(5));
+  CHECK(exit_code(group.wait(0, std::chrono::seconds(20))) == kOk);
+  // The peer port is free again at once: nobody listens on it (connections it served may
+  // linger in TIME_WAIT, which SO_REUSEADDR allows for).
+  const int port = std::stoi(cluster.rendezvous().substr(cluster.rendezvous().rfind(':') + 1));
+  const int probe = ::socket(AF_INET, SOCK_STREAM, 0);
+  const int reuse = 1;
+  ::setsockopt(probe, SOL_SOCKET, SO_REUSEADDR, &reuse, sizeof(reuse));
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  CHECK(::bind(probe, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0);
+  ::close(probe);
   cluster.node(1).process().signal(SIGCONT);
 }
 
