@@ -17,6 +17,7 @@ ParsedConfig parse_daemon_config(int argc, const char* const* argv) {
   std::string config_file;
   uint64_t timeout_ms = config.default_timeout.count();
   uint64_t max_timeout_ms = config.max_timeout.count();
+  uint64_t execution_timeout_ms = config.execution_timeout.count();
   std::vector<uid_t> allowed;
 
   po::options_description general("Options");
@@ -32,6 +33,8 @@ ParsedConfig parse_daemon_config(int argc, const char* const* argv) {
        "default bound on every wait of a job, in milliseconds (a job may ask for its own)")
       ("max-timeout-ms", po::value(&max_timeout_ms)->default_value(max_timeout_ms),
        "largest timeout a job may ask for, in milliseconds")
+      ("execution-timeout-ms", po::value(&execution_timeout_ms)->default_value(execution_timeout_ms),
+       "bound on executing one bucket (a hang, not a slow rank or peer), in milliseconds")
       ("reduce-threads", po::value(&config.reduce_threads)->default_value(0),
        "threads that reduce buckets, shared by all jobs; 0 means one per CPU")
       ("allow-uid", po::value(&allowed)->composing(),
@@ -99,6 +102,8 @@ ParsedConfig parse_daemon_config(int argc, const char* const* argv) {
   if (max_timeout_ms < timeout_ms) return fail("--max-timeout-ms must be at least --timeout-ms");
   config.default_timeout = std::chrono::milliseconds(timeout_ms);
   config.max_timeout = std::chrono::milliseconds(max_timeout_ms);
+  if (execution_timeout_ms == 0) return fail("--execution-timeout-ms must be positive");
+  config.execution_timeout = std::chrono::milliseconds(execution_timeout_ms);
   if (config.reduce_threads == 0) config.reduce_threads = std::max(1u, std::thread::hardware_concurrency());
   if (config.reduce_threads > 256) return fail("--reduce-threads must be at most 256");
   config.allowed_uids = allowed;

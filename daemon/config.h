@@ -20,6 +20,9 @@ struct DaemonConfig {
   // asks for its own, which is capped at max_timeout.
   std::chrono::milliseconds default_timeout{30'000};
   std::chrono::milliseconds max_timeout{600'000};
+  // Bound on one bucket in flight (local reduce, the collective across nodes, fan-out), apart
+  // from the waiting the job timeout bounds. The default matches PyTorch's NCCL watchdog.
+  std::chrono::milliseconds execution_timeout{600'000};
   size_t reduce_threads = 0;  // 0: one per hardware thread
   LogLevel log_level = LogLevel::kInfo;
   // Users whose processes may connect, checked with SO_PEERCRED. Empty: the daemon's own user

@@ -52,6 +52,7 @@ Daemon::Daemon(DaemonConfig config)
   gloo.ib_index = config_.gloo_ib_index;
   engines_ = make_engine_factory(gloo);
   registry.cluster.engines = engines_.get();
+  registry.execution = ExecutionSettings{backends_.get(), config_.execution_timeout};
   registry_ = std::make_unique<JobRegistry>(std::move(registry));
   server_ = std::make_unique<ControlServer>(
       io_, ControlServerOptions{config_.socket_path, config_.allowed_uids, registry_.get(), backends_.get(), log_});

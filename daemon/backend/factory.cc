@@ -1,5 +1,6 @@
 #include "daemon/backend/factory.h"
 
+#include "daemon/backend/host/executor.h"
 #include "daemon/backend/host/memory.h"
 
 namespace gradsync {
@@ -13,6 +14,14 @@ class Backends final : public BackendFactory {
     }
     return Status::invalid_argument("unknown memory kind " + std::to_string(static_cast<uint32_t>(kind)) +
                                     " (this daemon takes host memfds)");
+  }
+
+  Status make_executor(MemoryKind kind, ThreadPool* pool, const Logger& log,
+                       std::unique_ptr<BucketExecutor>* out) override {
+    switch (kind) {
+      case MemoryKind::kHostMemfd: *out = std::make_unique<host::HostExecutor>(pool, log); return Status();
+    }
+    return Status::invalid_argument("no executor for memory kind " + std::to_string(static_cast<uint32_t>(kind)));
   }
 };
 

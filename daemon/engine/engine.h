@@ -55,7 +55,8 @@ class CollectiveEngine {
   // In place; the result is meaningful on the root node only.
   virtual void reduce(void* data, size_t count, const ReduceSpec& spec, int root_node, EngineDone done) = 0;
 
-  // Fails the call in flight and every later one with `why`. Any thread; idempotent.
+  // Fails the call in flight and every later one with `why`. Any thread; idempotent; never
+  // blocks (the answer to the call in flight may come a little later, on another thread).
   virtual void abort(const Status& why) = 0;
 };
 

@@ -3,6 +3,7 @@
 #include <boost/asio/post.hpp>
 #include <new>
 
+#include "daemon/job/peer_cluster.h"
 #include "daemon/plan/layout.h"
 #include "shared/channel_layout.h"
 
@@ -25,9 +26,11 @@ Job::Job(JobOptions options)
     cluster.advertise = options_.cluster.advertise;
     cluster.engines = options_.cluster.engines;
     cluster.log = log_;
-    worker.cluster = std::make_unique<Cluster>(std::move(cluster));
+    worker.cluster = std::make_unique<PeerCluster>(std::move(cluster));
   }
   worker.timeout = options_.params.timeout;
+  worker.execution_timeout = options_.execution.timeout;
+  worker.backends = options_.execution.backends;
   // A failure the worker finds itself (a timeout, a bad ring entry, a lost node) also ends the
   // job's control side, on the io thread: pending registrations fail and client memory is
   // released now rather than when the clients leave.
@@ -225,24 +228,24 @@ void Job::commit(uint32_t set_id) {
   set->id = set_id;
   set->layout = first.layout;
   set->bucket_cap = first.bucket_cap;
-  set->plan = plan::plan_buckets(set->layout, plan::PlanOptions{first.bucket_cap});
-  for (const auto& bucket : set->plan.buckets) {
-    std::vector<uint32_t> members;
-    for (int local : params().topology.local_members(bucket.group)) members.push_back(static_cast<uint32_t>(local));
-    set->participants.push_back(std::move(members));
-  }
   for (auto& [local_rank, reg] : regs) {
     set->address.push_back(reg.address);
     if (reg.gather_output) set->gather_output.push_back(reg.gather_output);
     set->regions.insert(set->regions.end(), reg.regions.begin(), reg.regions.end());
   }
-  uint64_t packed = 0;
-  for (const auto& tensor : set->layout) {
-    set->packed_offset.push_back(packed);
-    packed += tensor.numel * dtype_size(tensor.dtype);
+  // One executor runs a set, so its memory is of one kind.
+  if (!set->regions.empty()) set->memory_kind = set->regions.front()->kind();
+  for (const auto& region : set->regions) {
+    if (region->kind() == set->memory_kind) continue;
+    const Status mixed = Status::invalid_argument(
+        "job " + params().id + ": set " + std::to_string(set_id) + " mixes memory kinds (" +
+        std::string(memory_kind_name(set->memory_kind)) + " and " + std::string(memory_kind_name(region->kind())) +
+        "); register one set per kind");
+    log_.warning(mixed.message());
+    for (auto& [local_rank, reg] : regs) reg.done(mixed, nullptr);
+    return;
   }
-  set->packed_bytes = packed;
-  build_runs(set.get());
+  complete_tensor_set(set.get(), params().topology);
   committed_[set_id] = set;
   log_.info("set " + std::to_string(set_id) + " registered locally: " + std::to_string(set->layout.size()) +
             " tensors, " + std::to_string(set->plan.buckets.size()) + " buckets");

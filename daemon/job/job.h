@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "daemon/backend/factory.h"
 #include "daemon/engine/factory.h"
 #include "daemon/job/reaper.h"
 #include "daemon/job/tensor_set.h"
@@ -47,6 +48,12 @@ struct ClusterSettings {
   EngineFactory* engines = nullptr;  // the engines of groups that span nodes
 };
 
+// How this daemon executes buckets (from its configuration).
+struct ExecutionSettings {
+  BackendFactory* backends = nullptr;  // the executor of each memory kind
+  std::chrono::milliseconds timeout{600'000};  // bound on one bucket in flight
+};
+
 struct JobOptions {
   JobParams params;
   uint64_t incarnation = 0;  // distinguishes re-formed jobs with the same id in logs
@@ -54,6 +61,7 @@ struct JobOptions {
   ThreadPool* pool = nullptr;
   ClusterSettings cluster;
   Reaper* reaper = nullptr;  // stops the worker when the job ends, off the io thread
+  ExecutionSettings execution;
   Logger log;
 };
 

@@ -38,7 +38,11 @@ struct Op {
   uint64_t seq = 0;
   OpDesc desc;
   std::shared_ptr<const TensorSet> set;
-  std::chrono::steady_clock::time_point started;  // first submission; the timeout runs from it
+  std::chrono::steady_clock::time_point started;  // first submission
+  // Since when the worker waits for this operation's next bucket: the later of its first
+  // submission, its becoming the head operation, and its last bucket's completion. The job
+  // timeout runs from here.
+  std::chrono::steady_clock::time_point waiting_since;
   std::vector<bool> submitted;                    // per local rank
   std::vector<std::vector<bool>> marked;          // [local rank][tensor]; deferred readiness
   std::vector<std::vector<uint32_t>> remaining;   // [local rank][bucket] tensors not yet ready

@@ -79,6 +79,7 @@ Status JobRegistry::join(const control::JoinRequest& request, const MemberInfo& 
     options.incarnation = ++incarnations_;
     options.io = options_.io;
     options.pool = options_.pool;
+    options.execution = options_.execution;
     options.log = options_.log;
     it = jobs_.emplace(key, std::make_shared<Job>(std::move(options))).first;
   }

@@ -27,6 +27,7 @@ struct RegistryOptions {
   std::chrono::milliseconds max_timeout{600'000};
   ClusterSettings cluster;
   Reaper* reaper = nullptr;
+  ExecutionSettings execution;
 };
 
 class JobRegistry {

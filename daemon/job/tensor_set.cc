@@ -56,4 +56,22 @@ void build_runs(TensorSet* set) {
   }
 }
 
+void complete_tensor_set(TensorSet* set, const Topology& topology) {
+  set->plan = plan::plan_buckets(set->layout, plan::PlanOptions{set->bucket_cap});
+  set->participants.clear();
+  for (const auto& bucket : set->plan.buckets) {
+    std::vector<uint32_t> members;
+    for (int local : topology.local_members(bucket.group)) members.push_back(static_cast<uint32_t>(local));
+    set->participants.push_back(std::move(members));
+  }
+  set->packed_offset.clear();
+  uint64_t packed = 0;
+  for (const auto& tensor : set->layout) {
+    set->packed_offset.push_back(packed);
+    packed += tensor.numel * dtype_size(tensor.dtype);
+  }
+  set->packed_bytes = packed;
+  build_runs(set);
+}
+
 }  // namespace gradsync

@@ -10,6 +10,7 @@
 
 #include "daemon/plan/planner.h"
 #include "daemon/backend/memory.h"
+#include "daemon/job/topology.h"
 
 namespace gradsync {
 
@@ -45,10 +46,17 @@ struct TensorSet {
   std::vector<std::byte*> gather_output;  // per local rank
   // The regions the addresses point into; they outlive any use by the worker.
   std::vector<std::shared_ptr<const MemoryRegion>> regions;
+  // The kind of every region: it picks the set's executor.
+  MemoryKind memory_kind = MemoryKind::kHostMemfd;
 };
 
 // Splits every bucket into runs and fills offset_in_bucket and bucket_elements. `address`
 // must already be filled.
 void build_runs(TensorSet* set);
+
+// Derives everything else from id, layout, bucket_cap, address and gather_output: the plan,
+// each bucket's participants (the members of its group on this node), the packed allgather
+// offsets and the runs.
+void complete_tensor_set(TensorSet* set, const Topology& topology);
 
 }  // namespace gradsync

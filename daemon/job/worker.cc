@@ -4,7 +4,6 @@
 #include <cstring>
 #include <set>
 
-#include "daemon/job/bucket_exec.h"
 
 namespace gradsync {
 namespace {
@@ -121,6 +120,7 @@ void Worker::fail(Status status) {
     // A worker blocked in a cross-node collective returns promptly instead of at the engine's
     // timeout: that is what bounds job failure and daemon shutdown.
     if (options_.cluster && !cluster_released_) options_.cluster->abort(failure_);
+    for (auto& [kind, executor] : executors_) executor->abort(failure_);
   }
   failed_.store(true);
   doorbell().notify();
@@ -156,12 +156,17 @@ void Worker::run() {
       break;
     }
     if (consumed) continue;
-    // Sleep until a client rings the doorbell, the head operation's deadline, or a slice.
+    // Sleep until a client rings the doorbell, the executor answers, the bound of whatever the
+    // worker is waiting for, or a slice.
     auto deadline = std::chrono::steady_clock::now() + kWakeSlice;
-    if (!ops_.empty()) deadline = std::min(deadline, ops_.front().started + options_.timeout);
+    if (flight_) {
+      deadline = std::min(deadline, flight_->launched + options_.execution_timeout);
+    } else if (!ops_.empty()) {
+      deadline = std::min(deadline, ops_.front().waiting_since + options_.timeout);
+    }
     doorbell().wait_until(
         [&] {
-          if (failed_.load() || has_tasks_.load()) return true;
+          if (failed_.load() || has_tasks_.load() || has_landed_.load()) return true;
           for (const auto& client : clients_) {
             if (client && !client->submit.empty()) return true;
           }
@@ -251,6 +256,7 @@ Status Worker::handle_submit(uint32_t local_rank, const SubmitEntry& entry) {
     op.desc = desc;
     op.set = set;
     op.started = std::chrono::steady_clock::now();
+    op.waiting_since = op.started;
     const size_t clients = clients_.size();
     const size_t buckets = set->plan.buckets.size();
     op.submitted.assign(clients, false);
@@ -313,13 +319,16 @@ Status Worker::handle_mark_ready(uint32_t local_rank, const SubmitEntry& entry) 
 Status Worker::progress() {
   while (!ops_.empty()) {
     Op& op = ops_.front();
-    const size_t buckets = op.set->plan.buckets.size();
-    while (op.next_bucket < buckets && op.clients_ready[op.next_bucket] == clients_.size()) {
-      if (Status status = execute_bucket(op, op.next_bucket); !status.ok()) return status;
-      op.next_bucket++;
-      if (failed_.load()) return failure();
+    if (flight_) {
+      if (!has_landed_.load()) return Status::ok_status();  // still executing
+      if (Status status = land(op); !status.ok()) return status;
     }
-    if (op.next_bucket < buckets) return Status::ok_status();
+    const size_t buckets = op.set->plan.buckets.size();
+    if (op.next_bucket < buckets) {
+      if (op.clients_ready[op.next_bucket] != clients_.size()) return Status::ok_status();
+      if (Status status = launch(op); !status.ok()) return status;
+      continue;  // a node-local bucket has landed already
+    }
     // A set with no buckets still needs every client's submission before it completes.
     if (std::find(op.submitted.begin(), op.submitted.end(), false) != op.submitted.end()) return Status::ok_status();
     for (uint32_t c = 0; c < clients_.size(); ++c) post(c, op.seq, Status::ok_status());
@@ -327,8 +336,98 @@ Status Worker::progress() {
     pending_ops_.store(ops_.size());
     first_seq_++;
     completed_ops_.fetch_add(1);
+    if (!ops_.empty()) ops_.front().waiting_since = std::chrono::steady_clock::now();
   }
   return Status::ok_status();
+}
+
+BucketExecutor* Worker::executor_for(MemoryKind kind, Status* status) {
+  std::lock_guard lock(mutex_);
+  auto it = executors_.find(kind);
+  if (it != executors_.end()) return it->second.get();
+  std::unique_ptr<BucketExecutor> made;
+  *status = options_.backends->make_executor(kind, options_.pool, options_.log, &made);
+  if (!status->ok()) return nullptr;
+  // A failure recorded before the executor existed still reaches it.
+  if (!failure_.ok()) made->abort(failure_);
+  return executors_.emplace(kind, std::move(made)).first->second.get();
+}
+
+Status Worker::launch(Op& op) {
+  const TensorSet& set = *op.set;
+  const size_t bucket = op.next_bucket;
+  const plan::Bucket& b = set.plan.buckets[bucket];
+  if (set.participants[bucket].empty()) {  // the group has no rank on this node
+    op.next_bucket++;
+    return Status::ok_status();
+  }
+  BucketCall call;
+  call.seq = op.seq;
+  call.desc = op.desc;
+  call.set = op.set;
+  call.bucket = bucket;
+  call.topology = &options_.topology;
+  call.args = kernel_args(op.desc, b.dtype, static_cast<int>(options_.topology.ranks(b.group).size()));
+  if (options_.cluster) {
+    if (Status status = options_.cluster->engine(b.group, &call.engine); !status.ok()) return status;
+  }
+  Status status;
+  BucketExecutor* executor = executor_for(set.memory_kind, &status);
+  if (!executor) return status;
+  flight_ = Flight{op.seq, bucket, b.group, call.engine != nullptr, std::chrono::steady_clock::now()};
+  executor->launch(std::move(call), [this](const Status& answer) {
+    {
+      std::lock_guard lock(mutex_);
+      landed_ = answer;
+      has_landed_.store(true);
+    }
+    doorbell().notify();
+  });
+  return Status::ok_status();
+}
+
+Status Worker::land(Op& op) {
+  Status answer;
+  {
+    std::lock_guard lock(mutex_);
+    answer = std::move(*landed_);
+    landed_.reset();
+    has_landed_.store(false);
+  }
+  const Flight flight = *flight_;
+  flight_.reset();
+  if (!answer.ok()) {
+    // Name the bucket, and let the cluster lead with the node at fault.
+    const ErrorCode code = answer.code();
+    if (flight.cross_node && options_.cluster && code != ErrorCode::kLayoutMismatch &&
+        code != ErrorCode::kNotSupported) {
+      answer = options_.cluster->explain(answer);
+    }
+    return answer;
+  }
+  op.next_bucket++;
+  op.waiting_since = std::chrono::steady_clock::now();
+  return Status::ok_status();
+}
+
+void Worker::wait_for_flight() {
+  if (!flight_) return;
+  // The executor and the engines were aborted when the job failed, so the answer comes within
+  // about a second; until then the bucket may still touch memory the call holds.
+  const auto start = std::chrono::steady_clock::now();
+  auto next_note = start + std::chrono::seconds(2);
+  while (!has_landed_.load()) {
+    doorbell().wait_until([&] { return has_landed_.load(); }, std::chrono::steady_clock::now() + kWakeSlice);
+    if (!has_landed_.load() && std::chrono::steady_clock::now() >= next_note) {
+      options_.log.warning("still waiting for bucket " + std::to_string(flight_->bucket) + " of operation " +
+                           std::to_string(flight_->seq) + " to come back from its executor after the abort");
+      next_note += std::chrono::seconds(2);
+    }
+  }
+  std::lock_guard lock(mutex_);
+  landed_.reset();
+  has_landed_.store(false);
+  flight_.reset();
 }
 
 Status Worker::check_roots(const OpDesc& desc, const TensorSet& set) const {
@@ -343,43 +442,20 @@ Status Worker::check_roots(const OpDesc& desc, const TensorSet& set) const {
   return Status();
 }
 
-Status Worker::execute_bucket(const Op& op, size_t bucket) {
-  const TensorSet& set = *op.set;
-  const plan::Bucket& b = set.plan.buckets[bucket];
-  if (set.participants[bucket].empty()) return Status();  // the group has no rank on this node
-  ThreadPool& pool = *options_.pool;
-  const Topology& topology = options_.topology;
-  const int group_size = static_cast<int>(topology.ranks(b.group).size());
-  const reduce::KernelArgs args = kernel_args(op.desc, b.dtype, group_size);
-
-  CollectiveEngine* engine = nullptr;
-  if (options_.cluster) {
-    if (Status status = options_.cluster->engine(b.group, &engine); !status.ok()) return status;
-  }
-  if (engine) {
-    CrossNodeBucket call{&op, bucket, &topology, engine, args, &pool, &buffers_};
-    Status status = check_sequence(call);
-    if (status.ok()) status = execute_across_nodes(call);
-    if (!status.ok() && status.code() != ErrorCode::kLayoutMismatch && status.code() != ErrorCode::kNotSupported) {
-      status = options_.cluster->explain(status);
-    }
-    return status;
-  }
-  // The group lives on this node only, so the root (a member) is a local rank here.
-  const uint32_t root = static_cast<uint32_t>(op.desc.root % topology.local_world_size);
-  switch (op.desc.kind) {
-    case OpKind::kAllreduce: execute_allreduce(set, bucket, args, pool); break;
-    case OpKind::kReduce: execute_reduce(set, bucket, args, root, pool); break;
-    case OpKind::kBroadcast: execute_broadcast(set, bucket, root, pool); break;
-    case OpKind::kAllgather: execute_allgather(set, bucket, topology.rank_of(0), pool); break;
-  }
-  return Status::ok_status();
-}
-
 Status Worker::check_deadline() {
   if (ops_.empty()) return Status::ok_status();
   const Op& op = ops_.front();
-  if (std::chrono::steady_clock::now() - op.started < options_.timeout) return Status::ok_status();
+  const auto now = std::chrono::steady_clock::now();
+  auto ms = [](auto d) { return std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(d).count()); };
+  if (flight_) {
+    if (now - flight_->launched < options_.execution_timeout) return Status::ok_status();
+    return Status::timeout("job " + options_.job_id + ": bucket " + std::to_string(flight_->bucket) + " of operation " +
+                           std::to_string(op.seq) + " (" + describe(op.desc) + ", group '" + flight_->group +
+                           "') has executed for " + ms(now - flight_->launched) + " ms, over the execution bound of " +
+                           std::to_string(options_.execution_timeout.count()) + " ms (gradsyncd --execution-timeout-ms)" +
+                           (flight_->cross_node ? "; the collective across nodes made no progress" : ""));
+  }
+  if (now - op.waiting_since < options_.timeout) return Status::ok_status();
   std::string missing;
   for (uint32_t c = 0; c < clients_.size(); ++c) {
     const bool late = !op.submitted[c] || (op.next_bucket < op.remaining[c].size() &&
@@ -387,9 +463,12 @@ Status Worker::check_deadline() {
     if (late) missing += (missing.empty() ? "" : ", ") + who(c);
   }
   return Status::timeout("job " + options_.job_id + ": operation " + std::to_string(op.seq) + " (" +
-                         describe(op.desc) + ") did not complete within " +
-                         std::to_string(options_.timeout.count()) + " ms; waiting for bucket " +
-                         std::to_string(op.next_bucket) + " from " + (missing.empty() ? "nobody" : missing));
+                         describe(op.desc) + ") waited " + ms(now - op.waiting_since) + " ms, over the job timeout of " +
+                         std::to_string(options_.timeout.count()) + " ms, for " +
+                         (missing.empty() ? "its last submissions" : missing) +
+                         (op.next_bucket < op.set->plan.buckets.size()
+                              ? " to make bucket " + std::to_string(op.next_bucket) + " ready"
+                              : " to submit it"));
 }
 
 void Worker::post(uint32_t local_rank, uint64_t seq, const Status& status) {
@@ -435,6 +514,14 @@ void Worker::shut_down(const Status& status) {
   if (interrupted) options_.log.warning("per-step path stopped with operations pending: " + status.to_string());
   run_tasks(/*last=*/true);  // pending set admissions learn the failure
   if (options_.on_stopped) options_.on_stopped(status);
+  // The bucket in flight holds its set and uses the cluster's engine: both stay until it is back.
+  wait_for_flight();
+  std::map<MemoryKind, std::unique_ptr<BucketExecutor>> executors;
+  {
+    std::lock_guard lock(mutex_);
+    executors.swap(executors_);
+  }
+  executors.clear();  // outside the lock: a destructor may wait for its thread
   if (options_.cluster) {
     const auto start = std::chrono::steady_clock::now();
     options_.cluster->publish_failure(status);

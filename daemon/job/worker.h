@@ -1,12 +1,25 @@
 // The per-job worker: the `_process_batch` analogue. One thread per job drains the job's
 // submission rings, matches the n-th operation of every local client, launches buckets strictly
-// in index order once every local client has marked all of a bucket's tensors ready, executes
-// them on the shared thread pool, and posts one completion per operation to each client.
+// in index order once every local client has marked all of a bucket's tensors ready, hands each
+// to the BucketExecutor of the set's memory kind, and posts one completion per operation to each
+// client. It knows no concrete backend or engine: executors come from the BackendFactory and
+// engines from the Cluster.
+//
+// One bucket of a job is in flight at a time. While it executes, the worker keeps draining the
+// rings and watching its deadlines; the executor's answer comes back as a task.
+//
+// Two bounds, each named in its error:
+//   - the job timeout bounds waiting: for a local rank to submit or mark a bucket ready, counted
+//     from when the worker could first have launched it (the engines bound waiting for peers
+//     with the same timeout);
+//   - the execution bound (--execution-timeout-ms) bounds one bucket in flight, however long
+//     it legitimately takes to move its bytes, so that only a hang trips it.
 //
 // Failure: the first error sticks. fail() (from any thread) or an error found by the worker
-// itself (bad ring entry, mismatched operations, a timeout) ends the job's per-step path: the
-// worker publishes the error in the channel header, posts it as the completion of every pending
-// operation, wakes every client, and its thread exits. Every wait is bounded by the job timeout.
+// itself (bad ring entry, mismatched operations, a bound) ends the job's per-step path: the
+// executors and the cluster's engines are aborted, the worker publishes the error in every
+// client's rings, posts it as the completion of every pending operation, wakes every client,
+// waits for the bucket in flight to come back (promptly, because it was aborted), and exits.
 #pragma once
 
 #include <atomic>
@@ -22,9 +35,10 @@
 #include <thread>
 #include <vector>
 
+#include "daemon/backend/executor.h"
+#include "daemon/backend/factory.h"
 #include "daemon/job/channel.h"
 #include "daemon/job/cluster.h"
-#include "daemon/job/hierarchy.h"
 #include "daemon/job/op.h"
 #include "daemon/job/tensor_set.h"
 #include "daemon/job/topology.h"
@@ -39,9 +53,11 @@ struct WorkerOptions {
   std::string job_id;
   Topology topology;
   std::unique_ptr<Cluster> cluster;  // null for a single-node job
-  std::chrono::milliseconds timeout{30'000};
+  std::chrono::milliseconds timeout{30'000};             // the job timeout: waiting
+  std::chrono::milliseconds execution_timeout{600'000};  // one bucket in flight
   std::shared_ptr<JobDoorbell> doorbell;  // the worker sleeps on it
-  ThreadPool* pool = nullptr;
+  BackendFactory* backends = nullptr;     // makes the executors; outlives the worker
+  ThreadPool* pool = nullptr;             // given to the executors
   // Called once, on the worker thread, when the per-step path has stopped because of a
   // failure the worker found itself or was told about.
   std::function<void(const Status&)> on_stopped;
@@ -105,8 +121,11 @@ class Worker {
   Status handle_entry(uint32_t local_rank, const SubmitEntry& entry);
   Status handle_submit(uint32_t local_rank, const SubmitEntry& entry);
   Status handle_mark_ready(uint32_t local_rank, const SubmitEntry& entry);
-  Status progress();  // launches every bucket that is ready, in order
-  Status execute_bucket(const Op& op, size_t bucket);
+  Status progress();  // lands the bucket in flight, launches the next ready one, completes ops
+  Status launch(Op& op);
+  Status land(Op& op);  // the executor answered for the bucket in flight
+  void wait_for_flight();  // shut_down: the aborted bucket in flight comes back
+  BucketExecutor* executor_for(MemoryKind kind, Status* status);
   Status check_roots(const OpDesc& desc, const TensorSet& set) const;
   Status check_deadline();
   void post(uint32_t local_rank, uint64_t seq, const Status& status);
@@ -121,7 +140,15 @@ class Worker {
   std::vector<std::optional<ClientState>> clients_;
   std::deque<Op> ops_;                // worker thread only; ops_[i].seq == first_seq_ + i
   uint64_t first_seq_ = 1;            // worker thread only
-  NodeBuffers buffers_;               // worker thread only
+  // The bucket handed to an executor and not yet answered. Worker thread only.
+  struct Flight {
+    uint64_t seq = 0;
+    size_t bucket = 0;
+    std::string group;
+    bool cross_node = false;
+    std::chrono::steady_clock::time_point launched;
+  };
+  std::optional<Flight> flight_;
   std::atomic<uint64_t> completed_ops_{0};
   std::atomic<size_t> pending_ops_{0};
 
@@ -132,6 +159,10 @@ class Worker {
   std::atomic<bool> has_tasks_{false};
   Status failure_;                                             // guarded by mutex_
   bool cluster_released_ = false;                              // guarded by mutex_
+  // Created on the worker thread, aborted from any thread: guarded by mutex_.
+  std::map<MemoryKind, std::unique_ptr<BucketExecutor>> executors_;
+  std::optional<Status> landed_;  // guarded by mutex_; the answer for flight_
+  std::atomic<bool> has_landed_{false};
   std::atomic<bool> failed_{false};
   std::atomic<bool> stopping_{false};
   std::thread thread_;

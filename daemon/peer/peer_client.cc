@@ -15,6 +15,48 @@ void bound(grpc::ClientContext* context, std::chrono::milliseconds timeout) {
 
 }  // namespace
 
+// Registers the call's context for cancel() for as long as the call runs, and gives the reason
+// of a cancellation in place of gRPC's CANCELLED.
+class PeerClient::Call {
+ public:
+  Call(PeerClient* client, std::chrono::milliseconds timeout) : client_(client) {
+    bound(&context_, timeout);
+    std::lock_guard lock(client_->mutex_);
+    refused_ = client_->cancelled_;
+    if (refused_.ok()) client_->in_flight_.insert(&context_);
+  }
+  ~Call() {
+    std::lock_guard lock(client_->mutex_);
+    client_->in_flight_.erase(&context_);
+  }
+  Call(const Call&) = delete;
+  Call& operator=(const Call&) = delete;
+
+  grpc::ClientContext* context() { return &context_; }
+  // Not ok when the client was cancelled before the call started.
+  const Status& refused() const { return refused_; }
+
+  Status finish(const grpc::Status& status) {
+    if (status.error_code() == grpc::StatusCode::CANCELLED) {
+      std::lock_guard lock(client_->mutex_);
+      if (!client_->cancelled_.ok()) return client_->cancelled_;
+    }
+    return from_grpc(status, "peer daemon at " + client_->address_);
+  }
+
+ private:
+  PeerClient* client_;
+  grpc::ClientContext context_;
+  Status refused_;
+};
+
+void PeerClient::cancel(const Status& why) {
+  std::lock_guard lock(mutex_);
+  if (!cancelled_.ok()) return;
+  cancelled_ = why.ok() ? Status::aborted("cancelled") : why;
+  for (grpc::ClientContext* context : in_flight_) context->TryCancel();
+}
+
 PeerClient::PeerClient(std::string address)
     : address_(std::move(address)),
       channel_(grpc::CreateChannel(address_, grpc::InsecureChannelCredentials())),
@@ -22,59 +64,59 @@ PeerClient::PeerClient(std::string address)
 
 Status PeerClient::set(const std::string& job, const std::string& key, const std::string& value,
                        std::chrono::milliseconds timeout) {
-  grpc::ClientContext context;
-  bound(&context, timeout);
+  Call call(this, timeout);
+  if (!call.refused().ok()) return call.refused();
   peer::SetRequest request;
   request.set_job(job);
   request.set_key(key);
   request.set_value(value);
   peer::SetReply reply;
-  return from_grpc(stub_->Set(&context, request, &reply), "peer daemon at " + address_);
+  return call.finish(stub_->Set(call.context(), request, &reply));
 }
 
 Status PeerClient::get(const std::string& job, const std::vector<std::string>& keys, std::chrono::milliseconds timeout,
                        std::vector<std::string>* values) {
-  grpc::ClientContext context;
-  bound(&context, timeout + kSlack);
+  Call call(this, timeout + kSlack);
+  if (!call.refused().ok()) return call.refused();
   peer::GetRequest request;
   request.set_job(job);
   for (const auto& key : keys) request.add_keys(key);
   request.set_timeout_ms(static_cast<uint32_t>(timeout.count()));
   peer::GetReply reply;
-  const Status status = from_grpc(stub_->Get(&context, request, &reply), "peer daemon at " + address_);
+  const Status status = call.finish(stub_->Get(call.context(), request, &reply));
   if (status.ok()) values->assign(reply.values().begin(), reply.values().end());
   return status;
 }
 
 Status PeerClient::add(const std::string& job, const std::string& key, int64_t delta, std::chrono::milliseconds timeout,
                        int64_t* value) {
-  grpc::ClientContext context;
-  bound(&context, timeout);
+  Call call(this, timeout);
+  if (!call.refused().ok()) return call.refused();
   peer::AddRequest request;
   request.set_job(job);
   request.set_key(key);
   request.set_delta(delta);
   peer::AddReply reply;
-  const Status status = from_grpc(stub_->Add(&context, request, &reply), "peer daemon at " + address_);
+  const Status status = call.finish(stub_->Add(call.context(), request, &reply));
   *value = reply.value();
   return status;
 }
 
 Status PeerClient::delete_job(const std::string& job, std::chrono::milliseconds timeout) {
-  grpc::ClientContext context;
-  bound(&context, timeout);
+  Call call(this, timeout);
+  if (!call.refused().ok()) return call.refused();
   peer::DeleteJobRequest request;
   request.set_job(job);
   peer::DeleteJobReply reply;
-  return from_grpc(stub_->DeleteJob(&context, request, &reply), "peer daemon at " + address_);
+  return call.finish(stub_->DeleteJob(call.context(), request, &reply));
 }
 
 Status PeerClient::ping(std::chrono::milliseconds timeout) {
-  grpc::ClientContext context;
-  bound(&context, timeout);
+  Call call(this, timeout);
+  if (!call.refused().ok()) return call.refused();
   peer::PingRequest request;
   peer::PingReply reply;
-  return from_grpc(stub_->Ping(&context, request, &reply), "peer daemon at " + address_);
+  return call.finish(stub_->Ping(call.context(), request, &reply));
 }
 
 }  // namespace gradsync

@@ -1,11 +1,15 @@
 // A client of another daemon's peer service, with every call bounded by a deadline and every
-// gRPC error translated once, here, into a Status that names the daemon.
+// gRPC error translated once, here, into a Status that names the daemon. cancel() ends the
+// calls in flight (a blocking get may wait up to a job timeout) and fails every later call, so
+// that a failing job or a stopping daemon never waits on a rendezvous.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
 #include <memory>
+#include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -32,8 +36,16 @@ class PeerClient {
   // Whether the daemon answers within `timeout`.
   Status ping(std::chrono::milliseconds timeout);
 
+  // Cancels the calls in flight and fails every later call with `why`. Any thread; idempotent.
+  void cancel(const Status& why);
+
  private:
+  class Call;  // a call in flight, cancellable
+
   std::string address_;
+  std::mutex mutex_;
+  std::set<grpc::ClientContext*> in_flight_;  // guarded by mutex_
+  Status cancelled_;                          // guarded by mutex_
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<peer::Peer::Stub> stub_;
 };

@@ -72,7 +72,7 @@ TEST_CASE("completions: a failure longer than a ring entry reaches the client wh
   FakeDaemon daemon;
   Completions completions(daemon.channel, [] { return std::string(); });
   completions.expect(1);
-  const Status failure = Status::peer_lost("job j: node 2 (ranks 4-5, gradsyncd at 10.0.0.3:29590) is unreachable (" +
+  const Status failure = Status::peer_lost("job j: node 2 (ranks 4-5, gradsyncd at 10.0.0.3:29590) is gone (its daemon does not answer) (" +
                                            std::string(600, 'x') + ") end");
   daemon.publish(failure);
   daemon.complete(1, failure);

@@ -17,7 +17,7 @@
 #include <thread>
 
 #include "daemon/engine/gloo/store.h"
-#include "daemon/reduce/staged.h"
+#include "daemon/backend/host/staged.h"
 
 namespace gradsync::gloo_engine {
 namespace {
@@ -214,14 +214,19 @@ class GlooEngine final : public CollectiveEngine {
       if (n == state_->spec.node) continue;
       if (auto& pair = state_->context->getPair(n)) pair->close();
     }
-    if (in_flight) {
+    if (in_flight && done) {
       // A call that is moving data fails at its next send on a closed pair, within
       // milliseconds; only one blocked on a silent peer stays. Wait for the former, so that no
-      // combine step can touch the buffers after the caller has its answer.
-      std::unique_lock lock(state_->mutex);
-      state_->wake.wait_for(lock, kLeaveGlooWait, [&] { return state_->in_flight != in_flight; });
+      // combine step can touch the buffers after the caller has its answer; wait off the
+      // caller's thread, because abort() must not block (the caller may be the io thread).
+      std::thread([state = state_, in_flight, done = std::move(done)] {
+        {
+          std::unique_lock lock(state->mutex);
+          state->wake.wait_for(lock, kLeaveGlooWait, [&] { return state->in_flight != in_flight; });
+        }
+        if (!in_flight->exchange(true)) done(state->aborted);
+      }).detach();
     }
-    if (in_flight && done && !in_flight->exchange(true)) done(state_->aborted);
     state_->wake.notify_all();
   }
 

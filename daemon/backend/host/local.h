@@ -1,8 +1,8 @@
-// Executes one bucket of an operation within this node, across the local clients that take part
-// in it (the members of the bucket's process group), on the thread pool. Every function returns
+// The host executor's node-local path: one bucket of an operation within this node, across the
+// local clients that take part in it (the members of the bucket's process group), on the pool. Every function returns
 // when the bucket's results are in every destination. The reduction order is fixed (local rank
 // 0, 1, ...) and independent of the thread count, so results are bit-identical across clients
-// and runs. Operations whose group spans nodes go through hierarchy.h instead.
+// and runs. Buckets whose group spans nodes go through cross_node.h instead.
 #pragma once
 
 #include <cstddef>
@@ -12,7 +12,7 @@
 #include "daemon/reduce/kernel.h"
 #include "daemon/util/thread_pool.h"
 
-namespace gradsync {
+namespace gradsync::host {
 
 // Below this many bytes a piece of work runs on one thread: waking helpers costs more than
 // the work (the 4 KiB latency path). Used by the one-node and the cross-node execution.
@@ -33,4 +33,4 @@ void execute_broadcast(const TensorSet& set, size_t bucket, uint32_t root, Threa
 // source's global rank (rank_base + local rank).
 void execute_allgather(const TensorSet& set, size_t bucket, int rank_base, ThreadPool& pool);
 
-}  // namespace gradsync
+}  // namespace gradsync::host

@@ -1,14 +1,14 @@
-#include "daemon/job/hierarchy.h"
+#include "daemon/backend/host/cross_node.h"
 
 #include <algorithm>
 #include <cstring>
 #include <future>
 #include <memory>
 
-#include "daemon/job/bucket_exec.h"
-#include "daemon/reduce/staged.h"
+#include "daemon/backend/host/local.h"
+#include "daemon/backend/host/staged.h"
 
-namespace gradsync {
+namespace gradsync::host {
 namespace {
 
 // A piece of one tensor of the bucket: elements [first, first + count) of tensor `tensor`.
@@ -45,17 +45,17 @@ struct Header {
   uint64_t elements = 0;
 };
 
-Header header_of(const CrossNodeBucket& c) {
+Header header_of(const BucketCall& c) {
   Header h;
-  h.seq = c.op->seq;
-  h.kind = static_cast<uint32_t>(c.op->desc.kind);
-  h.set = c.op->desc.set_id;
+  h.seq = c.seq;
+  h.kind = static_cast<uint32_t>(c.desc.kind);
+  h.set = c.desc.set_id;
   h.bucket = static_cast<uint32_t>(c.bucket);
-  h.reduce_op = static_cast<uint32_t>(c.op->desc.reduce_op);
-  h.root = c.op->desc.root;
-  h.scaling = static_cast<uint32_t>(c.op->desc.scaling);
-  h.divisor = c.op->desc.divisor;
-  h.elements = c.op->set->bucket_elements[c.bucket];
+  h.reduce_op = static_cast<uint32_t>(c.desc.reduce_op);
+  h.root = c.desc.root;
+  h.scaling = static_cast<uint32_t>(c.desc.scaling);
+  h.divisor = c.desc.divisor;
+  h.elements = c.set->bucket_elements[c.bucket];
   return h;
 }
 
@@ -91,8 +91,8 @@ ReduceSpec spec_of(const reduce::KernelArgs& args) {
 // accumulates slice k + 1 and finishes slice k - 1, so the network and memory stages overlap.
 constexpr uint64_t kSliceBytes = 16 << 20;
 
-Status allreduce_in_place(const CrossNodeBucket& c) {
-  const TensorSet& set = *c.op->set;
+Status allreduce_in_place(const BucketCall& c, ThreadPool& pool) {
+  const TensorSet& set = *c.set;
   const auto& members = set.participants[c.bucket];
   const BucketRun& run = set.runs[c.bucket][0];
   const size_t element = dtype_size(c.args.dtype);
@@ -104,9 +104,9 @@ Status allreduce_in_place(const CrossNodeBucket& c) {
 
   auto chunks_of = [&](size_t k, auto&& body) {
     const uint64_t first = k * slice, count = std::min(slice, elements - first);
-    const uint64_t per = std::max<uint64_t>(kMinBytesPerTask / element, (count + c.pool->size() - 1) / c.pool->size());
+    const uint64_t per = std::max<uint64_t>(kMinBytesPerTask / element, (count + pool.size() - 1) / pool.size());
     const size_t parts = static_cast<size_t>((count + per - 1) / per);
-    c.pool->parallel_for(parts, [&](size_t i) {
+    pool.parallel_for(parts, [&](size_t i) {
       const uint64_t begin = first + i * per;
       body(begin, std::min(per, first + count - begin));
     });
@@ -146,20 +146,20 @@ Status allreduce_in_place(const CrossNodeBucket& c) {
   return Status();
 }
 
-Status allreduce_or_reduce(const CrossNodeBucket& c, bool to_root) {
-  const TensorSet& set = *c.op->set;
+Status allreduce_or_reduce(const BucketCall& c, ThreadPool& pool, NodeBuffers& buffers, bool to_root) {
+  const TensorSet& set = *c.set;
   if (!to_root && set.canonical_run[c.bucket] && reduce::accumulation_dtype(c.args.dtype) == c.args.dtype) {
-    return allreduce_in_place(c);
+    return allreduce_in_place(c, pool);
   }
   const auto& members = set.participants[c.bucket];
   const DType acc_type = reduce::accumulation_dtype(c.args.dtype);
   const size_t acc_size = dtype_size(acc_type);
   const size_t element = dtype_size(c.args.dtype);
   const uint64_t elements = set.bucket_elements[c.bucket];
-  c.buffers->work.resize(elements * acc_size);
-  std::byte* acc = c.buffers->work.data();
-  const std::vector<Piece> pieces = pieces_of(set, c.bucket, c.pool->size());
-  c.pool->parallel_for(pieces.size(), [&](size_t i) {
+  buffers.work.resize(elements * acc_size);
+  std::byte* acc = buffers.work.data();
+  const std::vector<Piece> pieces = pieces_of(set, c.bucket, pool.size());
+  pool.parallel_for(pieces.size(), [&](size_t i) {
     const Piece& p = pieces[i];
     std::vector<const void*> inputs;
     for (uint32_t m : members) inputs.push_back(set.address[m][p.tensor] + p.first * element);
@@ -170,7 +170,7 @@ Status allreduce_or_reduce(const CrossNodeBucket& c, bool to_root) {
   Status status;
   int root_local = -1;
   if (to_root) {
-    const int root = c.op->desc.root;
+    const int root = c.desc.root;
     const int root_node = group_node_of(*c.topology, group, root);
     status = run_engine_call([&](EngineDone done) { c.engine->reduce(acc, elements, spec, root_node, std::move(done)); });
     if (root / c.topology->local_world_size == c.topology->node) root_local = root % c.topology->local_world_size;
@@ -179,7 +179,7 @@ Status allreduce_or_reduce(const CrossNodeBucket& c, bool to_root) {
   }
   if (!status.ok()) return status;
   if (to_root && root_local < 0) return Status();
-  c.pool->parallel_for(pieces.size(), [&](size_t i) {
+  pool.parallel_for(pieces.size(), [&](size_t i) {
     const Piece& p = pieces[i];
     std::vector<void*> outputs;
     if (to_root) {
@@ -192,16 +192,16 @@ Status allreduce_or_reduce(const CrossNodeBucket& c, bool to_root) {
   return Status();
 }
 
-Status broadcast(const CrossNodeBucket& c) {
-  const TensorSet& set = *c.op->set;
+Status broadcast(const BucketCall& c, NodeBuffers& buffers) {
+  const TensorSet& set = *c.set;
   const plan::Bucket& bucket = set.plan.buckets[c.bucket];
   const size_t element = dtype_size(bucket.dtype);
   const uint64_t bytes = set.bucket_elements[c.bucket] * element;
-  const int root = c.op->desc.root;
+  const int root = c.desc.root;
   const bool root_here = root / c.topology->local_world_size == c.topology->node;
   const uint32_t root_local = static_cast<uint32_t>(root % c.topology->local_world_size);
-  c.buffers->work.resize(bytes);
-  std::byte* buffer = c.buffers->work.data();
+  buffers.work.resize(bytes);
+  std::byte* buffer = buffers.work.data();
   if (root_here) {
     for (uint32_t t : bucket.tensors) {
       std::memcpy(buffer + set.offset_in_bucket[t] * element, set.address[root_local][t], set.layout[t].numel * element);
@@ -221,8 +221,8 @@ Status broadcast(const CrossNodeBucket& c) {
   return Status();
 }
 
-Status allgather(const CrossNodeBucket& c) {
-  const TensorSet& set = *c.op->set;
+Status allgather(const BucketCall& c, NodeBuffers& buffers) {
+  const TensorSet& set = *c.set;
   const Topology& topo = *c.topology;
   const plan::Bucket& bucket = set.plan.buckets[c.bucket];
   const size_t element = dtype_size(bucket.dtype);
@@ -238,16 +238,16 @@ Status allgather(const CrossNodeBucket& c) {
                                    "' needs the same number of its ranks on every node");
     }
   }
-  c.buffers->work.resize(members.size() * bytes);
-  c.buffers->gathered.resize(nodes.size() * members.size() * bytes);
+  buffers.work.resize(members.size() * bytes);
+  buffers.gathered.resize(nodes.size() * members.size() * bytes);
   for (size_t k = 0; k < members.size(); ++k) {
     for (uint32_t t : bucket.tensors) {
-      std::memcpy(c.buffers->work.data() + k * bytes + set.offset_in_bucket[t] * element, set.address[members[k]][t],
+      std::memcpy(buffers.work.data() + k * bytes + set.offset_in_bucket[t] * element, set.address[members[k]][t],
                   set.layout[t].numel * element);
     }
   }
   if (Status s = run_engine_call([&](EngineDone done) {
-        c.engine->allgather(c.buffers->work.data(), members.size() * bytes, c.buffers->gathered.data(), std::move(done));
+        c.engine->allgather(buffers.work.data(), members.size() * bytes, buffers.gathered.data(), std::move(done));
       });
       !s.ok()) {
     return s;
@@ -258,7 +258,7 @@ Status allgather(const CrossNodeBucket& c) {
       if (r / topo.local_world_size == nodes[n]) ranks.push_back(r);
     }
     for (size_t k = 0; k < ranks.size(); ++k) {
-      const std::byte* source = c.buffers->gathered.data() + (n * members.size() + k) * bytes;
+      const std::byte* source = buffers.gathered.data() + (n * members.size() + k) * bytes;
       for (uint32_t dest : members) {
         for (uint32_t t : bucket.tensors) {
           std::memcpy(set.gather_output[dest] + static_cast<uint64_t>(ranks[k]) * set.packed_bytes + set.packed_offset[t],
@@ -272,7 +272,7 @@ Status allgather(const CrossNodeBucket& c) {
 
 }  // namespace
 
-Status check_sequence(const CrossNodeBucket& c) {
+Status check_sequence(const BucketCall& c) {
   const Header mine = header_of(c);
   std::vector<Header> all(static_cast<size_t>(c.engine->nodes()));
   if (Status s = run_engine_call(
@@ -280,7 +280,7 @@ Status check_sequence(const CrossNodeBucket& c) {
       !s.ok()) {
     return s;
   }
-  const std::vector<int> nodes = c.topology->nodes_of(c.op->set->plan.buckets[c.bucket].group);
+  const std::vector<int> nodes = c.topology->nodes_of(c.set->plan.buckets[c.bucket].group);
   for (size_t n = 0; n < all.size(); ++n) {
     if (!same(all[n], mine)) {
       return Status::layout_mismatch("sequence mismatch: node " + std::to_string(c.topology->node) + " is at " +
@@ -291,14 +291,14 @@ Status check_sequence(const CrossNodeBucket& c) {
   return Status();
 }
 
-Status execute_across_nodes(const CrossNodeBucket& c) {
-  switch (c.op->desc.kind) {
-    case OpKind::kAllreduce: return allreduce_or_reduce(c, false);
-    case OpKind::kReduce: return allreduce_or_reduce(c, true);
-    case OpKind::kBroadcast: return broadcast(c);
-    case OpKind::kAllgather: return allgather(c);
+Status execute_across_nodes(const BucketCall& c, ThreadPool& pool, NodeBuffers& buffers) {
+  switch (c.desc.kind) {
+    case OpKind::kAllreduce: return allreduce_or_reduce(c, pool, buffers, false);
+    case OpKind::kReduce: return allreduce_or_reduce(c, pool, buffers, true);
+    case OpKind::kBroadcast: return broadcast(c, buffers);
+    case OpKind::kAllgather: return allgather(c, buffers);
   }
   return Status::internal("unknown operation kind");
 }
 
-}  // namespace gradsync
+}  // namespace gradsync::host

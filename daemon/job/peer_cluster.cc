@@ -1,4 +1,4 @@
-#include "daemon/job/cluster.h"
+#include "daemon/job/peer_cluster.h"
 
 #include <algorithm>
 #include <sstream>
@@ -36,10 +36,10 @@ bool decode_layout(const std::string& text, uint64_t* fingerprint, uint64_t* cap
 
 }  // namespace
 
-Cluster::Cluster(ClusterOptions options)
+PeerCluster::PeerCluster(ClusterOptions options)
     : options_(std::move(options)), rendezvous_(std::make_shared<PeerClient>(options_.rendezvous)) {}
 
-std::string Cluster::describe_node(int node) const {
+std::string PeerCluster::describe_node(int node) const {
   const int l = options_.topology.local_world_size;
   std::string text = "node " + std::to_string(node) + " (ranks " + std::to_string(node * l) + "-" +
                      std::to_string(node * l + l - 1);
@@ -47,7 +47,7 @@ std::string Cluster::describe_node(int node) const {
   return text + ")";
 }
 
-Status Cluster::form() {
+Status PeerCluster::form() {
   if (formed_) return Status();
   const Topology& t = options_.topology;
   const std::string& job = options_.job_id;
@@ -93,7 +93,7 @@ Status Cluster::form() {
   return Status();
 }
 
-Status Cluster::check_layout(const TensorSet& set) {
+Status PeerCluster::check_layout(const TensorSet& set) {
   const Topology& t = options_.topology;
   const std::string base = "set/" + std::to_string(set.id) + "/layout/";
   Status status = rendezvous_->set(options_.store_job, key(base + std::to_string(t.node)), encode_layout(set),
@@ -130,7 +130,7 @@ Status Cluster::check_layout(const TensorSet& set) {
   return Status();
 }
 
-Status Cluster::engine(const std::string& group, CollectiveEngine** engine) {
+Status PeerCluster::engine(const std::string& group, CollectiveEngine** engine) {
   *engine = nullptr;
   const std::vector<int> nodes = options_.topology.nodes_of(group);
   // A group on one node needs no engine; a group without ranks here does not involve this node.
@@ -163,42 +163,56 @@ Status Cluster::engine(const std::string& group, CollectiveEngine** engine) {
   return Status();
 }
 
-void Cluster::abort(const Status& why) {
+void PeerCluster::abort(const Status& why) {
   std::lock_guard lock(engines_mutex_);
   if (!aborted_.ok()) return;
   aborted_ = why;
   for (auto& [group, engine] : engines_) engine->abort(why);
+  // Formation and mesh set-up wait on the rendezvous (up to the job timeout each): end them.
+  rendezvous_->cancel(why);
 }
 
-Status Cluster::explain(const Status& error) {
+Status PeerCluster::explain(const Status& error) {
   {
     // This node gave up on purpose (its job failed or the daemon stops): nobody else is to blame.
     std::lock_guard lock(engines_mutex_);
     if (!aborted_.ok()) return aborted_;
   }
-  std::string culprits;
-  bool unreachable = false;
+  // Gone nodes lead: a node that failed usually failed because of them, and its own notice
+  // names them second-hand.
+  std::string gone, failed;
   for (int n = 0; n < options_.topology.nodes; ++n) {
     if (n == options_.topology.node || static_cast<size_t>(n) >= addresses_.size()) continue;
     PeerClient peer(addresses_[static_cast<size_t>(n)]);
     std::vector<std::string> notice;
     if (!peer.ping(kProbeTimeout).ok()) {
-      unreachable = true;
-      culprits += (culprits.empty() ? "" : "; ") + describe_node(n) + " is unreachable";
+      gone += (gone.empty() ? "" : "; ") + describe_node(n) + " is gone (its daemon does not answer)";
     } else if (rendezvous_->get(options_.store_job, {key("failure/" + std::to_string(n))}, std::chrono::milliseconds(0), &notice).ok()) {
-      culprits += (culprits.empty() ? "" : "; ") + describe_node(n) + " failed: " + notice[0];
+      failed += (failed.empty() ? "" : "; ") + describe_node(n) + " failed: " + notice[0];
     }
   }
-  if (culprits.empty()) return error;
-  // A node that does not answer is lost, whether this node's operation timed out on it or a
-  // neighbour gave up first and closed its connections: one code for one cause.
-  return Status(unreachable || error.code() != ErrorCode::kTimeout ? ErrorCode::kPeerLost : ErrorCode::kTimeout,
-                "job " + options_.job_id + ": " + culprits + " (" + error.message() + ")", error.where());
+  const std::string prefix = "job " + options_.job_id + ": ";
+  if (!gone.empty()) {
+    // A node that does not answer is lost, whether this node's operation timed out on it or a
+    // neighbour gave up first and closed its connections: one code for one cause.
+    return Status(ErrorCode::kPeerLost, prefix + gone + (failed.empty() ? "" : "; " + failed) + " (" + error.message() + ")",
+                  error.where());
+  }
+  if (!failed.empty()) return Status(error.code(), prefix + failed + " (" + error.message() + ")", error.where());
+  if (error.code() == ErrorCode::kTimeout) {
+    // Every daemon answers and none reported a failure: a peer is alive but slow (its clients
+    // are late, or it is still forming), not gone.
+    return Status(ErrorCode::kTimeout,
+                  prefix + "every other node's daemon answers, so a peer is slow, not gone: " + error.message(),
+                  error.where());
+  }
+  return error;
 }
 
-void Cluster::publish_failure(const Status& status) {
+void PeerCluster::publish_failure(const Status& status) {
   if (!formed_) return;
-  rendezvous_->set(options_.store_job, key("failure/" + std::to_string(options_.topology.node)), status.message(),
+  // Our own rendezvous client is cancelled by now (abort); the notice needs a fresh one.
+  PeerClient(options_.rendezvous).set(options_.store_job, key("failure/" + std::to_string(options_.topology.node)), status.message(),
                    std::chrono::milliseconds(1000));
 }
 

@@ -1,10 +1,10 @@
-#include "daemon/job/bucket_exec.h"
+#include "daemon/backend/host/local.h"
 
 #include <algorithm>
 #include <cstring>
 #include <vector>
 
-namespace gradsync {
+namespace gradsync::host {
 namespace {
 
 struct Chunk {
@@ -93,4 +93,4 @@ void execute_allgather(const TensorSet& set, size_t bucket, int rank_base, Threa
   });
 }
 
-}  // namespace gradsync
+}  // namespace gradsync::host

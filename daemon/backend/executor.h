@@ -1,0 +1,58 @@
+// BucketExecutor: runs one bucket of an operation over memory of one kind, within this node and,
+// when the bucket's process group spans nodes, through the group's CollectiveEngine. It does the
+// whole per-bucket path: gather the local clients' tensors, reduce them, carry the result across
+// nodes, scale, and write every destination. Each memory kind has its executor in its backend's
+// folder (host/ now, cuda/ with the CUDA backend, with the same file names); only the backend
+// factory names them, and the worker sees this interface alone.
+//
+// Contract:
+//   - launch() starts one bucket and returns; `done` runs exactly once when every destination
+//     holds its result, or with the error that stopped the bucket. It may run before launch()
+//     returns, on the caller's thread (cheap node-local work), or later on a thread of the
+//     executor or the engine. The caller launches the next bucket only after `done`.
+//   - The call holds the set, so the clients' memory stays mapped until `done`.
+//   - abort() may be called from any thread: a bucket in flight fails promptly with `why`
+//     (an engine it waits on is aborted by its owner, the job's cluster), and so does every
+//     later launch. It never blocks.
+//   - The destructor waits for the bucket in flight; abort first to bound that wait.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+
+#include "daemon/engine/engine.h"
+#include "daemon/job/op.h"
+#include "daemon/job/tensor_set.h"
+#include "daemon/job/topology.h"
+#include "daemon/reduce/kernel.h"
+#include "shared/status.h"
+
+namespace gradsync {
+
+struct BucketCall {
+  uint64_t seq = 0;  // the operation's sequence number, the same on every node
+  OpDesc desc;
+  std::shared_ptr<const TensorSet> set;
+  size_t bucket = 0;
+  const Topology* topology = nullptr;  // outlives the call
+  // The engine of the bucket's group when the group spans nodes; null when it lives on this
+  // node only. It outlives the call.
+  CollectiveEngine* engine = nullptr;
+  reduce::KernelArgs args;  // allreduce and reduce
+};
+
+using BucketDone = std::function<void(const Status&)>;
+
+class BucketExecutor {
+ public:
+  virtual ~BucketExecutor() = default;
+
+  virtual void launch(BucketCall call, BucketDone done) = 0;
+
+  // Fails the bucket in flight and every later launch with `why`. Any thread; idempotent.
+  virtual void abort(const Status& why) = 0;
+};
+
+}  // namespace gradsync

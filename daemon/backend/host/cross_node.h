@@ -1,0 +1,28 @@
+// The host executor's cross-node path: one bucket whose process group spans nodes. The local
+// participants are combined into a node buffer laid out in the bucket's canonical (planner)
+// order, the engine runs the collective among the group's nodes, and the result fans back out
+// to the local participants. Blocks the calling thread (the executor's own) until the bucket is
+// done; every engine call in it is bounded by the engine's timeout or its abort().
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "daemon/backend/executor.h"
+#include "daemon/util/thread_pool.h"
+
+namespace gradsync::host {
+
+// Reused across buckets and steps; grows to the largest bucket and then stays.
+struct NodeBuffers {
+  std::vector<std::byte> work;
+  std::vector<std::byte> gathered;
+};
+
+// Compares (sequence, operation, set, bucket) across the group's nodes and refuses to go on
+// when they disagree, rather than mixing unrelated data.
+Status check_sequence(const BucketCall& call);
+
+Status execute_across_nodes(const BucketCall& call, ThreadPool& pool, NodeBuffers& buffers);
+
+}  // namespace gradsync::host

@@ -1,0 +1,81 @@
+#include "daemon/backend/host/executor.h"
+
+#include "daemon/backend/host/local.h"
+
+namespace gradsync::host {
+
+HostExecutor::HostExecutor(ThreadPool* pool, Logger log) : pool_(pool), log_(std::move(log)) {}
+
+HostExecutor::~HostExecutor() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+Status HostExecutor::aborted() const {
+  std::lock_guard lock(mutex_);
+  return aborted_;
+}
+
+void HostExecutor::abort(const Status& why) {
+  {
+    std::lock_guard lock(mutex_);
+    if (!aborted_.ok()) return;
+    aborted_ = why.ok() ? Status::aborted("aborted") : why;
+  }
+  // A bucket on the cross-node thread is inside an engine call, which its owner aborts; local
+  // work is finite and never waits on anything. So there is nothing more to interrupt here.
+  wake_.notify_all();
+}
+
+void HostExecutor::launch(BucketCall call, BucketDone done) {
+  if (Status status = aborted(); !status.ok()) return done(status);
+  if (!call.engine) {
+    run_local(call);
+    return done(Status());
+  }
+  {
+    std::lock_guard lock(mutex_);
+    if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
+    queue_.push_back(Queued{std::move(call), std::move(done)});
+  }
+  wake_.notify_all();
+}
+
+void HostExecutor::run_local(const BucketCall& call) {
+  const TensorSet& set = *call.set;
+  const Topology& topology = *call.topology;
+  // The group lives on this node only, so the root (a member) is a local rank here.
+  const uint32_t root = static_cast<uint32_t>(call.desc.root % topology.local_world_size);
+  switch (call.desc.kind) {
+    case OpKind::kAllreduce: execute_allreduce(set, call.bucket, call.args, *pool_); break;
+    case OpKind::kReduce: execute_reduce(set, call.bucket, call.args, root, *pool_); break;
+    case OpKind::kBroadcast: execute_broadcast(set, call.bucket, root, *pool_); break;
+    case OpKind::kAllgather: execute_allgather(set, call.bucket, topology.rank_of(0), *pool_); break;
+  }
+}
+
+void HostExecutor::run() {
+  for (;;) {
+    Queued next;
+    Status status;
+    {
+      std::unique_lock lock(mutex_);
+      wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      next = std::move(queue_.front());
+      queue_.pop_front();
+      status = aborted_;
+    }
+    if (status.ok()) status = check_sequence(next.call);
+    if (status.ok()) status = execute_across_nodes(next.call, *pool_, buffers_);
+    // An engine error after our own abort is the abort's doing, not a peer's.
+    if (Status why = aborted(); !status.ok() && !why.ok()) status = why;
+    next.done(status);
+  }
+}
+
+}  // namespace gradsync::host

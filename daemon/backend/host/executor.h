@@ -1,0 +1,53 @@
+// The host executor: buckets of sets in host memory (memfds mapped into the daemon).
+//
+// A node-local bucket is memory-bound work on the reduction pool; it runs inline in launch(),
+// on the caller's thread, because handing it to another thread would cost more than the whole
+// 4 KiB step. A bucket whose group spans nodes waits on the network, so it runs on the
+// executor's own thread, and the worker stays free meanwhile to drain rings, watch its
+// deadlines and take a failure.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "daemon/backend/executor.h"
+#include "daemon/backend/host/cross_node.h"
+#include "daemon/util/log.h"
+#include "daemon/util/thread_pool.h"
+
+namespace gradsync::host {
+
+class HostExecutor final : public BucketExecutor {
+ public:
+  HostExecutor(ThreadPool* pool, Logger log);
+  ~HostExecutor() override;  // finishes the queued buckets (they fail at once after abort)
+  HostExecutor(const HostExecutor&) = delete;
+  HostExecutor& operator=(const HostExecutor&) = delete;
+
+  void launch(BucketCall call, BucketDone done) override;
+  void abort(const Status& why) override;
+
+ private:
+  struct Queued {
+    BucketCall call;
+    BucketDone done;
+  };
+  void run();  // the cross-node thread
+  Status aborted() const;
+  void run_local(const BucketCall& call);
+
+  ThreadPool* pool_;
+  Logger log_;
+  NodeBuffers buffers_;  // cross-node thread only
+
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<Queued> queue_;  // guarded by mutex_
+  Status aborted_;            // guarded by mutex_
+  bool stopping_ = false;     // guarded by mutex_
+  std::thread thread_;        // started on the first cross-node bucket
+};
+
+}  // namespace gradsync::host

@@ -1,0 +1,64 @@
+// The Cluster of a multi-node job over the daemons' peer service (gRPC): forms the job's
+// generation through the rendezvous daemon, checks that every node registered the same
+// layouts, creates one collective engine per process group that spans nodes through the engine
+// factory, and explains engine failures by asking the other daemons which node is gone.
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <mutex>
+
+#include "daemon/job/cluster.h"
+#include "daemon/engine/factory.h"
+#include "daemon/job/tensor_set.h"
+#include "daemon/job/topology.h"
+#include "daemon/peer/peer_client.h"
+#include "daemon/util/log.h"
+
+namespace gradsync {
+
+struct ClusterOptions {
+  std::string job_id;           // for messages
+  // The job's namespace in the rendezvous store: "<uid>.<job id>", so that two users' jobs of
+  // the same id never share keys (user ids are assumed to agree across nodes).
+  std::string store_job;
+  Topology topology;
+  std::chrono::milliseconds timeout{30'000};
+  std::string rendezvous;       // host:port of the node-0 daemon's peer service
+  std::string advertise;        // host:port other daemons reach this daemon's peer service at
+  EngineFactory* engines = nullptr;  // makes one engine per group that spans nodes
+  Logger log;
+};
+
+class PeerCluster final : public Cluster {
+ public:
+  explicit PeerCluster(ClusterOptions options);
+
+  Status form() override;
+  Status check_layout(const TensorSet& set) override;
+  Status engine(const std::string& group, CollectiveEngine** engine) override;
+  Status explain(const Status& error) override;
+  void abort(const Status& why) override;
+  void publish_failure(const Status& status) override;
+
+  // "node 2 (ranks 4-5, gradsyncd at host:port)"
+  std::string describe_node(int node) const;
+
+ private:
+  std::string key(const std::string& name) const { return prefix_ + name; }
+
+  ClusterOptions options_;
+  std::shared_ptr<PeerClient> rendezvous_;
+  bool formed_ = false;
+  std::string prefix_;                  // "g<generation>/"
+  std::vector<std::string> addresses_;  // peer address of every node
+  std::mutex engines_mutex_;  // engines_ and aborted_: the worker adds, abort() may come from anywhere
+  std::map<std::string, std::unique_ptr<CollectiveEngine>> engines_;
+  Status aborted_;
+};
+
+}  // namespace gradsync
