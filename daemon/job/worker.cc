@@ -377,7 +377,7 @@ Status Worker::launch(Op& op) {
   flight_ = Flight{op.seq, bucket, b.group, call.engine != nullptr, std::chrono::steady_clock::now()};
   executor->launch(std::move(call), [this](const Status& answer) {
     {
-      std::lock_guard lock(mutex_);
+      std::lock_guard lock(landed_mutex_);
       landed_ = answer;
       has_landed_.store(true);
     }
@@ -389,7 +389,7 @@ Status Worker::launch(Op& op) {
 Status Worker::land(Op& op) {
   Status answer;
   {
-    std::lock_guard lock(mutex_);
+    std::lock_guard lock(landed_mutex_);
     answer = std::move(*landed_);
     landed_.reset();
     has_landed_.store(false);
@@ -424,7 +424,7 @@ void Worker::wait_for_flight() {
       next_note += std::chrono::seconds(2);
     }
   }
-  std::lock_guard lock(mutex_);
+  std::lock_guard lock(landed_mutex_);
   landed_.reset();
   has_landed_.store(false);
   flight_.reset();

@@ -161,7 +161,10 @@ class Worker {
   bool cluster_released_ = false;                              // guarded by mutex_
   // Created on the worker thread, aborted from any thread: guarded by mutex_.
   std::map<MemoryKind, std::unique_ptr<BucketExecutor>> executors_;
-  std::optional<Status> landed_;  // guarded by mutex_; the answer for flight_
+  // The executor's answer for flight_. Its own lock, because an answer may come from inside an
+  // abort() that fail() makes while holding mutex_.
+  std::mutex landed_mutex_;
+  std::optional<Status> landed_;  // guarded by landed_mutex_
   std::atomic<bool> has_landed_{false};
   std::atomic<bool> failed_{false};
   std::atomic<bool> stopping_{false};
