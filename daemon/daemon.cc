@@ -81,7 +81,12 @@ void Daemon::stop() {
 int Daemon::run() {
   signals_.async_wait([this](const boost::system::error_code& ec, int signal) {
     if (ec) return;
-    log_.info(std::string("received ") + (signal == SIGTERM ? "SIGTERM" : "SIGINT") + ", shutting down");
+    log_.info(std::string("received ") + (signal == SIGTERM ? "SIGTERM" : "SIGINT") +
+              ", shutting down (a second SIGTERM or SIGINT exits at once)");
+    // Back to the default disposition: should a shutdown ever hang, the operator's second
+    // signal ends the process rather than being swallowed.
+    boost::system::error_code ignored;
+    signals_.clear(ignored);
     stop();
   });
   server_->start();

@@ -103,6 +103,20 @@ Status PeerCluster::check_layout(const TensorSet& set) {
   for (int n = 0; n < t.nodes; ++n) keys.push_back(key(base + std::to_string(n)));
   std::vector<std::string> values;
   status = rendezvous_->get(options_.store_job, keys, options_.timeout, &values);
+  if (!status.ok() && status.code() == ErrorCode::kTimeout) {
+    // Name the nodes that did not register it, and tell a slow one from a gone one.
+    std::string late;
+    for (int n = 0; n < t.nodes; ++n) {
+      std::vector<std::string> value;
+      if (rendezvous_->get(options_.store_job, {keys[static_cast<size_t>(n)]}, std::chrono::milliseconds(0), &value).ok()) {
+        continue;
+      }
+      late += (late.empty() ? "" : "; ") + whereabouts(n);
+    }
+    return Status::timeout("job " + options_.job_id + ": set " + std::to_string(set.id) + " was not registered within " +
+                           std::to_string(options_.timeout.count()) + " ms (the job timeout) on " +
+                           (late.empty() ? "every node" : late));
+  }
   if (!status.ok()) {
     return Status(status.code(), "job " + options_.job_id + ": set " + std::to_string(set.id) +
                                      " was not registered on every node: " + status.message());
@@ -170,6 +184,14 @@ void PeerCluster::abort(const Status& why) {
   for (auto& [group, engine] : engines_) engine->abort(why);
   // Formation and mesh set-up wait on the rendezvous (up to the job timeout each): end them.
   rendezvous_->cancel(why);
+}
+
+std::string PeerCluster::whereabouts(int node) const {
+  if (static_cast<size_t>(node) >= addresses_.size()) return describe_node(node);
+  if (PeerClient(addresses_[static_cast<size_t>(node)]).ping(kProbeTimeout).ok()) {
+    return describe_node(node) + ", which is slow, not gone: its daemon answers";
+  }
+  return describe_node(node) + ", which is gone: its daemon does not answer";
 }
 
 Status PeerCluster::explain(const Status& error) {

@@ -50,6 +50,8 @@ class PeerCluster final : public Cluster {
 
  private:
   std::string key(const std::string& name) const { return prefix_ + name; }
+  // "node 2 (...), which is slow, not gone: its daemon answers", or "..., which is gone: ...".
+  std::string whereabouts(int node) const;
 
   ClusterOptions options_;
   std::shared_ptr<PeerClient> rendezvous_;

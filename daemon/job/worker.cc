@@ -34,6 +34,14 @@ reduce::KernelArgs kernel_args(const OpDesc& desc, DType dtype, int group_size) 
 Worker::Worker(WorkerOptions options)
     : options_(std::move(options)), clients_(static_cast<size_t>(options_.topology.local_world_size)) {
   thread_ = std::thread([this] { run(); });
+  // A multi-node job meets its other nodes as soon as it exists, not at its first set: then a
+  // node whose trainers are late is known to be there (and reported as slow, not gone).
+  if (options_.cluster) {
+    post_task([this](const Status& failed) {
+      if (!failed.ok()) return;
+      if (Status status = options_.cluster->form(); !status.ok()) fail(status);
+    });
+  }
 }
 
 Worker::~Worker() { stop(Status::aborted("job " + options_.job_id + " is shutting down")); }
