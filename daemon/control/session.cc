@@ -86,6 +86,14 @@ void Session::refuse(const Status& status) {
 }
 
 void Session::stop(const Status& why) {
+  // A request still waiting for its answer (a registration the job has not admitted yet) gets
+  // the reason instead of a closed connection: a reply with id 0 answers whatever call the
+  // client is in, or its next one.
+  if (!closing_ && !why.ok()) {
+    control::Reply reply;
+    set_error(why, &reply);
+    send(reply);
+  }
   close(why);
   boost::system::error_code ignored;
   socket_.cancel(ignored);

@@ -460,6 +460,38 @@ TEST_CASE("multi-node: a job stuck on a frozen peer does not stall the daemon's 
 
 namespace gradsync::test {
 
+TEST_CASE("multi-node: SIGTERM while a job waits for a node that never comes exits 0 within 5 s",
+          "[integration][multinode]") {
+  // Node 0's job waits on the rendezvous for node 1 (up to the 30 s job timeout); the shutdown
+  // cancels that wait instead of sitting it out.
+  TestCluster cluster(2, {"--timeout-ms", "30000"});
+  const std::string job = unique_job("term-forming");
+  Latch registering;
+  ClientGroup group(1, [&](int) {
+    auto client = join_nodes(cluster.node(0).socket(), job, 0, 2, 1, cluster.rendezvous());
+    registering.open();
+    try {
+      client->register_tensors(client->allocate_flat(std::vector<TensorSpec>{{DType::kFloat32, 64, "dp"}}), {});
+      return fail("registration completed without node 1");
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kAborted || std::string(e.what()).find("shutting down") == std::string::npos) {
+        return fail(std::string("not told the daemon shuts down: ") + e.what());
+      }
+    }
+    return kOk;
+  });
+  REQUIRE(registering.wait(std::chrono::seconds(30)));
+  // The job formed when the client joined; give its rendezvous call time to be in flight.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const auto start = std::chrono::steady_clock::now();
+  cluster.node(0).process().signal(SIGTERM);
+  const int status = cluster.node(0).process().wait_for(std::chrono::seconds(40));
+  const auto took = std::chrono::steady_clock::now() - start;
+  CHECK(exited_ok(status));
+  CHECK(took < std::chrono::seconds(5));
+  CHECK(exit_code(group.wait(0, std::chrono::seconds(40))) == kOk);
+}
+
 TEST_CASE("multi-node: SIGTERM with a job stuck on a frozen peer exits 0 within 5 s, telling clients why",
           "[integration][multinode]") {
   // A long job timeout: the daemon must not wait it out.
