@@ -142,10 +142,15 @@ void ClientImpl::join(const JoinOptions& options) {
   }
   channel_ = channel;
   std::weak_ptr<Connection> weak = connection_;
-  completions_ = std::make_shared<Completions>(channel_, [weak]() -> std::string {
+  completions_ = std::make_shared<Completions>(channel_, [weak]() -> Status {
     auto connection = weak.lock();
-    if (connection && !connection->peer_closed()) return {};
-    return "gradsyncd at " + (connection ? connection->path() : std::string("its socket")) + " went away";
+    if (connection && !connection->peer_closed()) return Status();
+    // A daemon that stops says why before it closes; one that died says nothing.
+    if (connection) {
+      if (std::optional<Status> notice = connection->parting_notice()) return *notice;
+    }
+    return Status::peer_lost("gradsyncd at " + (connection ? connection->path() : std::string("its socket")) +
+                             " went away");
   });
   submit_.emplace(&channel_->client()->submit);
   timeout_ = std::chrono::milliseconds(body.timeout_ms());

@@ -16,7 +16,7 @@ constexpr int kSpin = 200;
 
 }  // namespace
 
-Completions::Completions(std::shared_ptr<JobChannel> channel, std::function<std::string()> daemon_gone)
+Completions::Completions(std::shared_ptr<JobChannel> channel, std::function<Status()> daemon_gone)
     : channel_(std::move(channel)),
       daemon_gone_(std::move(daemon_gone)),
       reader_(&channel_->daemon()->completion, &channel_->client()->completion_cursor) {}
@@ -89,10 +89,10 @@ bool Completions::check_liveness_locked() {
   const auto now = std::chrono::steady_clock::now();
   if (now < next_liveness_check_) return true;
   next_liveness_check_ = now + kLivenessInterval;
-  const std::string gone = daemon_gone_();
-  if (gone.empty()) return true;
+  const Status gone = daemon_gone_();
+  if (gone.ok()) return true;
   drain_locked();  // completions posted before the daemon went away still count
-  if (failure_.ok() || !pending_.empty()) fail_all_locked(Status::peer_lost(gone));
+  if (failure_.ok() || !pending_.empty()) fail_all_locked(gone);
   return false;
 }
 

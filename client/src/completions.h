@@ -31,9 +31,9 @@ struct JobChannel {
 
 class Completions {
  public:
-  // `daemon_gone` is asked now and then while waiting; it returns why the daemon is gone, or an
-  // empty string while it is there. It must never block.
-  Completions(std::shared_ptr<JobChannel> channel, std::function<std::string()> daemon_gone);
+  // `daemon_gone` is asked now and then while waiting; it returns why the daemon is gone, or ok
+  // while it is there. It must never block.
+  Completions(std::shared_ptr<JobChannel> channel, std::function<Status()> daemon_gone);
 
   // Records that operation `seq` was submitted and awaits a completion. Sequence numbers grow.
   void expect(uint64_t seq);
@@ -63,7 +63,7 @@ class Completions {
   WakeRef completion_ready() const;
 
   std::shared_ptr<JobChannel> channel_;  // keeps the rings mapped while any Work lives
-  std::function<std::string()> daemon_gone_;
+  std::function<Status()> daemon_gone_;
   mutable std::mutex mutex_;
   RingReader<CompletionRing> reader_;  // guarded by mutex_
   std::set<uint64_t> pending_;         // guarded by mutex_; submitted, not yet completed

@@ -120,10 +120,27 @@ control::Reply Connection::call(control::Request request, std::chrono::milliseco
 bool Connection::peer_closed() const {
   pollfd p{fd_, POLLIN | POLLRDHUP, 0};
   if (::poll(&p, 1, 0) <= 0) return false;
-  // The daemon never speaks unprompted, so readable-with-nothing-to-read means end of stream.
+  // The daemon speaks unprompted only right before it closes (a shutdown notice), so a hang-up,
+  // or readable-with-nothing-to-read, means end of stream.
   if (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) return true;
   char byte;
   return ::recv(fd_, &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
+}
+
+std::optional<Status> Connection::parting_notice() const {
+  std::vector<std::byte> buffer(64 << 10);
+  const ssize_t n = ::recv(fd_, buffer.data(), buffer.size(), MSG_PEEK | MSG_DONTWAIT);
+  if (n <= 0) return std::nullopt;
+  FrameDecoder frames;
+  frames.feed(std::span<const std::byte>(buffer.data(), static_cast<size_t>(n)));
+  for (;;) {
+    std::optional<std::string> payload;
+    if (!frames.next(&payload).ok() || !payload) return std::nullopt;
+    control::Reply reply;
+    if (reply.ParseFromString(*payload) && reply.id() == 0 && reply.has_error() && reply.error().code() != 0) {
+      return Status(static_cast<ErrorCode>(reply.error().code()), reply.error().message());
+    }
+  }
 }
 
 }  // namespace gradsync

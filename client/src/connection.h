@@ -40,6 +40,11 @@ class Connection {
   // True when the daemon has closed the connection (it died or dropped us). Never blocks.
   bool peer_closed() const;
 
+  // The notice a stopping daemon sends before it closes (an error reply with id 0, such as
+  // "gradsyncd is shutting down"), if one is waiting unread on the socket. Only peeks, so it
+  // never disturbs a call in progress on another thread. Never blocks.
+  std::optional<Status> parting_notice() const;
+
   const std::string& path() const { return path_; }
 
  private:

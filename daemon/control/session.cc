@@ -88,7 +88,8 @@ void Session::refuse(const Status& status) {
 void Session::stop(const Status& why) {
   // A request still waiting for its answer (a registration the job has not admitted yet) gets
   // the reason instead of a closed connection: a reply with id 0 answers whatever call the
-  // client is in, or its next one.
+  // client is in. Best effort: a client not in a call just sees the connection close, and the
+  // notice is lost if a write to a client that does not read is still pending.
   if (!closing_ && !why.ok()) {
     control::Reply reply;
     set_error(why, &reply);

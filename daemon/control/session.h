@@ -44,7 +44,7 @@ class Session : public std::enable_shared_from_this<Session> {
   // Queues an error reply and closes the connection once it is written.
   void refuse(const Status& status);
 
-  // Daemon shutdown: answers the client with `why` (id 0: whatever call it is in), leaves the
+  // Daemon shutdown: tells the client `why` (id 0: whatever call it is in), leaves the
   // job (telling the other clients `why`) and ends both coroutines.
   void stop(const Status& why);
 

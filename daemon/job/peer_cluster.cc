@@ -1,6 +1,7 @@
 #include "daemon/job/peer_cluster.h"
 
 #include <algorithm>
+#include <future>
 #include <sstream>
 
 #include "daemon/plan/layout.h"
@@ -9,7 +10,7 @@ namespace gradsync {
 namespace {
 
 // How long explain() waits for a peer daemon to answer before calling it unreachable.
-constexpr auto kProbeTimeout = std::chrono::milliseconds(500);
+constexpr auto kProbeTimeout = std::chrono::milliseconds(1000);
 
 // A layout as text for the store: "<fingerprint>\n<cap> <gather>\n<dtype> <numel> <group>\n...".
 std::string encode_layout(const TensorSet& set) {
@@ -103,19 +104,22 @@ Status PeerCluster::check_layout(const TensorSet& set) {
   for (int n = 0; n < t.nodes; ++n) keys.push_back(key(base + std::to_string(n)));
   std::vector<std::string> values;
   status = rendezvous_->get(options_.store_job, keys, options_.timeout, &values);
+  if (Status why = aborted(); !why.ok()) return why;  // cancelled: this node gave up
   if (!status.ok() && status.code() == ErrorCode::kTimeout) {
     // Name the nodes that did not register it, and tell a slow one from a gone one.
-    std::string late;
+    std::vector<int> late;
     for (int n = 0; n < t.nodes; ++n) {
       std::vector<std::string> value;
-      if (rendezvous_->get(options_.store_job, {keys[static_cast<size_t>(n)]}, std::chrono::milliseconds(0), &value).ok()) {
-        continue;
+      if (!rendezvous_->get(options_.store_job, {keys[static_cast<size_t>(n)]}, std::chrono::milliseconds(0), &value).ok()) {
+        late.push_back(n);
       }
-      late += (late.empty() ? "" : "; ") + whereabouts(n);
     }
+    const std::map<int, NodeState> states = probe(late);
+    std::string named;
+    for (int n : late) named += (named.empty() ? "" : "; ") + whereabouts(n, states);
     return Status::timeout("job " + options_.job_id + ": set " + std::to_string(set.id) + " was not registered within " +
                            std::to_string(options_.timeout.count()) + " ms (the job timeout) on " +
-                           (late.empty() ? "every node" : late));
+                           (named.empty() ? "some node" : named));
   }
   if (!status.ok()) {
     return Status(status.code(), "job " + options_.job_id + ": set " + std::to_string(set.id) +
@@ -186,31 +190,57 @@ void PeerCluster::abort(const Status& why) {
   rendezvous_->cancel(why);
 }
 
-std::string PeerCluster::whereabouts(int node) const {
-  if (static_cast<size_t>(node) >= addresses_.size()) return describe_node(node);
-  if (PeerClient(addresses_[static_cast<size_t>(node)]).ping(kProbeTimeout).ok()) {
-    return describe_node(node) + ", which is slow, not gone: its daemon answers";
+std::map<int, PeerCluster::NodeState> PeerCluster::probe(const std::vector<int>& nodes) const {
+  // Pings run at once, not one after another: a job of many nodes with several gone must not
+  // hold its worker for a probe timeout per node.
+  std::map<int, std::future<bool>> pings;
+  for (int n : nodes) {
+    if (n == options_.topology.node || static_cast<size_t>(n) >= addresses_.size()) continue;
+    pings.emplace(n, std::async(std::launch::async, [address = addresses_[static_cast<size_t>(n)]] {
+                    return PeerClient(address).ping(kProbeTimeout).ok();
+                  }));
   }
+  std::map<int, NodeState> states;
+  PeerClient rendezvous(options_.rendezvous);  // ours may be cancelled by now
+  for (auto& [n, ping] : pings) {
+    NodeState& state = states[n];
+    state.answers = ping.get();
+    std::vector<std::string> notice;
+    if (rendezvous.get(options_.store_job, {key("failure/" + std::to_string(n))}, std::chrono::milliseconds(0), &notice)
+            .ok()) {
+      state.failure = notice[0];
+    }
+  }
+  return states;
+}
+
+std::string PeerCluster::whereabouts(int node, const std::map<int, NodeState>& states) const {
+  auto it = states.find(node);
+  if (it == states.end()) return describe_node(node);
+  if (it->second.failure) return describe_node(node) + ", which failed: " + *it->second.failure;
+  if (it->second.answers) return describe_node(node) + ", which is slow, not gone: its daemon answers";
   return describe_node(node) + ", which is gone: its daemon does not answer";
 }
 
+Status PeerCluster::aborted() {
+  std::lock_guard lock(engines_mutex_);
+  return aborted_;
+}
+
 Status PeerCluster::explain(const Status& error) {
-  {
-    // This node gave up on purpose (its job failed or the daemon stops): nobody else is to blame.
-    std::lock_guard lock(engines_mutex_);
-    if (!aborted_.ok()) return aborted_;
-  }
+  // This node gave up on purpose (its job failed or the daemon stops): nobody else is to blame.
+  if (Status why = aborted(); !why.ok()) return why;
+  std::vector<int> others;
+  for (int n = 0; n < options_.topology.nodes; ++n) others.push_back(n);
+  const std::map<int, NodeState> states = probe(others);
   // Gone nodes lead: a node that failed usually failed because of them, and its own notice
   // names them second-hand.
   std::string gone, failed;
-  for (int n = 0; n < options_.topology.nodes; ++n) {
-    if (n == options_.topology.node || static_cast<size_t>(n) >= addresses_.size()) continue;
-    PeerClient peer(addresses_[static_cast<size_t>(n)]);
-    std::vector<std::string> notice;
-    if (!peer.ping(kProbeTimeout).ok()) {
+  for (const auto& [n, state] : states) {
+    if (!state.answers) {
       gone += (gone.empty() ? "" : "; ") + describe_node(n) + " is gone (its daemon does not answer)";
-    } else if (rendezvous_->get(options_.store_job, {key("failure/" + std::to_string(n))}, std::chrono::milliseconds(0), &notice).ok()) {
-      failed += (failed.empty() ? "" : "; ") + describe_node(n) + " failed: " + notice[0];
+    } else if (state.failure) {
+      failed += (failed.empty() ? "" : "; ") + describe_node(n) + " failed: " + *state.failure;
     }
   }
   const std::string prefix = "job " + options_.job_id + ": ";
@@ -232,7 +262,9 @@ Status PeerCluster::explain(const Status& error) {
 }
 
 void PeerCluster::publish_failure(const Status& status) {
-  if (!formed_) return;
+  // Once this node has its generation, the other nodes of that generation must learn that it
+  // gave up, formed or not: otherwise they would wait for it and call it slow.
+  if (prefix_.empty()) return;
   // Our own rendezvous client is cancelled by now (abort); the notice needs a fresh one.
   PeerClient(options_.rendezvous).set(options_.store_job, key("failure/" + std::to_string(options_.topology.node)), status.message(),
                    std::chrono::milliseconds(1000));

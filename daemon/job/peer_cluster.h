@@ -7,6 +7,7 @@
 #include <chrono>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -50,8 +51,17 @@ class PeerCluster final : public Cluster {
 
  private:
   std::string key(const std::string& name) const { return prefix_ + name; }
-  // "node 2 (...), which is slow, not gone: its daemon answers", or "..., which is gone: ...".
-  std::string whereabouts(int node) const;
+  // What the other daemons say about `nodes`: whether each answers a ping (in parallel,
+  // bounded by a probe timeout) and the failure it published, if any.
+  struct NodeState {
+    bool answers = false;
+    std::optional<std::string> failure;
+  };
+  std::map<int, NodeState> probe(const std::vector<int>& nodes) const;
+  // "node 2 (...), which failed: ...", "..., which is slow, not gone: its daemon answers", or
+  // "..., which is gone: its daemon does not answer".
+  std::string whereabouts(int node, const std::map<int, NodeState>& states) const;
+  Status aborted();
 
   ClusterOptions options_;
   std::shared_ptr<PeerClient> rendezvous_;

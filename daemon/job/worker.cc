@@ -108,7 +108,10 @@ void Worker::admit_set(std::shared_ptr<const TensorSet> set, std::function<void(
       std::lock_guard lock(mutex_);
       sets_[set->id] = set;
     } else {
+      // The job's first error is the answer: a wait cancelled because the job failed or the
+      // daemon stops reports that, not the cancelled wait.
       fail(status);
+      status = failure();
     }
     done(status);
   });
@@ -168,7 +171,7 @@ void Worker::run() {
     // worker is waiting for, or a slice.
     auto deadline = std::chrono::steady_clock::now() + kWakeSlice;
     if (flight_) {
-      deadline = std::min(deadline, flight_->launched + options_.execution_timeout);
+      deadline = std::min(deadline, execution_deadline());
     } else if (!ops_.empty()) {
       deadline = std::min(deadline, ops_.front().waiting_since + options_.timeout);
     }
@@ -383,13 +386,14 @@ Status Worker::launch(Op& op) {
   BucketExecutor* executor = executor_for(set.memory_kind, &status);
   if (!executor) return status;
   flight_ = Flight{op.seq, bucket, b.group, call.engine != nullptr, std::chrono::steady_clock::now()};
-  executor->launch(std::move(call), [this](const Status& answer) {
-    {
-      std::lock_guard lock(landed_mutex_);
-      landed_ = answer;
-      has_landed_.store(true);
-    }
-    doorbell().notify();
+  // The answer may come on any thread. Once has_landed_ is set the worker may finish and be
+  // destroyed, so nothing of `this` is touched after the lock is released: the notify happens
+  // under it, and land() and wait_for_flight() take the lock before going on.
+  executor->launch(std::move(call), [this, doorbell = options_.doorbell](const Status& answer) {
+    std::lock_guard lock(landed_mutex_);
+    landed_ = answer;
+    has_landed_.store(true);
+    doorbell->page()->doorbell.notify();
   });
   return Status::ok_status();
 }
@@ -416,6 +420,12 @@ Status Worker::land(Op& op) {
   op.next_bucket++;
   op.waiting_since = std::chrono::steady_clock::now();
   return Status::ok_status();
+}
+
+std::chrono::steady_clock::time_point Worker::execution_deadline() const {
+  // A bucket across nodes first waits for the other nodes to reach it (the sequence check),
+  // which the job timeout bounds; the execution bound starts after that allowance.
+  return flight_->launched + options_.execution_timeout + (flight_->cross_node ? options_.timeout : decltype(options_.timeout){});
 }
 
 void Worker::wait_for_flight() {
@@ -456,12 +466,15 @@ Status Worker::check_deadline() {
   const auto now = std::chrono::steady_clock::now();
   auto ms = [](auto d) { return std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(d).count()); };
   if (flight_) {
-    if (now - flight_->launched < options_.execution_timeout) return Status::ok_status();
-    return Status::timeout("job " + options_.job_id + ": bucket " + std::to_string(flight_->bucket) + " of operation " +
-                           std::to_string(op.seq) + " (" + describe(op.desc) + ", group '" + flight_->group +
-                           "') has executed for " + ms(now - flight_->launched) + " ms, over the execution bound of " +
-                           std::to_string(options_.execution_timeout.count()) + " ms (gradsyncd --execution-timeout-ms)" +
-                           (flight_->cross_node ? "; the collective across nodes made no progress" : ""));
+    if (now < execution_deadline()) return Status::ok_status();
+    return Status::timeout(
+        "job " + options_.job_id + ": bucket " + std::to_string(flight_->bucket) + " of operation " +
+        std::to_string(op.seq) + " (" + describe(op.desc) + ", group '" + flight_->group + "') has executed for " +
+        ms(now - flight_->launched) + " ms, over the execution bound of " +
+        std::to_string(options_.execution_timeout.count()) + " ms (gradsyncd --execution-timeout-ms)" +
+        (flight_->cross_node ? " plus the job timeout of " + std::to_string(options_.timeout.count()) +
+                                   " ms for the other nodes to reach it; the collective across nodes is stuck"
+                             : ""));
   }
   if (now - op.waiting_since < options_.timeout) return Status::ok_status();
   std::string missing;
@@ -499,6 +512,10 @@ void Worker::post(uint32_t local_rank, uint64_t seq, const Status& status) {
 }
 
 void Worker::shut_down(const Status& status) {
+  // The bucket in flight may still write the clients' tensors (a fan-out, a Gloo call in its
+  // grace period): nobody is told the step failed, and so free to reuse the memory, until it
+  // is back. The aborts bound this wait to about a second.
+  wait_for_flight();
   // Publish the sticky error first so that clients fail later submissions without waiting.
   for (auto& client : clients_) {
     if (client) client->channel->publish_failure(status);
@@ -522,8 +539,6 @@ void Worker::shut_down(const Status& status) {
   if (interrupted) options_.log.warning("per-step path stopped with operations pending: " + status.to_string());
   run_tasks(/*last=*/true);  // pending set admissions learn the failure
   if (options_.on_stopped) options_.on_stopped(status);
-  // The bucket in flight holds its set and uses the cluster's engine: both stay until it is back.
-  wait_for_flight();
   std::map<MemoryKind, std::unique_ptr<BucketExecutor>> executors;
   {
     std::lock_guard lock(mutex_);

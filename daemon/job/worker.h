@@ -125,6 +125,7 @@ class Worker {
   Status launch(Op& op);
   Status land(Op& op);  // the executor answered for the bucket in flight
   void wait_for_flight();  // shut_down: the aborted bucket in flight comes back
+  std::chrono::steady_clock::time_point execution_deadline() const;  // of flight_
   BucketExecutor* executor_for(MemoryKind kind, Status* status);
   Status check_roots(const OpDesc& desc, const TensorSet& set) const;
   Status check_deadline();

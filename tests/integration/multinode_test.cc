@@ -249,13 +249,13 @@ TEST_CASE("multi-node: different layouts on different nodes fail the job everywh
 
 TEST_CASE("multi-node: a node that is only slow to register is reported as slow, not gone",
           "[integration][multinode]") {
-  TestCluster cluster(kNodes, {"--timeout-ms", "1500"});
+  TestCluster cluster(kNodes, {"--timeout-ms", "3000"});
   const std::string job = unique_job("nodes-slow");
   const auto statuses = run_job(cluster, job, [&](int rank, Client& client) {
     const std::vector<TensorSpec> specs = {{DType::kFloat32, 64, "dp"}};
     if (rank / kLocal == 2) {
       // Node 2's trainers are late (a slow data loader), while its daemon is healthy.
-      std::this_thread::sleep_for(std::chrono::milliseconds(3000));
+      std::this_thread::sleep_for(std::chrono::milliseconds(7000));
       try {
         client.register_tensors(client.allocate_flat(specs), {});
       } catch (const Error&) {
@@ -268,7 +268,7 @@ TEST_CASE("multi-node: a node that is only slow to register is reported as slow,
     } catch (const Error& e) {
       const std::string text = e.what();
       if (e.code() != ErrorCode::kTimeout) return fail("wrong error: " + text);
-      if (text.find("was not registered within 1500 ms (the job timeout) on node 2 (ranks 4-5") == std::string::npos ||
+      if (text.find("was not registered within 3000 ms (the job timeout) on node 2 (ranks 4-5") == std::string::npos ||
           text.find("which is slow, not gone: its daemon answers") == std::string::npos ||
           text.find("node 1 (") != std::string::npos) {
         return fail("does not name node 2, alone, as slow: " + text);

@@ -47,7 +47,7 @@ struct FakeDaemon {
 
 TEST_CASE("completions: a failed operation stays failed however many operations follow", "[completions]") {
   FakeDaemon daemon;
-  Completions completions(daemon.channel, [] { return std::string(); });
+  Completions completions(daemon.channel, [] { return Status(); });
   completions.expect(1);
   completions.expect(2);
   daemon.complete(1, Status());
@@ -70,7 +70,7 @@ TEST_CASE("completions: a failed operation stays failed however many operations 
 
 TEST_CASE("completions: a failure longer than a ring entry reaches the client whole", "[completions]") {
   FakeDaemon daemon;
-  Completions completions(daemon.channel, [] { return std::string(); });
+  Completions completions(daemon.channel, [] { return Status(); });
   completions.expect(1);
   const Status failure = Status::peer_lost("job j: node 2 (ranks 4-5, gradsyncd at 10.0.0.3:29590) is gone (its daemon does not answer) (" +
                                            std::string(600, 'x') + ") end");
@@ -83,7 +83,7 @@ TEST_CASE("completions: a failure longer than a ring entry reaches the client wh
 
 TEST_CASE("completions: a completion posted before the failure counts as a success", "[completions]") {
   FakeDaemon daemon;
-  Completions completions(daemon.channel, [] { return std::string(); });
+  Completions completions(daemon.channel, [] { return Status(); });
   completions.expect(1);
   completions.expect(2);
   daemon.complete(1, Status());
@@ -98,7 +98,7 @@ TEST_CASE("completions: a completion posted before the failure counts as a succe
 TEST_CASE("completions: a daemon that went away fails the pending operations, naming it", "[completions]") {
   FakeDaemon daemon;
   bool gone = false;
-  Completions completions(daemon.channel, [&] { return gone ? std::string("gradsyncd at /x went away") : std::string(); });
+  Completions completions(daemon.channel, [&] { return gone ? Status::peer_lost("gradsyncd at /x went away") : Status(); });
   completions.expect(1);
   gone = true;
   Status status;

@@ -148,9 +148,16 @@ class FakeExecutor final : public BucketExecutor {
     }
   }
 
+  // As the contract asks: held buckets fail promptly with `why`.
   void abort(const Status& why) override {
-    std::lock_guard lock(log_->mutex);
-    if (log_->aborted.ok()) log_->aborted = why;
+    std::deque<BucketDone> held;
+    {
+      std::lock_guard lock(log_->mutex);
+      if (!log_->aborted.ok()) return;
+      log_->aborted = why;
+      held.swap(log_->held);
+    }
+    for (auto& done : held) done(why);
   }
 
  private:

@@ -133,11 +133,11 @@ struct Harness {
     TestClient& client = clients[static_cast<size_t>(local_rank)];
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     CompletionEntry entry;
-    while (std::chrono::steady_clock::now() < deadline) {
+    for (;;) {  // looks at least once, also with a zero timeout
       if (client.completions.try_pop(&entry) == PopResult::kOk) return entry;
+      if (std::chrono::steady_clock::now() >= deadline) return std::nullopt;
       std::this_thread::sleep_for(1ms);
     }
-    return std::nullopt;
   }
 
   std::shared_ptr<ExecutorLog> executors;
@@ -262,8 +262,10 @@ TEST_CASE("worker: an engine that times out fails the step with the engine's tim
 }
 
 TEST_CASE("worker: a bucket that runs past the execution bound fails naming the bound", "[worker]") {
+  // Across nodes the bound starts after one job timeout, the other nodes' allowance to reach
+  // the bucket: 200 ms + 300 ms here.
   auto engine = std::make_shared<FakeEngine>(FakeEngine::Mode::kHangUntilAborted);
-  Harness h(2, 1, std::make_unique<FakeCluster>(engine), 10'000ms, 300ms);
+  Harness h(2, 1, std::make_unique<FakeCluster>(engine), 200ms, 300ms);
   h.executors->mode = ExecutorLog::Mode::kUseEngine;
   const auto start = std::chrono::steady_clock::now();
   const uint64_t seq = h.submit(0, true);
@@ -273,9 +275,10 @@ TEST_CASE("worker: a bucket that runs past the execution bound fails naming the 
   CHECK(done->op_seq == seq);
   CHECK(done->code == static_cast<uint32_t>(ErrorCode::kTimeout));
   CHECK_THAT(text_of(*done), Catch::Contains("bucket 0 of operation 1") &&
-                                 Catch::Contains("over the execution bound of 300 ms (gradsyncd --execution-timeout-ms)"));
-  CHECK(elapsed >= 300ms);
-  CHECK(elapsed < 1300ms);
+                                 Catch::Contains("over the execution bound of 300 ms (gradsyncd --execution-timeout-ms) "
+                                                 "plus the job timeout of 200 ms"));
+  CHECK(elapsed >= 500ms);
+  CHECK(elapsed < 2000ms);
 }
 
 TEST_CASE("worker: a collective that takes longer than the job timeout but finishes is not a timeout",
@@ -296,14 +299,34 @@ TEST_CASE("worker: a collective that takes longer than the job timeout but finis
   CHECK(engine->calls() == 6);  // three buckets per step
 }
 
+TEST_CASE("worker: an operation queued behind a long one is not timed out while it waits its turn",
+          "[worker]") {
+  // Both operations are submitted at once; the second waits 1.8 s behind the first's three
+  // 600 ms buckets, far past the 200 ms job timeout, without any rank being late.
+  auto engine = std::make_shared<FakeEngine>(FakeEngine::Mode::kTakeTime, 600ms);
+  Harness h(2, 1, std::make_unique<FakeCluster>(engine), 200ms, 10'000ms);
+  h.executors->mode = ExecutorLog::Mode::kUseEngine;
+  const uint64_t first = h.submit(0, true);
+  const uint64_t second = h.submit(0, true);
+  for (uint64_t seq : {first, second}) {
+    const auto done = h.completion(0, 10s);
+    REQUIRE(done);
+    INFO(text_of(*done));
+    CHECK(done->op_seq == seq);
+    CHECK(done->code == 0);
+  }
+}
+
 TEST_CASE("worker: a rank that never marks a bucket ready times out, named, after the job timeout",
           "[worker]") {
   Harness h(1, 2, nullptr, 300ms);
+  const auto start = std::chrono::steady_clock::now();
   const uint64_t seq = h.submit(0, true);
   h.submit(1, false);
   h.mark_ready(1, seq, 2);  // bucket 0 only
   const auto done = h.completion(0, 5s);
   REQUIRE(done);
+  CHECK(std::chrono::steady_clock::now() - start >= 300ms);
   CHECK(done->code == static_cast<uint32_t>(ErrorCode::kTimeout));
   CHECK_THAT(text_of(*done), Catch::Contains("over the job timeout of 300 ms, for rank 1 (local rank 1) to make bucket 1 ready"));
   CHECK(h.executors->snapshot() == Launches{{seq, 0}});
