@@ -17,20 +17,22 @@
 #include <bit>
 #include <cstdint>
 
+#include "shared/hd.h"
+
 namespace gradsync {
 namespace half_detail {
 
 // condition ? if_true : if_false, written with a mask. GCC turns a plain ?: on these values
 // into vector code that is several times slower (measured 0.55 vs 2-5 ns per element on
 // x86-64 SSE2), and it does not if-convert a ?: whose arm holds a floating-point operation.
-inline uint32_t select(bool condition, uint32_t if_true, uint32_t if_false) {
+GRADSYNC_HD inline uint32_t select(bool condition, uint32_t if_true, uint32_t if_false) {
   const uint32_t mask = 0u - static_cast<uint32_t>(condition);
   return (if_true & mask) | (if_false & ~mask);
 }
 
 }  // namespace half_detail
 
-inline uint16_t float_to_half(float value) {
+GRADSYNC_HD inline uint16_t float_to_half(float value) {
   const uint32_t bits = std::bit_cast<uint32_t>(value);
   const uint32_t sign = (bits >> 16) & 0x8000u;
   const uint32_t abs = bits & 0x7fffffffu;
@@ -67,7 +69,7 @@ inline uint16_t float_to_half(float value) {
   return static_cast<uint16_t>(sign | magnitude);
 }
 
-inline float half_to_float(uint16_t value) {
+GRADSYNC_HD inline float half_to_float(uint16_t value) {
   const uint32_t sign = static_cast<uint32_t>(value & 0x8000u) << 16;
   const uint32_t abs = value & 0x7fffu;
 
@@ -88,7 +90,7 @@ inline float half_to_float(uint16_t value) {
   return std::bit_cast<float>(sign | magnitude);
 }
 
-inline uint16_t float_to_bfloat16(float value) {
+GRADSYNC_HD inline uint16_t float_to_bfloat16(float value) {
   const uint32_t bits = std::bit_cast<uint32_t>(value);
   // bfloat16 is the top half of a float, so rounding the low 16 bits to nearest even covers
   // normals, subnormals and overflow to infinity alike (the carry walks into the exponent).
@@ -99,7 +101,7 @@ inline uint16_t float_to_bfloat16(float value) {
   return static_cast<uint16_t>(is_nan ? quiet_nan : rounded);
 }
 
-inline float bfloat16_to_float(uint16_t value) {
+GRADSYNC_HD inline float bfloat16_to_float(uint16_t value) {
   const uint32_t bits = static_cast<uint32_t>(value) << 16;
   const bool is_nan = (value & 0x7fffu) > 0x7f80u;
   return std::bit_cast<float>(is_nan ? bits | 0x00400000u : bits);

@@ -10,6 +10,7 @@
 
 #include "daemon/reduce/kernel.h"
 #include "shared/half.h"
+#include "shared/hd.h"
 
 namespace gradsync::reduce {
 
@@ -19,32 +20,32 @@ template <typename T>
 struct SameCodec {
   using Storage = T;
   using Acc = T;
-  static Acc load(Storage value) { return value; }
-  static Storage store(Acc value) { return value; }
+  GRADSYNC_HD static Acc load(Storage value) { return value; }
+  GRADSYNC_HD static Storage store(Acc value) { return value; }
 };
 
 struct Float16Codec {
   using Storage = uint16_t;
   using Acc = float;
-  static Acc load(Storage value) { return half_to_float(value); }
-  static Storage store(Acc value) { return float_to_half(value); }
+  GRADSYNC_HD static Acc load(Storage value) { return half_to_float(value); }
+  GRADSYNC_HD static Storage store(Acc value) { return float_to_half(value); }
 };
 
 struct BFloat16Codec {
   using Storage = uint16_t;
   using Acc = float;
-  static Acc load(Storage value) { return bfloat16_to_float(value); }
-  static Storage store(Acc value) { return float_to_bfloat16(value); }
+  GRADSYNC_HD static Acc load(Storage value) { return bfloat16_to_float(value); }
+  GRADSYNC_HD static Storage store(Acc value) { return float_to_bfloat16(value); }
 };
 
 template <typename T>
-T wrapping_add(T a, T b) {
+GRADSYNC_HD T wrapping_add(T a, T b) {
   using U = std::make_unsigned_t<T>;
   return static_cast<T>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
 }
 
 template <Combine kCombine, typename Acc>
-Acc combine(Acc acc, Acc value) {
+GRADSYNC_HD Acc combine(Acc acc, Acc value) {
   if constexpr (kCombine == Combine::kSum) {
     if constexpr (std::is_integral_v<Acc>) {
       return wrapping_add(acc, value);

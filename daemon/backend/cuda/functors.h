@@ -1,0 +1,255 @@
+// The arithmetic of the CUDA backend's per-bucket kernels, as functors that run on the host too
+// (GRADSYNC_HD), so host unit tests check the code the GPU runs against the host kernels
+// (reduce/kernel.h, backend/host/staged.h), bit for bit.
+//
+// A bucket on one GPU is a list of segments: one per tensor, with the tensor's address in every
+// same-GPU client (in local rank order) and its place in the bucket buffer. The launch is
+// batched: the segments are cut into work items of at most kItemElements elements, once, when
+// the set is registered, and one launch covers every item of the bucket (any number of
+// tensors). Each block takes items in a grid-stride loop; the threads of a block stride over
+// the item's elements.
+//
+//   GatherItem:  acc[offset + i] = combine over clients, in rank order, of load(src[c][i]),
+//                prescaled (avg, divide before) and, on the narrow half path, rounded after
+//                every step; acc holds the accumulation type (float32 for the half types).
+//                This is backend/host/staged.h's accumulate(), element for element.
+//   ScatterItem: dst[c][i] = store(acc[offset + i]), post-divided first for avg, divide after:
+//                staged.h's finish().
+// Gather then scatter on one GPU equals reduce/kernel.h's reduce() bit for bit, which is what
+// makes clients sharing a GPU agree with the host path.
+//
+// Vector access: an item whose addresses are all 16-byte aligned moves its storage-type
+// elements 16 bytes at a time; any other item goes element by element. Results do not depend
+// on which path ran.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "daemon/reduce/combine.h"
+#include "daemon/reduce/kernel.h"
+#include "shared/hd.h"
+
+namespace gradsync::cuda {
+
+// Elements per work item: big enough to amortize a block's start, small enough that a bucket
+// of a few MiB still spreads over every SM.
+inline constexpr uint64_t kItemElements = 8192;
+
+// The most clients of one job that may share one GPU (the pointer table's width).
+inline constexpr uint32_t kMaxClientsPerDevice = 16;
+
+struct WorkItem {
+  uint32_t segment = 0;
+  uint64_t first = 0;  // element offset within the segment
+  uint64_t count = 0;
+};
+
+// One tensor of a bucket on one GPU.
+struct Segment {
+  uint64_t bucket_offset = 0;  // elements into the bucket buffer (accumulation type)
+  uint64_t count = 0;
+  // Its address in each same-GPU client that takes part, rank order; `clients` of them.
+  void* address[kMaxClientsPerDevice] = {};
+};
+
+// What one launch needs, all in memory the kernel can read (device memory on the GPU, host
+// memory in tests).
+struct BucketTable {
+  const Segment* segments = nullptr;
+  const WorkItem* items = nullptr;
+  uint64_t item_count = 0;
+  uint32_t clients = 0;  // gather: inputs combined; scatter: outputs written
+  void* acc = nullptr;   // the bucket buffer, accumulation type
+};
+
+template <typename Codec, reduce::Combine kCombine, reduce::Scale kScale, bool kRoundEach>
+struct Arithmetic {
+  using Storage = typename Codec::Storage;
+  using Acc = typename Codec::Acc;
+
+  GRADSYNC_HD static Acc round(Acc v) {
+    if constexpr (kRoundEach) {
+      return Codec::load(Codec::store(v));
+    } else {
+      return v;
+    }
+  }
+  GRADSYNC_HD static Acc prescale(Acc v, Acc divisor) {
+    if constexpr (kScale == reduce::Scale::kBefore) {
+      return round(v / divisor);
+    } else {
+      return v;
+    }
+  }
+  GRADSYNC_HD static Acc postscale(Acc v, Acc divisor) {
+    if constexpr (kScale == reduce::Scale::kAfter) {
+      return round(v / divisor);
+    } else {
+      return v;
+    }
+  }
+};
+
+namespace detail {
+
+inline constexpr size_t kVectorBytes = 16;
+
+GRADSYNC_HD inline bool aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % kVectorBytes == 0; }
+
+// 16 bytes, as one vector load or store on the device.
+struct alignas(16) Vector {
+  unsigned char bytes[kVectorBytes];
+};
+
+template <typename T>
+GRADSYNC_HD inline void load_vector(const T* from, T (&to)[kVectorBytes / sizeof(T)]) {
+  const Vector v = *reinterpret_cast<const Vector*>(from);
+  memcpy(to, v.bytes, kVectorBytes);
+}
+
+template <typename T>
+GRADSYNC_HD inline void store_vector(T* to, const T (&from)[kVectorBytes / sizeof(T)]) {
+  Vector v;
+  memcpy(v.bytes, from, kVectorBytes);
+  *reinterpret_cast<Vector*>(to) = v;
+}
+
+}  // namespace detail
+
+// Runs the elements [lane, lane + lanes, ...) of work item `item`: a block's thread `lane` of
+// `lanes`, or lane 0 of 1 on the host.
+template <typename Codec, reduce::Combine kCombine, reduce::Scale kScale, bool kRoundEach>
+struct GatherItem {
+  using A = Arithmetic<Codec, kCombine, kScale, kRoundEach>;
+  using Storage = typename A::Storage;
+  using Acc = typename A::Acc;
+  static constexpr uint32_t kWidth = detail::kVectorBytes / sizeof(Storage);
+
+  GRADSYNC_HD void operator()(const BucketTable& t, uint64_t item, uint32_t lane, uint32_t lanes) const {
+    const WorkItem w = t.items[item];
+    const Segment& s = t.segments[w.segment];
+    Acc* acc = static_cast<Acc*>(t.acc) + s.bucket_offset + w.first;
+    bool vector = detail::aligned(acc) && sizeof(Acc) * kWidth % detail::kVectorBytes == 0;
+    for (uint32_t c = 0; c < t.clients; ++c) vector = vector && detail::aligned(source(s, c, w));
+    uint64_t i = 0;
+    if (vector) {
+      const uint64_t vectors = w.count / kWidth;
+      for (uint64_t v = lane; v < vectors; v += lanes) gather_vector(t, s, w, acc, v * kWidth);
+      i = vectors * kWidth;
+    }
+    for (uint64_t k = i + lane; k < w.count; k += lanes) gather_one(t, s, w, acc, k);
+  }
+
+  Acc divisor;
+
+ private:
+  GRADSYNC_HD static const Storage* source(const Segment& s, uint32_t c, const WorkItem& w) {
+    return static_cast<const Storage*>(s.address[c]) + w.first;
+  }
+
+  GRADSYNC_HD void gather_one(const BucketTable& t, const Segment& s, const WorkItem& w, Acc* acc, uint64_t k) const {
+    Acc result = A::prescale(Codec::load(source(s, 0, w)[k]), divisor);
+    for (uint32_t c = 1; c < t.clients; ++c) {
+      result = A::round(reduce::combine<kCombine>(result, A::prescale(Codec::load(source(s, c, w)[k]), divisor)));
+    }
+    acc[k] = result;
+  }
+
+  GRADSYNC_HD void gather_vector(const BucketTable& t, const Segment& s, const WorkItem& w, Acc* acc,
+                                 uint64_t k) const {
+    Storage in[kWidth];
+    Acc result[kWidth];
+    detail::load_vector(source(s, 0, w) + k, in);
+    for (uint32_t e = 0; e < kWidth; ++e) result[e] = A::prescale(Codec::load(in[e]), divisor);
+    for (uint32_t c = 1; c < t.clients; ++c) {
+      detail::load_vector(source(s, c, w) + k, in);
+      for (uint32_t e = 0; e < kWidth; ++e) {
+        result[e] = A::round(reduce::combine<kCombine>(result[e], A::prescale(Codec::load(in[e]), divisor)));
+      }
+    }
+    for (uint32_t e = 0; e < kWidth; ++e) acc[k + e] = result[e];
+  }
+};
+
+template <typename Codec, reduce::Scale kScale, bool kRoundEach>
+struct ScatterItem {
+  using A = Arithmetic<Codec, reduce::Combine::kSum, kScale, kRoundEach>;
+  using Storage = typename A::Storage;
+  using Acc = typename A::Acc;
+  static constexpr uint32_t kWidth = detail::kVectorBytes / sizeof(Storage);
+
+  GRADSYNC_HD void operator()(const BucketTable& t, uint64_t item, uint32_t lane, uint32_t lanes) const {
+    const WorkItem w = t.items[item];
+    const Segment& s = t.segments[w.segment];
+    const Acc* acc = static_cast<const Acc*>(t.acc) + s.bucket_offset + w.first;
+    bool vector = detail::aligned(acc) && sizeof(Acc) * kWidth % detail::kVectorBytes == 0;
+    for (uint32_t c = 0; c < t.clients; ++c) vector = vector && detail::aligned(target(s, c, w));
+    uint64_t i = 0;
+    if (vector) {
+      const uint64_t vectors = w.count / kWidth;
+      for (uint64_t v = lane; v < vectors; v += lanes) {
+        Storage out[kWidth];
+        for (uint32_t e = 0; e < kWidth; ++e) out[e] = Codec::store(A::postscale(acc[v * kWidth + e], divisor));
+        for (uint32_t c = 0; c < t.clients; ++c) detail::store_vector(target(s, c, w) + v * kWidth, out);
+      }
+      i = vectors * kWidth;
+    }
+    for (uint64_t k = i + lane; k < w.count; k += lanes) {
+      const Storage out = Codec::store(A::postscale(acc[k], divisor));
+      for (uint32_t c = 0; c < t.clients; ++c) target(s, c, w)[k] = out;
+    }
+  }
+
+  Acc divisor;
+
+ private:
+  GRADSYNC_HD static Storage* target(const Segment& s, uint32_t c, const WorkItem& w) {
+    return static_cast<Storage*>(s.address[c]) + w.first;
+  }
+};
+
+// Calls body.template operator()<Codec, Combine, Scale, RoundEach>() for the combination that
+// `args` selects, and returns what it returns, so every caller (the kernels' launchers, the
+// host tests) dispatches the same way. `args` must have passed validate_kernel_args (integers
+// never scale).
+template <typename Body>
+decltype(auto) dispatch(const reduce::KernelArgs& args, Body&& body) {
+  using reduce::Combine;
+  using reduce::Scale;
+  auto by_scale = [&](auto codec, auto combine, auto round) {
+    using Codec = decltype(codec);
+    constexpr Combine kCombine = decltype(combine)::value;
+    constexpr bool kRound = decltype(round)::value;
+    switch (args.scale) {
+      case Scale::kNone: return body.template operator()<Codec, kCombine, Scale::kNone, kRound>();
+      case Scale::kBefore: return body.template operator()<Codec, kCombine, Scale::kBefore, kRound>();
+      default: return body.template operator()<Codec, kCombine, Scale::kAfter, kRound>();
+    }
+  };
+  auto by_combine = [&](auto codec, auto round) {
+    switch (args.combine) {
+      case Combine::kSum: return by_scale(codec, std::integral_constant<Combine, Combine::kSum>{}, round);
+      case Combine::kMin: return by_scale(codec, std::integral_constant<Combine, Combine::kMin>{}, round);
+      default: return by_scale(codec, std::integral_constant<Combine, Combine::kMax>{}, round);
+    }
+  };
+  const bool round = !args.wide_accumulate;
+  switch (args.dtype) {
+    case DType::kFloat32: return by_combine(reduce::SameCodec<float>{}, std::false_type{});
+    case DType::kFloat64: return by_combine(reduce::SameCodec<double>{}, std::false_type{});
+    case DType::kFloat16:
+      return round ? by_combine(reduce::Float16Codec{}, std::true_type{})
+                   : by_combine(reduce::Float16Codec{}, std::false_type{});
+    case DType::kBFloat16:
+      return round ? by_combine(reduce::BFloat16Codec{}, std::true_type{})
+                   : by_combine(reduce::BFloat16Codec{}, std::false_type{});
+    case DType::kInt32: return by_combine(reduce::SameCodec<int32_t>{}, std::false_type{});
+    case DType::kInt64: return by_combine(reduce::SameCodec<int64_t>{}, std::false_type{});
+    default: return by_combine(reduce::SameCodec<uint8_t>{}, std::false_type{});  // kUInt8
+  }
+}
+
+}  // namespace gradsync::cuda

@@ -1,0 +1,58 @@
+#include "daemon/backend/cuda/kernels.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <string>
+
+namespace gradsync::cuda {
+namespace {
+
+constexpr unsigned kThreadsPerBlock = 256;
+// Enough blocks to fill an H200 (132 SMs) several times over; more items than that are taken
+// in the grid-stride loop.
+constexpr uint64_t kMaxBlocks = 2048;
+
+// Thin: the functor does the work, so the host tests check exactly what runs here.
+template <typename Functor>
+__global__ void __launch_bounds__(kThreadsPerBlock) run_items(Functor functor, BucketTable table) {
+  for (uint64_t item = blockIdx.x; item < table.item_count; item += gridDim.x) {
+    functor(table, item, threadIdx.x, blockDim.x);
+  }
+}
+
+template <typename Functor>
+Status launch(const char* what, const Functor& functor, const BucketTable& table, void* stream) {
+  if (table.item_count == 0) return Status();
+  const unsigned blocks = static_cast<unsigned>(std::min(table.item_count, kMaxBlocks));
+  run_items<<<blocks, kThreadsPerBlock, 0, static_cast<cudaStream_t>(stream)>>>(functor, table);
+  if (const cudaError_t error = cudaGetLastError(); error != cudaSuccess) {
+    return Status::internal(std::string("launching the ") + what + " kernel failed: " + cudaGetErrorString(error));
+  }
+  return Status();
+}
+
+template <typename Codec, reduce::Scale kScale>
+typename Codec::Acc divisor_of(const reduce::KernelArgs& args) {
+  using Acc = typename Codec::Acc;
+  return kScale == reduce::Scale::kNone ? Acc{1} : static_cast<Acc>(args.divisor);
+}
+
+}  // namespace
+
+Status launch_gather(const reduce::KernelArgs& args, const BucketTable& table, void* stream) {
+  return dispatch(args, [&]<typename Codec, reduce::Combine kCombine, reduce::Scale kScale, bool kRound>() {
+    return launch("gather", GatherItem<Codec, kCombine, kScale, kRound>{divisor_of<Codec, kScale>(args)}, table,
+                  stream);
+  });
+}
+
+Status launch_scatter(const reduce::KernelArgs& args, const BucketTable& table, void* stream) {
+  return dispatch(args, [&]<typename Codec, reduce::Combine kCombine, reduce::Scale kScale, bool kRound>() {
+    // Only a sum is scaled after combining; min and max results are stored as they are.
+    constexpr reduce::Scale kAfter = kCombine == reduce::Combine::kSum ? kScale : reduce::Scale::kNone;
+    return launch("scatter", ScatterItem<Codec, kAfter, kRound>{divisor_of<Codec, kAfter>(args)}, table, stream);
+  });
+}
+
+}  // namespace gradsync::cuda
