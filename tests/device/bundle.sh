@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Builds the bundle a lent GPU machine runs (tests/device/run.sh): the GPU test and benchmark
+# binaries, stripped of debug info, plus every shared library they need that such a machine
+# lacks (it has CUDA 13, Python 3.12 with PyTorch and nvidia-nccl-cu13, but none of our Debian
+# packages). The CUDA driver (libcuda) and NCCL are left out: run.sh takes them from the machine.
+# The bundle must stay within the device tool's 64 MiB.
+#
+#   tests/device/bundle.sh BUILD_DIR OUT_DIR     e.g. tests/device/bundle.sh build device-bundle
+set -euo pipefail
+
+build=${1:?usage: bundle.sh BUILD_DIR OUT_DIR}
+out=${2:?usage: bundle.sh BUILD_DIR OUT_DIR}
+here=$(cd "$(dirname "$0")" && pwd)
+limit=$((64 * 1024 * 1024))
+binaries=(gradsync_gpu_tests gradsync-gpu-bench gradsyncd)
+# On every Linux machine, or provided by the GPU machine itself.
+system='^(linux-vdso|libc\.so|libm\.so|libpthread\.so|libdl\.so|librt\.so|ld-linux|libgcc_s\.so|libcuda\.so|libnccl\.so)'
+
+for b in "${binaries[@]}"; do
+  if [[ ! -x "$build/bin/$b" ]]; then
+    echo "bundle.sh: $build/bin/$b is missing: build with the CUDA backend first (GRADSYNC_CUDA=ON)" >&2
+    exit 1
+  fi
+done
+
+rm -rf "$out"
+mkdir -p "$out/bin" "$out/lib"
+for b in "${binaries[@]}"; do
+  objcopy --strip-debug "$build/bin/$b" "$out/bin/$b"
+  ldd "$build/bin/$b" | awk '/=> \// {print $1, $3}' | while read -r name path; do
+    if [[ "$name" =~ $system ]]; then continue; fi
+    [[ -e "$out/lib/$name" ]] || objcopy --strip-debug "$path" "$out/lib/$name"
+  done
+done
+cp "$here/run.sh" "$here/torch_flatten.py" "$out/"
+
+# Everything resolves from the bundle, except what the GPU machine provides.
+missing=0
+for b in "${binaries[@]}"; do
+  while read -r line; do
+    echo "bundle.sh: $b needs $line, which is neither in the bundle nor provided by the GPU machine" >&2
+    missing=1
+  done < <(LD_LIBRARY_PATH="$out/lib" ldd "$out/bin/$b" | awk '/=> \// {print $1, $3}' |
+           grep -Ev "$system" | grep -v " $out/lib/" || true)
+done
+size=$(du -sb "$out" | cut -f1)
+echo "bundle: $out, $((size / 1024 / 1024)) MiB of at most 64 MiB"
+ls -l "$out/bin" "$out/lib" | awk 'NF > 5 {print "  " $NF, $5}'
+if (( size > limit )); then
+  echo "bundle.sh: the bundle is $size bytes, over the device tool's limit of $limit" >&2
+  exit 1
+fi
+exit "$missing"

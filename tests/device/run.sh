@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The device check: what a session lent a GPU machine runs, in one call, within 8 minutes.
+# Runs the GPU tests, then the benchmarks, and prints a table with the peer and the floor of
+# each measurement from the same run. Uses the machine's CUDA driver and the NCCL of its
+# nvidia-nccl-cu13 Python package.
+#
+#   bash tests/device/run.sh BUNDLE            on the GPU machine (BUNDLE from bundle.sh)
+#   bash tests/device/run.sh BUNDLE --dry-run  anywhere: checks the bundle, runs nothing on a GPU
+set -uo pipefail
+
+bundle=${1:?usage: run.sh BUNDLE [--dry-run]}
+mode=${2:-}
+bundle=$(cd "$bundle" && pwd)
+fail=0
+note() { echo "run.sh: $*"; }
+
+for f in bin/gradsync_gpu_tests bin/gradsync-gpu-bench bin/gradsyncd run.sh torch_flatten.py; do
+  [[ -e "$bundle/$f" ]] || { note "the bundle lacks $f"; exit 1; }
+done
+if [[ "$mode" == "--dry-run" ]]; then
+  "$bundle/bin/gradsync-gpu-bench" --print-layout | wc -l | grep -qx 161 || { note "the layout is not ResNet-50's"; exit 1; }
+  python3 -c "import ast, sys; ast.parse(open(sys.argv[1]).read())" "$bundle/torch_flatten.py" || exit 1
+  note "dry run ok: bundle complete, benchmark layout has 161 tensors"
+  exit 0
+fi
+
+nccl=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null || true)
+export LD_LIBRARY_PATH="$bundle/lib${nccl:+:$nccl}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || note "nvidia-smi failed"
+note "NCCL from ${nccl:-nowhere (not found)}"
+
+echo "== GPU tests"
+timeout 300 "$bundle/bin/gradsync_gpu_tests" --durations yes 2>&1 | tail -40
+status=${PIPESTATUS[0]}
+[[ $status -eq 0 ]] || { note "GPU tests exited $status"; fail=1; }
+
+echo "== benchmarks"
+kernels=$(timeout 120 "$bundle/bin/gradsync-gpu-bench" --iterations 50 2>&1) || { note "gradsync-gpu-bench failed"; fail=1; }
+echo "$kernels"
+torch=$("$bundle/bin/gradsync-gpu-bench" --print-layout | timeout 120 python3 "$bundle/torch_flatten.py" 50 2>&1) ||
+  { note "torch_flatten.py failed"; fail=1; }
+echo "$torch"
+
+value() { sed -n "s/.*$1=\([0-9.]*\).*/\1/p" <<<"$2" | head -1; }
+k=$(value kernels_ms "$kernels"); c=$(value copy_ms "$kernels"); t=$(value median_ms "$torch")
+ratio() { [[ -n "$1" && -n "$2" ]] && python3 -c "print(f'{$1 / $2:.2f}x')" || echo missing; }
+echo
+echo "| measurement | gradsync | floor (same run) | gradsync / floor | peer (same run) | peer / gradsync |"
+echo "|---|---|---|---|---|---|"
+echo "| (a) ResNet-50 161 tensors, gather + scatter | ${k:-missing} ms | 2 x D2D copy: ${c:-missing} ms | $(ratio "$k" "$c") (target <= 1.25x, i.e. >= 80% of copy bandwidth) | torch flatten+unflatten+copy: ${t:-missing} ms | $(ratio "$t" "$k") (target >= 1.5x) |"
+echo "| (b) daemon + 2 clients, 2 x 100 MiB and 4 KiB | missing: the CUDA executor is not built yet | | | | |"
+echo "| (c) separate-context cost, with and without MPS | missing: needs the CUDA executor | | | | |"
+echo "| (d) cuMem import, legacy IPC open, NCCL init, re-join | missing: needs the CUDA memory kinds and the NCCL engine | | | | |"
+exit $fail

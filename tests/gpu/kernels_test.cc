@@ -1,0 +1,104 @@
+// The gather and scatter kernels on the device against the host reduction: the same cases as
+// the host functor tests (tests/unit/cuda_functors_test.cc), now through real launches, so a
+// difference between what nvcc and the host compiler make of the functors shows here.
+#include <catch2/catch.hpp>
+#include <cuda_runtime.h>
+
+#include <random>
+#include <vector>
+
+#include "daemon/backend/cuda/kernels.h"
+#include "daemon/backend/cuda/work_items.h"
+#include "daemon/backend/host/staged.h"
+#include "tests/unit/reduce_cases.h"
+
+namespace gradsync::cuda {
+namespace {
+
+using reduce::KernelArgs;
+using reduce::cases::Bytes;
+
+constexpr uint64_t kSizes[] = {64, kItemElements, 2 * kItemElements + 3, 1, 7, 33, kItemElements + 5, 1 << 20};
+
+#define CUDA_OK(call) REQUIRE((call) == cudaSuccess)
+
+// Device memory freed when the test leaves the scope.
+struct DeviceBuffer {
+  explicit DeviceBuffer(size_t bytes) { CUDA_OK(cudaMalloc(&data, bytes)); }
+  ~DeviceBuffer() { cudaFree(data); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  std::byte* data = nullptr;
+};
+
+std::string run_case(const KernelArgs& args, uint32_t clients, size_t skew, std::mt19937_64& rng) {
+  const size_t element = dtype_size(args.dtype);
+  const size_t acc_element = dtype_size(reduce::accumulation_dtype(args.dtype));
+  std::vector<size_t> offset;
+  size_t at = 0;
+  for (uint64_t size : kSizes) {
+    at = (at + 255) / 256 * 256 + skew;
+    offset.push_back(at);
+    at += size * element;
+  }
+  const size_t client_bytes = at + 256;
+  std::vector<Bytes> host(clients, Bytes(client_bytes));
+  for (Bytes& b : host) reduce::cases::fill_random(args.dtype, b, client_bytes / element, reduce::cases::Nans::kExcluded, rng);
+  std::vector<std::unique_ptr<DeviceBuffer>> device;
+  for (const Bytes& b : host) {
+    device.push_back(std::make_unique<DeviceBuffer>(client_bytes));
+    CUDA_OK(cudaMemcpy(device.back()->data, b.data(), client_bytes, cudaMemcpyHostToDevice));
+  }
+  std::vector<Segment> segments;
+  uint64_t total = 0;
+  for (size_t t = 0; t < std::size(kSizes); ++t) {
+    Segment s;
+    s.bucket_offset = total;
+    s.count = kSizes[t];
+    for (uint32_t c = 0; c < clients; ++c) s.address[c] = device[c]->data + offset[t];
+    segments.push_back(s);
+    total += kSizes[t];
+  }
+  const std::vector<WorkItem> items = cut_into_items(segments);
+  DeviceBuffer acc(total * acc_element), table_segments(segments.size() * sizeof(Segment)),
+      table_items(items.size() * sizeof(WorkItem));
+  CUDA_OK(cudaMemcpy(table_segments.data, segments.data(), segments.size() * sizeof(Segment), cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(table_items.data, items.data(), items.size() * sizeof(WorkItem), cudaMemcpyHostToDevice));
+  const BucketTable table{reinterpret_cast<const Segment*>(table_segments.data),
+                          reinterpret_cast<const WorkItem*>(table_items.data), items.size(), clients, acc.data};
+  REQUIRE(launch_gather(args, table, nullptr).ok());
+  REQUIRE(launch_scatter(args, table, nullptr).ok());
+  CUDA_OK(cudaDeviceSynchronize());
+  for (size_t t = 0; t < std::size(kSizes); ++t) {
+    std::vector<const void*> inputs;
+    for (uint32_t c = 0; c < clients; ++c) inputs.push_back(host[c].data() + offset[t]);
+    Bytes want(kSizes[t] * element);
+    void* const out = want.data();
+    reduce::reduce(args, inputs, std::span<void* const>(&out, 1), kSizes[t]);
+    for (uint32_t c = 0; c < clients; ++c) {
+      Bytes got(kSizes[t] * element);
+      CUDA_OK(cudaMemcpy(got.data(), device[c]->data + offset[t], got.size(), cudaMemcpyDeviceToHost));
+      const std::string difference = reduce::cases::first_difference(got, want, element);
+      if (!difference.empty()) return "client " + std::to_string(c) + " tensor " + std::to_string(t) + ": " + difference;
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("gpu: gather and scatter kernels equal reduce(), bit for bit", "[gpu][kernels]") {
+  std::mt19937_64 rng(20261201);
+  for (DType dtype : reduce::cases::kAllDTypes) {
+    for (const KernelArgs& args : reduce::cases::valid_args(dtype)) {
+      for (uint32_t clients = 1; clients <= 3; ++clients) {
+        for (size_t skew : {size_t{0}, dtype_size(dtype)}) {
+          INFO(reduce::cases::describe(args) << ", " << clients << " clients, skew " << skew);
+          CHECK(run_case(args, clients, skew, rng) == "");
+        }
+      }
+    }
+  }
+}
+
+}  // namespace gradsync::cuda
