@@ -2,27 +2,69 @@
 
 #include "daemon/backend/host/executor.h"
 #include "daemon/backend/host/memory.h"
+#if GRADSYNC_HAVE_CUDA
+#include "daemon/backend/cuda/device.h"
+#endif
 
 namespace gradsync {
 namespace {
 
+constexpr size_t kDeviceUuidBytes = 16;
+constexpr size_t kIpcHandleBytes = 64;
+
+// What a Segment of a CUDA kind must hold, whatever this daemon can do with it: checked first, so
+// a malformed request gets the same answer on every daemon.
+Status check_device_import(const MemoryImport& what) {
+  const std::string kind(memory_kind_name(what.kind));
+  if (what.bytes == 0) return Status::invalid_argument("a segment must not have zero bytes");
+  if (what.device_uuid.size() != kDeviceUuidBytes) {
+    return Status::invalid_argument(kind + " segment: device_uuid must be the GPU's " +
+                                    std::to_string(kDeviceUuidBytes) + "-byte UUID, got " +
+                                    std::to_string(what.device_uuid.size()) + " bytes");
+  }
+  if (what.kind == MemoryKind::kCudaLegacyIpc && what.ipc_handle.size() != kIpcHandleBytes) {
+    return Status::invalid_argument(kind + " segment: ipc_handle must be a " + std::to_string(kIpcHandleBytes) +
+                                    "-byte cudaIpcMemHandle_t, got " + std::to_string(what.ipc_handle.size()) +
+                                    " bytes");
+  }
+  return Status();
+}
+
 class Backends final : public BackendFactory {
  public:
-  Status import_memory(MemoryKind kind, UniqueFd fd, uint64_t bytes, std::shared_ptr<MemoryRegion>* out) override {
-    switch (kind) {
-      case MemoryKind::kHostMemfd: return host::HostMemoryRegion::import(std::move(fd), bytes, out);
+  // `device_problem`: why device memory cannot be served here, empty when it can.
+  explicit Backends(std::string device_problem) : device_problem_(std::move(device_problem)) {}
+
+  Status import_memory(MemoryImport what, std::shared_ptr<MemoryRegion>* out) override {
+    switch (what.kind) {
+      case MemoryKind::kHostMemfd: return host::HostMemoryRegion::import(std::move(what.fd), what.bytes, out);
+      case MemoryKind::kCudaVmm:
+      case MemoryKind::kCudaLegacyIpc: {
+        if (Status status = check_device_import(what); !status.ok()) return status;
+        if (!device_problem_.empty()) {
+          return Status::not_supported(std::string(memory_kind_name(what.kind)) + " memory: " + device_problem_ +
+                                       "; this gradsyncd serves host memory only");
+        }
+        return Status::not_supported(std::string(memory_kind_name(what.kind)) +
+                                     " memory: importing device memory is not implemented yet");
+      }
     }
-    return Status::invalid_argument("unknown memory kind " + std::to_string(static_cast<uint32_t>(kind)) +
-                                    " (this daemon takes host memfds)");
+    return Status::invalid_argument("unknown memory kind " + std::to_string(static_cast<uint32_t>(what.kind)) +
+                                    " (known: 1 host memfd, 2 CUDA VMM, 3 CUDA legacy IPC)");
   }
 
   Status make_executor(MemoryKind kind, ThreadPool* pool, const Logger& log,
                        std::unique_ptr<BucketExecutor>* out) override {
     switch (kind) {
       case MemoryKind::kHostMemfd: *out = std::make_unique<host::HostExecutor>(pool, log); return Status();
+      case MemoryKind::kCudaVmm:
+      case MemoryKind::kCudaLegacyIpc: break;
     }
-    return Status::invalid_argument("no executor for memory kind " + std::to_string(static_cast<uint32_t>(kind)));
+    return Status::not_supported("no executor for " + std::string(memory_kind_name(kind)) + " memory");
   }
+
+ private:
+  const std::string device_problem_;
 };
 
 }  // namespace
@@ -30,10 +72,26 @@ class Backends final : public BackendFactory {
 std::string_view memory_kind_name(MemoryKind kind) {
   switch (kind) {
     case MemoryKind::kHostMemfd: return "host memfd";
+    case MemoryKind::kCudaVmm: return "CUDA VMM";
+    case MemoryKind::kCudaLegacyIpc: return "CUDA legacy IPC";
   }
   return "unknown";
 }
 
-std::unique_ptr<BackendFactory> make_backend_factory() { return std::make_unique<Backends>(); }
+std::unique_ptr<BackendFactory> make_backend_factory(const Logger& log) {
+#if GRADSYNC_HAVE_CUDA
+  std::string summary;
+  const Status probe = cuda::probe_devices(&summary);
+  if (probe.ok()) {
+    log.info("CUDA: " + summary);
+    return std::make_unique<Backends>("");
+  }
+  log.info("CUDA: no usable GPU (" + probe.message() + "); serving host memory only");
+  return std::make_unique<Backends>("no usable GPU here (" + probe.message() + ")");
+#else
+  log.info("CUDA: built without the CUDA backend (GRADSYNC_CUDA=OFF or no nvcc/NCCL at build time); serving host memory only");
+  return std::make_unique<Backends>("this gradsyncd was built without the CUDA backend");
+#endif
+}
 
 }  // namespace gradsync

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "daemon/backend/executor.h"
 #include "daemon/backend/memory.h"
@@ -16,13 +17,23 @@
 
 namespace gradsync {
 
+// A buffer as a client announced it (control.proto's SegmentRequest).
+struct MemoryImport {
+  MemoryKind kind = MemoryKind::kHostMemfd;
+  uint64_t bytes = 0;
+  UniqueFd fd;              // host memfd and CUDA VMM
+  std::string device_uuid;  // CUDA kinds: 16 bytes
+  std::string ipc_handle;   // CUDA legacy IPC: 64 bytes
+  uint64_t ipc_offset = 0;  // CUDA legacy IPC
+};
+
 class BackendFactory {
  public:
   virtual ~BackendFactory() = default;
 
-  // Checks and maps a buffer a client passed as `fd`, announced as `bytes` of `kind`. The
-  // error names what is wrong (unknown kind, not a memfd, missing seals, wrong size).
-  virtual Status import_memory(MemoryKind kind, UniqueFd fd, uint64_t bytes, std::shared_ptr<MemoryRegion>* out) = 0;
+  // Checks and maps a buffer a client passed. The error names what is wrong (unknown kind, not
+  // a memfd, missing seals, wrong size, device memory on a daemon without a usable GPU).
+  virtual Status import_memory(MemoryImport what, std::shared_ptr<MemoryRegion>* out) = 0;
 
   // An executor for buckets of sets whose memory is of `kind`, for one job. `pool` is the
   // daemon's reduction pool (host work) and outlives the executor; `log` names the job.
@@ -30,6 +41,8 @@ class BackendFactory {
                                std::unique_ptr<BucketExecutor>* out) = 0;
 };
 
-std::unique_ptr<BackendFactory> make_backend_factory();
+// Probes the CUDA driver once (when built with the CUDA backend) and logs what it found: device
+// memory is served only when a driver and a device are there; host memory always is.
+std::unique_ptr<BackendFactory> make_backend_factory(const Logger& log);
 
 }  // namespace gradsync

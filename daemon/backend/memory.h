@@ -10,9 +10,14 @@
 
 namespace gradsync {
 
-enum class MemoryKind : uint32_t {
-  kHostMemfd = 1,  // values match control.proto's MemoryKind
+enum class MemoryKind : uint32_t {  // values match control.proto's MemoryKind
+  kHostMemfd = 1,
+  kCudaVmm = 2,
+  kCudaLegacyIpc = 3,
 };
+
+// Whether a Segment of this kind carries a descriptor (the legacy IPC kind travels as a handle).
+inline bool memory_kind_takes_fd(MemoryKind kind) { return kind != MemoryKind::kCudaLegacyIpc; }
 
 std::string_view memory_kind_name(MemoryKind kind);
 

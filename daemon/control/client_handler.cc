@@ -106,14 +106,19 @@ void ClientHandler::handle(const control::Request& request, std::vector<UniqueFd
   reply.set_id(request.id());
   std::vector<UniqueFd> reply_fds;
   Status status;
-  const bool takes_fd = request.body_case() == control::Request::kSegment;
+  // A Segment carries its buffer's descriptor, except device memory passed as a legacy IPC handle.
+  const bool takes_fd = request.body_case() == control::Request::kSegment &&
+                        memory_kind_takes_fd(static_cast<MemoryKind>(request.segment().kind()));
   if (!greeted_ && request.body_case() != control::Request::kHello) {
     status = Status::protocol("the first request must be Hello");
   } else if (fds.size() != (takes_fd ? 1u : 0u)) {
     status = Status::invalid_argument(takes_fd ? "a Segment request carries exactly one file descriptor, got " +
                                                      std::to_string(fds.size())
                                                : "this request carries no file descriptors, got " +
-                                                     std::to_string(fds.size()));
+                                                     std::to_string(fds.size()) +
+                                                     (request.body_case() == control::Request::kSegment
+                                                          ? " (a CUDA legacy IPC segment travels as its handle)"
+                                                          : ""));
   } else {
     switch (request.body_case()) {
       case control::Request::kHello: status = on_hello(request.hello(), &reply); break;
@@ -174,8 +179,14 @@ Status ClientHandler::on_segment(const control::SegmentRequest& request, std::ve
                                       " segments");
   }
   std::shared_ptr<MemoryRegion> region;
-  const auto kind = static_cast<MemoryKind>(request.kind());
-  Status status = options_.backends->import_memory(kind, std::move(fds[0]), request.bytes(), &region);
+  MemoryImport what;
+  what.kind = static_cast<MemoryKind>(request.kind());
+  what.bytes = request.bytes();
+  if (!fds.empty()) what.fd = std::move(fds[0]);
+  what.device_uuid = request.device_uuid();
+  what.ipc_handle = request.ipc_handle();
+  what.ipc_offset = request.ipc_offset();
+  Status status = options_.backends->import_memory(std::move(what), &region);
   if (!status.ok()) return Status(status.code(), "segment: " + status.message(), status.where());
   // The descriptor is closed; the memory lives exactly as long as the two mappings, so a
   // client killed at any later point leaves nothing behind.

@@ -308,6 +308,50 @@ control::Request segment_request(uint64_t bytes) {
   return request;
 }
 
+control::Request device_segment(control::MemoryKind kind, uint64_t bytes, size_t uuid_bytes, size_t handle_bytes) {
+  control::Request request;
+  request.mutable_segment()->set_kind(kind);
+  request.mutable_segment()->set_bytes(bytes);
+  request.mutable_segment()->set_device_uuid(std::string(uuid_bytes, '\x5a'));
+  if (handle_bytes > 0) request.mutable_segment()->set_ipc_handle(std::string(handle_bytes, '\x11'));
+  return request;
+}
+
+TEST_CASE("device memory on a daemon without a usable GPU is refused clearly, and host jobs go on",
+          "[integration][control][device]") {
+  // No machine here (nor CI) has a GPU: whether gradsyncd was built with the CUDA backend or
+  // not, it says why it cannot take device memory.
+  TestDaemon daemon;
+  CHECK_THAT(daemon.log(), Catch::Contains("CUDA: ") && Catch::Contains("serving host memory only"));
+  // (Catch2 v2 composes matchers by reference, so each CHECK_THAT builds its own.)
+  MappedMemfd stand_in = MappedMemfd::create("test", 4096);  // any descriptor: it is refused first
+  const std::string vmm = error_for(daemon, device_segment(control::CUDA_VMM, 2 << 20, 16, 0), {stand_in.fd().get()}, 1);
+  CHECK_THAT(vmm, Catch::StartsWith("segment: CUDA VMM memory: ") && Catch::Contains("host memory only") &&
+                      (Catch::Contains("no usable GPU here") || Catch::Contains("built without the CUDA backend")));
+  const std::string ipc = error_for(daemon, device_segment(control::CUDA_LEGACY_IPC, 4096, 16, 64), {}, 0);
+  CHECK_THAT(ipc, Catch::StartsWith("segment: CUDA legacy IPC memory: ") &&
+                      (Catch::Contains("no usable GPU here") || Catch::Contains("built without the CUDA backend")));
+  check_still_serving(daemon);
+}
+
+TEST_CASE("device segments with malformed fields are refused, naming the field", "[integration][control][device]") {
+  TestDaemon daemon;
+  MappedMemfd stand_in = MappedMemfd::create("test", 4096);
+  CHECK_THAT(error_for(daemon, device_segment(control::CUDA_VMM, 4096, 3, 0), {stand_in.fd().get()}, 1),
+             Catch::Contains("device_uuid must be the GPU's 16-byte UUID, got 3 bytes"));
+  CHECK_THAT(error_for(daemon, device_segment(control::CUDA_LEGACY_IPC, 4096, 16, 10), {}, 0),
+             Catch::Contains("ipc_handle must be a 64-byte cudaIpcMemHandle_t, got 10 bytes"));
+  CHECK_THAT(error_for(daemon, device_segment(control::CUDA_VMM, 0, 16, 0), {stand_in.fd().get()}, 1),
+             Catch::Contains("a segment must not have zero bytes"));
+  // The legacy kind travels as a handle: a descriptor with it is a protocol mistake.
+  CHECK_THAT(error_for(daemon, device_segment(control::CUDA_LEGACY_IPC, 4096, 16, 64), {stand_in.fd().get()}, 1),
+             Catch::Contains("carries no file descriptors, got 1 (a CUDA legacy IPC segment travels as its handle)"));
+  // And the VMM kind needs its descriptor.
+  CHECK_THAT(error_for(daemon, device_segment(control::CUDA_VMM, 4096, 16, 0), {}, 0),
+             Catch::Contains("a Segment request carries exactly one file descriptor, got 0"));
+  check_still_serving(daemon);
+}
+
 TEST_CASE("fds: a descriptor that is not a memfd is refused, naming what it is", "[integration][control][fds]") {
   TestDaemon daemon;
   int pipe_fds[2];

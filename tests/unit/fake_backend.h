@@ -168,7 +168,7 @@ class FakeBackends final : public BackendFactory {
  public:
   explicit FakeBackends(std::shared_ptr<ExecutorLog> log) : log_(std::move(log)) {}
 
-  Status import_memory(MemoryKind, UniqueFd, uint64_t, std::shared_ptr<MemoryRegion>*) override {
+  Status import_memory(MemoryImport, std::shared_ptr<MemoryRegion>*) override {
     return Status::not_supported("fake backends import no memory");
   }
   Status make_executor(MemoryKind, ThreadPool*, const Logger&, std::unique_ptr<BucketExecutor>* out) override {
