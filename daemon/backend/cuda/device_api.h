@@ -1,0 +1,39 @@
+// The CUDA calls the backend's orchestration makes (IPC memory and events, streams), behind an
+// interface: the real one (cuda_api.cc) calls the CUDA runtime, and host tests pass a fake that
+// fails or counts, so the handle cache and the event rings are tested without a GPU.
+// Handles and pointers are opaque here (void*), so this header needs no CUDA headers.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+
+#include "shared/status.h"
+
+namespace gradsync::cuda {
+
+// cudaIpcMemHandle_t and cudaIpcEventHandle_t are both 64 opaque bytes.
+using IpcHandle = std::array<unsigned char, 64>;
+
+class DeviceApi {
+ public:
+  virtual ~DeviceApi() = default;
+
+  // Opens another process's allocation (cudaIpcOpenMemHandle) on `device`; the base address of
+  // the allocation in this process.
+  virtual Status open_ipc_memory(int device, const IpcHandle& handle, void** base) = 0;
+  virtual Status close_ipc_memory(int device, void* base) = 0;
+
+  // Opens another process's interprocess event (cudaIpcOpenEventHandle) on `device`.
+  virtual Status open_ipc_event(int device, const IpcHandle& handle, void** event) = 0;
+  virtual Status destroy_event(int device, void* event) = 0;
+
+  // Enqueues on `stream`: a wait for the event's latest record, or a record of it.
+  virtual Status stream_wait_event(void* stream, void* event) = 0;
+  virtual Status record_event(void* event, void* stream) = 0;
+};
+
+// The CUDA runtime; only in builds with the CUDA backend (the factory makes it).
+std::unique_ptr<DeviceApi> make_cuda_device_api();
+
+}  // namespace gradsync::cuda

@@ -1,0 +1,49 @@
+// One client's interprocess events in one direction (DESIGN.md decision 7): K events the
+// client created with cudaEventInterprocess | cudaEventDisableTiming and exported at
+// registration, opened here once. Operation `seq` uses event seq % K in both directions.
+//   ready: the client records event seq % K on its stream, then pushes the ring entry; the
+//          daemon makes its stream wait on the event only after reading that entry (a wait on
+//          an event never recorded does nothing, so the order of those two steps is the
+//          whole guarantee).
+//   done:  the daemon records event seq % K after the bucket's last kernel; the index travels
+//          in the completion entry and the client's stream waits on it.
+// A client keeps at most K device operations outstanding, so a slot is never re-recorded
+// before the other side has waited on its previous record.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "daemon/backend/cuda/device_api.h"
+
+namespace gradsync::cuda {
+
+inline constexpr uint32_t kEventsPerDirection = 64;
+
+class EventRing {
+ public:
+  // Opens every handle on `device`; on a failure the events opened so far are destroyed and the
+  // error names the slot. `handles` must hold kEventsPerDirection handles.
+  static Status open(DeviceApi* api, int device, std::span<const IpcHandle> handles, std::unique_ptr<EventRing>* out);
+  ~EventRing();
+  EventRing(const EventRing&) = delete;
+  EventRing& operator=(const EventRing&) = delete;
+
+  static uint32_t slot(uint64_t seq) { return static_cast<uint32_t>(seq % kEventsPerDirection); }
+
+  // Ready direction: `stream` waits for the client's record of operation `seq`.
+  Status wait(uint64_t seq, void* stream) const;
+  // Done direction: records operation `seq`'s event on `stream`.
+  Status record(uint64_t seq, void* stream) const;
+
+ private:
+  EventRing(DeviceApi* api, int device) : api_(api), device_(device) {}
+
+  DeviceApi* api_;
+  int device_;
+  std::vector<void*> events_;
+};
+
+}  // namespace gradsync::cuda

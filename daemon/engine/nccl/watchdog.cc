@@ -1,0 +1,105 @@
+#include "daemon/engine/nccl/watchdog.h"
+
+#include <vector>
+
+namespace gradsync::nccl {
+
+Watchdog::Watchdog(WatchedComms* comms, std::chrono::milliseconds poll) : comms_(comms), poll_(poll) {
+  thread_ = std::thread([this] { run(); });
+}
+
+Watchdog::~Watchdog() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+    if (!in_flight_.empty() && abort_requested_.ok()) abort_requested_ = Status::aborted("the NCCL engine was closed");
+  }
+  wake_.notify_all();
+  thread_.join();
+}
+
+void Watchdog::watch(InFlight item) {
+  std::unique_lock lock(mutex_);
+  if (!failure_.ok()) {
+    const Status why = failure_;
+    lock.unlock();
+    return item.done(why);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + item.timeout;
+  in_flight_.push_back(Watched{std::move(item), deadline});
+}
+
+void Watchdog::abort(const Status& why) {
+  {
+    std::lock_guard lock(mutex_);
+    if (!abort_requested_.ok() || !failure_.ok()) return;
+    abort_requested_ = why.ok() ? Status::aborted("aborted") : why;
+  }
+  wake_.notify_all();
+}
+
+Status Watchdog::failure() const {
+  std::lock_guard lock(mutex_);
+  return failure_;
+}
+
+void Watchdog::fail_all(const Status& why, std::unique_lock<std::mutex>& lock) {
+  if (failure_.ok()) failure_ = why;
+  std::deque<Watched> failed;
+  failed.swap(in_flight_);
+  lock.unlock();
+  // Abort before answering: once a caller has its answer it may release the buffers, and the
+  // aborted communicators no longer touch them.
+  if (!aborted_comms_) {
+    aborted_comms_ = true;
+    comms_->abort_all();
+  }
+  for (Watched& w : failed) w.item.done(failure_);
+  lock.lock();
+}
+
+void Watchdog::run() {
+  std::unique_lock lock(mutex_);
+  for (;;) {
+    // Wakes for a stop, or for an abort not acted on yet; otherwise polls. (A predicate that
+    // stayed true after the abort was handled would spin holding the lock.)
+    wake_.wait_for(lock, poll_, [&] { return stopping_ || (!abort_requested_.ok() && failure_.ok()); });
+    if (!abort_requested_.ok() && failure_.ok()) fail_all(abort_requested_, lock);
+    if (failure_.ok()) {
+      lock.unlock();
+      Status error = comms_->async_error();
+      lock.lock();
+      if (!error.ok()) fail_all(Status(error.code(), "NCCL reported an error: " + error.message(), error.where()), lock);
+    }
+    // Answer what finished, in order; the first one past its deadline fails the engine.
+    const auto now = std::chrono::steady_clock::now();
+    std::vector<EngineDone> finished;
+    while (failure_.ok() && !in_flight_.empty()) {
+      Watched& head = in_flight_.front();
+      if (head.item.finished()) {
+        finished.push_back(std::move(head.item.done));
+        in_flight_.pop_front();
+        continue;
+      }
+      if (now >= head.deadline) {
+        const std::string what = head.item.what;
+        const auto ms = head.item.timeout.count();
+        fail_all(Status::timeout("NCCL " + what + " did not finish within " + std::to_string(ms) +
+                                 " ms; the job's communicators were aborted"),
+                 lock);
+      }
+      break;
+    }
+    if (!finished.empty()) {
+      lock.unlock();
+      for (auto& done : finished) done(Status());
+      lock.lock();
+    }
+    if (stopping_ && (in_flight_.empty() || !failure_.ok())) {
+      if (!in_flight_.empty()) fail_all(failure_, lock);
+      return;
+    }
+  }
+}
+
+}  // namespace gradsync::nccl
