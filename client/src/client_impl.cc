@@ -197,6 +197,50 @@ std::vector<SharedTensor> ClientImpl::allocate_flat(std::span<const TensorSpec> 
   return tensors;
 }
 
+ClientImpl::DeviceSegment& ClientImpl::new_device_segment(int device, size_t bytes) {
+  if (device < 0) throw Error(Status::invalid_argument("device must be a CUDA device ordinal, got " + std::to_string(device)));
+  if (!device_memory_) device_memory_ = make_device_memory();
+  std::unique_ptr<DeviceAllocation> memory;
+  throw_if_error(device_memory_->allocate(device, bytes, &memory));
+  UniqueFd fd;
+  throw_if_error(memory->export_fd(&fd));
+  control::Request request;
+  request.mutable_segment()->set_kind(control::CUDA_VMM);
+  request.mutable_segment()->set_bytes(memory->size());
+  request.mutable_segment()->set_device_uuid(memory->device_uuid());
+  const int raw = fd.get();
+  // On an error reply the allocation is released here and the Error names the daemon's reason.
+  const control::Reply reply = connection_->call(request, options_.request_timeout, std::span<const int>(&raw, 1));
+  device_segments_.push_back(DeviceSegment{std::move(memory), reply.segment().segment_id()});
+  return device_segments_.back();
+}
+
+SharedTensor ClientImpl::allocate_device(const TensorSpec& spec, int device) {
+  check_spec(spec);
+  DeviceSegment& segment = new_device_segment(device, spec.numel * dtype_size(spec.dtype));
+  return SharedTensor(spec.dtype, spec.numel, spec.group, segment.memory->data(), segment.id, 0, device);
+}
+
+std::vector<SharedTensor> ClientImpl::allocate_device_flat(std::span<const TensorSpec> specs, int device) {
+  if (specs.empty()) throw Error(Status::invalid_argument("allocate_device_flat needs at least one tensor"));
+  std::vector<uint64_t> offsets;
+  uint64_t bytes = 0;
+  for (const auto& spec : specs) {
+    check_spec(spec);
+    // 16-byte aligned tensors let the daemon's kernels move them 16 bytes at a time.
+    bytes = round_up(bytes, std::max<size_t>(16, dtype_size(spec.dtype)));
+    offsets.push_back(bytes);
+    bytes += spec.numel * dtype_size(spec.dtype);
+  }
+  DeviceSegment& segment = new_device_segment(device, bytes);
+  std::vector<SharedTensor> tensors;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    tensors.emplace_back(specs[i].dtype, specs[i].numel, specs[i].group, segment.memory->data() + offsets[i], segment.id,
+                         offsets[i], device);
+  }
+  return tensors;
+}
+
 void ClientImpl::require_joined(const char* what) const {
   if (!joined_) throw Error(Status::invalid_argument(std::string("join a job before ") + what));
 }

@@ -1,6 +1,7 @@
 // The implementation behind gradsync::Client.
 #pragma once
 
+#include <deque>
 #include <map>
 #include <memory>
 #include <optional>
@@ -9,6 +10,7 @@
 
 #include "client/src/completions.h"
 #include "client/src/connection.h"
+#include "client/src/device_memory.h"
 #include "gradsync/client.h"
 #include "shared/memfd.h"
 
@@ -22,6 +24,8 @@ class ClientImpl final : public Client {
   void join(const JoinOptions& options) override;
   SharedTensor allocate(const TensorSpec& spec) override;
   std::vector<SharedTensor> allocate_flat(std::span<const TensorSpec> specs) override;
+  SharedTensor allocate_device(const TensorSpec& spec, int device) override;
+  std::vector<SharedTensor> allocate_device_flat(std::span<const TensorSpec> specs, int device) override;
   TensorSet register_tensors(std::span<const SharedTensor> tensors, const RegisterOptions& options) override;
   Work allreduce(const TensorSet& set, const ReduceOptions& options) override;
   Work allreduce_deferred(const TensorSet& set, const ReduceOptions& options) override;
@@ -36,6 +40,10 @@ class ClientImpl final : public Client {
     Mapping memory;
     uint32_t id;
   };
+  struct DeviceSegment {
+    std::unique_ptr<DeviceAllocation> memory;
+    uint32_t id;
+  };
   // An allreduce opened with allreduce_deferred whose tensors are not all marked yet.
   struct Deferred {
     uint64_t seq = 0;
@@ -44,6 +52,7 @@ class ClientImpl final : public Client {
   };
 
   Segment& new_segment(size_t bytes);
+  DeviceSegment& new_device_segment(int device, size_t bytes);
   void require_joined(const char* what) const;
   void require_set(const TensorSet& set) const;
   SubmitEntry op_entry(OpKind kind, const TensorSet& set) const;
@@ -54,6 +63,10 @@ class ClientImpl final : public Client {
   std::shared_ptr<Connection> connection_;
   ConnectOptions options_;
   std::vector<std::unique_ptr<Segment>> segments_;
+  // Device memory: the allocator is made on first use (it loads the CUDA driver), and outlives
+  // the allocations (declared first, destroyed last).
+  std::unique_ptr<DeviceMemory> device_memory_;
+  std::deque<DeviceSegment> device_segments_;  // a deque: references stay valid as it grows
   // Per job incarnation:
   std::optional<JoinOptions> joined_;
   std::chrono::milliseconds timeout_{0};

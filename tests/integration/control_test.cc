@@ -334,6 +334,33 @@ TEST_CASE("device memory on a daemon without a usable GPU is refused clearly, an
   check_still_serving(daemon);
 }
 
+TEST_CASE("client: device memory without a usable CUDA driver is refused clearly, host memory goes on",
+          "[integration][control][device]") {
+  TestDaemon daemon;
+  auto client = join(daemon.socket(), unique_job("device"), 0, 1);
+  const TensorSpec spec{DType::kFloat32, 1024, "dp"};
+  // No machine here has a driver: the client library says so (or that it has no CUDA at all),
+  // before the daemon is even asked.
+  expect_error([&] { client->allocate_device(spec, 0); }, ErrorCode::kNotSupported, "device memory: ");
+  try {
+    client->allocate_device_flat(std::vector<TensorSpec>{spec, spec}, 0);
+    FAIL("allocate_device_flat succeeded without a GPU");
+  } catch (const Error& e) {
+    const std::string text = e.what();
+    CHECK(e.code() == ErrorCode::kNotSupported);
+    CHECK((text.find("no usable CUDA driver") != std::string::npos ||
+           text.find("built without CUDA support") != std::string::npos));
+  }
+  expect_error([&] { client->allocate_device(spec, -1); }, ErrorCode::kInvalidArgument,
+               "device must be a CUDA device ordinal, got -1");
+  // The same client goes on with host memory.
+  const std::vector<SharedTensor> tensors = {client->allocate(spec)};
+  const TensorSet set = client->register_tensors(tensors, {});
+  tensors[0].as<float>()[0] = 2.0f;
+  CHECK(client->allreduce(set, ReduceOptions{ReduceOp::kSum}).wait(std::chrono::seconds(10)));
+  CHECK(tensors[0].as<float>()[0] == 2.0f);
+}
+
 TEST_CASE("device segments with malformed fields are refused, naming the field", "[integration][control][device]") {
   TestDaemon daemon;
   MappedMemfd stand_in = MappedMemfd::create("test", 4096);

@@ -44,6 +44,14 @@ class Client {
   // size). Buckets of such tensors are reduced in place with no coalescing copy.
   virtual std::vector<SharedTensor> allocate_flat(std::span<const TensorSpec> specs) = 0;
 
+  // Device memory for gradients on CUDA device `device` (this process's ordinal): a VMM
+  // allocation, zero-filled, handed to the daemon once. The CUDA driver is loaded on first use,
+  // so trainers that never call these need no CUDA. Throws Error naming the cause when there
+  // is no CUDA support in this build, no driver, no such device, or when the daemon cannot take
+  // device memory.
+  virtual SharedTensor allocate_device(const TensorSpec& spec, int device) = 0;
+  virtual std::vector<SharedTensor> allocate_device_flat(std::span<const TensorSpec> specs, int device) = 0;
+
   // Registers a set once. Blocks until every local client registered its set with the same id
   // (the n-th call on every rank), and throws a LayoutMismatch Error naming the first differing
   // tensor if their layouts differ.

@@ -12,12 +12,15 @@
 
 namespace gradsync {
 
-// A view of a tensor in a shared-memory segment that the daemon can reach.
+// A view of a tensor in memory the daemon can reach: host shared memory, or device memory
+// (device() >= 0, data() is then a device address).
 class SharedTensor {
  public:
   SharedTensor() = default;
-  SharedTensor(DType dtype, uint64_t numel, std::string group, std::byte* data, uint32_t segment_id, uint64_t offset)
-      : dtype_(dtype), numel_(numel), group_(std::move(group)), data_(data), segment_id_(segment_id), offset_(offset) {}
+  SharedTensor(DType dtype, uint64_t numel, std::string group, std::byte* data, uint32_t segment_id, uint64_t offset,
+               int device = -1)
+      : dtype_(dtype), numel_(numel), group_(std::move(group)), data_(data), segment_id_(segment_id), offset_(offset),
+        device_(device) {}
 
   DType dtype() const { return dtype_; }
   uint64_t numel() const { return numel_; }
@@ -25,7 +28,11 @@ class SharedTensor {
   const std::string& group() const { return group_; }
   std::byte* data() const { return data_; }
 
-  // The elements as T; T must match dtype() in size (uint16_t for float16/bfloat16).
+  // -1 for host memory, else the CUDA device ordinal (as this process sees it).
+  int device() const { return device_; }
+
+  // The elements as T; T must match dtype() in size (uint16_t for float16/bfloat16). Host
+  // tensors only: a device tensor's data() is not host memory.
   template <class T>
   std::span<T> as() const {
     return {reinterpret_cast<T*>(data_), static_cast<size_t>(numel_)};
@@ -41,6 +48,7 @@ class SharedTensor {
   std::byte* data_ = nullptr;
   uint32_t segment_id_ = 0;
   uint64_t offset_ = 0;
+  int device_ = -1;
 };
 
 struct BucketInfo {

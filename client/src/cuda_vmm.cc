@@ -1,0 +1,181 @@
+#include "client/src/cuda_vmm.h"
+
+#include <cuda.h>
+#include <dlfcn.h>
+
+#include <mutex>
+#include <optional>
+
+namespace gradsync {
+namespace {
+
+// The driver entry points, resolved once. Names are the exported (versioned) symbols that
+// cuda.h's macros map the plain names to.
+struct Driver {
+  decltype(&::cuInit) init = nullptr;
+  decltype(&::cuDeviceGet) device_get = nullptr;
+  decltype(&::cuDeviceGetUuid) device_get_uuid = nullptr;
+  decltype(&::cuDevicePrimaryCtxRetain) primary_ctx_retain = nullptr;
+  decltype(&::cuDevicePrimaryCtxRelease) primary_ctx_release = nullptr;
+  decltype(&::cuCtxSetCurrent) ctx_set_current = nullptr;
+  decltype(&::cuMemGetAllocationGranularity) granularity = nullptr;
+  decltype(&::cuMemCreate) mem_create = nullptr;
+  decltype(&::cuMemExportToShareableHandle) mem_export = nullptr;
+  decltype(&::cuMemAddressReserve) address_reserve = nullptr;
+  decltype(&::cuMemAddressFree) address_free = nullptr;
+  decltype(&::cuMemMap) mem_map = nullptr;
+  decltype(&::cuMemUnmap) mem_unmap = nullptr;
+  decltype(&::cuMemSetAccess) mem_set_access = nullptr;
+  decltype(&::cuMemRelease) mem_release = nullptr;
+  decltype(&::cuMemsetD8) memset_d8 = nullptr;
+  decltype(&::cuGetErrorString) error_string = nullptr;
+
+  std::string describe(CUresult result) const {
+    const char* text = nullptr;
+    if (error_string) error_string(result, &text);
+    return text ? std::string(text) : "CUDA driver error " + std::to_string(static_cast<int>(result));
+  }
+  Status check(CUresult result, const char* what) const {
+    if (result == CUDA_SUCCESS) return Status();
+    return Status::internal(std::string(what) + ": " + describe(result));
+  }
+};
+
+// Loads libcuda.so.1 and initialises the driver; the error says why device memory is
+// unavailable. The library stays loaded for the life of the process.
+Status load_driver(Driver* d) {
+  void* library = ::dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!library) return Status::not_supported(std::string("no usable CUDA driver: ") + ::dlerror());
+  const auto resolve = [&](auto* slot, const char* symbol) {
+    *slot = reinterpret_cast<std::remove_pointer_t<decltype(slot)>>(::dlsym(library, symbol));
+    return *slot != nullptr;
+  };
+  const bool all = resolve(&d->init, "cuInit") && resolve(&d->device_get, "cuDeviceGet") &&
+                   resolve(&d->device_get_uuid, "cuDeviceGetUuid_v2") &&
+                   resolve(&d->primary_ctx_retain, "cuDevicePrimaryCtxRetain") &&
+                   resolve(&d->primary_ctx_release, "cuDevicePrimaryCtxRelease_v2") &&
+                   resolve(&d->ctx_set_current, "cuCtxSetCurrent") &&
+                   resolve(&d->granularity, "cuMemGetAllocationGranularity") &&
+                   resolve(&d->mem_create, "cuMemCreate") &&
+                   resolve(&d->mem_export, "cuMemExportToShareableHandle") &&
+                   resolve(&d->address_reserve, "cuMemAddressReserve") &&
+                   resolve(&d->address_free, "cuMemAddressFree") && resolve(&d->mem_map, "cuMemMap") &&
+                   resolve(&d->mem_unmap, "cuMemUnmap") && resolve(&d->mem_set_access, "cuMemSetAccess") &&
+                   resolve(&d->mem_release, "cuMemRelease") && resolve(&d->memset_d8, "cuMemsetD8_v2") &&
+                   resolve(&d->error_string, "cuGetErrorString");
+  if (!all) return Status::not_supported("the CUDA driver (libcuda.so.1) lacks the virtual memory API (CUDA 10.2+)");
+  if (CUresult r = d->init(0); r != CUDA_SUCCESS) {
+    return Status::not_supported("no usable CUDA driver: cuInit: " + d->describe(r));
+  }
+  return Status();
+}
+
+class VmmAllocation final : public DeviceAllocation {
+ public:
+  VmmAllocation(const Driver* d, int ordinal, CUdevice device, CUmemGenericAllocationHandle handle, CUdeviceptr address,
+                size_t size, std::string uuid)
+      : d_(d), ordinal_(ordinal), device_(device), handle_(handle), address_(address), size_(size), uuid_(std::move(uuid)) {}
+  ~VmmAllocation() override {
+    d_->mem_unmap(address_, size_);
+    d_->address_free(address_, size_);
+    d_->mem_release(handle_);
+    d_->primary_ctx_release(device_);
+  }
+
+  std::byte* data() const override { return reinterpret_cast<std::byte*>(address_); }
+  size_t size() const override { return size_; }
+  int device() const override { return ordinal_; }
+  const std::string& device_uuid() const override { return uuid_; }
+  Status export_fd(UniqueFd* fd) const override {
+    int raw = -1;
+    if (Status s = d_->check(d_->mem_export(&raw, handle_, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+                             "cuMemExportToShareableHandle");
+        !s.ok()) {
+      return s;
+    }
+    *fd = UniqueFd(raw);
+    return Status();
+  }
+
+ private:
+  const Driver* d_;
+  int ordinal_;
+  CUdevice device_;
+  CUmemGenericAllocationHandle handle_;
+  CUdeviceptr address_;
+  size_t size_;
+  std::string uuid_;
+};
+
+class CudaVmmMemory final : public DeviceMemory {
+ public:
+  Status allocate(int ordinal, size_t bytes, std::unique_ptr<DeviceAllocation>* out) override {
+    std::call_once(loaded_, [&] { load_status_ = load_driver(&driver_); });
+    if (!load_status_.ok()) return Status(load_status_.code(), "device memory: " + load_status_.message());
+    const Driver& d = driver_;
+    CUdevice device = 0;
+    if (CUresult r = d.device_get(&device, ordinal); r != CUDA_SUCCESS) {
+      return Status::invalid_argument("device memory: no CUDA device " + std::to_string(ordinal) + " (" + d.describe(r) + ")");
+    }
+    CUcontext context = nullptr;
+    if (Status s = d.check(d.primary_ctx_retain(&context, device), "cuDevicePrimaryCtxRetain"); !s.ok()) return s;
+    // From here on, every failure releases what was taken so far.
+    auto fail = [&](Status status, CUmemGenericAllocationHandle* handle, CUdeviceptr address, size_t size) {
+      if (address) {
+        d.mem_unmap(address, size);
+        d.address_free(address, size);
+      }
+      if (handle) d.mem_release(*handle);
+      d.primary_ctx_release(device);
+      return Status(status.code(), "device memory on device " + std::to_string(ordinal) + ": " + status.message());
+    };
+    if (Status s = d.check(d.ctx_set_current(context), "cuCtxSetCurrent"); !s.ok()) return fail(s, nullptr, 0, 0);
+    CUmemAllocationProp prop{};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = device;
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    size_t granularity = 0;
+    if (Status s = d.check(d.granularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED),
+                           "cuMemGetAllocationGranularity");
+        !s.ok()) {
+      return fail(s, nullptr, 0, 0);
+    }
+    const size_t size = (std::max<size_t>(bytes, 1) + granularity - 1) / granularity * granularity;
+    CUmemGenericAllocationHandle handle = 0;
+    if (Status s = d.check(d.mem_create(&handle, size, &prop, 0), "cuMemCreate"); !s.ok()) return fail(s, nullptr, 0, 0);
+    CUdeviceptr address = 0;
+    if (Status s = d.check(d.address_reserve(&address, size, granularity, 0, 0), "cuMemAddressReserve"); !s.ok()) {
+      return fail(s, &handle, 0, 0);
+    }
+    if (Status s = d.check(d.mem_map(address, size, 0, handle, 0), "cuMemMap"); !s.ok()) {
+      d.address_free(address, size);
+      return fail(s, &handle, 0, 0);
+    }
+    CUmemAccessDesc access{};
+    access.location = prop.location;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    if (Status s = d.check(d.mem_set_access(address, size, &access, 1), "cuMemSetAccess"); !s.ok()) {
+      return fail(s, &handle, address, size);
+    }
+    if (Status s = d.check(d.memset_d8(address, 0, size), "cuMemsetD8"); !s.ok()) return fail(s, &handle, address, size);
+    CUuuid uuid{};
+    if (Status s = d.check(d.device_get_uuid(&uuid, device), "cuDeviceGetUuid"); !s.ok()) {
+      return fail(s, &handle, address, size);
+    }
+    *out = std::make_unique<VmmAllocation>(&driver_, ordinal, device, handle, address, size,
+                                           std::string(uuid.bytes, sizeof(uuid.bytes)));
+    return Status();
+  }
+
+ private:
+  std::once_flag loaded_;
+  Status load_status_;
+  Driver driver_;
+};
+
+}  // namespace
+
+std::unique_ptr<DeviceMemory> make_cuda_vmm_memory() { return std::make_unique<CudaVmmMemory>(); }
+
+}  // namespace gradsync

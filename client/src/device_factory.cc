@@ -1,0 +1,28 @@
+// The client's one place that knows whether it was built with CUDA.
+#include "client/src/device_memory.h"
+
+#if GRADSYNC_HAVE_CUDA
+#include "client/src/cuda_vmm.h"
+#endif
+
+namespace gradsync {
+namespace {
+
+class NoDeviceMemory final : public DeviceMemory {
+ public:
+  Status allocate(int, size_t, std::unique_ptr<DeviceAllocation>*) override {
+    return Status::not_supported("device memory: this client library was built without CUDA support (GRADSYNC_CUDA=OFF)");
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<DeviceMemory> make_device_memory() {
+#if GRADSYNC_HAVE_CUDA
+  return make_cuda_vmm_memory();
+#else
+  return std::make_unique<NoDeviceMemory>();
+#endif
+}
+
+}  // namespace gradsync
