@@ -17,7 +17,9 @@ struct Driver {
   decltype(&::cuDeviceGetUuid) device_get_uuid = nullptr;
   decltype(&::cuDevicePrimaryCtxRetain) primary_ctx_retain = nullptr;
   decltype(&::cuDevicePrimaryCtxRelease) primary_ctx_release = nullptr;
-  decltype(&::cuCtxSetCurrent) ctx_set_current = nullptr;
+  decltype(&::cuCtxPushCurrent) ctx_push = nullptr;
+  decltype(&::cuCtxPopCurrent) ctx_pop = nullptr;
+  decltype(&::cuCtxSynchronize) ctx_synchronize = nullptr;
   decltype(&::cuMemGetAllocationGranularity) granularity = nullptr;
   decltype(&::cuMemCreate) mem_create = nullptr;
   decltype(&::cuMemExportToShareableHandle) mem_export = nullptr;
@@ -54,7 +56,8 @@ Status load_driver(Driver* d) {
                    resolve(&d->device_get_uuid, "cuDeviceGetUuid_v2") &&
                    resolve(&d->primary_ctx_retain, "cuDevicePrimaryCtxRetain") &&
                    resolve(&d->primary_ctx_release, "cuDevicePrimaryCtxRelease_v2") &&
-                   resolve(&d->ctx_set_current, "cuCtxSetCurrent") &&
+                   resolve(&d->ctx_push, "cuCtxPushCurrent_v2") && resolve(&d->ctx_pop, "cuCtxPopCurrent_v2") &&
+                   resolve(&d->ctx_synchronize, "cuCtxSynchronize") &&
                    resolve(&d->granularity, "cuMemGetAllocationGranularity") &&
                    resolve(&d->mem_create, "cuMemCreate") &&
                    resolve(&d->mem_export, "cuMemExportToShareableHandle") &&
@@ -76,10 +79,20 @@ class VmmAllocation final : public DeviceAllocation {
                 size_t size, std::string uuid)
       : d_(d), ordinal_(ordinal), device_(device), handle_(handle), address_(address), size_(size), uuid_(std::move(uuid)) {}
   ~VmmAllocation() override {
+    // The device's context around the unmapping, and the caller's current context (PyTorch's)
+    // put back afterwards.
+    CUcontext context = nullptr;
+    const bool retained = d_->primary_ctx_retain(&context, device_) == CUDA_SUCCESS;
+    const bool pushed = retained && d_->ctx_push(context) == CUDA_SUCCESS;
     d_->mem_unmap(address_, size_);
     d_->address_free(address_, size_);
     d_->mem_release(handle_);
-    d_->primary_ctx_release(device_);
+    if (pushed) {
+      CUcontext popped = nullptr;
+      d_->ctx_pop(&popped);
+    }
+    if (retained) d_->primary_ctx_release(device_);  // this destructor's own retain
+    d_->primary_ctx_release(device_);                // the allocation's
   }
 
   std::byte* data() const override { return reinterpret_cast<std::byte*>(address_); }
@@ -119,6 +132,19 @@ class CudaVmmMemory final : public DeviceMemory {
     }
     CUcontext context = nullptr;
     if (Status s = d.check(d.primary_ctx_retain(&context, device), "cuDevicePrimaryCtxRetain"); !s.ok()) return s;
+    // The device's primary context is pushed for the allocation and popped at the end, so the
+    // caller's current context (PyTorch's) is what it was.
+    if (Status s = d.check(d.ctx_push(context), "cuCtxPushCurrent"); !s.ok()) {
+      d.primary_ctx_release(device);
+      return s;
+    }
+    struct PopOnExit {
+      const Driver& d;
+      ~PopOnExit() {
+        CUcontext popped = nullptr;
+        d.ctx_pop(&popped);
+      }
+    } pop_on_exit{d};
     // From here on, every failure releases what was taken so far.
     auto fail = [&](Status status, CUmemGenericAllocationHandle* handle, CUdeviceptr address, size_t size) {
       if (address) {
@@ -129,7 +155,6 @@ class CudaVmmMemory final : public DeviceMemory {
       d.primary_ctx_release(device);
       return Status(status.code(), "device memory on device " + std::to_string(ordinal) + ": " + status.message());
     };
-    if (Status s = d.check(d.ctx_set_current(context), "cuCtxSetCurrent"); !s.ok()) return fail(s, nullptr, 0, 0);
     CUmemAllocationProp prop{};
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
@@ -158,7 +183,10 @@ class CudaVmmMemory final : public DeviceMemory {
     if (Status s = d.check(d.mem_set_access(address, size, &access, 1), "cuMemSetAccess"); !s.ok()) {
       return fail(s, &handle, address, size);
     }
+    // cuMemsetD8 is asynchronous to the host: wait, so that no stream of the trainer or the
+    // daemon can see the memory before it is zero.
     if (Status s = d.check(d.memset_d8(address, 0, size), "cuMemsetD8"); !s.ok()) return fail(s, &handle, address, size);
+    if (Status s = d.check(d.ctx_synchronize(), "cuCtxSynchronize"); !s.ok()) return fail(s, &handle, address, size);
     CUuuid uuid{};
     if (Status s = d.check(d.device_get_uuid(&uuid, device), "cuDeviceGetUuid"); !s.ok()) {
       return fail(s, &handle, address, size);

@@ -13,8 +13,10 @@ out=${2:?usage: bundle.sh BUILD_DIR OUT_DIR}
 here=$(cd "$(dirname "$0")" && pwd)
 limit=$((64 * 1024 * 1024))
 binaries=(gradsync_gpu_tests gradsync-gpu-bench gradsyncd)
-# On every Linux machine, or provided by the GPU machine itself.
-system='^(linux-vdso|libc\.so|libm\.so|libpthread\.so|libdl\.so|librt\.so|ld-linux|libgcc_s\.so|libcuda\.so|libnccl\.so)'
+# On every Linux machine, or provided by the GPU machine itself. libstdc++ too: Debian 12's needs
+# glibc 2.36, which an Ubuntu 22.04 machine lacks, while our binaries need only GLIBC_2.34 and
+# GLIBCXX_3.4.30, which the machine's own libstdc++ (GCC 12+) provides.
+system='^(linux-vdso|libc\.so|libm\.so|libpthread\.so|libdl\.so|librt\.so|ld-linux|libgcc_s\.so|libstdc\+\+\.so|libcuda\.so|libnccl\.so)'
 
 for b in "${binaries[@]}"; do
   if [[ ! -x "$build/bin/$b" ]]; then

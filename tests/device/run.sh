@@ -18,26 +18,28 @@ for f in bin/gradsync_gpu_tests bin/gradsync-gpu-bench bin/gradsyncd run.sh torc
   [[ -e "$bundle/$f" ]] || { note "the bundle lacks $f"; exit 1; }
 done
 if [[ "$mode" == "--dry-run" ]]; then
-  "$bundle/bin/gradsync-gpu-bench" --print-layout | wc -l | grep -qx 161 || { note "the layout is not ResNet-50's"; exit 1; }
+  LD_LIBRARY_PATH="$bundle/lib" "$bundle/bin/gradsync-gpu-bench" --print-layout | wc -l | grep -qx 161 || { note "the layout is not ResNet-50's"; exit 1; }
   python3 -c "import ast, sys; ast.parse(open(sys.argv[1]).read())" "$bundle/torch_flatten.py" || exit 1
   note "dry run ok: bundle complete, benchmark layout has 161 tensors"
   exit 0
 fi
 
 nccl=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null || true)
-export LD_LIBRARY_PATH="$bundle/lib${nccl:+:$nccl}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# The bundle's libraries for our binaries only: torch's Python must keep its own.
+libs="$bundle/lib${nccl:+:$nccl}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+ours() { LD_LIBRARY_PATH="$libs" "$@"; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || note "nvidia-smi failed"
 note "NCCL from ${nccl:-nowhere (not found)}"
 
 echo "== GPU tests"
-timeout 300 "$bundle/bin/gradsync_gpu_tests" --durations yes 2>&1 | tail -40
+ours timeout 300 "$bundle/bin/gradsync_gpu_tests" --durations yes 2>&1 | tail -40
 status=${PIPESTATUS[0]}
 [[ $status -eq 0 ]] || { note "GPU tests exited $status"; fail=1; }
 
 echo "== benchmarks"
-kernels=$(timeout 120 "$bundle/bin/gradsync-gpu-bench" --iterations 50 2>&1) || { note "gradsync-gpu-bench failed"; fail=1; }
+kernels=$(ours timeout 120 "$bundle/bin/gradsync-gpu-bench" --iterations 50 2>&1) || { note "gradsync-gpu-bench failed"; fail=1; }
 echo "$kernels"
-torch=$("$bundle/bin/gradsync-gpu-bench" --print-layout | timeout 120 python3 "$bundle/torch_flatten.py" 50 2>&1) ||
+torch=$(ours "$bundle/bin/gradsync-gpu-bench" --print-layout | timeout 120 python3 "$bundle/torch_flatten.py" 50 2>&1) ||
   { note "torch_flatten.py failed"; fail=1; }
 echo "$torch"
 

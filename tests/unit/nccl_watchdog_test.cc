@@ -7,6 +7,8 @@
 #include <chrono>
 #include <future>
 #include <memory>
+#include <mutex>
+#include <utility>
 
 #include "daemon/engine/nccl/watchdog.h"
 
@@ -31,11 +33,18 @@ class FakeComms final : public WatchedComms {
 // A collective whose done event the test completes, and whose answer the test awaits.
 struct Collective {
   std::shared_ptr<std::atomic<bool>> finished = std::make_shared<std::atomic<bool>>(false);
+  // What querying its done event returns; ok unless the test makes CUDA fail.
+  std::shared_ptr<std::pair<std::mutex, Status>> query_error = std::make_shared<std::pair<std::mutex, Status>>();
   std::shared_ptr<std::promise<Status>> answered = std::make_shared<std::promise<Status>>();
   std::future<Status> answer = answered->get_future();
 
   InFlight in_flight(const std::string& what, std::chrono::milliseconds timeout = 30'000ms) {
-    return InFlight{what, [f = finished] { return f->load(); },
+    return InFlight{what,
+                    [f = finished, e = query_error](bool* done) {
+                      *done = f->load();
+                      std::lock_guard lock(e->first);
+                      return e->second;
+                    },
                     [a = answered](const Status& status) { a->set_value(status); }, timeout};
   }
 };
@@ -116,6 +125,24 @@ TEST_CASE("watchdog: a collective past its timeout aborts the communicators, nam
   // The one behind it fails with it: the aborted communicators will never run it.
   REQUIRE(behind.answer.wait_for(1s) == std::future_status::ready);
   CHECK(behind.answer.get().code() == ErrorCode::kTimeout);
+  CHECK(comms.aborts == 1);
+}
+
+TEST_CASE("watchdog: a failing event query fails the engine at once instead of waiting for the timeout",
+          "[nccl][watchdog]") {
+  FakeComms comms;
+  Watchdog watchdog(&comms, 10ms);
+  Collective broken;
+  const auto start = std::chrono::steady_clock::now();
+  watchdog.watch(broken.in_flight("allreduce of bucket 2", 30'000ms));
+  {
+    std::lock_guard lock(broken.query_error->first);
+    broken.query_error->second = Status::internal("cudaEventQuery: an illegal memory access was encountered");
+  }
+  REQUIRE(broken.answer.wait_for(5s) == std::future_status::ready);
+  CHECK(std::chrono::steady_clock::now() - start < 5s);
+  CHECK(broken.answer.get().message() ==
+        "NCCL allreduce of bucket 2: cudaEventQuery: an illegal memory access was encountered");
   CHECK(comms.aborts == 1);
 }
 

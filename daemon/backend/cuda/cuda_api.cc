@@ -15,21 +15,44 @@ Status check(cudaError_t error, const char* what) {
   return Status::internal(std::string(what) + ": " + cudaGetErrorString(error));
 }
 
+// Makes `device` current for one call and puts the thread's previous device back, so a call for
+// one GPU never leaves a later launch on another GPU's stream pointing at the wrong device.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) {
+    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
+    status_ = check(cudaSetDevice(device), "cudaSetDevice");
+  }
+  ~DeviceScope() {
+    if (previous_ >= 0) cudaSetDevice(previous_);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+  const Status& status() const { return status_; }
+
+ private:
+  int previous_ = -1;
+  Status status_;
+};
+
 class CudaDeviceApi final : public DeviceApi {
  public:
   Status open_ipc_memory(int device, const IpcHandle& handle, void** base) override {
-    if (Status s = check(cudaSetDevice(device), "cudaSetDevice"); !s.ok()) return s;
+    DeviceScope scope(device);
+    if (!scope.status().ok()) return scope.status();
     cudaIpcMemHandle_t h;
     static_assert(sizeof(h) == sizeof(IpcHandle));
     std::memcpy(&h, handle.data(), sizeof(h));
     return check(cudaIpcOpenMemHandle(base, h, cudaIpcMemLazyEnablePeerAccess), "cudaIpcOpenMemHandle");
   }
   Status close_ipc_memory(int device, void* base) override {
-    if (Status s = check(cudaSetDevice(device), "cudaSetDevice"); !s.ok()) return s;
+    DeviceScope scope(device);
+    if (!scope.status().ok()) return scope.status();
     return check(cudaIpcCloseMemHandle(base), "cudaIpcCloseMemHandle");
   }
   Status open_ipc_event(int device, const IpcHandle& handle, void** event) override {
-    if (Status s = check(cudaSetDevice(device), "cudaSetDevice"); !s.ok()) return s;
+    DeviceScope scope(device);
+    if (!scope.status().ok()) return scope.status();
     cudaIpcEventHandle_t h;
     static_assert(sizeof(h) == sizeof(IpcHandle));
     std::memcpy(&h, handle.data(), sizeof(h));
@@ -39,7 +62,8 @@ class CudaDeviceApi final : public DeviceApi {
     return s;
   }
   Status destroy_event(int device, void* event) override {
-    if (Status s = check(cudaSetDevice(device), "cudaSetDevice"); !s.ok()) return s;
+    DeviceScope scope(device);
+    if (!scope.status().ok()) return scope.status();
     return check(cudaEventDestroy(static_cast<cudaEvent_t>(event)), "cudaEventDestroy");
   }
   Status stream_wait_event(void* stream, void* event) override {

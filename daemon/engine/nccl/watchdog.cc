@@ -71,12 +71,23 @@ void Watchdog::run() {
       lock.lock();
       if (!error.ok()) fail_all(Status(error.code(), "NCCL reported an error: " + error.message(), error.where()), lock);
     }
-    // Answer what finished, in order; the first one past its deadline fails the engine.
+    // Answer what finished, in order; the first one past its deadline fails the engine. The
+    // head is polled without the lock, so watch() never waits on a CUDA call.
     const auto now = std::chrono::steady_clock::now();
     std::vector<EngineDone> finished;
     while (failure_.ok() && !in_flight_.empty()) {
+      const std::function<Status(bool*)> poll = in_flight_.front().item.poll;
+      lock.unlock();
+      bool done = false;
+      const Status polled = poll(&done);
+      lock.lock();
+      if (!failure_.ok() || in_flight_.empty()) break;
       Watched& head = in_flight_.front();
-      if (head.item.finished()) {
+      if (!polled.ok()) {
+        fail_all(Status(polled.code(), "NCCL " + head.item.what + ": " + polled.message(), polled.where()), lock);
+        break;
+      }
+      if (done) {
         finished.push_back(std::move(head.item.done));
         in_flight_.pop_front();
         continue;

@@ -34,7 +34,10 @@ class WatchedComms {
 // One collective in flight.
 struct InFlight {
   std::string what;                 // "allreduce of 26214400 bytes", for errors
-  std::function<bool()> finished;   // polls its done event; true once the GPU is through it
+  // Polls its done event (cudaEventQuery): *done once the GPU is through it; an error when the
+  // query itself fails (a sticky CUDA error), which fails the engine instead of looking like
+  // "not yet" until the timeout.
+  std::function<Status(bool* done)> poll;
   EngineDone done;                  // answered exactly once, on the watchdog's thread
   std::chrono::milliseconds timeout{30'000};
 };
