@@ -2,6 +2,8 @@
 
 #include "daemon/backend/host/executor.h"
 #include "daemon/backend/host/memory.h"
+#include "daemon/backend/cuda/ipc_cache.h"
+#include "daemon/backend/cuda/memory.h"
 #if GRADSYNC_HAVE_CUDA
 #include "daemon/backend/cuda/device.h"
 #endif
@@ -32,8 +34,12 @@ Status check_device_import(const MemoryImport& what) {
 
 class Backends final : public BackendFactory {
  public:
-  // `device_problem`: why device memory cannot be served here, empty when it can.
-  explicit Backends(std::string device_problem) : device_problem_(std::move(device_problem)) {}
+  // `device_problem`: why device memory cannot be served here. `devices` is the CUDA runtime
+  // when it can (and null otherwise).
+  Backends(std::string device_problem, std::unique_ptr<cuda::DeviceApi> devices)
+      : device_problem_(std::move(device_problem)), devices_(std::move(devices)) {
+    if (devices_) ipc_ = std::make_unique<cuda::IpcMemoryCache>(devices_.get());
+  }
 
   Status import_memory(MemoryImport what, std::shared_ptr<MemoryRegion>* out) override {
     switch (what.kind) {
@@ -41,12 +47,11 @@ class Backends final : public BackendFactory {
       case MemoryKind::kCudaVmm:
       case MemoryKind::kCudaLegacyIpc: {
         if (Status status = check_device_import(what); !status.ok()) return status;
-        if (!device_problem_.empty()) {
+        if (!devices_) {
           return Status::not_supported(std::string(memory_kind_name(what.kind)) + " memory: " + device_problem_ +
                                        "; this gradsyncd serves host memory only");
         }
-        return Status::not_supported(std::string(memory_kind_name(what.kind)) +
-                                     " memory: importing device memory is not implemented yet");
+        return cuda::import_device_memory(devices_.get(), ipc_.get(), std::move(what), out);
       }
     }
     return Status::invalid_argument("unknown memory kind " + std::to_string(static_cast<uint32_t>(what.kind)) +
@@ -65,6 +70,10 @@ class Backends final : public BackendFactory {
 
  private:
   const std::string device_problem_;
+  // Declared before the cache and outliving it and every region made here (the factory lives
+  // as long as the daemon).
+  std::unique_ptr<cuda::DeviceApi> devices_;
+  std::unique_ptr<cuda::IpcMemoryCache> ipc_;
 };
 
 }  // namespace
@@ -84,13 +93,13 @@ std::unique_ptr<BackendFactory> make_backend_factory(const Logger& log) {
   const Status probe = cuda::probe_devices(&summary);
   if (probe.ok()) {
     log.info("CUDA: " + summary);
-    return std::make_unique<Backends>("");
+    return std::make_unique<Backends>("", cuda::make_cuda_device_api());
   }
   log.info("CUDA: no usable GPU (" + probe.message() + "); serving host memory only");
-  return std::make_unique<Backends>("no usable GPU here (" + probe.message() + ")");
+  return std::make_unique<Backends>("no usable GPU here (" + probe.message() + ")", nullptr);
 #else
   log.info("CUDA: built without the CUDA backend (GRADSYNC_CUDA=OFF or no nvcc/NCCL at build time); serving host memory only");
-  return std::make_unique<Backends>("this gradsyncd was built without the CUDA backend");
+  return std::make_unique<Backends>("this gradsyncd was built without the CUDA backend", nullptr);
 #endif
 }
 

@@ -31,6 +31,9 @@ class MemoryRegion {
   // The first byte in the daemon's address space: host memory for host kinds, a device address
   // for device kinds. Offsets from clients are checked against size() before use.
   virtual std::byte* base() const = 0;
+
+  // The CUDA device ordinal (as the daemon sees it) for device kinds; -1 for host memory.
+  virtual int device() const { return -1; }
 };
 
 }  // namespace gradsync

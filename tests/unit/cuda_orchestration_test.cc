@@ -10,6 +10,7 @@
 
 #include "daemon/backend/cuda/events.h"
 #include "daemon/backend/cuda/ipc_cache.h"
+#include "daemon/backend/cuda/memory.h"
 
 namespace gradsync::cuda {
 namespace {
@@ -22,6 +23,35 @@ IpcHandle handle(unsigned char tag) {
 
 class FakeDeviceApi final : public DeviceApi {
  public:
+  // GPUs by UUID: "uuid-of-gpu0-xxx" (16 bytes) is device 0, and so on.
+  static std::string uuid_of(int device) { return "uuid-of-gpu" + std::to_string(device) + "-xxx"; }
+
+  Status device_of_uuid(const std::string& uuid, int* device) override {
+    for (int d = 0; d < 2; ++d) {
+      if (uuid == uuid_of(d)) {
+        *device = d;
+        return Status();
+      }
+    }
+    return Status::not_found("no GPU with the client's UUID is visible to gradsyncd (it sees 2)");
+  }
+  Status import_vmm(int device, int fd, size_t bytes, void** address, uint64_t* handle) override {
+    if (fail_import) return Status::internal("cuMemImportFromShareableHandle failed with CUDA driver error 1");
+    *address = reinterpret_cast<void*>(0x100000 * (++vmm_imports) + device);
+    *handle = static_cast<uint64_t>(fd);
+    mapped_vmm[*address] = bytes;
+    return Status();
+  }
+  Status release_vmm(int, void* address, size_t bytes, uint64_t) override {
+    CHECK(mapped_vmm.count(address) == 1);
+    CHECK(mapped_vmm[address] == bytes);
+    mapped_vmm.erase(address);
+    return Status();
+  }
+  Status allocation_size(int, void*, size_t* bytes) override {
+    *bytes = allocation_bytes;
+    return Status();
+  }
   Status open_ipc_memory(int device, const IpcHandle& h, void** base) override {
     if (fail_opening == h[0]) return Status::internal("invalid resource handle");
     ++memory_opens;
@@ -55,6 +85,10 @@ class FakeDeviceApi final : public DeviceApi {
   }
 
   int fail_opening = -1;  // the tag of a handle that fails to open
+  bool fail_import = false;
+  int vmm_imports = 0;
+  std::map<void*, size_t> mapped_vmm;
+  size_t allocation_bytes = 1 << 20;
   int memory_opens = 0;
   std::set<void*> open_memory;
   std::set<void*> open_events;
@@ -139,6 +173,72 @@ TEST_CASE("event ring: a handle that fails to open destroys the ones opened, nam
   const std::vector<IpcHandle> too_few(3);
   CHECK_THAT(EventRing::open(&api, 0, too_few, &ring).message(),
              Catch::Contains("needs " + std::to_string(kEventsPerDirection) + " event handles, got 3"));
+}
+
+namespace {
+
+MemoryImport device_import(MemoryKind kind, int device, uint64_t bytes, unsigned char tag = 1, uint64_t offset = 0) {
+  MemoryImport what;
+  what.kind = kind;
+  what.bytes = bytes;
+  what.device_uuid = FakeDeviceApi::uuid_of(device);
+  if (kind == MemoryKind::kCudaLegacyIpc) {
+    const IpcHandle h = handle(tag);
+    what.ipc_handle.assign(reinterpret_cast<const char*>(h.data()), h.size());
+    what.ipc_offset = offset;
+  }
+  return what;
+}
+
+}  // namespace
+
+TEST_CASE("device memory: a VMM segment is mapped on the GPU its UUID names, and unmapped with its region",
+          "[cuda][memory]") {
+  FakeDeviceApi api;
+  IpcMemoryCache ipc(&api);
+  std::shared_ptr<MemoryRegion> region;
+  REQUIRE(import_device_memory(&api, &ipc, device_import(MemoryKind::kCudaVmm, 1, 2 << 20), &region).ok());
+  CHECK(region->kind() == MemoryKind::kCudaVmm);
+  CHECK(region->device() == 1);
+  CHECK(region->size() == (2u << 20));
+  CHECK(api.mapped_vmm.size() == 1);
+  region.reset();
+  CHECK(api.mapped_vmm.empty());
+}
+
+TEST_CASE("device memory: an unknown GPU or a failed import is refused, naming it", "[cuda][memory]") {
+  FakeDeviceApi api;
+  IpcMemoryCache ipc(&api);
+  std::shared_ptr<MemoryRegion> region;
+  CHECK(import_device_memory(&api, &ipc, device_import(MemoryKind::kCudaVmm, 7, 4096), &region).message() ==
+        "CUDA VMM segment: no GPU with the client's UUID is visible to gradsyncd (it sees 2)");
+  api.fail_import = true;
+  CHECK(import_device_memory(&api, &ipc, device_import(MemoryKind::kCudaVmm, 0, 4096), &region).message() ==
+        "CUDA VMM segment on device 0: cuMemImportFromShareableHandle failed with CUDA driver error 1");
+  CHECK_FALSE(region);
+  CHECK(api.mapped_vmm.empty());
+}
+
+TEST_CASE("device memory: legacy IPC pieces share one opening and must lie inside their allocation",
+          "[cuda][memory]") {
+  FakeDeviceApi api;
+  IpcMemoryCache ipc(&api);
+  std::shared_ptr<MemoryRegion> first, second, outside;
+  REQUIRE(import_device_memory(&api, &ipc, device_import(MemoryKind::kCudaLegacyIpc, 0, 4096, 3, 0), &first).ok());
+  REQUIRE(import_device_memory(&api, &ipc, device_import(MemoryKind::kCudaLegacyIpc, 0, 4096, 3, 8192), &second).ok());
+  CHECK(api.memory_opens == 1);  // two tensors of one caching-allocator segment: one open
+  CHECK(second->base() - first->base() == 8192);
+  CHECK(second->kind() == MemoryKind::kCudaLegacyIpc);
+  // 1 MiB allocation: a piece that runs past its end is refused.
+  const Status status =
+      import_device_memory(&api, &ipc, device_import(MemoryKind::kCudaLegacyIpc, 0, 8192, 3, (1 << 20) - 4096), &outside);
+  CHECK(status.code() == ErrorCode::kInvalidArgument);
+  CHECK(status.message() == "CUDA legacy IPC segment: offset 1044480 + 8192 bytes lies outside the allocation of "
+                            "1048576 bytes");
+  first.reset();
+  CHECK(api.open_memory.size() == 1);  // the second piece keeps the allocation open
+  second.reset();
+  CHECK(api.open_memory.empty());
 }
 
 }  // namespace gradsync::cuda

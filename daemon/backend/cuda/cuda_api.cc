@@ -1,8 +1,10 @@
 // The real DeviceApi: the CUDA runtime. Every call names the device it is for, because the
 // daemon drives several GPUs from its threads and the runtime's current device is per thread.
+#include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <cstring>
+#include <mutex>
 #include <string>
 
 #include "daemon/backend/cuda/device_api.h"
@@ -35,8 +37,119 @@ class DeviceScope {
   Status status_;
 };
 
+// The driver calls the runtime has no equivalent for (virtual memory import), fetched through
+// the runtime, so the daemon links no libcuda and starts on machines without one.
+struct DriverCalls {
+  decltype(&::cuMemImportFromShareableHandle) import = nullptr;
+  decltype(&::cuMemAddressReserve) reserve = nullptr;
+  decltype(&::cuMemAddressFree) free = nullptr;
+  decltype(&::cuMemMap) map = nullptr;
+  decltype(&::cuMemUnmap) unmap = nullptr;
+  decltype(&::cuMemSetAccess) set_access = nullptr;
+  decltype(&::cuMemRelease) release = nullptr;
+  decltype(&::cuMemGetAddressRange) address_range = nullptr;
+  decltype(&::cuMemGetAllocationGranularity) granularity = nullptr;
+  Status status;
+};
+
+Status fetch(const char* symbol, void** slot) {
+  cudaDriverEntryPointQueryResult found{};
+  const cudaError_t error = cudaGetDriverEntryPointByVersion(symbol, slot, 12000, cudaEnableDefault, &found);
+  if (error != cudaSuccess || found != cudaDriverEntryPointSuccess || *slot == nullptr) {
+    return Status::not_supported(std::string("the CUDA driver lacks ") + symbol);
+  }
+  return Status();
+}
+
+Status driver_check(CUresult result, const char* what) {
+  if (result == CUDA_SUCCESS) return Status();
+  return Status::internal(std::string(what) + " failed with CUDA driver error " + std::to_string(static_cast<int>(result)));
+}
+
 class CudaDeviceApi final : public DeviceApi {
  public:
+  Status device_of_uuid(const std::string& uuid, int* device) override {
+    int count = 0;
+    if (Status s = check(cudaGetDeviceCount(&count), "cudaGetDeviceCount"); !s.ok()) return s;
+    for (int d = 0; d < count; ++d) {
+      cudaDeviceProp props{};
+      if (cudaGetDeviceProperties(&props, d) != cudaSuccess) continue;
+      if (uuid.size() == sizeof(props.uuid.bytes) && std::memcmp(props.uuid.bytes, uuid.data(), uuid.size()) == 0) {
+        *device = d;
+        return Status();
+      }
+    }
+    return Status::not_found("no GPU with the client's UUID is visible to gradsyncd (it sees " + std::to_string(count) +
+                             "; check CUDA_VISIBLE_DEVICES of the daemon's service)");
+  }
+
+  Status import_vmm(int device, int fd, size_t bytes, void** address, uint64_t* handle) override {
+    const DriverCalls& d = driver();
+    if (!d.status.ok()) return d.status;
+    DeviceScope scope(device);
+    if (!scope.status().ok()) return scope.status();
+    CUmemGenericAllocationHandle imported = 0;
+    if (Status s = driver_check(d.import(&imported, reinterpret_cast<void*>(static_cast<intptr_t>(fd)),
+                                         CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+                                "cuMemImportFromShareableHandle");
+        !s.ok()) {
+      return s;
+    }
+    CUmemAllocationProp prop{};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = device;
+    size_t granularity = 0;
+    CUdeviceptr mapped = 0;
+    Status s = driver_check(d.granularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+                            "cuMemGetAllocationGranularity");
+    if (s.ok() && bytes % granularity != 0) {
+      s = Status::invalid_argument(std::to_string(bytes) + " bytes is not a multiple of the allocation granularity (" +
+                                   std::to_string(granularity) + ")");
+    }
+    if (s.ok()) s = driver_check(d.reserve(&mapped, bytes, granularity, 0, 0), "cuMemAddressReserve");
+    if (s.ok()) {
+      s = driver_check(d.map(mapped, bytes, 0, imported, 0), "cuMemMap");
+      if (!s.ok()) d.free(mapped, bytes);
+    }
+    if (s.ok()) {
+      CUmemAccessDesc access{};
+      access.location = prop.location;
+      access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+      s = driver_check(d.set_access(mapped, bytes, &access, 1), "cuMemSetAccess");
+      if (!s.ok()) {
+        d.unmap(mapped, bytes);
+        d.free(mapped, bytes);
+      }
+    }
+    if (!s.ok()) {
+      d.release(imported);
+      return s;
+    }
+    *address = reinterpret_cast<void*>(mapped);
+    *handle = imported;
+    return Status();
+  }
+
+  Status release_vmm(int device, void* address, size_t bytes, uint64_t handle) override {
+    const DriverCalls& d = driver();
+    if (!d.status.ok()) return d.status;
+    DeviceScope scope(device);
+    const auto p = reinterpret_cast<CUdeviceptr>(address);
+    Status s = driver_check(d.unmap(p, bytes), "cuMemUnmap");
+    d.free(p, bytes);
+    d.release(handle);
+    return s;
+  }
+
+  Status allocation_size(int device, void* base, size_t* bytes) override {
+    const DriverCalls& d = driver();
+    if (!d.status.ok()) return d.status;
+    DeviceScope scope(device);
+    CUdeviceptr start = 0;
+    return driver_check(d.address_range(&start, bytes, reinterpret_cast<CUdeviceptr>(base)), "cuMemGetAddressRange");
+  }
+
   Status open_ipc_memory(int device, const IpcHandle& handle, void** base) override {
     DeviceScope scope(device);
     if (!scope.status().ok()) return scope.status();
@@ -73,6 +186,26 @@ class CudaDeviceApi final : public DeviceApi {
   Status record_event(void* event, void* stream) override {
     return check(cudaEventRecord(static_cast<cudaEvent_t>(event), static_cast<cudaStream_t>(stream)), "cudaEventRecord");
   }
+
+ private:
+  const DriverCalls& driver() {
+    std::call_once(fetched_, [&] {
+      Status& s = calls_.status;
+      if (s.ok()) s = fetch("cuMemImportFromShareableHandle", reinterpret_cast<void**>(&calls_.import));
+      if (s.ok()) s = fetch("cuMemAddressReserve", reinterpret_cast<void**>(&calls_.reserve));
+      if (s.ok()) s = fetch("cuMemAddressFree", reinterpret_cast<void**>(&calls_.free));
+      if (s.ok()) s = fetch("cuMemMap", reinterpret_cast<void**>(&calls_.map));
+      if (s.ok()) s = fetch("cuMemUnmap", reinterpret_cast<void**>(&calls_.unmap));
+      if (s.ok()) s = fetch("cuMemSetAccess", reinterpret_cast<void**>(&calls_.set_access));
+      if (s.ok()) s = fetch("cuMemRelease", reinterpret_cast<void**>(&calls_.release));
+      if (s.ok()) s = fetch("cuMemGetAddressRange", reinterpret_cast<void**>(&calls_.address_range));
+      if (s.ok()) s = fetch("cuMemGetAllocationGranularity", reinterpret_cast<void**>(&calls_.granularity));
+    });
+    return calls_;
+  }
+
+  std::once_flag fetched_;
+  DriverCalls calls_;
 };
 
 }  // namespace

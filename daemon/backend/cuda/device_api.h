@@ -5,8 +5,10 @@
 #pragma once
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "shared/status.h"
 
@@ -18,6 +20,18 @@ using IpcHandle = std::array<unsigned char, 64>;
 class DeviceApi {
  public:
   virtual ~DeviceApi() = default;
+
+  // The ordinal, as this process sees it, of the GPU with this 16-byte UUID.
+  virtual Status device_of_uuid(const std::string& uuid, int* device) = 0;
+
+  // Imports a VMM allocation a client exported as `fd` (cuMemImportFromShareableHandle) and
+  // maps `bytes` of it read-write on `device` (cuMemAddressReserve, cuMemMap, cuMemSetAccess).
+  // `handle` is what release_vmm needs back.
+  virtual Status import_vmm(int device, int fd, size_t bytes, void** address, uint64_t* handle) = 0;
+  virtual Status release_vmm(int device, void* address, size_t bytes, uint64_t handle) = 0;
+
+  // The size of the allocation that starts at `base` (cuMemGetAddressRange).
+  virtual Status allocation_size(int device, void* base, size_t* bytes) = 0;
 
   // Opens another process's allocation (cudaIpcOpenMemHandle) on `device`; the base address of
   // the allocation in this process.
