@@ -2,7 +2,9 @@
 
 #include "daemon/backend/host/executor.h"
 #include "daemon/backend/host/memory.h"
+#include "daemon/backend/cuda/executor.h"
 #include "daemon/backend/cuda/ipc_cache.h"
+#include "daemon/backend/cuda/launcher.h"
 #include "daemon/backend/cuda/memory.h"
 #if GRADSYNC_HAVE_CUDA
 #include "daemon/backend/cuda/device.h"
@@ -36,8 +38,9 @@ class Backends final : public BackendFactory {
  public:
   // `device_problem`: why device memory cannot be served here. `devices` is the CUDA runtime
   // when it can (and null otherwise).
-  Backends(std::string device_problem, std::unique_ptr<cuda::DeviceApi> devices)
-      : device_problem_(std::move(device_problem)), devices_(std::move(devices)) {
+  Backends(std::string device_problem, std::unique_ptr<cuda::DeviceApi> devices,
+           std::unique_ptr<cuda::KernelLauncher> kernels)
+      : device_problem_(std::move(device_problem)), devices_(std::move(devices)), kernels_(std::move(kernels)) {
     if (devices_) ipc_ = std::make_unique<cuda::IpcMemoryCache>(devices_.get());
   }
 
@@ -63,7 +66,10 @@ class Backends final : public BackendFactory {
     switch (kind) {
       case MemoryKind::kHostMemfd: *out = std::make_unique<host::HostExecutor>(pool, log); return Status();
       case MemoryKind::kCudaVmm:
-      case MemoryKind::kCudaLegacyIpc: break;
+      case MemoryKind::kCudaLegacyIpc:
+        if (!devices_ || !kernels_) break;
+        *out = std::make_unique<cuda::CudaExecutor>(devices_.get(), kernels_.get(), log);
+        return Status();
     }
     return Status::not_supported("no executor for " + std::string(memory_kind_name(kind)) + " memory");
   }
@@ -73,6 +79,7 @@ class Backends final : public BackendFactory {
   // Declared before the cache and outliving it and every region made here (the factory lives
   // as long as the daemon).
   std::unique_ptr<cuda::DeviceApi> devices_;
+  std::unique_ptr<cuda::KernelLauncher> kernels_;
   std::unique_ptr<cuda::IpcMemoryCache> ipc_;
 };
 
@@ -93,13 +100,13 @@ std::unique_ptr<BackendFactory> make_backend_factory(const Logger& log) {
   const Status probe = cuda::probe_devices(&summary);
   if (probe.ok()) {
     log.info("CUDA: " + summary);
-    return std::make_unique<Backends>("", cuda::make_cuda_device_api());
+    return std::make_unique<Backends>("", cuda::make_cuda_device_api(), cuda::make_cuda_kernel_launcher());
   }
   log.info("CUDA: no usable GPU (" + probe.message() + "); serving host memory only");
-  return std::make_unique<Backends>("no usable GPU here (" + probe.message() + ")", nullptr);
+  return std::make_unique<Backends>("no usable GPU here (" + probe.message() + ")", nullptr, nullptr);
 #else
   log.info("CUDA: built without the CUDA backend (GRADSYNC_CUDA=OFF or no nvcc/NCCL at build time); serving host memory only");
-  return std::make_unique<Backends>("this gradsyncd was built without the CUDA backend", nullptr);
+  return std::make_unique<Backends>("this gradsyncd was built without the CUDA backend", nullptr, nullptr);
 #endif
 }
 

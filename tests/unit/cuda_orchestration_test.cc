@@ -52,6 +52,13 @@ class FakeDeviceApi final : public DeviceApi {
     *bytes = allocation_bytes;
     return Status();
   }
+  // Not used by the cache, the rings or the import.
+  Status allocate(int, size_t, void**) override { return Status::not_supported("fake"); }
+  Status free(int, void*) override { return Status::not_supported("fake"); }
+  Status upload(int, void*, const void*, size_t) override { return Status::not_supported("fake"); }
+  Status create_stream(int, void**) override { return Status::not_supported("fake"); }
+  Status destroy_stream(int, void*) override { return Status::not_supported("fake"); }
+  Status synchronize(void*) override { return Status::not_supported("fake"); }
   Status open_ipc_memory(int device, const IpcHandle& h, void** base) override {
     if (fail_opening == h[0]) return Status::internal("invalid resource handle");
     ++memory_opens;

@@ -179,6 +179,38 @@ class CudaDeviceApi final : public DeviceApi {
     if (!scope.status().ok()) return scope.status();
     return check(cudaEventDestroy(static_cast<cudaEvent_t>(event)), "cudaEventDestroy");
   }
+  Status allocate(int device, size_t bytes, void** memory) override {
+    DeviceScope scope(device);
+    if (!scope.status().ok()) return scope.status();
+    return check(cudaMalloc(memory, bytes), "cudaMalloc");
+  }
+  Status free(int device, void* memory) override {
+    DeviceScope scope(device);
+    if (!scope.status().ok()) return scope.status();
+    return check(cudaFree(memory), "cudaFree");
+  }
+  Status upload(int device, void* to, const void* from, size_t bytes) override {
+    DeviceScope scope(device);
+    if (!scope.status().ok()) return scope.status();
+    return check(cudaMemcpy(to, from, bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
+  }
+  Status create_stream(int device, void** stream) override {
+    DeviceScope scope(device);
+    if (!scope.status().ok()) return scope.status();
+    cudaStream_t created = nullptr;
+    Status s = check(cudaStreamCreateWithFlags(&created, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    *stream = created;
+    return s;
+  }
+  Status destroy_stream(int device, void* stream) override {
+    DeviceScope scope(device);
+    if (!scope.status().ok()) return scope.status();
+    return check(cudaStreamDestroy(static_cast<cudaStream_t>(stream)), "cudaStreamDestroy");
+  }
+  Status synchronize(void* stream) override {
+    return check(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "cudaStreamSynchronize");
+  }
+
   Status stream_wait_event(void* stream, void* event) override {
     return check(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(event), 0),
                  "cudaStreamWaitEvent");

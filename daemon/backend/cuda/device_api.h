@@ -42,6 +42,17 @@ class DeviceApi {
   virtual Status open_ipc_event(int device, const IpcHandle& handle, void** event) = 0;
   virtual Status destroy_event(int device, void* event) = 0;
 
+  // Device memory of the daemon's own (bucket buffers, launch tables).
+  virtual Status allocate(int device, size_t bytes, void** memory) = 0;
+  virtual Status free(int device, void* memory) = 0;
+  // Copies host bytes to device memory and returns when they are there (tables, once).
+  virtual Status upload(int device, void* to, const void* from, size_t bytes) = 0;
+
+  // A non-blocking stream of the daemon's on `device`, and waiting for all work on it.
+  virtual Status create_stream(int device, void** stream) = 0;
+  virtual Status destroy_stream(int device, void* stream) = 0;
+  virtual Status synchronize(void* stream) = 0;
+
   // Enqueues on `stream`: a wait for the event's latest record, or a record of it.
   virtual Status stream_wait_event(void* stream, void* event) = 0;
   virtual Status record_event(void* event, void* stream) = 0;

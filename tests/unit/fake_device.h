@@ -1,0 +1,115 @@
+// A DeviceApi whose "device memory" is host memory and whose streams do nothing, and a
+// KernelLauncher that runs the kernels' functors over that memory on the host: with them the
+// CUDA executor runs, tables and all, on a machine without a GPU, and its results can be
+// compared with the host reduction bit for bit.
+#pragma once
+
+#include <cstdlib>
+#include <cstring>
+#include <map>
+
+#include "daemon/backend/cuda/device_api.h"
+#include "daemon/backend/cuda/launcher.h"
+#include "daemon/backend/memory.h"
+
+namespace gradsync::cuda::testing {
+
+class HostBackedDeviceApi final : public DeviceApi {
+ public:
+  ~HostBackedDeviceApi() override {
+    for (auto& [p, bytes] : allocations) std::free(p);
+  }
+  Status device_of_uuid(const std::string&, int*) override { return Status::not_supported("fake"); }
+  Status import_vmm(int, int, size_t, void**, uint64_t*) override { return Status::not_supported("fake"); }
+  Status release_vmm(int, void*, size_t, uint64_t) override { return Status::not_supported("fake"); }
+  Status allocation_size(int, void*, size_t*) override { return Status::not_supported("fake"); }
+  Status open_ipc_memory(int, const IpcHandle&, void**) override { return Status::not_supported("fake"); }
+  Status close_ipc_memory(int, void*) override { return Status::not_supported("fake"); }
+  Status open_ipc_event(int, const IpcHandle&, void**) override { return Status::not_supported("fake"); }
+  Status destroy_event(int, void*) override { return Status::not_supported("fake"); }
+  Status stream_wait_event(void*, void*) override { return Status(); }
+  Status record_event(void*, void*) override { return Status(); }
+
+  Status allocate(int, size_t bytes, void** memory) override {
+    *memory = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
+    allocations[*memory] = bytes;
+    return Status();
+  }
+  Status free(int, void* memory) override {
+    if (allocations.erase(memory) != 1) return Status::internal("freeing memory that was not allocated");
+    std::free(memory);
+    return Status();
+  }
+  Status upload(int, void* to, const void* from, size_t bytes) override {
+    ++uploads;
+    std::memcpy(to, from, bytes);
+    return Status();
+  }
+  Status create_stream(int, void** stream) override {
+    *stream = reinterpret_cast<void*>(++streams);
+    return Status();
+  }
+  Status destroy_stream(int, void*) override {
+    --streams;
+    return Status();
+  }
+  Status synchronize(void*) override {
+    ++synchronizations;
+    return Status();
+  }
+
+  std::map<void*, size_t> allocations;
+  int uploads = 0;
+  int streams = 0;
+  int synchronizations = 0;
+};
+
+class HostKernelLauncher final : public KernelLauncher {
+ public:
+  Status gather(const reduce::KernelArgs& args, const BucketTable& table, void*) override {
+    ++gathers;
+    dispatch(args, [&]<typename Codec, reduce::Combine kCombine, reduce::Scale kScale, bool kRound>() {
+      using Acc = typename Codec::Acc;
+      const Acc divisor = kScale == reduce::Scale::kNone ? Acc{1} : static_cast<Acc>(args.divisor);
+      run(GatherItem<Codec, kCombine, kScale, kRound>{divisor}, table);
+    });
+    return Status();
+  }
+  Status scatter(const reduce::KernelArgs& args, const BucketTable& table, void*) override {
+    ++scatters;
+    dispatch(args, [&]<typename Codec, reduce::Combine kCombine, reduce::Scale kScale, bool kRound>() {
+      using Acc = typename Codec::Acc;
+      constexpr reduce::Scale kAfter = kCombine == reduce::Combine::kSum ? kScale : reduce::Scale::kNone;
+      const Acc divisor = kAfter == reduce::Scale::kNone ? Acc{1} : static_cast<Acc>(args.divisor);
+      run(ScatterItem<Codec, kAfter, kRound>{divisor}, table);
+    });
+    return Status();
+  }
+  int gathers = 0;
+  int scatters = 0;
+
+ private:
+  template <typename Functor>
+  static void run(const Functor& functor, const BucketTable& table) {
+    for (uint64_t item = 0; item < table.item_count; ++item) {
+      for (uint32_t lane = 0; lane < 4; ++lane) functor(table, item, lane, 4);
+    }
+  }
+};
+
+// A client's tensors "on" a GPU: host memory that says it is device memory.
+class FakeDeviceRegion final : public MemoryRegion {
+ public:
+  FakeDeviceRegion(std::byte* base, size_t size, int device) : base_(base), size_(size), device_(device) {}
+  MemoryKind kind() const override { return MemoryKind::kCudaVmm; }
+  size_t size() const override { return size_; }
+  std::byte* base() const override { return base_; }
+  int device() const override { return device_; }
+
+ private:
+  std::byte* base_;
+  size_t size_;
+  int device_;
+};
+
+}  // namespace gradsync::cuda::testing
