@@ -261,6 +261,13 @@ TensorSet ClientImpl::register_tensors(std::span<const SharedTensor> tensors, co
   }
   for (size_t i = 0; i < tensors.size(); ++i) {
     const SharedTensor& tensor = tensors[i];
+    // A set lives in one kind of memory, and its device tensors on one device.
+    if (tensor.device() != tensors[0].device()) {
+      const auto where = [](int device) { return device < 0 ? std::string("host memory") : "device " + std::to_string(device); };
+      throw Error(Status::invalid_argument("tensor " + std::to_string(i) + " is in " + where(tensor.device()) +
+                                           " but tensor 0 is in " + where(tensors[0].device()) +
+                                           "; a set's tensors share one kind of memory and one device"));
+    }
     if (!dtype_from_raw(static_cast<uint32_t>(tensor.dtype()))) {
       throw Error(Status::invalid_argument("tensor " + std::to_string(i) + ": unknown dtype " +
                                            std::to_string(static_cast<uint32_t>(tensor.dtype()))));
@@ -293,6 +300,7 @@ TensorSet ClientImpl::register_tensors(std::span<const SharedTensor> tensors, co
     set.buckets_.push_back(std::move(bucket));
   }
   set_sizes_[set.id_] = set.tensors_.size();
+  if (tensors[0].device() >= 0) set_device_[set.id_] = tensors[0].device();
   for (const SharedTensor& tensor : set.tensors_) {
     if (!dtype_is_floating(tensor.dtype())) set_has_integers_.insert(set.id_);
   }
@@ -356,8 +364,15 @@ void ClientImpl::push(const SubmitEntry& entry) {
   channel_->doorbell_page()->doorbell.notify();
 }
 
+void ClientImpl::ready_on_device(uint32_t set_id) {
+  auto it = set_device_.find(set_id);
+  if (it != set_device_.end()) throw_if_error(device_memory_->synchronize(it->second));
+}
+
 Work ClientImpl::submit(const SubmitEntry& original) {
   throw_if_error(completions_->job_failure());
+  // Tensors announced ready must be written: the GPU work that produced them is waited for.
+  if (original.flags & kSubmitAllReady) ready_on_device(original.set_id);
   completions_->wait_below(CompletionRing::capacity, std::chrono::steady_clock::now() + timeout_);
   SubmitEntry entry = original;
   entry.op_seq = next_seq_++;
@@ -396,6 +411,7 @@ void ClientImpl::mark_ready(const TensorSet& set, uint32_t tensor_index) {
     throw Error(Status::invalid_argument("tensor " + std::to_string(tensor_index) + " is already marked ready"));
   }
   throw_if_error(completions_->job_failure());
+  ready_on_device(set.id());
   SubmitEntry entry;
   entry.kind = static_cast<uint32_t>(SubmitKind::kMarkReady);
   entry.set_id = set.id();

@@ -79,6 +79,8 @@ class ClientImpl final : public Client {
   std::map<uint32_t, size_t> set_sizes_;  // registered sets of this incarnation
   std::map<uint32_t, Deferred> deferred_;
   std::set<uint32_t> set_has_integers_;  // sets with an integer tensor: no avg
+  std::map<uint32_t, int> set_device_;    // sets in device memory: their device
+  void ready_on_device(uint32_t set_id);  // the host wait before device tensors are announced
 };
 
 }  // namespace gradsync

@@ -196,6 +196,24 @@ class CudaVmmMemory final : public DeviceMemory {
     return Status();
   }
 
+  Status synchronize(int ordinal) override {
+    std::call_once(loaded_, [&] { load_status_ = load_driver(&driver_); });
+    if (!load_status_.ok()) return load_status_;
+    const Driver& d = driver_;
+    CUdevice device = 0;
+    CUcontext context = nullptr;
+    if (Status s = d.check(d.device_get(&device, ordinal), "cuDeviceGet"); !s.ok()) return s;
+    if (Status s = d.check(d.primary_ctx_retain(&context, device), "cuDevicePrimaryCtxRetain"); !s.ok()) return s;
+    Status status = d.check(d.ctx_push(context), "cuCtxPushCurrent");
+    if (status.ok()) {
+      status = d.check(d.ctx_synchronize(), "cuCtxSynchronize");
+      CUcontext popped = nullptr;
+      d.ctx_pop(&popped);
+    }
+    d.primary_ctx_release(device);
+    return status;
+  }
+
  private:
   std::once_flag loaded_;
   Status load_status_;

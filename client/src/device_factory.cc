@@ -13,6 +13,9 @@ class NoDeviceMemory final : public DeviceMemory {
   Status allocate(int, size_t, std::unique_ptr<DeviceAllocation>*) override {
     return Status::not_supported("device memory: this client library was built without CUDA support (GRADSYNC_CUDA=OFF)");
   }
+  Status synchronize(int) override {
+    return Status::not_supported("device memory: this client library was built without CUDA support (GRADSYNC_CUDA=OFF)");
+  }
 };
 
 }  // namespace

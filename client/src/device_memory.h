@@ -31,6 +31,11 @@ class DeviceMemory {
   // Zero-filled memory of at least `bytes` on `device`. The error names the cause: no CUDA
   // support in this build, no driver, no such device, or the driver's own error.
   virtual Status allocate(int device, size_t bytes, std::unique_ptr<DeviceAllocation>* out) = 0;
+
+  // Waits until all work queued on `device` in this process is done (cuCtxSynchronize on its
+  // primary context, which PyTorch uses too): what the client does before it tells the daemon
+  // device tensors are ready, until the interprocess events replace this host wait.
+  virtual Status synchronize(int device) = 0;
 };
 
 std::unique_ptr<DeviceMemory> make_device_memory();

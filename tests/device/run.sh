@@ -14,7 +14,7 @@ bundle=$(cd "$bundle" && pwd)
 fail=0
 note() { echo "run.sh: $*"; }
 
-for f in bin/gradsync_gpu_tests bin/gradsync-gpu-bench bin/gradsyncd run.sh torch_flatten.py; do
+for f in bin/gradsync_gpu_tests bin/gradsync_gpu_e2e_tests bin/gradsync-gpu-bench bin/gradsyncd run.sh torch_flatten.py; do
   [[ -e "$bundle/$f" ]] || { note "the bundle lacks $f"; exit 1; }
 done
 if [[ "$mode" == "--dry-run" ]]; then
@@ -35,6 +35,11 @@ echo "== GPU tests"
 ours timeout 300 "$bundle/bin/gradsync_gpu_tests" --durations yes 2>&1 | tail -40
 status=${PIPESTATUS[0]}
 [[ $status -eq 0 ]] || { note "GPU tests exited $status"; fail=1; }
+
+echo "== end to end: gradsyncd and client processes on the GPU"
+GRADSYNCD_BINARY="$bundle/bin/gradsyncd" ours timeout 300 "$bundle/bin/gradsync_gpu_e2e_tests" --durations yes 2>&1 | tail -40
+status=${PIPESTATUS[0]}
+[[ $status -eq 0 ]] || { note "end-to-end GPU tests exited $status"; fail=1; }
 
 echo "== benchmarks"
 kernels=$(ours timeout 120 "$bundle/bin/gradsync-gpu-bench" --iterations 50 2>&1) || { note "gradsync-gpu-bench failed"; fail=1; }

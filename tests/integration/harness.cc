@@ -1,5 +1,7 @@
 #include "tests/integration/harness.h"
 
+#include <cstdlib>
+
 #include <arpa/inet.h>
 #include <poll.h>
 #include <netinet/in.h>
@@ -28,7 +30,11 @@ TestDaemon::TestDaemon(std::vector<std::string> args) {
     args.insert(args.begin(), {"--peer-listen", "127.0.0.1:0"});
   }
   args.insert(args.begin(), {"--log-level", "debug"});
-  process_ = std::make_unique<DaemonProcess>(DaemonProcess::Options{GRADSYNCD_BINARY, std::move(args), log_path_});
+  // $GRADSYNCD_BINARY points the tests at a gradsyncd elsewhere than the build tree (the GPU
+  // bundle on a lent machine).
+  const char* binary = std::getenv("GRADSYNCD_BINARY");
+  process_ = std::make_unique<DaemonProcess>(
+      DaemonProcess::Options{binary && *binary ? binary : GRADSYNCD_BINARY, std::move(args), log_path_});
 }
 
 TestDaemon::~TestDaemon() {
