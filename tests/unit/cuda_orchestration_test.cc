@@ -53,6 +53,7 @@ class FakeDeviceApi final : public DeviceApi {
     return Status();
   }
   // Not used by the cache, the rings or the import.
+  Status make_current(int) override { return Status::not_supported("fake"); }
   Status allocate(int, size_t, void**) override { return Status::not_supported("fake"); }
   Status free(int, void*) override { return Status::not_supported("fake"); }
   Status upload(int, void*, const void*, size_t) override { return Status::not_supported("fake"); }

@@ -30,6 +30,7 @@ class HostBackedDeviceApi final : public DeviceApi {
   Status stream_wait_event(void*, void*) override { return Status(); }
   Status record_event(void*, void*) override { return Status(); }
 
+  Status make_current(int) override { return Status(); }
   Status allocate(int, size_t bytes, void** memory) override {
     *memory = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
     allocations[*memory] = bytes;

@@ -179,6 +179,8 @@ class CudaDeviceApi final : public DeviceApi {
     if (!scope.status().ok()) return scope.status();
     return check(cudaEventDestroy(static_cast<cudaEvent_t>(event)), "cudaEventDestroy");
   }
+  Status make_current(int device) override { return check(cudaSetDevice(device), "cudaSetDevice"); }
+
   Status allocate(int device, size_t bytes, void** memory) override {
     DeviceScope scope(device);
     if (!scope.status().ok()) return scope.status();

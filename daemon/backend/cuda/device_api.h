@@ -42,6 +42,10 @@ class DeviceApi {
   virtual Status open_ipc_event(int device, const IpcHandle& handle, void** event) = 0;
   virtual Status destroy_event(int device, void* event) = 0;
 
+  // Makes `device` the calling thread's current device and leaves it so: for a thread that
+  // launches kernels on that device's streams (the job's worker).
+  virtual Status make_current(int device) = 0;
+
   // Device memory of the daemon's own (bucket buffers, launch tables).
   virtual Status allocate(int device, size_t bytes, void** memory) = 0;
   virtual Status free(int device, void* memory) = 0;

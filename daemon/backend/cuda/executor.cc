@@ -140,6 +140,8 @@ Status CudaExecutor::run(const BucketCall& call) {
   const DType dtype = set.plan.buckets[b].dtype;
   const bool copy = call.desc.kind == OpKind::kBroadcast;  // moves bytes, not values
   const size_t acc = copy ? dtype_size(dtype) : dtype_size(reduce::accumulation_dtype(dtype));
+  // Kernels launch on the device's stream from this thread.
+  if (Status s = api_->make_current(device); !s.ok()) return s;
   Device* state = nullptr;
   if (Status s = device_state(device, std::max<size_t>(1, set.bucket_elements[b] * acc), &state); !s.ok()) return s;
 
