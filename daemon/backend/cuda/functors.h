@@ -231,10 +231,16 @@ decltype(auto) dispatch(const reduce::KernelArgs& args, Body&& body) {
     using Codec = decltype(codec);
     constexpr Combine kCombine = decltype(combine)::value;
     constexpr bool kRound = decltype(round)::value;
-    switch (args.scale) {
-      case Scale::kNone: return body.template operator()<Codec, kCombine, Scale::kNone, kRound>();
-      case Scale::kBefore: return body.template operator()<Codec, kCombine, Scale::kBefore, kRound>();
-      default: return body.template operator()<Codec, kCombine, Scale::kAfter, kRound>();
+    // validate_kernel_args allows scaling only for sums of floating types: the other
+    // combinations are never instantiated (no integer divides in device code, fewer kernels).
+    if constexpr (std::is_integral_v<typename Codec::Acc> || kCombine != Combine::kSum) {
+      return body.template operator()<Codec, kCombine, Scale::kNone, kRound>();
+    } else {
+      switch (args.scale) {
+        case Scale::kNone: return body.template operator()<Codec, kCombine, Scale::kNone, kRound>();
+        case Scale::kBefore: return body.template operator()<Codec, kCombine, Scale::kBefore, kRound>();
+        default: return body.template operator()<Codec, kCombine, Scale::kAfter, kRound>();
+      }
     }
   };
   auto by_combine = [&](auto codec, auto round) {
