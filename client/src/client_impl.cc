@@ -1,5 +1,7 @@
 #include "client/src/client_impl.h"
 
+#include <algorithm>
+
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -117,6 +119,7 @@ void ClientImpl::join(const JoinOptions& options) {
   channel_.reset();
   set_sizes_.clear();
   set_has_integers_.clear();
+  set_device_.clear();
   deferred_.clear();
   next_seq_ = 1;
   next_set_id_ = 0;
@@ -262,6 +265,19 @@ TensorSet ClientImpl::register_tensors(std::span<const SharedTensor> tensors, co
   for (size_t i = 0; i < tensors.size(); ++i) {
     const SharedTensor& tensor = tensors[i];
     // A set lives in one kind of memory, and its device tensors on one device.
+    if (tensor.device() >= 0) {
+      // A device tensor must sit in device memory this client allocated on that device (a
+      // SharedTensor can be made by hand).
+      const bool ours = std::any_of(device_segments_.begin(), device_segments_.end(), [&](const DeviceSegment& s) {
+        return s.id == tensor.segment_id() && s.memory->device() == tensor.device();
+      });
+      if (!ours) {
+        throw Error(Status::invalid_argument("tensor " + std::to_string(i) + " claims device " +
+                                             std::to_string(tensor.device()) + " but segment " +
+                                             std::to_string(tensor.segment_id()) +
+                                             " is not device memory this client allocated there"));
+      }
+    }
     if (tensor.device() != tensors[0].device()) {
       const auto where = [](int device) { return device < 0 ? std::string("host memory") : "device " + std::to_string(device); };
       throw Error(Status::invalid_argument("tensor " + std::to_string(i) + " is in " + where(tensor.device()) +

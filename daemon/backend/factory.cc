@@ -54,6 +54,14 @@ class Backends final : public BackendFactory {
           return Status::not_supported(std::string(memory_kind_name(what.kind)) + " memory: " + device_problem_ +
                                        "; this gradsyncd serves host memory only");
         }
+        if (what.kind == MemoryKind::kCudaLegacyIpc) {
+          // Handle bytes are not a capability: any local user who learns them could reach
+          // another user's allocation through the daemon, and the importer gets no lifetime
+          // guarantee. Until the legacy route has a trust model (per-user caches, trusted
+          // uids), only VMM memory, passed by descriptor, is taken.
+          return Status::not_supported("CUDA legacy IPC memory is not accepted: an IPC handle is not proof of "
+                                       "ownership; allocate gradients with Client::allocate_device (CUDA VMM)");
+        }
         return cuda::import_device_memory(devices_.get(), ipc_.get(), std::move(what), out);
       }
     }

@@ -4,6 +4,8 @@
 #include <catch2/catch.hpp>
 #include <cuda_runtime.h>
 
+#include <sys/wait.h>
+
 #include <csignal>
 #include <vector>
 
@@ -105,16 +107,27 @@ TEST_CASE("gpu end to end: broadcast from rank 1 and reduce to rank 0", "[gpu][e
 }
 
 TEST_CASE("gpu end to end: a client killed mid-job fails the other, naming it", "[gpu][e2e]") {
-  CHECK(run_ranks(2, [&](int rank, Client& client, const std::vector<SharedTensor>&, const TensorSet& set) {
-          if (rank == 1) ::raise(SIGKILL);
-          try {
-            client.allreduce(set, ReduceOptions{}).wait(std::chrono::seconds(60));
-            return fail("the step completed without rank 1");
-          } catch (const Error& e) {
-            if (e.code() != ErrorCode::kPeerLost) return fail(std::string("unexpected: ") + e.what());
-          }
-          return kOk;
-        }) <= 1);  // rank 1's own exit is the SIGKILL
+  TestDaemon daemon;
+  const std::string job = unique_job("gpu-kill");
+  ClientGroup group(2, [&](int rank) {
+    auto client = join(daemon.socket(), job, rank, 2);
+    const std::vector<SharedTensor> tensors = client->allocate_device_flat(kSpecs, 0);
+    const TensorSet set = client->register_tensors(tensors, {});
+    if (rank == 1) ::raise(SIGKILL);  // after registering, before its first step
+    try {
+      client->allreduce(set, ReduceOptions{}).wait(std::chrono::seconds(60));
+      return fail("the step completed without rank 1");
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kPeerLost || std::string(e.what()).find("rank 1") == std::string::npos) {
+        return fail(std::string("unexpected: ") + e.what());
+      }
+    }
+    return kOk;
+  });
+  CHECK(exit_code(group.wait(0, std::chrono::seconds(120))) == kOk);
+  const int killed = group.wait(1, std::chrono::seconds(10));
+  CHECK((WIFSIGNALED(killed) && WTERMSIG(killed) == SIGKILL));
+  CHECK(daemon.running());
 }
 
 }  // namespace gradsync::test

@@ -1,5 +1,6 @@
 #include "tests/integration/harness.h"
 
+#include <cstdio>
 #include <cstdlib>
 
 #include <arpa/inet.h>
@@ -33,6 +34,7 @@ TestDaemon::TestDaemon(std::vector<std::string> args) {
   // $GRADSYNCD_BINARY points the tests at a gradsyncd elsewhere than the build tree (the GPU
   // bundle on a lent machine).
   const char* binary = std::getenv("GRADSYNCD_BINARY");
+  if (binary && *binary) std::fprintf(stderr, "harness: gradsyncd from $GRADSYNCD_BINARY: %s\n", binary);
   process_ = std::make_unique<DaemonProcess>(
       DaemonProcess::Options{binary && *binary ? binary : GRADSYNCD_BINARY, std::move(args), log_path_});
 }

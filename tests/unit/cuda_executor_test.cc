@@ -3,6 +3,7 @@
 // share "GPU 0"; every operation it supports is checked bit for bit against the host reduction.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <random>
 #include <vector>
 
@@ -152,6 +153,16 @@ TEST_CASE("cuda executor: reduce lands in the root only; broadcast copies the ro
     REQUIRE(f.run(executor, OpKind::kBroadcast, sum, 2).ok());
     for (size_t t = 0; t < f.set->layout.size(); ++t) {
       for (int c = 0; c < kClients; ++c) CHECK(f.tensor(c, t) == f.original_tensor(2, t));
+    }
+    // Another root on the same set: its own tables, not the first root's (a review found the
+    // root missing from the cache key).
+    for (int c = 0; c < kClients; ++c) {  // in place: the set points into these buffers
+      std::copy(f.original[static_cast<size_t>(c)].begin(), f.original[static_cast<size_t>(c)].end(),
+                f.memory[static_cast<size_t>(c)].begin());
+    }
+    REQUIRE(f.run(executor, OpKind::kBroadcast, sum, 0).ok());
+    for (size_t t = 0; t < f.set->layout.size(); ++t) {
+      for (int c = 0; c < kClients; ++c) CHECK(f.tensor(c, t) == f.original_tensor(0, t));
     }
   }
 }

@@ -194,7 +194,10 @@ class CudaDeviceApi final : public DeviceApi {
   Status upload(int device, void* to, const void* from, size_t bytes) override {
     DeviceScope scope(device);
     if (!scope.status().ok()) return scope.status();
-    return check(cudaMemcpy(to, from, bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
+    // A cudaMemcpy from pageable memory may return before the DMA is done, and the executor's
+    // non-blocking stream would not wait for it: copy on the legacy stream and wait for it.
+    if (Status s = check(cudaMemcpyAsync(to, from, bytes, cudaMemcpyHostToDevice, 0), "cudaMemcpyAsync"); !s.ok()) return s;
+    return check(cudaStreamSynchronize(0), "cudaStreamSynchronize");
   }
   Status create_stream(int device, void** stream) override {
     DeviceScope scope(device);

@@ -80,14 +80,14 @@ Status CudaExecutor::device_state(int device, size_t bucket_bytes, Device** out)
 Status CudaExecutor::table(const BucketCall& call, int device, Side side, int only, bool skip_root, bool bytes,
                            const Table** out) {
   const TensorSet& set = *call.set;
-  const TableKey key{set.id, call.bucket, side, only, skip_root, bytes};
+  const uint32_t root = static_cast<uint32_t>(call.desc.root % call.topology->local_world_size);
+  const TableKey key{set.id, call.bucket, side, only, skip_root ? static_cast<int>(root) : -1, bytes};
   if (auto it = tables_.find(key); it != tables_.end()) {
     *out = &it->second.second;
     return Status();
   }
   const plan::Bucket& bucket = set.plan.buckets[call.bucket];
   std::vector<uint32_t> clients;
-  const uint32_t root = static_cast<uint32_t>(call.desc.root % call.topology->local_world_size);
   for (uint32_t c : set.participants[call.bucket]) {
     if (only >= 0 && c != static_cast<uint32_t>(only)) continue;
     if (skip_root && c == root) continue;
@@ -173,9 +173,18 @@ Status CudaExecutor::run(const BucketCall& call) {
     return BucketTable{static_cast<const Segment*>(t.segments), static_cast<const WorkItem*>(t.items), t.item_count,
                        t.clients, state->bucket_buffer};
   };
-  if (gather->clients > 0) status = kernels_->gather(args, as_table(*gather), state->stream);
+  bool enqueued = false;
+  if (gather->clients > 0) {
+    status = kernels_->gather(args, as_table(*gather), state->stream);
+    enqueued = status.ok();
+  }
   if (status.ok() && scatter->clients > 0) status = kernels_->scatter(args, as_table(*scatter), state->stream);
-  if (status.ok()) status = api_->synchronize(state->stream);
+  // Whatever failed, nothing that was enqueued may still touch client memory once the job
+  // learns of the failure and unmaps it.
+  if (enqueued || status.ok()) {
+    const Status synchronized = api_->synchronize(state->stream);
+    if (status.ok()) status = synchronized;
+  }
   if (!status.ok()) return Status(status.code(), where + " on GPU " + std::to_string(device) + ": " + status.message());
   return Status();
 }

@@ -46,9 +46,9 @@ class CudaExecutor final : public BucketExecutor {
     uint32_t clients = 0;
   };
   enum class Side { kGather, kScatter };
-  // (set id, bucket, side, the one client of a root-only launch or -1, whether it skips the
-  // root, whether it counts bytes rather than elements)
-  using TableKey = std::tuple<uint32_t, size_t, Side, int, bool, bool>;
+  // (set id, bucket, side, the one client of a root-only launch or -1, the root it skips or -1,
+  // whether it counts bytes rather than elements)
+  using TableKey = std::tuple<uint32_t, size_t, Side, int, int, bool>;
   struct Device {
     void* stream = nullptr;
     void* bucket_buffer = nullptr;
