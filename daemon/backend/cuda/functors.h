@@ -125,6 +125,16 @@ GRADSYNC_HD inline void store_vector(T* to, const T (&from)[kVectorBytes / sizeo
 #endif
 }
 
+// Whether an item moves 16 bytes at a time: the bucket buffer's stretch and every client's
+// tensor piece must be 16-byte aligned (work items start at multiples of kItemElements, so a
+// tensor that starts aligned has every item aligned).
+template <typename Storage, typename Acc, uint32_t kWidth>
+GRADSYNC_HD inline bool vector_path(const Acc* acc, const Segment& s, const WorkItem& w, uint32_t clients) {
+  bool ok = aligned(acc) && sizeof(Acc) * kWidth % kVectorBytes == 0;
+  for (uint32_t c = 0; c < clients; ++c) ok = ok && aligned(static_cast<const Storage*>(s.address[c]) + w.first);
+  return ok;
+}
+
 }  // namespace detail
 
 // Runs the elements [lane, lane + lanes, ...) of work item `item`: a block's thread `lane` of
@@ -140,10 +150,8 @@ struct GatherItem {
     const WorkItem w = t.items[item];
     const Segment& s = t.segments[w.segment];
     Acc* acc = static_cast<Acc*>(t.acc) + s.bucket_offset + w.first;
-    bool vector = detail::aligned(acc) && sizeof(Acc) * kWidth % detail::kVectorBytes == 0;
-    for (uint32_t c = 0; c < t.clients; ++c) vector = vector && detail::aligned(source(s, c, w));
     uint64_t i = 0;
-    if (vector) {
+    if (detail::vector_path<Storage, Acc, kWidth>(acc, s, w, t.clients)) {
       const uint64_t vectors = w.count / kWidth;
       for (uint64_t v = lane; v < vectors; v += lanes) gather_vector(t, s, w, acc, v * kWidth);
       i = vectors * kWidth;
@@ -193,10 +201,8 @@ struct ScatterItem {
     const WorkItem w = t.items[item];
     const Segment& s = t.segments[w.segment];
     const Acc* acc = static_cast<const Acc*>(t.acc) + s.bucket_offset + w.first;
-    bool vector = detail::aligned(acc) && sizeof(Acc) * kWidth % detail::kVectorBytes == 0;
-    for (uint32_t c = 0; c < t.clients; ++c) vector = vector && detail::aligned(target(s, c, w));
     uint64_t i = 0;
-    if (vector) {
+    if (detail::vector_path<Storage, Acc, kWidth>(acc, s, w, t.clients)) {
       const uint64_t vectors = w.count / kWidth;
       for (uint64_t v = lane; v < vectors; v += lanes) {
         Storage out[kWidth];
