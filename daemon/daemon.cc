@@ -37,7 +37,8 @@ Daemon::Daemon(DaemonConfig config)
     files.rlim_cur = files.rlim_max;
     ::setrlimit(RLIMIT_NOFILE, &files);
   }
-  backends_ = make_backend_factory(log_);
+  device_engines_ = make_device_engine_factory();
+  backends_ = make_backend_factory(log_, device_engines_.get());
   peer_ = std::make_unique<PeerServer>(PeerServerOptions{config_.peer_listen, log_});
   reaper_ = std::make_unique<Reaper>();
   RegistryOptions registry{&io_, &pool_, log_, config_.default_timeout, config_.max_timeout, {}, reaper_.get()};

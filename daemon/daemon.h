@@ -33,6 +33,8 @@ class Daemon {
   boost::asio::io_context io_;
   boost::asio::signal_set signals_;
   ThreadPool pool_;
+  // The device engines (NCCL) outlive the backends, whose executors use them.
+  std::unique_ptr<DeviceEngineFactory> device_engines_;
   std::unique_ptr<BackendFactory> backends_;
   std::unique_ptr<EngineFactory> engines_;
   std::unique_ptr<PeerServer> peer_;

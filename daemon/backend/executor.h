@@ -14,15 +14,21 @@
 //   - abort() may be called from any thread: a bucket in flight fails promptly with `why`
 //     (an engine it waits on is aborted by its owner, the job's cluster), and so does every
 //     later launch. It never blocks.
+//   - admit() prepares a set before its first bucket, on the worker thread, in the same order on
+//     every node (device executors create the set's communicators there). It may block up to
+//     the job timeout; abort() ends it promptly.
 //   - The destructor waits for the bucket in flight; abort first to bound that wait.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 
 #include "daemon/engine/engine.h"
+#include "daemon/engine/rendezvous.h"
 #include "daemon/job/op.h"
 #include "daemon/job/tensor_set.h"
 #include "daemon/job/topology.h"
@@ -45,9 +51,19 @@ struct BucketCall {
 
 using BucketDone = std::function<void(const Status&)>;
 
+// What admit() may need: the job's nodes (a LocalRendezvous for a single-node job) and bounds.
+struct SetAdmission {
+  std::string job;  // for messages
+  Rendezvous* rendezvous = nullptr;
+  const Topology* topology = nullptr;
+  std::chrono::milliseconds timeout{30'000};  // the job timeout: waiting for peers
+};
+
 class BucketExecutor {
  public:
   virtual ~BucketExecutor() = default;
+
+  virtual Status admit(const TensorSet& /*set*/, const SetAdmission& /*admission*/) { return Status(); }
 
   virtual void launch(BucketCall call, BucketDone done) = 0;
 

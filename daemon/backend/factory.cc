@@ -39,8 +39,11 @@ class Backends final : public BackendFactory {
   // `device_problem`: why device memory cannot be served here. `devices` is the CUDA runtime
   // when it can (and null otherwise).
   Backends(std::string device_problem, std::unique_ptr<cuda::DeviceApi> devices,
-           std::unique_ptr<cuda::KernelLauncher> kernels)
-      : device_problem_(std::move(device_problem)), devices_(std::move(devices)), kernels_(std::move(kernels)) {
+           std::unique_ptr<cuda::KernelLauncher> kernels, DeviceEngineFactory* device_engines)
+      : device_problem_(std::move(device_problem)),
+        devices_(std::move(devices)),
+        kernels_(std::move(kernels)),
+        device_engines_(device_engines) {
     if (devices_) ipc_ = std::make_unique<cuda::IpcMemoryCache>(devices_.get());
   }
 
@@ -76,7 +79,7 @@ class Backends final : public BackendFactory {
       case MemoryKind::kCudaVmm:
       case MemoryKind::kCudaLegacyIpc:
         if (!devices_ || !kernels_) break;
-        *out = std::make_unique<cuda::CudaExecutor>(devices_.get(), kernels_.get(), log);
+        *out = std::make_unique<cuda::CudaExecutor>(devices_.get(), kernels_.get(), device_engines_, log);
         return Status();
     }
     return Status::not_supported("no executor for " + std::string(memory_kind_name(kind)) + " memory");
@@ -89,6 +92,7 @@ class Backends final : public BackendFactory {
   std::unique_ptr<cuda::DeviceApi> devices_;
   std::unique_ptr<cuda::KernelLauncher> kernels_;
   std::unique_ptr<cuda::IpcMemoryCache> ipc_;
+  DeviceEngineFactory* device_engines_;
 };
 
 }  // namespace
@@ -102,19 +106,21 @@ std::string_view memory_kind_name(MemoryKind kind) {
   return "unknown";
 }
 
-std::unique_ptr<BackendFactory> make_backend_factory(const Logger& log) {
+std::unique_ptr<BackendFactory> make_backend_factory(const Logger& log, DeviceEngineFactory* device_engines) {
 #if GRADSYNC_HAVE_CUDA
   std::string summary;
   const Status probe = cuda::probe_devices(&summary);
   if (probe.ok()) {
     log.info("CUDA: " + summary);
-    return std::make_unique<Backends>("", cuda::make_cuda_device_api(), cuda::make_cuda_kernel_launcher());
+    return std::make_unique<Backends>("", cuda::make_cuda_device_api(), cuda::make_cuda_kernel_launcher(),
+                                      device_engines);
   }
   log.info("CUDA: no usable GPU (" + probe.message() + "); serving host memory only");
-  return std::make_unique<Backends>("no usable GPU here (" + probe.message() + ")", nullptr, nullptr);
+  return std::make_unique<Backends>("no usable GPU here (" + probe.message() + ")", nullptr, nullptr, nullptr);
 #else
   log.info("CUDA: built without the CUDA backend (GRADSYNC_CUDA=OFF or no nvcc/NCCL at build time); serving host memory only");
-  return std::make_unique<Backends>("this gradsyncd was built without the CUDA backend", nullptr, nullptr);
+  (void)device_engines;
+  return std::make_unique<Backends>("this gradsyncd was built without the CUDA backend", nullptr, nullptr, nullptr);
 #endif
 }
 

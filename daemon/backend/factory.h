@@ -10,6 +10,7 @@
 
 #include "daemon/backend/executor.h"
 #include "daemon/backend/memory.h"
+#include "daemon/engine/device_engine.h"
 #include "daemon/util/log.h"
 #include "daemon/util/thread_pool.h"
 #include "shared/status.h"
@@ -43,6 +44,8 @@ class BackendFactory {
 
 // Probes the CUDA driver once (when built with the CUDA backend) and logs what it found: device
 // memory is served only when a driver and a device are there; host memory always is.
-std::unique_ptr<BackendFactory> make_backend_factory(const Logger& log);
+// `device_engines` (null without NCCL) makes the NCCL engines of device sets; it outlives the
+// factory.
+std::unique_ptr<BackendFactory> make_backend_factory(const Logger& log, DeviceEngineFactory* device_engines);
 
 }  // namespace gradsync

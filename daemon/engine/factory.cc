@@ -1,6 +1,9 @@
 #include "daemon/engine/factory.h"
 
 #include "daemon/engine/gloo/engine.h"
+#if GRADSYNC_HAVE_CUDA
+#include "daemon/engine/nccl/engine.h"
+#endif
 
 namespace gradsync {
 namespace {
@@ -19,5 +22,13 @@ class Engines final : public EngineFactory {
 }  // namespace
 
 std::unique_ptr<EngineFactory> make_engine_factory(const GlooTransport& gloo) { return std::make_unique<Engines>(gloo); }
+
+std::unique_ptr<DeviceEngineFactory> make_device_engine_factory() {
+#if GRADSYNC_HAVE_CUDA
+  return std::make_unique<nccl::NcclEngineFactory>(nccl::make_nccl_api());
+#else
+  return nullptr;
+#endif
+}
 
 }  // namespace gradsync

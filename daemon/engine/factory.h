@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 
+#include "daemon/engine/device_engine.h"
 #include "daemon/engine/engine.h"
 #include "daemon/peer/peer_client.h"
 #include "shared/status.h"
@@ -42,5 +43,9 @@ struct GlooTransport {
 };
 
 std::unique_ptr<EngineFactory> make_engine_factory(const GlooTransport& gloo);
+
+// The NCCL engines of device sets (nccl/), or null in a build without the CUDA backend. NCCL
+// itself is loaded on first use, so a daemon on a node without it still serves host jobs.
+std::unique_ptr<DeviceEngineFactory> make_device_engine_factory();
 
 }  // namespace gradsync

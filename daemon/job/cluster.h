@@ -2,7 +2,8 @@
 // the job's generation and on every tensor set's layout, hands out one collective engine per
 // process group that spans nodes, and turns an engine error into one that names the node at
 // fault. The daemon's implementation talks to the other daemons (peer_cluster.h); worker tests
-// pass a fake with fake engines.
+// pass a fake with fake engines. It is also the job's Rendezvous (engine/rendezvous.h), through
+// which device engines agree on their ranks and NCCL ids.
 //
 // Threading: used on the job's worker thread, except abort(), which may come from any thread
 // and never blocks.
@@ -11,12 +12,13 @@
 #include <string>
 
 #include "daemon/engine/engine.h"
+#include "daemon/engine/rendezvous.h"
 #include "daemon/job/tensor_set.h"
 #include "shared/status.h"
 
 namespace gradsync {
 
-class Cluster {
+class Cluster : public Rendezvous {
  public:
   virtual ~Cluster() = default;  // closes the engines, so peers fail fast instead of timing out
 

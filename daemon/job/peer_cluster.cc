@@ -181,6 +181,34 @@ Status PeerCluster::engine(const std::string& group, CollectiveEngine** engine) 
   return Status();
 }
 
+Status PeerCluster::exchange(const std::string& name, const std::string& mine, std::vector<std::string>* all) {
+  if (!formed_) return Status::internal("job " + options_.job_id + ": exchange before the job formed");
+  const Topology& t = options_.topology;
+  const std::string base = "x/" + name + "/";
+  Status status = rendezvous_->set(options_.store_job, key(base + std::to_string(t.node)), mine, options_.timeout);
+  std::vector<std::string> keys;
+  for (int n = 0; n < t.nodes; ++n) keys.push_back(key(base + std::to_string(n)));
+  if (status.ok()) status = rendezvous_->get(options_.store_job, keys, options_.timeout, all);
+  if (Status why = aborted(); !why.ok()) return why;  // cancelled: this node gave up
+  if (status.ok()) return status;
+  if (status.code() != ErrorCode::kTimeout) {
+    return Status(status.code(), "job " + options_.job_id + ": exchanging '" + name + "': " + status.message());
+  }
+  std::vector<int> late;
+  for (int n = 0; n < t.nodes; ++n) {
+    std::vector<std::string> value;
+    if (!rendezvous_->get(options_.store_job, {keys[static_cast<size_t>(n)]}, std::chrono::milliseconds(0), &value).ok()) {
+      late.push_back(n);
+    }
+  }
+  const std::map<int, NodeState> states = probe(late);
+  std::string named;
+  for (int n : late) named += (named.empty() ? "" : "; ") + whereabouts(n, states);
+  return Status::timeout("job " + options_.job_id + ": '" + name + "' was not offered within " +
+                         std::to_string(options_.timeout.count()) + " ms (the job timeout) by " +
+                         (named.empty() ? "some node" : named));
+}
+
 void PeerCluster::abort(const Status& why) {
   std::lock_guard lock(engines_mutex_);
   if (!aborted_.ok()) return;

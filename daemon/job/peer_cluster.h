@@ -42,6 +42,11 @@ class PeerCluster final : public Cluster {
   Status form() override;
   Status check_layout(const TensorSet& set) override;
   Status engine(const std::string& group, CollectiveEngine** engine) override;
+  int node() const override { return options_.topology.node; }
+  int nodes() const override { return options_.topology.nodes; }
+  // Under "x/<name>/<node>" in this generation's keys; a timeout names the nodes that did not
+  // offer their value, and whether each is slow or gone.
+  Status exchange(const std::string& name, const std::string& mine, std::vector<std::string>* all) override;
   Status explain(const Status& error) override;
   void abort(const Status& why) override;
   void publish_failure(const Status& status) override;

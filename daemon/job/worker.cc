@@ -96,13 +96,25 @@ void Worker::admit_set(std::shared_ptr<const TensorSet> set, std::function<void(
     if (options_.cluster) {
       status = options_.cluster->form();
       if (status.ok()) status = options_.cluster->check_layout(*set);
-      // Every node forms the engines of the set's groups in the same (sorted) order.
+      // Every node forms the engines of a host set's groups in the same (sorted) order; device
+      // sets get theirs from their executor, below.
       std::set<std::string> groups;
-      for (const auto& bucket : set->plan.buckets) groups.insert(bucket.group);
+      if (set->memory_kind == MemoryKind::kHostMemfd) {
+        for (const auto& bucket : set->plan.buckets) groups.insert(bucket.group);
+      }
       for (const auto& group : groups) {
         CollectiveEngine* engine = nullptr;
         if (status.ok()) status = options_.cluster->engine(group, &engine);
       }
+    }
+    if (status.ok()) {
+      BucketExecutor* executor = executor_for(set->memory_kind, &status);
+      SetAdmission admission;
+      admission.job = options_.job_id;
+      admission.rendezvous = options_.cluster ? static_cast<Rendezvous*>(options_.cluster.get()) : &local_;
+      admission.topology = &options_.topology;
+      admission.timeout = options_.timeout;
+      if (executor) status = executor->admit(*set, admission);
     }
     if (status.ok()) {
       std::lock_guard lock(mutex_);
@@ -379,7 +391,7 @@ Status Worker::launch(Op& op) {
   call.bucket = bucket;
   call.topology = &options_.topology;
   call.args = kernel_args(op.desc, b.dtype, static_cast<int>(options_.topology.ranks(b.group).size()));
-  if (options_.cluster) {
+  if (options_.cluster && set.memory_kind == MemoryKind::kHostMemfd) {
     if (Status status = options_.cluster->engine(b.group, &call.engine); !status.ok()) return status;
   }
   Status status;

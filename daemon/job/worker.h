@@ -162,6 +162,7 @@ class Worker {
   bool cluster_released_ = false;                              // guarded by mutex_
   // Created on the worker thread, aborted from any thread: guarded by mutex_.
   std::map<MemoryKind, std::unique_ptr<BucketExecutor>> executors_;
+  LocalRendezvous local_;  // a single-node job's rendezvous, for executors' admit()
   // The executor's answer for flight_. Its own lock, because an answer may come from inside an
   // abort() that fail() makes while holding mutex_.
   std::mutex landed_mutex_;

@@ -4,10 +4,13 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cstring>
+#include <optional>
 #include <random>
 #include <vector>
 
 #include "daemon/backend/cuda/executor.h"
+#include "daemon/backend/host/staged.h"
 #include "fake_device.h"
 #include "tests/unit/reduce_cases.h"
 
@@ -109,7 +112,7 @@ TEST_CASE("cuda executor: allreduce over clients sharing a GPU equals reduce(), 
     for (const reduce::KernelArgs& args : reduce::cases::valid_args(dtype)) {
       Fixture f(dtype);
       {
-        CudaExecutor executor(&f.api, &f.kernels, Logger(LogLevel::kError));
+        CudaExecutor executor(&f.api, &f.kernels, nullptr, Logger(LogLevel::kError));
         INFO(reduce::cases::describe(args));
         REQUIRE(f.run(executor, OpKind::kAllreduce, args).ok());
         for (size_t t = 0; t < f.set->layout.size(); ++t) {
@@ -130,7 +133,7 @@ TEST_CASE("cuda executor: allreduce over clients sharing a GPU equals reduce(), 
 
 TEST_CASE("cuda executor: tables are built once and reused every step", "[cuda][executor]") {
   Fixture f(DType::kFloat32);
-  CudaExecutor executor(&f.api, &f.kernels, Logger(LogLevel::kError));
+  CudaExecutor executor(&f.api, &f.kernels, nullptr, Logger(LogLevel::kError));
   REQUIRE(f.run(executor, OpKind::kAllreduce, reduce::KernelArgs{}).ok());
   const int uploads = f.api.uploads;
   CHECK(uploads == 4 * static_cast<int>(f.set->plan.buckets.size()));  // gather and scatter: segments, items
@@ -142,7 +145,7 @@ TEST_CASE("cuda executor: reduce lands in the root only; broadcast copies the ro
           "[cuda][executor]") {
   for (DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kInt64}) {
     Fixture f(dtype);
-    CudaExecutor executor(&f.api, &f.kernels, Logger(LogLevel::kError));
+    CudaExecutor executor(&f.api, &f.kernels, nullptr, Logger(LogLevel::kError));
     const reduce::KernelArgs sum{.dtype = dtype};
     REQUIRE(f.run(executor, OpKind::kReduce, sum, 1).ok());
     for (size_t t = 0; t < f.set->layout.size(); ++t) {
@@ -167,20 +170,260 @@ TEST_CASE("cuda executor: reduce lands in the root only; broadcast copies the ro
   }
 }
 
-TEST_CASE("cuda executor: what it cannot do yet is refused, naming it", "[cuda][executor]") {
+TEST_CASE("cuda executor: what it cannot do is refused, naming it", "[cuda][executor]") {
   Fixture split(DType::kFloat32, {0, 1, 0});
-  CudaExecutor executor(&split.api, &split.kernels, Logger(LogLevel::kError));
-  const Status across_gpus = split.run(executor, OpKind::kAllreduce, reduce::KernelArgs{});
+  CudaExecutor executor(&split.api, &split.kernels, nullptr, Logger(LogLevel::kError));
+  // Two GPUs need an NCCL engine; a daemon without one says so at admission.
+  LocalRendezvous local;
+  const Status across_gpus = executor.admit(*split.set, SetAdmission{"j", &local, &split.topology});
   CHECK(across_gpus.code() == ErrorCode::kNotSupported);
-  CHECK_THAT(across_gpus.message(), Catch::Contains("has participants on GPUs 0 and 1; reducing across GPUs needs the "
-                                                    "NCCL engine, which is not built yet"));
+  CHECK_THAT(across_gpus.message(), Catch::Contains("job j set 0 group 'dp' spans 2 GPUs here and 1 nodes; this "
+                                                    "gradsyncd has no NCCL engine"));
   Fixture f(DType::kFloat32);
-  CudaExecutor second(&f.api, &f.kernels, Logger(LogLevel::kError));
+  CudaExecutor second(&f.api, &f.kernels, nullptr, Logger(LogLevel::kError));
+  REQUIRE(second.admit(*f.set, SetAdmission{"j", &local, &f.topology}).ok());  // one GPU: no engine needed
   CHECK_THAT(f.run(second, OpKind::kAllgather, reduce::KernelArgs{}).message(),
              Catch::StartsWith("allgather on device memory is not supported yet"));
   second.abort(Status::aborted("job j failed"));
   CHECK(f.run(second, OpKind::kAllreduce, reduce::KernelArgs{}).message() == "job j failed");
   CHECK(f.kernels.gathers == 0);  // nothing was launched for refused or aborted buckets
+}
+
+namespace {
+
+// NCCL over "GPU" buffers in host memory, one node: what the executor hands a device engine,
+// done on the host the way NCCL would (rank order: GPU 0's buffer first). Answers watch() only
+// when finish() is called, so tests see that the executor waits for it.
+class HostDeviceEngine final : public DeviceCollectiveEngine {
+ public:
+  explicit HostDeviceEngine(DeviceEngineSpec spec) : spec(std::move(spec)) {}
+  Status connect(Rendezvous*) override { return connect_error; }
+  int ranks() const override { return static_cast<int>(spec.devices.size()); }
+  std::span<const int> devices() const override { return spec.devices; }
+  int rank_of(int node, int local_rank) const override {
+    return node == 0 ? spec.slot_of_local_rank[static_cast<size_t>(local_rank)] : -1;
+  }
+  Status allreduce(std::span<const DeviceBuffer> buffers, size_t count, const ReduceSpec& s) override {
+    calls.push_back("allreduce");
+    if (!fail_calls.ok()) return fail_calls;
+    combine(buffers, count, s, -1);
+    return Status();
+  }
+  Status broadcast(std::span<const DeviceBuffer> buffers, size_t bytes, int root) override {
+    calls.push_back("broadcast from " + std::to_string(root));
+    for (const auto& b : buffers) {
+      if (b.data != buffers[static_cast<size_t>(root)].data) std::memcpy(b.data, buffers[static_cast<size_t>(root)].data, bytes);
+    }
+    return Status();
+  }
+  Status reduce(std::span<const DeviceBuffer> buffers, size_t count, const ReduceSpec& s, int root) override {
+    calls.push_back("reduce to " + std::to_string(root));
+    combine(buffers, count, s, root);
+    return Status();
+  }
+  Status allgather(std::span<const DeviceBuffer>, std::span<const DeviceBuffer>, size_t) override {
+    return Status::not_supported("fake");
+  }
+  Status reduce_scatter(std::span<const DeviceBuffer>, std::span<const DeviceBuffer>, size_t,
+                        const ReduceSpec&) override {
+    return Status::not_supported("fake");
+  }
+  Status register_buffer(int, void*, size_t, bool* registered) override {
+    *registered = false;
+    return Status();
+  }
+  void watch(std::string what, std::function<Status(bool*)> poll, std::chrono::milliseconds,
+             EngineDone done) override {
+    watched.push_back(what);
+    pending_poll = std::move(poll);
+    pending_done = std::move(done);
+  }
+  void abort(const Status& why) override {
+    if (aborted.ok()) aborted = why;
+  }
+  // Answers the watched bucket: its poll must say the GPUs are through.
+  bool finish() {
+    if (!pending_done) return false;
+    bool done = false;
+    if (!pending_poll(&done).ok() || !done) return false;
+    auto answer = std::move(pending_done);
+    pending_done = nullptr;
+    answer(aborted);
+    return true;
+  }
+
+  DeviceEngineSpec spec;
+  Status connect_error;
+  Status fail_calls;
+  Status aborted;
+  std::vector<std::string> calls;
+  std::vector<std::string> watched;
+  std::function<Status(bool*)> pending_poll;
+  EngineDone pending_done;
+
+ private:
+  // In the accumulation type, GPU 0's buffer first; into every buffer, or the root's only.
+  static void combine(std::span<const DeviceBuffer> buffers, size_t count, const ReduceSpec& s, int root) {
+    const DType acc = reduce::accumulation_dtype(s.element);
+    std::vector<Bytes> copies;
+    std::vector<const void*> inputs;
+    for (const auto& b : buffers) {
+      const auto* at = static_cast<const std::byte*>(b.data);
+      copies.emplace_back(at, at + count * dtype_size(acc));
+    }
+    for (const Bytes& c : copies) inputs.push_back(c.data());
+    std::vector<void*> outputs;
+    for (size_t i = 0; i < buffers.size(); ++i) {
+      if (root < 0 || static_cast<int>(i) == root) outputs.push_back(buffers[i].data);
+    }
+    reduce::reduce(reduce::KernelArgs{.dtype = acc, .combine = s.op}, inputs, outputs, count);
+  }
+};
+
+class HostDeviceEngines final : public DeviceEngineFactory {
+ public:
+  Status make(const DeviceEngineSpec& spec, std::unique_ptr<DeviceCollectiveEngine>* out) override {
+    auto engine = std::make_unique<HostDeviceEngine>(spec);
+    engine->fail_calls = fail_calls;
+    made.push_back(engine.get());
+    *out = std::move(engine);
+    return Status();
+  }
+  Status fail_calls;
+  std::vector<HostDeviceEngine*> made;  // owned by the executor
+};
+
+// Runs every bucket, finishing each through the engine when it is watched.
+Status run_across(Fixture& f, CudaExecutor& executor, HostDeviceEngines& engines, OpKind kind,
+                  const reduce::KernelArgs& args, int root = 0) {
+  for (size_t b = 0; b < f.set->plan.buckets.size(); ++b) {
+    BucketCall call;
+    call.seq = 1;
+    call.desc.kind = kind;
+    call.desc.root = root;
+    call.set = f.set;
+    call.bucket = b;
+    call.topology = &f.topology;
+    call.args = args;
+    std::optional<Status> answer;
+    executor.launch(call, [&](const Status& s) { answer = s; });
+    if (!answer) {
+      // Not before the GPUs are through: the done events say so.
+      f.api.events_pending = true;
+      CHECK_FALSE(engines.made.front()->finish());
+      CHECK_FALSE(answer.has_value());
+      f.api.events_pending = false;
+      REQUIRE(engines.made.front()->finish());
+    }
+    REQUIRE(answer.has_value());
+    if (!answer->ok()) return *answer;
+  }
+  return Status();
+}
+
+}  // namespace
+
+TEST_CASE("cuda executor: clients on two GPUs go through the device engine and equal reduce() bit for bit",
+          "[cuda][executor][nccl]") {
+  // Clients 0 and 1 share GPU 0, client 2 has GPU 1: GPU 0's kernel combines 0 and 1, the engine
+  // adds GPU 1's, which is the host path's rank order.
+  for (DType dtype : reduce::cases::kAllDTypes) {
+    for (const reduce::KernelArgs& args : reduce::cases::valid_args(dtype)) {
+      INFO(reduce::cases::describe(args));
+      Fixture f(dtype, {0, 0, 1});
+      HostDeviceEngines engines;
+      {
+        CudaExecutor executor(&f.api, &f.kernels, &engines, Logger(LogLevel::kError));
+        LocalRendezvous local;
+        REQUIRE(executor.admit(*f.set, SetAdmission{"j", &local, &f.topology}).ok());
+        REQUIRE(engines.made.size() == 1);
+        CHECK(engines.made[0]->spec.devices == std::vector<int>{0, 1});
+        CHECK(engines.made[0]->spec.slot_of_local_rank == std::vector<int>{0, 0, 1});
+        CHECK(engines.made[0]->spec.what == "job j set 0 group 'dp'");
+        REQUIRE(run_across(f, executor, engines, OpKind::kAllreduce, args).ok());
+        // The narrow half path rounds after every combine on the host; NCCL's stage adds in
+        // float32 and the sum is rounded once, when divided and written back, so with a
+        // post-divide it may differ from the host path in the last bit (README). Every client
+        // still gets the same bits.
+        const bool exact = args.wide_accumulate || args.scale != reduce::Scale::kAfter ||
+                           (dtype != DType::kFloat16 && dtype != DType::kBFloat16);
+        for (size_t t = 0; t < f.set->layout.size(); ++t) {
+          const Bytes want = exact ? f.reduced(args, t) : f.tensor(0, t);
+          for (int c = 0; c < kClients; ++c) {
+            INFO("client " << c << " tensor " << t);
+            CHECK(reduce::cases::first_difference(f.tensor(c, t), want, dtype_size(dtype)) == "");
+          }
+        }
+        // One engine call and one done event record per GPU per bucket; no host waits.
+        CHECK(engines.made[0]->calls.size() == f.set->plan.buckets.size());
+        CHECK(f.api.records == 2 * static_cast<int>(f.set->plan.buckets.size()));
+        CHECK(f.api.synchronizations == 0);
+      }
+      CHECK(f.api.allocations.empty());
+      CHECK(f.api.streams == 0);
+      CHECK(f.api.events == 0);
+    }
+  }
+}
+
+TEST_CASE("cuda executor: reduce and broadcast across GPUs reach the right root", "[cuda][executor][nccl]") {
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kInt64}) {
+    Fixture f(dtype, {0, 0, 1});
+    HostDeviceEngines engines;
+    CudaExecutor executor(&f.api, &f.kernels, &engines, Logger(LogLevel::kError));
+    LocalRendezvous local;
+    REQUIRE(executor.admit(*f.set, SetAdmission{"j", &local, &f.topology}).ok());
+    const reduce::KernelArgs sum{.dtype = dtype};
+    REQUIRE(run_across(f, executor, engines, OpKind::kReduce, sum, 2).ok());  // the root is on GPU 1 (rank 1)
+    CHECK(engines.made[0]->calls.back() == "reduce to 1");
+    for (size_t t = 0; t < f.set->layout.size(); ++t) {
+      CHECK(reduce::cases::first_difference(f.tensor(2, t), f.reduced(sum, t), dtype_size(dtype)) == "");
+      CHECK(f.tensor(0, t) == f.original_tensor(0, t));
+      CHECK(f.tensor(1, t) == f.original_tensor(1, t));
+    }
+    for (int root : {1, 2}) {
+      for (int c = 0; c < kClients; ++c) {
+        std::copy(f.original[static_cast<size_t>(c)].begin(), f.original[static_cast<size_t>(c)].end(),
+                  f.memory[static_cast<size_t>(c)].begin());
+      }
+      REQUIRE(run_across(f, executor, engines, OpKind::kBroadcast, sum, root).ok());
+      CHECK(engines.made[0]->calls.back() == "broadcast from " + std::to_string(root == 2 ? 1 : 0));
+      for (size_t t = 0; t < f.set->layout.size(); ++t) {
+        for (int c = 0; c < kClients; ++c) CHECK(f.tensor(c, t) == f.original_tensor(root, t));
+      }
+    }
+  }
+}
+
+TEST_CASE("cuda executor: a failing device engine fails the bucket, drained and named", "[cuda][executor][nccl]") {
+  Fixture f(DType::kFloat32, {0, 1, 1});
+  HostDeviceEngines engines;
+  engines.fail_calls = Status::peer_lost("ncclAllReduce failed: remote process exited");
+  CudaExecutor executor(&f.api, &f.kernels, &engines, Logger(LogLevel::kError));
+  LocalRendezvous local;
+  REQUIRE(executor.admit(*f.set, SetAdmission{"j", &local, &f.topology}).ok());
+  const Status failed = run_across(f, executor, engines, OpKind::kAllreduce, reduce::KernelArgs{});
+  CHECK(failed.code() == ErrorCode::kPeerLost);
+  CHECK_THAT(failed.message(), Catch::StartsWith("allreduce bucket 0 of set 0: ncclAllReduce failed"));
+  CHECK(f.api.synchronizations == 2);  // both GPUs' streams drained before the answer
+  CHECK(f.kernels.scatters == 0);      // nothing written back
+  // The executor's abort reaches the engine.
+  executor.abort(Status::aborted("job j failed"));
+  CHECK(engines.made[0]->aborted.message() == "job j failed");
+}
+
+TEST_CASE("cuda executor: a client whose tensors of one set sit on two GPUs is refused", "[cuda][executor][nccl]") {
+  Fixture f(DType::kFloat32, {0, 0, 1});
+  // Point one tensor of client 0 into client 2's region (GPU 1).
+  auto set = std::make_shared<TensorSet>(*f.set);
+  set->address[0][0] = f.memory[2].data();
+  f.set = set;
+  HostDeviceEngines engines;
+  CudaExecutor executor(&f.api, &f.kernels, &engines, Logger(LogLevel::kError));
+  LocalRendezvous local;
+  const Status refused = executor.admit(*f.set, SetAdmission{"j", &local, &f.topology});
+  CHECK(refused.code() == ErrorCode::kInvalidArgument);
+  CHECK_THAT(refused.message(), Catch::Contains("local rank 0 has tensors on GPUs"));
 }
 
 }  // namespace gradsync::cuda

@@ -197,6 +197,12 @@ class FakeCluster final : public Cluster {
   }
   void abort(const Status& why) override { engine_->abort(why); }
   void publish_failure(const Status&) override {}
+  int node() const override { return 0; }
+  int nodes() const override { return 1; }
+  Status exchange(const std::string&, const std::string& mine, std::vector<std::string>* all) override {
+    *all = {mine};
+    return Status();
+  }
 
  private:
   std::shared_ptr<FakeEngine> engine_;

@@ -4,6 +4,7 @@
 // compared with the host reduction bit for bit.
 #pragma once
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -26,9 +27,25 @@ class HostBackedDeviceApi final : public DeviceApi {
   Status open_ipc_memory(int, const IpcHandle&, void**) override { return Status::not_supported("fake"); }
   Status close_ipc_memory(int, void*) override { return Status::not_supported("fake"); }
   Status open_ipc_event(int, const IpcHandle&, void**) override { return Status::not_supported("fake"); }
-  Status destroy_event(int, void*) override { return Status::not_supported("fake"); }
+  // Events of the daemon's own: the fake's work is done when it is enqueued, so a query says
+  // done unless a test holds the events back (a GPU still busy).
+  Status create_event(int, void** event) override {
+    *event = reinterpret_cast<void*>(0x1000 + ++events);
+    return Status();
+  }
+  Status destroy_event(int, void*) override {
+    --events;
+    return Status();
+  }
+  Status query_event(void*, bool* done) override {
+    *done = !events_pending.load();
+    return Status();
+  }
   Status stream_wait_event(void*, void*) override { return Status(); }
-  Status record_event(void*, void*) override { return Status(); }
+  Status record_event(void*, void*) override {
+    ++records;
+    return Status();
+  }
 
   Status make_current(int) override { return Status(); }
   Status allocate(int, size_t bytes, void** memory) override {
@@ -60,6 +77,9 @@ class HostBackedDeviceApi final : public DeviceApi {
   }
 
   std::map<void*, size_t> allocations;
+  std::atomic<bool> events_pending{false};
+  int events = 0;
+  int records = 0;
   int uploads = 0;
   int streams = 0;
   int synchronizations = 0;

@@ -179,6 +179,20 @@ class CudaDeviceApi final : public DeviceApi {
     if (!scope.status().ok()) return scope.status();
     return check(cudaEventDestroy(static_cast<cudaEvent_t>(event)), "cudaEventDestroy");
   }
+  Status create_event(int device, void** event) override {
+    DeviceScope scope(device);
+    if (!scope.status().ok()) return scope.status();
+    cudaEvent_t created = nullptr;
+    Status s = check(cudaEventCreateWithFlags(&created, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    *event = created;
+    return s;
+  }
+  Status query_event(void* event, bool* done) override {
+    const cudaError_t result = cudaEventQuery(static_cast<cudaEvent_t>(event));
+    *done = result == cudaSuccess;
+    if (result == cudaSuccess || result == cudaErrorNotReady) return Status();
+    return check(result, "cudaEventQuery");
+  }
   Status make_current(int device) override { return check(cudaSetDevice(device), "cudaSetDevice"); }
 
   Status allocate(int device, size_t bytes, void** memory) override {

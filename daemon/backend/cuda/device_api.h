@@ -41,6 +41,10 @@ class DeviceApi {
   // Opens another process's interprocess event (cudaIpcOpenEventHandle) on `device`.
   virtual Status open_ipc_event(int device, const IpcHandle& handle, void** event) = 0;
   virtual Status destroy_event(int device, void* event) = 0;
+  // An event of the daemon's own on `device` (cudaEventDisableTiming), and whether the work
+  // before its latest record is done (cudaEventQuery; an error is a sticky CUDA error).
+  virtual Status create_event(int device, void** event) = 0;
+  virtual Status query_event(void* event, bool* done) = 0;
 
   // Makes `device` the calling thread's current device and leaves it so: for a thread that
   // launches kernels on that device's streams (the job's worker).

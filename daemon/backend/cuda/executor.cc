@@ -7,24 +7,135 @@
 #include "daemon/backend/host/staged.h"
 
 namespace gradsync::cuda {
+namespace {
 
-CudaExecutor::CudaExecutor(DeviceApi* api, KernelLauncher* kernels, Logger log)
-    : api_(api), kernels_(kernels), log_(std::move(log)) {}
+const char* kind_name(OpKind kind) {
+  switch (kind) {
+    case OpKind::kAllreduce: return "allreduce";
+    case OpKind::kReduce: return "reduce";
+    case OpKind::kBroadcast: return "broadcast";
+    case OpKind::kAllgather: return "allgather";
+  }
+  return "operation";
+}
+
+}  // namespace
+
+CudaExecutor::CudaExecutor(DeviceApi* api, KernelLauncher* kernels, DeviceEngineFactory* engines, Logger log)
+    : api_(api), kernels_(kernels), engine_factory_(engines), log_(std::move(log)) {}
 
 CudaExecutor::~CudaExecutor() {
+  // The engines first: each answers its bucket in flight (draining the streams) after aborting
+  // its communicators, so nothing below is freed under a running kernel.
+  std::map<std::pair<uint32_t, std::string>, std::unique_ptr<DeviceCollectiveEngine>> engines;
+  {
+    std::lock_guard lock(mutex_);
+    engines.swap(engines_);
+  }
+  for (auto& [key, engine] : engines) engine->abort(Status::aborted("the job's CUDA executor was closed"));
+  engines.clear();
+  for (auto& [device, state] : devices_) {
+    if (state.stream) (void)api_->synchronize(state.stream);
+  }
   for (auto& [key, entry] : tables_) {
     (void)api_->free(entry.first, entry.second.segments);
     (void)api_->free(entry.first, entry.second.items);
   }
   for (auto& [device, state] : devices_) {
     if (state.bucket_buffer) (void)api_->free(device, state.bucket_buffer);
+    if (state.done_event) (void)api_->destroy_event(device, state.done_event);
     if (state.stream) (void)api_->destroy_stream(device, state.stream);
   }
 }
 
 void CudaExecutor::abort(const Status& why) {
   std::lock_guard lock(mutex_);
-  if (aborted_.ok()) aborted_ = why.ok() ? Status::aborted("aborted") : why;
+  if (!aborted_.ok()) return;
+  aborted_ = why.ok() ? Status::aborted("aborted") : why;
+  for (auto& [key, engine] : engines_) engine->abort(aborted_);
+}
+
+int CudaExecutor::device_of_address(const TensorSet& set, const std::byte* at) {
+  for (const auto& region : set.regions) {
+    if (at >= region->base() && at < region->base() + region->size()) return region->device();
+  }
+  return -1;
+}
+
+int CudaExecutor::device_of_client(const TensorSet& set, size_t bucket, uint32_t client) {
+  // admit() checked that all of a client's tensors of the bucket's group are on one GPU.
+  const auto& tensors = set.plan.buckets[bucket].tensors;
+  return tensors.empty() ? -1 : device_of_address(set, set.address[client][tensors.front()]);
+}
+
+Status CudaExecutor::admit(const TensorSet& set, const SetAdmission& admission) {
+  std::set<std::string> groups;
+  for (const auto& bucket : set.plan.buckets) groups.insert(bucket.group);
+  // Sorted, as on every node: communicators are created in the same order everywhere.
+  for (const std::string& group : groups) {
+    std::map<uint32_t, int> gpu_of;  // local rank -> GPU
+    for (size_t b = 0; b < set.plan.buckets.size(); ++b) {
+      if (set.plan.buckets[b].group != group) continue;
+      for (uint32_t c : set.participants[b]) {
+        for (uint32_t t : set.plan.buckets[b].tensors) {
+          const int d = device_of_address(set, set.address[c][t]);
+          if (d < 0) {
+            return Status::internal("set " + std::to_string(set.id) + ": tensor " + std::to_string(t) +
+                                    " of local rank " + std::to_string(c) + " is in no device region");
+          }
+          auto [it, inserted] = gpu_of.emplace(c, d);
+          if (!inserted && it->second != d) {
+            return Status::invalid_argument("set " + std::to_string(set.id) + ": local rank " + std::to_string(c) +
+                                            " has tensors on GPUs " + std::to_string(it->second) + " and " +
+                                            std::to_string(d) + "; a client's tensors of one set must be on one GPU");
+          }
+        }
+      }
+    }
+    std::vector<int> devices;
+    for (const auto& [c, d] : gpu_of) devices.push_back(d);
+    std::sort(devices.begin(), devices.end());
+    devices.erase(std::unique(devices.begin(), devices.end()), devices.end());
+    // One GPU on the only node: the kernels alone do it.
+    if (admission.rendezvous->nodes() <= 1 && devices.size() <= 1) continue;
+    const std::string what = "job " + admission.job + " set " + std::to_string(set.id) + " group '" + group + "'";
+    if (!engine_factory_) {
+      return Status::not_supported(what + " spans " + std::to_string(devices.size()) + " GPUs here and " +
+                                   std::to_string(admission.rendezvous->nodes()) +
+                                   " nodes; this gradsyncd has no NCCL engine");
+    }
+    DeviceEngineSpec spec;
+    spec.what = what;
+    spec.name = "nccl/s" + std::to_string(set.id) + "/" + group;
+    spec.devices = devices;
+    spec.slot_of_local_rank.assign(static_cast<size_t>(admission.topology->local_world_size), -1);
+    for (const auto& [c, d] : gpu_of) {
+      spec.slot_of_local_rank[c] = static_cast<int>(std::find(devices.begin(), devices.end(), d) - devices.begin());
+    }
+    spec.timeout = admission.timeout;
+    std::unique_ptr<DeviceCollectiveEngine> made;
+    if (Status status = engine_factory_->make(spec, &made); !status.ok()) return status;
+    DeviceCollectiveEngine* engine = made.get();
+    {
+      std::lock_guard lock(mutex_);
+      if (!aborted_.ok()) return aborted_;
+      if (engines_.count({set.id, group})) continue;
+      engines_.emplace(std::make_pair(set.id, group), std::move(made));
+    }
+    watch_timeout_ = admission.timeout;
+    if (Status status = engine->connect(admission.rendezvous); !status.ok()) return status;
+    std::string here;
+    for (int d : devices) here += (here.empty() ? "" : ",") + std::to_string(d);
+    log_.info(what + ": NCCL communicator of " + std::to_string(engine->ranks()) + " GPUs, this node's: " +
+              (here.empty() ? "none" : here));
+  }
+  return Status();
+}
+
+DeviceCollectiveEngine* CudaExecutor::engine_of(uint32_t set, const std::string& group) {
+  std::lock_guard lock(mutex_);
+  auto it = engines_.find({set, group});
+  return it == engines_.end() ? nullptr : it->second.get();
 }
 
 void CudaExecutor::launch(BucketCall call, BucketDone done) {
@@ -33,29 +144,20 @@ void CudaExecutor::launch(BucketCall call, BucketDone done) {
     std::lock_guard lock(mutex_);
     status = aborted_;
   }
-  if (status.ok()) status = run(call);
-  done(status);
+  if (!status.ok()) return done(status);
+  DeviceCollectiveEngine* engine = engine_of(call.set->id, call.set->plan.buckets[call.bucket].group);
+  if (engine && engine->ranks() > 1) return run_across(call, engine, std::move(done));
+  done(run_single(call));
 }
 
 Status CudaExecutor::device_of(const TensorSet& set, size_t bucket, int* device) const {
   std::set<int> devices;
-  for (uint32_t c : set.participants[bucket]) {
-    for (uint32_t t : set.plan.buckets[bucket].tensors) {
-      const std::byte* at = set.address[c][t];
-      for (const auto& region : set.regions) {
-        if (at >= region->base() && at < region->base() + region->size()) {
-          devices.insert(region->device());
-          break;
-        }
-      }
-    }
-  }
+  for (uint32_t c : set.participants[bucket]) devices.insert(device_of_client(set, bucket, c));
   if (devices.size() != 1 || *devices.begin() < 0) {
     std::string list;
     for (int d : devices) list += (list.empty() ? "" : " and ") + std::to_string(d);
-    return Status::not_supported("bucket " + std::to_string(bucket) + " of set " + std::to_string(set.id) +
-                                 " has participants on GPUs " + list +
-                                 "; reducing across GPUs needs the NCCL engine, which is not built yet");
+    return Status::internal("bucket " + std::to_string(bucket) + " of set " + std::to_string(set.id) +
+                            " has participants on GPUs " + list + " but no NCCL communicator");
   }
   *device = *devices.begin();
   return Status();
@@ -81,7 +183,7 @@ Status CudaExecutor::table(const BucketCall& call, int device, Side side, int on
                            const Table** out) {
   const TensorSet& set = *call.set;
   const uint32_t root = static_cast<uint32_t>(call.desc.root % call.topology->local_world_size);
-  const TableKey key{set.id, call.bucket, side, only, skip_root ? static_cast<int>(root) : -1, bytes};
+  const TableKey key{set.id, call.bucket, side, device, only, skip_root ? static_cast<int>(root) : -1, bytes};
   if (auto it = tables_.find(key); it != tables_.end()) {
     *out = &it->second.second;
     return Status();
@@ -89,6 +191,7 @@ Status CudaExecutor::table(const BucketCall& call, int device, Side side, int on
   const plan::Bucket& bucket = set.plan.buckets[call.bucket];
   std::vector<uint32_t> clients;
   for (uint32_t c : set.participants[call.bucket]) {
+    if (device_of_client(set, call.bucket, c) != device) continue;
     if (only >= 0 && c != static_cast<uint32_t>(only)) continue;
     if (skip_root && c == root) continue;
     clients.push_back(c);
@@ -124,14 +227,26 @@ Status CudaExecutor::table(const BucketCall& call, int device, Side side, int on
   return Status();
 }
 
-Status CudaExecutor::run(const BucketCall& call) {
+Status CudaExecutor::enqueue(const BucketCall& call, int device, Side side, const Launches& launches,
+                             const reduce::KernelArgs& args) {
+  const bool gather = side == Side::kGather;
+  if (gather ? !launches.gather : !launches.scatter) return Status();
+  const Table* t = nullptr;
+  const Status status = gather ? table(call, device, side, launches.only, false, launches.bytes, &t)
+                               : table(call, device, side, launches.scatter_only, launches.scatter_skips_root,
+                                       launches.bytes, &t);
+  if (!status.ok() || t->clients == 0) return status;
+  Device& state = devices_.at(device);
+  const BucketTable bucket_table{static_cast<const Segment*>(t->segments), static_cast<const WorkItem*>(t->items),
+                                 t->item_count, t->clients, state.bucket_buffer};
+  return gather ? kernels_->gather(args, bucket_table, state.stream)
+                : kernels_->scatter(args, bucket_table, state.stream);
+}
+
+Status CudaExecutor::run_single(const BucketCall& call) {
   const TensorSet& set = *call.set;
   const size_t b = call.bucket;
   const std::string where = "bucket " + std::to_string(b) + " of set " + std::to_string(set.id);
-  if (call.engine) {
-    return Status::not_supported(where + " spans nodes; device memory across nodes needs the NCCL engine, which is "
-                                         "not built yet");
-  }
   if (call.desc.kind == OpKind::kAllgather) {
     return Status::not_supported("allgather on device memory is not supported yet (" + where + ")");
   }
@@ -146,47 +261,135 @@ Status CudaExecutor::run(const BucketCall& call) {
   if (Status s = device_state(device, std::max<size_t>(1, set.bucket_elements[b] * acc), &state); !s.ok()) return s;
 
   const int root = static_cast<int>(call.desc.root % call.topology->local_world_size);
-  const Table* gather = nullptr;
-  const Table* scatter = nullptr;
-  Status status;
+  Launches launches;
   switch (call.desc.kind) {
-    case OpKind::kAllreduce:
-      status = table(call, device, Side::kGather, -1, false, false, &gather);
-      if (status.ok()) status = table(call, device, Side::kScatter, -1, false, false, &scatter);
-      break;
-    case OpKind::kReduce:
-      status = table(call, device, Side::kGather, -1, false, false, &gather);
-      if (status.ok()) status = table(call, device, Side::kScatter, root, false, false, &scatter);
-      break;
+    case OpKind::kAllreduce: break;
+    case OpKind::kReduce: launches.scatter_only = root; break;
     case OpKind::kBroadcast:
-      status = table(call, device, Side::kGather, root, false, true, &gather);
-      if (status.ok()) status = table(call, device, Side::kScatter, -1, true, true, &scatter);
+      launches.only = root;
+      launches.bytes = true;
+      launches.scatter_skips_root = true;
       break;
     case OpKind::kAllgather: break;
   }
-  if (!status.ok()) return Status(status.code(), where + ": " + status.message(), status.where());
   // A broadcast moves the root's bytes through the bucket buffer unchanged: as uint8, one
   // "client" in, a copy out, so even NaN payloads of the half types survive.
   reduce::KernelArgs args = call.args;
   if (copy) args = reduce::KernelArgs{.dtype = DType::kUInt8};
-  const auto as_table = [&](const Table& t) {
-    return BucketTable{static_cast<const Segment*>(t.segments), static_cast<const WorkItem*>(t.items), t.item_count,
-                       t.clients, state->bucket_buffer};
-  };
-  bool enqueued = false;
-  if (gather->clients > 0) {
-    status = kernels_->gather(args, as_table(*gather), state->stream);
-    enqueued = status.ok();
-  }
-  if (status.ok() && scatter->clients > 0) status = kernels_->scatter(args, as_table(*scatter), state->stream);
-  // Whatever failed, nothing that was enqueued may still touch client memory once the job
-  // learns of the failure and unmaps it.
-  if (enqueued || status.ok()) {
-    const Status synchronized = api_->synchronize(state->stream);
-    if (status.ok()) status = synchronized;
-  }
+  Status status = enqueue(call, device, Side::kGather, launches, args);
+  // Whatever happens next, the gather may be running: it is waited for below.
+  if (status.ok()) status = enqueue(call, device, Side::kScatter, launches, args);
+  // Nothing that was enqueued may still touch client memory once the job learns of a failure
+  // and unmaps it.
+  const Status synchronized = api_->synchronize(state->stream);
+  if (status.ok()) status = synchronized;
   if (!status.ok()) return Status(status.code(), where + " on GPU " + std::to_string(device) + ": " + status.message());
   return Status();
+}
+
+void CudaExecutor::run_across(const BucketCall& call, DeviceCollectiveEngine* engine, BucketDone done) {
+  const TensorSet& set = *call.set;
+  const size_t b = call.bucket;
+  const std::string where = std::string(kind_name(call.desc.kind)) + " bucket " + std::to_string(b) + " of set " +
+                            std::to_string(set.id);
+  if (call.desc.kind == OpKind::kAllgather) {
+    return done(Status::not_supported("allgather on device memory is not supported yet (" + where + ")"));
+  }
+  const Topology& topology = *call.topology;
+  const DType dtype = set.plan.buckets[b].dtype;
+  const bool copy = call.desc.kind == OpKind::kBroadcast;
+  const size_t count = set.bucket_elements[b];
+  const size_t bytes = count * (copy ? dtype_size(dtype) : dtype_size(reduce::accumulation_dtype(dtype)));
+  const int root_node = call.desc.root / topology.local_world_size;
+  const int root_local = call.desc.root % topology.local_world_size;
+  const bool root_here = root_node == topology.node;
+  const int root_gpu = root_here ? device_of_client(set, b, static_cast<uint32_t>(root_local)) : -1;
+  const int root_rank = engine->rank_of(root_node, root_local);
+  if (call.desc.kind != OpKind::kAllreduce && root_rank < 0) {
+    return done(Status::internal(where + ": root rank " + std::to_string(call.desc.root) + " has no GPU in the group"));
+  }
+  reduce::KernelArgs args = call.args;
+  if (copy) args = reduce::KernelArgs{.dtype = DType::kUInt8};
+
+  // Every local GPU: its stream, bucket buffer and done event.
+  std::vector<DeviceBuffer> buffers;
+  Status status;
+  for (int device : engine->devices()) {
+    Device* state = nullptr;
+    status = api_->make_current(device);
+    if (status.ok()) status = device_state(device, std::max<size_t>(1, bytes), &state);
+    if (status.ok() && !state->done_event) status = api_->create_event(device, &state->done_event);
+    if (!status.ok()) break;
+    buffers.push_back(DeviceBuffer{device, state->bucket_buffer, state->stream});
+  }
+  const auto launches_on = [&](int device) {
+    Launches l;
+    switch (call.desc.kind) {
+      case OpKind::kAllreduce: break;
+      case OpKind::kReduce:
+        l.scatter = root_here && device == root_gpu;
+        l.scatter_only = root_local;
+        break;
+      case OpKind::kBroadcast:
+        l.bytes = true;
+        l.gather = root_here && device == root_gpu;
+        l.only = root_local;
+        l.scatter_skips_root = root_here;
+        break;
+      case OpKind::kAllgather: break;
+    }
+    return l;
+  };
+  bool collective = false;  // an NCCL call was enqueued: its peers may be waiting on it
+  for (size_t i = 0; i < buffers.size() && status.ok(); ++i) {
+    status = api_->make_current(buffers[i].device);
+    if (status.ok()) status = enqueue(call, buffers[i].device, Side::kGather, launches_on(buffers[i].device), args);
+  }
+  if (status.ok()) {
+    const ReduceSpec spec{.op = args.combine, .element = dtype, .wide_accumulate = args.wide_accumulate};
+    switch (call.desc.kind) {
+      case OpKind::kAllreduce: status = engine->allreduce(buffers, count, spec); break;
+      case OpKind::kReduce: status = engine->reduce(buffers, count, spec, root_rank); break;
+      case OpKind::kBroadcast: status = engine->broadcast(buffers, bytes, root_rank); break;
+      case OpKind::kAllgather: break;
+    }
+    collective = status.ok();
+  }
+  for (size_t i = 0; i < buffers.size() && status.ok(); ++i) {
+    status = api_->make_current(buffers[i].device);
+    if (status.ok()) status = enqueue(call, buffers[i].device, Side::kScatter, launches_on(buffers[i].device), args);
+    if (status.ok()) status = api_->record_event(devices_.at(buffers[i].device).done_event, buffers[i].stream);
+  }
+  std::vector<void*> streams, events;
+  for (const DeviceBuffer& buffer : buffers) {
+    streams.push_back(buffer.stream);
+    events.push_back(devices_.at(buffer.device).done_event);
+  }
+  DeviceApi* api = api_;
+  if (!status.ok()) {
+    // This rank will not finish its part: abort the engine (the peers fail fast instead of at
+    // their timeout, and a collective enqueued here returns), then drain before answering.
+    const Status error(status.code(), where + ": " + status.message(), status.where());
+    if (collective) engine->abort(error);
+    for (void* stream : streams) (void)api->synchronize(stream);
+    return done(error);
+  }
+  engine->watch(
+      where,
+      [api, events](bool* finished) {
+        for (void* event : events) {
+          if (Status s = api->query_event(event, finished); !s.ok() || !*finished) return s;
+        }
+        return Status();
+      },
+      watch_timeout_,
+      [api, streams, done = std::move(done)](const Status& answer) {
+        // The communicators were aborted before an error is answered, so the streams drain.
+        if (!answer.ok()) {
+          for (void* stream : streams) (void)api->synchronize(stream);
+        }
+        done(answer);
+      });
 }
 
 }  // namespace gradsync::cuda

@@ -1,39 +1,54 @@
-// The CUDA executor: buckets of sets in device memory, for sets whose local participants all
-// live on one GPU (clients sharing a GPU). Per bucket, on the daemon's stream for that GPU:
-//   allreduce  gather (every participant, rank order) -> scatter (every participant)
-//   reduce     gather (every participant) -> scatter (the root only)
-//   broadcast  gather (the root alone: a copy) -> scatter (everybody else)
-// The launch tables (segments, work items) are built and uploaded once per (set, bucket, kind
-// of launch) and reused every step; the bucket buffer grows to the largest bucket and stays.
+// The CUDA executor: buckets of sets in device memory. Clients that share a GPU are combined by
+// this executor's kernels (in rank order, bit-identical to the host path); a group that spans
+// several GPUs, here or on other nodes, goes through one NCCL communicator per (set, group),
+// made at admission (DESIGN.md decision 6). Per bucket, on the daemon's stream of each GPU:
+//   allreduce  gather (the GPU's participants) -> [NCCL allreduce] -> scatter (all of them)
+//   reduce     gather -> [NCCL reduce to the root's GPU] -> scatter (the root only)
+//   broadcast  gather (the root alone: a copy) -> [NCCL broadcast] -> scatter (all but the root)
+// The launch tables (segments, work items) are built and uploaded once per (set, bucket, GPU,
+// kind of launch) and reused every step; each GPU's bucket buffer grows to the largest bucket.
+//
+// Answers:
+//   - one GPU in all: enqueue, synchronise the stream, answer on the caller's thread;
+//   - several: enqueue on every local GPU, record a done event on each, and let the engine's
+//     watchdog answer when all are through, or fail the bucket (aborting the communicators) on
+//     an NCCL error, the job timeout or abort(). Before an error is answered the streams are
+//     drained, so no kernel touches client memory once the job learns of the failure.
 //
 // Ordering, for now, through the host: the client synchronises its stream before it marks a
-// tensor ready, and the executor synchronises its stream before it answers, so completions mean
-// the results are in memory. The interprocess event rings (events.h) replace both host waits
-// next.
+// tensor ready, and completions mean the results are in memory. The interprocess event rings
+// (events.h) replace both host waits next.
 //
-// Not yet: buckets whose group spans GPUs or nodes (the NCCL engine), and allgather on device
-// sets. Both are refused with an error naming them.
+// Not yet: allgather on device sets (refused, naming it).
 #pragma once
 
+#include <chrono>
 #include <map>
+#include <memory>
 #include <mutex>
+#include <string>
 #include <tuple>
+#include <utility>
 
 #include "daemon/backend/cuda/device_api.h"
 #include "daemon/backend/cuda/launcher.h"
 #include "daemon/backend/executor.h"
+#include "daemon/engine/device_engine.h"
 #include "daemon/util/log.h"
 
 namespace gradsync::cuda {
 
 class CudaExecutor final : public BucketExecutor {
  public:
-  CudaExecutor(DeviceApi* api, KernelLauncher* kernels, Logger log);
-  ~CudaExecutor() override;  // frees the tables, the bucket buffers and the streams
+  // `engines` makes the NCCL engines; null in a daemon without NCCL, which then refuses groups
+  // that span GPUs.
+  CudaExecutor(DeviceApi* api, KernelLauncher* kernels, DeviceEngineFactory* engines, Logger log);
+  ~CudaExecutor() override;  // ends the engines (answering what is in flight), then frees
   CudaExecutor(const CudaExecutor&) = delete;
   CudaExecutor& operator=(const CudaExecutor&) = delete;
 
-  // Runs on the caller's thread and answers before returning (see the ordering note above).
+  // Creates and connects the engine of every group of the set that spans GPUs.
+  Status admit(const TensorSet& set, const SetAdmission& admission) override;
   void launch(BucketCall call, BucketDone done) override;
   void abort(const Status& why) override;
 
@@ -46,30 +61,52 @@ class CudaExecutor final : public BucketExecutor {
     uint32_t clients = 0;
   };
   enum class Side { kGather, kScatter };
-  // (set id, bucket, side, the one client of a root-only launch or -1, the root it skips or -1,
-  // whether it counts bytes rather than elements)
-  using TableKey = std::tuple<uint32_t, size_t, Side, int, int, bool>;
+  // (set id, bucket, side, GPU, the one client of a root-only launch or -1, the root it skips
+  // or -1, whether it counts bytes rather than elements)
+  using TableKey = std::tuple<uint32_t, size_t, Side, int, int, int, bool>;
   struct Device {
     void* stream = nullptr;
     void* bucket_buffer = nullptr;
     size_t bucket_bytes = 0;
+    void* done_event = nullptr;  // recorded after a multi-GPU bucket's last kernel
+  };
+  // Which launches a bucket makes on one GPU.
+  struct Launches {
+    int only = -1;          // gather from this local rank only (a broadcast's root)
+    bool gather = true;
+    bool bytes = false;     // moves bytes (broadcast) rather than reducing values
+    int scatter_only = -1;  // scatter to this local rank only (a reduce's root)
+    bool scatter_skips_root = false;
+    bool scatter = true;
   };
 
-  Status run(const BucketCall& call);
+  Status run_single(const BucketCall& call);
+  void run_across(const BucketCall& call, DeviceCollectiveEngine* engine, BucketDone done);
+  // Enqueues one GPU's gather (before the collective) or scatter (after it).
+  Status enqueue(const BucketCall& call, int device, Side side, const Launches& launches,
+                 const reduce::KernelArgs& args);
+  // The GPU of a client's tensor, or -1; of a client's tensors of a bucket (its first's).
+  static int device_of_address(const TensorSet& set, const std::byte* at);
+  static int device_of_client(const TensorSet& set, size_t bucket, uint32_t client);
   Status device_of(const TensorSet& set, size_t bucket, int* device) const;
   Status device_state(int device, size_t bucket_bytes, Device** out);
-  // The table of `clients` (local ranks) for one side of a bucket, uploaded on first use.
+  // The table of one side of a bucket on one GPU, uploaded on first use.
   Status table(const BucketCall& call, int device, Side side, int only, bool skip_root, bool bytes,
                const Table** out);
+  DeviceCollectiveEngine* engine_of(uint32_t set, const std::string& group);
 
   DeviceApi* api_;
   KernelLauncher* kernels_;
+  DeviceEngineFactory* engine_factory_;
   Logger log_;
   std::mutex mutex_;
   Status aborted_;  // guarded by mutex_
+  // Made on the worker thread; abort() reaches them under mutex_.
+  std::map<std::pair<uint32_t, std::string>, std::unique_ptr<DeviceCollectiveEngine>> engines_;
   // Caller's thread only (the worker launches one bucket at a time).
   std::map<int, Device> devices_;
   std::map<TableKey, std::pair<int, Table>> tables_;  // with the device they live on
+  std::chrono::milliseconds watch_timeout_{30'000};    // the job timeout, from admit()
 };
 
 }  // namespace gradsync::cuda

@@ -1,10 +1,12 @@
 #include "daemon/engine/nccl/watchdog.h"
 
+#include <algorithm>
 #include <vector>
 
 namespace gradsync::nccl {
 
-Watchdog::Watchdog(WatchedComms* comms, std::chrono::milliseconds poll) : comms_(comms), poll_(poll) {
+Watchdog::Watchdog(WatchedComms* comms, std::chrono::milliseconds poll, std::chrono::microseconds completion_poll)
+    : comms_(comms), poll_(poll), completion_poll_(std::min<std::chrono::microseconds>(completion_poll, poll)) {
   thread_ = std::thread([this] { run(); });
 }
 
@@ -27,6 +29,10 @@ void Watchdog::watch(InFlight item) {
   }
   const auto deadline = std::chrono::steady_clock::now() + item.timeout;
   in_flight_.push_back(Watched{std::move(item), deadline});
+  // An idle watchdog sleeps a whole poll period; the new item is polled now instead.
+  kicked_ = true;
+  lock.unlock();
+  wake_.notify_all();
 }
 
 void Watchdog::abort(const Status& why) {
@@ -63,9 +69,12 @@ void Watchdog::run() {
   for (;;) {
     // Wakes for a stop, or for an abort not acted on yet; otherwise polls. (A predicate that
     // stayed true after the abort was handled would spin holding the lock.)
-    wake_.wait_for(lock, poll_, [&] { return stopping_ || (!abort_requested_.ok() && failure_.ok()); });
+    const std::chrono::microseconds period = in_flight_.empty() ? std::chrono::microseconds(poll_) : completion_poll_;
+    wake_.wait_for(lock, period, [&] { return stopping_ || kicked_ || (!abort_requested_.ok() && failure_.ok()); });
+    kicked_ = false;
     if (!abort_requested_.ok() && failure_.ok()) fail_all(abort_requested_, lock);
-    if (failure_.ok()) {
+    if (failure_.ok() && std::chrono::steady_clock::now() - last_error_check_ >= poll_) {
+      last_error_check_ = std::chrono::steady_clock::now();
       lock.unlock();
       Status error = comms_->async_error();
       lock.lock();

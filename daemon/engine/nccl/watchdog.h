@@ -44,7 +44,11 @@ struct InFlight {
 
 class Watchdog {
  public:
-  explicit Watchdog(WatchedComms* comms, std::chrono::milliseconds poll = std::chrono::milliseconds(100));
+  // `poll`: how often asynchronous errors and deadlines are checked. `completion_poll`: how
+  // often the head of the queue is polled while anything is in flight, since its answer gates
+  // the job's next bucket (short: a bucket of a few KiB takes microseconds).
+  explicit Watchdog(WatchedComms* comms, std::chrono::milliseconds poll = std::chrono::milliseconds(100),
+                    std::chrono::microseconds completion_poll = std::chrono::microseconds(50));
   ~Watchdog();  // aborts (if anything is in flight), answers everything, joins
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;
@@ -71,6 +75,8 @@ class Watchdog {
 
   WatchedComms* comms_;
   const std::chrono::milliseconds poll_;
+  const std::chrono::microseconds completion_poll_;
+  std::chrono::steady_clock::time_point last_error_check_{};  // watchdog thread only
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<Watched> in_flight_;  // guarded by mutex_, in the order they were enqueued
@@ -78,6 +84,7 @@ class Watchdog {
   Status abort_requested_;         // guarded by mutex_
   bool aborted_comms_ = false;     // watchdog thread only
   bool stopping_ = false;          // guarded by mutex_
+  bool kicked_ = false;            // guarded by mutex_: watch() added an item
   std::thread thread_;
 };
 

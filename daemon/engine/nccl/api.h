@@ -1,0 +1,61 @@
+// The NCCL calls the engine makes, behind an interface: the real one (nccl_api.cc) calls NCCL,
+// and host tests pass a fake that fails, hangs until aborted, or stays in progress, so the
+// engine's initialisation, grouping, watchdog and abort are tested without a GPU.
+// Communicators and streams are opaque (void*), so this header needs neither NCCL nor CUDA.
+//
+// Non-blocking mode: every communicator is created with config.blocking = 0, so a call may
+// leave work in progress. A call's Status is its immediate result (ok covers ncclInProgress);
+// state() is how the engine learns when a communicator left ncclInProgress, or failed.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <memory>
+
+#include "daemon/reduce/kernel.h"
+#include "shared/dtype.h"
+#include "shared/status.h"
+
+namespace gradsync::nccl {
+
+using UniqueId = std::array<char, 128>;  // ncclUniqueId
+
+enum class CommState { kReady, kInProgress, kFailed };
+
+class NcclApi {
+ public:
+  virtual ~NcclApi() = default;
+
+  virtual Status unique_id(UniqueId* id) = 0;
+  // ncclCommInitRankConfig, non-blocking, with `device` current for the call.
+  virtual Status init_rank(int device, int ranks, const UniqueId& id, int rank, void** comm) = 0;
+  // ncclCommGetAsyncError: ready, still in progress, or failed with *error naming why.
+  virtual CommState state(void* comm, Status* error) = 0;
+  // ncclCommAbort: frees the communicator; its kernels in flight return. The engine ends every
+  // communicator this way, healthy or not: it is bounded, where ncclCommFinalize may wait for
+  // peers that are gone.
+  virtual void abort(void* comm) = 0;
+
+  virtual Status group_start() = 0;
+  virtual Status group_end() = 0;
+
+  // In-place allowed where NCCL allows it (send == recv). Ranks are the communicator's.
+  virtual Status all_reduce(const void* send, void* recv, size_t count, DType dtype, reduce::Combine op, void* comm,
+                            void* stream) = 0;
+  virtual Status broadcast(const void* send, void* recv, size_t count, DType dtype, int root, void* comm,
+                           void* stream) = 0;
+  virtual Status reduce(const void* send, void* recv, size_t count, DType dtype, reduce::Combine op, int root,
+                        void* comm, void* stream) = 0;
+  virtual Status all_gather(const void* send, void* recv, size_t count, DType dtype, void* comm, void* stream) = 0;
+  virtual Status reduce_scatter(const void* send, void* recv, size_t count, DType dtype, reduce::Combine op,
+                                void* comm, void* stream) = 0;
+
+  // ncclCommRegister / ncclCommDeregister.
+  virtual Status register_buffer(void* comm, void* data, size_t bytes, void** handle) = 0;
+  virtual Status deregister_buffer(void* comm, void* handle) = 0;
+};
+
+// NCCL itself; only in builds with the CUDA backend (the engine factory makes it).
+std::unique_ptr<NcclApi> make_nccl_api();
+
+}  // namespace gradsync::nccl

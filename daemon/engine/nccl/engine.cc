@@ -1,0 +1,242 @@
+#include "daemon/engine/nccl/engine.h"
+
+#include <thread>
+
+#include "daemon/backend/host/staged.h"  // reduce::accumulation_dtype
+
+namespace gradsync::nccl {
+
+NcclEngine::NcclEngine(NcclApi* api, DeviceEngineSpec spec, EngineTiming timing)
+    : api_(api), spec_(std::move(spec)), timing_(timing) {}
+
+NcclEngine::~NcclEngine() {
+  std::unique_ptr<Watchdog> watchdog;
+  {
+    std::lock_guard lock(status_mutex_);
+    watchdog = std::move(watchdog_);
+  }
+  watchdog.reset();  // fails what is in flight, aborting the communicators first
+  std::lock_guard lock(nccl_mutex_);
+  abort_locked();
+}
+
+std::string NcclEngine::describe(size_t local) const {
+  const int rank = plan_.base.empty() ? -1 : plan_.base[static_cast<size_t>(plan_.node)] + static_cast<int>(local);
+  return "GPU " + std::to_string(spec_.devices[local]) + " (rank " + std::to_string(rank) + " of " +
+         std::to_string(plan_.ranks) + ")";
+}
+
+Status NcclEngine::unusable() const {
+  std::lock_guard lock(status_mutex_);
+  if (!aborted_.ok()) return aborted_;
+  if (watchdog_) return watchdog_->failure();
+  return Status();
+}
+
+void NcclEngine::abort(const Status& why) {
+  std::lock_guard lock(status_mutex_);
+  if (!aborted_.ok()) return;
+  aborted_ = why.ok() ? Status::aborted("aborted") : why;
+  stop_.store(true);
+  // Without a watchdog, connect() is running or never ran: it sees stop_ and aborts itself.
+  if (watchdog_) watchdog_->abort(aborted_);
+}
+
+void NcclEngine::abort_locked() {
+  if (comms_aborted_) return;
+  comms_aborted_ = true;
+  for (void* comm : comms_) {
+    if (comm) api_->abort(comm);
+  }
+  registered_.clear();  // the abort freed the registrations with the communicators
+}
+
+Status NcclEngine::wait_ready(const std::string& what, std::chrono::milliseconds timeout,
+                              std::chrono::microseconds poll) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    bool pending = false;
+    for (size_t i = 0; i < comms_.size(); ++i) {
+      Status error;
+      switch (api_->state(comms_[i], &error)) {
+        case CommState::kReady: break;
+        case CommState::kInProgress: pending = true; break;
+        case CommState::kFailed:
+          return Status(error.code(), what + " on " + describe(i) + ": " + error.message(), error.where());
+      }
+    }
+    if (!pending) return Status();
+    if (stop_.load()) return Status::aborted(what + " was aborted");
+    if (std::chrono::steady_clock::now() >= deadline) {
+      return Status::timeout(what + " did not finish within " + std::to_string(timeout.count()) + " ms");
+    }
+    std::this_thread::sleep_for(poll);
+  }
+}
+
+Status NcclEngine::connect(Rendezvous* rendezvous) {
+  if (Status status = unusable(); !status.ok()) return status;
+  const auto failed = [&](const Status& status) {
+    if (stop_.load()) return unusable();  // this node gave up on purpose: that is the answer
+    return Status(status.code(), spec_.what + ": " + status.message(), status.where());
+  };
+  if (Status status = plan_ranks(rendezvous, spec_.name, static_cast<int>(spec_.devices.size()),
+                                 spec_.slot_of_local_rank, &plan_);
+      !status.ok()) {
+    return failed(status);
+  }
+  // One GPU in all: the executor's kernels do it alone.
+  if (plan_.ranks == 0 || (plan_.ranks == 1 && !spec_.single_rank_communicator)) return Status();
+  UniqueId id{};
+  if (Status status = agree_unique_id(
+          rendezvous, spec_.name, plan_, [this](UniqueId* out) { return api_->unique_id(out); }, &id);
+      !status.ok()) {
+    return failed(status);
+  }
+  if (spec_.devices.empty()) return Status();  // this node brings no GPU to the group
+  Status status;
+  {
+    std::lock_guard lock(nccl_mutex_);
+    if (stop_.load()) return unusable();
+    comms_.assign(spec_.devices.size(), nullptr);
+    // Every local rank inside one group: NCCL needs them all to make progress at once.
+    status = api_->group_start();
+    const int base = plan_.base[static_cast<size_t>(plan_.node)];
+    for (size_t i = 0; i < comms_.size() && status.ok(); ++i) {
+      status = api_->init_rank(spec_.devices[i], plan_.ranks, id, base + static_cast<int>(i), &comms_[i]);
+    }
+    const Status ended = api_->group_end();
+    if (status.ok()) status = ended;
+    if (status.ok()) status = wait_ready("creating the NCCL communicators", spec_.timeout, timing_.init_poll);
+    if (!status.ok()) abort_locked();
+  }
+  if (!status.ok()) return failed(status);
+  std::lock_guard lock(status_mutex_);
+  if (!aborted_.ok()) {  // aborted between the last poll and now
+    std::lock_guard nccl_lock(nccl_mutex_);
+    abort_locked();
+    return aborted_;
+  }
+  WatchedComms* comms = this;
+  watchdog_ = std::make_unique<Watchdog>(comms, timing_.watchdog_poll, timing_.completion_poll);
+  return Status();
+}
+
+Status NcclEngine::group_call(const std::string& what, std::span<const DeviceBuffer> buffers,
+                              const std::function<Status(size_t)>& issue) {
+  if (Status status = unusable(); !status.ok()) return status;
+  if (comms_.empty()) return Status::internal(spec_.what + ": " + what + " on an engine without communicators");
+  if (buffers.size() != comms_.size()) {
+    return Status::internal(spec_.what + ": " + what + " got " + std::to_string(buffers.size()) +
+                            " buffers for " + std::to_string(comms_.size()) + " local GPUs");
+  }
+  Status status;
+  {
+    std::lock_guard lock(nccl_mutex_);
+    if (comms_aborted_) status = Status::aborted("the communicators were aborted");
+    if (status.ok()) status = api_->group_start();
+    if (status.ok()) {
+      for (size_t i = 0; i < comms_.size() && status.ok(); ++i) status = issue(i);
+      const Status ended = api_->group_end();
+      if (status.ok()) status = ended;
+    }
+    if (status.ok()) status = wait_ready(what, spec_.timeout, timing_.enqueue_poll);
+  }
+  if (status.ok()) return status;
+  if (Status why = unusable(); !why.ok()) return why;
+  // An error from a group call leaves every communicator of the group unusable: fail the engine,
+  // which aborts them all.
+  const Status error(status.code(), spec_.what + ": NCCL " + what + ": " + status.message(), status.where());
+  abort(error);
+  return error;
+}
+
+Status NcclEngine::allreduce(std::span<const DeviceBuffer> buffers, size_t count, const ReduceSpec& spec) {
+  const DType dtype = reduce::accumulation_dtype(spec.element);
+  return group_call("allreduce of " + std::to_string(count) + " elements", buffers, [&](size_t i) {
+    return api_->all_reduce(buffers[i].data, buffers[i].data, count, dtype, spec.op, comms_[i], buffers[i].stream);
+  });
+}
+
+Status NcclEngine::broadcast(std::span<const DeviceBuffer> buffers, size_t bytes, int root) {
+  if (root < 0 || root >= plan_.ranks) return Status::internal(spec_.what + ": broadcast root " + std::to_string(root));
+  return group_call("broadcast of " + std::to_string(bytes) + " bytes", buffers, [&](size_t i) {
+    return api_->broadcast(buffers[i].data, buffers[i].data, bytes, DType::kUInt8, root, comms_[i], buffers[i].stream);
+  });
+}
+
+Status NcclEngine::reduce(std::span<const DeviceBuffer> buffers, size_t count, const ReduceSpec& spec, int root) {
+  if (root < 0 || root >= plan_.ranks) return Status::internal(spec_.what + ": reduce root " + std::to_string(root));
+  const DType dtype = reduce::accumulation_dtype(spec.element);
+  return group_call("reduce of " + std::to_string(count) + " elements", buffers, [&](size_t i) {
+    return api_->reduce(buffers[i].data, buffers[i].data, count, dtype, spec.op, root, comms_[i], buffers[i].stream);
+  });
+}
+
+Status NcclEngine::allgather(std::span<const DeviceBuffer> in, std::span<const DeviceBuffer> out, size_t bytes) {
+  if (in.size() != out.size()) return Status::internal(spec_.what + ": allgather with mismatched buffer lists");
+  return group_call("allgather of " + std::to_string(bytes) + " bytes per rank", in, [&](size_t i) {
+    return api_->all_gather(in[i].data, out[i].data, bytes, DType::kUInt8, comms_[i], in[i].stream);
+  });
+}
+
+Status NcclEngine::reduce_scatter(std::span<const DeviceBuffer> in, std::span<const DeviceBuffer> out, size_t count,
+                                  const ReduceSpec& spec) {
+  if (in.size() != out.size()) return Status::internal(spec_.what + ": reduce-scatter with mismatched buffer lists");
+  const DType dtype = reduce::accumulation_dtype(spec.element);
+  return group_call("reduce-scatter of " + std::to_string(count) + " elements per rank", in, [&](size_t i) {
+    return api_->reduce_scatter(in[i].data, out[i].data, count, dtype, spec.op, comms_[i], in[i].stream);
+  });
+}
+
+Status NcclEngine::register_buffer(int device, void* data, size_t bytes, bool* registered) {
+  *registered = false;
+  if (Status status = unusable(); !status.ok()) return status;
+  std::lock_guard lock(nccl_mutex_);
+  if (comms_aborted_) return Status::aborted("the communicators were aborted");
+  if (registered_.count({device, data})) {
+    *registered = true;
+    return Status();
+  }
+  for (size_t i = 0; i < comms_.size(); ++i) {
+    if (spec_.devices[i] != device) continue;
+    void* handle = nullptr;
+    if (Status status = api_->register_buffer(comms_[i], data, bytes, &handle); !status.ok()) return status;
+    registered_[{device, data}] = handle;
+    *registered = true;
+    return Status();
+  }
+  return Status::internal(spec_.what + ": GPU " + std::to_string(device) + " is not one of this engine's");
+}
+
+void NcclEngine::watch(std::string what, std::function<Status(bool* done)> poll, std::chrono::milliseconds timeout,
+                       EngineDone done) {
+  Watchdog* watchdog = nullptr;
+  Status status;
+  {
+    std::lock_guard lock(status_mutex_);
+    watchdog = watchdog_.get();
+    status = aborted_;
+  }
+  if (!status.ok()) return done(status);
+  if (!watchdog) return done(Status::internal(spec_.what + ": watch() on an engine that is not connected"));
+  watchdog->watch(InFlight{spec_.what + ": " + what, std::move(poll), std::move(done), timeout});
+}
+
+Status NcclEngine::async_error() {
+  for (size_t i = 0; i < comms_.size(); ++i) {
+    Status error;
+    if (api_->state(comms_[i], &error) == CommState::kFailed) {
+      return Status(error.code(), spec_.what + " on " + describe(i) + ": " + error.message(), error.where());
+    }
+  }
+  return Status();
+}
+
+void NcclEngine::abort_all() {
+  stop_.store(true);  // a group call polling NCCL gives up and lets go of the mutex
+  std::lock_guard lock(nccl_mutex_);
+  abort_locked();
+}
+
+}  // namespace gradsync::nccl

@@ -1,0 +1,111 @@
+// The NCCL engine: one communicator per local GPU of a group, all ranks of one NCCL
+// communicator that spans every GPU of the group on every node (DESIGN.md decision 6). This
+// daemon drives its local GPUs' ranks from one thread inside ncclGroupStart/End, so NCCL does
+// the NVLink and network hierarchy itself.
+//
+//   connect   ranks and the unique id agreed through the Rendezvous (store.h), then every
+//             local rank created inside one group with ncclCommInitRankConfig in non-blocking
+//             mode, and polled (every 10 ms, as PyTorch's NCCLUtils does) until ready, failed,
+//             aborted, or past the timeout; any failure aborts them all.
+//   calls     one group call per collective, then polled until NCCL has enqueued it (a
+//             non-blocking group may stay in progress briefly); the work runs on the callers'
+//             streams. avg is the caller's business (sum here, then the executor's fused
+//             division): NCCL's ncclAvg is not bit-identical to the host path.
+//   watchdog  watchdog.h: completion polls, asynchronous errors, deadlines; on any failure it
+//             aborts every communicator once, then answers.
+// Every NCCL call is made under one mutex (NCCL may not be entered while a communicator is
+// aborted), except ncclCommGetAsyncError, which NCCL allows from another thread.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "daemon/engine/device_engine.h"
+#include "daemon/engine/nccl/api.h"
+#include "daemon/engine/nccl/store.h"
+#include "daemon/engine/nccl/watchdog.h"
+
+namespace gradsync::nccl {
+
+struct EngineTiming {
+  std::chrono::milliseconds init_poll{10};
+  std::chrono::milliseconds watchdog_poll{100};
+  std::chrono::microseconds completion_poll{50};
+  // How often a group call that NCCL left in progress is polled until it is enqueued.
+  std::chrono::microseconds enqueue_poll{20};
+};
+
+class NcclEngine final : public DeviceCollectiveEngine, private WatchedComms {
+ public:
+  NcclEngine(NcclApi* api, DeviceEngineSpec spec, EngineTiming timing = {});
+  ~NcclEngine() override;
+  NcclEngine(const NcclEngine&) = delete;
+  NcclEngine& operator=(const NcclEngine&) = delete;
+
+  Status connect(Rendezvous* rendezvous) override;
+  int ranks() const override { return plan_.ranks; }
+  std::span<const int> devices() const override { return spec_.devices; }
+  int rank_of(int node, int local_rank) const override { return plan_.rank_of(node, local_rank); }
+
+  Status allreduce(std::span<const DeviceBuffer> buffers, size_t count, const ReduceSpec& spec) override;
+  Status broadcast(std::span<const DeviceBuffer> buffers, size_t bytes, int root) override;
+  Status reduce(std::span<const DeviceBuffer> buffers, size_t count, const ReduceSpec& spec, int root) override;
+  Status allgather(std::span<const DeviceBuffer> in, std::span<const DeviceBuffer> out, size_t bytes) override;
+  Status reduce_scatter(std::span<const DeviceBuffer> in, std::span<const DeviceBuffer> out, size_t count,
+                        const ReduceSpec& spec) override;
+  Status register_buffer(int device, void* data, size_t bytes, bool* registered) override;
+  void watch(std::string what, std::function<Status(bool* done)> poll, std::chrono::milliseconds timeout,
+             EngineDone done) override;
+  void abort(const Status& why) override;
+
+ private:
+  // WatchedComms, on the watchdog's thread.
+  Status async_error() override;
+  void abort_all() override;
+
+  // Why calls must fail now (an abort, a failure); ok while healthy.
+  Status unusable() const;
+  // Polls every communicator until none is in progress: ok, the first failure, the abort, or a
+  // timeout naming `what`. Under nccl_mutex_.
+  Status wait_ready(const std::string& what, std::chrono::milliseconds timeout, std::chrono::microseconds poll);
+  // Runs `issue(i)` for every local rank inside one group, then waits until NCCL enqueued it.
+  Status group_call(const std::string& what, std::span<const DeviceBuffer> buffers,
+                    const std::function<Status(size_t)>& issue);
+  // Aborts every communicator (once); under nccl_mutex_.
+  void abort_locked();
+  std::string describe(size_t local) const;  // "GPU 3 (rank 5 of 8)"
+
+  NcclApi* api_;
+  const DeviceEngineSpec spec_;
+  const EngineTiming timing_;
+  RankPlan plan_;                 // set by connect(), then read-only
+  std::vector<void*> comms_;      // one per spec_.devices entry; under nccl_mutex_
+  std::mutex nccl_mutex_;
+  bool comms_aborted_ = false;    // under nccl_mutex_
+  std::map<std::pair<int, void*>, void*> registered_;  // (device, data) -> handle; under nccl_mutex_
+  std::atomic<bool> stop_{false};  // an abort was asked for: loops that poll NCCL give up
+  mutable std::mutex status_mutex_;
+  Status aborted_;                 // guarded by status_mutex_
+  std::unique_ptr<Watchdog> watchdog_;  // after connect(); guarded by status_mutex_ for abort()
+};
+
+// Makes NCCL engines over the api given (the real NCCL in the daemon, a fake in tests).
+class NcclEngineFactory final : public DeviceEngineFactory {
+ public:
+  NcclEngineFactory(std::unique_ptr<NcclApi> api, EngineTiming timing = {})
+      : api_(std::move(api)), timing_(timing) {}
+  Status make(const DeviceEngineSpec& spec, std::unique_ptr<DeviceCollectiveEngine>* out) override {
+    *out = std::make_unique<NcclEngine>(api_.get(), spec, timing_);
+    return Status();
+  }
+
+ private:
+  std::unique_ptr<NcclApi> api_;
+  EngineTiming timing_;
+};
+
+}  // namespace gradsync::nccl

@@ -1,0 +1,216 @@
+// The real NcclApi. NCCL is loaded with dlopen on first use rather than linked, so a gradsyncd
+// built with the CUDA backend still starts (and serves host jobs) on a node without NCCL, and
+// the library found is whatever the node provides (LD_LIBRARY_PATH, NCCL_LIBRARY). nccl.h gives
+// the types; no symbol of it is linked.
+#include <cuda_runtime.h>
+#include <dlfcn.h>
+#include <nccl.h>
+
+#include <cstring>
+#include <mutex>
+#include <string>
+
+#include "daemon/engine/nccl/api.h"
+
+namespace gradsync::nccl {
+namespace {
+
+// The entry points the engine uses, resolved once.
+struct Symbols {
+  decltype(&::ncclGetUniqueId) get_unique_id = nullptr;
+  decltype(&::ncclCommInitRankConfig) init_rank_config = nullptr;
+  decltype(&::ncclCommGetAsyncError) get_async_error = nullptr;
+  decltype(&::ncclCommAbort) abort = nullptr;
+  decltype(&::ncclGroupStart) group_start = nullptr;
+  decltype(&::ncclGroupEnd) group_end = nullptr;
+  decltype(&::ncclAllReduce) all_reduce = nullptr;
+  decltype(&::ncclBroadcast) broadcast = nullptr;
+  decltype(&::ncclReduce) reduce = nullptr;
+  decltype(&::ncclAllGather) all_gather = nullptr;
+  decltype(&::ncclReduceScatter) reduce_scatter = nullptr;
+  decltype(&::ncclCommRegister) comm_register = nullptr;
+  decltype(&::ncclCommDeregister) comm_deregister = nullptr;
+  decltype(&::ncclGetErrorString) error_string = nullptr;
+  decltype(&::ncclGetLastError) last_error = nullptr;
+  decltype(&::ncclGetVersion) get_version = nullptr;
+};
+
+template <typename F>
+bool resolve(void* library, const char* name, F* slot) {
+  *slot = reinterpret_cast<F>(dlsym(library, name));
+  return *slot != nullptr;
+}
+
+ncclDataType_t to_nccl(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32: return ncclFloat32;
+    case DType::kFloat64: return ncclFloat64;
+    case DType::kFloat16: return ncclFloat16;
+    case DType::kBFloat16: return ncclBfloat16;
+    case DType::kInt32: return ncclInt32;
+    case DType::kInt64: return ncclInt64;
+    case DType::kUInt8: return ncclUint8;
+  }
+  return ncclUint8;
+}
+
+ncclRedOp_t to_nccl(reduce::Combine op) {
+  switch (op) {
+    case reduce::Combine::kSum: return ncclSum;
+    case reduce::Combine::kMin: return ncclMin;
+    case reduce::Combine::kMax: return ncclMax;
+  }
+  return ncclSum;
+}
+
+class RealNccl final : public NcclApi {
+ public:
+  RealNccl() = default;
+  ~RealNccl() override = default;  // the library stays loaded: communicators may outlive us briefly
+
+  Status unique_id(UniqueId* id) override {
+    if (Status s = load(); !s.ok()) return s;
+    static_assert(sizeof(ncclUniqueId) == sizeof(UniqueId));
+    ncclUniqueId made{};
+    if (Status s = check(nccl_.get_unique_id(&made), nullptr, "ncclGetUniqueId"); !s.ok()) return s;
+    std::memcpy(id->data(), &made, sizeof(made));
+    return Status();
+  }
+
+  Status init_rank(int device, int ranks, const UniqueId& id, int rank, void** comm) override {
+    if (Status s = load(); !s.ok()) return s;
+    int previous = -1;
+    (void)cudaGetDevice(&previous);
+    if (cudaSetDevice(device) != cudaSuccess) {
+      return Status::internal("cudaSetDevice(" + std::to_string(device) + ") before ncclCommInitRankConfig failed");
+    }
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;  // every call returns at once; the engine polls state() with a bound
+    ncclUniqueId unique{};
+    std::memcpy(&unique, id.data(), sizeof(unique));
+    ncclComm_t made = nullptr;
+    const ncclResult_t result = nccl_.init_rank_config(&made, ranks, unique, rank, &config);
+    if (previous >= 0) (void)cudaSetDevice(previous);
+    *comm = made;
+    return check(result, made, "ncclCommInitRankConfig (rank " + std::to_string(rank) + " of " +
+                                   std::to_string(ranks) + " on GPU " + std::to_string(device) + ")");
+  }
+
+  CommState state(void* comm, Status* error) override {
+    ncclResult_t async = ncclSuccess;
+    const ncclResult_t result = nccl_.get_async_error(static_cast<ncclComm_t>(comm), &async);
+    if (result != ncclSuccess) {
+      *error = check(result, static_cast<ncclComm_t>(comm), "ncclCommGetAsyncError");
+      return CommState::kFailed;
+    }
+    if (async == ncclInProgress) return CommState::kInProgress;
+    if (async == ncclSuccess) return CommState::kReady;
+    *error = check(async, static_cast<ncclComm_t>(comm), "the communicator");
+    return CommState::kFailed;
+  }
+
+  void abort(void* comm) override { (void)nccl_.abort(static_cast<ncclComm_t>(comm)); }
+
+  Status group_start() override { return check(nccl_.group_start(), nullptr, "ncclGroupStart"); }
+  Status group_end() override { return check(nccl_.group_end(), nullptr, "ncclGroupEnd"); }
+
+  Status all_reduce(const void* send, void* recv, size_t count, DType dtype, reduce::Combine op, void* comm,
+                    void* stream) override {
+    return check(nccl_.all_reduce(send, recv, count, to_nccl(dtype), to_nccl(op), static_cast<ncclComm_t>(comm),
+                                  static_cast<cudaStream_t>(stream)),
+                 static_cast<ncclComm_t>(comm), "ncclAllReduce");
+  }
+  Status broadcast(const void* send, void* recv, size_t count, DType dtype, int root, void* comm,
+                   void* stream) override {
+    return check(nccl_.broadcast(send, recv, count, to_nccl(dtype), root, static_cast<ncclComm_t>(comm),
+                                 static_cast<cudaStream_t>(stream)),
+                 static_cast<ncclComm_t>(comm), "ncclBroadcast");
+  }
+  Status reduce(const void* send, void* recv, size_t count, DType dtype, reduce::Combine op, int root, void* comm,
+                void* stream) override {
+    return check(nccl_.reduce(send, recv, count, to_nccl(dtype), to_nccl(op), root, static_cast<ncclComm_t>(comm),
+                              static_cast<cudaStream_t>(stream)),
+                 static_cast<ncclComm_t>(comm), "ncclReduce");
+  }
+  Status all_gather(const void* send, void* recv, size_t count, DType dtype, void* comm, void* stream) override {
+    return check(nccl_.all_gather(send, recv, count, to_nccl(dtype), static_cast<ncclComm_t>(comm),
+                                  static_cast<cudaStream_t>(stream)),
+                 static_cast<ncclComm_t>(comm), "ncclAllGather");
+  }
+  Status reduce_scatter(const void* send, void* recv, size_t count, DType dtype, reduce::Combine op, void* comm,
+                        void* stream) override {
+    return check(nccl_.reduce_scatter(send, recv, count, to_nccl(dtype), to_nccl(op), static_cast<ncclComm_t>(comm),
+                                      static_cast<cudaStream_t>(stream)),
+                 static_cast<ncclComm_t>(comm), "ncclReduceScatter");
+  }
+
+  Status register_buffer(void* comm, void* data, size_t bytes, void** handle) override {
+    return check(nccl_.comm_register(static_cast<ncclComm_t>(comm), data, bytes, handle),
+                 static_cast<ncclComm_t>(comm), "ncclCommRegister");
+  }
+  Status deregister_buffer(void* comm, void* handle) override {
+    return check(nccl_.comm_deregister(static_cast<ncclComm_t>(comm), handle), static_cast<ncclComm_t>(comm),
+                 "ncclCommDeregister");
+  }
+
+ private:
+  // ncclInProgress is not an error in non-blocking mode: the engine polls state() for the end.
+  Status check(ncclResult_t result, ncclComm_t comm, const std::string& what) {
+    if (result == ncclSuccess || result == ncclInProgress) return Status();
+    std::string text = what + " failed: " + nccl_.error_string(result);
+    if (const char* last = nccl_.last_error(comm); last && *last) text += " (" + std::string(last) + ")";
+    if (result == ncclInvalidArgument || result == ncclInvalidUsage) return Status::invalid_argument(text);
+    if (result == ncclRemoteError || result == ncclSystemError) return Status::peer_lost(text);
+    return Status::internal(text);
+  }
+
+  // Loads NCCL once: $NCCL_LIBRARY is not read here (no getenv deep in the code); the loader's
+  // search path (LD_LIBRARY_PATH, the cache) finds libnccl.so.2.
+  Status load() {
+    std::call_once(loaded_, [this] {
+      library_ = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+      if (!library_) {
+        load_status_ = Status::not_supported(std::string("cannot load NCCL (libnccl.so.2): ") + dlerror());
+        return;
+      }
+      bool ok = resolve(library_, "ncclGetUniqueId", &nccl_.get_unique_id) &&
+                resolve(library_, "ncclCommInitRankConfig", &nccl_.init_rank_config) &&
+                resolve(library_, "ncclCommGetAsyncError", &nccl_.get_async_error) &&
+                resolve(library_, "ncclCommAbort", &nccl_.abort) &&
+                resolve(library_, "ncclGroupStart", &nccl_.group_start) &&
+                resolve(library_, "ncclGroupEnd", &nccl_.group_end) &&
+                resolve(library_, "ncclAllReduce", &nccl_.all_reduce) &&
+                resolve(library_, "ncclBroadcast", &nccl_.broadcast) && resolve(library_, "ncclReduce", &nccl_.reduce) &&
+                resolve(library_, "ncclAllGather", &nccl_.all_gather) &&
+                resolve(library_, "ncclReduceScatter", &nccl_.reduce_scatter) &&
+                resolve(library_, "ncclCommRegister", &nccl_.comm_register) &&
+                resolve(library_, "ncclCommDeregister", &nccl_.comm_deregister) &&
+                resolve(library_, "ncclGetErrorString", &nccl_.error_string) &&
+                resolve(library_, "ncclGetLastError", &nccl_.last_error) &&
+                resolve(library_, "ncclGetVersion", &nccl_.get_version);
+      if (!ok) {
+        const char* why = dlerror();
+        load_status_ = Status::not_supported("the NCCL found (libnccl.so.2) lacks an entry point gradsync needs "
+                                             "(NCCL 2.19 or newer is required): " +
+                                             std::string(why ? why : "unknown symbol"));
+        return;
+      }
+      int version = 0;
+      if (nccl_.get_version(&version) == ncclSuccess && version < 21900) {
+        load_status_ = Status::not_supported("NCCL " + std::to_string(version) + " is too old; 2.19 or newer is needed");
+      }
+    });
+    return load_status_;
+  }
+
+  std::once_flag loaded_;
+  void* library_ = nullptr;
+  Status load_status_;
+  Symbols nccl_;
+};
+
+}  // namespace
+
+std::unique_ptr<NcclApi> make_nccl_api() { return std::make_unique<RealNccl>(); }
+
+}  // namespace gradsync::nccl

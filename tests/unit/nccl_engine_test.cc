@@ -1,0 +1,426 @@
+// The NCCL engine through a fake of the NCCL calls (api.h): rank planning and the unique id over
+// a rendezvous of several "nodes" (threads), non-blocking initialisation that finishes, fails,
+// hangs until aborted or times out, grouped collectives, and the watchdog's answers and aborts.
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <future>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "daemon/engine/nccl/engine.h"
+
+namespace gradsync::nccl {
+namespace {
+
+using namespace std::chrono_literals;
+
+// Records every call; communicators are small integers. Each communicator leaves
+// "in progress" after `polls_until_ready` state() calls, unless it is told to hang or fail.
+class FakeNccl final : public NcclApi {
+ public:
+  Status unique_id(UniqueId* id) override {
+    std::lock_guard lock(mutex);
+    ++ids_made;
+    id->fill(static_cast<char>(0x40 + ids_made));
+    return Status();
+  }
+  Status init_rank(int device, int ranks, const UniqueId& id, int rank, void** comm) override {
+    std::lock_guard lock(mutex);
+    if (fail_init_rank == rank) return Status::internal("ncclCommInitRankConfig failed: unhandled cuda error");
+    const int handle = ++next_comm;
+    comms[handle] = Comm{device, ranks, rank, id, polls_until_ready, false};
+    calls.push_back("init rank " + std::to_string(rank) + "/" + std::to_string(ranks) + " on " + std::to_string(device));
+    *comm = reinterpret_cast<void*>(static_cast<intptr_t>(handle));
+    return Status();
+  }
+  CommState state(void* comm, Status* error) override {
+    std::lock_guard lock(mutex);
+    Comm& c = comms.at(handle_of(comm));
+    if (c.aborted) {
+      *error = Status::internal("used after abort");
+      return CommState::kFailed;
+    }
+    if (!async_error.ok()) {
+      *error = async_error;
+      return CommState::kFailed;
+    }
+    if (hang) return CommState::kInProgress;
+    if (c.pending > 0) {
+      --c.pending;
+      return CommState::kInProgress;
+    }
+    return CommState::kReady;
+  }
+  void abort(void* comm) override {
+    std::lock_guard lock(mutex);
+    Comm& c = comms.at(handle_of(comm));
+    CHECK_FALSE(c.aborted);  // once per communicator
+    c.aborted = true;
+    ++aborts;
+  }
+  Status group_start() override {
+    std::lock_guard lock(mutex);
+    calls.push_back("group start");
+    return Status();
+  }
+  Status group_end() override {
+    std::lock_guard lock(mutex);
+    calls.push_back("group end");
+    // A group leaves its communicators in progress for a few polls.
+    for (auto& [h, c] : comms) c.pending = polls_until_ready;
+    return fail_group_end;
+  }
+  Status all_reduce(const void* send, void* recv, size_t count, DType dtype, reduce::Combine op, void* comm,
+                    void*) override {
+    std::lock_guard lock(mutex);
+    calls.push_back("allreduce " + std::to_string(count) + " " + std::string(dtype_name(dtype)) + " op " +
+                    std::to_string(static_cast<int>(op)) + " rank " + std::to_string(comms.at(handle_of(comm)).rank) +
+                    (send == recv ? " in place" : ""));
+    return Status();
+  }
+  Status broadcast(const void*, void*, size_t count, DType, int root, void* comm, void*) override {
+    std::lock_guard lock(mutex);
+    calls.push_back("broadcast " + std::to_string(count) + " from " + std::to_string(root) + " rank " +
+                    std::to_string(comms.at(handle_of(comm)).rank));
+    return Status();
+  }
+  Status reduce(const void*, void*, size_t count, DType, reduce::Combine, int root, void* comm, void*) override {
+    std::lock_guard lock(mutex);
+    calls.push_back("reduce " + std::to_string(count) + " to " + std::to_string(root) + " rank " +
+                    std::to_string(comms.at(handle_of(comm)).rank));
+    return Status();
+  }
+  Status all_gather(const void*, void*, size_t count, DType, void* comm, void*) override {
+    std::lock_guard lock(mutex);
+    calls.push_back("allgather " + std::to_string(count) + " rank " + std::to_string(comms.at(handle_of(comm)).rank));
+    return Status();
+  }
+  Status reduce_scatter(const void*, void*, size_t count, DType, reduce::Combine, void* comm, void*) override {
+    std::lock_guard lock(mutex);
+    calls.push_back("reduce-scatter " + std::to_string(count) + " rank " +
+                    std::to_string(comms.at(handle_of(comm)).rank));
+    return Status();
+  }
+  Status register_buffer(void*, void*, size_t, void** handle) override {
+    std::lock_guard lock(mutex);
+    ++registrations;
+    *handle = reinterpret_cast<void*>(0x99);
+    return Status();
+  }
+  Status deregister_buffer(void*, void*) override { return Status(); }
+
+  static int handle_of(void* comm) { return static_cast<int>(reinterpret_cast<intptr_t>(comm)); }
+
+  struct Comm {
+    int device = 0, ranks = 0, rank = 0;
+    UniqueId id{};
+    int pending = 0;
+    bool aborted = false;
+  };
+  std::mutex mutex;
+  std::map<int, Comm> comms;
+  std::vector<std::string> calls;
+  int next_comm = 0;
+  int ids_made = 0;
+  int aborts = 0;
+  int registrations = 0;
+  int polls_until_ready = 2;
+  int fail_init_rank = -1;
+  std::atomic<bool> hang{false};
+  Status async_error;
+  Status fail_group_end;
+};
+
+// The rendezvous of `nodes` nodes, each a thread: exchange() blocks until every node offered.
+class Table {
+ public:
+  explicit Table(int nodes) : nodes_(nodes) {}
+  Status exchange(int node, const std::string& name, const std::string& mine, std::vector<std::string>* all) {
+    std::unique_lock lock(mutex_);
+    values_[name][node] = mine;
+    changed_.notify_all();
+    if (!changed_.wait_for(lock, 5s, [&] { return static_cast<int>(values_[name].size()) == nodes_; })) {
+      return Status::timeout("'" + name + "' was not offered by every node");
+    }
+    all->clear();
+    for (auto& [n, v] : values_[name]) all->push_back(v);
+    return Status();
+  }
+  int nodes() const { return nodes_; }
+
+ private:
+  int nodes_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::map<std::string, std::map<int, std::string>> values_;
+};
+
+class TableRendezvous final : public Rendezvous {
+ public:
+  TableRendezvous(Table* table, int node) : table_(table), node_(node) {}
+  int node() const override { return node_; }
+  int nodes() const override { return table_->nodes(); }
+  Status exchange(const std::string& name, const std::string& mine, std::vector<std::string>* all) override {
+    return table_->exchange(node_, name, mine, all);
+  }
+
+ private:
+  Table* table_;
+  int node_;
+};
+
+DeviceEngineSpec spec_of(std::vector<int> devices, std::vector<int> slots) {
+  DeviceEngineSpec spec;
+  spec.what = "job j set 1 group 'dp'";
+  spec.name = "nccl/s1/dp";
+  spec.devices = std::move(devices);
+  spec.slot_of_local_rank = std::move(slots);
+  spec.timeout = 2000ms;
+  return spec;
+}
+
+EngineTiming fast() {
+  EngineTiming t;
+  t.init_poll = 1ms;
+  t.watchdog_poll = 5ms;
+  t.completion_poll = 100us;
+  return t;
+}
+
+std::vector<DeviceBuffer> buffers_for(const NcclEngine& engine) {
+  std::vector<DeviceBuffer> buffers;
+  for (int d : engine.devices()) buffers.push_back(DeviceBuffer{d, reinterpret_cast<void*>(0x1000 + d), nullptr});
+  return buffers;
+}
+
+}  // namespace
+
+TEST_CASE("nccl engine: one node with two GPUs creates both ranks inside one group", "[nccl][engine]") {
+  FakeNccl nccl;
+  {
+    NcclEngine engine(&nccl, spec_of({0, 1}, {0, 0, 1}), fast());
+    LocalRendezvous local;
+    REQUIRE(engine.connect(&local).ok());
+    CHECK(engine.ranks() == 2);
+    CHECK(engine.rank_of(0, 2) == 1);
+    CHECK(nccl.ids_made == 1);
+    CHECK(nccl.calls == std::vector<std::string>{"group start", "init rank 0/2 on 0", "init rank 1/2 on 1", "group end"});
+    nccl.calls.clear();
+    const auto buffers = buffers_for(engine);
+    REQUIRE(engine.allreduce(buffers, 100, ReduceSpec{reduce::Combine::kMax, DType::kFloat16, true}).ok());
+    // Half types travel in their accumulation type; the op is NCCL's, in place, one group.
+    CHECK(nccl.calls == std::vector<std::string>{"group start", "allreduce 100 float32 op 2 rank 0 in place",
+                                                 "allreduce 100 float32 op 2 rank 1 in place", "group end"});
+    nccl.calls.clear();
+    REQUIRE(engine.broadcast(buffers, 64, 1).ok());
+    REQUIRE(engine.reduce(buffers, 8, ReduceSpec{}, 0).ok());
+    REQUIRE(engine.allgather(buffers, buffers, 16).ok());
+    REQUIRE(engine.reduce_scatter(buffers, buffers, 4, ReduceSpec{}).ok());
+    CHECK(nccl.calls == std::vector<std::string>{
+                            "group start", "broadcast 64 from 1 rank 0", "broadcast 64 from 1 rank 1", "group end",
+                            "group start", "reduce 8 to 0 rank 0", "reduce 8 to 0 rank 1", "group end",
+                            "group start", "allgather 16 rank 0", "allgather 16 rank 1", "group end",
+                            "group start", "reduce-scatter 4 rank 0", "reduce-scatter 4 rank 1", "group end"});
+    CHECK(engine.broadcast(buffers, 64, 2).code() == ErrorCode::kInternal);  // no rank 2
+    bool registered = false;
+    REQUIRE(engine.register_buffer(1, reinterpret_cast<void*>(0x5000), 1 << 20, &registered).ok());
+    CHECK(registered);
+    REQUIRE(engine.register_buffer(1, reinterpret_cast<void*>(0x5000), 1 << 20, &registered).ok());
+    CHECK(nccl.registrations == 1);  // once per buffer
+  }
+  CHECK(nccl.aborts == 2);  // every communicator ended, and only once
+}
+
+TEST_CASE("nccl engine: three nodes agree on ranks and on one unique id", "[nccl][engine]") {
+  // Node 0 brings GPU 3, node 1 none, node 2 GPUs 0 and 1 (its local rank 1 on GPU 1, rank 0 on 0).
+  FakeNccl nccl;
+  Table table(3);
+  std::vector<std::unique_ptr<NcclEngine>> engines;
+  engines.push_back(std::make_unique<NcclEngine>(&nccl, spec_of({3}, {0, -1}), fast()));
+  engines.push_back(std::make_unique<NcclEngine>(&nccl, spec_of({}, {-1, -1}), fast()));
+  engines.push_back(std::make_unique<NcclEngine>(&nccl, spec_of({0, 1}, {0, 1}), fast()));
+  std::vector<std::future<Status>> connected;
+  std::vector<std::unique_ptr<TableRendezvous>> rendezvous;
+  for (int n = 0; n < 3; ++n) {
+    rendezvous.push_back(std::make_unique<TableRendezvous>(&table, n));
+    connected.push_back(std::async(std::launch::async, [&, n] { return engines[n]->connect(rendezvous[n].get()); }));
+  }
+  for (auto& c : connected) REQUIRE(c.get().ok());
+  CHECK(nccl.ids_made == 1);  // on the owner of rank 0 only
+  std::set<int> ranks;
+  for (const auto& [h, comm] : nccl.comms) {
+    CHECK(comm.ranks == 3);
+    CHECK(comm.id == nccl.comms.begin()->second.id);  // everybody got node 0's id
+    ranks.insert(comm.rank);
+  }
+  CHECK(ranks == std::set<int>{0, 1, 2});
+  for (const auto& engine : engines) {
+    CHECK(engine->rank_of(0, 0) == 0);
+    CHECK(engine->rank_of(0, 1) == -1);
+    CHECK(engine->rank_of(1, 0) == -1);
+    CHECK(engine->rank_of(2, 0) == 1);
+    CHECK(engine->rank_of(2, 1) == 2);
+  }
+}
+
+TEST_CASE("nccl engine: a node that sends a malformed plan is named", "[nccl][engine]") {
+  class Liar final : public Rendezvous {
+   public:
+    int node() const override { return 0; }
+    int nodes() const override { return 2; }
+    Status exchange(const std::string&, const std::string& mine, std::vector<std::string>* all) override {
+      *all = {mine, "2 0 7"};  // slot 7 of 2 GPUs
+      return Status();
+    }
+  } liar;
+  FakeNccl nccl;
+  NcclEngine engine(&nccl, spec_of({0}, {0, -1}), fast());
+  const Status status = engine.connect(&liar);
+  CHECK(status.code() == ErrorCode::kProtocol);
+  CHECK_THAT(status.message(), Catch::Contains("node 1 offered an undecodable GPU plan for 'nccl/s1/dp'"));
+  CHECK(nccl.comms.empty());
+}
+
+TEST_CASE("nccl engine: initialisation that fails, hangs or is aborted ends every communicator", "[nccl][engine]") {
+  LocalRendezvous local;
+  SECTION("a rank fails to initialise") {
+    FakeNccl nccl;
+    nccl.fail_init_rank = 1;
+    NcclEngine engine(&nccl, spec_of({0, 1}, {0, 1}), fast());
+    const Status status = engine.connect(&local);
+    CHECK_THAT(status.message(), Catch::StartsWith("job j set 1 group 'dp': ncclCommInitRankConfig failed"));
+    CHECK(nccl.aborts == 1);  // the one that was created
+  }
+  SECTION("an asynchronous error during initialisation names the GPU and rank") {
+    FakeNccl nccl;
+    nccl.async_error = Status::peer_lost("remote process exited or there was a network error");
+    NcclEngine engine(&nccl, spec_of({0, 1}, {0, 1}), fast());
+    const Status status = engine.connect(&local);
+    CHECK(status.code() == ErrorCode::kPeerLost);
+    CHECK_THAT(status.message(), Catch::Contains("creating the NCCL communicators on GPU 0 (rank 0 of 2)"));
+    CHECK(nccl.aborts == 2);
+  }
+  SECTION("a peer that never joins: the job timeout") {
+    FakeNccl nccl;
+    nccl.hang = true;
+    NcclEngine engine(&nccl, spec_of({0, 1}, {0, 1}), fast());
+    const auto started = std::chrono::steady_clock::now();
+    const Status status = engine.connect(&local);
+    CHECK(status.code() == ErrorCode::kTimeout);
+    CHECK_THAT(status.message(), Catch::Contains("creating the NCCL communicators did not finish within 2000 ms"));
+    CHECK(std::chrono::steady_clock::now() - started >= 2000ms);
+    CHECK(nccl.aborts == 2);
+  }
+  SECTION("abort() from another thread ends a hung initialisation promptly, with its reason") {
+    FakeNccl nccl;
+    nccl.hang = true;
+    auto spec = spec_of({0, 1}, {0, 1});
+    spec.timeout = 60'000ms;
+    NcclEngine engine(&nccl, spec, fast());
+    auto connected = std::async(std::launch::async, [&] { return engine.connect(&local); });
+    std::this_thread::sleep_for(50ms);
+    const auto asked = std::chrono::steady_clock::now();
+    engine.abort(Status::aborted("job j failed: rank 3 left"));
+    REQUIRE(connected.wait_for(1s) == std::future_status::ready);
+    CHECK(std::chrono::steady_clock::now() - asked < 1s);
+    CHECK(connected.get().message() == "job j failed: rank 3 left");
+    CHECK(nccl.aborts == 2);
+    CHECK(engine.allreduce(buffers_for(engine), 1, ReduceSpec{}).message() == "job j failed: rank 3 left");
+  }
+}
+
+TEST_CASE("nccl engine: the watchdog answers finished work and fails hung or broken work", "[nccl][engine]") {
+  LocalRendezvous local;
+  FakeNccl nccl;
+  NcclEngine engine(&nccl, spec_of({0, 1}, {0, 1}), fast());
+  REQUIRE(engine.connect(&local).ok());
+  const auto watch = [&](std::atomic<bool>* finished, std::chrono::milliseconds timeout) {
+    auto answered = std::make_shared<std::promise<Status>>();
+    engine.watch(
+        "allreduce bucket 0",
+        [finished](bool* done) {
+          *done = finished->load();
+          return Status();
+        },
+        timeout, [answered](const Status& s) { answered->set_value(s); });
+    return answered->get_future();
+  };
+  std::atomic<bool> finished{false};
+  auto first = watch(&finished, 5000ms);
+  CHECK(first.wait_for(30ms) == std::future_status::timeout);  // not before the GPUs are through
+  const auto through = std::chrono::steady_clock::now();
+  finished = true;
+  REQUIRE(first.wait_for(1s) == std::future_status::ready);
+  CHECK(std::chrono::steady_clock::now() - through < 50ms);  // the completion poll, not the error poll
+  CHECK(first.get().ok());
+
+  SECTION("a collective that never finishes times out, and the communicators are aborted") {
+    std::atomic<bool> never{false};
+    auto hung = watch(&never, 100ms);
+    REQUIRE(hung.wait_for(2s) == std::future_status::ready);
+    const Status status = hung.get();
+    CHECK(status.code() == ErrorCode::kTimeout);
+    CHECK_THAT(status.message(), Catch::Contains("job j set 1 group 'dp': allreduce bucket 0 did not finish within 100 ms"));
+    CHECK(nccl.aborts == 2);
+    // Sticky: later calls fail with it, and make no NCCL call.
+    const size_t calls = nccl.calls.size();
+    CHECK(engine.allreduce(buffers_for(engine), 1, ReduceSpec{}).code() == ErrorCode::kTimeout);
+    CHECK(nccl.calls.size() == calls);
+  }
+  SECTION("an asynchronous NCCL error fails the collective in flight, naming the GPU") {
+    std::atomic<bool> never{false};
+    auto broken = watch(&never, 60'000ms);
+    {
+      std::lock_guard lock(nccl.mutex);
+      nccl.async_error = Status::peer_lost("NCCL error: remote process exited");
+    }
+    REQUIRE(broken.wait_for(2s) == std::future_status::ready);
+    const Status status = broken.get();
+    CHECK(status.code() == ErrorCode::kPeerLost);
+    CHECK_THAT(status.message(), Catch::Contains("on GPU 0 (rank 0 of 2)"));
+    CHECK(nccl.aborts == 2);
+  }
+  SECTION("abort() fails the collective in flight within a poll") {
+    std::atomic<bool> never{false};
+    auto pending = watch(&never, 60'000ms);
+    const auto asked = std::chrono::steady_clock::now();
+    engine.abort(Status::aborted("job j failed"));
+    REQUIRE(pending.wait_for(1s) == std::future_status::ready);
+    CHECK(std::chrono::steady_clock::now() - asked < 1s);
+    CHECK(pending.get().message() == "job j failed");
+    CHECK(nccl.aborts == 2);
+  }
+}
+
+TEST_CASE("nccl engine: a failed group call fails the engine and aborts every communicator", "[nccl][engine]") {
+  LocalRendezvous local;
+  FakeNccl nccl;
+  NcclEngine engine(&nccl, spec_of({0, 1}, {0, 1}), fast());
+  REQUIRE(engine.connect(&local).ok());
+  nccl.fail_group_end = Status::internal("ncclGroupEnd failed: unhandled cuda error");
+  const Status status = engine.allreduce(buffers_for(engine), 10, ReduceSpec{});
+  CHECK_THAT(status.message(), Catch::StartsWith("job j set 1 group 'dp': NCCL allreduce of 10 elements: ncclGroupEnd"));
+  // The watchdog aborts them on its thread, within a poll.
+  for (int i = 0; i < 200 && nccl.aborts < 2; ++i) std::this_thread::sleep_for(5ms);
+  CHECK(nccl.aborts == 2);
+  nccl.fail_group_end = Status();
+  CHECK(engine.allreduce(buffers_for(engine), 10, ReduceSpec{}).message() == status.message());
+  CHECK(engine.allreduce(buffers_for(engine), 10, ReduceSpec{}).message() == status.message());
+}
+
+TEST_CASE("nccl engine: a single GPU in all needs no communicator", "[nccl][engine]") {
+  LocalRendezvous local;
+  FakeNccl nccl;
+  NcclEngine engine(&nccl, spec_of({2}, {0, 0}), fast());
+  REQUIRE(engine.connect(&local).ok());
+  CHECK(engine.ranks() == 1);
+  CHECK(nccl.ids_made == 0);
+  CHECK(nccl.comms.empty());
+}
+
+}  // namespace gradsync::nccl
