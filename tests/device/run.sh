@@ -32,8 +32,10 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader ||
 note "NCCL from ${nccl:-nowhere (not found)}"
 
 echo "== GPU tests"
-ours timeout 300 "$bundle/bin/gradsync_gpu_tests" --durations yes 2>&1 | tail -40
-status=${PIPESTATUS[0]}
+gputests=$(ours timeout 300 "$bundle/bin/gradsync_gpu_tests" --durations yes 2>&1)
+status=$?
+grep '^nccl:' <<<"$gputests"
+tail -40 <<<"$gputests"
 [[ $status -eq 0 ]] || { note "GPU tests exited $status"; fail=1; }
 
 echo "== end to end: gradsyncd and client processes on the GPU"
@@ -57,5 +59,7 @@ echo "|---|---|---|---|---|---|"
 echo "| (a) ResNet-50 161 tensors, gather + scatter | ${k:-missing} ms | 2 x D2D copy: ${c:-missing} ms | $(ratio "$k" "$c") (target <= 1.25x, i.e. >= 80% of copy bandwidth) | torch flatten+unflatten+copy: ${t:-missing} ms | $(ratio "$t" "$k") (target >= 1.5x) |"
 echo "| (b) daemon + 2 clients, 2 x 100 MiB and 4 KiB | missing: the CUDA executor is not built yet | | | | |"
 echo "| (c) separate-context cost, with and without MPS | missing: needs the CUDA executor | | | | |"
-echo "| (d) cuMem import, legacy IPC open, NCCL init, re-join | missing: needs the CUDA memory kinds and the NCCL engine | | | | |"
+n=$(value nccl_init_ms "$gputests")
+echo "| (d) NCCL single-rank communicator init (non-blocking, polled) | ${n:-missing} ms | | | | |"
+echo "| (d) cuMem import, legacy IPC open, re-join | missing: not measured yet | | | | |"
 exit $fail

@@ -100,6 +100,8 @@ struct ExecutorLog {
   std::vector<std::pair<uint64_t, size_t>> launched;  // (operation, bucket), in launch order
   std::deque<BucketDone> held;                        // kHold: answers the test has not released
   Status aborted;
+  std::vector<std::string> admitted;  // "set <id> of job <job> over <n> nodes", in admission order
+  Status admit_error;                 // what admit() answers
 
   // Waits until `count` buckets were launched; false after `timeout`.
   bool wait_launched(size_t count, std::chrono::milliseconds timeout) {
@@ -128,6 +130,13 @@ struct ExecutorLog {
 class FakeExecutor final : public BucketExecutor {
  public:
   explicit FakeExecutor(std::shared_ptr<ExecutorLog> log) : log_(std::move(log)) {}
+
+  Status admit(const TensorSet& set, const SetAdmission& admission) override {
+    std::lock_guard lock(log_->mutex);
+    log_->admitted.push_back("set " + std::to_string(set.id) + " of job " + admission.job + " over " +
+                             std::to_string(admission.rendezvous->nodes()) + " nodes");
+    return log_->admit_error;
+  }
 
   void launch(BucketCall call, BucketDone done) override {
     std::unique_lock lock(log_->mutex);

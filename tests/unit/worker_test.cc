@@ -76,6 +76,7 @@ struct Harness {
     complete_tensor_set(set.get(), topology);
     REQUIRE(set->plan.buckets.size() == 3);
     REQUIRE(set->plan.bucket_of_tensor == std::vector<uint32_t>{2, 1, 0});
+    admitted_set = set;
 
     auto admitted = std::make_shared<std::promise<Status>>();
     std::future<Status> answer = admitted->get_future();
@@ -147,6 +148,7 @@ struct Harness {
   std::vector<TestClient> clients;
   std::vector<std::vector<float>> memory;
   Topology topology;
+  std::shared_ptr<const TensorSet> admitted_set;
   std::unique_ptr<Worker> worker;
 };
 
@@ -330,6 +332,28 @@ TEST_CASE("worker: a rank that never marks a bucket ready times out, named, afte
   CHECK(done->code == static_cast<uint32_t>(ErrorCode::kTimeout));
   CHECK_THAT(text_of(*done), Catch::Contains("over the job timeout of 300 ms, for rank 1 (local rank 1) to make bucket 1 ready"));
   CHECK(h.executors->snapshot() == Launches{{seq, 0}});
+}
+
+TEST_CASE("worker: every set is admitted by its executor; a refusal fails the admission and the job", "[worker]") {
+  Harness h(1, 2);
+  {
+    std::lock_guard lock(h.executors->mutex);
+    CHECK(h.executors->admitted == std::vector<std::string>{"set 0 of job worker-test over 1 nodes"});
+    h.executors->admit_error = Status::not_supported("job worker-test set 1 group 'dp' spans 2 GPUs here and 1 "
+                                                     "nodes; this gradsyncd has no NCCL engine");
+  }
+  auto set = std::make_shared<TensorSet>(*h.admitted_set);
+  set->id = 1;
+  auto admitted = std::make_shared<std::promise<Status>>();
+  auto answer = admitted->get_future();
+  h.worker->admit_set(set, [admitted](const Status& status) { admitted->set_value(status); });
+  REQUIRE(answer.wait_for(5s) == std::future_status::ready);
+  const Status refused = answer.get();
+  CHECK(refused.code() == ErrorCode::kNotSupported);
+  CHECK_THAT(refused.message(), Catch::Contains("has no NCCL engine"));
+  // The job failed with it, and no bucket was launched for the refused set.
+  CHECK(h.worker->failure().code() == ErrorCode::kNotSupported);
+  CHECK(h.executors->snapshot().empty());
 }
 
 }  // namespace gradsync
