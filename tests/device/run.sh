@@ -14,7 +14,7 @@ bundle=$(cd "$bundle" && pwd)
 fail=0
 note() { echo "run.sh: $*"; }
 
-for f in bin/gradsync_gpu_tests bin/gradsync_gpu_e2e_tests bin/gradsync-gpu-bench bin/gradsyncd run.sh torch_flatten.py; do
+for f in bin/gradsync_gpu_tests bin/gradsync_gpu_e2e_tests bin/gradsync-gpu-bench bin/gradsync-gpu-daemon-bench bin/gradsyncd run.sh torch_flatten.py; do
   [[ -e "$bundle/$f" ]] || { note "the bundle lacks $f"; exit 1; }
 done
 if [[ "$mode" == "--dry-run" ]]; then
@@ -49,6 +49,9 @@ echo "$kernels"
 torch=$(ours "$bundle/bin/gradsync-gpu-bench" --print-layout | timeout 120 python3 "$bundle/torch_flatten.py" 50 2>&1) ||
   { note "torch_flatten.py failed"; fail=1; }
 echo "$torch"
+daemon=$(ours timeout 180 "$bundle/bin/gradsync-gpu-daemon-bench" --gradsyncd "$bundle/bin/gradsyncd" --steps 20 --round-trips 500 2>&1) ||
+  { note "gradsync-gpu-daemon-bench failed"; tail -20 /tmp/gradsync-daemon-bench.log; fail=1; }
+echo "$daemon"
 
 value() { sed -n "s/.*$1=\([0-9.]*\).*/\1/p" <<<"$2" | head -1; }
 k=$(value kernels_ms "$kernels"); c=$(value copy_ms "$kernels"); t=$(value median_ms "$torch")
@@ -57,7 +60,10 @@ echo
 echo "| measurement | gradsync | floor (same run) | gradsync / floor | peer (same run) | peer / gradsync |"
 echo "|---|---|---|---|---|---|"
 echo "| (a) ResNet-50 161 tensors, gather + scatter | ${k:-missing} ms | 2 x D2D copy: ${c:-missing} ms | $(ratio "$k" "$c") (target <= 1.25x, i.e. >= 80% of copy bandwidth) | torch flatten+unflatten+copy: ${t:-missing} ms | $(ratio "$t" "$k") (target >= 1.5x) |"
-echo "| (b) daemon + 2 clients, 2 x 100 MiB and 4 KiB | missing: the CUDA executor is not built yet | | | | |"
+rank0=$(grep 'rank=0' <<<"$daemon")
+s=$(value step_ms "$rank0"); f=$(value copy_floor_ms "$rank0"); p50=$(value rt4k_p50_us "$rank0"); p99=$(value rt4k_p99_us "$rank0")
+echo "| (b) daemon + 2 clients on one GPU, 2 x 100 MiB avg-allreduce step | ${s:-missing} ms | D2D copy of 2 x 100 MiB: ${f:-missing} ms | $(ratio "$s" "$f") | none on one GPU (NCCL refuses 2 ranks per GPU) | |"
+echo "| (b) 4 KiB avg-allreduce round trip, p50 / p99 | ${p50:-missing} / ${p99:-missing} us | | (target p50 <= 30 us) | | |"
 echo "| (c) separate-context cost, with and without MPS | missing: needs the CUDA executor | | | | |"
 n=$(value nccl_init_ms "$gputests")
 echo "| (d) NCCL single-rank communicator init (non-blocking, polled) | ${n:-missing} ms | | | | |"
