@@ -58,6 +58,11 @@ static_assert(sizeof(SubmitEntry) == 64);
 
 inline constexpr size_t kCompletionMessageBytes = 240;
 
+// Interprocess events per client, device set and direction (DESIGN.md decision 7): operation
+// seq uses slot seq % kDeviceEventsPerDirection, so a client keeps at most this many operations
+// on a device set outstanding.
+inline constexpr uint32_t kDeviceEventsPerDirection = 64;
+
 // One entry of a completion ring: the outcome of one operation for this client. A failed
 // operation always failed with the job's sticky error, whose whole text is in DaemonRings;
 // `message` holds its first kCompletionMessageBytes bytes.

@@ -120,6 +120,7 @@ void ClientImpl::join(const JoinOptions& options) {
   set_sizes_.clear();
   set_has_integers_.clear();
   set_device_.clear();
+  set_events_.clear();
   deferred_.clear();
   next_seq_ = 1;
   next_set_id_ = 0;
@@ -297,6 +298,15 @@ TensorSet ClientImpl::register_tensors(std::span<const SharedTensor> tensors, co
     set.packed_offset_.push_back(set.packed_bytes_);
     set.packed_bytes_ += tensor.bytes();
   }
+  // A device set's event rings go with its registration (DESIGN.md decision 7).
+  std::shared_ptr<DeviceEvents> events;
+  if (tensors[0].device() >= 0) {
+    std::unique_ptr<DeviceEvents> made;
+    throw_if_error(device_memory_->create_events(tensors[0].device(), &made));
+    events = std::move(made);
+    for (const std::string& handle : events->ready_handles()) body->add_ready_events(handle);
+    for (const std::string& handle : events->done_handles()) body->add_done_events(handle);
+  }
   if (options.allgather) {
     Segment& out = new_segment(std::max<uint64_t>(64, set.packed_bytes_ * static_cast<uint64_t>(set.world_size_)));
     body->set_has_gather_output(true);
@@ -316,7 +326,10 @@ TensorSet ClientImpl::register_tensors(std::span<const SharedTensor> tensors, co
     set.buckets_.push_back(std::move(bucket));
   }
   set_sizes_[set.id_] = set.tensors_.size();
-  if (tensors[0].device() >= 0) set_device_[set.id_] = tensors[0].device();
+  if (tensors[0].device() >= 0) {
+    set_device_[set.id_] = tensors[0].device();
+    set_events_[set.id_] = std::move(events);
+  }
   for (const SharedTensor& tensor : set.tensors_) {
     if (!dtype_is_floating(tensor.dtype())) set_has_integers_.insert(set.id_);
   }
@@ -380,21 +393,28 @@ void ClientImpl::push(const SubmitEntry& entry) {
   channel_->doorbell_page()->doorbell.notify();
 }
 
-void ClientImpl::ready_on_device(uint32_t set_id) {
-  auto it = set_device_.find(set_id);
-  if (it != set_device_.end()) throw_if_error(device_memory_->synchronize(it->second));
+void ClientImpl::ready_on_device(uint32_t set_id, uint64_t seq, void* stream) {
+  auto it = set_events_.find(set_id);
+  if (it != set_events_.end()) throw_if_error(it->second->record_ready(seq, stream));
 }
 
 Work ClientImpl::submit(const SubmitEntry& original) {
   throw_if_error(completions_->job_failure());
-  // Tensors announced ready must be written: the GPU work that produced them is waited for.
-  if (original.flags & kSubmitAllReady) ready_on_device(original.set_id);
-  completions_->wait_below(CompletionRing::capacity, std::chrono::steady_clock::now() + timeout_);
+  auto events = set_events_.find(original.set_id);
+  const bool device = events != set_events_.end();
+  // A device set's event slot is reused every kDeviceEventsPerDirection operations: the one
+  // that used it last must have been answered (so the daemon's waits on it are queued).
+  completions_->wait_below(device ? kDeviceEventsPerDirection : CompletionRing::capacity,
+                           std::chrono::steady_clock::now() + timeout_);
   SubmitEntry entry = original;
-  entry.op_seq = next_seq_++;
+  entry.op_seq = next_seq_;
+  // Tensors announced ready must be written: the daemon's stream waits for this record. A
+  // failure here consumes no sequence number.
+  if (entry.flags & kSubmitAllReady) ready_on_device(entry.set_id, entry.op_seq, stream_);
+  next_seq_++;
   completions_->expect(entry.op_seq);
   push(entry);
-  return Work(completions_, entry.op_seq);
+  return Work(completions_, entry.op_seq, device ? events->second : nullptr);
 }
 
 Work ClientImpl::allreduce(const TensorSet& set, const ReduceOptions& options) {
@@ -412,7 +432,7 @@ Work ClientImpl::allreduce_deferred(const TensorSet& set, const ReduceOptions& o
   return work;
 }
 
-void ClientImpl::mark_ready(const TensorSet& set, uint32_t tensor_index) {
+void ClientImpl::mark_ready(const TensorSet& set, uint32_t tensor_index, void* stream) {
   require_set(set);
   auto it = deferred_.find(set.id());
   if (it == deferred_.end()) {
@@ -427,7 +447,7 @@ void ClientImpl::mark_ready(const TensorSet& set, uint32_t tensor_index) {
     throw Error(Status::invalid_argument("tensor " + std::to_string(tensor_index) + " is already marked ready"));
   }
   throw_if_error(completions_->job_failure());
-  ready_on_device(set.id());
+  ready_on_device(set.id(), deferred.seq, stream);
   SubmitEntry entry;
   entry.kind = static_cast<uint32_t>(SubmitKind::kMarkReady);
   entry.set_id = set.id();

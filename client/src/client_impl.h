@@ -29,7 +29,9 @@ class ClientImpl final : public Client {
   TensorSet register_tensors(std::span<const SharedTensor> tensors, const RegisterOptions& options) override;
   Work allreduce(const TensorSet& set, const ReduceOptions& options) override;
   Work allreduce_deferred(const TensorSet& set, const ReduceOptions& options) override;
-  void mark_ready(const TensorSet& set, uint32_t tensor_index) override;
+  void set_stream(void* stream) override { stream_ = stream; }
+  void mark_ready(const TensorSet& set, uint32_t tensor_index) override { mark_ready(set, tensor_index, stream_); }
+  void mark_ready(const TensorSet& set, uint32_t tensor_index, void* stream) override;
   Work broadcast(const TensorSet& set, int root) override;
   Work reduce(const TensorSet& set, int root, const ReduceOptions& options) override;
   Work allgather(const TensorSet& set) override;
@@ -80,7 +82,11 @@ class ClientImpl final : public Client {
   std::map<uint32_t, Deferred> deferred_;
   std::set<uint32_t> set_has_integers_;  // sets with an integer tensor: no avg
   std::map<uint32_t, int> set_device_;    // sets in device memory: their device
-  void ready_on_device(uint32_t set_id);  // the host wait before device tensors are announced
+  // Sets in device memory: their event rings, shared with the Work handles of their operations.
+  std::map<uint32_t, std::shared_ptr<DeviceEvents>> set_events_;
+  void* stream_ = nullptr;  // set_stream(); nullptr is the legacy default stream
+  // Device sets: records operation seq's ready event after the work queued on `stream`.
+  void ready_on_device(uint32_t set_id, uint64_t seq, void* stream);
 };
 
 }  // namespace gradsync

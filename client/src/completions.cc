@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "client/src/device_memory.h"
 #include "gradsync/work.h"
 
 namespace gradsync {
@@ -152,14 +153,32 @@ Status Completions::job_failure() {
 bool Work::is_completed() const {
   if (!completions_) return true;
   Status status;
-  return completions_->poll(seq_, &status);
+  if (!completions_->poll(seq_, &status)) return false;
+  if (!status.ok() || !events_) return true;
+  bool done = false;
+  const Status polled = events_->host_wait_done(seq_, std::chrono::steady_clock::now(), &done);
+  return done || !polled.ok();
 }
 
 bool Work::wait(std::chrono::milliseconds timeout) const {
   if (!completions_) return true;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  Status status;
+  if (!completions_->wait(seq_, deadline, &status)) return false;
+  throw_if_error(status);
+  if (!events_) return true;
+  // The daemon answered once the work was queued: the results are there when its done event is.
+  bool done = false;
+  throw_if_error(events_->host_wait_done(seq_, deadline, &done));
+  return done;
+}
+
+bool Work::wait_stream(void* stream, std::chrono::milliseconds timeout) const {
+  if (!events_) return wait(timeout);
   Status status;
   if (!completions_->wait(seq_, std::chrono::steady_clock::now() + timeout, &status)) return false;
   throw_if_error(status);
+  throw_if_error(events_->wait_done(seq_, stream));
   return true;
 }
 

@@ -1,77 +1,15 @@
 #include "client/src/cuda_vmm.h"
 
 #include <cuda.h>
-#include <dlfcn.h>
+
+#include "client/src/cuda_driver.h"
+#include "client/src/cuda_events.h"
 
 #include <mutex>
 #include <optional>
 
 namespace gradsync {
 namespace {
-
-// The driver entry points, resolved once. Names are the exported (versioned) symbols that
-// cuda.h's macros map the plain names to.
-struct Driver {
-  decltype(&::cuInit) init = nullptr;
-  decltype(&::cuDeviceGet) device_get = nullptr;
-  decltype(&::cuDeviceGetUuid) device_get_uuid = nullptr;
-  decltype(&::cuDevicePrimaryCtxRetain) primary_ctx_retain = nullptr;
-  decltype(&::cuDevicePrimaryCtxRelease) primary_ctx_release = nullptr;
-  decltype(&::cuCtxPushCurrent) ctx_push = nullptr;
-  decltype(&::cuCtxPopCurrent) ctx_pop = nullptr;
-  decltype(&::cuCtxSynchronize) ctx_synchronize = nullptr;
-  decltype(&::cuMemGetAllocationGranularity) granularity = nullptr;
-  decltype(&::cuMemCreate) mem_create = nullptr;
-  decltype(&::cuMemExportToShareableHandle) mem_export = nullptr;
-  decltype(&::cuMemAddressReserve) address_reserve = nullptr;
-  decltype(&::cuMemAddressFree) address_free = nullptr;
-  decltype(&::cuMemMap) mem_map = nullptr;
-  decltype(&::cuMemUnmap) mem_unmap = nullptr;
-  decltype(&::cuMemSetAccess) mem_set_access = nullptr;
-  decltype(&::cuMemRelease) mem_release = nullptr;
-  decltype(&::cuMemsetD8) memset_d8 = nullptr;
-  decltype(&::cuGetErrorString) error_string = nullptr;
-
-  std::string describe(CUresult result) const {
-    const char* text = nullptr;
-    if (error_string) error_string(result, &text);
-    return text ? std::string(text) : "CUDA driver error " + std::to_string(static_cast<int>(result));
-  }
-  Status check(CUresult result, const char* what) const {
-    if (result == CUDA_SUCCESS) return Status();
-    return Status::internal(std::string(what) + ": " + describe(result));
-  }
-};
-
-// Loads libcuda.so.1 and initialises the driver; the error says why device memory is
-// unavailable. The library stays loaded for the life of the process.
-Status load_driver(Driver* d) {
-  void* library = ::dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-  if (!library) return Status::not_supported(std::string("no usable CUDA driver: ") + ::dlerror());
-  const auto resolve = [&](auto* slot, const char* symbol) {
-    *slot = reinterpret_cast<std::remove_pointer_t<decltype(slot)>>(::dlsym(library, symbol));
-    return *slot != nullptr;
-  };
-  const bool all = resolve(&d->init, "cuInit") && resolve(&d->device_get, "cuDeviceGet") &&
-                   resolve(&d->device_get_uuid, "cuDeviceGetUuid_v2") &&
-                   resolve(&d->primary_ctx_retain, "cuDevicePrimaryCtxRetain") &&
-                   resolve(&d->primary_ctx_release, "cuDevicePrimaryCtxRelease_v2") &&
-                   resolve(&d->ctx_push, "cuCtxPushCurrent_v2") && resolve(&d->ctx_pop, "cuCtxPopCurrent_v2") &&
-                   resolve(&d->ctx_synchronize, "cuCtxSynchronize") &&
-                   resolve(&d->granularity, "cuMemGetAllocationGranularity") &&
-                   resolve(&d->mem_create, "cuMemCreate") &&
-                   resolve(&d->mem_export, "cuMemExportToShareableHandle") &&
-                   resolve(&d->address_reserve, "cuMemAddressReserve") &&
-                   resolve(&d->address_free, "cuMemAddressFree") && resolve(&d->mem_map, "cuMemMap") &&
-                   resolve(&d->mem_unmap, "cuMemUnmap") && resolve(&d->mem_set_access, "cuMemSetAccess") &&
-                   resolve(&d->mem_release, "cuMemRelease") && resolve(&d->memset_d8, "cuMemsetD8_v2") &&
-                   resolve(&d->error_string, "cuGetErrorString");
-  if (!all) return Status::not_supported("the CUDA driver (libcuda.so.1) lacks the virtual memory API (CUDA 10.2+)");
-  if (CUresult r = d->init(0); r != CUDA_SUCCESS) {
-    return Status::not_supported("no usable CUDA driver: cuInit: " + d->describe(r));
-  }
-  return Status();
-}
 
 class VmmAllocation final : public DeviceAllocation {
  public:
@@ -196,22 +134,10 @@ class CudaVmmMemory final : public DeviceMemory {
     return Status();
   }
 
-  Status synchronize(int ordinal) override {
+  Status create_events(int ordinal, std::unique_ptr<DeviceEvents>* out) override {
     std::call_once(loaded_, [&] { load_status_ = load_driver(&driver_); });
-    if (!load_status_.ok()) return load_status_;
-    const Driver& d = driver_;
-    CUdevice device = 0;
-    CUcontext context = nullptr;
-    if (Status s = d.check(d.device_get(&device, ordinal), "cuDeviceGet"); !s.ok()) return s;
-    if (Status s = d.check(d.primary_ctx_retain(&context, device), "cuDevicePrimaryCtxRetain"); !s.ok()) return s;
-    Status status = d.check(d.ctx_push(context), "cuCtxPushCurrent");
-    if (status.ok()) {
-      status = d.check(d.ctx_synchronize(), "cuCtxSynchronize");
-      CUcontext popped = nullptr;
-      d.ctx_pop(&popped);
-    }
-    d.primary_ctx_release(device);
-    return status;
+    if (!load_status_.ok()) return Status(load_status_.code(), "device events: " + load_status_.message());
+    return create_cuda_device_events(&driver_, ordinal, out);
   }
 
  private:

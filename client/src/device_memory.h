@@ -4,9 +4,12 @@
 // that uses host memory alone needs no CUDA installed.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "shared/status.h"
 #include "shared/unique_fd.h"
@@ -25,6 +28,33 @@ class DeviceAllocation {
   virtual Status export_fd(UniqueFd* fd) const = 0;
 };
 
+// A client's interprocess events for one device set (DESIGN.md decision 7): two rings of
+// kDeviceEventsPerDirection events (cudaEventInterprocess | cudaEventDisableTiming), exported
+// to the daemon at registration. Operation seq uses slot seq % kDeviceEventsPerDirection.
+// Streams are CUstream / cudaStream_t values; nullptr is the legacy default stream.
+class DeviceEvents {
+ public:
+  virtual ~DeviceEvents() = default;
+
+  // The 64-byte handles, for the RegisterRequest.
+  virtual const std::vector<std::string>& ready_handles() const = 0;
+  virtual const std::vector<std::string>& done_handles() const = 0;
+
+  // Records operation seq's ready event after all work queued on `stream` so far, and after
+  // every earlier record. Records go through one internal stream that waits on the caller's,
+  // so the event's latest record covers every tensor announced for the operation, whichever
+  // streams wrote them. Call it before announcing the tensors.
+  virtual Status record_ready(uint64_t seq, void* stream) = 0;
+
+  // Makes `stream` wait for operation seq's done event (recorded by the daemon before it
+  // answered the operation) without blocking the host.
+  virtual Status wait_done(uint64_t seq, void* stream) = 0;
+
+  // Polls operation seq's done event from the host until the GPU is through it (*done) or the
+  // deadline passes.
+  virtual Status host_wait_done(uint64_t seq, std::chrono::steady_clock::time_point deadline, bool* done) = 0;
+};
+
 class DeviceMemory {
  public:
   virtual ~DeviceMemory() = default;
@@ -32,10 +62,8 @@ class DeviceMemory {
   // support in this build, no driver, no such device, or the driver's own error.
   virtual Status allocate(int device, size_t bytes, std::unique_ptr<DeviceAllocation>* out) = 0;
 
-  // Waits until all work queued on `device` in this process is done (cuCtxSynchronize on its
-  // primary context, which PyTorch uses too): what the client does before it tells the daemon
-  // device tensors are ready, until the interprocess events replace this host wait.
-  virtual Status synchronize(int device) = 0;
+  // The event rings of one device set on `device`.
+  virtual Status create_events(int device, std::unique_ptr<DeviceEvents>* out) = 0;
 };
 
 std::unique_ptr<DeviceMemory> make_device_memory();

@@ -17,6 +17,10 @@
 //   - admit() prepares a set before its first bucket, on the worker thread, in the same order on
 //     every node (device executors create the set's communicators there). It may block up to
 //     the job timeout; abort() ends it promptly.
+//   - A device executor may answer once the bucket's work is queued in order on the GPU (the
+//     clients' streams wait on its done events). quiesce() returns once nothing launched
+//     earlier still touches client memory: the worker calls it before it tells clients a job
+//     failed, since they may then free or reuse their buffers. Bounded once abort() ran.
 //   - The destructor waits for the bucket in flight; abort first to bound that wait.
 #pragma once
 
@@ -69,6 +73,8 @@ class BucketExecutor {
 
   // Fails the bucket in flight and every later launch with `why`. Any thread; idempotent.
   virtual void abort(const Status& why) = 0;
+
+  virtual void quiesce() {}
 };
 
 }  // namespace gradsync

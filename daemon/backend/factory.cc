@@ -2,6 +2,7 @@
 
 #include "daemon/backend/host/executor.h"
 #include "daemon/backend/host/memory.h"
+#include "daemon/backend/cuda/events.h"
 #include "daemon/backend/cuda/executor.h"
 #include "daemon/backend/cuda/ipc_cache.h"
 #include "daemon/backend/cuda/launcher.h"
@@ -70,6 +71,37 @@ class Backends final : public BackendFactory {
     }
     return Status::invalid_argument("unknown memory kind " + std::to_string(static_cast<uint32_t>(what.kind)) +
                                     " (known: 1 host memfd, 2 CUDA VMM, 3 CUDA legacy IPC)");
+  }
+
+  Status import_events(int device, const std::vector<std::string>& ready, const std::vector<std::string>& done,
+                       std::shared_ptr<const ClientEvents>* out) override {
+    if (!devices_) return Status::not_supported("device events: " + device_problem_);
+    std::unique_ptr<cuda::EventRing> rings[2];
+    const std::vector<std::string>* lists[2] = {&ready, &done};
+    const char* names[2] = {"ready_events", "done_events"};
+    for (int i = 0; i < 2; ++i) {
+      if (lists[i]->size() != kDeviceEventsPerDirection) {
+        return Status::invalid_argument(std::string(names[i]) + ": a device set needs " +
+                                        std::to_string(kDeviceEventsPerDirection) + " interprocess event handles, got " +
+                                        std::to_string(lists[i]->size()));
+      }
+      std::vector<cuda::IpcHandle> handles;
+      for (const std::string& bytes : *lists[i]) {
+        if (bytes.size() != kIpcHandleBytes) {
+          return Status::invalid_argument(std::string(names[i]) + ": an event handle must be a " +
+                                          std::to_string(kIpcHandleBytes) + "-byte cudaIpcEventHandle_t, got " +
+                                          std::to_string(bytes.size()) + " bytes");
+        }
+        cuda::IpcHandle handle{};
+        std::copy(bytes.begin(), bytes.end(), reinterpret_cast<char*>(handle.data()));
+        handles.push_back(handle);
+      }
+      if (Status s = cuda::EventRing::open(devices_.get(), device, handles, &rings[i]); !s.ok()) {
+        return Status(s.code(), std::string(names[i]) + ": " + s.message(), s.where());
+      }
+    }
+    *out = std::make_shared<cuda::ClientEventRings>(device, std::move(rings[0]), std::move(rings[1]));
+    return Status();
   }
 
   Status make_executor(MemoryKind kind, ThreadPool* pool, const Logger& log,

@@ -21,6 +21,13 @@ inline bool memory_kind_takes_fd(MemoryKind kind) { return kind != MemoryKind::k
 
 std::string_view memory_kind_name(MemoryKind kind);
 
+// One client's interprocess events for one device set (DESIGN.md decision 7), opened once at
+// registration and closed when the set goes. Opaque outside the backend that made them.
+class ClientEvents {
+ public:
+  virtual ~ClientEvents() = default;
+};
+
 class MemoryRegion {
  public:
   virtual ~MemoryRegion() = default;

@@ -1,6 +1,7 @@
 #include "daemon/control/client_handler.h"
 
 #include <algorithm>
+#include <set>
 
 #include "shared/dtype.h"
 #include "shared/version.h"
@@ -196,6 +197,31 @@ Status ClientHandler::on_segment(const control::SegmentRequest& request, std::ve
   return Status::ok_status();
 }
 
+Status ClientHandler::import_set_events(const control::RegisterRequest& request,
+                                        const std::vector<const MemoryRegion*>& used,
+                                        std::shared_ptr<const ClientEvents>* events) {
+  // A device set lives on one GPU per client: its event rings are opened there.
+  std::set<int> devices;
+  for (const MemoryRegion* region : used) devices.insert(region->device());
+  const bool device_set = !devices.empty() && *devices.rbegin() >= 0;
+  if (!device_set) {
+    if (request.ready_events_size() || request.done_events_size()) {
+      return Status::invalid_argument("register: ready_events and done_events are for sets in device memory only");
+    }
+    return Status::ok_status();
+  }
+  if (devices.size() != 1) {
+    std::string list;
+    for (int d : devices) list += (list.empty() ? "" : " and ") + (d < 0 ? std::string("host") : std::to_string(d));
+    return Status::invalid_argument("register: a set's tensors must be on one GPU per client, these are on " + list);
+  }
+  const std::vector<std::string> ready(request.ready_events().begin(), request.ready_events().end());
+  const std::vector<std::string> done(request.done_events().begin(), request.done_events().end());
+  Status status = options_.backends->import_events(*devices.begin(), ready, done, events);
+  if (!status.ok()) return Status(status.code(), "register: " + status.message(), status.where());
+  return Status::ok_status();
+}
+
 Status ClientHandler::on_register(uint64_t request_id, const control::RegisterRequest& request) {
   if (!job_) return Status::invalid_argument("join a job before registering tensors");
   if (request.tensors_size() == 0) return Status::invalid_argument("a tensor set needs at least one tensor");
@@ -237,6 +263,7 @@ Status ClientHandler::on_register(uint64_t request_id, const control::RegisterRe
   for (const auto& [id, segment] : segments_) {
     if (std::find(used.begin(), used.end(), segment.get()) != used.end()) reg.regions.push_back(segment);
   }
+  if (Status status = import_set_events(request, used, &reg.events); !status.ok()) return status;
   ReplySender send = options_.send;
   reg.done = [send, request_id](const Status& status, const TensorSet* set) {
     control::Reply reply;

@@ -1,6 +1,8 @@
 #include "daemon/job/job.h"
 
 #include <boost/asio/post.hpp>
+
+#include <algorithm>
 #include <new>
 
 #include "daemon/job/peer_cluster.h"
@@ -232,6 +234,10 @@ void Job::commit(uint32_t set_id) {
     set->address.push_back(reg.address);
     if (reg.gather_output) set->gather_output.push_back(reg.gather_output);
     set->regions.insert(set->regions.end(), reg.regions.begin(), reg.regions.end());
+    set->events.push_back(reg.events);
+  }
+  if (std::all_of(set->events.begin(), set->events.end(), [](const auto& e) { return e == nullptr; })) {
+    set->events.clear();
   }
   // One executor runs a set, so its memory is of one kind.
   if (!set->regions.empty()) set->memory_kind = set->regions.front()->kind();

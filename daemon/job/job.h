@@ -81,6 +81,7 @@ struct SetRegistration {
   std::byte* gather_output = nullptr;  // nullptr: no allgather on this set
   uint64_t bucket_cap = plan::kDefaultBucketCapBytes;
   std::vector<std::shared_ptr<const MemoryRegion>> regions;
+  std::shared_ptr<const ClientEvents> events;  // device sets: the client's event rings
   // Called once: with the committed set, or with the error (mismatch, timeout, job failure).
   std::function<void(const Status&, const TensorSet*)> done;
 };

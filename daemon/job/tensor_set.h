@@ -48,6 +48,10 @@ struct TensorSet {
   std::vector<std::shared_ptr<const MemoryRegion>> regions;
   // The kind of every region: it picks the set's executor.
   MemoryKind memory_kind = MemoryKind::kHostMemfd;
+  // Device sets: each local rank's interprocess event rings (the CUDA executor waits on the
+  // ready ring before reading a client's tensors and records the done ring after writing them).
+  // Empty for host sets.
+  std::vector<std::shared_ptr<const ClientEvents>> events;  // [local rank]
 };
 
 // Splits every bucket into runs and fills offset_in_bucket and bucket_elements. `address`

@@ -528,6 +528,10 @@ void Worker::shut_down(const Status& status) {
   // grace period): nobody is told the step failed, and so free to reuse the memory, until it
   // is back. The aborts bound this wait to about a second.
   wait_for_flight();
+  // A device executor answers buckets once they are queued on the GPU: drain that work before
+  // the clients learn of the failure and free or reuse their buffers. Only this thread adds
+  // executors, so the map is read without the lock (which abort() from other threads takes).
+  for (auto& [kind, executor] : executors_) executor->quiesce();
   // Publish the sticky error first so that clients fail later submissions without waiting.
   for (auto& client : clients_) {
     if (client) client->channel->publish_failure(status);

@@ -6,6 +6,9 @@
 
 #include <sys/wait.h>
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <csignal>
 #include <vector>
 
@@ -128,6 +131,69 @@ TEST_CASE("gpu end to end: a client killed mid-job fails the other, naming it", 
   const int killed = group.wait(1, std::chrono::seconds(10));
   CHECK((WIFSIGNALED(killed) && WTERMSIG(killed) == SIGKILL));
   CHECK(daemon.running());
+}
+
+TEST_CASE("gpu end to end: the daemon reads only after the client's stream wrote, and wait_stream orders the reader",
+          "[gpu][e2e][events]") {
+  // Each rank's inputs arrive on its own stream 300 ms late (a host function holds the stream,
+  // then an async copy from pinned memory writes the values). The allreduce is submitted at
+  // once with that stream current: only the ready event keeps the daemon from reading the
+  // zeros that are there before. The results are read back on a second stream ordered by
+  // Work::wait_stream, without a host wait for the GPU.
+  CHECK(run_ranks(2, [&](int rank, Client& client, const std::vector<SharedTensor>& tensors, const TensorSet& set) {
+          cudaStream_t writer = nullptr, reader = nullptr;
+          if (cudaStreamCreateWithFlags(&writer, cudaStreamNonBlocking) != cudaSuccess ||
+              cudaStreamCreateWithFlags(&reader, cudaStreamNonBlocking) != cudaSuccess) {
+            return fail("cudaStreamCreate");
+          }
+          std::vector<float*> pinned;
+          for (const SharedTensor& t : tensors) {
+            float* host = nullptr;
+            if (cudaMallocHost(&host, t.bytes()) != cudaSuccess) return fail("cudaMallocHost");
+            pinned.push_back(host);
+          }
+          // Zeros on the device first, synchronously, so a premature read is visible.
+          for (const SharedTensor& t : tensors) {
+            if (cudaMemset(t.data(), 0, t.bytes()) != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess) {
+              return fail("cudaMemset");
+            }
+          }
+          if (cudaLaunchHostFunc(writer, [](void*) { ::usleep(300'000); }, nullptr) != cudaSuccess) {
+            return fail("cudaLaunchHostFunc");
+          }
+          for (size_t k = 0; k < tensors.size(); ++k) {
+            for (size_t i = 0; i < tensors[k].numel(); ++i) pinned[k][i] = value(rank, i);
+            if (cudaMemcpyAsync(tensors[k].data(), pinned[k], tensors[k].bytes(), cudaMemcpyHostToDevice, writer) !=
+                cudaSuccess) {
+              return fail("cudaMemcpyAsync");
+            }
+          }
+          client.set_stream(writer);
+          const Work work = client.allreduce(set, ReduceOptions{ReduceOp::kSum});
+          if (!work.wait_stream(reader, std::chrono::seconds(60))) return fail("timed out");
+          for (size_t k = 0; k < tensors.size(); ++k) {
+            std::fill(pinned[k], pinned[k] + tensors[k].numel(), -1.0f);
+            if (cudaMemcpyAsync(pinned[k], tensors[k].data(), tensors[k].bytes(), cudaMemcpyDeviceToHost, reader) !=
+                cudaSuccess) {
+              return fail("cudaMemcpyAsync back");
+            }
+          }
+          if (cudaStreamSynchronize(reader) != cudaSuccess) return fail("cudaStreamSynchronize");
+          for (size_t k = 0; k < tensors.size(); ++k) {
+            for (size_t i = 0; i < tensors[k].numel(); ++i) {
+              const float want = value(0, i) + value(1, i);
+              if (pinned[k][i] != want) {
+                return fail("tensor " + std::to_string(k) + " element " + std::to_string(i) + " is " +
+                            std::to_string(pinned[k][i]) + ", want " + std::to_string(want) +
+                            " (read before the writer finished, or written back after the reader)");
+              }
+            }
+          }
+          for (float* host : pinned) cudaFreeHost(host);
+          cudaStreamDestroy(writer);
+          cudaStreamDestroy(reader);
+          return kOk;
+        }) == 0);
 }
 
 }  // namespace gradsync::test

@@ -9,6 +9,7 @@
 #include <random>
 #include <vector>
 
+#include "daemon/backend/cuda/events.h"
 #include "daemon/backend/cuda/executor.h"
 #include "daemon/backend/host/staged.h"
 #include "fake_device.h"
@@ -424,6 +425,65 @@ TEST_CASE("cuda executor: a client whose tensors of one set sit on two GPUs is r
   const Status refused = executor.admit(*f.set, SetAdmission{"j", &local, &f.topology});
   CHECK(refused.code() == ErrorCode::kInvalidArgument);
   CHECK_THAT(refused.message(), Catch::Contains("local rank 0 has tensors on GPUs"));
+}
+
+TEST_CASE("cuda executor: device order through the clients' event rings, answered at enqueue",
+          "[cuda][executor][events]") {
+  Fixture f(DType::kFloat32);
+  std::vector<std::string> trace;
+  f.api.trace = &trace;
+  f.kernels.trace = &trace;
+  // Every client's rings, as the backend factory opens them at registration: handle bytes
+  // (direction, client, slot) name the event in the trace.
+  auto set = std::make_shared<TensorSet>(*f.set);
+  for (int c = 0; c < kClients; ++c) {
+    std::unique_ptr<EventRing> rings[2];
+    for (int direction = 0; direction < 2; ++direction) {
+      std::vector<IpcHandle> handles(kEventsPerDirection);
+      for (uint32_t slot = 0; slot < kEventsPerDirection; ++slot) {
+        handles[slot][0] = static_cast<unsigned char>(direction == 0 ? 'r' : 'd');
+        handles[slot][1] = static_cast<unsigned char>(c);
+        handles[slot][2] = static_cast<unsigned char>(slot);
+      }
+      REQUIRE(EventRing::open(&f.api, 0, handles, &rings[direction]).ok());
+    }
+    set->events.push_back(std::make_shared<ClientEventRings>(0, std::move(rings[0]), std::move(rings[1])));
+  }
+  f.set = set;
+  {
+    CudaExecutor executor(&f.api, &f.kernels, nullptr, Logger(LogLevel::kError));
+    const reduce::KernelArgs sum{};
+    REQUIRE(f.run(executor, OpKind::kAllreduce, sum).ok());  // operation seq 1: slot 1
+    for (size_t t = 0; t < f.set->layout.size(); ++t) {
+      for (int c = 0; c < kClients; ++c) CHECK(f.tensor(c, t) == f.reduced(sum, t));
+    }
+    // Per bucket: the stream waits for every client's ready record, then the kernels, then the
+    // done records; no host synchronisation before the answers.
+    const std::vector<std::string> bucket = {"wait r0.1", "wait r1.1", "wait r2.1", "gather",
+                                             "scatter",   "record d0.1", "record d1.1", "record d2.1"};
+    std::vector<std::string> want;
+    for (size_t b = 0; b < f.set->plan.buckets.size(); ++b) want.insert(want.end(), bucket.begin(), bucket.end());
+    CHECK(trace == want);
+    CHECK(f.api.synchronizations == 0);
+    // A failing job drains the stream before the clients hear of it.
+    executor.quiesce();
+    CHECK(f.api.synchronizations == 1);
+    // Operation 65 reuses slot 1.
+    trace.clear();
+    BucketCall call;
+    call.seq = 65;
+    call.desc.kind = OpKind::kAllreduce;
+    call.set = f.set;
+    call.topology = &f.topology;
+    Status answer = Status::internal("not answered");
+    executor.launch(call, [&](const Status& s) { answer = s; });
+    REQUIRE(answer.ok());
+    CHECK(trace.front() == "wait r0.1");
+    CHECK(trace.back() == "record d2.1");
+  }
+  f.set.reset();
+  set.reset();
+  CHECK(f.api.events == 0);  // every opened event destroyed with its ring
 }
 
 }  // namespace gradsync::cuda

@@ -8,6 +8,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <string>
+#include <vector>
 
 #include "daemon/backend/cuda/device_api.h"
 #include "daemon/backend/cuda/launcher.h"
@@ -26,7 +28,14 @@ class HostBackedDeviceApi final : public DeviceApi {
   Status allocation_size(int, void*, size_t*) override { return Status::not_supported("fake"); }
   Status open_ipc_memory(int, const IpcHandle&, void**) override { return Status::not_supported("fake"); }
   Status close_ipc_memory(int, void*) override { return Status::not_supported("fake"); }
-  Status open_ipc_event(int, const IpcHandle&, void**) override { return Status::not_supported("fake"); }
+  // An interprocess event is named by its handle's first two bytes: "r0.5" is client 0's ready
+  // slot 5 when the test makes handles that way (see name_event).
+  Status open_ipc_event(int, const IpcHandle& h, void** event) override {
+    names.push_back(std::string(1, static_cast<char>(h[0])) + std::to_string(h[1]) + "." + std::to_string(h[2]));
+    *event = reinterpret_cast<void*>(names.size());  // 1-based index into names
+    ++events;
+    return Status();
+  }
   // Events of the daemon's own: the fake's work is done when it is enqueued, so a query says
   // done unless a test holds the events back (a GPU still busy).
   Status create_event(int, void** event) override {
@@ -41,10 +50,18 @@ class HostBackedDeviceApi final : public DeviceApi {
     *done = !events_pending.load();
     return Status();
   }
-  Status stream_wait_event(void*, void*) override { return Status(); }
-  Status record_event(void*, void*) override {
-    ++records;
+  Status stream_wait_event(void*, void* event) override {
+    if (trace) trace->push_back("wait " + name_of(event));
     return Status();
+  }
+  Status record_event(void* event, void*) override {
+    ++records;
+    if (trace) trace->push_back("record " + name_of(event));
+    return Status();
+  }
+  std::string name_of(void* event) const {
+    const auto index = reinterpret_cast<uintptr_t>(event);
+    return index >= 1 && index <= names.size() ? names[index - 1] : "own";
   }
 
   Status make_current(int) override { return Status(); }
@@ -77,6 +94,8 @@ class HostBackedDeviceApi final : public DeviceApi {
   }
 
   std::map<void*, size_t> allocations;
+  std::vector<std::string> names;               // opened interprocess events
+  std::vector<std::string>* trace = nullptr;    // waits, records and launches, in order
   std::atomic<bool> events_pending{false};
   int events = 0;
   int records = 0;
@@ -89,6 +108,7 @@ class HostKernelLauncher final : public KernelLauncher {
  public:
   Status gather(const reduce::KernelArgs& args, const BucketTable& table, void*) override {
     ++gathers;
+    if (trace) trace->push_back("gather");
     dispatch(args, [&]<typename Codec, reduce::Combine kCombine, reduce::Scale kScale, bool kRound>() {
       using Acc = typename Codec::Acc;
       const Acc divisor = kScale == reduce::Scale::kNone ? Acc{1} : static_cast<Acc>(args.divisor);
@@ -98,6 +118,7 @@ class HostKernelLauncher final : public KernelLauncher {
   }
   Status scatter(const reduce::KernelArgs& args, const BucketTable& table, void*) override {
     ++scatters;
+    if (trace) trace->push_back("scatter");
     dispatch(args, [&]<typename Codec, reduce::Combine kCombine, reduce::Scale kScale, bool kRound>() {
       using Acc = typename Codec::Acc;
       constexpr reduce::Scale kAfter = kCombine == reduce::Combine::kSum ? kScale : reduce::Scale::kNone;
@@ -108,6 +129,7 @@ class HostKernelLauncher final : public KernelLauncher {
   }
   int gathers = 0;
   int scatters = 0;
+  std::vector<std::string>* trace = nullptr;
 
  private:
   template <typename Functor>

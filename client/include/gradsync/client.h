@@ -57,12 +57,22 @@ class Client {
   // tensor if their layouts differ.
   virtual TensorSet register_tensors(std::span<const SharedTensor> tensors, const RegisterOptions& options) = 0;
 
+  // Sets in device memory are ordered on the GPU, not by the host (DESIGN.md decision 7): an
+  // operation, or a mark_ready, makes the daemon's reads wait for the work queued so far on
+  // the client's current stream (a cudaStream_t; nullptr, the default, is the legacy default
+  // stream, which orders after every blocking stream). Work::wait_stream orders a stream after
+  // the results. At most 64 operations on device sets may be outstanding; a 65th waits.
+  virtual void set_stream(void* stream) = 0;
+
   // All tensors of the set are ready now.
   virtual Work allreduce(const TensorSet& set, const ReduceOptions& options) = 0;
 
-  // Opens an allreduce whose tensors are marked ready one by one with mark_ready().
+  // Opens an allreduce whose tensors are marked ready one by one with mark_ready(). On a
+  // device set, the tensor is ready once the work queued on `stream` so far is done (the
+  // two-argument form uses the current stream).
   virtual Work allreduce_deferred(const TensorSet& set, const ReduceOptions& options) = 0;
   virtual void mark_ready(const TensorSet& set, uint32_t tensor_index) = 0;
+  virtual void mark_ready(const TensorSet& set, uint32_t tensor_index, void* stream) = 0;
 
   // Copies the root's tensors into every rank's.
   virtual Work broadcast(const TensorSet& set, int root) = 0;

@@ -17,10 +17,12 @@
 #include <vector>
 
 #include "daemon/backend/cuda/device_api.h"
+#include "daemon/backend/memory.h"
+#include "shared/channel_layout.h"
 
 namespace gradsync::cuda {
 
-inline constexpr uint32_t kEventsPerDirection = 64;
+inline constexpr uint32_t kEventsPerDirection = kDeviceEventsPerDirection;
 
 class EventRing {
  public:
@@ -44,6 +46,22 @@ class EventRing {
   DeviceApi* api_;
   int device_;
   std::vector<void*> events_;
+};
+
+// Both rings of one client's device set: what the control plane holds for it (as ClientEvents)
+// and the executor uses.
+class ClientEventRings final : public ClientEvents {
+ public:
+  ClientEventRings(int device, std::unique_ptr<EventRing> ready, std::unique_ptr<EventRing> done)
+      : device_(device), ready_(std::move(ready)), done_(std::move(done)) {}
+  int device() const { return device_; }
+  const EventRing& ready() const { return *ready_; }
+  const EventRing& done() const { return *done_; }
+
+ private:
+  int device_;
+  std::unique_ptr<EventRing> ready_;
+  std::unique_ptr<EventRing> done_;
 };
 
 }  // namespace gradsync::cuda

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <set>
 
+#include "daemon/backend/cuda/events.h"
 #include "daemon/backend/cuda/work_items.h"
 #include "daemon/backend/host/staged.h"
 
@@ -46,6 +47,50 @@ CudaExecutor::~CudaExecutor() {
     if (state.done_event) (void)api_->destroy_event(device, state.done_event);
     if (state.stream) (void)api_->destroy_stream(device, state.stream);
   }
+}
+
+void CudaExecutor::quiesce() {
+  for (auto& [device, state] : devices_) {
+    if (state.stream) (void)api_->synchronize(state.stream);
+  }
+}
+
+bool CudaExecutor::device_ordered(const BucketCall& call) {
+  const TensorSet& set = *call.set;
+  if (set.events.empty()) return false;
+  for (uint32_t c : set.participants[call.bucket]) {
+    if (c >= set.events.size() || !set.events[c]) return false;
+  }
+  return true;
+}
+
+Status CudaExecutor::wait_ready(const BucketCall& call, int device) {
+  if (!device_ordered(call)) return Status();
+  const TensorSet& set = *call.set;
+  void* stream = devices_.at(device).stream;
+  for (uint32_t c : set.participants[call.bucket]) {
+    if (device_of_client(set, call.bucket, c) != device) continue;
+    // Made by the backend factory for device sets only, so the cast holds.
+    const auto* rings = static_cast<const ClientEventRings*>(set.events[c].get());
+    if (Status s = rings->ready().wait(call.seq, stream); !s.ok()) {
+      return Status(s.code(), "waiting for local rank " + std::to_string(c) + "'s ready event: " + s.message());
+    }
+  }
+  return Status();
+}
+
+Status CudaExecutor::record_done(const BucketCall& call, int device) {
+  if (!device_ordered(call)) return Status();
+  const TensorSet& set = *call.set;
+  void* stream = devices_.at(device).stream;
+  for (uint32_t c : set.participants[call.bucket]) {
+    if (device_of_client(set, call.bucket, c) != device) continue;
+    const auto* rings = static_cast<const ClientEventRings*>(set.events[c].get());
+    if (Status s = rings->done().record(call.seq, stream); !s.ok()) {
+      return Status(s.code(), "recording local rank " + std::to_string(c) + "'s done event: " + s.message());
+    }
+  }
+  return Status();
 }
 
 void CudaExecutor::abort(const Status& why) {
@@ -276,11 +321,15 @@ Status CudaExecutor::run_single(const BucketCall& call) {
   // "client" in, a copy out, so even NaN payloads of the half types survive.
   reduce::KernelArgs args = call.args;
   if (copy) args = reduce::KernelArgs{.dtype = DType::kUInt8};
-  Status status = enqueue(call, device, Side::kGather, launches, args);
+  Status status = wait_ready(call, device);
+  if (status.ok()) status = enqueue(call, device, Side::kGather, launches, args);
   // Whatever happens next, the gather may be running: it is waited for below.
   if (status.ok()) status = enqueue(call, device, Side::kScatter, launches, args);
-  // Nothing that was enqueued may still touch client memory once the job learns of a failure
-  // and unmaps it.
+  if (status.ok()) status = record_done(call, device);
+  // Device-ordered: the clients' streams wait on the done events, and quiesce() drains the
+  // stream before a failed job lets go of client memory.
+  if (status.ok() && device_ordered(call)) return Status();
+  // Otherwise nothing that was enqueued may still touch client memory once the answer is out.
   const Status synchronized = api_->synchronize(state->stream);
   if (status.ok()) status = synchronized;
   if (!status.ok()) return Status(status.code(), where + " on GPU " + std::to_string(device) + ": " + status.message());
@@ -343,6 +392,7 @@ void CudaExecutor::run_across(const BucketCall& call, DeviceCollectiveEngine* en
   bool collective = false;  // an NCCL call was enqueued: its peers may be waiting on it
   for (size_t i = 0; i < buffers.size() && status.ok(); ++i) {
     status = api_->make_current(buffers[i].device);
+    if (status.ok()) status = wait_ready(call, buffers[i].device);
     if (status.ok()) status = enqueue(call, buffers[i].device, Side::kGather, launches_on(buffers[i].device), args);
   }
   if (status.ok()) {
@@ -358,6 +408,7 @@ void CudaExecutor::run_across(const BucketCall& call, DeviceCollectiveEngine* en
   for (size_t i = 0; i < buffers.size() && status.ok(); ++i) {
     status = api_->make_current(buffers[i].device);
     if (status.ok()) status = enqueue(call, buffers[i].device, Side::kScatter, launches_on(buffers[i].device), args);
+    if (status.ok()) status = record_done(call, buffers[i].device);
     if (status.ok()) status = api_->record_event(devices_.at(buffers[i].device).done_event, buffers[i].stream);
   }
   std::vector<void*> streams, events;

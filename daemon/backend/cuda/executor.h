@@ -15,9 +15,11 @@
 //     an NCCL error, the job timeout or abort(). Before an error is answered the streams are
 //     drained, so no kernel touches client memory once the job learns of the failure.
 //
-// Ordering, for now, through the host: the client synchronises its stream before it marks a
-// tensor ready, and completions mean the results are in memory. The interprocess event rings
-// (events.h) replace both host waits next.
+// Ordering with the clients: through their interprocess event rings (events.h), registered with
+// every device set. A one-GPU bucket is answered once it is queued (the done events carry the
+// order to the clients); a multi-GPU bucket is answered by the watchdog when its GPUs are
+// through, so that an NCCL failure fails the operation it belongs to. Sets without event rings
+// (tests) are synchronised on the host before the answer.
 //
 // Not yet: allgather on device sets (refused, naming it).
 #pragma once
@@ -51,6 +53,8 @@ class CudaExecutor final : public BucketExecutor {
   Status admit(const TensorSet& set, const SetAdmission& admission) override;
   void launch(BucketCall call, BucketDone done) override;
   void abort(const Status& why) override;
+  // Synchronises every stream of the executor's.
+  void quiesce() override;
 
  private:
   // One launch's table in device memory.
@@ -80,6 +84,15 @@ class CudaExecutor final : public BucketExecutor {
     bool scatter = true;
   };
 
+  // Device order with the clients (DESIGN.md decision 7), for a set whose clients registered
+  // event rings: the GPU's stream waits for each of its participants' ready event of the
+  // operation before the bucket's kernels, and records their done events after them.
+  static bool device_ordered(const BucketCall& call);
+  Status wait_ready(const BucketCall& call, int device);
+  Status record_done(const BucketCall& call, int device);
+
+  // One GPU in all. Answers at enqueue when the set is device-ordered; otherwise after a
+  // stream synchronisation.
   Status run_single(const BucketCall& call);
   void run_across(const BucketCall& call, DeviceCollectiveEngine* engine, BucketDone done);
   // Enqueues one GPU's gather (before the collective) or scatter (after it).
