@@ -75,23 +75,28 @@ class Backends final : public BackendFactory {
 
   Status import_events(int device, const std::vector<std::string>& ready, const std::vector<std::string>& done,
                        std::shared_ptr<const ClientEvents>* out) override {
-    if (!devices_) return Status::not_supported("device events: " + device_problem_);
     std::unique_ptr<cuda::EventRing> rings[2];
     const std::vector<std::string>* lists[2] = {&ready, &done};
     const char* names[2] = {"ready_events", "done_events"};
+    // Checked first, so a malformed request gets the same answer on every daemon.
     for (int i = 0; i < 2; ++i) {
       if (lists[i]->size() != kDeviceEventsPerDirection) {
         return Status::invalid_argument(std::string(names[i]) + ": a device set needs " +
                                         std::to_string(kDeviceEventsPerDirection) + " interprocess event handles, got " +
                                         std::to_string(lists[i]->size()));
       }
-      std::vector<cuda::IpcHandle> handles;
       for (const std::string& bytes : *lists[i]) {
         if (bytes.size() != kIpcHandleBytes) {
           return Status::invalid_argument(std::string(names[i]) + ": an event handle must be a " +
                                           std::to_string(kIpcHandleBytes) + "-byte cudaIpcEventHandle_t, got " +
                                           std::to_string(bytes.size()) + " bytes");
         }
+      }
+    }
+    if (!devices_) return Status::not_supported("device events: " + device_problem_);
+    for (int i = 0; i < 2; ++i) {
+      std::vector<cuda::IpcHandle> handles;
+      for (const std::string& bytes : *lists[i]) {
         cuda::IpcHandle handle{};
         std::copy(bytes.begin(), bytes.end(), reinterpret_cast<char*>(handle.data()));
         handles.push_back(handle);

@@ -3,6 +3,8 @@
 // demand.
 #include <catch2/catch.hpp>
 
+#include "daemon/backend/factory.h"
+
 #include <map>
 #include <set>
 #include <string>
@@ -249,6 +251,26 @@ TEST_CASE("device memory: legacy IPC pieces share one opening and must lie insid
   CHECK(api.open_memory.size() == 1);  // the second piece keeps the allocation open
   second.reset();
   CHECK(api.open_memory.empty());
+}
+
+TEST_CASE("backend factory: device event handles are checked by name before anything is opened",
+          "[cuda][events]") {
+  // The daemon's real factory; no machine here has a GPU, so well-formed lists meet the no-GPU
+  // answer, and malformed ones are refused first, naming the field.
+  const auto backends = make_backend_factory(Logger(LogLevel::kError), nullptr);
+  const std::vector<std::string> good(kDeviceEventsPerDirection, std::string(64, '\x07'));
+  std::shared_ptr<const ClientEvents> events;
+  Status s = backends->import_events(0, std::vector<std::string>(3, std::string(64, 'x')), good, &events);
+  CHECK(s.code() == ErrorCode::kInvalidArgument);
+  CHECK(s.message() == "ready_events: a device set needs 64 interprocess event handles, got 3");
+  std::vector<std::string> short_handle = good;
+  short_handle[5] = "abc";
+  s = backends->import_events(0, good, short_handle, &events);
+  CHECK(s.message() == "done_events: an event handle must be a 64-byte cudaIpcEventHandle_t, got 3 bytes");
+  s = backends->import_events(0, good, good, &events);
+  CHECK(s.code() == ErrorCode::kNotSupported);
+  CHECK_THAT(s.message(), Catch::StartsWith("device events: "));
+  CHECK(events == nullptr);
 }
 
 }  // namespace gradsync::cuda
