@@ -19,6 +19,7 @@ ParsedConfig parse_daemon_config(int argc, const char* const* argv) {
   uint64_t max_timeout_ms = config.max_timeout.count();
   uint64_t execution_timeout_ms = config.execution_timeout.count();
   std::vector<uid_t> allowed;
+  std::vector<uid_t> legacy;
 
   po::options_description general("Options");
   general.add_options()
@@ -39,6 +40,10 @@ ParsedConfig parse_daemon_config(int argc, const char* const* argv) {
        "threads that reduce buckets, shared by all jobs; 0 means one per CPU")
       ("allow-uid", po::value(&allowed)->composing(),
        "user id allowed to connect (repeatable); default: the daemon's own user and root")
+      ("legacy-ipc-uid", po::value(&legacy)->composing(),
+       "user id whose trainers may register GPU memory from other allocators (PyTorch's caching "
+       "allocator) as legacy CUDA IPC handles (repeatable); default: nobody. A handle is not proof "
+       "of ownership: trust only users who trust each other")
       ("log-level", po::value(&log_level)->default_value(log_level), "debug, info, warning or error")
       ("peer-listen", po::value(&config.peer_listen)->default_value(config.peer_listen),
        "HOST:PORT of the peer service other daemons rendezvous through (port 0: any free port)")
@@ -107,6 +112,7 @@ ParsedConfig parse_daemon_config(int argc, const char* const* argv) {
   if (config.reduce_threads == 0) config.reduce_threads = std::max(1u, std::thread::hardware_concurrency());
   if (config.reduce_threads > 256) return fail("--reduce-threads must be at most 256");
   config.allowed_uids = allowed;
+  config.legacy_ipc_uids = legacy;
   const auto colon = config.peer_listen.rfind(':');
   if (colon == std::string::npos || colon == 0 || colon + 1 == config.peer_listen.size()) {
     return fail("--peer-listen must be HOST:PORT, not '" + config.peer_listen + "'");

@@ -28,6 +28,10 @@ struct DaemonConfig {
   // Users whose processes may connect, checked with SO_PEERCRED. Empty: the daemon's own user
   // and root.
   std::vector<uid_t> allowed_uids;
+  // Users whose processes may register device memory from other allocators as legacy CUDA IPC
+  // handles. Empty (the default): nobody; such a handle is not proof of ownership, so this is
+  // for nodes whose trainers' users trust each other.
+  std::vector<uid_t> legacy_ipc_uids;
 
   // The peer service (daemon-to-daemon rendezvous, gRPC). Port 0 picks a free port.
   std::string peer_listen = "0.0.0.0:29590";

@@ -38,7 +38,8 @@ Daemon::Daemon(DaemonConfig config)
     ::setrlimit(RLIMIT_NOFILE, &files);
   }
   device_engines_ = make_device_engine_factory();
-  backends_ = make_backend_factory(log_, device_engines_.get());
+  backends_ = make_backend_factory(log_, device_engines_.get(),
+                                   std::vector<uint32_t>(config_.legacy_ipc_uids.begin(), config_.legacy_ipc_uids.end()));
   peer_ = std::make_unique<PeerServer>(PeerServerOptions{config_.peer_listen, log_});
   reaper_ = std::make_unique<Reaper>();
   RegistryOptions registry{&io_, &pool_, log_, config_.default_timeout, config_.max_timeout, {}, reaper_.get()};

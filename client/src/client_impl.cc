@@ -245,6 +245,27 @@ std::vector<SharedTensor> ClientImpl::allocate_device_flat(std::span<const Tenso
   return tensors;
 }
 
+SharedTensor ClientImpl::share_device(const TensorSpec& spec, void* data, int device) {
+  check_spec(spec);
+  if (device < 0) throw Error(Status::invalid_argument("device must be a CUDA device ordinal, got " + std::to_string(device)));
+  if (!device_memory_) device_memory_ = make_device_memory();
+  std::unique_ptr<DeviceAllocation> memory;
+  std::string handle;
+  uint64_t offset = 0;
+  throw_if_error(device_memory_->describe_foreign(device, data, spec.numel * dtype_size(spec.dtype), &memory, &handle,
+                                                  &offset));
+  control::Request request;
+  request.mutable_segment()->set_kind(control::CUDA_LEGACY_IPC);
+  request.mutable_segment()->set_bytes(memory->size());
+  request.mutable_segment()->set_device_uuid(memory->device_uuid());
+  request.mutable_segment()->set_ipc_handle(handle);
+  request.mutable_segment()->set_ipc_offset(offset);
+  const control::Reply reply = connection_->call(request, options_.request_timeout);
+  device_segments_.push_back(DeviceSegment{std::move(memory), reply.segment().segment_id()});
+  return SharedTensor(spec.dtype, spec.numel, spec.group, static_cast<std::byte*>(data), device_segments_.back().id, 0,
+                      device);
+}
+
 void ClientImpl::require_joined(const char* what) const {
   if (!joined_) throw Error(Status::invalid_argument(std::string("join a job before ") + what));
 }

@@ -26,6 +26,7 @@ class ClientImpl final : public Client {
   std::vector<SharedTensor> allocate_flat(std::span<const TensorSpec> specs) override;
   SharedTensor allocate_device(const TensorSpec& spec, int device) override;
   std::vector<SharedTensor> allocate_device_flat(std::span<const TensorSpec> specs, int device) override;
+  SharedTensor share_device(const TensorSpec& spec, void* data, int device) override;
   TensorSet register_tensors(std::span<const SharedTensor> tensors, const RegisterOptions& options) override;
   Work allreduce(const TensorSet& set, const ReduceOptions& options) override;
   Work allreduce_deferred(const TensorSet& set, const ReduceOptions& options) override;

@@ -32,7 +32,10 @@ Status load_driver(Driver* d) {
                    resolve(&d->ipc_get_event_handle, "cuIpcGetEventHandle") &&
                    resolve(&d->stream_create, "cuStreamCreate") &&
                    resolve(&d->stream_destroy, "cuStreamDestroy_v2") &&
-                   resolve(&d->stream_wait_event, "cuStreamWaitEvent");
+                   resolve(&d->stream_wait_event, "cuStreamWaitEvent") &&
+                   resolve(&d->address_range, "cuMemGetAddressRange_v2") &&
+                   resolve(&d->ipc_get_mem_handle, "cuIpcGetMemHandle") &&
+                   resolve(&d->pointer_attribute, "cuPointerGetAttribute");
   if (!all) return Status::not_supported("the CUDA driver (libcuda.so.1) lacks the virtual memory API (CUDA 10.2+)");
   if (CUresult r = d->init(0); r != CUDA_SUCCESS) {
     return Status::not_supported("no usable CUDA driver: cuInit: " + d->describe(r));

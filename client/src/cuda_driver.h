@@ -33,6 +33,10 @@ struct Driver {
   decltype(&::cuMemRelease) mem_release = nullptr;
   decltype(&::cuMemsetD8) memset_d8 = nullptr;
   decltype(&::cuGetErrorString) error_string = nullptr;
+  // Memory from other allocators, shared as legacy IPC handles.
+  decltype(&::cuMemGetAddressRange) address_range = nullptr;
+  decltype(&::cuIpcGetMemHandle) ipc_get_mem_handle = nullptr;
+  decltype(&::cuPointerGetAttribute) pointer_attribute = nullptr;
   // Interprocess events (DESIGN.md decision 7).
   decltype(&::cuEventCreate) event_create = nullptr;
   decltype(&::cuEventDestroy) event_destroy = nullptr;

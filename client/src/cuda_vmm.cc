@@ -58,6 +58,26 @@ class VmmAllocation final : public DeviceAllocation {
   std::string uuid_;
 };
 
+// Memory another allocator owns: described, never freed here.
+class ForeignAllocation final : public DeviceAllocation {
+ public:
+  ForeignAllocation(std::byte* data, size_t size, int ordinal, std::string uuid)
+      : data_(data), size_(size), ordinal_(ordinal), uuid_(std::move(uuid)) {}
+  std::byte* data() const override { return data_; }
+  size_t size() const override { return size_; }
+  int device() const override { return ordinal_; }
+  const std::string& device_uuid() const override { return uuid_; }
+  Status export_fd(UniqueFd*) const override {
+    return Status::not_supported("memory from another allocator travels as a legacy IPC handle, not a descriptor");
+  }
+
+ private:
+  std::byte* data_;
+  size_t size_;
+  int ordinal_;
+  std::string uuid_;
+};
+
 class CudaVmmMemory final : public DeviceMemory {
  public:
   Status allocate(int ordinal, size_t bytes, std::unique_ptr<DeviceAllocation>* out) override {
@@ -131,6 +151,49 @@ class CudaVmmMemory final : public DeviceMemory {
     }
     *out = std::make_unique<VmmAllocation>(&driver_, ordinal, device, handle, address, size,
                                            std::string(uuid.bytes, sizeof(uuid.bytes)));
+    return Status();
+  }
+
+  Status describe_foreign(int ordinal, void* data, size_t bytes, std::unique_ptr<DeviceAllocation>* out,
+                          std::string* ipc_handle, uint64_t* ipc_offset) override {
+    std::call_once(loaded_, [&] { load_status_ = load_driver(&driver_); });
+    if (!load_status_.ok()) return Status(load_status_.code(), "device memory: " + load_status_.message());
+    const Driver& d = driver_;
+    CUdevice device = 0;
+    if (CUresult r = d.device_get(&device, ordinal); r != CUDA_SUCCESS) {
+      return Status::invalid_argument("device memory: no CUDA device " + std::to_string(ordinal) + " (" + d.describe(r) + ")");
+    }
+    ScopedPrimaryContext context(&d, device);
+    if (!context.status().ok()) return context.status();
+    const auto address = reinterpret_cast<CUdeviceptr>(data);
+    int on = -1;
+    if (CUresult r = d.pointer_attribute(&on, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, address); r != CUDA_SUCCESS) {
+      return Status::invalid_argument("device memory at " + std::to_string(address) + " is not CUDA device memory (" +
+                                      d.describe(r) + ")");
+    }
+    if (on != ordinal) {
+      return Status::invalid_argument("device memory at " + std::to_string(address) + " is on device " +
+                                      std::to_string(on) + ", not " + std::to_string(ordinal));
+    }
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    if (Status s = d.check(d.address_range(&base, &size, address), "cuMemGetAddressRange"); !s.ok()) return s;
+    if (bytes > size - (address - base)) {
+      return Status::invalid_argument(std::to_string(bytes) + " bytes at offset " + std::to_string(address - base) +
+                                      " run past the end of their allocation of " + std::to_string(size) + " bytes");
+    }
+    CUipcMemHandle handle{};
+    if (Status s = d.check(d.ipc_get_mem_handle(&handle, base), "cuIpcGetMemHandle (memory from cuMemCreate cannot be "
+                                                               "shared this way: use allocate_device)");
+        !s.ok()) {
+      return s;
+    }
+    CUuuid uuid{};
+    if (Status s = d.check(d.device_get_uuid(&uuid, device), "cuDeviceGetUuid"); !s.ok()) return s;
+    *ipc_handle = std::string(handle.reserved, sizeof(handle.reserved));
+    *ipc_offset = address - base;
+    *out = std::make_unique<ForeignAllocation>(static_cast<std::byte*>(data), bytes, ordinal,
+                                               std::string(uuid.bytes, sizeof(uuid.bytes)));
     return Status();
   }
 

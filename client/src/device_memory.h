@@ -64,6 +64,13 @@ class DeviceMemory {
 
   // The event rings of one device set on `device`.
   virtual Status create_events(int device, std::unique_ptr<DeviceEvents>* out) = 0;
+
+  // Device memory some other allocator made (cudaMalloc, PyTorch's caching allocator), for the
+  // legacy route: `bytes` at `data` on `device`, described as the 64-byte cudaIpcMemHandle_t of
+  // its allocation's base plus the offset into it. *out describes the memory (its export_fd
+  // fails: the daemon opens the handle instead) and owns nothing.
+  virtual Status describe_foreign(int device, void* data, size_t bytes, std::unique_ptr<DeviceAllocation>* out,
+                                  std::string* ipc_handle, uint64_t* ipc_offset) = 0;
 };
 
 std::unique_ptr<DeviceMemory> make_device_memory();

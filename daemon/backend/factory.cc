@@ -1,5 +1,9 @@
 #include "daemon/backend/factory.h"
 
+#include <chrono>
+#include <cstdio>
+#include <set>
+
 #include "daemon/backend/host/executor.h"
 #include "daemon/backend/host/memory.h"
 #include "daemon/backend/cuda/events.h"
@@ -40,11 +44,14 @@ class Backends final : public BackendFactory {
   // `device_problem`: why device memory cannot be served here. `devices` is the CUDA runtime
   // when it can (and null otherwise).
   Backends(std::string device_problem, std::unique_ptr<cuda::DeviceApi> devices,
-           std::unique_ptr<cuda::KernelLauncher> kernels, DeviceEngineFactory* device_engines)
+           std::unique_ptr<cuda::KernelLauncher> kernels, DeviceEngineFactory* device_engines,
+           std::vector<uint32_t> legacy_ipc_uids, Logger log)
       : device_problem_(std::move(device_problem)),
         devices_(std::move(devices)),
         kernels_(std::move(kernels)),
-        device_engines_(device_engines) {
+        device_engines_(device_engines),
+        legacy_ipc_uids_(legacy_ipc_uids.begin(), legacy_ipc_uids.end()),
+        log_(std::move(log)) {
     if (devices_) ipc_ = std::make_unique<cuda::IpcMemoryCache>(devices_.get());
   }
 
@@ -54,19 +61,35 @@ class Backends final : public BackendFactory {
       case MemoryKind::kCudaVmm:
       case MemoryKind::kCudaLegacyIpc: {
         if (Status status = check_device_import(what); !status.ok()) return status;
+        // Handle bytes are not a capability: any local user who learns them could reach
+        // another user's allocation through the daemon. So legacy handles are taken only from
+        // users the operator trusts (--legacy-ipc-uid), who must trust each other; VMM memory,
+        // passed by descriptor, needs no such trust.
+        if (what.kind == MemoryKind::kCudaLegacyIpc && !legacy_ipc_uids_.count(what.uid)) {
+          return Status::permission_denied(
+              "CUDA legacy IPC memory from uid " + std::to_string(what.uid) +
+              " is not accepted: an IPC handle is not proof of ownership. Allocate gradients with "
+              "Client::allocate_device (CUDA VMM), or have the operator trust this user with --legacy-ipc-uid " +
+              std::to_string(what.uid));
+        }
         if (!devices_) {
           return Status::not_supported(std::string(memory_kind_name(what.kind)) + " memory: " + device_problem_ +
                                        "; this gradsyncd serves host memory only");
         }
-        if (what.kind == MemoryKind::kCudaLegacyIpc) {
-          // Handle bytes are not a capability: any local user who learns them could reach
-          // another user's allocation through the daemon, and the importer gets no lifetime
-          // guarantee. Until the legacy route has a trust model (per-user caches, trusted
-          // uids), only VMM memory, passed by descriptor, is taken.
-          return Status::not_supported("CUDA legacy IPC memory is not accepted: an IPC handle is not proof of "
-                                       "ownership; allocate gradients with Client::allocate_device (CUDA VMM)");
+        const std::string kind(memory_kind_name(what.kind));
+        const uint64_t bytes = what.bytes;
+        const auto started = std::chrono::steady_clock::now();
+        Status status = cuda::import_device_memory(devices_.get(), ipc_.get(), std::move(what), out);
+        if (status.ok()) {
+          // The device check's table (d) reads these lines.
+          const double ms =
+              std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
+          char line[160];
+          std::snprintf(line, sizeof line, "%s segment of %llu bytes on GPU %d imported in import_ms=%.3f",
+                        kind.c_str(), static_cast<unsigned long long>(bytes), (*out)->device(), ms);
+          log_.info(line);
         }
-        return cuda::import_device_memory(devices_.get(), ipc_.get(), std::move(what), out);
+        return status;
       }
     }
     return Status::invalid_argument("unknown memory kind " + std::to_string(static_cast<uint32_t>(what.kind)) +
@@ -130,6 +153,8 @@ class Backends final : public BackendFactory {
   std::unique_ptr<cuda::KernelLauncher> kernels_;
   std::unique_ptr<cuda::IpcMemoryCache> ipc_;
   DeviceEngineFactory* device_engines_;
+  const std::set<uint32_t> legacy_ipc_uids_;
+  Logger log_;
 };
 
 }  // namespace
@@ -143,21 +168,24 @@ std::string_view memory_kind_name(MemoryKind kind) {
   return "unknown";
 }
 
-std::unique_ptr<BackendFactory> make_backend_factory(const Logger& log, DeviceEngineFactory* device_engines) {
+std::unique_ptr<BackendFactory> make_backend_factory(const Logger& log, DeviceEngineFactory* device_engines,
+                                                     std::vector<uint32_t> legacy_ipc_uids) {
 #if GRADSYNC_HAVE_CUDA
   std::string summary;
   const Status probe = cuda::probe_devices(&summary);
   if (probe.ok()) {
     log.info("CUDA: " + summary);
     return std::make_unique<Backends>("", cuda::make_cuda_device_api(), cuda::make_cuda_kernel_launcher(),
-                                      device_engines);
+                                      device_engines, std::move(legacy_ipc_uids), log);
   }
   log.info("CUDA: no usable GPU (" + probe.message() + "); serving host memory only");
-  return std::make_unique<Backends>("no usable GPU here (" + probe.message() + ")", nullptr, nullptr, nullptr);
+  return std::make_unique<Backends>("no usable GPU here (" + probe.message() + ")", nullptr, nullptr, nullptr,
+                                    std::move(legacy_ipc_uids), log);
 #else
   log.info("CUDA: built without the CUDA backend (GRADSYNC_CUDA=OFF or no nvcc/NCCL at build time); serving host memory only");
   (void)device_engines;
-  return std::make_unique<Backends>("this gradsyncd was built without the CUDA backend", nullptr, nullptr, nullptr);
+  return std::make_unique<Backends>("this gradsyncd was built without the CUDA backend", nullptr, nullptr, nullptr,
+                                    std::move(legacy_ipc_uids), log);
 #endif
 }
 

@@ -27,6 +27,7 @@ struct MemoryImport {
   std::string device_uuid;  // CUDA kinds: 16 bytes
   std::string ipc_handle;   // CUDA legacy IPC: 64 bytes
   uint64_t ipc_offset = 0;  // CUDA legacy IPC
+  uint32_t uid = 0;         // the client's user (SO_PEERCRED): legacy IPC is taken from trusted users only
 };
 
 class BackendFactory {
@@ -52,6 +53,8 @@ class BackendFactory {
 // memory is served only when a driver and a device are there; host memory always is.
 // `device_engines` (null without NCCL) makes the NCCL engines of device sets; it outlives the
 // factory.
-std::unique_ptr<BackendFactory> make_backend_factory(const Logger& log, DeviceEngineFactory* device_engines);
+// `legacy_ipc_uids`: the users whose legacy CUDA IPC handles are taken (--legacy-ipc-uid).
+std::unique_ptr<BackendFactory> make_backend_factory(const Logger& log, DeviceEngineFactory* device_engines,
+                                                     std::vector<uint32_t> legacy_ipc_uids = {});
 
 }  // namespace gradsync

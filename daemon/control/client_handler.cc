@@ -187,6 +187,7 @@ Status ClientHandler::on_segment(const control::SegmentRequest& request, std::ve
   what.device_uuid = request.device_uuid();
   what.ipc_handle = request.ipc_handle();
   what.ipc_offset = request.ipc_offset();
+  what.uid = options_.peer.uid;
   Status status = options_.backends->import_memory(std::move(what), &region);
   if (!status.ok()) return Status(status.code(), "segment: " + status.message(), status.where());
   // The descriptor is closed; the memory lives exactly as long as the two mappings, so a

@@ -196,4 +196,51 @@ TEST_CASE("gpu end to end: the daemon reads only after the client's stream wrote
         }) == 0);
 }
 
+TEST_CASE("gpu end to end: memory from cudaMalloc through the legacy route, for a trusted user only", "[gpu][e2e][legacy]") {
+  // Two tensors carved out of one cudaMalloc allocation per rank: one IPC handle, opened once by
+  // the daemon for both.
+  TestDaemon daemon({"--legacy-ipc-uid", std::to_string(::getuid())});
+  const std::string job = unique_job("gpu-legacy");
+  ClientGroup group(2, [&](int rank) {
+    auto client = join(daemon.socket(), job, rank, 2);
+    float* base = nullptr;
+    if (cudaMalloc(&base, (1 << 20) * sizeof(float)) != cudaSuccess) return fail("cudaMalloc");
+    const std::vector<SharedTensor> tensors = {
+        client->share_device({DType::kFloat32, 1000, "dp"}, base + 16, 0),
+        client->share_device({DType::kFloat32, 5000, "dp"}, base + 4096, 0)};
+    for (const SharedTensor& t : tensors) {
+      if (!fill(t, rank)) return fail("cudaMemcpy to the device failed");
+    }
+    const TensorSet set = client->register_tensors(tensors, {});
+    if (!client->allreduce(set, ReduceOptions{ReduceOp::kSum}).wait(std::chrono::seconds(60))) return fail("timed out");
+    for (const SharedTensor& t : tensors) {
+      const std::vector<float> got = read(t);
+      for (size_t i = 0; i < got.size(); ++i) {
+        if (got[i] != value(0, i) + value(1, i)) return fail("legacy: element " + std::to_string(i));
+      }
+    }
+    cudaFree(base);
+    return kOk;
+  });
+  for (int status : group.wait_all(std::chrono::seconds(120))) CHECK(exit_code(status) == kOk);
+  CHECK_THAT(daemon.log(), Catch::Contains("CUDA legacy IPC segment of 4000 bytes on GPU 0 imported in import_ms="));
+  // Without the trust setting, the daemon refuses it, naming the setting.
+  TestDaemon strict;
+  ClientGroup refused(1, [&](int) {
+    auto client = join(strict.socket(), unique_job("gpu-legacy-strict"), 0, 1);
+    float* base = nullptr;
+    if (cudaMalloc(&base, 4096) != cudaSuccess) return fail("cudaMalloc");
+    try {
+      client->share_device({DType::kFloat32, 16, "dp"}, base, 0);
+      return fail("an untrusted legacy handle was taken");
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kPermissionDenied || std::string(e.what()).find("--legacy-ipc-uid") == std::string::npos) {
+        return fail(std::string("unexpected: ") + e.what());
+      }
+    }
+    return kOk;
+  });
+  CHECK(exit_code(refused.wait(0, std::chrono::seconds(60))) == kOk);
+}
+
 }  // namespace gradsync::test

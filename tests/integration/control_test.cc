@@ -328,10 +328,18 @@ TEST_CASE("device memory on a daemon without a usable GPU is refused clearly, an
   const std::string vmm = error_for(daemon, device_segment(control::CUDA_VMM, 2 << 20, 16, 0), {stand_in.fd().get()}, 1);
   CHECK_THAT(vmm, Catch::StartsWith("segment: CUDA VMM memory: ") && Catch::Contains("host memory only") &&
                       (Catch::Contains("no usable GPU here") || Catch::Contains("built without the CUDA backend")));
-  const std::string ipc = error_for(daemon, device_segment(control::CUDA_LEGACY_IPC, 4096, 16, 64), {}, 0);
+  // Legacy handles are refused by policy first, naming the setting that would trust this user.
+  const std::string uid = std::to_string(::getuid());
+  const std::string untrusted = error_for(daemon, device_segment(control::CUDA_LEGACY_IPC, 4096, 16, 64), {}, 0);
+  CHECK_THAT(untrusted, Catch::StartsWith("segment: CUDA legacy IPC memory from uid " + uid + " is not accepted") &&
+                            Catch::Contains("--legacy-ipc-uid " + uid));
+  check_still_serving(daemon);
+  // Trusted, it meets the missing GPU.
+  TestDaemon trusting({"--legacy-ipc-uid", uid});
+  const std::string ipc = error_for(trusting, device_segment(control::CUDA_LEGACY_IPC, 4096, 16, 64), {}, 0);
   CHECK_THAT(ipc, Catch::StartsWith("segment: CUDA legacy IPC memory: ") &&
                       (Catch::Contains("no usable GPU here") || Catch::Contains("built without the CUDA backend")));
-  check_still_serving(daemon);
+  check_still_serving(trusting);
 }
 
 TEST_CASE("client: device memory without a usable CUDA driver is refused clearly, host memory goes on",
@@ -353,6 +361,9 @@ TEST_CASE("client: device memory without a usable CUDA driver is refused clearly
   }
   expect_error([&] { client->allocate_device(spec, -1); }, ErrorCode::kInvalidArgument,
                "device must be a CUDA device ordinal, got -1");
+  // Memory from another allocator: the same answer, before anything is sent.
+  int not_device_memory = 0;
+  expect_error([&] { client->share_device(spec, &not_device_memory, 0); }, ErrorCode::kNotSupported, "device memory: ");
   // The same client goes on with host memory.
   const std::vector<SharedTensor> tensors = {client->allocate(spec)};
   const TensorSet set = client->register_tensors(tensors, {});

@@ -52,6 +52,14 @@ class Client {
   virtual SharedTensor allocate_device(const TensorSpec& spec, int device) = 0;
   virtual std::vector<SharedTensor> allocate_device_flat(std::span<const TensorSpec> specs, int device) = 0;
 
+  // Device memory some other allocator made (cudaMalloc, PyTorch's caching allocator): `data`
+  // holds spec's elements on `device`. It reaches the daemon as a legacy CUDA IPC handle of its
+  // allocation (opened once per allocation there, and shared by every tensor in it), so the
+  // daemon must trust this user (gradsyncd --legacy-ipc-uid); otherwise it is refused with an
+  // Error that says so. The memory must stay allocated while any set using it is registered.
+  // Prefer allocate_device: its buffers pass by descriptor and need no trust.
+  virtual SharedTensor share_device(const TensorSpec& spec, void* data, int device) = 0;
+
   // Registers a set once. Blocks until every local client registered its set with the same id
   // (the n-th call on every rank), and throws a LayoutMismatch Error naming the first differing
   // tensor if their layouts differ.
