@@ -52,6 +52,18 @@ echo "$torch"
 daemon=$(ours timeout 180 "$bundle/bin/gradsync-gpu-daemon-bench" --gradsyncd "$bundle/bin/gradsyncd" --steps 20 --round-trips 500 2>&1) ||
   { note "gradsync-gpu-daemon-bench failed"; tail -20 /tmp/gradsync-daemon-bench.log; fail=1; }
 echo "$daemon"
+daemonlog=$(cat /tmp/gradsync-daemon-bench.log 2>/dev/null)
+# (c) once more under MPS, if this machine lets us start its control daemon (one user: ours).
+mps=""
+if command -v nvidia-cuda-mps-control >/dev/null && nvidia-cuda-mps-control -d 2>/dev/null; then
+  sleep 1
+  mps=$(ours timeout 180 "$bundle/bin/gradsync-gpu-daemon-bench" --gradsyncd "$bundle/bin/gradsyncd" --steps 20 --round-trips 100 2>&1) ||
+    { note "gradsync-gpu-daemon-bench under MPS failed"; }
+  echo "MPS: $mps"
+  echo quit | nvidia-cuda-mps-control
+else
+  note "MPS: could not start nvidia-cuda-mps-control here"
+fi
 
 value() { sed -n "s/.*$1=\([0-9.]*\).*/\1/p" <<<"$2" | head -1; }
 k=$(value kernels_ms "$kernels"); c=$(value copy_ms "$kernels"); t=$(value median_ms "$torch")
@@ -64,8 +76,15 @@ rank0=$(grep 'rank=0' <<<"$daemon")
 s=$(value step_ms "$rank0"); f=$(value copy_floor_ms "$rank0"); p50=$(value rt4k_p50_us "$rank0"); p99=$(value rt4k_p99_us "$rank0")
 echo "| (b) daemon + 2 clients on one GPU, 2 x 100 MiB avg-allreduce step | ${s:-missing} ms | D2D copy of 2 x 100 MiB: ${f:-missing} ms | $(ratio "$s" "$f") | none on one GPU (NCCL refuses 2 ranks per GPU) | |"
 echo "| (b) 4 KiB avg-allreduce round trip, p50 / p99 | ${p50:-missing} / ${p99:-missing} us | | (target p50 <= 30 us) | | |"
+ca=$(value compute_ms "$rank0"); cd=$(value compute_during_allreduce_ms "$rank0")
+echo "| (c) trainer compute kernel while the daemon allreduces, no MPS | ${cd:-missing} ms | alone: ${ca:-missing} ms | $(ratio "$cd" "$ca") slowdown | | |"
+mrank0=$(grep 'rank=0' <<<"$mps")
+ma=$(value compute_ms "$mrank0"); md=$(value compute_during_allreduce_ms "$mrank0"); ms=$(value step_ms "$mrank0"); mp=$(value rt4k_p50_us "$mrank0")
+echo "| (c) the same under MPS | ${md:-missing} ms | alone: ${ma:-missing} ms | $(ratio "$md" "$ma") slowdown | step ${ms:-missing} ms, 4 KiB p50 ${mp:-missing} us | |"
+vmm=$(sed -n 's/.*CUDA VMM segment of 104857600 bytes.*import_ms=\([0-9.]*\).*/\1/p' <<<"$daemonlog" | head -1)
+echo "| (d) cuMem import + map of 100 MiB in gradsyncd | ${vmm:-missing} ms | | | | |"
 echo "| (c) separate-context cost, with and without MPS | missing: needs the CUDA executor | | | | |"
 n=$(value nccl_init_ms "$gputests")
 echo "| (d) NCCL single-rank communicator init (non-blocking, polled) | ${n:-missing} ms | | | | |"
-echo "| (d) cuMem import, legacy IPC open, re-join | missing: not measured yet | | | | |"
+echo "| (d) legacy IPC open, communicator re-join | missing: not measured yet | | | | |"
 exit $fail

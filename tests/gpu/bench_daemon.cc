@@ -1,13 +1,17 @@
-// Device check (b): gradsyncd and 2 trainer processes on one GPU. Each trainer allocates its
-// gradients with the client library (VMM), registers them, and times
+// Device checks (b) and (c): gradsyncd and 2 trainer processes on one GPU. Each trainer
+// allocates its gradients with the client library (VMM), registers them, and times
 //   - steps of an avg-allreduce of one 100 MiB float32 tensor per trainer (2 x 100 MiB), and
 //   - round trips of a 4 KiB avg-allreduce (submit -> completion seen by the trainer),
 // each from the trainer's call to its Work::wait returning. Rank 0 also times, in the same
 // run, the floor for the big step: one device-to-device copy of 2 x 100 MiB (reading and
 // writing each byte once, as gather + scatter must at least).
+// (c) the separate-context cost: a compute kernel in each trainer, timed alone and while the
+// daemon runs 2 x 100 MiB allreduces for both trainers (without MPS the daemon's kernels
+// time-slice with the trainers'; run it again under MPS to compare).
 //
 //   gradsync-gpu-daemon-bench --gradsyncd PATH [--steps N] [--round-trips N]
-// Prints "daemon_bench: step_ms=... copy_floor_ms=... rt4k_p50_us=... rt4k_p99_us=...".
+// Prints "daemon_bench: rank=R step_ms=... copy_floor_ms=... rt4k_p50_us=... rt4k_p99_us=...
+// compute_ms=... compute_during_allreduce_ms=...".
 // The parent never touches CUDA: the trainers fork from it.
 #include <cuda_runtime.h>
 #include <sys/wait.h>
@@ -20,8 +24,12 @@
 #include <string>
 #include <vector>
 
+#include <atomic>
+#include <thread>
+
 #include "client/tools/process.h"
 #include "gradsync/client.h"
+#include "tests/gpu/busy_kernel.h"
 
 namespace {
 
@@ -58,6 +66,44 @@ int trainer(const std::string& socket, const std::string& job, int rank, int ste
   for (int i = 0; i < steps; ++i) step_us.push_back(timed(big_set));
   for (int i = 0; i < 20; ++i) timed(small_set);
   for (int i = 0; i < round_trips; ++i) rt_us.push_back(timed(small_set));
+  // (c): a compute kernel alone, then while this trainer's allreduces run on the daemon. Both
+  // trainers submit the same number of allreduces, so every one completes.
+  double compute_ms = 0, compute_during_ms = 0;
+  {
+    const size_t elements = 16u << 20;
+    float* work = nullptr;
+    cudaStream_t compute = nullptr;
+    if (cudaMalloc(&work, elements * sizeof(float)) != cudaSuccess ||
+        cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking) != cudaSuccess) {
+      return 5;
+    }
+    cudaEvent_t a, b;
+    cudaEventCreate(&a);
+    cudaEventCreate(&b);
+    const auto time_kernel = [&] {
+      cudaEventRecord(a, compute);
+      gradsync::bench::launch_busy(work, elements, 200, compute);
+      cudaEventRecord(b, compute);
+      cudaEventSynchronize(b);
+      float ms = 0;
+      cudaEventElapsedTime(&ms, a, b);
+      return static_cast<double>(ms);
+    };
+    for (int i = 0; i < 3; ++i) time_kernel();
+    std::vector<double> alone, during;
+    for (int i = 0; i < steps; ++i) alone.push_back(time_kernel());
+    std::atomic<bool> reducing{true};
+    std::thread reducer([&] {
+      for (int i = 0; i < steps; ++i) client->allreduce(big_set, avg).wait(std::chrono::seconds(60));
+      reducing = false;
+    });
+    while (reducing.load()) during.push_back(time_kernel());
+    reducer.join();
+    compute_ms = median(alone);
+    compute_during_ms = median(during);
+    cudaFree(work);
+    cudaStreamDestroy(compute);
+  }
   double copy_ms = 0;
   if (rank == 0) {
     // The floor, in this process and this run: one D2D copy of both trainers' bytes.
@@ -81,11 +127,12 @@ int trainer(const std::string& socket, const std::string& job, int rank, int ste
     cudaFree(from);
     cudaFree(to);
   }
-  char line[256];
+  char line[512];
   const int n = std::snprintf(line, sizeof line,
                               "daemon_bench: rank=%d step_ms=%.3f copy_floor_ms=%.3f rt4k_p50_us=%.1f "
-                              "rt4k_p99_us=%.1f\n",
-                              rank, median(step_us) / 1000.0, copy_ms, median(rt_us), percentile(rt_us, 0.99));
+                              "rt4k_p99_us=%.1f compute_ms=%.3f compute_during_allreduce_ms=%.3f\n",
+                              rank, median(step_us) / 1000.0, copy_ms, median(rt_us), percentile(rt_us, 0.99),
+                              compute_ms, compute_during_ms);
   if (write(report, line, static_cast<size_t>(n)) != n) return 4;
   return 0;
 }

@@ -1,0 +1,13 @@
+// A compute kernel for the separate-context benchmark (device check (c)): fused multiply-adds
+// over a buffer, long enough to time, standing in for a trainer's backward pass.
+#pragma once
+
+#include <cstddef>
+
+namespace gradsync::bench {
+
+// Enqueues the kernel on `stream` (a cudaStream_t) over `elements` floats at `data`, `rounds`
+// FMAs per element. Returns false when the launch failed.
+bool launch_busy(float* data, size_t elements, int rounds, void* stream);
+
+}  // namespace gradsync::bench
