@@ -61,6 +61,9 @@ struct SetAdmission {
   Rendezvous* rendezvous = nullptr;
   const Topology* topology = nullptr;
   std::chrono::milliseconds timeout{30'000};  // the job timeout: waiting for peers
+  // The bound on one bucket in flight (--execution-timeout-ms); a bucket that spans nodes may
+  // also wait up to `timeout` for its peers.
+  std::chrono::milliseconds execution_timeout{600'000};
 };
 
 class BucketExecutor {

@@ -114,6 +114,7 @@ void Worker::admit_set(std::shared_ptr<const TensorSet> set, std::function<void(
       admission.rendezvous = options_.cluster ? static_cast<Rendezvous*>(options_.cluster.get()) : &local_;
       admission.topology = &options_.topology;
       admission.timeout = options_.timeout;
+      admission.execution_timeout = options_.execution_timeout;
       if (executor) status = executor->admit(*set, admission);
     }
     if (status.ok()) {
@@ -397,7 +398,10 @@ Status Worker::launch(Op& op) {
   Status status;
   BucketExecutor* executor = executor_for(set.memory_kind, &status);
   if (!executor) return status;
-  flight_ = Flight{op.seq, bucket, b.group, call.engine != nullptr, std::chrono::steady_clock::now()};
+  // Cross-node, whatever the engine: a device bucket's NCCL spans the group's nodes too, so its
+  // errors are explained by the cluster and its bound allows for waiting on peers.
+  const bool cross_node = options_.cluster && options_.topology.nodes_of(b.group).size() > 1;
+  flight_ = Flight{op.seq, bucket, b.group, cross_node, std::chrono::steady_clock::now()};
   // The answer may come on any thread. Once has_landed_ is set the worker may finish and be
   // destroyed, so nothing of `this` is touched after the lock is released: the notify happens
   // under it, and land() and wait_for_flight() take the lock before going on.

@@ -31,6 +31,55 @@ DeviceEngineSpec one_gpu(std::chrono::milliseconds timeout = 60'000ms) {
   return spec;
 }
 
+// The machine's NCCL, counting aborts and ready communicators, so the tests see what the
+// engine did to it.
+class CountingNccl final : public NcclApi {
+ public:
+  explicit CountingNccl(std::unique_ptr<NcclApi> real) : real_(std::move(real)) {}
+  Status load() override { return real_->load(); }
+  std::mutex& calls_mutex() override { return real_->calls_mutex(); }
+  Status unique_id(UniqueId* id) override { return real_->unique_id(id); }
+  Status init_rank(int device, int ranks, const UniqueId& id, int rank, void** comm) override {
+    return real_->init_rank(device, ranks, id, rank, comm);
+  }
+  CommState state(void* comm, Status* error) override {
+    const CommState s = real_->state(comm, error);
+    if (s == CommState::kReady) ++ready_polls;
+    return s;
+  }
+  void abort(void* comm) override {
+    ++aborts;
+    real_->abort(comm);
+  }
+  Status group_start() override { return real_->group_start(); }
+  Status group_end() override { return real_->group_end(); }
+  Status all_reduce(const void* s, void* r, size_t n, DType t, reduce::Combine op, void* c, void* st) override {
+    ++collectives;
+    return real_->all_reduce(s, r, n, t, op, c, st);
+  }
+  Status broadcast(const void* s, void* r, size_t n, DType t, int root, void* c, void* st) override {
+    return real_->broadcast(s, r, n, t, root, c, st);
+  }
+  Status reduce(const void* s, void* r, size_t n, DType t, reduce::Combine op, int root, void* c, void* st) override {
+    return real_->reduce(s, r, n, t, op, root, c, st);
+  }
+  Status all_gather(const void* s, void* r, size_t n, DType t, void* c, void* st) override {
+    return real_->all_gather(s, r, n, t, c, st);
+  }
+  Status reduce_scatter(const void* s, void* r, size_t n, DType t, reduce::Combine op, void* c, void* st) override {
+    return real_->reduce_scatter(s, r, n, t, op, c, st);
+  }
+  Status register_buffer(void* c, void* d, size_t b, void** h) override { return real_->register_buffer(c, d, b, h); }
+  Status deregister_buffer(void* c, void* h) override { return real_->deregister_buffer(c, h); }
+
+  int aborts = 0;        // under calls_mutex(), read after the engine is gone
+  int ready_polls = 0;
+  int collectives = 0;
+
+ private:
+  std::unique_ptr<NcclApi> real_;
+};
+
 // Answers with the watchdog's verdict on `event`.
 std::future<Status> watch_event(NcclEngine& engine, cudaEvent_t event, std::chrono::milliseconds timeout) {
   auto answered = std::make_shared<std::promise<Status>>();
@@ -47,9 +96,13 @@ std::future<Status> watch_event(NcclEngine& engine, cudaEvent_t event, std::chro
 
 }  // namespace
 
+// A smoke test of the real library through the engine: a one-rank allreduce is the identity,
+// so the data check says only that nothing was corrupted; what it shows is that NCCL loads,
+// the non-blocking init and group call complete, and the watchdog answers a real event.
 TEST_CASE("nccl on one GPU: a single-rank communicator allreduces, and the watchdog answers its done event",
           "[gpu][nccl]") {
-  auto api = make_nccl_api();
+  CountingNccl counting(make_nccl_api());
+  NcclApi* api = &counting;
   CUDA_OK(cudaSetDevice(0));
   cudaStream_t stream = nullptr;
   cudaEvent_t done = nullptr;
@@ -62,7 +115,7 @@ TEST_CASE("nccl on one GPU: a single-rank communicator allreduces, and the watch
   for (size_t i = 0; i < kCount; ++i) host[i] = static_cast<float>(i % 1000) * 0.5f;
   CUDA_OK(cudaMemcpy(data, host.data(), kCount * sizeof(float), cudaMemcpyHostToDevice));
   {
-    NcclEngine engine(api.get(), one_gpu());
+    NcclEngine engine(api, one_gpu());
     LocalRendezvous local;
     const auto started = std::chrono::steady_clock::now();
     const Status connected = engine.connect(&local);
@@ -80,18 +133,25 @@ TEST_CASE("nccl on one GPU: a single-rank communicator allreduces, and the watch
     std::vector<float> back(kCount);
     CUDA_OK(cudaMemcpy(back.data(), data, kCount * sizeof(float), cudaMemcpyDeviceToHost));
     CHECK(back == host);  // one rank: the sum is the input
+    CHECK(counting.collectives == 1);
+    CHECK(counting.ready_polls >= 2);  // the init and the group call were each seen through
     bool registered = false;
     const Status reg = engine.register_buffer(0, data, kCount * sizeof(float), &registered);
     std::printf("nccl: ncclCommRegister of a cudaMalloc buffer: %s\n", reg.ok() ? "registered" : reg.message().c_str());
   }
+  CHECK(counting.aborts == 1);  // ended by the engine's destructor
   cudaFree(data);
   cudaEventDestroy(done);
   cudaStreamDestroy(stream);
 }
 
+// The stream is held before the collective (a single rank has no peer to wait on), so this
+// shows the watchdog's deadline and its abort of the real communicator, not NCCL returning from
+// an aborted kernel.
 TEST_CASE("nccl on one GPU: a bucket whose stream is stuck times out, and the communicator is aborted",
           "[gpu][nccl]") {
-  auto api = make_nccl_api();
+  CountingNccl counting(make_nccl_api());
+  NcclApi* api = &counting;
   CUDA_OK(cudaSetDevice(0));
   cudaStream_t stream = nullptr;
   cudaEvent_t done = nullptr;
@@ -100,7 +160,7 @@ TEST_CASE("nccl on one GPU: a bucket whose stream is stuck times out, and the co
   float* data = nullptr;
   CUDA_OK(cudaMalloc(&data, 1024 * sizeof(float)));
   {
-    NcclEngine engine(api.get(), one_gpu());
+    NcclEngine engine(api, one_gpu());
     LocalRendezvous local;
     REQUIRE(engine.connect(&local).ok());
     // The stream is held by a host function for 1.5 s: the "collective" behind it cannot finish.
@@ -116,9 +176,14 @@ TEST_CASE("nccl on one GPU: a bucket whose stream is stuck times out, and the co
     CHECK(status.code() == ErrorCode::kTimeout);
     CHECK_THAT(status.message(), Catch::Contains("did not finish within 200 ms"));
     CHECK(std::chrono::steady_clock::now() - started < 1400ms);  // not when the stream frees up
+    {
+      std::lock_guard lock(api->calls_mutex());
+      CHECK(counting.aborts == 1);  // by the watchdog, before it answered
+    }
     // Sticky: the engine refuses more work.
     CHECK(engine.allreduce(std::span(&buffer, 1), 1024, ReduceSpec{}).code() == ErrorCode::kTimeout);
   }
+  CHECK(counting.aborts == 1);  // and not again when the engine goes
   CUDA_OK(cudaStreamSynchronize(stream));  // drains once the host function returns
   cudaFree(data);
   cudaEventDestroy(done);

@@ -408,9 +408,38 @@ TEST_CASE("cuda executor: a failing device engine fails the bucket, drained and 
   CHECK_THAT(failed.message(), Catch::StartsWith("allreduce bucket 0 of set 0: ncclAllReduce failed"));
   CHECK(f.api.synchronizations == 2);  // both GPUs' streams drained before the answer
   CHECK(f.kernels.scatters == 0);      // nothing written back
-  // The executor's abort reaches the engine.
+  // The engine was aborted by the failing bucket itself, so peers fail fast.
+  CHECK(engines.made[0]->aborted.code() == ErrorCode::kPeerLost);
+}
+
+TEST_CASE("cuda executor: a bucket the watchdog fails is drained before its error is answered",
+          "[cuda][executor][nccl]") {
+  Fixture f(DType::kFloat32, {0, 1, 1});
+  HostDeviceEngines engines;
+  CudaExecutor executor(&f.api, &f.kernels, &engines, Logger(LogLevel::kError));
+  LocalRendezvous local;
+  REQUIRE(executor.admit(*f.set, SetAdmission{"j", &local, &f.topology}).ok());
+  BucketCall call;
+  call.seq = 1;
+  call.desc.kind = OpKind::kAllreduce;
+  call.set = f.set;
+  call.topology = &f.topology;
+  std::optional<Status> answer;
+  executor.launch(call, [&](const Status& s) { answer = s; });
+  REQUIRE_FALSE(answer.has_value());  // queued on both GPUs, watched
+  CHECK(f.api.synchronizations == 0);
+  // The watchdog's verdict: a timeout, after it aborted the communicators.
+  engines.made[0]->abort(Status::timeout("NCCL job j set 0 group 'dp': allreduce bucket 0 of set 0 did not finish"));
+  REQUIRE(engines.made[0]->finish());
+  REQUIRE(answer.has_value());
+  CHECK(answer->code() == ErrorCode::kTimeout);
+  CHECK(f.api.synchronizations == 2);  // both GPUs' streams drained before the answer
+  // The executor's abort reaches the engine, and later buckets fail with it.
   executor.abort(Status::aborted("job j failed"));
-  CHECK(engines.made[0]->aborted.message() == "job j failed");
+  answer.reset();
+  executor.launch(call, [&](const Status& s) { answer = s; });
+  REQUIRE(answer.has_value());
+  CHECK(answer->message() == "job j failed");
 }
 
 TEST_CASE("cuda executor: a client whose tensors of one set sit on two GPUs is refused", "[cuda][executor][nccl]") {

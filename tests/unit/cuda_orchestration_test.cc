@@ -63,7 +63,7 @@ class FakeDeviceApi final : public DeviceApi {
   Status destroy_stream(int, void*) override { return Status::not_supported("fake"); }
   Status synchronize(void*) override { return Status::not_supported("fake"); }
   Status create_event(int, void**) override { return Status::not_supported("fake"); }
-  Status query_event(void*, bool*) override { return Status::not_supported("fake"); }
+  Status query_event(int, void*, bool*) override { return Status::not_supported("fake"); }
   Status open_ipc_memory(int device, const IpcHandle& h, void** base) override {
     if (fail_opening == h[0]) return Status::internal("invalid resource handle");
     ++memory_opens;

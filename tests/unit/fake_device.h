@@ -46,7 +46,7 @@ class HostBackedDeviceApi final : public DeviceApi {
     --events;
     return Status();
   }
-  Status query_event(void*, bool* done) override {
+  Status query_event(int, void*, bool* done) override {
     *done = !events_pending.load();
     return Status();
   }

@@ -21,15 +21,36 @@ using namespace std::chrono_literals;
 
 // Records every call; communicators are small integers. Each communicator leaves
 // "in progress" after `polls_until_ready` state() calls, unless it is told to hang or fail.
+// It counts calls made before load() succeeded and calls that overlapped another thread's
+// (the engine must make every call under calls_mutex()); tests check both stay zero.
 class FakeNccl final : public NcclApi {
  public:
+  Status load() override {
+    loaded = load_error.ok();
+    return load_error;
+  }
+  std::mutex& calls_mutex() override { return calls_lock; }
+
+  // Marks one call: inside NCCL, as the engine sees it.
+  struct Inside {
+    explicit Inside(FakeNccl* f) : f(f) {
+      if (f->inside.fetch_add(1) != 0) f->overlaps.fetch_add(1);
+      if (!f->loaded.load()) f->unloaded_calls.fetch_add(1);
+      std::this_thread::yield();  // widens the window for an overlap to show
+    }
+    ~Inside() { f->inside.fetch_sub(1); }
+    FakeNccl* f;
+  };
+
   Status unique_id(UniqueId* id) override {
+    Inside in(this);
     std::lock_guard lock(mutex);
     ++ids_made;
     id->fill(static_cast<char>(0x40 + ids_made));
     return Status();
   }
   Status init_rank(int device, int ranks, const UniqueId& id, int rank, void** comm) override {
+    Inside in(this);
     std::lock_guard lock(mutex);
     if (fail_init_rank == rank) return Status::internal("ncclCommInitRankConfig failed: unhandled cuda error");
     const int handle = ++next_comm;
@@ -39,6 +60,7 @@ class FakeNccl final : public NcclApi {
     return Status();
   }
   CommState state(void* comm, Status* error) override {
+    Inside in(this);
     std::lock_guard lock(mutex);
     Comm& c = comms.at(handle_of(comm));
     if (c.aborted) {
@@ -57,6 +79,7 @@ class FakeNccl final : public NcclApi {
     return CommState::kReady;
   }
   void abort(void* comm) override {
+    Inside in(this);
     std::lock_guard lock(mutex);
     Comm& c = comms.at(handle_of(comm));
     CHECK_FALSE(c.aborted);  // once per communicator
@@ -64,11 +87,13 @@ class FakeNccl final : public NcclApi {
     ++aborts;
   }
   Status group_start() override {
+    Inside in(this);
     std::lock_guard lock(mutex);
     calls.push_back("group start");
     return Status();
   }
   Status group_end() override {
+    Inside in(this);
     std::lock_guard lock(mutex);
     calls.push_back("group end");
     // A group leaves its communicators in progress for a few polls.
@@ -77,6 +102,7 @@ class FakeNccl final : public NcclApi {
   }
   Status all_reduce(const void* send, void* recv, size_t count, DType dtype, reduce::Combine op, void* comm,
                     void*) override {
+    Inside in(this);
     std::lock_guard lock(mutex);
     calls.push_back("allreduce " + std::to_string(count) + " " + std::string(dtype_name(dtype)) + " op " +
                     std::to_string(static_cast<int>(op)) + " rank " + std::to_string(comms.at(handle_of(comm)).rank) +
@@ -84,29 +110,34 @@ class FakeNccl final : public NcclApi {
     return Status();
   }
   Status broadcast(const void*, void*, size_t count, DType, int root, void* comm, void*) override {
+    Inside in(this);
     std::lock_guard lock(mutex);
     calls.push_back("broadcast " + std::to_string(count) + " from " + std::to_string(root) + " rank " +
                     std::to_string(comms.at(handle_of(comm)).rank));
     return Status();
   }
   Status reduce(const void*, void*, size_t count, DType, reduce::Combine, int root, void* comm, void*) override {
+    Inside in(this);
     std::lock_guard lock(mutex);
     calls.push_back("reduce " + std::to_string(count) + " to " + std::to_string(root) + " rank " +
                     std::to_string(comms.at(handle_of(comm)).rank));
     return Status();
   }
   Status all_gather(const void*, void*, size_t count, DType, void* comm, void*) override {
+    Inside in(this);
     std::lock_guard lock(mutex);
     calls.push_back("allgather " + std::to_string(count) + " rank " + std::to_string(comms.at(handle_of(comm)).rank));
     return Status();
   }
   Status reduce_scatter(const void*, void*, size_t count, DType, reduce::Combine, void* comm, void*) override {
+    Inside in(this);
     std::lock_guard lock(mutex);
     calls.push_back("reduce-scatter " + std::to_string(count) + " rank " +
                     std::to_string(comms.at(handle_of(comm)).rank));
     return Status();
   }
   Status register_buffer(void*, void*, size_t, void** handle) override {
+    Inside in(this);
     std::lock_guard lock(mutex);
     ++registrations;
     *handle = reinterpret_cast<void*>(0x99);
@@ -122,7 +153,13 @@ class FakeNccl final : public NcclApi {
     int pending = 0;
     bool aborted = false;
   };
-  std::mutex mutex;
+  std::mutex calls_lock;  // the engine's
+  std::mutex mutex;       // the fake's own data
+  std::atomic<int> inside{0};
+  std::atomic<int> overlaps{0};
+  std::atomic<int> unloaded_calls{0};
+  std::atomic<bool> loaded{false};
+  Status load_error;
   std::map<int, Comm> comms;
   std::vector<std::string> calls;
   int next_comm = 0;
@@ -266,6 +303,38 @@ TEST_CASE("nccl engine: three nodes agree on ranks and on one unique id", "[nccl
     CHECK(engine->rank_of(2, 0) == 1);
     CHECK(engine->rank_of(2, 1) == 2);
   }
+  // Three threads, one api: no NCCL call overlapped another (a review found the watchdog's
+  // ncclCommGetAsyncError racing the worker's), and none came before load().
+  CHECK(nccl.overlaps == 0);
+  CHECK(nccl.unloaded_calls == 0);
+}
+
+TEST_CASE("nccl engine: every node loads NCCL before its first call, not only the one that makes the id",
+          "[nccl][engine]") {
+  // Separate NCCLs per node, as in separate daemons: node 1 makes no id, and a review found it
+  // calling into a library it never loaded.
+  FakeNccl nccl0, nccl1;
+  Table table(2);
+  NcclEngine engine0(&nccl0, spec_of({0}, {0}), fast());
+  NcclEngine engine1(&nccl1, spec_of({0}, {0}), fast());
+  TableRendezvous r0(&table, 0), r1(&table, 1);
+  auto c0 = std::async(std::launch::async, [&] { return engine0.connect(&r0); });
+  auto c1 = std::async(std::launch::async, [&] { return engine1.connect(&r1); });
+  REQUIRE(c0.get().ok());
+  REQUIRE(c1.get().ok());
+  CHECK(nccl1.ids_made == 0);
+  CHECK(nccl0.unloaded_calls == 0);
+  CHECK(nccl1.unloaded_calls == 0);
+  // A node whose NCCL cannot be loaded fails at once, naming the cause, and calls nothing.
+  FakeNccl missing;
+  missing.load_error = Status::not_supported("cannot load NCCL (libnccl.so.2): cannot open shared object file");
+  NcclEngine engine(&missing, spec_of({0, 1}, {0, 1}), fast());
+  LocalRendezvous local;
+  const Status status = engine.connect(&local);
+  CHECK(status.code() == ErrorCode::kNotSupported);
+  CHECK(status.message() == "job j set 1 group 'dp': cannot load NCCL (libnccl.so.2): cannot open shared object file");
+  CHECK(missing.unloaded_calls == 0);
+  CHECK(missing.comms.empty());
 }
 
 TEST_CASE("nccl engine: a node that sends a malformed plan is named", "[nccl][engine]") {
@@ -384,6 +453,10 @@ TEST_CASE("nccl engine: the watchdog answers finished work and fails hung or bro
     CHECK(status.code() == ErrorCode::kPeerLost);
     CHECK_THAT(status.message(), Catch::Contains("on GPU 0 (rank 0 of 2)"));
     CHECK(nccl.aborts == 2);
+  }
+  SECTION("the watchdog's polls never overlap the worker's group calls") {
+    for (int i = 0; i < 200; ++i) REQUIRE(engine.allreduce(buffers_for(engine), 1, ReduceSpec{}).ok());
+    CHECK(nccl.overlaps == 0);
   }
   SECTION("abort() fails the collective in flight within a poll") {
     std::atomic<bool> never{false};

@@ -187,7 +187,9 @@ class CudaDeviceApi final : public DeviceApi {
     *event = created;
     return s;
   }
-  Status query_event(void* event, bool* done) override {
+  Status query_event(int device, void* event, bool* done) override {
+    DeviceScope scope(device);
+    if (!scope.status().ok()) return scope.status();
     const cudaError_t result = cudaEventQuery(static_cast<cudaEvent_t>(event));
     *done = result == cudaSuccess;
     if (result == cudaSuccess || result == cudaErrorNotReady) return Status();

@@ -44,7 +44,8 @@ class DeviceApi {
   // An event of the daemon's own on `device` (cudaEventDisableTiming), and whether the work
   // before its latest record is done (cudaEventQuery; an error is a sticky CUDA error).
   virtual Status create_event(int device, void** event) = 0;
-  virtual Status query_event(void* event, bool* done) = 0;
+  // `device` is the event's: it is made current for the query (a watchdog thread has none).
+  virtual Status query_event(int device, void* event, bool* done) = 0;
 
   // Makes `device` the calling thread's current device and leaves it so: for a thread that
   // launches kernels on that device's streams (the job's worker).

@@ -167,7 +167,9 @@ Status CudaExecutor::admit(const TensorSet& set, const SetAdmission& admission) 
       if (engines_.count({set.id, group})) continue;
       engines_.emplace(std::make_pair(set.id, group), std::move(made));
     }
-    watch_timeout_ = admission.timeout;
+    // The watchdog's bound for a bucket: waiting for the slowest peer plus the transfer, as
+    // the worker's execution bound allows it (a peer late in its backward pass is not a hang).
+    watch_timeout_ = admission.execution_timeout + admission.timeout;
     if (Status status = engine->connect(admission.rendezvous); !status.ok()) return status;
     std::string here;
     for (int d : devices) here += (here.empty() ? "" : ",") + std::to_string(d);
@@ -389,7 +391,6 @@ void CudaExecutor::run_across(const BucketCall& call, DeviceCollectiveEngine* en
     }
     return l;
   };
-  bool collective = false;  // an NCCL call was enqueued: its peers may be waiting on it
   for (size_t i = 0; i < buffers.size() && status.ok(); ++i) {
     status = api_->make_current(buffers[i].device);
     if (status.ok()) status = wait_ready(call, buffers[i].device);
@@ -403,7 +404,6 @@ void CudaExecutor::run_across(const BucketCall& call, DeviceCollectiveEngine* en
       case OpKind::kBroadcast: status = engine->broadcast(buffers, bytes, root_rank); break;
       case OpKind::kAllgather: break;
     }
-    collective = status.ok();
   }
   for (size_t i = 0; i < buffers.size() && status.ok(); ++i) {
     status = api_->make_current(buffers[i].device);
@@ -411,25 +411,27 @@ void CudaExecutor::run_across(const BucketCall& call, DeviceCollectiveEngine* en
     if (status.ok()) status = record_done(call, buffers[i].device);
     if (status.ok()) status = api_->record_event(devices_.at(buffers[i].device).done_event, buffers[i].stream);
   }
-  std::vector<void*> streams, events;
+  std::vector<void*> streams;
+  std::vector<std::pair<int, void*>> events;  // (device, done event)
   for (const DeviceBuffer& buffer : buffers) {
     streams.push_back(buffer.stream);
-    events.push_back(devices_.at(buffer.device).done_event);
+    events.emplace_back(buffer.device, devices_.at(buffer.device).done_event);
   }
   DeviceApi* api = api_;
   if (!status.ok()) {
-    // This rank will not finish its part: abort the engine (the peers fail fast instead of at
-    // their timeout, and a collective enqueued here returns), then drain before answering.
+    // This rank will not do its part: abort the engine, whether or not its collective was
+    // enqueued (the peers' collectives fail fast instead of at their timeout, and one enqueued
+    // here returns), then drain before answering.
     const Status error(status.code(), where + ": " + status.message(), status.where());
-    if (collective) engine->abort(error);
+    engine->abort(error);
     for (void* stream : streams) (void)api->synchronize(stream);
     return done(error);
   }
   engine->watch(
       where,
       [api, events](bool* finished) {
-        for (void* event : events) {
-          if (Status s = api->query_event(event, finished); !s.ok() || !*finished) return s;
+        for (const auto& [device, event] : events) {
+          if (Status s = api->query_event(device, event, finished); !s.ok() || !*finished) return s;
         }
         return Status();
       },

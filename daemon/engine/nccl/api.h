@@ -6,11 +6,17 @@
 // Non-blocking mode: every communicator is created with config.blocking = 0, so a call may
 // leave work in progress. A call's Status is its immediate result (ok covers ncclInProgress);
 // state() is how the engine learns when a communicator left ncclInProgress, or failed.
+//
+// Threads: NCCL is not safe to enter from two threads at once for communicators on one device,
+// and ncclCommGetAsyncError completes group jobs without a lock (NCCL 2.28, init.cc), so every
+// call, on every communicator of the daemon, is made under calls_mutex(), one per api (the
+// daemon has one). A group is issued under one hold of it, from start to end.
 #pragma once
 
 #include <array>
 #include <cstddef>
 #include <memory>
+#include <mutex>
 
 #include "daemon/reduce/kernel.h"
 #include "shared/dtype.h"
@@ -25,6 +31,11 @@ enum class CommState { kReady, kInProgress, kFailed };
 class NcclApi {
  public:
   virtual ~NcclApi() = default;
+
+  // Loads NCCL, once; every node calls it before anything else, so a node without a usable
+  // NCCL fails cleanly rather than in its first call. The other calls need it to have succeeded.
+  virtual Status load() = 0;
+  virtual std::mutex& calls_mutex() = 0;
 
   virtual Status unique_id(UniqueId* id) = 0;
   // ncclCommInitRankConfig, non-blocking, with `device` current for the call.

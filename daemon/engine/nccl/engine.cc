@@ -7,7 +7,7 @@
 namespace gradsync::nccl {
 
 NcclEngine::NcclEngine(NcclApi* api, DeviceEngineSpec spec, EngineTiming timing)
-    : api_(api), spec_(std::move(spec)), timing_(timing) {}
+    : api_(api), spec_(std::move(spec)), timing_(timing), calls_(api->calls_mutex()) {}
 
 NcclEngine::~NcclEngine() {
   std::unique_ptr<Watchdog> watchdog;
@@ -16,7 +16,7 @@ NcclEngine::~NcclEngine() {
     watchdog = std::move(watchdog_);
   }
   watchdog.reset();  // fails what is in flight, aborting the communicators first
-  std::lock_guard lock(nccl_mutex_);
+  std::lock_guard lock(calls_);
   abort_locked();
 }
 
@@ -56,13 +56,18 @@ Status NcclEngine::wait_ready(const std::string& what, std::chrono::milliseconds
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {
     bool pending = false;
-    for (size_t i = 0; i < comms_.size(); ++i) {
-      Status error;
-      switch (api_->state(comms_[i], &error)) {
-        case CommState::kReady: break;
-        case CommState::kInProgress: pending = true; break;
-        case CommState::kFailed:
-          return Status(error.code(), what + " on " + describe(i) + ": " + error.message(), error.where());
+    {
+      std::lock_guard lock(calls_);
+      if (comms_aborted_) return Status::aborted(what + ": the communicators were aborted");
+      for (size_t i = 0; i < comms_.size(); ++i) {
+        if (!comms_[i]) continue;
+        Status error;
+        switch (api_->state(comms_[i], &error)) {
+          case CommState::kReady: break;
+          case CommState::kInProgress: pending = true; break;
+          case CommState::kFailed:
+            return Status(error.code(), what + " on " + describe(i) + ": " + error.message(), error.where());
+        }
       }
     }
     if (!pending) return Status();
@@ -80,6 +85,8 @@ Status NcclEngine::connect(Rendezvous* rendezvous) {
     if (stop_.load()) return unusable();  // this node gave up on purpose: that is the answer
     return Status(status.code(), spec_.what + ": " + status.message(), status.where());
   };
+  // Every node, whether or not it makes the id, so that one without NCCL fails here, cleanly.
+  if (Status status = api_->load(); !status.ok()) return failed(status);
   if (Status status = plan_ranks(rendezvous, spec_.name, static_cast<int>(spec_.devices.size()),
                                  spec_.slot_of_local_rank, &plan_);
       !status.ok()) {
@@ -89,14 +96,19 @@ Status NcclEngine::connect(Rendezvous* rendezvous) {
   if (plan_.ranks == 0 || (plan_.ranks == 1 && !spec_.single_rank_communicator)) return Status();
   UniqueId id{};
   if (Status status = agree_unique_id(
-          rendezvous, spec_.name, plan_, [this](UniqueId* out) { return api_->unique_id(out); }, &id);
+          rendezvous, spec_.name, plan_,
+          [this](UniqueId* out) {
+            std::lock_guard lock(calls_);
+            return api_->unique_id(out);
+          },
+          &id);
       !status.ok()) {
     return failed(status);
   }
   if (spec_.devices.empty()) return Status();  // this node brings no GPU to the group
   Status status;
   {
-    std::lock_guard lock(nccl_mutex_);
+    std::lock_guard lock(calls_);
     if (stop_.load()) return unusable();
     comms_.assign(spec_.devices.size(), nullptr);
     // Every local rank inside one group: NCCL needs them all to make progress at once.
@@ -107,13 +119,16 @@ Status NcclEngine::connect(Rendezvous* rendezvous) {
     }
     const Status ended = api_->group_end();
     if (status.ok()) status = ended;
-    if (status.ok()) status = wait_ready("creating the NCCL communicators", spec_.timeout, timing_.init_poll);
-    if (!status.ok()) abort_locked();
+  }
+  if (status.ok()) status = wait_ready("creating the NCCL communicators", spec_.timeout, timing_.init_poll);
+  if (!status.ok()) {
+    std::lock_guard lock(calls_);
+    abort_locked();
   }
   if (!status.ok()) return failed(status);
   std::lock_guard lock(status_mutex_);
   if (!aborted_.ok()) {  // aborted between the last poll and now
-    std::lock_guard nccl_lock(nccl_mutex_);
+    std::lock_guard calls_lock(calls_);
     abort_locked();
     return aborted_;
   }
@@ -132,7 +147,7 @@ Status NcclEngine::group_call(const std::string& what, std::span<const DeviceBuf
   }
   Status status;
   {
-    std::lock_guard lock(nccl_mutex_);
+    std::lock_guard lock(calls_);
     if (comms_aborted_) status = Status::aborted("the communicators were aborted");
     if (status.ok()) status = api_->group_start();
     if (status.ok()) {
@@ -140,8 +155,8 @@ Status NcclEngine::group_call(const std::string& what, std::span<const DeviceBuf
       const Status ended = api_->group_end();
       if (status.ok()) status = ended;
     }
-    if (status.ok()) status = wait_ready(what, spec_.timeout, timing_.enqueue_poll);
   }
+  if (status.ok()) status = wait_ready(what, spec_.timeout, timing_.enqueue_poll);
   if (status.ok()) return status;
   if (Status why = unusable(); !why.ok()) return why;
   // An error from a group call leaves every communicator of the group unusable: fail the engine,
@@ -192,7 +207,7 @@ Status NcclEngine::reduce_scatter(std::span<const DeviceBuffer> in, std::span<co
 Status NcclEngine::register_buffer(int device, void* data, size_t bytes, bool* registered) {
   *registered = false;
   if (Status status = unusable(); !status.ok()) return status;
-  std::lock_guard lock(nccl_mutex_);
+  std::lock_guard lock(calls_);
   if (comms_aborted_) return Status::aborted("the communicators were aborted");
   if (registered_.count({device, data})) {
     *registered = true;
@@ -224,6 +239,8 @@ void NcclEngine::watch(std::string what, std::function<Status(bool* done)> poll,
 }
 
 Status NcclEngine::async_error() {
+  std::lock_guard lock(calls_);
+  if (comms_aborted_) return Status();  // the watchdog aborted them itself: it knows why
   for (size_t i = 0; i < comms_.size(); ++i) {
     Status error;
     if (api_->state(comms_[i], &error) == CommState::kFailed) {
@@ -234,8 +251,8 @@ Status NcclEngine::async_error() {
 }
 
 void NcclEngine::abort_all() {
-  stop_.store(true);  // a group call polling NCCL gives up and lets go of the mutex
-  std::lock_guard lock(nccl_mutex_);
+  stop_.store(true);  // a group call polling NCCL gives up
+  std::lock_guard lock(calls_);
   abort_locked();
 }
 

@@ -13,8 +13,9 @@
 //             division): NCCL's ncclAvg is not bit-identical to the host path.
 //   watchdog  watchdog.h: completion polls, asynchronous errors, deadlines; on any failure it
 //             aborts every communicator once, then answers.
-// Every NCCL call is made under one mutex (NCCL may not be entered while a communicator is
-// aborted), except ncclCommGetAsyncError, which NCCL allows from another thread.
+// Every NCCL call, ncclCommGetAsyncError included, is made under the api's one mutex
+// (api.h), which all engines of the daemon share; waits for "in progress" poll under it and
+// sleep outside it, so no engine holds NCCL for another's timeout.
 #pragma once
 
 #include <atomic>
@@ -70,12 +71,12 @@ class NcclEngine final : public DeviceCollectiveEngine, private WatchedComms {
   // Why calls must fail now (an abort, a failure); ok while healthy.
   Status unusable() const;
   // Polls every communicator until none is in progress: ok, the first failure, the abort, or a
-  // timeout naming `what`. Under nccl_mutex_.
+  // timeout naming `what`. Takes the api's mutex for each poll, not between them.
   Status wait_ready(const std::string& what, std::chrono::milliseconds timeout, std::chrono::microseconds poll);
   // Runs `issue(i)` for every local rank inside one group, then waits until NCCL enqueued it.
   Status group_call(const std::string& what, std::span<const DeviceBuffer> buffers,
                     const std::function<Status(size_t)>& issue);
-  // Aborts every communicator (once); under nccl_mutex_.
+  // Aborts every communicator (once); under the api's mutex.
   void abort_locked();
   std::string describe(size_t local) const;  // "GPU 3 (rank 5 of 8)"
 
@@ -83,10 +84,10 @@ class NcclEngine final : public DeviceCollectiveEngine, private WatchedComms {
   const DeviceEngineSpec spec_;
   const EngineTiming timing_;
   RankPlan plan_;                 // set by connect(), then read-only
-  std::vector<void*> comms_;      // one per spec_.devices entry; under nccl_mutex_
-  std::mutex nccl_mutex_;
-  bool comms_aborted_ = false;    // under nccl_mutex_
-  std::map<std::pair<int, void*>, void*> registered_;  // (device, data) -> handle; under nccl_mutex_
+  std::mutex& calls_;             // the api's: every NCCL call of the daemon
+  std::vector<void*> comms_;      // one per spec_.devices entry; set once by connect()
+  bool comms_aborted_ = false;    // under calls_: comms_ must not be used once set
+  std::map<std::pair<int, void*>, void*> registered_;  // (device, data) -> handle; under calls_
   std::atomic<bool> stop_{false};  // an abort was asked for: loops that poll NCCL give up
   mutable std::mutex status_mutex_;
   Status aborted_;                 // guarded by status_mutex_

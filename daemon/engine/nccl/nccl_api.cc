@@ -68,6 +68,8 @@ class RealNccl final : public NcclApi {
   RealNccl() = default;
   ~RealNccl() override = default;  // the library stays loaded: communicators may outlive us briefly
 
+  std::mutex& calls_mutex() override { return calls_; }
+
   Status unique_id(UniqueId* id) override {
     if (Status s = load(); !s.ok()) return s;
     static_assert(sizeof(ncclUniqueId) == sizeof(UniqueId));
@@ -158,7 +160,9 @@ class RealNccl final : public NcclApi {
   Status check(ncclResult_t result, ncclComm_t comm, const std::string& what) {
     if (result == ncclSuccess || result == ncclInProgress) return Status();
     std::string text = what + " failed: " + nccl_.error_string(result);
-    if (const char* last = nccl_.last_error(comm); last && *last) text += " (" + std::string(last) + ")";
+    // NCCL keeps one last-error text per process; the engine holds calls_mutex() around every
+    // call, so it belongs to this call.
+    if (const char* last = nccl_.last_error(comm); last && *last) text += " (NCCL's last error: " + std::string(last) + ")";
     if (result == ncclInvalidArgument || result == ncclInvalidUsage) return Status::invalid_argument(text);
     if (result == ncclRemoteError || result == ncclSystemError) return Status::peer_lost(text);
     return Status::internal(text);
@@ -166,7 +170,7 @@ class RealNccl final : public NcclApi {
 
   // Loads NCCL once: $NCCL_LIBRARY is not read here (no getenv deep in the code); the loader's
   // search path (LD_LIBRARY_PATH, the cache) finds libnccl.so.2.
-  Status load() {
+  Status load() override {
     std::call_once(loaded_, [this] {
       library_ = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
       if (!library_) {
@@ -203,6 +207,7 @@ class RealNccl final : public NcclApi {
     return load_status_;
   }
 
+  std::mutex calls_;
   std::once_flag loaded_;
   void* library_ = nullptr;
   Status load_status_;
