@@ -329,11 +329,20 @@ TensorSet ClientImpl::register_tensors(std::span<const SharedTensor> tensors, co
     for (const std::string& handle : events->done_handles()) body->add_done_events(handle);
   }
   if (options.allgather) {
-    Segment& out = new_segment(std::max<uint64_t>(64, set.packed_bytes_ * static_cast<uint64_t>(set.world_size_)));
+    // The outputs live where the tensors do: a device set's in device memory on its GPU.
+    const uint64_t bytes = std::max<uint64_t>(64, set.packed_bytes_ * static_cast<uint64_t>(set.world_size_));
     body->set_has_gather_output(true);
-    body->set_gather_segment_id(out.id);
     body->set_gather_offset(0);
-    set.gather_base_ = out.memory.data();
+    if (tensors[0].device() >= 0) {
+      DeviceSegment& out = new_device_segment(tensors[0].device(), bytes);
+      body->set_gather_segment_id(out.id);
+      set.gather_base_ = out.memory->data();
+      set.gather_device_ = tensors[0].device();
+    } else {
+      Segment& out = new_segment(bytes);
+      body->set_gather_segment_id(out.id);
+      set.gather_base_ = out.memory.data();
+    }
   }
   next_set_id_++;  // ids stay aligned across ranks even when a registration fails
   const control::Reply reply = connection_->call(request, barrier_bound(timeout_));
@@ -511,7 +520,7 @@ SharedTensor TensorSet::gathered(int rank, size_t i) const {
   }
   const SharedTensor& t = tensors_.at(i);
   const uint64_t offset = static_cast<uint64_t>(rank) * packed_bytes_ + packed_offset_[i];
-  return SharedTensor(t.dtype(), t.numel(), t.group(), gather_base_ + offset, 0, offset);
+  return SharedTensor(t.dtype(), t.numel(), t.group(), gather_base_ + offset, 0, offset, gather_device_);
 }
 
 }  // namespace gradsync

@@ -109,6 +109,39 @@ TEST_CASE("gpu end to end: broadcast from rank 1 and reduce to rank 0", "[gpu][e
         }) == 0);
 }
 
+TEST_CASE("gpu end to end: allgather across 2 and 3 clients on one GPU, every rank's bytes in every output",
+          "[gpu][e2e][allgather]") {
+  for (int world : {2, 3}) {
+    INFO(world << " clients");
+    TestDaemon daemon;
+    const std::string job = unique_job("gpu-allgather");
+    ClientGroup group(world, [&](int rank) {
+      auto client = join(daemon.socket(), job, rank, world);
+      const std::vector<SharedTensor> tensors = client->allocate_device_flat(kSpecs, 0);
+      for (const SharedTensor& t : tensors) {
+        if (!fill(t, rank)) return fail("cudaMemcpy to the device failed");
+      }
+      const TensorSet set = client->register_tensors(tensors, RegisterOptions{.allgather = true});
+      if (!client->allgather(set).wait(std::chrono::seconds(60))) return fail("timed out");
+      for (int from = 0; from < world; ++from) {
+        for (size_t i = 0; i < tensors.size(); ++i) {
+          const SharedTensor out = set.gathered(from, i);
+          if (out.device() != 0) return fail("gathered output is not on GPU 0");
+          const std::vector<float> got = read(out);
+          for (size_t k = 0; k < got.size(); ++k) {
+            if (got[k] != value(from, k)) {
+              return fail("rank " + std::to_string(from) + " tensor " + std::to_string(i) + " element " +
+                          std::to_string(k) + " is " + std::to_string(got[k]));
+            }
+          }
+        }
+      }
+      return kOk;
+    });
+    for (int status : group.wait_all(std::chrono::seconds(120))) CHECK(exit_code(status) == kOk);
+  }
+}
+
 TEST_CASE("gpu end to end: a client killed mid-job fails the other, naming it", "[gpu][e2e]") {
   TestDaemon daemon;
   const std::string job = unique_job("gpu-kill");

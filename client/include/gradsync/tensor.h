@@ -69,6 +69,7 @@ class TensorSet {
   const std::vector<BucketInfo>& buckets() const { return buckets_; }
 
   // After allgather: tensor i as contributed by `rank`. Requires RegisterOptions::allgather.
+  // For a set in device memory the outputs are device memory on the set's GPU.
   SharedTensor gathered(int rank, size_t i) const;
 
  private:
@@ -77,6 +78,7 @@ class TensorSet {
   std::vector<SharedTensor> tensors_;
   std::vector<BucketInfo> buckets_;
   std::byte* gather_base_ = nullptr;
+  int gather_device_ = -1;  // the outputs' GPU for a device set; -1: host memory
   uint64_t packed_bytes_ = 0;
   std::vector<uint64_t> packed_offset_;
   int world_size_ = 0;

@@ -239,7 +239,8 @@ Status CudaExecutor::table(const BucketCall& call, int device, Side side, int on
   std::vector<uint32_t> clients;
   for (uint32_t c : set.participants[call.bucket]) {
     if (device_of_client(set, call.bucket, c) != device) continue;
-    if (only >= 0 && c != static_cast<uint32_t>(only)) continue;
+    // For kScatterGathered `only` names the source rank's slot, not a client.
+    if (side != Side::kScatterGathered && only >= 0 && c != static_cast<uint32_t>(only)) continue;
     if (skip_root && c == root) continue;
     clients.push_back(c);
   }
@@ -253,7 +254,12 @@ Status CudaExecutor::table(const BucketCall& call, int device, Side side, int on
     Segment s;
     s.bucket_offset = set.offset_in_bucket[t] * unit;
     s.count = set.layout[t].numel * unit;
-    for (size_t k = 0; k < clients.size(); ++k) s.address[k] = set.address[clients[k]][t];
+    for (size_t k = 0; k < clients.size(); ++k) {
+      s.address[k] = side == Side::kScatterGathered
+                         ? set.gather_output[clients[k]] + static_cast<uint64_t>(only) * set.packed_bytes +
+                               set.packed_offset[t]
+                         : set.address[clients[k]][t];
+    }
     segments.push_back(s);
   }
   const std::vector<WorkItem> items = cut_into_items(segments);
@@ -290,17 +296,40 @@ Status CudaExecutor::enqueue(const BucketCall& call, int device, Side side, cons
                 : kernels_->scatter(args, bucket_table, state.stream);
 }
 
+Status CudaExecutor::enqueue_gather_from(const BucketCall& call, int device, int source_local) {
+  const Table* t = nullptr;
+  if (Status s = table(call, device, Side::kGather, source_local, false, true, &t); !s.ok() || t->clients == 0) return s;
+  Device& state = devices_.at(device);
+  return kernels_->gather(reduce::KernelArgs{.dtype = DType::kUInt8},
+                          BucketTable{static_cast<const Segment*>(t->segments), static_cast<const WorkItem*>(t->items),
+                                      t->item_count, t->clients, state.bucket_buffer},
+                          state.stream);
+}
+
+Status CudaExecutor::enqueue_scatter_gathered(const BucketCall& call, int device, int source_rank) {
+  const Table* t = nullptr;
+  if (Status s = table(call, device, Side::kScatterGathered, source_rank, false, true, &t); !s.ok() || t->clients == 0) {
+    return s;
+  }
+  Device& state = devices_.at(device);
+  return kernels_->scatter(reduce::KernelArgs{.dtype = DType::kUInt8},
+                           BucketTable{static_cast<const Segment*>(t->segments), static_cast<const WorkItem*>(t->items),
+                                       t->item_count, t->clients, state.bucket_buffer},
+                           state.stream);
+}
+
 Status CudaExecutor::run_single(const BucketCall& call) {
   const TensorSet& set = *call.set;
   const size_t b = call.bucket;
   const std::string where = "bucket " + std::to_string(b) + " of set " + std::to_string(set.id);
-  if (call.desc.kind == OpKind::kAllgather) {
-    return Status::not_supported("allgather on device memory is not supported yet (" + where + ")");
+  if (call.desc.kind == OpKind::kAllgather && set.gather_output.size() != set.address.size()) {
+    return Status::invalid_argument(where + " was registered without allgather outputs");
   }
   int device = -1;
   if (Status s = device_of(set, b, &device); !s.ok()) return s;
   const DType dtype = set.plan.buckets[b].dtype;
-  const bool copy = call.desc.kind == OpKind::kBroadcast;  // moves bytes, not values
+  // broadcast and allgather move bytes, not values
+  const bool copy = call.desc.kind == OpKind::kBroadcast || call.desc.kind == OpKind::kAllgather;
   const size_t acc = copy ? dtype_size(dtype) : dtype_size(reduce::accumulation_dtype(dtype));
   // Kernels launch on the device's stream from this thread.
   if (Status s = api_->make_current(device); !s.ok()) return s;
@@ -324,9 +353,19 @@ Status CudaExecutor::run_single(const BucketCall& call) {
   reduce::KernelArgs args = call.args;
   if (copy) args = reduce::KernelArgs{.dtype = DType::kUInt8};
   Status status = wait_ready(call, device);
-  if (status.ok()) status = enqueue(call, device, Side::kGather, launches, args);
-  // Whatever happens next, the gather may be running: it is waited for below.
-  if (status.ok()) status = enqueue(call, device, Side::kScatter, launches, args);
+  if (call.desc.kind == OpKind::kAllgather) {
+    // Source by source through the one bucket buffer; the stream keeps them in order.
+    for (uint32_t source : set.participants[b]) {
+      if (status.ok()) status = enqueue_gather_from(call, device, static_cast<int>(source));
+      if (status.ok()) {
+        status = enqueue_scatter_gathered(call, device, call.topology->rank_of(static_cast<int>(source)));
+      }
+    }
+  } else {
+    if (status.ok()) status = enqueue(call, device, Side::kGather, launches, args);
+    // Whatever happens next, the gather may be running: it is waited for below.
+    if (status.ok()) status = enqueue(call, device, Side::kScatter, launches, args);
+  }
   if (status.ok()) status = record_done(call, device);
   // Device-ordered: the clients' streams wait on the done events, and quiesce() drains the
   // stream before a failed job lets go of client memory.
@@ -343,12 +382,13 @@ void CudaExecutor::run_across(const BucketCall& call, DeviceCollectiveEngine* en
   const size_t b = call.bucket;
   const std::string where = std::string(kind_name(call.desc.kind)) + " bucket " + std::to_string(b) + " of set " +
                             std::to_string(set.id);
-  if (call.desc.kind == OpKind::kAllgather) {
-    return done(Status::not_supported("allgather on device memory is not supported yet (" + where + ")"));
+  const bool allgather = call.desc.kind == OpKind::kAllgather;
+  if (allgather && set.gather_output.size() != set.address.size()) {
+    return done(Status::invalid_argument(where + " was registered without allgather outputs"));
   }
   const Topology& topology = *call.topology;
   const DType dtype = set.plan.buckets[b].dtype;
-  const bool copy = call.desc.kind == OpKind::kBroadcast;
+  const bool copy = call.desc.kind == OpKind::kBroadcast || allgather;
   const size_t count = set.bucket_elements[b];
   const size_t bytes = count * (copy ? dtype_size(dtype) : dtype_size(reduce::accumulation_dtype(dtype)));
   const int root_node = call.desc.root / topology.local_world_size;
@@ -356,7 +396,7 @@ void CudaExecutor::run_across(const BucketCall& call, DeviceCollectiveEngine* en
   const bool root_here = root_node == topology.node;
   const int root_gpu = root_here ? device_of_client(set, b, static_cast<uint32_t>(root_local)) : -1;
   const int root_rank = engine->rank_of(root_node, root_local);
-  if (call.desc.kind != OpKind::kAllreduce && root_rank < 0) {
+  if ((call.desc.kind == OpKind::kReduce || call.desc.kind == OpKind::kBroadcast) && root_rank < 0) {
     return done(Status::internal(where + ": root rank " + std::to_string(call.desc.root) + " has no GPU in the group"));
   }
   reduce::KernelArgs args = call.args;
@@ -394,9 +434,34 @@ void CudaExecutor::run_across(const BucketCall& call, DeviceCollectiveEngine* en
   for (size_t i = 0; i < buffers.size() && status.ok(); ++i) {
     status = api_->make_current(buffers[i].device);
     if (status.ok()) status = wait_ready(call, buffers[i].device);
-    if (status.ok()) status = enqueue(call, buffers[i].device, Side::kGather, launches_on(buffers[i].device), args);
+    if (status.ok() && !allgather) {
+      status = enqueue(call, buffers[i].device, Side::kGather, launches_on(buffers[i].device), args);
+    }
   }
-  if (status.ok()) {
+  if (status.ok() && allgather) {
+    // Rank by rank, in the same order on every node: a copy in on the source's GPU, a
+    // broadcast from there, a copy out into every local output at the source's slot.
+    for (int source : topology.ranks(set.plan.buckets[b].group)) {
+      const int node = source / topology.local_world_size;
+      const int local = source % topology.local_world_size;
+      const int source_rank = engine->rank_of(node, local);
+      if (source_rank < 0) {
+        status = Status::internal("rank " + std::to_string(source) + " has no GPU in the group");
+        break;
+      }
+      if (node == topology.node) {
+        const int gpu = device_of_client(set, b, static_cast<uint32_t>(local));
+        status = api_->make_current(gpu);
+        if (status.ok()) status = enqueue_gather_from(call, gpu, local);
+      }
+      if (status.ok()) status = engine->broadcast(buffers, bytes, source_rank);
+      for (size_t i = 0; i < buffers.size() && status.ok(); ++i) {
+        status = api_->make_current(buffers[i].device);
+        if (status.ok()) status = enqueue_scatter_gathered(call, buffers[i].device, source);
+      }
+      if (!status.ok()) break;
+    }
+  } else if (status.ok()) {
     const ReduceSpec spec{.op = args.combine, .element = dtype, .wide_accumulate = args.wide_accumulate};
     switch (call.desc.kind) {
       case OpKind::kAllreduce: status = engine->allreduce(buffers, count, spec); break;
@@ -407,7 +472,9 @@ void CudaExecutor::run_across(const BucketCall& call, DeviceCollectiveEngine* en
   }
   for (size_t i = 0; i < buffers.size() && status.ok(); ++i) {
     status = api_->make_current(buffers[i].device);
-    if (status.ok()) status = enqueue(call, buffers[i].device, Side::kScatter, launches_on(buffers[i].device), args);
+    if (status.ok() && !allgather) {
+      status = enqueue(call, buffers[i].device, Side::kScatter, launches_on(buffers[i].device), args);
+    }
     if (status.ok()) status = record_done(call, buffers[i].device);
     if (status.ok()) status = api_->record_event(devices_.at(buffers[i].device).done_event, buffers[i].stream);
   }

@@ -21,7 +21,9 @@
 // through, so that an NCCL failure fails the operation it belongs to. Sets without event rings
 // (tests) are synchronised on the host before the answer.
 //
-// Not yet: allgather on device sets (refused, naming it).
+// allgather goes source rank by source rank: a copy of its tensors into the bucket buffer on
+// its GPU, a broadcast from there when the group spans GPUs, and a copy into every
+// participant's output at that rank's slot.
 #pragma once
 
 #include <chrono>
@@ -64,7 +66,9 @@ class CudaExecutor final : public BucketExecutor {
     uint64_t item_count = 0;
     uint32_t clients = 0;
   };
-  enum class Side { kGather, kScatter };
+  // kScatterGathered: a copy from the bucket buffer into every participant's allgather output,
+  // at the slot of one source rank (the table's `only`).
+  enum class Side { kGather, kScatter, kScatterGathered };
   // (set id, bucket, side, GPU, the one client of a root-only launch or -1, the root it skips
   // or -1, whether it counts bytes rather than elements)
   using TableKey = std::tuple<uint32_t, size_t, Side, int, int, int, bool>;
@@ -95,6 +99,11 @@ class CudaExecutor final : public BucketExecutor {
   // stream synchronisation.
   Status run_single(const BucketCall& call);
   void run_across(const BucketCall& call, DeviceCollectiveEngine* engine, BucketDone done);
+  // allgather, one source rank at a time: its tensors into the bucket buffer on its GPU (when
+  // `source_local` is a local rank there), then from the bucket buffer into every local
+  // participant's output on `device`. Byte copies.
+  Status enqueue_gather_from(const BucketCall& call, int device, int source_local);
+  Status enqueue_scatter_gathered(const BucketCall& call, int device, int source_rank);
   // Enqueues one GPU's gather (before the collective) or scatter (after it).
   Status enqueue(const BucketCall& call, int device, Side side, const Launches& launches,
                  const reduce::KernelArgs& args);
