@@ -175,8 +175,27 @@ Status CudaExecutor::admit(const TensorSet& set, const SetAdmission& admission) 
     for (int d : devices) here += (here.empty() ? "" : ",") + std::to_string(d);
     log_.info(what + ": NCCL communicator of " + std::to_string(engine->ranks()) + " GPUs, this node's: " +
               (here.empty() ? "none" : here));
+    if (engine->ranks() > 1) register_regions(set, *engine, what);
   }
   return Status();
+}
+
+void CudaExecutor::register_regions(const TensorSet& set, DeviceCollectiveEngine& engine, const std::string& what) {
+  // VMM imports only: NCCL registers through cuMemRetainAllocationHandle, which legacy IPC
+  // openings do not support when one process drives several GPUs (GPU-NOTES.md).
+  const std::span<const int> devices = engine.devices();
+  for (const auto& region : set.regions) {
+    if (region->kind() != MemoryKind::kCudaVmm) continue;
+    if (std::find(devices.begin(), devices.end(), region->device()) == devices.end()) continue;
+    bool registered = false;
+    const Status status = engine.register_buffer(region->device(), region->base(), region->size(), &registered);
+    log_.info(what + ": a " + std::to_string(region->size()) + "-byte VMM region on GPU " +
+              std::to_string(region->device()) + (registered ? " is registered with NCCL for zero-copy"
+                                                             : " is not registered with NCCL (" +
+                                                                   (status.ok() ? std::string("refused")
+                                                                                : status.message()) +
+                                                                   "); NCCL copies through its own buffers"));
+  }
 }
 
 DeviceCollectiveEngine* CudaExecutor::engine_of(uint32_t set, const std::string& group) {
@@ -280,8 +299,30 @@ Status CudaExecutor::table(const BucketCall& call, int device, Side side, int on
   return Status();
 }
 
+bool CudaExecutor::zero_copy(const BucketCall& call, std::span<const int> devices, std::vector<void*>* runs) {
+  const TensorSet& set = *call.set;
+  const size_t b = call.bucket;
+  const DType dtype = set.plan.buckets[b].dtype;
+  if (call.desc.kind != OpKind::kAllreduce || !set.canonical_run[b] || set.runs[b].empty() ||
+      reduce::accumulation_dtype(dtype) != dtype) {
+    return false;
+  }
+  runs->clear();
+  for (int device : devices) {
+    void* run = nullptr;
+    for (uint32_t c : set.participants[b]) {
+      if (device_of_client(set, b, c) != device) continue;
+      if (run) return false;  // two clients share this GPU: they are combined through the buffer
+      run = set.runs[b][0].address[c];
+    }
+    if (!run) return false;
+    runs->push_back(run);
+  }
+  return true;
+}
+
 Status CudaExecutor::enqueue(const BucketCall& call, int device, Side side, const Launches& launches,
-                             const reduce::KernelArgs& args) {
+                             const reduce::KernelArgs& args, void* bucket) {
   const bool gather = side == Side::kGather;
   if (gather ? !launches.gather : !launches.scatter) return Status();
   const Table* t = nullptr;
@@ -291,7 +332,7 @@ Status CudaExecutor::enqueue(const BucketCall& call, int device, Side side, cons
   if (!status.ok() || t->clients == 0) return status;
   Device& state = devices_.at(device);
   const BucketTable bucket_table{static_cast<const Segment*>(t->segments), static_cast<const WorkItem*>(t->items),
-                                 t->item_count, t->clients, state.bucket_buffer};
+                                 t->item_count, t->clients, bucket ? bucket : state.bucket_buffer};
   return gather ? kernels_->gather(args, bucket_table, state.stream)
                 : kernels_->scatter(args, bucket_table, state.stream);
 }
@@ -413,10 +454,21 @@ void CudaExecutor::run_across(const BucketCall& call, DeviceCollectiveEngine* en
     if (!status.ok()) break;
     buffers.push_back(DeviceBuffer{device, state->bucket_buffer, state->stream});
   }
+  // Zero-copy: NCCL in the clients' own flat runs; the kernels only scale, in place.
+  std::vector<void*> runs;
+  const bool direct = status.ok() && zero_copy(call, engine->devices(), &runs);
+  if (direct) {
+    for (size_t i = 0; i < buffers.size(); ++i) buffers[i].data = runs[i];
+  }
   const auto launches_on = [&](int device) {
     Launches l;
     switch (call.desc.kind) {
-      case OpKind::kAllreduce: break;
+      case OpKind::kAllreduce:
+        if (direct) {
+          l.gather = args.scale == reduce::Scale::kBefore;
+          l.scatter = args.scale == reduce::Scale::kAfter;
+        }
+        break;
       case OpKind::kReduce:
         l.scatter = root_here && device == root_gpu;
         l.scatter_only = root_local;
@@ -435,7 +487,8 @@ void CudaExecutor::run_across(const BucketCall& call, DeviceCollectiveEngine* en
     status = api_->make_current(buffers[i].device);
     if (status.ok()) status = wait_ready(call, buffers[i].device);
     if (status.ok() && !allgather) {
-      status = enqueue(call, buffers[i].device, Side::kGather, launches_on(buffers[i].device), args);
+      status = enqueue(call, buffers[i].device, Side::kGather, launches_on(buffers[i].device), args,
+                       direct ? buffers[i].data : nullptr);
     }
   }
   if (status.ok() && allgather) {
@@ -473,7 +526,8 @@ void CudaExecutor::run_across(const BucketCall& call, DeviceCollectiveEngine* en
   for (size_t i = 0; i < buffers.size() && status.ok(); ++i) {
     status = api_->make_current(buffers[i].device);
     if (status.ok() && !allgather) {
-      status = enqueue(call, buffers[i].device, Side::kScatter, launches_on(buffers[i].device), args);
+      status = enqueue(call, buffers[i].device, Side::kScatter, launches_on(buffers[i].device), args,
+                       direct ? buffers[i].data : nullptr);
     }
     if (status.ok()) status = record_done(call, buffers[i].device);
     if (status.ok()) status = api_->record_event(devices_.at(buffers[i].device).done_event, buffers[i].stream);

@@ -15,6 +15,11 @@
 //     an NCCL error, the job timeout or abort(). Before an error is answered the streams are
 //     drained, so no kernel touches client memory once the job learns of the failure.
 //
+// Zero-copy: when every local GPU holds one participant of an allreduce bucket and the
+// participants registered flat buffers, NCCL reduces in their memory directly (zero_copy()).
+// Their VMM regions are offered to NCCL (ncclCommRegister) at admission; the log says whether
+// NCCL took each.
+//
 // Ordering with the clients: through their interprocess event rings (events.h), registered with
 // every device set. A one-GPU bucket is answered once it is queued (the done events carry the
 // order to the clients); a multi-GPU bucket is answered by the watchdog when its GPUs are
@@ -30,6 +35,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -104,9 +110,15 @@ class CudaExecutor final : public BucketExecutor {
   // participant's output on `device`. Byte copies.
   Status enqueue_gather_from(const BucketCall& call, int device, int source_local);
   Status enqueue_scatter_gathered(const BucketCall& call, int device, int source_rank);
-  // Enqueues one GPU's gather (before the collective) or scatter (after it).
+  // Enqueues one GPU's gather (before the collective) or scatter (after it), through the GPU's
+  // bucket buffer or, zero-copy, through `bucket` (a client's own flat run).
   Status enqueue(const BucketCall& call, int device, Side side, const Launches& launches,
-                 const reduce::KernelArgs& args);
+                 const reduce::KernelArgs& args, void* bucket = nullptr);
+  // Zero-copy: an allreduce whose GPUs each hold one participant whose tensors are laid out as
+  // the bucket (a flat buffer), in a type NCCL reduces as is (not the half types, which
+  // accumulate in float32). NCCL then works in the clients' memory; a scaled avg divides in
+  // place before or after it. Fills *runs with each local GPU's participant's run.
+  static bool zero_copy(const BucketCall& call, std::span<const int> devices, std::vector<void*>* runs);
   // The GPU of a client's tensor, or -1; of a client's tensors of a bucket (its first's).
   static int device_of_address(const TensorSet& set, const std::byte* at);
   static int device_of_client(const TensorSet& set, size_t bucket, uint32_t client);
@@ -116,6 +128,8 @@ class CudaExecutor final : public BucketExecutor {
   Status table(const BucketCall& call, int device, Side side, int only, bool skip_root, bool bytes,
                const Table** out);
   DeviceCollectiveEngine* engine_of(uint32_t set, const std::string& group);
+  // Offers the set's VMM regions on the engine's GPUs to NCCL, logging whether it took each.
+  void register_regions(const TensorSet& set, DeviceCollectiveEngine& engine, const std::string& what);
 
   DeviceApi* api_;
   KernelLauncher* kernels_;
