@@ -319,15 +319,6 @@ TensorSet ClientImpl::register_tensors(std::span<const SharedTensor> tensors, co
     set.packed_offset_.push_back(set.packed_bytes_);
     set.packed_bytes_ += tensor.bytes();
   }
-  // A device set's event rings go with its registration (DESIGN.md decision 7).
-  std::shared_ptr<DeviceEvents> events;
-  if (tensors[0].device() >= 0) {
-    std::unique_ptr<DeviceEvents> made;
-    throw_if_error(device_memory_->create_events(tensors[0].device(), &made));
-    events = std::move(made);
-    for (const std::string& handle : events->ready_handles()) body->add_ready_events(handle);
-    for (const std::string& handle : events->done_handles()) body->add_done_events(handle);
-  }
   if (options.allgather) {
     // The outputs live where the tensors do: a device set's in device memory on its GPU.
     const uint64_t bytes = std::max<uint64_t>(64, set.packed_bytes_ * static_cast<uint64_t>(set.world_size_));
@@ -357,6 +348,13 @@ TensorSet ClientImpl::register_tensors(std::span<const SharedTensor> tensors, co
   }
   set_sizes_[set.id_] = set.tensors_.size();
   if (tensors[0].device() >= 0) {
+    // The daemon made this set's event rings (DESIGN.md decision 7); open them here.
+    const auto& r = reply.register_();
+    std::unique_ptr<DeviceEvents> events;
+    throw_if_error(device_memory_->open_events(tensors[0].device(),
+                                               std::vector<std::string>(r.ready_events().begin(), r.ready_events().end()),
+                                               std::vector<std::string>(r.done_events().begin(), r.done_events().end()),
+                                               &events));
     set_device_[set.id_] = tensors[0].device();
     set_events_[set.id_] = std::move(events);
   }

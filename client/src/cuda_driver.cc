@@ -29,10 +29,12 @@ Status load_driver(Driver* d) {
                    resolve(&d->error_string, "cuGetErrorString") && resolve(&d->event_create, "cuEventCreate") &&
                    resolve(&d->event_destroy, "cuEventDestroy_v2") && resolve(&d->event_record, "cuEventRecord") &&
                    resolve(&d->event_query, "cuEventQuery") &&
-                   resolve(&d->ipc_get_event_handle, "cuIpcGetEventHandle") &&
+                   resolve(&d->ipc_open_event_handle, "cuIpcOpenEventHandle") &&
+                   resolve(&d->stream_is_capturing, "cuStreamIsCapturing") &&
                    resolve(&d->stream_create, "cuStreamCreate") &&
                    resolve(&d->stream_destroy, "cuStreamDestroy_v2") &&
                    resolve(&d->stream_wait_event, "cuStreamWaitEvent") &&
+                   resolve(&d->stream_synchronize, "cuStreamSynchronize") &&
                    resolve(&d->address_range, "cuMemGetAddressRange_v2") &&
                    resolve(&d->ipc_get_mem_handle, "cuIpcGetMemHandle") &&
                    resolve(&d->pointer_attribute, "cuPointerGetAttribute");

@@ -42,10 +42,12 @@ struct Driver {
   decltype(&::cuEventDestroy) event_destroy = nullptr;
   decltype(&::cuEventRecord) event_record = nullptr;
   decltype(&::cuEventQuery) event_query = nullptr;
-  decltype(&::cuIpcGetEventHandle) ipc_get_event_handle = nullptr;
+  decltype(&::cuIpcOpenEventHandle) ipc_open_event_handle = nullptr;
+  decltype(&::cuStreamIsCapturing) stream_is_capturing = nullptr;
   decltype(&::cuStreamCreate) stream_create = nullptr;
   decltype(&::cuStreamDestroy) stream_destroy = nullptr;
   decltype(&::cuStreamWaitEvent) stream_wait_event = nullptr;
+  decltype(&::cuStreamSynchronize) stream_synchronize = nullptr;
 
   std::string describe(CUresult result) const {
     const char* text = nullptr;

@@ -8,8 +8,10 @@
 
 namespace gradsync {
 
-// Creates both rings and the internal announce stream on `ordinal`'s primary context. `d` must
-// be loaded; the events keep a copy of its entry points.
-Status create_cuda_device_events(const Driver* d, int ordinal, std::unique_ptr<DeviceEvents>* out);
+// Opens both rings from the daemon's handles and makes the internal announce stream, on
+// `ordinal`'s primary context (retained for the events' life). `d` must be loaded; the events
+// keep a copy of its entry points.
+Status open_cuda_device_events(const Driver* d, int ordinal, const std::vector<std::string>& ready,
+                               const std::vector<std::string>& done, std::unique_ptr<DeviceEvents>* out);
 
 }  // namespace gradsync

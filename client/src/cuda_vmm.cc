@@ -197,10 +197,11 @@ class CudaVmmMemory final : public DeviceMemory {
     return Status();
   }
 
-  Status create_events(int ordinal, std::unique_ptr<DeviceEvents>* out) override {
+  Status open_events(int ordinal, const std::vector<std::string>& ready, const std::vector<std::string>& done,
+                     std::unique_ptr<DeviceEvents>* out) override {
     std::call_once(loaded_, [&] { load_status_ = load_driver(&driver_); });
     if (!load_status_.ok()) return Status(load_status_.code(), "device events: " + load_status_.message());
-    return create_cuda_device_events(&driver_, ordinal, out);
+    return open_cuda_device_events(&driver_, ordinal, ready, done, out);
   }
 
  private:

@@ -16,7 +16,8 @@ class NoDeviceMemory final : public DeviceMemory {
   Status describe_foreign(int, void*, size_t, std::unique_ptr<DeviceAllocation>*, std::string*, uint64_t*) override {
     return Status::not_supported("device memory: this client library was built without CUDA support (GRADSYNC_CUDA=OFF)");
   }
-  Status create_events(int, std::unique_ptr<DeviceEvents>*) override {
+  Status open_events(int, const std::vector<std::string>&, const std::vector<std::string>&,
+                     std::unique_ptr<DeviceEvents>*) override {
     return Status::not_supported("device events: this client library was built without CUDA support (GRADSYNC_CUDA=OFF)");
   }
 };

@@ -29,16 +29,12 @@ class DeviceAllocation {
 };
 
 // A client's interprocess events for one device set (DESIGN.md decision 7): two rings of
-// kDeviceEventsPerDirection events (cudaEventInterprocess | cudaEventDisableTiming), exported
-// to the daemon at registration. Operation seq uses slot seq % kDeviceEventsPerDirection.
+// kDeviceEventsPerDirection events the daemon made (and owns) for this client, opened from the
+// handles in the RegisterReply. Operation seq uses slot seq % kDeviceEventsPerDirection.
 // Streams are CUstream / cudaStream_t values; nullptr is the legacy default stream.
 class DeviceEvents {
  public:
   virtual ~DeviceEvents() = default;
-
-  // The 64-byte handles, for the RegisterRequest.
-  virtual const std::vector<std::string>& ready_handles() const = 0;
-  virtual const std::vector<std::string>& done_handles() const = 0;
 
   // Records operation seq's ready event after all work queued on `stream` so far, and after
   // every earlier record. Records go through one internal stream that waits on the caller's,
@@ -47,7 +43,8 @@ class DeviceEvents {
   virtual Status record_ready(uint64_t seq, void* stream) = 0;
 
   // Makes `stream` wait for operation seq's done event (recorded by the daemon before it
-  // answered the operation) without blocking the host.
+  // answered the operation) without blocking the host. Cannot be cancelled once queued: if the
+  // daemon's GPU work never ends, neither does the stream's wait.
   virtual Status wait_done(uint64_t seq, void* stream) = 0;
 
   // Polls operation seq's done event from the host until the GPU is through it (*done) or the
@@ -62,8 +59,9 @@ class DeviceMemory {
   // support in this build, no driver, no such device, or the driver's own error.
   virtual Status allocate(int device, size_t bytes, std::unique_ptr<DeviceAllocation>* out) = 0;
 
-  // The event rings of one device set on `device`.
-  virtual Status create_events(int device, std::unique_ptr<DeviceEvents>* out) = 0;
+  // Opens the event rings the daemon made for one device set on `device` (RegisterReply).
+  virtual Status open_events(int device, const std::vector<std::string>& ready, const std::vector<std::string>& done,
+                             std::unique_ptr<DeviceEvents>* out) = 0;
 
   // Device memory some other allocator made (cudaMalloc, PyTorch's caching allocator), for the
   // legacy route: `bytes` at `data` on `device`, described as the 64-byte cudaIpcMemHandle_t of

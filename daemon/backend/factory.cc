@@ -96,39 +96,12 @@ class Backends final : public BackendFactory {
                                     " (known: 1 host memfd, 2 CUDA VMM, 3 CUDA legacy IPC)");
   }
 
-  Status import_events(int device, const std::vector<std::string>& ready, const std::vector<std::string>& done,
-                       std::shared_ptr<const ClientEvents>* out) override {
-    std::unique_ptr<cuda::EventRing> rings[2];
-    const std::vector<std::string>* lists[2] = {&ready, &done};
-    const char* names[2] = {"ready_events", "done_events"};
-    // Checked first, so a malformed request gets the same answer on every daemon.
-    for (int i = 0; i < 2; ++i) {
-      if (lists[i]->size() != kDeviceEventsPerDirection) {
-        return Status::invalid_argument(std::string(names[i]) + ": a device set needs " +
-                                        std::to_string(kDeviceEventsPerDirection) + " interprocess event handles, got " +
-                                        std::to_string(lists[i]->size()));
-      }
-      for (const std::string& bytes : *lists[i]) {
-        if (bytes.size() != kIpcHandleBytes) {
-          return Status::invalid_argument(std::string(names[i]) + ": an event handle must be a " +
-                                          std::to_string(kIpcHandleBytes) + "-byte cudaIpcEventHandle_t, got " +
-                                          std::to_string(bytes.size()) + " bytes");
-        }
-      }
-    }
+  Status create_events(int device, std::shared_ptr<const ClientEvents>* out) override {
     if (!devices_) return Status::not_supported("device events: " + device_problem_);
-    for (int i = 0; i < 2; ++i) {
-      std::vector<cuda::IpcHandle> handles;
-      for (const std::string& bytes : *lists[i]) {
-        cuda::IpcHandle handle{};
-        std::copy(bytes.begin(), bytes.end(), reinterpret_cast<char*>(handle.data()));
-        handles.push_back(handle);
-      }
-      if (Status s = cuda::EventRing::open(devices_.get(), device, handles, &rings[i]); !s.ok()) {
-        return Status(s.code(), std::string(names[i]) + ": " + s.message(), s.where());
-      }
-    }
-    *out = std::make_shared<cuda::ClientEventRings>(device, std::move(rings[0]), std::move(rings[1]));
+    std::unique_ptr<cuda::EventRing> ready, done;
+    if (Status s = cuda::EventRing::create(devices_.get(), device, &ready); !s.ok()) return s;
+    if (Status s = cuda::EventRing::create(devices_.get(), device, &done); !s.ok()) return s;
+    *out = std::make_shared<cuda::ClientEventRings>(device, std::move(ready), std::move(done));
     return Status();
   }
 

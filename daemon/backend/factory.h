@@ -38,10 +38,8 @@ class BackendFactory {
   // a memfd, missing seals, wrong size, device memory on a daemon without a usable GPU).
   virtual Status import_memory(MemoryImport what, std::shared_ptr<MemoryRegion>* out) = 0;
 
-  // Opens a client's event rings for a device set on `device` (the GPU of its tensors): both
-  // lists must hold kDeviceEventsPerDirection 64-byte handles. The error names what is wrong.
-  virtual Status import_events(int device, const std::vector<std::string>& ready, const std::vector<std::string>& done,
-                               std::shared_ptr<const ClientEvents>* out) = 0;
+  // Creates a client's event rings for a device set on `device` (the GPU of its tensors).
+  virtual Status create_events(int device, std::shared_ptr<const ClientEvents>* out) = 0;
 
   // An executor for buckets of sets whose memory is of `kind`, for one job. `pool` is the
   // daemon's reduction pool (host work) and outlives the executor; `log` names the job.

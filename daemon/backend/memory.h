@@ -6,7 +6,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <string_view>
+#include <vector>
 
 namespace gradsync {
 
@@ -21,11 +23,14 @@ inline bool memory_kind_takes_fd(MemoryKind kind) { return kind != MemoryKind::k
 
 std::string_view memory_kind_name(MemoryKind kind);
 
-// One client's interprocess events for one device set (DESIGN.md decision 7), opened once at
-// registration and closed when the set goes. Opaque outside the backend that made them.
+// One client's interprocess events for one device set (DESIGN.md decision 7), created by the
+// daemon at registration and destroyed when the set goes. The control plane sees only the
+// handles it sends the client (RegisterReply).
 class ClientEvents {
  public:
   virtual ~ClientEvents() = default;
+  virtual std::vector<std::string> ready_handles() const = 0;  // 64-byte cudaIpcEventHandle_t each
+  virtual std::vector<std::string> done_handles() const = 0;
 };
 
 class MemoryRegion {

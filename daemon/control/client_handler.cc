@@ -198,27 +198,19 @@ Status ClientHandler::on_segment(const control::SegmentRequest& request, std::ve
   return Status::ok_status();
 }
 
-Status ClientHandler::import_set_events(const control::RegisterRequest& request,
-                                        const std::vector<const MemoryRegion*>& used,
+Status ClientHandler::create_set_events(const std::vector<const MemoryRegion*>& used,
                                         std::shared_ptr<const ClientEvents>* events) {
-  // A device set lives on one GPU per client: its event rings are opened there.
+  // A device set lives on one GPU per client: its event rings are made there.
   std::set<int> devices;
   for (const MemoryRegion* region : used) devices.insert(region->device());
   const bool device_set = !devices.empty() && *devices.rbegin() >= 0;
-  if (!device_set) {
-    if (request.ready_events_size() || request.done_events_size()) {
-      return Status::invalid_argument("register: ready_events and done_events are for sets in device memory only");
-    }
-    return Status::ok_status();
-  }
+  if (!device_set) return Status::ok_status();
   if (devices.size() != 1) {
     std::string list;
     for (int d : devices) list += (list.empty() ? "" : " and ") + (d < 0 ? std::string("host") : std::to_string(d));
     return Status::invalid_argument("register: a set's tensors must be on one GPU per client, these are on " + list);
   }
-  const std::vector<std::string> ready(request.ready_events().begin(), request.ready_events().end());
-  const std::vector<std::string> done(request.done_events().begin(), request.done_events().end());
-  Status status = options_.backends->import_events(*devices.begin(), ready, done, events);
+  Status status = options_.backends->create_events(*devices.begin(), events);
   if (!status.ok()) return Status(status.code(), "register: " + status.message(), status.where());
   return Status::ok_status();
 }
@@ -264,9 +256,14 @@ Status ClientHandler::on_register(uint64_t request_id, const control::RegisterRe
   for (const auto& [id, segment] : segments_) {
     if (std::find(used.begin(), used.end(), segment.get()) != used.end()) reg.regions.push_back(segment);
   }
-  if (Status status = import_set_events(request, used, &reg.events); !status.ok()) return status;
+  if (Status status = create_set_events(used, &reg.events); !status.ok()) return status;
   ReplySender send = options_.send;
-  reg.done = [send, request_id](const Status& status, const TensorSet* set) {
+  std::vector<std::string> ready_events, done_events;
+  if (reg.events) {
+    ready_events = reg.events->ready_handles();
+    done_events = reg.events->done_handles();
+  }
+  reg.done = [send, request_id, ready_events, done_events](const Status& status, const TensorSet* set) {
     control::Reply reply;
     reply.set_id(request_id);
     if (!status.ok()) {
@@ -282,6 +279,8 @@ Status ClientHandler::on_register(uint64_t request_id, const control::RegisterRe
         info->set_bytes(bucket.bytes);
         info->set_zero_copy(set->runs[b].size() <= 1);
       }
+      for (const std::string& handle : ready_events) body->add_ready_events(handle);
+      for (const std::string& handle : done_events) body->add_done_events(handle);
     }
     send(reply, {});
   };

@@ -53,9 +53,8 @@ class ClientHandler {
   Status on_join(const control::JoinRequest& join, control::Reply* reply, std::vector<UniqueFd>* fds);
   Status on_segment(const control::SegmentRequest& segment, std::vector<UniqueFd> fds, control::Reply* reply);
   Status on_register(uint64_t request_id, const control::RegisterRequest& request);
-  // Device sets: opens the client's event rings on the GPU of its tensors (`used` regions).
-  Status import_set_events(const control::RegisterRequest& request, const std::vector<const MemoryRegion*>& used,
-                           std::shared_ptr<const ClientEvents>* events);
+  // Device sets: makes the client's event rings on the GPU of its tensors (`used` regions).
+  Status create_set_events(const std::vector<const MemoryRegion*>& used, std::shared_ptr<const ClientEvents>* events);
   void leave_job(const Status& why);
   std::string who() const;
 

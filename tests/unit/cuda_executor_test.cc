@@ -482,19 +482,15 @@ TEST_CASE("cuda executor: device order through the clients' event rings, answere
   std::vector<std::string> trace;
   f.api.trace = &trace;
   f.kernels.trace = &trace;
-  // Every client's rings, as the backend factory opens them at registration: handle bytes
-  // (direction, client, slot) name the event in the trace.
+  // Every client's rings, as the backend factory makes them at registration, named in the
+  // trace by direction, client and slot ("r0.1": client 0's ready event of slot 1).
   auto set = std::make_shared<TensorSet>(*f.set);
   for (int c = 0; c < kClients; ++c) {
     std::unique_ptr<EventRing> rings[2];
     for (int direction = 0; direction < 2; ++direction) {
-      std::vector<IpcHandle> handles(kEventsPerDirection);
-      for (uint32_t slot = 0; slot < kEventsPerDirection; ++slot) {
-        handles[slot][0] = static_cast<unsigned char>(direction == 0 ? 'r' : 'd');
-        handles[slot][1] = static_cast<unsigned char>(c);
-        handles[slot][2] = static_cast<unsigned char>(slot);
-      }
-      REQUIRE(EventRing::open(&f.api, 0, handles, &rings[direction]).ok());
+      f.api.name_prefix = (direction == 0 ? "r" : "d") + std::to_string(c);
+      REQUIRE(EventRing::create(&f.api, 0, &rings[direction]).ok());
+      CHECK(rings[direction]->handles().size() == kEventsPerDirection);
     }
     set->events.push_back(std::make_shared<ClientEventRings>(0, std::move(rings[0]), std::move(rings[1])));
   }
@@ -532,7 +528,7 @@ TEST_CASE("cuda executor: device order through the clients' event rings, answere
   }
   f.set.reset();
   set.reset();
-  CHECK(f.api.events == 0);  // every opened event destroyed with its ring
+  CHECK(f.api.events == 0);  // every event destroyed with its ring
 }
 
 TEST_CASE("cuda executor: allgather on one GPU and across two puts every rank's bytes in every output",

@@ -75,9 +75,11 @@ class FakeDeviceApi final : public DeviceApi {
     CHECK(open_memory.erase(base) == 1);  // closed exactly once, and only what was opened
     return Status();
   }
-  Status open_ipc_event(int, const IpcHandle& h, void** event) override {
-    if (fail_opening == h[0]) return Status::internal("invalid resource handle");
-    *event = reinterpret_cast<void*>(0x10 * (h[0] + 1));
+  Status create_ipc_event(int, void** event, IpcHandle* handle) override {
+    const int index = events_made++;
+    if (fail_creating == index) return Status::internal("out of memory");
+    *event = reinterpret_cast<void*>(0x10 * (index + 1));
+    handle->fill(static_cast<unsigned char>(index));
     open_events.insert(*event);
     return Status();
   }
@@ -96,7 +98,9 @@ class FakeDeviceApi final : public DeviceApi {
     return Status();
   }
 
-  int fail_opening = -1;  // the tag of a handle that fails to open
+  int fail_opening = -1;  // the tag of a memory handle that fails to open
+  int fail_creating = -1;  // the index of an event that fails to be created
+  int events_made = 0;
   bool fail_import = false;
   int vmm_imports = 0;
   std::map<void*, size_t> mapped_vmm;
@@ -106,12 +110,6 @@ class FakeDeviceApi final : public DeviceApi {
   std::set<void*> open_events;
   std::vector<std::string> calls;
 };
-
-std::vector<IpcHandle> ring_handles() {
-  std::vector<IpcHandle> handles;
-  for (uint32_t i = 0; i < kEventsPerDirection; ++i) handles.push_back(handle(static_cast<unsigned char>(i)));
-  return handles;
-}
 
 }  // namespace
 
@@ -158,9 +156,10 @@ TEST_CASE("ipc cache: the same handle on two devices is two openings; a failure 
 TEST_CASE("event ring: operation seq uses slot seq % K in both directions", "[cuda][events]") {
   FakeDeviceApi api;
   std::unique_ptr<EventRing> ring;
-  const std::vector<IpcHandle> handles = ring_handles();
-  REQUIRE(EventRing::open(&api, 0, handles, &ring).ok());
+  REQUIRE(EventRing::create(&api, 0, &ring).ok());
   CHECK(api.open_events.size() == kEventsPerDirection);
+  REQUIRE(ring->handles().size() == kEventsPerDirection);
+  CHECK(ring->handles()[5][0] == 5);  // each slot's own handle, for the client to open
   void* stream = reinterpret_cast<void*>(7);
   REQUIRE(ring->wait(1, stream).ok());
   REQUIRE(ring->record(1, stream).ok());
@@ -173,18 +172,15 @@ TEST_CASE("event ring: operation seq uses slot seq % K in both directions", "[cu
   CHECK(api.open_events.empty());
 }
 
-TEST_CASE("event ring: a handle that fails to open destroys the ones opened, naming the slot", "[cuda][events]") {
+TEST_CASE("event ring: an event that cannot be made destroys the ones made, naming the slot", "[cuda][events]") {
   FakeDeviceApi api;
-  api.fail_opening = 5;
+  api.fail_creating = 5;
   std::unique_ptr<EventRing> ring;
-  const Status status = EventRing::open(&api, 2, ring_handles(), &ring);
-  CHECK(status.message() == "opening interprocess event 5 of " + std::to_string(kEventsPerDirection) +
-                                " on device 2: invalid resource handle");
+  const Status status = EventRing::create(&api, 2, &ring);
+  CHECK(status.message() == "creating interprocess event 5 of " + std::to_string(kEventsPerDirection) +
+                                " on device 2: out of memory");
   CHECK_FALSE(ring);
   CHECK(api.open_events.empty());  // slots 0-4 were destroyed again
-  const std::vector<IpcHandle> too_few(3);
-  CHECK_THAT(EventRing::open(&api, 0, too_few, &ring).message(),
-             Catch::Contains("needs " + std::to_string(kEventsPerDirection) + " event handles, got 3"));
 }
 
 namespace {
@@ -253,24 +249,20 @@ TEST_CASE("device memory: legacy IPC pieces share one opening and must lie insid
   CHECK(api.open_memory.empty());
 }
 
-TEST_CASE("backend factory: device event handles are checked by name before anything is opened",
-          "[cuda][events]") {
-  // The daemon's real factory; no machine here has a GPU, so well-formed lists meet the no-GPU
-  // answer, and malformed ones are refused first, naming the field.
+TEST_CASE("backend factory: device events need a GPU, and say so", "[cuda][events]") {
+  // The daemon's real factory makes the rings itself (a client never names an event handle);
+  // without a usable GPU it says why. On a machine with one this makes real events.
   const auto backends = make_backend_factory(Logger(LogLevel::kError), nullptr);
-  const std::vector<std::string> good(kDeviceEventsPerDirection, std::string(64, '\x07'));
   std::shared_ptr<const ClientEvents> events;
-  Status s = backends->import_events(0, std::vector<std::string>(3, std::string(64, 'x')), good, &events);
-  CHECK(s.code() == ErrorCode::kInvalidArgument);
-  CHECK(s.message() == "ready_events: a device set needs 64 interprocess event handles, got 3");
-  std::vector<std::string> short_handle = good;
-  short_handle[5] = "abc";
-  s = backends->import_events(0, good, short_handle, &events);
-  CHECK(s.message() == "done_events: an event handle must be a 64-byte cudaIpcEventHandle_t, got 3 bytes");
-  s = backends->import_events(0, good, good, &events);
-  CHECK(s.code() == ErrorCode::kNotSupported);
-  CHECK_THAT(s.message(), Catch::StartsWith("device events: "));
-  CHECK(events == nullptr);
+  const Status s = backends->create_events(0, &events);
+  if (s.code() == ErrorCode::kNotSupported) {
+    CHECK_THAT(s.message(), Catch::StartsWith("device events: "));
+    CHECK(events == nullptr);
+  } else {
+    REQUIRE(s.ok());
+    CHECK(events->ready_handles().size() == kDeviceEventsPerDirection);
+    CHECK(events->done_handles().size() == kDeviceEventsPerDirection);
+  }
 }
 
 }  // namespace gradsync::cuda

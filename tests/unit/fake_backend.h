@@ -180,9 +180,8 @@ class FakeBackends final : public BackendFactory {
   Status import_memory(MemoryImport, std::shared_ptr<MemoryRegion>*) override {
     return Status::not_supported("fake backends import no memory");
   }
-  Status import_events(int, const std::vector<std::string>&, const std::vector<std::string>&,
-                       std::shared_ptr<const ClientEvents>*) override {
-    return Status::not_supported("fake backends import no events");
+  Status create_events(int, std::shared_ptr<const ClientEvents>*) override {
+    return Status::not_supported("fake backends make no events");
   }
   Status make_executor(MemoryKind, ThreadPool*, const Logger&, std::unique_ptr<BucketExecutor>* out) override {
     *out = std::make_unique<FakeExecutor>(log_);

@@ -28,11 +28,16 @@ class HostBackedDeviceApi final : public DeviceApi {
   Status allocation_size(int, void*, size_t*) override { return Status::not_supported("fake"); }
   Status open_ipc_memory(int, const IpcHandle&, void**) override { return Status::not_supported("fake"); }
   Status close_ipc_memory(int, void*) override { return Status::not_supported("fake"); }
-  // An interprocess event is named by its handle's first two bytes: "r0.5" is client 0's ready
-  // slot 5 when the test makes handles that way (see name_event).
-  Status open_ipc_event(int, const IpcHandle& h, void** event) override {
-    names.push_back(std::string(1, static_cast<char>(h[0])) + std::to_string(h[1]) + "." + std::to_string(h[2]));
+  // Interprocess events are named "<name_prefix>.<n>", n counting from 0 per prefix: a test that
+  // sets the prefix to "r0" before creating client 0's ready ring sees slot 5 as "r0.5".
+  Status create_ipc_event(int, void** event, IpcHandle* handle) override {
+    if (name_prefix != last_prefix_) {
+      last_prefix_ = name_prefix;
+      made_with_prefix_ = 0;
+    }
+    names.push_back(name_prefix + "." + std::to_string(made_with_prefix_++));
     *event = reinterpret_cast<void*>(names.size());  // 1-based index into names
+    handle->fill(static_cast<unsigned char>(names.size()));
     ++events;
     return Status();
   }
@@ -94,11 +99,14 @@ class HostBackedDeviceApi final : public DeviceApi {
   }
 
   std::map<void*, size_t> allocations;
-  std::vector<std::string> names;               // opened interprocess events
+  std::vector<std::string> names;               // created interprocess events
+  std::string name_prefix = "ev";
   std::vector<std::string>* trace = nullptr;    // waits, records and launches, in order
   std::atomic<bool> events_pending{false};
   int events = 0;
   int records = 0;
+  std::string last_prefix_;
+  int made_with_prefix_ = 0;
   int uploads = 0;
   int streams = 0;
   int synchronizations = 0;

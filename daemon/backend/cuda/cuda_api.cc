@@ -163,16 +163,22 @@ class CudaDeviceApi final : public DeviceApi {
     if (!scope.status().ok()) return scope.status();
     return check(cudaIpcCloseMemHandle(base), "cudaIpcCloseMemHandle");
   }
-  Status open_ipc_event(int device, const IpcHandle& handle, void** event) override {
+  Status create_ipc_event(int device, void** event, IpcHandle* handle) override {
     DeviceScope scope(device);
     if (!scope.status().ok()) return scope.status();
+    cudaEvent_t created = nullptr;
+    Status s = check(cudaEventCreateWithFlags(&created, cudaEventInterprocess | cudaEventDisableTiming),
+                     "cudaEventCreateWithFlags (interprocess)");
+    if (!s.ok()) return s;
     cudaIpcEventHandle_t h;
     static_assert(sizeof(h) == sizeof(IpcHandle));
-    std::memcpy(&h, handle.data(), sizeof(h));
-    cudaEvent_t opened = nullptr;
-    Status s = check(cudaIpcOpenEventHandle(&opened, h), "cudaIpcOpenEventHandle");
-    *event = opened;
-    return s;
+    if (s = check(cudaIpcGetEventHandle(&h, created), "cudaIpcGetEventHandle"); !s.ok()) {
+      cudaEventDestroy(created);
+      return s;
+    }
+    std::memcpy(handle->data(), &h, sizeof(h));
+    *event = created;
+    return Status();
   }
   Status destroy_event(int device, void* event) override {
     DeviceScope scope(device);

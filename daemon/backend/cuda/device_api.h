@@ -38,8 +38,11 @@ class DeviceApi {
   virtual Status open_ipc_memory(int device, const IpcHandle& handle, void** base) = 0;
   virtual Status close_ipc_memory(int device, void* base) = 0;
 
-  // Opens another process's interprocess event (cudaIpcOpenEventHandle) on `device`.
-  virtual Status open_ipc_event(int device, const IpcHandle& handle, void** event) = 0;
+  // Creates an interprocess event on `device` (cudaEventInterprocess | cudaEventDisableTiming)
+  // and its handle for a client to open (cudaIpcGetEventHandle). The daemon creates the events
+  // it uses with clients and never opens one a client names: an event handle is no more proof
+  // of ownership than a memory handle.
+  virtual Status create_ipc_event(int device, void** event, IpcHandle* handle) = 0;
   virtual Status destroy_event(int device, void* event) = 0;
   // An event of the daemon's own on `device` (cudaEventDisableTiming), and whether the work
   // before its latest record is done (cudaEventQuery; an error is a sticky CUDA error).

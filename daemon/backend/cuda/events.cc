@@ -2,20 +2,18 @@
 
 namespace gradsync::cuda {
 
-Status EventRing::open(DeviceApi* api, int device, std::span<const IpcHandle> handles, std::unique_ptr<EventRing>* out) {
-  if (handles.size() != kEventsPerDirection) {
-    return Status::invalid_argument("an event ring needs " + std::to_string(kEventsPerDirection) + " event handles, got " +
-                                    std::to_string(handles.size()));
-  }
+Status EventRing::create(DeviceApi* api, int device, std::unique_ptr<EventRing>* out) {
   std::unique_ptr<EventRing> ring(new EventRing(api, device));
-  for (size_t i = 0; i < handles.size(); ++i) {
+  for (uint32_t i = 0; i < kEventsPerDirection; ++i) {
     void* event = nullptr;
-    if (Status status = api->open_ipc_event(device, handles[i], &event); !status.ok()) {
-      return Status(status.code(), "opening interprocess event " + std::to_string(i) + " of " +
-                                       std::to_string(handles.size()) + " on device " + std::to_string(device) + ": " +
-                                       status.message());
+    IpcHandle handle{};
+    if (Status status = api->create_ipc_event(device, &event, &handle); !status.ok()) {
+      return Status(status.code(), "creating interprocess event " + std::to_string(i) + " of " +
+                                       std::to_string(kEventsPerDirection) + " on device " + std::to_string(device) +
+                                       ": " + status.message());
     }
     ring->events_.push_back(event);  // destroyed with the ring, also when a later one fails
+    ring->handles_.push_back(handle);
   }
   *out = std::move(ring);
   return Status();

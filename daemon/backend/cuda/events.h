@@ -1,6 +1,8 @@
-// One client's interprocess events in one direction (DESIGN.md decision 7): K events the
-// client created with cudaEventInterprocess | cudaEventDisableTiming and exported at
-// registration, opened here once. Operation `seq` uses event seq % K in both directions.
+// One client's interprocess events in one direction (DESIGN.md decision 7): K events the daemon
+// creates with cudaEventInterprocess | cudaEventDisableTiming when the client registers a
+// device set; their handles go back in the RegisterReply and the client opens them. (The
+// daemon never opens a handle a client names: that would let a client point the daemon at
+// another job's events.) Operation `seq` uses event seq % K in both directions.
 //   ready: the client records event seq % K on its stream, then pushes the ring entry; the
 //          daemon makes its stream wait on the event only after reading that entry (a wait on
 //          an event never recorded does nothing, so the order of those two steps is the
@@ -26,9 +28,9 @@ inline constexpr uint32_t kEventsPerDirection = kDeviceEventsPerDirection;
 
 class EventRing {
  public:
-  // Opens every handle on `device`; on a failure the events opened so far are destroyed and the
-  // error names the slot. `handles` must hold kEventsPerDirection handles.
-  static Status open(DeviceApi* api, int device, std::span<const IpcHandle> handles, std::unique_ptr<EventRing>* out);
+  // Creates the K events on `device`; on a failure the events made so far are destroyed and the
+  // error names the slot.
+  static Status create(DeviceApi* api, int device, std::unique_ptr<EventRing>* out);
   ~EventRing();
   EventRing(const EventRing&) = delete;
   EventRing& operator=(const EventRing&) = delete;
@@ -46,6 +48,10 @@ class EventRing {
   DeviceApi* api_;
   int device_;
   std::vector<void*> events_;
+  std::vector<IpcHandle> handles_;
+
+ public:
+  const std::vector<IpcHandle>& handles() const { return handles_; }
 };
 
 // Both rings of one client's device set: what the control plane holds for it (as ClientEvents)
@@ -53,7 +59,12 @@ class EventRing {
 class ClientEventRings final : public ClientEvents {
  public:
   ClientEventRings(int device, std::unique_ptr<EventRing> ready, std::unique_ptr<EventRing> done)
-      : device_(device), ready_(std::move(ready)), done_(std::move(done)) {}
+      : device_(device), ready_(std::move(ready)), done_(std::move(done)) {
+    for (const IpcHandle& h : ready_->handles()) ready_handles_.emplace_back(h.begin(), h.end());
+    for (const IpcHandle& h : done_->handles()) done_handles_.emplace_back(h.begin(), h.end());
+  }
+  std::vector<std::string> ready_handles() const override { return ready_handles_; }
+  std::vector<std::string> done_handles() const override { return done_handles_; }
   int device() const { return device_; }
   const EventRing& ready() const { return *ready_; }
   const EventRing& done() const { return *done_; }
@@ -62,6 +73,7 @@ class ClientEventRings final : public ClientEvents {
   int device_;
   std::unique_ptr<EventRing> ready_;
   std::unique_ptr<EventRing> done_;
+  std::vector<std::string> ready_handles_, done_handles_;
 };
 
 }  // namespace gradsync::cuda
