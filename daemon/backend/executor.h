@@ -18,9 +18,12 @@
 //     every node (device executors create the set's communicators there). It may block up to
 //     the job timeout; abort() ends it promptly.
 //   - A device executor may answer once the bucket's work is queued in order on the GPU (the
-//     clients' streams wait on its done events). quiesce() returns once nothing launched
-//     earlier still touches client memory: the worker calls it before it tells clients a job
-//     failed, since they may then free or reuse their buffers. Bounded once abort() ran.
+//     clients' streams wait on its done events). quiesce(deadline) says whether nothing
+//     launched earlier still touches client memory by the deadline: the worker calls it before
+//     it tells clients a job failed, since they may then free or reuse their buffers. The GPU
+//     work may wait on a client's ready event that never fires, which nothing can cancel; when
+//     quiesce() says false, the executor has already given up its resources for lost (it
+//     frees nothing) and the worker must keep the job's memory mapped for good.
 //   - The destructor waits for the bucket in flight; abort first to bound that wait.
 #pragma once
 
@@ -77,7 +80,7 @@ class BucketExecutor {
   // Fails the bucket in flight and every later launch with `why`. Any thread; idempotent.
   virtual void abort(const Status& why) = 0;
 
-  virtual void quiesce() {}
+  virtual bool quiesce(std::chrono::steady_clock::time_point /*deadline*/) { return true; }
 };
 
 }  // namespace gradsync

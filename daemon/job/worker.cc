@@ -533,9 +533,23 @@ void Worker::shut_down(const Status& status) {
   // is back. The aborts bound this wait to about a second.
   wait_for_flight();
   // A device executor answers buckets once they are queued on the GPU: drain that work before
-  // the clients learn of the failure and free or reuse their buffers. Only this thread adds
-  // executors, so the map is read without the lock (which abort() from other threads takes).
-  for (auto& [kind, executor] : executors_) executor->quiesce();
+  // the clients learn of the failure and free or reuse their buffers, within the job timeout.
+  // Only this thread adds executors, so the map is read without the lock (which abort() from
+  // other threads takes).
+  const auto drain_by = std::chrono::steady_clock::now() + options_.timeout;
+  bool drained = true;
+  for (auto& [kind, executor] : executors_) drained = executor->quiesce(drain_by) && drained;
+  if (!drained) {
+    // GPU work may still read or write the clients' memory (it waits on a ready event that will
+    // never fire). Unmapping it would fault the GPU context every job on it shares, so the
+    // job's sets, and with them every mapping, are kept for the life of the daemon: leaked on
+    // purpose, and logged.
+    std::lock_guard lock(mutex_);
+    auto* kept = new std::vector<std::shared_ptr<const TensorSet>>();
+    for (auto& [id, set] : sets_) kept->push_back(set);
+    options_.log.error("GPU work of this job did not drain within the job timeout; its " +
+                       std::to_string(kept->size()) + " sets stay mapped until gradsyncd restarts");
+  }
   // Publish the sticky error first so that clients fail later submissions without waiting.
   for (auto& client : clients_) {
     if (client) client->channel->publish_failure(status);

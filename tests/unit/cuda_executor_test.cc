@@ -503,16 +503,17 @@ TEST_CASE("cuda executor: device order through the clients' event rings, answere
       for (int c = 0; c < kClients; ++c) CHECK(f.tensor(c, t) == f.reduced(sum, t));
     }
     // Per bucket: the stream waits for every client's ready record, then the kernels, then the
-    // done records; no host synchronisation before the answers.
-    const std::vector<std::string> bucket = {"wait r0.1", "wait r1.1", "wait r2.1", "gather",
-                                             "scatter",   "record d0.1", "record d1.1", "record d2.1"};
+    // done records, then the executor's own event that tracks the queued bucket; no host
+    // synchronisation before the answers.
+    const std::vector<std::string> bucket = {"wait r0.1",   "wait r1.1",   "wait r2.1",   "gather",    "scatter",
+                                             "record d0.1", "record d1.1", "record d2.1", "record own"};
     std::vector<std::string> want;
     for (size_t b = 0; b < f.set->plan.buckets.size(); ++b) want.insert(want.end(), bucket.begin(), bucket.end());
     CHECK(trace == want);
     CHECK(f.api.synchronizations == 0);
     // A failing job drains the stream before the clients hear of it.
-    executor.quiesce();
-    CHECK(f.api.synchronizations == 1);
+    CHECK(executor.quiesce(std::chrono::steady_clock::now() + std::chrono::seconds(1)));
+    CHECK(f.api.synchronizations == 0);
     // Operation 65 reuses slot 1.
     trace.clear();
     BucketCall call;
@@ -524,7 +525,7 @@ TEST_CASE("cuda executor: device order through the clients' event rings, answere
     executor.launch(call, [&](const Status& s) { answer = s; });
     REQUIRE(answer.ok());
     CHECK(trace.front() == "wait r0.1");
-    CHECK(trace.back() == "record d2.1");
+    CHECK(trace[trace.size() - 2] == "record d2.1");
   }
   f.set.reset();
   set.reset();
@@ -598,6 +599,67 @@ TEST_CASE("cuda executor: one flat client per GPU is reduced in place, zero-copy
       }
     }
   }
+}
+
+namespace {
+
+// A fixture whose clients registered event rings, as the daemon makes them.
+void add_event_rings(Fixture& f) {
+  auto set = std::make_shared<TensorSet>(*f.set);
+  for (int c = 0; c < kClients; ++c) {
+    std::unique_ptr<EventRing> ready, done;
+    REQUIRE(EventRing::create(&f.api, 0, &ready).ok());
+    REQUIRE(EventRing::create(&f.api, 0, &done).ok());
+    set->events.push_back(std::make_shared<ClientEventRings>(0, std::move(ready), std::move(done)));
+  }
+  f.set = set;
+}
+
+}  // namespace
+
+TEST_CASE("cuda executor: a stream stuck on a client's ready event is noticed, and never freed under the GPU",
+          "[cuda][executor][events]") {
+  Fixture f(DType::kFloat32);
+  add_event_rings(f);
+  CudaExecutor executor(&f.api, &f.kernels, nullptr, Logger(LogLevel::kError));
+  LocalRendezvous local;
+  SetAdmission admission{"j", &local, &f.topology};
+  admission.execution_timeout = std::chrono::milliseconds(100);
+  REQUIRE(executor.admit(*f.set, admission).ok());
+  // The GPU never gets through anything (a ready event that never fires).
+  f.api.events_pending = true;
+  BucketCall call;
+  call.desc.kind = OpKind::kAllreduce;
+  call.set = f.set;
+  call.topology = &f.topology;
+  Status failed;
+  const auto started = std::chrono::steady_clock::now();
+  for (uint64_t seq = 1; seq <= 20 && failed.ok(); ++seq) {
+    call.seq = seq;
+    executor.launch(call, [&](const Status& s) { failed = s; });
+  }
+  // At most 8 buckets queue; the 9th waits for the oldest, which is past the execution bound.
+  CHECK(failed.code() == ErrorCode::kTimeout);
+  CHECK_THAT(failed.message(), Catch::Contains("was queued 100 ms ago (the execution bound) and has not run"));
+  CHECK(std::chrono::steady_clock::now() - started < std::chrono::seconds(2));
+  // The job fails; the drain gives up at its deadline, and from then on nothing is freed.
+  const size_t allocated = f.api.allocations.size();
+  CHECK_FALSE(executor.quiesce(std::chrono::steady_clock::now() + std::chrono::milliseconds(50)));
+  CHECK_FALSE(executor.quiesce(std::chrono::steady_clock::now() + std::chrono::seconds(5)));  // at once: lost
+  CHECK(allocated > 0);
+}
+
+TEST_CASE("cuda executor: after a lost drain the destructor frees nothing", "[cuda][executor][events]") {
+  Fixture f(DType::kFloat32);
+  add_event_rings(f);
+  {
+    CudaExecutor executor(&f.api, &f.kernels, nullptr, Logger(LogLevel::kError));
+    REQUIRE(f.run(executor, OpKind::kAllreduce, reduce::KernelArgs{}).ok());
+    f.api.events_pending = true;
+    REQUIRE_FALSE(executor.quiesce(std::chrono::steady_clock::now() + std::chrono::milliseconds(20)));
+  }
+  CHECK_FALSE(f.api.allocations.empty());  // tables and bucket buffer kept: the GPU may still use them
+  CHECK(f.api.streams > 0);
 }
 
 }  // namespace gradsync::cuda

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <set>
+#include <thread>
 
 #include "daemon/backend/cuda/events.h"
 #include "daemon/backend/cuda/work_items.h"
@@ -26,6 +27,7 @@ CudaExecutor::CudaExecutor(DeviceApi* api, KernelLauncher* kernels, DeviceEngine
     : api_(api), kernels_(kernels), engine_factory_(engines), log_(std::move(log)) {}
 
 CudaExecutor::~CudaExecutor() {
+  if (lost_) return;  // GPU work may still use all of it: leaked on purpose (quiesce())
   // The engines first: each answers its bucket in flight (draining the streams) after aborting
   // its communicators, so nothing below is freed under a running kernel.
   std::map<std::pair<uint32_t, std::string>, std::unique_ptr<DeviceCollectiveEngine>> engines;
@@ -45,13 +47,55 @@ CudaExecutor::~CudaExecutor() {
   for (auto& [device, state] : devices_) {
     if (state.bucket_buffer) (void)api_->free(device, state.bucket_buffer);
     if (state.done_event) (void)api_->destroy_event(device, state.done_event);
+    for (const Queued& q : state.queued) (void)api_->destroy_event(device, q.event);
+    for (void* e : state.spare_events) (void)api_->destroy_event(device, e);
     if (state.stream) (void)api_->destroy_stream(device, state.stream);
   }
 }
 
-void CudaExecutor::quiesce() {
+bool CudaExecutor::quiesce(std::chrono::steady_clock::time_point deadline) {
+  if (lost_) return false;
   for (auto& [device, state] : devices_) {
-    if (state.stream) (void)api_->synchronize(state.stream);
+    if (!state.stream) continue;
+    if (!state.done_event && !api_->create_event(device, &state.done_event).ok()) continue;
+    if (!api_->record_event(state.done_event, state.stream).ok()) continue;
+    for (;;) {
+      bool done = false;
+      if (!api_->query_event(device, state.done_event, &done).ok() || done) break;
+      if (std::chrono::steady_clock::now() >= deadline) {
+        lost_ = true;
+        log_.error("GPU " + std::to_string(device) + ": the daemon's stream did not drain in time (a client's ready "
+                   "event that never fires?); the job's GPU resources and client memory stay allocated until "
+                   "gradsyncd restarts");
+        return false;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    for (const Queued& q : state.queued) state.spare_events.push_back(q.event);
+    state.queued.clear();
+  }
+  return true;
+}
+
+Status CudaExecutor::retire(int device, bool room_for_one) {
+  Device& state = devices_.at(device);
+  for (;;) {
+    while (!state.queued.empty()) {
+      bool done = false;
+      if (Status s = api_->query_event(device, state.queued.front().event, &done); !s.ok()) return s;
+      if (!done) break;
+      state.spare_events.push_back(state.queued.front().event);
+      state.queued.pop_front();
+    }
+    if (!room_for_one || state.queued.size() < kMaxQueued) return Status();
+    const Queued& oldest = state.queued.front();
+    if (std::chrono::steady_clock::now() - oldest.since > execution_timeout_) {
+      return Status::timeout(oldest.what + " on GPU " + std::to_string(device) + " was queued " +
+                             std::to_string(execution_timeout_.count()) +
+                             " ms ago (the execution bound) and has not run: its stream waits on a client's ready "
+                             "event that was never reached (a trainer's stream stuck or dead?)");
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
 }
 
@@ -114,6 +158,10 @@ int CudaExecutor::device_of_client(const TensorSet& set, size_t bucket, uint32_t
 }
 
 Status CudaExecutor::admit(const TensorSet& set, const SetAdmission& admission) {
+  // The watchdog's bound for a bucket: waiting for the slowest peer plus the transfer, as the
+  // worker's execution bound allows it (a peer late in its backward pass is not a hang).
+  watch_timeout_ = admission.execution_timeout + admission.timeout;
+  execution_timeout_ = admission.execution_timeout;
   std::set<std::string> groups;
   for (const auto& bucket : set.plan.buckets) groups.insert(bucket.group);
   // Sorted, as on every node: communicators are created in the same order everywhere.
@@ -167,9 +215,6 @@ Status CudaExecutor::admit(const TensorSet& set, const SetAdmission& admission) 
       if (engines_.count({set.id, group})) continue;
       engines_.emplace(std::make_pair(set.id, group), std::move(made));
     }
-    // The watchdog's bound for a bucket: waiting for the slowest peer plus the transfer, as
-    // the worker's execution bound allows it (a peer late in its backward pass is not a hang).
-    watch_timeout_ = admission.execution_timeout + admission.timeout;
     if (Status status = engine->connect(admission.rendezvous); !status.ok()) return status;
     std::string here;
     for (int d : devices) here += (here.empty() ? "" : ",") + std::to_string(d);
@@ -235,6 +280,17 @@ Status CudaExecutor::device_state(int device, size_t bucket_bytes, Device** out)
     if (Status s = api_->create_stream(device, &state.stream); !s.ok()) return s;
   }
   if (state.bucket_bytes < bucket_bytes) {
+    // Buckets answered at enqueue may still use the old buffer: let them finish first (and a
+    // cudaFree would wait for the whole device anyway, without a bound).
+    while (!state.queued.empty()) {
+      if (Status s = retire(device, false); !s.ok()) return s;
+      if (state.queued.empty()) break;
+      if (std::chrono::steady_clock::now() - state.queued.front().since > execution_timeout_) {
+        return Status::timeout("GPU " + std::to_string(device) + ": " + state.queued.front().what +
+                               " has not run within the execution bound; its stream waits on a client's ready event");
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
     if (state.bucket_buffer) (void)api_->free(device, state.bucket_buffer);
     state.bucket_buffer = nullptr;
     state.bucket_bytes = 0;
@@ -376,6 +432,10 @@ Status CudaExecutor::run_single(const BucketCall& call) {
   if (Status s = api_->make_current(device); !s.ok()) return s;
   Device* state = nullptr;
   if (Status s = device_state(device, std::max<size_t>(1, set.bucket_elements[b] * acc), &state); !s.ok()) return s;
+  // Device-ordered buckets are answered at enqueue: bound how many wait on the GPU.
+  if (Status s = retire(device, device_ordered(call)); !s.ok()) {
+    return Status(s.code(), where + ": " + s.message(), s.where());
+  }
 
   const int root = static_cast<int>(call.desc.root % call.topology->local_world_size);
   Launches launches;
@@ -409,8 +469,29 @@ Status CudaExecutor::run_single(const BucketCall& call) {
   }
   if (status.ok()) status = record_done(call, device);
   // Device-ordered: the clients' streams wait on the done events, and quiesce() drains the
-  // stream before a failed job lets go of client memory.
-  if (status.ok() && device_ordered(call)) return Status();
+  // stream before a failed job lets go of client memory. The bucket joins the device's queue,
+  // so a stream that stops moving is noticed within the execution bound.
+  if (device_ordered(call)) {
+    // A failure fails the job, whose worker drains the stream within a bound (quiesce()): a
+    // synchronisation here could wait forever on a client's ready event.
+    if (!status.ok()) {
+      return Status(status.code(), where + " on GPU " + std::to_string(device) + ": " + status.message());
+    }
+    Queued q{nullptr, std::chrono::steady_clock::now(), where};
+    if (!state->spare_events.empty()) {
+      q.event = state->spare_events.back();
+      state->spare_events.pop_back();
+    } else {
+      status = api_->create_event(device, &q.event);
+    }
+    if (status.ok()) status = api_->record_event(q.event, state->stream);
+    if (status.ok()) {
+      state->queued.push_back(q);
+      return Status();
+    }
+    if (q.event) state->spare_events.push_back(q.event);
+    return Status(status.code(), where + " on GPU " + std::to_string(device) + ": " + status.message());
+  }
   // Otherwise nothing that was enqueued may still touch client memory once the answer is out.
   const Status synchronized = api_->synchronize(state->stream);
   if (status.ok()) status = synchronized;

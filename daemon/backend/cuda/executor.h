@@ -32,6 +32,7 @@
 #pragma once
 
 #include <chrono>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -61,8 +62,9 @@ class CudaExecutor final : public BucketExecutor {
   Status admit(const TensorSet& set, const SetAdmission& admission) override;
   void launch(BucketCall call, BucketDone done) override;
   void abort(const Status& why) override;
-  // Synchronises every stream of the executor's.
-  void quiesce() override;
+  // Waits, polling, until every stream of the executor's is through what it was given, or the
+  // deadline; on a timeout it marks itself lost: the destructor then frees nothing.
+  bool quiesce(std::chrono::steady_clock::time_point deadline) override;
 
  private:
   // One launch's table in device memory.
@@ -78,12 +80,26 @@ class CudaExecutor final : public BucketExecutor {
   // (set id, bucket, side, GPU, the one client of a root-only launch or -1, the root it skips
   // or -1, whether it counts bytes rather than elements)
   using TableKey = std::tuple<uint32_t, size_t, Side, int, int, int, bool>;
+  struct Queued {
+    void* event = nullptr;  // recorded after the bucket's last kernel
+    std::chrono::steady_clock::time_point since;
+    std::string what;
+  };
   struct Device {
     void* stream = nullptr;
     void* bucket_buffer = nullptr;
     size_t bucket_bytes = 0;
     void* done_event = nullptr;  // recorded after a multi-GPU bucket's last kernel
+    // One-GPU buckets answered at enqueue, oldest first, at most kMaxQueued: a client whose
+    // ready event never fires stalls the stream, and this is how the executor notices.
+    std::deque<Queued> queued;
+    std::vector<void*> spare_events;
   };
+  static constexpr size_t kMaxQueued = 8;
+
+  // Retires finished buckets of `device`'s queue; with `room_for_one`, waits (polling) until the
+  // queue has room, failing when its oldest bucket is older than the execution bound.
+  Status retire(int device, bool room_for_one);
   // Which launches a bucket makes on one GPU.
   struct Launches {
     int only = -1;          // gather from this local rank only (a broadcast's root)
@@ -143,6 +159,8 @@ class CudaExecutor final : public BucketExecutor {
   std::map<int, Device> devices_;
   std::map<TableKey, std::pair<int, Table>> tables_;  // with the device they live on
   std::chrono::milliseconds watch_timeout_{30'000};    // the job timeout, from admit()
+  std::chrono::milliseconds execution_timeout_{600'000};  // from admit()
+  bool lost_ = false;  // quiesce() timed out: GPU work may still use everything; free nothing
 };
 
 }  // namespace gradsync::cuda
