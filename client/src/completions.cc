@@ -148,6 +148,11 @@ Status Completions::job_failure() {
   return failure_;
 }
 
+Status Completions::health() {
+  if (Status failed = job_failure(); !failed.ok()) return failed;
+  return daemon_gone_ ? daemon_gone_() : Status();
+}
+
 // Work is a thin handle on Completions.
 
 bool Work::is_completed() const {
@@ -167,10 +172,17 @@ bool Work::wait(std::chrono::milliseconds timeout) const {
   if (!completions_->wait(seq_, deadline, &status)) return false;
   throw_if_error(status);
   if (!events_) return true;
-  // The daemon answered once the work was queued: the results are there when its done event is.
-  bool done = false;
-  throw_if_error(events_->host_wait_done(seq_, deadline, &done));
-  return done;
+  // The daemon answered once the work was queued: the results are there when its done event
+  // is. Polled in slices, so that a job that fails meanwhile (a stream the daemon had to give
+  // up on, a daemon that died) is reported rather than waited out.
+  for (;;) {
+    bool done = false;
+    const auto slice = std::min(deadline, std::chrono::steady_clock::now() + std::chrono::milliseconds(10));
+    throw_if_error(events_->host_wait_done(seq_, slice, &done));
+    if (done) return true;
+    throw_if_error(completions_->health());
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+  }
 }
 
 bool Work::wait_stream(void* stream, std::chrono::milliseconds timeout) const {

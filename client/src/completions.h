@@ -52,6 +52,8 @@ class Completions {
 
   // The job's sticky error, ok while healthy.
   Status job_failure();
+  // The job's sticky error, or why the daemon is gone; ok while both are fine. Never blocks.
+  Status health();
 
  private:
   bool has_entries() const;

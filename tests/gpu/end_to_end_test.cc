@@ -252,6 +252,15 @@ TEST_CASE("gpu end to end: memory from cudaMalloc through the legacy route, for 
         if (got[i] != value(0, i) + value(1, i)) return fail("legacy: element " + std::to_string(i));
       }
     }
+    // The daemon closes its opening when the job is over, after the clients went: only then
+    // may the memory be freed (README: the legacy route's lifetime rule).
+    client.reset();
+    for (int i = 0; i < 1000 && daemon.log().find("job=" + job + " uid=" + std::to_string(::getuid()) + ": ended") ==
+                                    std::string::npos;
+         ++i) {
+      ::usleep(10'000);
+    }
+    ::usleep(200'000);  // the job's worker stops (and lets go of the sets) just after that line
     cudaFree(base);
     return kOk;
   });

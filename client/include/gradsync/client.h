@@ -56,7 +56,9 @@ class Client {
   // holds spec's elements on `device`. It reaches the daemon as a legacy CUDA IPC handle of its
   // allocation (opened once per allocation there, and shared by every tensor in it), so the
   // daemon must trust this user (gradsyncd --legacy-ipc-uid); otherwise it is refused with an
-  // Error that says so. The memory must stay allocated while any set using it is registered.
+  // Error that says so. The memory must stay allocated until this client is destroyed (the
+  // daemon keeps the allocation open until the client disconnects; freeing it first is
+  // undefined behaviour in CUDA, and a fault there would hit every job on the GPU).
   // Prefer allocate_device: its buffers pass by descriptor and need no trust.
   virtual SharedTensor share_device(const TensorSpec& spec, void* data, int device) = 0;
 

@@ -156,7 +156,21 @@ class CudaDeviceApi final : public DeviceApi {
     cudaIpcMemHandle_t h;
     static_assert(sizeof(h) == sizeof(IpcHandle));
     std::memcpy(&h, handle.data(), sizeof(h));
-    return check(cudaIpcOpenMemHandle(base, h, cudaIpcMemLazyEnablePeerAccess), "cudaIpcOpenMemHandle");
+    if (Status s = check(cudaIpcOpenMemHandle(base, h, cudaIpcMemLazyEnablePeerAccess), "cudaIpcOpenMemHandle");
+        !s.ok()) {
+      return s;
+    }
+    // The flag would map an allocation of another GPU through peer access: the memory must be
+    // on the GPU the client named, which is the one the executor launches on.
+    cudaPointerAttributes attributes{};
+    if (cudaPointerGetAttributes(&attributes, *base) != cudaSuccess || attributes.device != device) {
+      const int actual = attributes.device;
+      cudaIpcCloseMemHandle(*base);
+      *base = nullptr;
+      return Status::invalid_argument("the IPC handle names memory on GPU " + std::to_string(actual) + ", not on GPU " +
+                                      std::to_string(device) + " as the client said");
+    }
+    return Status();
   }
   Status close_ipc_memory(int device, void* base) override {
     DeviceScope scope(device);
