@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The device check: what a session lent a GPU machine runs, in one call, within 8 minutes.
+# The device check: what a session lent a GPU machine runs, in one call, within 8 minutes (the
+# stages' timeouts add up to 600 s at worst; a stuck stage loses its own rows, not the table).
 # Runs the GPU tests, then the benchmarks, and prints a table with the peer and the floor of
 # each measurement from the same run. Uses the machine's CUDA driver and the NCCL of its
 # nvidia-nccl-cu13 Python package.
@@ -32,24 +33,24 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader ||
 note "NCCL from ${nccl:-nowhere (not found)}"
 
 echo "== GPU tests"
-gputests=$(ours timeout 300 "$bundle/bin/gradsync_gpu_tests" --durations yes 2>&1)
+gputests=$(ours timeout 150 "$bundle/bin/gradsync_gpu_tests" --durations yes 2>&1)
 status=$?
 grep '^nccl:' <<<"$gputests"
 tail -40 <<<"$gputests"
 [[ $status -eq 0 ]] || { note "GPU tests exited $status"; fail=1; }
 
 echo "== end to end: gradsyncd and client processes on the GPU"
-GRADSYNCD_BINARY="$bundle/bin/gradsyncd" ours timeout 300 "$bundle/bin/gradsync_gpu_e2e_tests" --durations yes 2>&1 | tail -40
+GRADSYNCD_BINARY="$bundle/bin/gradsyncd" ours timeout 150 "$bundle/bin/gradsync_gpu_e2e_tests" --durations yes 2>&1 | tail -40
 status=${PIPESTATUS[0]}
 [[ $status -eq 0 ]] || { note "end-to-end GPU tests exited $status"; fail=1; }
 
 echo "== benchmarks"
-kernels=$(ours timeout 120 "$bundle/bin/gradsync-gpu-bench" --iterations 50 2>&1) || { note "gradsync-gpu-bench failed"; fail=1; }
+kernels=$(ours timeout 60 "$bundle/bin/gradsync-gpu-bench" --iterations 50 2>&1) || { note "gradsync-gpu-bench failed"; fail=1; }
 echo "$kernels"
-torch=$(ours "$bundle/bin/gradsync-gpu-bench" --print-layout | timeout 120 python3 "$bundle/torch_flatten.py" 50 2>&1) ||
+torch=$(ours "$bundle/bin/gradsync-gpu-bench" --print-layout | timeout 60 python3 "$bundle/torch_flatten.py" 50 2>&1) ||
   { note "torch_flatten.py failed"; fail=1; }
 echo "$torch"
-daemon=$(ours timeout 180 "$bundle/bin/gradsync-gpu-daemon-bench" --gradsyncd "$bundle/bin/gradsyncd" --steps 20 --round-trips 500 2>&1) ||
+daemon=$(ours timeout 90 "$bundle/bin/gradsync-gpu-daemon-bench" --gradsyncd "$bundle/bin/gradsyncd" --steps 20 --round-trips 500 2>&1) ||
   { note "gradsync-gpu-daemon-bench failed"; tail -20 /tmp/gradsync-daemon-bench.log; fail=1; }
 echo "$daemon"
 daemonlog=$(cat /tmp/gradsync-daemon-bench.log 2>/dev/null)
@@ -57,7 +58,7 @@ daemonlog=$(cat /tmp/gradsync-daemon-bench.log 2>/dev/null)
 mps=""
 if command -v nvidia-cuda-mps-control >/dev/null && nvidia-cuda-mps-control -d 2>/dev/null; then
   sleep 1
-  mps=$(ours timeout 180 "$bundle/bin/gradsync-gpu-daemon-bench" --gradsyncd "$bundle/bin/gradsyncd" --steps 20 --round-trips 100 2>&1) ||
+  mps=$(ours timeout 90 "$bundle/bin/gradsync-gpu-daemon-bench" --gradsyncd "$bundle/bin/gradsyncd" --steps 20 --round-trips 100 2>&1) ||
     { note "gradsync-gpu-daemon-bench under MPS failed"; }
   echo "MPS: $mps"
   echo quit | nvidia-cuda-mps-control

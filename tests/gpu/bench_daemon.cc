@@ -91,7 +91,11 @@ int trainer(const std::string& socket, const std::string& job, int rank, int ste
     };
     for (int i = 0; i < 3; ++i) time_kernel();
     std::vector<double> alone, during;
+    // A small allreduce is a barrier: both trainers time "alone" together, and then "during"
+    // together, so neither's samples fall into the other's phase.
+    timed(small_set);
     for (int i = 0; i < steps; ++i) alone.push_back(time_kernel());
+    timed(small_set);
     std::atomic<bool> reducing{true};
     std::thread reducer([&] {
       for (int i = 0; i < steps; ++i) client->allreduce(big_set, avg).wait(std::chrono::seconds(60));
@@ -100,7 +104,7 @@ int trainer(const std::string& socket, const std::string& job, int rank, int ste
     while (reducing.load()) during.push_back(time_kernel());
     reducer.join();
     compute_ms = median(alone);
-    compute_during_ms = median(during);
+    compute_during_ms = during.empty() ? -1 : median(during);  // -1: no sample, printed as missing
     cudaFree(work);
     cudaStreamDestroy(compute);
   }

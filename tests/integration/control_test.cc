@@ -320,14 +320,20 @@ control::Request device_segment(control::MemoryKind kind, uint64_t bytes, size_t
 TEST_CASE("device memory on a daemon without a usable GPU is refused clearly, and host jobs go on",
           "[integration][control][device]") {
   // No machine here (nor CI) has a GPU: whether gradsyncd was built with the CUDA backend or
-  // not, it says why it cannot take device memory.
+  // not, it says why it cannot take device memory. (On a machine with a GPU the made-up UUID
+  // names no GPU, and that is the answer.)
   TestDaemon daemon;
+  if (daemon.log().find("serving host memory only") == std::string::npos) {
+    WARN("this machine has a usable GPU: the no-GPU answers are not what it gives");  // Catch2 v2: no SKIP
+    return;
+  }
   CHECK_THAT(daemon.log(), Catch::Contains("CUDA: ") && Catch::Contains("serving host memory only"));
   // (Catch2 v2 composes matchers by reference, so each CHECK_THAT builds its own.)
   MappedMemfd stand_in = MappedMemfd::create("test", 4096);  // any descriptor: it is refused first
   const std::string vmm = error_for(daemon, device_segment(control::CUDA_VMM, 2 << 20, 16, 0), {stand_in.fd().get()}, 1);
   CHECK_THAT(vmm, Catch::StartsWith("segment: CUDA VMM memory: ") && Catch::Contains("host memory only") &&
-                      (Catch::Contains("no usable GPU here") || Catch::Contains("built without the CUDA backend")));
+                      (Catch::Contains("no usable GPU here") || Catch::Contains("built without the CUDA backend") ||
+                       Catch::Contains("no GPU with the client's UUID")));
   // Legacy handles are refused by policy first, naming the setting that would trust this user.
   const std::string uid = std::to_string(::getuid());
   const std::string untrusted = error_for(daemon, device_segment(control::CUDA_LEGACY_IPC, 4096, 16, 64), {}, 0);
@@ -338,7 +344,8 @@ TEST_CASE("device memory on a daemon without a usable GPU is refused clearly, an
   TestDaemon trusting({"--legacy-ipc-uid", uid});
   const std::string ipc = error_for(trusting, device_segment(control::CUDA_LEGACY_IPC, 4096, 16, 64), {}, 0);
   CHECK_THAT(ipc, Catch::StartsWith("segment: CUDA legacy IPC memory: ") &&
-                      (Catch::Contains("no usable GPU here") || Catch::Contains("built without the CUDA backend")));
+                      (Catch::Contains("no usable GPU here") || Catch::Contains("built without the CUDA backend") ||
+                       Catch::Contains("no GPU with the client's UUID")));
   check_still_serving(trusting);
 }
 
