@@ -107,19 +107,8 @@ Status PeerCluster::check_layout(const TensorSet& set) {
   if (Status why = aborted(); !why.ok()) return why;  // cancelled: this node gave up
   if (!status.ok() && status.code() == ErrorCode::kTimeout) {
     // Name the nodes that did not register it, and tell a slow one from a gone one.
-    std::vector<int> late;
-    for (int n = 0; n < t.nodes; ++n) {
-      std::vector<std::string> value;
-      if (!rendezvous_->get(options_.store_job, {keys[static_cast<size_t>(n)]}, std::chrono::milliseconds(0), &value).ok()) {
-        late.push_back(n);
-      }
-    }
-    const std::map<int, NodeState> states = probe(late);
-    std::string named;
-    for (int n : late) named += (named.empty() ? "" : "; ") + whereabouts(n, states);
     return Status::timeout("job " + options_.job_id + ": set " + std::to_string(set.id) + " was not registered within " +
-                           std::to_string(options_.timeout.count()) + " ms (the job timeout) on " +
-                           (named.empty() ? "some node" : named));
+                           std::to_string(options_.timeout.count()) + " ms (the job timeout) on " + late_nodes(keys));
   }
   if (!status.ok()) {
     return Status(status.code(), "job " + options_.job_id + ": set " + std::to_string(set.id) +
@@ -194,8 +183,13 @@ Status PeerCluster::exchange(const std::string& name, const std::string& mine, s
   if (status.code() != ErrorCode::kTimeout) {
     return Status(status.code(), "job " + options_.job_id + ": exchanging '" + name + "': " + status.message());
   }
+  return Status::timeout("job " + options_.job_id + ": '" + name + "' was not offered within " +
+                         std::to_string(options_.timeout.count()) + " ms (the job timeout) by " + late_nodes(keys));
+}
+
+std::string PeerCluster::late_nodes(const std::vector<std::string>& keys) const {
   std::vector<int> late;
-  for (int n = 0; n < t.nodes; ++n) {
+  for (int n = 0; n < options_.topology.nodes; ++n) {
     std::vector<std::string> value;
     if (!rendezvous_->get(options_.store_job, {keys[static_cast<size_t>(n)]}, std::chrono::milliseconds(0), &value).ok()) {
       late.push_back(n);
@@ -204,9 +198,7 @@ Status PeerCluster::exchange(const std::string& name, const std::string& mine, s
   const std::map<int, NodeState> states = probe(late);
   std::string named;
   for (int n : late) named += (named.empty() ? "" : "; ") + whereabouts(n, states);
-  return Status::timeout("job " + options_.job_id + ": '" + name + "' was not offered within " +
-                         std::to_string(options_.timeout.count()) + " ms (the job timeout) by " +
-                         (named.empty() ? "some node" : named));
+  return named.empty() ? "some node" : named;
 }
 
 void PeerCluster::abort(const Status& why) {

@@ -66,6 +66,9 @@ class PeerCluster final : public Cluster {
   // "node 2 (...), which failed: ...", "..., which is slow, not gone: its daemon answers", or
   // "..., which is gone: its daemon does not answer".
   std::string whereabouts(int node, const std::map<int, NodeState>& states) const;
+  // The nodes whose key of `keys` (one per node) is not in the store yet, each with its
+  // whereabouts: "node 2 (...), which is gone: ...; node 3 ...".
+  std::string late_nodes(const std::vector<std::string>& keys) const;
   Status aborted();
 
   ClusterOptions options_;

@@ -108,7 +108,7 @@ bool CudaExecutor::device_ordered(const BucketCall& call) {
   return true;
 }
 
-Status CudaExecutor::wait_ready(const BucketCall& call, int device) {
+Status CudaExecutor::order(const BucketCall& call, int device, bool ready) {
   if (!device_ordered(call)) return Status();
   const TensorSet& set = *call.set;
   void* stream = devices_.at(device).stream;
@@ -116,22 +116,10 @@ Status CudaExecutor::wait_ready(const BucketCall& call, int device) {
     if (device_of_client(set, call.bucket, c) != device) continue;
     // Made by the backend factory for device sets only, so the cast holds.
     const auto* rings = static_cast<const ClientEventRings*>(set.events[c].get());
-    if (Status s = rings->ready().wait(call.seq, stream); !s.ok()) {
-      return Status(s.code(), "waiting for local rank " + std::to_string(c) + "'s ready event: " + s.message());
-    }
-  }
-  return Status();
-}
-
-Status CudaExecutor::record_done(const BucketCall& call, int device) {
-  if (!device_ordered(call)) return Status();
-  const TensorSet& set = *call.set;
-  void* stream = devices_.at(device).stream;
-  for (uint32_t c : set.participants[call.bucket]) {
-    if (device_of_client(set, call.bucket, c) != device) continue;
-    const auto* rings = static_cast<const ClientEventRings*>(set.events[c].get());
-    if (Status s = rings->done().record(call.seq, stream); !s.ok()) {
-      return Status(s.code(), "recording local rank " + std::to_string(c) + "'s done event: " + s.message());
+    const Status s = ready ? rings->ready().wait(call.seq, stream) : rings->done().record(call.seq, stream);
+    if (!s.ok()) {
+      return Status(s.code(), std::string(ready ? "waiting for" : "recording") + " local rank " + std::to_string(c) +
+                                  "'s " + (ready ? "ready" : "done") + " event: " + s.message());
     }
   }
   return Status();

@@ -114,8 +114,10 @@ class CudaExecutor final : public BucketExecutor {
   // event rings: the GPU's stream waits for each of its participants' ready event of the
   // operation before the bucket's kernels, and records their done events after them.
   static bool device_ordered(const BucketCall& call);
-  Status wait_ready(const BucketCall& call, int device);
-  Status record_done(const BucketCall& call, int device);
+  // ready: the stream waits for every participant's ready event; else it records their done ones.
+  Status order(const BucketCall& call, int device, bool ready);
+  Status wait_ready(const BucketCall& call, int device) { return order(call, device, true); }
+  Status record_done(const BucketCall& call, int device) { return order(call, device, false); }
 
   // One GPU in all. Answers at enqueue when the set is device-ordered; otherwise after a
   // stream synchronisation.
