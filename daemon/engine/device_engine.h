@@ -70,6 +70,11 @@ class DeviceCollectiveEngine {
                      EngineDone done) = 0;
 
   virtual void abort(const Status& why) = 0;
+
+  // For an owner that gave its GPU work up for lost (it may still run, waiting on a client's
+  // event): stop watching, and leave the communicators and their buffers as they are, never
+  // freed; the owner leaks the engine itself too. Nothing may be in flight.
+  virtual void abandon() = 0;
 };
 
 // What one device engine connects: one group of one set of a job. Every node uses the same name.

@@ -527,7 +527,7 @@ void Worker::post(uint32_t local_rank, uint64_t seq, const Status& status) {
   client.completion_ready.notify();
 }
 
-void Worker::shut_down(const Status& status) {
+void Worker::shut_down(const Status& failure) {
   // The bucket in flight may still write the clients' tensors (a fan-out, a Gloo call in its
   // grace period): nobody is told the step failed, and so free to reuse the memory, until it
   // is back. The aborts bound this wait to about a second.
@@ -549,6 +549,22 @@ void Worker::shut_down(const Status& status) {
     for (auto& [id, set] : sets_) kept->push_back(set);
     options_.log.error("GPU work of this job did not drain within the job timeout; its " +
                        std::to_string(kept->size()) + " sets stay mapped until gradsyncd restarts");
+  }
+  // The clients are told, when the GPU work did not drain, that it may still touch their device
+  // buffers: they should not reuse them.
+  const Status status =
+      drained ? failure
+              : Status(failure.code(), failure.message() + " (gradsyncd could not drain its GPU work for this job: "
+                                                           "do not reuse the job's device buffers)");
+  {
+    // The executors go before the sets: NCCL may hold registrations of the sets' memory, which
+    // must end before the memory is unmapped. (A lost executor frees nothing.)
+    std::map<MemoryKind, std::unique_ptr<BucketExecutor>> executors;
+    {
+      std::lock_guard lock(mutex_);
+      executors.swap(executors_);
+    }
+    executors.clear();  // outside the lock: a destructor may wait for its thread
   }
   // Publish the sticky error first so that clients fail later submissions without waiting.
   for (auto& client : clients_) {
@@ -573,12 +589,6 @@ void Worker::shut_down(const Status& status) {
   if (interrupted) options_.log.warning("per-step path stopped with operations pending: " + status.to_string());
   run_tasks(/*last=*/true);  // pending set admissions learn the failure
   if (options_.on_stopped) options_.on_stopped(status);
-  std::map<MemoryKind, std::unique_ptr<BucketExecutor>> executors;
-  {
-    std::lock_guard lock(mutex_);
-    executors.swap(executors_);
-  }
-  executors.clear();  // outside the lock: a destructor may wait for its thread
   if (options_.cluster) {
     const auto start = std::chrono::steady_clock::now();
     options_.cluster->publish_failure(status);

@@ -255,11 +255,9 @@ TEST_CASE("gpu end to end: memory from cudaMalloc through the legacy route, for 
     // The daemon closes its opening when the job is over, after the clients went: only then
     // may the memory be freed (README: the legacy route's lifetime rule).
     client.reset();
-    for (int i = 0; i < 1000 && daemon.log().find("job=" + job + " uid=" + std::to_string(::getuid()) + ": ended") ==
-                                    std::string::npos;
-         ++i) {
-      ::usleep(10'000);
-    }
+    const std::string ended = "job=" + job + " uid=" + std::to_string(::getuid()) + ": ended";
+    for (int i = 0; i < 1000 && daemon.log().find(ended) == std::string::npos; ++i) ::usleep(10'000);
+    if (daemon.log().find(ended) == std::string::npos) return fail("the job did not end within 10 s");
     ::usleep(200'000);  // the job's worker stops (and lets go of the sets) just after that line
     cudaFree(base);
     return kOk;

@@ -486,7 +486,7 @@ TEST_CASE("hello: a protocol 1 client (shared-memory names) gets a clear version
   control::Request hello;
   hello.mutable_hello()->set_protocol_version(1);
   expect_error([&] { raw.call(hello, std::chrono::seconds(5)); }, ErrorCode::kNotSupported,
-               "protocol version 1 is not supported; this daemon speaks version 2");
+               "protocol version 1 is not supported; this daemon speaks version 3");
 }
 
 TEST_CASE("connect: a user outside the allow-list is refused", "[integration][control]") {

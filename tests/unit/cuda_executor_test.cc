@@ -262,6 +262,7 @@ class HostDeviceEngine final : public DeviceCollectiveEngine {
   void abort(const Status& why) override {
     if (aborted.ok()) aborted = why;
   }
+  void abandon() override { *abandoned = true; }
   // Answers the watched bucket: its poll must say the GPUs are through.
   bool finish() {
     if (!pending_done) return false;
@@ -277,6 +278,7 @@ class HostDeviceEngine final : public DeviceCollectiveEngine {
   Status connect_error;
   Status fail_calls;
   Status aborted;
+  std::shared_ptr<bool> abandoned = std::make_shared<bool>(false);  // outlives the (leaked) engine
   std::vector<std::string> calls;
   std::vector<std::string> watched;
   std::function<Status(bool*)> pending_poll;
@@ -617,7 +619,8 @@ void add_event_rings(Fixture& f) {
 
 }  // namespace
 
-TEST_CASE("cuda executor: a stream stuck on a client's ready event is noticed, and never freed under the GPU",
+TEST_CASE("cuda executor: a client's ready event that never fires is named within the execution bound, with "
+          "nothing queued behind it; a lost drain frees nothing",
           "[cuda][executor][events]") {
   Fixture f(DType::kFloat32);
   add_event_rings(f);
@@ -638,15 +641,53 @@ TEST_CASE("cuda executor: a stream stuck on a client's ready event is noticed, a
     call.seq = seq;
     executor.launch(call, [&](const Status& s) { failed = s; });
   }
-  // At most 8 buckets queue; the 9th waits for the oldest, which is past the execution bound.
+  // The first bucket polls the clients' ready events from the host before it queues anything
+  // (a stream wait on them could never be cancelled), and gives up at the execution bound.
   CHECK(failed.code() == ErrorCode::kTimeout);
-  CHECK_THAT(failed.message(), Catch::Contains("was queued 100 ms ago (the execution bound) and has not run"));
+  CHECK(failed.message() == "bucket 0 of set 0 on GPU 0: local rank 0 announced its tensors of operation 1 ready, but "
+                            "the work before that on its stream did not finish within 100 ms (the execution bound)");
   CHECK(std::chrono::steady_clock::now() - started < std::chrono::seconds(2));
+  CHECK(f.kernels.gathers == 0);  // nothing was queued behind the event
   // The job fails; the drain gives up at its deadline, and from then on nothing is freed.
   const size_t allocated = f.api.allocations.size();
   CHECK_FALSE(executor.quiesce(std::chrono::steady_clock::now() + std::chrono::milliseconds(50)));
   CHECK_FALSE(executor.quiesce(std::chrono::steady_clock::now() + std::chrono::seconds(5)));  // at once: lost
   CHECK(allocated > 0);
+  CHECK(f.api.allocations.size() == allocated);
+  CHECK(f.api.stuck_synchronizations == 0);  // nothing waited on the stuck stream without a bound
+}
+
+TEST_CASE("cuda executor: a multi-GPU bucket stuck on a client is answered without waiting on the GPU, and its "
+          "engine is abandoned, not freed, when the drain is lost",
+          "[cuda][executor][events][nccl]") {
+  Fixture f(DType::kFloat32, {0, 0, 1});
+  add_event_rings(f);
+  HostDeviceEngines engines;
+  engines.fail_calls = Status::peer_lost("ncclAllReduce failed: remote process exited");
+  std::shared_ptr<bool> abandoned;
+  {
+    CudaExecutor executor(&f.api, &f.kernels, &engines, Logger(LogLevel::kError));
+    LocalRendezvous local;
+    SetAdmission admission{"j", &local, &f.topology};
+    admission.execution_timeout = std::chrono::milliseconds(50);
+    REQUIRE(executor.admit(*f.set, admission).ok());
+    abandoned = engines.made[0]->abandoned;
+    f.api.events_pending = true;  // the GPU is stuck on a client's ready event
+    BucketCall call;
+    call.seq = 1;
+    call.desc.kind = OpKind::kAllreduce;
+    call.set = f.set;
+    call.topology = &f.topology;
+    std::optional<Status> answer;
+    executor.launch(call, [&](const Status& s) { answer = s; });
+    REQUIRE(answer.has_value());
+    CHECK(answer->code() == ErrorCode::kTimeout);  // the ready events, polled from the host
+    CHECK(engines.made[0]->calls.empty());         // no collective was queued behind them
+    CHECK(engines.made[0]->aborted.code() == ErrorCode::kTimeout);  // peers fail fast
+    CHECK(f.api.stuck_synchronizations == 0);  // answered without a synchronisation that would hang
+    CHECK_FALSE(executor.quiesce(std::chrono::steady_clock::now() + std::chrono::milliseconds(20)));
+  }
+  CHECK(*abandoned);  // leaked with its communicators, never aborted under the GPU's work
 }
 
 TEST_CASE("cuda executor: after a lost drain the destructor frees nothing", "[cuda][executor][events]") {

@@ -93,8 +93,11 @@ class HostBackedDeviceApi final : public DeviceApi {
     --streams;
     return Status();
   }
+  // With events_pending the GPU is stuck: a real synchronisation would never return, so the
+  // fake counts it as one that hung.
   Status synchronize(void*) override {
     ++synchronizations;
+    if (events_pending.load()) ++stuck_synchronizations;
     return Status();
   }
 
@@ -110,6 +113,7 @@ class HostBackedDeviceApi final : public DeviceApi {
   int uploads = 0;
   int streams = 0;
   int synchronizations = 0;
+  int stuck_synchronizations = 0;
 };
 
 class HostKernelLauncher final : public KernelLauncher {

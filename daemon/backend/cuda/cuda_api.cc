@@ -17,12 +17,17 @@ Status check(cudaError_t error, const char* what) {
   return Status::internal(std::string(what) + ": " + cudaGetErrorString(error));
 }
 
-// Makes `device` current for one call and puts the thread's previous device back, so a call for
+// The device this thread made current through make_current(), or -1. (cudaGetDevice says 0
+// on a thread that never chose one, and setting 0 back would create GPU 0's context, about
+// half a GiB, on a daemon that may not use GPU 0 at all.)
+thread_local int chosen_device = -1;
+
+// Makes `device` current for one call and puts the thread's chosen device back, so a call for
 // one GPU never leaves a later launch on another GPU's stream pointing at the wrong device.
 class DeviceScope {
  public:
   explicit DeviceScope(int device) {
-    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
+    previous_ = chosen_device;
     status_ = check(cudaSetDevice(device), "cudaSetDevice");
   }
   ~DeviceScope() {
@@ -215,7 +220,11 @@ class CudaDeviceApi final : public DeviceApi {
     if (result == cudaSuccess || result == cudaErrorNotReady) return Status();
     return check(result, "cudaEventQuery");
   }
-  Status make_current(int device) override { return check(cudaSetDevice(device), "cudaSetDevice"); }
+  Status make_current(int device) override {
+    Status s = check(cudaSetDevice(device), "cudaSetDevice");
+    if (s.ok()) chosen_device = device;
+    return s;
+  }
 
   Status allocate(int device, size_t bytes, void** memory) override {
     DeviceScope scope(device);

@@ -39,6 +39,8 @@ class EventRing {
 
   // Ready direction: `stream` waits for the client's record of operation `seq`.
   Status wait(uint64_t seq, void* stream) const;
+  // Whether the work before the latest record of `seq`'s event is done (cudaEventQuery).
+  Status query(uint64_t seq, bool* done) const;
   // Done direction: records operation `seq`'s event on `stream`.
   Status record(uint64_t seq, void* stream) const;
 

@@ -27,7 +27,12 @@ CudaExecutor::CudaExecutor(DeviceApi* api, KernelLauncher* kernels, DeviceEngine
     : api_(api), kernels_(kernels), engine_factory_(engines), log_(std::move(log)) {}
 
 CudaExecutor::~CudaExecutor() {
-  if (lost_) return;  // GPU work may still use all of it: leaked on purpose (quiesce())
+  if (lost_) {
+    // GPU work may still use all of it, NCCL's buffers included: leaked on purpose (quiesce()).
+    std::lock_guard lock(mutex_);
+    for (auto& [key, engine] : engines_) engine.release()->abandon();
+    return;
+  }
   // The engines first: each answers its bucket in flight (draining the streams) after aborting
   // its communicators, so nothing below is freed under a running kernel.
   std::map<std::pair<uint32_t, std::string>, std::unique_ptr<DeviceCollectiveEngine>> engines;
@@ -57,12 +62,15 @@ bool CudaExecutor::quiesce(std::chrono::steady_clock::time_point deadline) {
   if (lost_) return false;
   for (auto& [device, state] : devices_) {
     if (!state.stream) continue;
-    if (!state.done_event && !api_->create_event(device, &state.done_event).ok()) continue;
-    if (!api_->record_event(state.done_event, state.stream).ok()) continue;
+    // Anything but a clean "through" counts as not drained: a failed CUDA call says nothing
+    // about what the GPU may still touch.
+    bool ok = state.done_event || api_->create_event(device, &state.done_event).ok();
+    ok = ok && api_->record_event(state.done_event, state.stream).ok();
     for (;;) {
       bool done = false;
-      if (!api_->query_event(device, state.done_event, &done).ok() || done) break;
-      if (std::chrono::steady_clock::now() >= deadline) {
+      if (ok) ok = api_->query_event(device, state.done_event, &done).ok();
+      if (ok && done) break;
+      if (!ok || std::chrono::steady_clock::now() >= deadline) {
         lost_ = true;
         log_.error("GPU " + std::to_string(device) + ": the daemon's stream did not drain in time (a client's ready "
                    "event that never fires?); the job's GPU resources and client memory stay allocated until "
@@ -88,6 +96,7 @@ Status CudaExecutor::retire(int device, bool room_for_one) {
       state.queued.pop_front();
     }
     if (!room_for_one || state.queued.size() < kMaxQueued) return Status();
+    if (Status why = aborted(); !why.ok()) return why;  // the job is failing: no more waiting
     const Queued& oldest = state.queued.front();
     if (std::chrono::steady_clock::now() - oldest.since > execution_timeout_) {
       return Status::timeout(oldest.what + " on GPU " + std::to_string(device) + " was queued " +
@@ -112,10 +121,32 @@ Status CudaExecutor::order(const BucketCall& call, int device, bool ready) {
   if (!device_ordered(call)) return Status();
   const TensorSet& set = *call.set;
   void* stream = devices_.at(device).stream;
+  const auto since = std::chrono::steady_clock::now();
   for (uint32_t c : set.participants[call.bucket]) {
     if (device_of_client(set, call.bucket, c) != device) continue;
     // Made by the backend factory for device sets only, so the cast holds.
     const auto* rings = static_cast<const ClientEventRings*>(set.events[c].get());
+    if (ready) {
+      // The client's work before its record is waited for here, from the host, with the
+      // execution bound and the job's abort, before anything is queued behind it: a stream
+      // wait on an event that never fires could not be cancelled, and whatever were queued
+      // after it (NCCL's kernels, writes to client memory) would run whenever it fired.
+      for (;;) {
+        bool done = false;
+        if (Status s = rings->ready().query(call.seq, &done); !s.ok()) {
+          return Status(s.code(), "querying local rank " + std::to_string(c) + "'s ready event: " + s.message());
+        }
+        if (done) break;
+        if (Status why = aborted(); !why.ok()) return why;
+        if (std::chrono::steady_clock::now() - since > execution_timeout_) {
+          return Status::timeout("local rank " + std::to_string(c) + " announced its tensors of operation " +
+                                 std::to_string(call.seq) + " ready, but the work before that on its stream did not "
+                                 "finish within " + std::to_string(execution_timeout_.count()) +
+                                 " ms (the execution bound)");
+        }
+        std::this_thread::sleep_for(std::chrono::microseconds(5));
+      }
+    }
     const Status s = ready ? rings->ready().wait(call.seq, stream) : rings->done().record(call.seq, stream);
     if (!s.ok()) {
       return Status(s.code(), std::string(ready ? "waiting for" : "recording") + " local rank " + std::to_string(c) +
@@ -123,6 +154,11 @@ Status CudaExecutor::order(const BucketCall& call, int device, bool ready) {
     }
   }
   return Status();
+}
+
+Status CudaExecutor::aborted() {
+  std::lock_guard lock(mutex_);
+  return aborted_;
 }
 
 void CudaExecutor::abort(const Status& why) {
@@ -273,6 +309,7 @@ Status CudaExecutor::device_state(int device, size_t bucket_bytes, Device** out)
     while (!state.queued.empty()) {
       if (Status s = retire(device, false); !s.ok()) return s;
       if (state.queued.empty()) break;
+      if (Status why = aborted(); !why.ok()) return why;
       if (std::chrono::steady_clock::now() - state.queued.front().since > execution_timeout_) {
         return Status::timeout("GPU " + std::to_string(device) + ": " + state.queued.front().what +
                                " has not run within the execution bound; its stream waits on a client's ready event");
@@ -608,13 +645,19 @@ void CudaExecutor::run_across(const BucketCall& call, DeviceCollectiveEngine* en
     events.emplace_back(buffer.device, devices_.at(buffer.device).done_event);
   }
   DeviceApi* api = api_;
+  const bool ordered = device_ordered(call);
   if (!status.ok()) {
     // This rank will not do its part: abort the engine, whether or not its collective was
     // enqueued (the peers' collectives fail fast instead of at their timeout, and one enqueued
     // here returns), then drain before answering.
     const Status error(status.code(), where + ": " + status.message(), status.where());
     engine->abort(error);
-    for (void* stream : streams) (void)api->synchronize(stream);
+    // A device-ordered stream may wait on a client's ready event that never fires: the failing
+    // job's drain (quiesce(), bounded) deals with it. Others hold only our kernels and NCCL's
+    // aborted ones, so they drain.
+    if (!ordered) {
+      for (void* stream : streams) (void)api->synchronize(stream);
+    }
     return done(error);
   }
   engine->watch(
@@ -626,9 +669,10 @@ void CudaExecutor::run_across(const BucketCall& call, DeviceCollectiveEngine* en
         return Status();
       },
       watch_timeout_,
-      [api, streams, done = std::move(done)](const Status& answer) {
-        // The communicators were aborted before an error is answered, so the streams drain.
-        if (!answer.ok()) {
+      [api, streams, ordered, done = std::move(done)](const Status& answer) {
+        // The communicators were aborted before an error is answered, so the streams drain,
+        // unless they wait on a client's ready event (then quiesce() bounds it, as above).
+        if (!answer.ok() && !ordered) {
           for (void* stream : streams) (void)api->synchronize(stream);
         }
         done(answer);

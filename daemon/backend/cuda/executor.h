@@ -146,6 +146,7 @@ class CudaExecutor final : public BucketExecutor {
   Status table(const BucketCall& call, int device, Side side, int only, bool skip_root, bool bytes,
                const Table** out);
   DeviceCollectiveEngine* engine_of(uint32_t set, const std::string& group);
+  Status aborted();  // the abort's reason, ok while not aborted
   // Offers the set's VMM regions on the engine's GPUs to NCCL, logging whether it took each.
   void register_regions(const TensorSet& set, DeviceCollectiveEngine& engine, const std::string& what);
 

@@ -42,6 +42,19 @@ void NcclEngine::abort(const Status& why) {
   if (watchdog_) watchdog_->abort(aborted_);
 }
 
+void NcclEngine::abandon() {
+  std::unique_ptr<Watchdog> watchdog;
+  {
+    std::lock_guard lock(status_mutex_);
+    watchdog = std::move(watchdog_);
+    if (aborted_.ok()) aborted_ = Status::aborted(spec_.what + ": abandoned");
+    stop_.store(true);
+  }
+  watchdog.reset();  // nothing in flight: it stops without aborting anything
+  std::lock_guard lock(calls_);
+  comms_aborted_ = true;  // never touched again, never freed
+}
+
 void NcclEngine::abort_locked() {
   if (comms_aborted_) return;
   comms_aborted_ = true;

@@ -62,6 +62,7 @@ class NcclEngine final : public DeviceCollectiveEngine, private WatchedComms {
   void watch(std::string what, std::function<Status(bool* done)> poll, std::chrono::milliseconds timeout,
              EngineDone done) override;
   void abort(const Status& why) override;
+  void abandon() override;
 
  private:
   // WatchedComms, on the watchdog's thread.
