@@ -142,6 +142,44 @@ TEST_CASE("gpu end to end: allgather across 2 and 3 clients on one GPU, every ra
   }
 }
 
+TEST_CASE("gpu end to end: a client killed mid-step, with a bucket of its already queued, fails the other cleanly",
+          "[gpu][e2e]") {
+  // A small bucket cap puts the tensors in separate buckets. Rank 1 marks the last-registered
+  // tensor ready (bucket 0 then launches on the GPU) and dies before marking the rest. The daemon must fail the step naming rank 1, drain
+  // what it queued, and stay up for the next job.
+  TestDaemon daemon;
+  const std::string job = unique_job("gpu-kill-mid");
+  ClientGroup group(2, [&](int rank) {
+    auto client = join(daemon.socket(), job, rank, 2);
+    const std::vector<SharedTensor> tensors = client->allocate_device_flat(kSpecs, 0);
+    const TensorSet set = client->register_tensors(tensors, RegisterOptions{.bucket_cap_bytes = 4096});
+    if (set.buckets().size() < 2) return fail("expected several buckets");
+    const Work work = client->allreduce_deferred(set, ReduceOptions{});
+    client->mark_ready(set, static_cast<uint32_t>(tensors.size() - 1));
+    if (rank == 1) {
+      ::usleep(200'000);  // bucket 0 is launched by now
+      ::raise(SIGKILL);
+    }
+    try {
+      for (uint32_t i = 0; i + 1 < tensors.size(); ++i) client->mark_ready(set, i);
+      work.wait(std::chrono::seconds(60));
+      return fail("the step completed without rank 1");
+    } catch (const Error& e) {
+      if (std::string(e.what()).find("rank 1") == std::string::npos) return fail(std::string("unexpected: ") + e.what());
+    }
+    return kOk;
+  });
+  CHECK(exit_code(group.wait(0, std::chrono::seconds(120))) == kOk);
+  group.wait(1, std::chrono::seconds(10));
+  CHECK(daemon.running());
+  CHECK_THAT(daemon.log(), !Catch::Contains("did not drain"));
+  // The daemon serves the next job on the same GPU.
+  CHECK(run_ranks(2, [&](int, Client& client, const std::vector<SharedTensor>&, const TensorSet& set) {
+          return client.allreduce(set, ReduceOptions{ReduceOp::kSum}).wait(std::chrono::seconds(60)) ? kOk
+                                                                                                      : fail("timed out");
+        }) == 0);
+}
+
 TEST_CASE("gpu end to end: a client killed mid-job fails the other, naming it", "[gpu][e2e]") {
   TestDaemon daemon;
   const std::string job = unique_job("gpu-kill");
