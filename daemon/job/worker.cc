@@ -556,16 +556,6 @@ void Worker::shut_down(const Status& failure) {
       drained ? failure
               : Status(failure.code(), failure.message() + " (gradsyncd could not drain its GPU work for this job: "
                                                            "do not reuse the job's device buffers)");
-  {
-    // The executors go before the sets: NCCL may hold registrations of the sets' memory, which
-    // must end before the memory is unmapped. (A lost executor frees nothing.)
-    std::map<MemoryKind, std::unique_ptr<BucketExecutor>> executors;
-    {
-      std::lock_guard lock(mutex_);
-      executors.swap(executors_);
-    }
-    executors.clear();  // outside the lock: a destructor may wait for its thread
-  }
   // Publish the sticky error first so that clients fail later submissions without waiting.
   for (auto& client : clients_) {
     if (client) client->channel->publish_failure(status);
@@ -577,6 +567,18 @@ void Worker::shut_down(const Status& failure) {
   }
   const bool interrupted = !ops_.empty();
   ops_.clear();
+  {
+    // Now that the clients know, the executors go, and before the sets: NCCL may hold
+    // registrations of the sets' memory, which must end before the memory is unmapped. Their
+    // teardown may block (a communicator's end, a Gloo thread), which is why it comes after
+    // the clients were told. (A lost executor frees nothing.)
+    std::map<MemoryKind, std::unique_ptr<BucketExecutor>> executors;
+    {
+      std::lock_guard lock(mutex_);
+      executors.swap(executors_);
+    }
+    executors.clear();  // outside the lock: a destructor may wait for its thread
+  }
   {
     // Nothing will execute any more: release the client mappings now, not when the job ends.
     std::lock_guard lock(mutex_);

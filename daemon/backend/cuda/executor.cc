@@ -54,6 +54,8 @@ CudaExecutor::~CudaExecutor() {
     if (state.done_event) (void)api_->destroy_event(device, state.done_event);
     for (const Queued& q : state.queued) (void)api_->destroy_event(device, q.event);
     for (void* e : state.spare_events) (void)api_->destroy_event(device, e);
+    for (void* e : state.pins) (void)api_->destroy_event(device, e);
+    if (state.side_stream) (void)api_->destroy_stream(device, state.side_stream);
     if (state.stream) (void)api_->destroy_stream(device, state.stream);
   }
 }
@@ -117,40 +119,81 @@ bool CudaExecutor::device_ordered(const BucketCall& call) {
   return true;
 }
 
-Status CudaExecutor::order(const BucketCall& call, int device, bool ready) {
-  if (!device_ordered(call)) return Status();
+Status CudaExecutor::pin_ready(const BucketCall& call, int device) {
   const TensorSet& set = *call.set;
-  void* stream = devices_.at(device).stream;
-  const auto since = std::chrono::steady_clock::now();
+  Device& state = devices_.at(device);
+  // A side stream takes the clients' records as they are now (a stream wait binds the latest
+  // record at the time of the call), and a daemon event after each wait pins them: a client
+  // that goes on marking later tensors re-records its event, but that does not move the pin.
+  // Only the side stream ever waits on a client's event; if one never fires, the side stream
+  // is given up (leaked) with nothing queued behind it but our pins.
+  if (!state.side_stream) {
+    if (Status s = api_->create_stream(device, &state.side_stream); !s.ok()) return s;
+  }
+  std::vector<std::pair<uint32_t, void*>> pins;  // (local rank, pin event)
   for (uint32_t c : set.participants[call.bucket]) {
     if (device_of_client(set, call.bucket, c) != device) continue;
     // Made by the backend factory for device sets only, so the cast holds.
     const auto* rings = static_cast<const ClientEventRings*>(set.events[c].get());
-    if (ready) {
-      // The client's work before its record is waited for here, from the host, with the
-      // execution bound and the job's abort, before anything is queued behind it: a stream
-      // wait on an event that never fires could not be cancelled, and whatever were queued
-      // after it (NCCL's kernels, writes to client memory) would run whenever it fired.
-      for (;;) {
-        bool done = false;
-        if (Status s = rings->ready().query(call.seq, &done); !s.ok()) {
-          return Status(s.code(), "querying local rank " + std::to_string(c) + "'s ready event: " + s.message());
-        }
-        if (done) break;
-        if (Status why = aborted(); !why.ok()) return why;
-        if (std::chrono::steady_clock::now() - since > execution_timeout_) {
-          return Status::timeout("local rank " + std::to_string(c) + " announced its tensors of operation " +
-                                 std::to_string(call.seq) + " ready, but the work before that on its stream did not "
-                                 "finish within " + std::to_string(execution_timeout_.count()) +
-                                 " ms (the execution bound)");
-        }
-        std::this_thread::sleep_for(std::chrono::microseconds(5));
-      }
+    if (state.pins.size() <= pins.size()) {
+      void* event = nullptr;
+      if (Status s = api_->create_event(device, &event); !s.ok()) return s;
+      state.pins.push_back(event);
     }
-    const Status s = ready ? rings->ready().wait(call.seq, stream) : rings->done().record(call.seq, stream);
-    if (!s.ok()) {
-      return Status(s.code(), std::string(ready ? "waiting for" : "recording") + " local rank " + std::to_string(c) +
-                                  "'s " + (ready ? "ready" : "done") + " event: " + s.message());
+    void* pin = state.pins[pins.size()];
+    if (Status s = rings->ready().wait(call.seq, state.side_stream); !s.ok()) {
+      return Status(s.code(), "waiting for local rank " + std::to_string(c) + "'s ready event: " + s.message());
+    }
+    if (Status s = api_->record_event(pin, state.side_stream); !s.ok()) return s;
+    pins.emplace_back(c, pin);
+  }
+  if (pins.empty()) return Status();
+  // The pins are polled from the host, with the execution bound and the job's abort, before
+  // anything is queued behind them on the main stream.
+  const auto since = std::chrono::steady_clock::now();
+  for (;;) {
+    bool done = false;
+    if (Status s = api_->query_event(device, pins.back().second, &done); !s.ok()) return s;
+    if (done) break;
+    Status stop = aborted();
+    if (stop.ok() && std::chrono::steady_clock::now() - since > execution_timeout_) {
+      // The first pin not through names the (first) client that is stuck.
+      uint32_t stuck = pins.back().first;
+      for (const auto& [c, pin] : pins) {
+        bool through = false;
+        if (api_->query_event(device, pin, &through).ok() && !through) {
+          stuck = c;
+          break;
+        }
+      }
+      stop = Status::timeout("local rank " + std::to_string(stuck) + " announced its tensors of operation " +
+                             std::to_string(call.seq) + " ready, but the work before that on its stream did not "
+                             "finish within " + std::to_string(execution_timeout_.count()) +
+                             " ms (the execution bound)");
+    }
+    if (!stop.ok()) {
+      // The side stream may wait forever: give it and its pins up, and start fresh ones.
+      state.side_stream = nullptr;
+      state.pins.clear();
+      return stop;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(5));
+  }
+  // Through: the main stream's wait on the last pin is already satisfied; it keeps the order
+  // explicit on the GPU as well.
+  return api_->stream_wait_event(state.stream, pins.back().second);
+}
+
+Status CudaExecutor::order(const BucketCall& call, int device, bool ready) {
+  if (!device_ordered(call)) return Status();
+  if (ready) return pin_ready(call, device);
+  const TensorSet& set = *call.set;
+  void* stream = devices_.at(device).stream;
+  for (uint32_t c : set.participants[call.bucket]) {
+    if (device_of_client(set, call.bucket, c) != device) continue;
+    const auto* rings = static_cast<const ClientEventRings*>(set.events[c].get());
+    if (Status s = rings->done().record(call.seq, stream); !s.ok()) {
+      return Status(s.code(), "recording local rank " + std::to_string(c) + "'s done event: " + s.message());
     }
   }
   return Status();

@@ -94,6 +94,10 @@ class CudaExecutor final : public BucketExecutor {
     // ready event never fires stalls the stream, and this is how the executor notices.
     std::deque<Queued> queued;
     std::vector<void*> spare_events;
+    // pin_ready(): the stream that waits on clients' ready events, and the daemon's events that
+    // pin their records. Given up (leaked) when a client's event does not fire in time.
+    void* side_stream = nullptr;
+    std::vector<void*> pins;
   };
   static constexpr size_t kMaxQueued = 8;
 
@@ -114,7 +118,10 @@ class CudaExecutor final : public BucketExecutor {
   // event rings: the GPU's stream waits for each of its participants' ready event of the
   // operation before the bucket's kernels, and records their done events after them.
   static bool device_ordered(const BucketCall& call);
-  // ready: the stream waits for every participant's ready event; else it records their done ones.
+  // Pins the participants' ready records on a side stream, waits (host, bounded) until they are
+  // through, then orders the main stream after them.
+  Status pin_ready(const BucketCall& call, int device);
+  // ready: pin_ready(); else the stream records every participant's done event.
   Status order(const BucketCall& call, int device, bool ready);
   Status wait_ready(const BucketCall& call, int device) { return order(call, device, true); }
   Status record_done(const BucketCall& call, int device) { return order(call, device, false); }

@@ -81,8 +81,9 @@ class RealNccl final : public NcclApi {
 
   Status init_rank(int device, int ranks, const UniqueId& id, int rank, void** comm) override {
     if (Status s = load(); !s.ok()) return s;
-    int previous = -1;
-    (void)cudaGetDevice(&previous);
+    // Left current afterwards: the caller (a job's worker) makes its launch device current
+    // before every launch, and restoring "the previous device" on a thread that never chose
+    // one would create GPU 0's context.
     if (cudaSetDevice(device) != cudaSuccess) {
       return Status::internal("cudaSetDevice(" + std::to_string(device) + ") before ncclCommInitRankConfig failed");
     }
@@ -92,7 +93,6 @@ class RealNccl final : public NcclApi {
     std::memcpy(&unique, id.data(), sizeof(unique));
     ncclComm_t made = nullptr;
     const ncclResult_t result = nccl_.init_rank_config(&made, ranks, unique, rank, &config);
-    if (previous >= 0) (void)cudaSetDevice(previous);
     *comm = made;
     return check(result, made, "ncclCommInitRankConfig (rank " + std::to_string(rank) + " of " +
                                    std::to_string(ranks) + " on GPU " + std::to_string(device) + ")");
