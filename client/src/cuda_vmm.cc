@@ -81,13 +81,9 @@ class ForeignAllocation final : public DeviceAllocation {
 class CudaVmmMemory final : public DeviceMemory {
  public:
   Status allocate(int ordinal, size_t bytes, std::unique_ptr<DeviceAllocation>* out) override {
-    std::call_once(loaded_, [&] { load_status_ = load_driver(&driver_); });
-    if (!load_status_.ok()) return Status(load_status_.code(), "device memory: " + load_status_.message());
-    const Driver& d = driver_;
     CUdevice device = 0;
-    if (CUresult r = d.device_get(&device, ordinal); r != CUDA_SUCCESS) {
-      return Status::invalid_argument("device memory: no CUDA device " + std::to_string(ordinal) + " (" + d.describe(r) + ")");
-    }
+    if (Status s = driver_and_device(ordinal, &device); !s.ok()) return s;
+    const Driver& d = driver_;
     CUcontext context = nullptr;
     if (Status s = d.check(d.primary_ctx_retain(&context, device), "cuDevicePrimaryCtxRetain"); !s.ok()) return s;
     // The device's primary context is pushed for the allocation and popped at the end, so the
@@ -156,13 +152,9 @@ class CudaVmmMemory final : public DeviceMemory {
 
   Status describe_foreign(int ordinal, void* data, size_t bytes, std::unique_ptr<DeviceAllocation>* out,
                           std::string* ipc_handle, uint64_t* ipc_offset) override {
-    std::call_once(loaded_, [&] { load_status_ = load_driver(&driver_); });
-    if (!load_status_.ok()) return Status(load_status_.code(), "device memory: " + load_status_.message());
-    const Driver& d = driver_;
     CUdevice device = 0;
-    if (CUresult r = d.device_get(&device, ordinal); r != CUDA_SUCCESS) {
-      return Status::invalid_argument("device memory: no CUDA device " + std::to_string(ordinal) + " (" + d.describe(r) + ")");
-    }
+    if (Status s = driver_and_device(ordinal, &device); !s.ok()) return s;
+    const Driver& d = driver_;
     ScopedPrimaryContext context(&d, device);
     if (!context.status().ok()) return context.status();
     const auto address = reinterpret_cast<CUdeviceptr>(data);
@@ -205,6 +197,17 @@ class CudaVmmMemory final : public DeviceMemory {
   }
 
  private:
+  // Loads the driver (once) and finds device `ordinal`; the error names which failed.
+  Status driver_and_device(int ordinal, CUdevice* device) {
+    std::call_once(loaded_, [&] { load_status_ = load_driver(&driver_); });
+    if (!load_status_.ok()) return Status(load_status_.code(), "device memory: " + load_status_.message());
+    if (CUresult r = driver_.device_get(device, ordinal); r != CUDA_SUCCESS) {
+      return Status::invalid_argument("device memory: no CUDA device " + std::to_string(ordinal) + " (" +
+                                      driver_.describe(r) + ")");
+    }
+    return Status();
+  }
+
   std::once_flag loaded_;
   Status load_status_;
   Driver driver_;

@@ -71,19 +71,25 @@ struct Fixture {
   // Runs every bucket of the operation through the executor, in order.
   Status run(CudaExecutor& executor, OpKind kind, const reduce::KernelArgs& args, int root = 0) {
     for (size_t b = 0; b < set->plan.buckets.size(); ++b) {
-      BucketCall call;
-      call.seq = 1;
-      call.desc.kind = kind;
-      call.desc.root = root;
-      call.set = set;
-      call.bucket = b;
-      call.topology = &topology;
-      call.args = args;
+      BucketCall one = call(kind, 1, b, root);
+      one.args = args;
       Status answer = Status::internal("not answered");
-      executor.launch(call, [&](const Status& s) { answer = s; });
+      executor.launch(one, [&](const Status& s) { answer = s; });
       if (!answer.ok()) return answer;
     }
     return Status();
+  }
+
+  // One bucket of an operation on this fixture's set.
+  BucketCall call(OpKind kind, uint64_t seq, size_t bucket = 0, int root = 0) const {
+    BucketCall c;
+    c.seq = seq;
+    c.desc.kind = kind;
+    c.desc.root = root;
+    c.set = set;
+    c.bucket = bucket;
+    c.topology = &topology;
+    return c;
   }
 
   // Tensor t of client c, as it is now.
@@ -320,13 +326,7 @@ class HostDeviceEngines final : public DeviceEngineFactory {
 Status run_across(Fixture& f, CudaExecutor& executor, HostDeviceEngines& engines, OpKind kind,
                   const reduce::KernelArgs& args, int root = 0) {
   for (size_t b = 0; b < f.set->plan.buckets.size(); ++b) {
-    BucketCall call;
-    call.seq = 1;
-    call.desc.kind = kind;
-    call.desc.root = root;
-    call.set = f.set;
-    call.bucket = b;
-    call.topology = &f.topology;
+    BucketCall call = f.call(kind, 1, b, root);
     call.args = args;
     std::optional<Status> answer;
     executor.launch(call, [&](const Status& s) { answer = s; });
@@ -441,11 +441,7 @@ TEST_CASE("cuda executor: a bucket the watchdog fails is drained before its erro
   CudaExecutor executor(&f.api, &f.kernels, &engines, Logger(LogLevel::kError));
   LocalRendezvous local;
   REQUIRE(executor.admit(*f.set, SetAdmission{"j", &local, &f.topology}).ok());
-  BucketCall call;
-  call.seq = 1;
-  call.desc.kind = OpKind::kAllreduce;
-  call.set = f.set;
-  call.topology = &f.topology;
+  BucketCall call = f.call(OpKind::kAllreduce, 1);
   std::optional<Status> answer;
   executor.launch(call, [&](const Status& s) { answer = s; });
   REQUIRE_FALSE(answer.has_value());  // queued on both GPUs, watched
@@ -520,11 +516,7 @@ TEST_CASE("cuda executor: device order through the clients' event rings, answere
     CHECK(f.api.synchronizations == 0);
     // Operation 65 reuses slot 1.
     trace.clear();
-    BucketCall call;
-    call.seq = 65;
-    call.desc.kind = OpKind::kAllreduce;
-    call.set = f.set;
-    call.topology = &f.topology;
+    BucketCall call = f.call(OpKind::kAllreduce, 65);
     Status answer = Status::internal("not answered");
     executor.launch(call, [&](const Status& s) { answer = s; });
     REQUIRE(answer.ok());
@@ -633,10 +625,7 @@ TEST_CASE("cuda executor: a client's ready event that never fires is named withi
   REQUIRE(executor.admit(*f.set, admission).ok());
   // The GPU never gets through anything (a ready event that never fires).
   f.api.events_pending = true;
-  BucketCall call;
-  call.desc.kind = OpKind::kAllreduce;
-  call.set = f.set;
-  call.topology = &f.topology;
+  BucketCall call = f.call(OpKind::kAllreduce, 0);
   Status failed;
   const auto started = std::chrono::steady_clock::now();
   for (uint64_t seq = 1; seq <= 20 && failed.ok(); ++seq) {
@@ -675,11 +664,7 @@ TEST_CASE("cuda executor: a multi-GPU bucket stuck on a client is answered witho
     REQUIRE(executor.admit(*f.set, admission).ok());
     abandoned = engines.made[0]->abandoned;
     f.api.events_pending = true;  // the GPU is stuck on a client's ready event
-    BucketCall call;
-    call.seq = 1;
-    call.desc.kind = OpKind::kAllreduce;
-    call.set = f.set;
-    call.topology = &f.topology;
+    BucketCall call = f.call(OpKind::kAllreduce, 1);
     std::optional<Status> answer;
     executor.launch(call, [&](const Status& s) { answer = s; });
     REQUIRE(answer.has_value());
