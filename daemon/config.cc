@@ -18,6 +18,7 @@ ParsedConfig parse_daemon_config(int argc, const char* const* argv) {
   uint64_t timeout_ms = config.default_timeout.count();
   uint64_t max_timeout_ms = config.max_timeout.count();
   uint64_t execution_timeout_ms = config.execution_timeout.count();
+  uint64_t nccl_keep_s = config.nccl_keep_idle.count();
   std::vector<uid_t> allowed;
   std::vector<uid_t> legacy;
 
@@ -44,6 +45,9 @@ ParsedConfig parse_daemon_config(int argc, const char* const* argv) {
        "user id whose trainers may register GPU memory from other allocators (PyTorch's caching "
        "allocator) as legacy CUDA IPC handles (repeatable); default: nobody. A handle is not proof "
        "of ownership: trust only users who trust each other")
+      ("nccl-keep-idle-s", po::value(&nccl_keep_s)->default_value(nccl_keep_s),
+       "seconds to keep a job's idle NCCL communicators after the job ends, so that restarted "
+       "trainers re-joining it with the same layout reuse them instead of creating new ones; 0: never")
       ("log-level", po::value(&log_level)->default_value(log_level), "debug, info, warning or error")
       ("peer-listen", po::value(&config.peer_listen)->default_value(config.peer_listen),
        "HOST:PORT of the peer service other daemons rendezvous through (port 0: any free port)")
@@ -113,6 +117,8 @@ ParsedConfig parse_daemon_config(int argc, const char* const* argv) {
   if (config.reduce_threads > 256) return fail("--reduce-threads must be at most 256");
   config.allowed_uids = allowed;
   config.legacy_ipc_uids = legacy;
+  if (nccl_keep_s > 86'400) return fail("--nccl-keep-idle-s must be at most 86400 (a day)");
+  config.nccl_keep_idle = std::chrono::seconds(nccl_keep_s);
   const auto colon = config.peer_listen.rfind(':');
   if (colon == std::string::npos || colon == 0 || colon + 1 == config.peer_listen.size()) {
     return fail("--peer-listen must be HOST:PORT, not '" + config.peer_listen + "'");

@@ -32,6 +32,9 @@ struct DaemonConfig {
   // handles. Empty (the default): nobody; such a handle is not proof of ownership, so this is
   // for nodes whose trainers' users trust each other.
   std::vector<uid_t> legacy_ipc_uids;
+  // How long idle NCCL communicators of an ended job are kept for restarted trainers re-joining
+  // it with the same layout (nccl/park.h); 0: never.
+  std::chrono::seconds nccl_keep_idle{600};
 
   // The peer service (daemon-to-daemon rendezvous, gRPC). Port 0 picks a free port.
   std::string peer_listen = "0.0.0.0:29590";

@@ -37,7 +37,7 @@ Daemon::Daemon(DaemonConfig config)
     files.rlim_cur = files.rlim_max;
     ::setrlimit(RLIMIT_NOFILE, &files);
   }
-  device_engines_ = make_device_engine_factory();
+  device_engines_ = make_device_engine_factory(config_.nccl_keep_idle);
   backends_ = make_backend_factory(log_, device_engines_.get(),
                                    std::vector<uint32_t>(config_.legacy_ipc_uids.begin(), config_.legacy_ipc_uids.end()));
   peer_ = std::make_unique<PeerServer>(PeerServerOptions{config_.peer_listen, log_});

@@ -14,7 +14,10 @@
 //     watchdog thread, when poll says so, or with the error that failed the engine (an
 //     asynchronous NCCL error, the timeout, abort()). The engine aborts its communicators before
 //     it answers an error, so the GPUs no longer touch the buffers once `done` ran.
-//   - abort() may be called from any thread, never blocks, and is sticky.
+//   - abort() may be called from any thread, never blocks, and is sticky. It aborts the
+//     communicators when work may be in flight on them; idle, healthy ones are left as they
+//     are, so that the engine can keep them for the job's next generation when it goes (a
+//     restarted trainer re-joining: see nccl/park.h).
 #pragma once
 
 #include <chrono>
@@ -43,6 +46,9 @@ class DeviceCollectiveEngine {
   virtual ~DeviceCollectiveEngine() = default;  // aborts what is in flight (see watch())
 
   virtual Status connect(Rendezvous* rendezvous) = 0;
+  // After connect(): whether it took communicators kept from the job's previous generation
+  // rather than creating them.
+  virtual bool reused() const = 0;
 
   // After connect(): how many GPUs the group has in all, this node's in rank order, and the
   // rank of the GPU that holds a given rank's tensors (-1 when that rank takes no part).
@@ -85,6 +91,9 @@ struct DeviceEngineSpec {
   std::vector<int> slot_of_local_rank;
   std::vector<int> devices;  // this node's GPUs of the group (ordinals), without repeats
   std::chrono::milliseconds timeout{30'000};
+  // Names the job and the engine the same way in every generation of the job, so that idle
+  // communicators can be kept for its next one; empty: never kept. Every node sets it alike.
+  std::string reuse_key;
   // Create a communicator even when the group has one GPU in all (which the executor does alone):
   // for GPU tests and benchmarks on a machine with one GPU.
   bool single_rank_communicator = false;

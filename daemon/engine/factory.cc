@@ -23,10 +23,11 @@ class Engines final : public EngineFactory {
 
 std::unique_ptr<EngineFactory> make_engine_factory(const GlooTransport& gloo) { return std::make_unique<Engines>(gloo); }
 
-std::unique_ptr<DeviceEngineFactory> make_device_engine_factory() {
+std::unique_ptr<DeviceEngineFactory> make_device_engine_factory(std::chrono::seconds keep_idle) {
 #if GRADSYNC_HAVE_CUDA
-  return std::make_unique<nccl::NcclEngineFactory>(nccl::make_nccl_api());
+  return std::make_unique<nccl::NcclEngineFactory>(nccl::make_nccl_api(), nccl::EngineTiming{}, keep_idle);
 #else
+  (void)keep_idle;
   return nullptr;
 #endif
 }

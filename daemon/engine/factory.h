@@ -46,6 +46,7 @@ std::unique_ptr<EngineFactory> make_engine_factory(const GlooTransport& gloo);
 
 // The NCCL engines of device sets (nccl/), or null in a build without the CUDA backend. NCCL
 // itself is loaded on first use, so a daemon on a node without it still serves host jobs.
-std::unique_ptr<DeviceEngineFactory> make_device_engine_factory();
+// `keep_idle`: how long idle communicators of an ended job are kept for its next generation.
+std::unique_ptr<DeviceEngineFactory> make_device_engine_factory(std::chrono::seconds keep_idle);
 
 }  // namespace gradsync

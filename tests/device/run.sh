@@ -40,8 +40,10 @@ tail -40 <<<"$gputests"
 [[ $status -eq 0 ]] || { note "GPU tests exited $status"; fail=1; }
 
 echo "== end to end: gradsyncd and client processes on the GPU"
-GRADSYNCD_BINARY="$bundle/bin/gradsyncd" ours timeout 150 "$bundle/bin/gradsync_gpu_e2e_tests" --durations yes 2>&1 | tail -40
-status=${PIPESTATUS[0]}
+e2e=$(GRADSYNCD_BINARY="$bundle/bin/gradsyncd" ours timeout 150 "$bundle/bin/gradsync_gpu_e2e_tests" --durations yes 2>&1)
+status=$?
+grep '^legacy:' <<<"$e2e"
+tail -40 <<<"$e2e"
 [[ $status -eq 0 ]] || { note "end-to-end GPU tests exited $status"; fail=1; }
 
 echo "== benchmarks"
@@ -84,8 +86,10 @@ ma=$(value compute_ms "$mrank0"); md=$(value compute_during_allreduce_ms "$mrank
 echo "| (c) the same under MPS | ${md:-missing} ms | alone: ${ma:-missing} ms | $(ratio "$md" "$ma") slowdown | step ${ms:-missing} ms, 4 KiB p50 ${mp:-missing} us | |"
 vmm=$(sed -n 's/.*CUDA VMM segment of 104857600 bytes.*import_ms=\([0-9.]*\).*/\1/p' <<<"$daemonlog" | head -1)
 echo "| (d) cuMem import + map of 100 MiB in gradsyncd | ${vmm:-missing} ms | | | | |"
-echo "| (c) separate-context cost, with and without MPS | missing: needs the CUDA executor | | | | |"
 n=$(value nccl_init_ms "$gputests")
 echo "| (d) NCCL single-rank communicator init (non-blocking, polled) | ${n:-missing} ms | | | | |"
-echo "| (d) legacy IPC open, communicator re-join | missing: not measured yet | | | | |"
+r=$(value nccl_rejoin_ms "$gputests")
+echo "| (d) NCCL communicator re-join by a restarted job (kept, agreed, no init) | ${r:-missing} ms | fresh init: ${n:-missing} ms | $(ratio "$r" "$n") | | |"
+leg=$(value legacy_import_ms "$e2e")
+echo "| (d) legacy IPC open (cudaIpcOpenMemHandle) in gradsyncd | ${leg:-missing} ms | | | | |"
 exit $fail

@@ -190,4 +190,53 @@ TEST_CASE("nccl on one GPU: a bucket whose stream is stuck times out, and the co
   cudaStreamDestroy(stream);
 }
 
+// A job whose trainer restarts: the engine of its first run goes idle, its communicator is kept,
+// and the next run's engine re-joins it. Prints both times for the device check's table (d).
+TEST_CASE("nccl on one GPU: a restarted job re-joins its kept communicator instead of creating one",
+          "[gpu][nccl][rejoin]") {
+  CountingNccl counting(make_nccl_api());
+  NcclApi* api = &counting;
+  CommPark park(api, 60'000ms);
+  DeviceEngineSpec spec = one_gpu();
+  spec.reuse_key = "job gpu-test/nccl/gpu-test";
+  CUDA_OK(cudaSetDevice(0));
+  cudaStream_t stream = nullptr;
+  cudaEvent_t done = nullptr;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  CUDA_OK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+  float* data = nullptr;
+  CUDA_OK(cudaMalloc(&data, 1024 * sizeof(float)));
+  const DeviceBuffer buffer{0, data, stream};
+  const auto run = [&](bool expect_reused, double* connect_ms) {
+    NcclEngine engine(api, spec, EngineTiming{}, &park);
+    LocalRendezvous local;
+    const auto started = std::chrono::steady_clock::now();
+    const Status connected = engine.connect(&local);
+    *connect_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
+    INFO(connected.message());
+    REQUIRE(connected.ok());
+    CHECK(engine.reused() == expect_reused);
+    REQUIRE(engine.allreduce(std::span(&buffer, 1), 1024, ReduceSpec{}).ok());
+    CUDA_OK(cudaEventRecord(done, stream));
+    auto answer = watch_event(engine, done, 10'000ms);
+    REQUIRE(answer.wait_for(10s) == std::future_status::ready);
+    CHECK(answer.get().ok());
+    engine.abort(Status::peer_lost("the trainer died"));  // idle: the communicator is kept
+  };
+  double fresh_ms = 0, rejoin_ms = 0;
+  run(false, &fresh_ms);
+  CHECK(park.size() == 1);
+  run(true, &rejoin_ms);
+  CHECK(park.size() == 1);
+  {
+    std::lock_guard lock(api->calls_mutex());
+    CHECK(counting.aborts == 0);
+  }
+  std::printf("nccl: communicator of a restarted job re-joined in nccl_rejoin_ms=%.3f (created fresh in %.1f ms)\n",
+              rejoin_ms, fresh_ms);
+  cudaFree(data);
+  cudaEventDestroy(done);
+  cudaStreamDestroy(stream);
+}
+
 }  // namespace gradsync::nccl

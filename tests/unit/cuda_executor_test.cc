@@ -225,6 +225,7 @@ class HostDeviceEngine final : public DeviceCollectiveEngine {
  public:
   explicit HostDeviceEngine(DeviceEngineSpec spec) : spec(std::move(spec)) {}
   Status connect(Rendezvous*) override { return connect_error; }
+  bool reused() const override { return false; }
   int ranks() const override { return static_cast<int>(spec.devices.size()); }
   std::span<const int> devices() const override { return spec.devices; }
   int rank_of(int node, int local_rank) const override {

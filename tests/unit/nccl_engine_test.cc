@@ -67,8 +67,8 @@ class FakeNccl final : public NcclApi {
       *error = Status::internal("used after abort");
       return CommState::kFailed;
     }
-    if (!async_error.ok()) {
-      *error = async_error;
+    if (!async_error.ok() || c.broken) {
+      *error = c.broken ? Status::peer_lost("NCCL error: remote process exited") : async_error;
       return CommState::kFailed;
     }
     if (hang) return CommState::kInProgress;
@@ -143,7 +143,12 @@ class FakeNccl final : public NcclApi {
     *handle = reinterpret_cast<void*>(0x99);
     return Status();
   }
-  Status deregister_buffer(void*, void*) override { return Status(); }
+  Status deregister_buffer(void*, void*) override {
+    Inside in(this);
+    std::lock_guard lock(mutex);
+    ++deregistrations;
+    return Status();
+  }
 
   static int handle_of(void* comm) { return static_cast<int>(reinterpret_cast<intptr_t>(comm)); }
 
@@ -152,6 +157,7 @@ class FakeNccl final : public NcclApi {
     UniqueId id{};
     int pending = 0;
     bool aborted = false;
+    bool broken = false;  // an asynchronous error of this communicator only
   };
   std::mutex calls_lock;  // the engine's
   std::mutex mutex;       // the fake's own data
@@ -166,6 +172,7 @@ class FakeNccl final : public NcclApi {
   int ids_made = 0;
   int aborts = 0;
   int registrations = 0;
+  int deregistrations = 0;
   int polls_until_ready = 2;
   int fail_init_rank = -1;
   std::atomic<bool> hang{false};
@@ -494,6 +501,252 @@ TEST_CASE("nccl engine: a single GPU in all needs no communicator", "[nccl][engi
   CHECK(engine.ranks() == 1);
   CHECK(nccl.ids_made == 0);
   CHECK(nccl.comms.empty());
+}
+
+}  // namespace gradsync::nccl
+
+namespace gradsync::nccl {
+namespace {
+
+DeviceEngineSpec reusable(std::vector<int> devices, std::vector<int> slots) {
+  DeviceEngineSpec spec = spec_of(std::move(devices), std::move(slots));
+  spec.reuse_key = "job j/nccl/s1/dp";
+  return spec;
+}
+
+// One step of a job on `engine`: an allreduce whose GPUs are through at once.
+Status step(NcclEngine& engine) {
+  if (Status s = engine.allreduce(buffers_for(engine), 4, ReduceSpec{}); !s.ok()) return s;
+  std::promise<Status> answered;
+  engine.watch(
+      "allreduce bucket 0",
+      [](bool* done) {
+        *done = true;
+        return Status();
+      },
+      5000ms, [&](const Status& s) { answered.set_value(s); });
+  auto future = answered.get_future();
+  if (future.wait_for(2s) != std::future_status::ready) return Status::timeout("not answered");
+  return future.get();
+}
+
+int inits(FakeNccl& nccl) {
+  std::lock_guard lock(nccl.mutex);
+  return static_cast<int>(std::count_if(nccl.calls.begin(), nccl.calls.end(),
+                                        [](const std::string& c) { return c.rfind("init rank", 0) == 0; }));
+}
+
+// Every node connects its engine at once (threads); the statuses in node order.
+std::vector<Status> connect_all(std::vector<std::unique_ptr<NcclEngine>>& engines, Table* table) {
+  std::vector<std::future<Status>> connected;
+  for (size_t n = 0; n < engines.size(); ++n) {
+    connected.push_back(std::async(std::launch::async, [&, n] {
+      TableRendezvous rendezvous(table, static_cast<int>(n));
+      return engines[n]->connect(&rendezvous);
+    }));
+  }
+  std::vector<Status> statuses;
+  for (auto& c : connected) statuses.push_back(c.get());
+  return statuses;
+}
+
+}  // namespace
+
+TEST_CASE("nccl engine: a job's idle communicators are kept when it fails, and its next run re-joins them",
+          "[nccl][engine][rejoin]") {
+  LocalRendezvous local;
+  FakeNccl nccl;
+  CommPark park(&nccl, 60'000ms);
+  {
+    NcclEngine engine(&nccl, reusable({0, 1}, {0, 1}), fast(), &park);
+    REQUIRE(engine.connect(&local).ok());
+    CHECK_FALSE(engine.reused());
+    bool registered = false;
+    REQUIRE(engine.register_buffer(0, reinterpret_cast<void*>(0x5000), 4096, &registered).ok());
+    REQUIRE(step(engine).ok());
+    // A trainer died between steps: the job fails, with nothing in flight.
+    engine.abort(Status::peer_lost("job j: local rank 1 disconnected"));
+    CHECK(engine.allreduce(buffers_for(engine), 4, ReduceSpec{}).code() == ErrorCode::kPeerLost);
+  }
+  CHECK(nccl.aborts == 0);
+  CHECK(nccl.deregistrations == 1);  // the job's memory is unmapped next: its registration ended first
+  CHECK(park.size() == 1);
+  const int made = inits(nccl);
+  const int ids = nccl.ids_made;
+
+  SECTION("the same layout reuses them: no unique id, no init, and they work") {
+    NcclEngine again(&nccl, reusable({0, 1}, {0, 1}), fast(), &park);
+    REQUIRE(again.connect(&local).ok());
+    CHECK(again.reused());
+    CHECK(inits(nccl) == made);
+    CHECK(nccl.ids_made == ids);
+    CHECK(park.size() == 0);
+    CHECK(step(again).ok());
+    CHECK(nccl.aborts == 0);
+  }
+  SECTION("another layout creates its own, and the kept ones stay for their own job") {
+    NcclEngine other(&nccl, reusable({0, 1}, {1, 0}), fast(), &park);
+    REQUIRE(other.connect(&local).ok());
+    CHECK_FALSE(other.reused());
+    CHECK(inits(nccl) == made + 2);
+    CHECK(park.size() == 1);
+  }
+  SECTION("kept communicators that failed meanwhile are aborted, and fresh ones made") {
+    {
+      std::lock_guard lock(nccl.mutex);
+      for (auto& [h, c] : nccl.comms) c.broken = true;
+    }
+    NcclEngine again(&nccl, reusable({0, 1}, {0, 1}), fast(), &park);
+    REQUIRE(again.connect(&local).ok());
+    CHECK_FALSE(again.reused());
+    CHECK(nccl.aborts == 2);
+    CHECK(inits(nccl) == made + 2);
+  }
+  SECTION("they are kept for a while only") {
+    CommPark brief(&nccl, 50ms);
+    {
+      NcclEngine engine(&nccl, reusable({2, 3}, {0, 1}), fast(), &brief);
+      REQUIRE(engine.connect(&local).ok());
+    }
+    CHECK(brief.size() == 1);
+    const int aborts = nccl.aborts;
+    std::this_thread::sleep_for(80ms);
+    NcclEngine late(&nccl, reusable({2, 3}, {0, 1}), fast(), &brief);
+    REQUIRE(late.connect(&local).ok());
+    CHECK_FALSE(late.reused());
+    CHECK(nccl.aborts == aborts + 2);  // the expired ones
+  }
+}
+
+TEST_CASE("nccl engine: communicators with work in flight at the job's failure are aborted, never kept",
+          "[nccl][engine][rejoin]") {
+  LocalRendezvous local;
+  FakeNccl nccl;
+  CommPark park(&nccl, 60'000ms);
+  SECTION("a collective watched, not finished") {
+    {
+      NcclEngine engine(&nccl, reusable({0, 1}, {0, 1}), fast(), &park);
+      REQUIRE(engine.connect(&local).ok());
+      REQUIRE(engine.allreduce(buffers_for(engine), 4, ReduceSpec{}).ok());
+      std::promise<Status> answered;
+      engine.watch(
+          "allreduce bucket 0",
+          [](bool* done) {
+            *done = false;
+            return Status();
+          },
+          60'000ms, [&](const Status& s) { answered.set_value(s); });
+      engine.abort(Status::peer_lost("job j: local rank 1 disconnected"));
+      auto future = answered.get_future();
+      REQUIRE(future.wait_for(1s) == std::future_status::ready);
+      CHECK(future.get().code() == ErrorCode::kPeerLost);
+      CHECK(nccl.aborts == 2);  // before the answer
+    }
+    CHECK(park.size() == 0);
+  }
+  SECTION("a collective issued while the job failed, before it was watched") {
+    {
+      NcclEngine engine(&nccl, reusable({0, 1}, {0, 1}), fast(), &park);
+      REQUIRE(engine.connect(&local).ok());
+      REQUIRE(engine.allreduce(buffers_for(engine), 4, ReduceSpec{}).ok());
+      engine.abort(Status::peer_lost("job j: local rank 1 disconnected"));
+      // The owner watches what it issued; the answer comes after the abort.
+      std::promise<Status> answered;
+      engine.watch(
+          "allreduce bucket 0",
+          [](bool* done) {
+            *done = false;
+            return Status();
+          },
+          60'000ms, [&](const Status& s) {
+            CHECK(nccl.aborts == 2);
+            answered.set_value(s);
+          });
+      auto future = answered.get_future();
+      REQUIRE(future.wait_for(1s) == std::future_status::ready);
+      CHECK(future.get().code() == ErrorCode::kPeerLost);
+    }
+    CHECK(nccl.aborts == 2);
+    CHECK(park.size() == 0);
+  }
+  SECTION("a collective whose group call failed") {
+    {
+      NcclEngine engine(&nccl, reusable({0, 1}, {0, 1}), fast(), &park);
+      REQUIRE(engine.connect(&local).ok());
+      nccl.fail_group_end = Status::internal("ncclGroupEnd failed");
+      CHECK_FALSE(engine.allreduce(buffers_for(engine), 4, ReduceSpec{}).ok());
+      nccl.fail_group_end = Status();
+    }
+    CHECK(nccl.aborts == 2);
+    CHECK(park.size() == 0);
+  }
+  const int made = inits(nccl);
+  NcclEngine again(&nccl, reusable({0, 1}, {0, 1}), fast(), &park);
+  REQUIRE(again.connect(&local).ok());
+  CHECK_FALSE(again.reused());
+  CHECK(inits(nccl) == made + 2);
+}
+
+TEST_CASE("nccl engine: nodes re-join kept communicators only when every node kept the same ones",
+          "[nccl][engine][rejoin]") {
+  // Two daemons, each with its NCCL and its park; node 1 brings GPU 0, node 0 GPUs 0 and 1.
+  FakeNccl nccl0, nccl1;
+  CommPark park0(&nccl0, 60'000ms), park1(&nccl1, 60'000ms);
+  const auto engines = [&] {
+    std::vector<std::unique_ptr<NcclEngine>> e;
+    e.push_back(std::make_unique<NcclEngine>(&nccl0, reusable({0, 1}, {0, 1}), fast(), &park0));
+    e.push_back(std::make_unique<NcclEngine>(&nccl1, reusable({0}, {0, -1}), fast(), &park1));
+    return e;
+  };
+  {
+    Table first(2);
+    auto gen1 = engines();
+    for (const Status& s : connect_all(gen1, &first)) REQUIRE(s.ok());
+    CHECK(gen1[0]->ranks() == 3);
+    REQUIRE(step(*gen1[0]).ok());
+    REQUIRE(step(*gen1[1]).ok());
+    SECTION("both kept theirs at the same point: both re-join") {
+      gen1.clear();
+      Table second(2);
+      auto gen2 = engines();
+      for (const Status& s : connect_all(gen2, &second)) REQUIRE(s.ok());
+      CHECK(gen2[0]->reused());
+      CHECK(gen2[1]->reused());
+      CHECK(inits(nccl0) == 2);
+      CHECK(inits(nccl1) == 1);
+      CHECK(nccl0.ids_made == 1);
+    }
+    SECTION("one node aborted its own: both create fresh ones, and the other's kept ones go") {
+      std::promise<Status> answered;
+      REQUIRE(gen1[1]->allreduce(buffers_for(*gen1[1]), 4, ReduceSpec{}).ok());
+      gen1[1]->watch(
+          "allreduce bucket 1", [](bool* done) { return *done = false, Status(); }, 60'000ms,
+          [&](const Status& s) { answered.set_value(s); });
+      gen1[1]->abort(Status::peer_lost("node 0 failed"));
+      gen1.clear();
+      CHECK(park0.size() == 1);
+      CHECK(park1.size() == 0);
+      Table second(2);
+      auto gen2 = engines();
+      for (const Status& s : connect_all(gen2, &second)) REQUIRE(s.ok());
+      CHECK_FALSE(gen2[0]->reused());
+      CHECK_FALSE(gen2[1]->reused());
+      CHECK(nccl0.aborts == 2);  // the kept ones, discarded
+      CHECK(inits(nccl0) == 4);
+      CHECK(inits(nccl1) == 2);
+    }
+    SECTION("one node issued a collective more (it finished there alone): both create fresh ones") {
+      REQUIRE(step(*gen1[0]).ok());
+      gen1.clear();
+      Table second(2);
+      auto gen2 = engines();
+      for (const Status& s : connect_all(gen2, &second)) REQUIRE(s.ok());
+      CHECK_FALSE(gen2[0]->reused());
+      CHECK_FALSE(gen2[1]->reused());
+      CHECK(nccl0.aborts == 2);
+      CHECK(nccl1.aborts == 1);
+    }
+  }
 }
 
 }  // namespace gradsync::nccl

@@ -1,5 +1,7 @@
 #include "daemon/backend/cuda/executor.h"
 
+#include <cstdio>
+
 #include <algorithm>
 #include <set>
 #include <thread>
@@ -273,6 +275,9 @@ Status CudaExecutor::admit(const TensorSet& set, const SetAdmission& admission) 
       spec.slot_of_local_rank[c] = static_cast<int>(std::find(devices.begin(), devices.end(), d) - devices.begin());
     }
     spec.timeout = admission.timeout;
+    // The set's id and group name the engine in every generation of the job: a restarted
+    // trainer registers the same sets.
+    spec.reuse_key = "job " + admission.job + "/" + spec.name;
     std::unique_ptr<DeviceCollectiveEngine> made;
     if (Status status = engine_factory_->make(spec, &made); !status.ok()) return status;
     DeviceCollectiveEngine* engine = made.get();
@@ -282,11 +287,17 @@ Status CudaExecutor::admit(const TensorSet& set, const SetAdmission& admission) 
       if (engines_.count({set.id, group})) continue;
       engines_.emplace(std::make_pair(set.id, group), std::move(made));
     }
+    const auto started = std::chrono::steady_clock::now();
     if (Status status = engine->connect(admission.rendezvous); !status.ok()) return status;
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
     std::string here;
     for (int d : devices) here += (here.empty() ? "" : ",") + std::to_string(d);
+    char took[96];
+    std::snprintf(took, sizeof took, engine->reused() ? "kept from the job's previous run, re-joined in rejoin_ms=%.3f"
+                                                      : "connected in connect_ms=%.3f",
+                  ms);
     log_.info(what + ": NCCL communicator of " + std::to_string(engine->ranks()) + " GPUs, this node's: " +
-              (here.empty() ? "none" : here));
+              (here.empty() ? "none" : here) + "; " + took);
     if (engine->ranks() > 1) register_regions(set, *engine, what);
   }
   return Status();

@@ -1,13 +1,15 @@
 #include "daemon/engine/nccl/engine.h"
 
+#include <algorithm>
+#include <optional>
 #include <thread>
 
 #include "daemon/backend/host/staged.h"  // reduce::accumulation_dtype
 
 namespace gradsync::nccl {
 
-NcclEngine::NcclEngine(NcclApi* api, DeviceEngineSpec spec, EngineTiming timing)
-    : api_(api), spec_(std::move(spec)), timing_(timing), calls_(api->calls_mutex()) {}
+NcclEngine::NcclEngine(NcclApi* api, DeviceEngineSpec spec, EngineTiming timing, CommPark* park)
+    : api_(api), spec_(std::move(spec)), timing_(timing), calls_(api->calls_mutex()), park_(park) {}
 
 NcclEngine::~NcclEngine() {
   std::unique_ptr<Watchdog> watchdog;
@@ -17,7 +19,70 @@ NcclEngine::~NcclEngine() {
   }
   watchdog.reset();  // fails what is in flight, aborting the communicators first
   std::lock_guard lock(calls_);
-  abort_locked();
+  if (!park_locked()) abort_locked();
+}
+
+std::string NcclEngine::park_key() const {
+  std::string key = spec_.reuse_key + "|gpus";
+  for (int d : spec_.devices) key += " " + std::to_string(d);
+  key += "|slots";
+  for (int s : spec_.slot_of_local_rank) key += " " + std::to_string(s);
+  return key;
+}
+
+bool NcclEngine::park_locked() {
+  if (!park_ || !park_->enabled() || spec_.reuse_key.empty() || comms_aborted_ || comms_.empty() || !idle()) {
+    return false;
+  }
+  for (void* comm : comms_) {
+    Status error;
+    if (!comm || api_->state(comm, &error) != CommState::kReady) return false;
+  }
+  // The registrations are of this job's memory, which is unmapped once the job's sets go.
+  for (auto& [key, handle] : registered_) {
+    const auto at = std::find(spec_.devices.begin(), spec_.devices.end(), key.first) - spec_.devices.begin();
+    if (!api_->deregister_buffer(comms_[static_cast<size_t>(at)], handle).ok()) return false;
+  }
+  registered_.clear();
+  park_->park_locked(ParkedComms{park_key(), plan_, id_, issued_.load(), comms_, {}});
+  comms_.clear();
+  comms_aborted_ = true;  // no longer this engine's
+  return true;
+}
+
+Status NcclEngine::try_reuse(Rendezvous* rendezvous, bool* reused) {
+  *reused = false;
+  std::optional<ParkedComms> kept;
+  if (park_ && !spec_.devices.empty()) kept = park_->take(park_key());
+  bool usable = kept && kept->plan == plan_;
+  if (usable) {
+    // A peer's abort or a network error may have reached them while they were kept.
+    std::lock_guard lock(calls_);
+    for (void* comm : kept->comms) {
+      Status error;
+      if (api_->state(comm, &error) != CommState::kReady) usable = false;
+    }
+  }
+  if (kept && !usable) {
+    park_->discard(std::move(*kept));
+    kept.reset();
+  }
+  const std::string offer = spec_.devices.empty() ? "" : kept ? reuse_offer(kept->id, kept->collectives) : "fresh";
+  bool agreed = false;
+  const Status status = agree_reuse(rendezvous, spec_.name, offer, &agreed);
+  if (!status.ok() || !agreed || stop_.load()) {
+    if (kept) park_->discard(std::move(*kept));
+    return status;
+  }
+  if (kept) {
+    std::lock_guard lock(calls_);
+    comms_ = std::move(kept->comms);
+    id_ = kept->id;
+    issued_.store(kept->collectives);
+    completed_.store(kept->collectives);
+  }
+  *reused = true;
+  return Status();
 }
 
 std::string NcclEngine::describe(size_t local) const {
@@ -35,11 +100,14 @@ Status NcclEngine::unusable() const {
 
 void NcclEngine::abort(const Status& why) {
   std::lock_guard lock(status_mutex_);
-  if (!aborted_.ok()) return;
-  aborted_ = why.ok() ? Status::aborted("aborted") : why;
-  stop_.store(true);
+  if (aborted_.ok()) {
+    aborted_ = why.ok() ? Status::aborted("aborted") : why;
+    stop_.store(true);
+  }
   // Without a watchdog, connect() is running or never ran: it sees stop_ and aborts itself.
-  if (watchdog_) watchdog_->abort(aborted_);
+  // Idle communicators are left alone (kept for the job's next generation when the engine
+  // goes); a collective issued after this is answered through watch(), which aborts then.
+  if (watchdog_ && !idle()) watchdog_->abort(aborted_);
 }
 
 void NcclEngine::abandon() {
@@ -107,20 +175,27 @@ Status NcclEngine::connect(Rendezvous* rendezvous) {
   }
   // One GPU in all: the executor's kernels do it alone.
   if (plan_.ranks == 0 || (plan_.ranks == 1 && !spec_.single_rank_communicator)) return Status();
-  UniqueId id{};
-  if (Status status = agree_unique_id(
-          rendezvous, spec_.name, plan_,
-          [this](UniqueId* out) {
-            std::lock_guard lock(calls_);
-            return api_->unique_id(out);
-          },
-          &id);
-      !status.ok()) {
-    return failed(status);
+  bool reuse = false;
+  if (!spec_.reuse_key.empty()) {
+    if (Status status = try_reuse(rendezvous, &reuse); !status.ok()) return failed(status);
+  }
+  UniqueId& id = id_;
+  if (!reuse) {
+    if (Status status = agree_unique_id(
+            rendezvous, spec_.name, plan_,
+            [this](UniqueId* out) {
+              std::lock_guard lock(calls_);
+              return api_->unique_id(out);
+            },
+            &id);
+        !status.ok()) {
+      return failed(status);
+    }
   }
   if (spec_.devices.empty()) return Status();  // this node brings no GPU to the group
+  reused_ = reuse;
   Status status;
-  {
+  if (!reuse) {
     std::lock_guard lock(calls_);
     if (stop_.load()) return unusable();
     comms_.assign(spec_.devices.size(), nullptr);
@@ -162,6 +237,7 @@ Status NcclEngine::group_call(const std::string& what, std::span<const DeviceBuf
   {
     std::lock_guard lock(calls_);
     if (comms_aborted_) status = Status::aborted("the communicators were aborted");
+    if (status.ok()) issued_.fetch_add(1);  // counted before issued: from here on not idle
     if (status.ok()) status = api_->group_start();
     if (status.ok()) {
       for (size_t i = 0; i < comms_.size() && status.ok(); ++i) status = issue(i);
@@ -246,9 +322,23 @@ void NcclEngine::watch(std::string what, std::function<Status(bool* done)> poll,
     watchdog = watchdog_.get();
     status = aborted_;
   }
-  if (!status.ok()) return done(status);
-  if (!watchdog) return done(Status::internal(spec_.what + ": watch() on an engine that is not connected"));
-  watchdog->watch(InFlight{spec_.what + ": " + what, std::move(poll), std::move(done), timeout});
+  if (!watchdog) return done(status.ok() ? Status::internal(spec_.what + ": watch() on an engine that is not connected")
+                                         : status);
+  if (!status.ok()) {
+    if (idle()) return done(status);
+    // Aborted while this collective was being issued: abort the communicators, and answer only
+    // after that, as for any work in flight.
+    watchdog->abort(status);
+  }
+  const uint64_t upto = issued_.load();
+  watching_.fetch_add(1);
+  watchdog->watch(InFlight{spec_.what + ": " + what, std::move(poll),
+                           [this, upto, done = std::move(done)](const Status& result) {
+                             if (result.ok()) completed_.store(upto);
+                             watching_.fetch_sub(1);
+                             done(result);
+                           },
+                           timeout});
 }
 
 Status NcclEngine::async_error() {

@@ -13,6 +13,10 @@
 //             division): NCCL's ncclAvg is not bit-identical to the host path.
 //   watchdog  watchdog.h: completion polls, asynchronous errors, deadlines; on any failure it
 //             aborts every communicator once, then answers.
+//   reuse     an engine that goes while its communicators are healthy and idle (every
+//             collective issued on them finished) parks them (park.h) instead of aborting
+//             them; the job's next generation takes them if every node kept the same ones.
+//             abort() therefore aborts the communicators only when work may be in flight.
 // Every NCCL call, ncclCommGetAsyncError included, is made under the api's one mutex
 // (api.h), which all engines of the daemon share; waits for "in progress" poll under it and
 // sleep outside it, so no engine holds NCCL for another's timeout.
@@ -27,6 +31,7 @@
 
 #include "daemon/engine/device_engine.h"
 #include "daemon/engine/nccl/api.h"
+#include "daemon/engine/nccl/park.h"
 #include "daemon/engine/nccl/store.h"
 #include "daemon/engine/nccl/watchdog.h"
 
@@ -42,12 +47,14 @@ struct EngineTiming {
 
 class NcclEngine final : public DeviceCollectiveEngine, private WatchedComms {
  public:
-  NcclEngine(NcclApi* api, DeviceEngineSpec spec, EngineTiming timing = {});
+  // `park`: where idle communicators are kept for the job's next generation; null: nowhere.
+  NcclEngine(NcclApi* api, DeviceEngineSpec spec, EngineTiming timing = {}, CommPark* park = nullptr);
   ~NcclEngine() override;
   NcclEngine(const NcclEngine&) = delete;
   NcclEngine& operator=(const NcclEngine&) = delete;
 
   Status connect(Rendezvous* rendezvous) override;
+  bool reused() const override { return reused_; }
   int ranks() const override { return plan_.ranks; }
   std::span<const int> devices() const override { return spec_.devices; }
   int rank_of(int node, int local_rank) const override { return plan_.rank_of(node, local_rank); }
@@ -79,6 +86,15 @@ class NcclEngine final : public DeviceCollectiveEngine, private WatchedComms {
                     const std::function<Status(size_t)>& issue);
   // Aborts every communicator (once); under the api's mutex.
   void abort_locked();
+  // Nothing watched, and every collective issued on the communicators finished (answered ok).
+  bool idle() const { return watching_.load() == 0 && completed_.load() == issued_.load(); }
+  // connect(), between planning and the unique id: takes this node's kept communicators if
+  // every node kept the same ones. *reused says whether it did.
+  Status try_reuse(Rendezvous* rendezvous, bool* reused);
+  // At the end: hands healthy, idle communicators to the park, ending their registrations.
+  // False (nothing done) when they must be aborted instead. Under the api's mutex.
+  bool park_locked();
+  std::string park_key() const;
   std::string describe(size_t local) const;  // "GPU 3 (rank 5 of 8)"
 
   NcclApi* api_;
@@ -86,7 +102,15 @@ class NcclEngine final : public DeviceCollectiveEngine, private WatchedComms {
   const EngineTiming timing_;
   RankPlan plan_;                 // set by connect(), then read-only
   std::mutex& calls_;             // the api's: every NCCL call of the daemon
+  CommPark* park_;                // may be null
   std::vector<void*> comms_;      // one per spec_.devices entry; set once by connect()
+  UniqueId id_{};                 // what comms_ were made with; set by connect()
+  bool reused_ = false;           // set by connect()
+  // Collectives issued (counted before they are, by the issuing thread) and answered ok by the
+  // watchdog (it answers in order, so this is the count up to the last answered).
+  std::atomic<uint64_t> issued_{0};
+  std::atomic<uint64_t> completed_{0};
+  std::atomic<int> watching_{0};  // watched, not answered yet
   bool comms_aborted_ = false;    // under calls_: comms_ must not be used once set
   std::map<std::pair<int, void*>, void*> registered_;  // (device, data) -> handle; under calls_
   std::atomic<bool> stop_{false};  // an abort was asked for: loops that poll NCCL give up
@@ -98,16 +122,21 @@ class NcclEngine final : public DeviceCollectiveEngine, private WatchedComms {
 // Makes NCCL engines over the api given (the real NCCL in the daemon, a fake in tests).
 class NcclEngineFactory final : public DeviceEngineFactory {
  public:
-  NcclEngineFactory(std::unique_ptr<NcclApi> api, EngineTiming timing = {})
-      : api_(std::move(api)), timing_(timing) {}
+  // `keep`: how long idle communicators of an ended job are kept for its next generation (0:
+  // not at all).
+  NcclEngineFactory(std::unique_ptr<NcclApi> api, EngineTiming timing = {},
+                    std::chrono::seconds keep = std::chrono::seconds(600))
+      : api_(std::move(api)), timing_(timing), park_(api_.get(), keep) {}
   Status make(const DeviceEngineSpec& spec, std::unique_ptr<DeviceCollectiveEngine>* out) override {
-    *out = std::make_unique<NcclEngine>(api_.get(), spec, timing_);
+    *out = std::make_unique<NcclEngine>(api_.get(), spec, timing_, &park_);
     return Status();
   }
+  const CommPark& park() const { return park_; }
 
  private:
   std::unique_ptr<NcclApi> api_;
   EngineTiming timing_;
+  CommPark park_;  // after api_, which it uses until it is gone
 };
 
 }  // namespace gradsync::nccl

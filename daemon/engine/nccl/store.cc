@@ -80,6 +80,24 @@ Status plan_ranks(Rendezvous* rendezvous, const std::string& name, int devices, 
   return Status();
 }
 
+std::string reuse_offer(const UniqueId& id, uint64_t collectives) {
+  return to_hex(id) + ":" + std::to_string(collectives);
+}
+
+Status agree_reuse(Rendezvous* rendezvous, const std::string& name, const std::string& offer, bool* reuse) {
+  *reuse = false;
+  std::vector<std::string> all;
+  if (Status status = rendezvous->exchange(name + "/reuse", offer, &all); !status.ok()) return status;
+  std::string common;
+  for (const std::string& value : all) {
+    if (value.empty()) continue;  // a node without GPUs in the group
+    if (value == "fresh" || (!common.empty() && value != common)) return Status();
+    common = value;
+  }
+  *reuse = !common.empty();
+  return Status();
+}
+
 Status agree_unique_id(Rendezvous* rendezvous, const std::string& name, const RankPlan& plan,
                        const std::function<Status(UniqueId*)>& make, UniqueId* id) {
   // The owner of rank 0 is the first node that brings a GPU.

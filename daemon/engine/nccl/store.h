@@ -8,6 +8,7 @@
 // The values are short text, checked when read: a node that sends garbage is named.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -26,11 +27,19 @@ struct RankPlan {
 
   // The rank of the GPU holding `local_rank` of `node`, or -1.
   int rank_of(int node, int local_rank) const;
+  bool operator==(const RankPlan&) const = default;
 };
 
 // Exchange 1. `slots` holds, per local rank, the index into this node's `devices` GPUs, or -1.
 Status plan_ranks(Rendezvous* rendezvous, const std::string& name, int devices, const std::vector<int>& slots,
                   RankPlan* plan);
+
+// Between the two, "<name>/reuse": whether every node reuses communicators it kept from the
+// job's previous generation (park.h). `offer` is this node's: empty when it brings no GPU,
+// "fresh" when it has none to reuse, or reuse_offer() of what it kept. *reuse is true when every
+// node that brings a GPU offered the same kept communicators; every node decides alike.
+std::string reuse_offer(const UniqueId& id, uint64_t collectives);
+Status agree_reuse(Rendezvous* rendezvous, const std::string& name, const std::string& offer, bool* reuse);
 
 // Exchange 2. `make` is called on the node that owns rank 0 only.
 Status agree_unique_id(Rendezvous* rendezvous, const std::string& name, const RankPlan& plan,

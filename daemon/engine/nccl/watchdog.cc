@@ -22,7 +22,9 @@ Watchdog::~Watchdog() {
 
 void Watchdog::watch(InFlight item) {
   std::unique_lock lock(mutex_);
-  if (!failure_.ok()) {
+  // After a failure, answered at once, but only once the communicators are aborted: until then
+  // the item waits for fail_all() to answer it.
+  if (!failure_.ok() && aborted_comms_) {
     const Status why = failure_;
     lock.unlock();
     return item.done(why);
@@ -51,17 +53,21 @@ Status Watchdog::failure() const {
 
 void Watchdog::fail_all(const Status& why, std::unique_lock<std::mutex>& lock) {
   if (failure_.ok()) failure_ = why;
-  std::deque<Watched> failed;
-  failed.swap(in_flight_);
-  lock.unlock();
   // Abort before answering: once a caller has its answer it may release the buffers, and the
-  // aborted communicators no longer touch them.
+  // aborted communicators no longer touch them. What is watched meanwhile waits (watch()).
   if (!aborted_comms_) {
-    aborted_comms_ = true;
+    lock.unlock();
     comms_->abort_all();
+    lock.lock();
+    aborted_comms_ = true;
   }
-  for (Watched& w : failed) w.item.done(failure_);
-  lock.lock();
+  while (!in_flight_.empty()) {
+    std::deque<Watched> failed;
+    failed.swap(in_flight_);
+    lock.unlock();
+    for (Watched& w : failed) w.item.done(failure_);
+    lock.lock();
+  }
 }
 
 void Watchdog::run() {
@@ -73,6 +79,7 @@ void Watchdog::run() {
     wake_.wait_for(lock, period, [&] { return stopping_ || kicked_ || (!abort_requested_.ok() && failure_.ok()); });
     kicked_ = false;
     if (!abort_requested_.ok() && failure_.ok()) fail_all(abort_requested_, lock);
+    if (!failure_.ok() && !in_flight_.empty()) fail_all(failure_, lock);  // watched during an abort
     if (failure_.ok() && std::chrono::steady_clock::now() - last_error_check_ >= poll_) {
       last_error_check_ = std::chrono::steady_clock::now();
       lock.unlock();

@@ -82,7 +82,7 @@ class Watchdog {
   std::deque<Watched> in_flight_;  // guarded by mutex_, in the order they were enqueued
   Status failure_;                 // guarded by mutex_
   Status abort_requested_;         // guarded by mutex_
-  bool aborted_comms_ = false;     // watchdog thread only
+  bool aborted_comms_ = false;     // guarded by mutex_; set once abort_all() returned
   bool stopping_ = false;          // guarded by mutex_
   bool kicked_ = false;            // guarded by mutex_: watch() added an item
   std::thread thread_;

@@ -1,0 +1,93 @@
+#include "daemon/engine/nccl/park.h"
+
+namespace gradsync::nccl {
+
+CommPark::~CommPark() {
+  std::deque<ParkedComms> entries;
+  {
+    std::lock_guard lock(mutex_);
+    entries.swap(entries_);
+  }
+  std::lock_guard calls(api_->calls_mutex());
+  for (ParkedComms& entry : entries) abort_locked(entry);
+}
+
+void CommPark::abort_locked(ParkedComms& entry) {
+  for (void* comm : entry.comms) {
+    if (comm) api_->abort(comm);
+  }
+  entry.comms.clear();
+}
+
+void CommPark::sweep(std::vector<ParkedComms>* out) {
+  const auto now = std::chrono::steady_clock::now();
+  for (auto it = entries_.begin(); it != entries_.end();) {
+    if (now - it->since >= keep_) {
+      out->push_back(std::move(*it));
+      it = entries_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void CommPark::park_locked(ParkedComms entry) {
+  std::vector<ParkedComms> gone;
+  {
+    std::lock_guard lock(mutex_);
+    if (!enabled()) {
+      gone.push_back(std::move(entry));
+    } else {
+      // One entry per key: a newer one replaces an older (which a job cannot be using, since
+      // engines take theirs out first).
+      for (auto it = entries_.begin(); it != entries_.end(); ++it) {
+        if (it->key == entry.key) {
+          gone.push_back(std::move(*it));
+          entries_.erase(it);
+          break;
+        }
+      }
+      entry.since = std::chrono::steady_clock::now();
+      entries_.push_back(std::move(entry));
+      sweep(&gone);
+      while (entries_.size() > capacity_) {
+        gone.push_back(std::move(entries_.front()));
+        entries_.pop_front();
+      }
+    }
+  }
+  for (ParkedComms& e : gone) abort_locked(e);  // the caller holds the calls mutex
+}
+
+std::optional<ParkedComms> CommPark::take(const std::string& key) {
+  std::vector<ParkedComms> expired;
+  std::optional<ParkedComms> found;
+  {
+    std::lock_guard lock(mutex_);
+    sweep(&expired);
+    for (auto it = entries_.begin(); it != entries_.end(); ++it) {
+      if (it->key == key) {
+        found = std::move(*it);
+        entries_.erase(it);
+        break;
+      }
+    }
+  }
+  if (!expired.empty()) {
+    std::lock_guard calls(api_->calls_mutex());
+    for (ParkedComms& e : expired) abort_locked(e);
+  }
+  return found;
+}
+
+void CommPark::discard(ParkedComms entry) {
+  std::lock_guard calls(api_->calls_mutex());
+  abort_locked(entry);
+}
+
+size_t CommPark::size() const {
+  std::lock_guard lock(mutex_);
+  return entries_.size();
+}
+
+}  // namespace gradsync::nccl

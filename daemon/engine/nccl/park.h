@@ -1,0 +1,70 @@
+// CommPark: the communicators of an engine whose job ended while they were healthy and idle,
+// kept for the job's next generation. A trainer that crashes and restarts (torchrun's elastic
+// restart) re-joins the same job with the same layout; its engine then takes the parked
+// communicators instead of paying NCCL's bootstrap and connection setup again.
+//
+// Reuse is safe only when every rank of the communicator is at the same point, so the engine
+// offers a parked entry to the other nodes (the unique id it was made with, and how many
+// collectives were issued on it, all of them finished) and reuses it only when every node that
+// brings GPUs offers the same; otherwise every node discards its entry and creates fresh ones.
+// Communicators with work that may not have finished are never parked: they are aborted.
+//
+// Entries are kept for `keep` and at most `capacity` of them; expired ones are aborted when the
+// park is next used, and all of them when it is destroyed (the daemon exits). Thread-safe.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "daemon/engine/nccl/api.h"
+#include "daemon/engine/nccl/store.h"
+
+namespace gradsync::nccl {
+
+struct ParkedComms {
+  std::string key;           // the job, the engine's name, this node's GPUs and slots
+  RankPlan plan;             // as agreed when they were made
+  UniqueId id{};             // the unique id they were made with
+  uint64_t collectives = 0;  // issued on them, every one finished
+  std::vector<void*> comms;  // one per local GPU, in the engine's order
+  std::chrono::steady_clock::time_point since;
+};
+
+class CommPark {
+ public:
+  CommPark(NcclApi* api, std::chrono::milliseconds keep, size_t capacity = 16)
+      : api_(api), keep_(keep), capacity_(capacity) {}
+  ~CommPark();  // aborts every parked communicator
+  CommPark(const CommPark&) = delete;
+  CommPark& operator=(const CommPark&) = delete;
+
+  bool enabled() const { return keep_.count() > 0 && capacity_ > 0; }
+  // Keeps `entry` (the caller holds the api's calls mutex, and hands the communicators over:
+  // their registrations already ended). When disabled, or beyond the capacity, the oldest go.
+  void park_locked(ParkedComms entry);
+  // Takes the entry under `key`, if any is still fresh. Expired entries are aborted here.
+  std::optional<ParkedComms> take(const std::string& key);
+  // Aborts an entry's communicators (one that was taken but is not reused).
+  void discard(ParkedComms entry);
+
+  size_t size() const;
+
+ private:
+  // Aborts the communicators; the caller holds the api's calls mutex.
+  void abort_locked(ParkedComms& entry);
+  // Removes expired entries into *out.
+  void sweep(std::vector<ParkedComms>* out);
+
+  NcclApi* api_;
+  const std::chrono::milliseconds keep_;
+  const size_t capacity_;
+  mutable std::mutex mutex_;  // guards entries_; never held across an NCCL call
+  std::deque<ParkedComms> entries_;  // oldest first
+};
+
+}  // namespace gradsync::nccl
