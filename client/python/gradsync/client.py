@@ -1,0 +1,163 @@
+"""gradsync.connect() and the Client."""
+import ctypes
+import os
+
+from . import _lib
+from .errors import InvalidArgumentError, error_for
+
+DEFAULT_SOCKET = "/run/gradsync/gradsync.sock"
+
+
+def _check(status):
+    if status != 0:
+        raise error_for(status, _lib.last_error())
+
+
+def _from_env(value, argument, variable, convert=int):
+    if value is not None:
+        return value
+    raw = os.environ.get(variable)
+    if raw is None or raw == "":
+        raise InvalidArgumentError(f"gradsync.connect: {argument} was not given and ${variable} is not set "
+                                   "(torchrun sets it; pass it when not running under torchrun)")
+    try:
+        return convert(raw)
+    except ValueError:
+        raise InvalidArgumentError(f"gradsync.connect: ${variable}={raw!r} (for {argument}) is not an integer") \
+            from None
+
+
+def connect(job=None, rank=None, world_size=None, local_rank=None, local_world_size=None, rendezvous=None,
+            socket=None, timeout=None, groups=None, name="trainer"):
+    """Connects to this node's gradsyncd and joins a job.
+
+    Missing arguments come from torchrun's environment: RANK, WORLD_SIZE, LOCAL_RANK,
+    LOCAL_WORLD_SIZE, TORCHELASTIC_RUN_ID (the job id) and, for a job on several nodes, MASTER_ADDR
+    (rendezvous, HOST or HOST:PORT of node 0's gradsyncd peer service; $GRADSYNC_RENDEZVOUS wins).
+    socket: the daemon's control socket; default $GRADSYNC_SOCKET, else /run/gradsync/gradsync.sock.
+    timeout: seconds, the bound on every wait of the job (default: the daemon's).
+    groups: process groups beyond "dp" (every rank), as {name: [global ranks]}.
+    """
+    job = _from_env(job, "job", "TORCHELASTIC_RUN_ID", str)
+    rank = _from_env(rank, "rank", "RANK")
+    world_size = _from_env(world_size, "world_size", "WORLD_SIZE")
+    local_rank = _from_env(local_rank, "local_rank", "LOCAL_RANK")
+    local_world_size = _from_env(local_world_size, "local_world_size", "LOCAL_WORLD_SIZE")
+    if rendezvous is None:
+        rendezvous = os.environ.get("GRADSYNC_RENDEZVOUS") or os.environ.get("MASTER_ADDR")
+        if not rendezvous and world_size > local_world_size:
+            raise InvalidArgumentError(
+                f"gradsync.connect: the job spans {world_size // max(1, local_world_size)} nodes, so it needs "
+                "rendezvous (node 0's gradsyncd, HOST[:PORT]); it was not given and neither $GRADSYNC_RENDEZVOUS "
+                "nor $MASTER_ADDR is set")
+    if socket is None:
+        socket = os.environ.get("GRADSYNC_SOCKET") or DEFAULT_SOCKET
+    lib = _lib.lib()
+    handle = ctypes.c_void_p()
+    status = lib.gs_connect(socket.encode(), name.encode(), 0, ctypes.byref(handle))
+    if status != 0:
+        raise error_for(status, f"{_lib.last_error()} (the socket is socket= or $GRADSYNC_SOCKET; is gradsyncd "
+                                "running?)")
+    client = Client(handle, job, rank, world_size, local_rank, local_world_size, groups or {})
+    group_structs = []
+    keep = []
+    for group_name, ranks in (groups or {}).items():
+        array = (ctypes.c_int32 * len(ranks))(*ranks)
+        keep.append(array)
+        group_structs.append(_lib.Group(group_name.encode(), array, len(ranks)))
+    group_array = (_lib.Group * len(group_structs))(*group_structs) if group_structs else None
+    timeout_ms = 0 if timeout is None else max(1, int(timeout * 1000))
+    _check(lib.gs_join(handle, job.encode(), rank, world_size, local_rank, local_world_size, timeout_ms,
+                       (rendezvous or "").encode(), group_array, len(group_structs)))
+    return client
+
+
+class Client:
+    """A trainer's connection to its gradsyncd, joined to one job. Use it from one thread.
+
+    The coalesced operations take lists of torch tensors (gradsync.torch does the work; torch is
+    imported on their first use). The first call with a given list of tensors registers it as a
+    set, and later calls with the same tensors (same addresses, sizes and dtypes) reuse it.
+    Tensors in memory the daemon cannot reach are copied through a staging area registered once
+    per layout; `staging_copies` counts the tensors copied that way.
+    """
+
+    def __init__(self, handle, job, rank, world_size, local_rank, local_world_size, groups):
+        self._handle = handle
+        self.job = job
+        self.rank = rank
+        self.world_size = world_size
+        self.local_rank = local_rank
+        self.local_world_size = local_world_size
+        self.groups = {"dp": list(range(world_size))}
+        self.groups.update({name: list(ranks) for name, ranks in groups.items()})
+        self._allocations = []  # (address, bytes, device)
+        self._sets = {}  # key -> registered set (gradsync.torch._coalesced)
+        self.staging_copies = 0  # tensors copied into or out of a staging area
+        self.staging_bytes = 0
+
+    # -- lifetime
+    def close(self):
+        """Leaves the job and frees the client's memory (tensors viewing it must not be used after)."""
+        handle, self._handle = self._handle, None
+        self._sets.clear()
+        if handle:
+            _lib.lib().gs_client_close(handle)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        if getattr(self, "_handle", None):
+            self.close()
+
+    def _h(self):
+        if not self._handle:
+            raise InvalidArgumentError("gradsync: this client was closed")
+        return self._handle
+
+    @property
+    def job_timeout(self):
+        """The job's timeout, in seconds, as the daemon applies it."""
+        return _lib.lib().gs_job_timeout_ms(self._h()) / 1000.0
+
+    # -- memory the daemon can reach
+    def alloc(self, nbytes, device=-1):
+        """Zero-filled memory the daemon can reach: host shared memory (device -1) or a CUDA VMM
+        allocation on `device`. Returns its address; it lives as long as the client."""
+        address = ctypes.c_void_p()
+        _check(_lib.lib().gs_alloc(self._h(), int(nbytes), int(device), ctypes.byref(address)))
+        self._allocations.append((address.value, int(nbytes), int(device)))
+        return address.value
+
+    def reachable(self, address, nbytes, device):
+        """Whether [address, address + nbytes) lies in memory of this client's on `device`."""
+        for base, size, dev in self._allocations:
+            if dev == device and base <= address and address + nbytes <= base + size:
+                return True
+        return False
+
+    # -- the coalesced operations (gradsync.torch._coalesced)
+    def allreduce_coalesced(self, tensors, op="avg", divisor=None, prescale=False, fp32_accumulate=None,
+                            bucket_bytes=None, group=None):
+        """Reduces the tensors in place across the group's ranks (default "dp": every rank)."""
+        from .torch import _coalesced
+        return _coalesced.allreduce(self, tensors, op, divisor, prescale, fp32_accumulate, bucket_bytes, group)
+
+    def broadcast_coalesced(self, tensors, root=0, group=None):
+        """Copies the root rank's tensors into every rank's, in place."""
+        from .torch import _coalesced
+        return _coalesced.broadcast(self, tensors, root, group)
+
+    def all_gather_coalesced(self, tensors, group=None):
+        """Gathers every rank's tensors; wait() returns one list of tensors per rank of the group."""
+        from .torch import _coalesced
+        return _coalesced.all_gather(self, tensors, group)
+
+    def reduce_coalesced(self, tensors, root=0, op="sum", group=None):
+        """Reduces into the root rank's tensors; the other ranks' tensors are unchanged."""
+        from .torch import _coalesced
+        return _coalesced.reduce(self, tensors, root, op, group)

@@ -1,0 +1,250 @@
+"""The coalesced operations of gradsync.Client on torch tensors.
+
+A list of tensors becomes a registered set the first time it is seen; the set is found again by
+a key built from the tensors. Tensors that lie in the client's memory (GradBuffer, or memory from
+Client.alloc) are registered as they are and reduced in place, copying nothing. Other tensors
+(ordinary CPU or CUDA tensors) go through a staging area: one flat buffer in the client's memory
+per (layout, device, group, bucket size), registered once, into which the tensors are copied
+before the operation and from which the results are copied back (the seeds' flatten and
+unflatten). On CUDA the copies and the operation are ordered on the current stream.
+"""
+import ctypes
+
+import torch
+
+from .. import _lib
+from ..errors import InvalidArgumentError, error_for
+from ..work import Work
+from ._memory import align, carve, device_index, dtype_code, wrap
+
+_OPS = {"sum": 0, "avg": 1, "min": 2, "max": 3}
+
+
+def _check(status):
+    if status != 0:
+        raise error_for(status, _lib.last_error())
+
+
+class RegisteredSet:
+    """A registered set; with a staging area when the tensors it stands for are not the client's."""
+
+    def __init__(self, handle, staging=None, views=None):
+        self.handle = handle
+        self.staging = staging  # the staging area (uint8 tensor), or None
+        self.views = views      # the staging area's typed views, one per tensor
+        self.in_flight = None   # the last Work that used the staging area
+
+    def take(self):
+        """Waits until the staging area's last operation finished and copied its results back: two
+        operations in flight on lists of one layout share the area, so the second waits here.
+        (Deterministic on every rank, unlike a pool that grows when an area is busy: sets must be
+        registered in the same order everywhere.)"""
+        work, self.in_flight = self.in_flight, None
+        if work is not None and not work._done:
+            work.wait()
+
+    def __del__(self):
+        handle, self.handle = getattr(self, "handle", None), None
+        if handle:
+            _lib.lib().gs_set_free(handle)
+
+
+def register(client, tensors, device, group, bucket_bytes, allgather):
+    """Registers contiguous tensors in the client's memory as a set (a barrier across local ranks)."""
+    group_name = (group or "dp").encode()
+    array = (_lib.Tensor * len(tensors))()
+    for i, t in enumerate(tensors):
+        array[i] = _lib.Tensor(t.data_ptr(), t.numel(), dtype_code(t.dtype), device, group_name)
+    handle = ctypes.c_void_p()
+    cap = -1 if bucket_bytes is None else int(bucket_bytes)
+    _check(_lib.lib().gs_register(client._h(), array, len(tensors), cap, 1 if allgather else 0, ctypes.byref(handle)))
+    return handle
+
+
+def _validate(client, tensors, group):
+    tensors = list(tensors)
+    if not tensors:
+        raise InvalidArgumentError("gradsync: an operation needs at least one tensor")
+    if group is not None and group not in client.groups:
+        raise InvalidArgumentError(f"gradsync: unknown group {group!r}; declare it with "
+                                   f"gradsync.connect(groups=...) (known: {sorted(client.groups)})")
+    device = device_index(tensors[0])
+    for i, t in enumerate(tensors):
+        if not isinstance(t, torch.Tensor):
+            raise InvalidArgumentError(f"gradsync: item {i} is a {type(t).__name__}, not a torch.Tensor")
+        if device_index(t) != device:
+            raise InvalidArgumentError(f"gradsync: tensor {i} is on {t.device} but tensor 0 on {tensors[0].device}; "
+                                       "one operation takes tensors of one device")
+        if t.numel() == 0:
+            raise InvalidArgumentError(f"gradsync: tensor {i} is empty")
+        dtype_code(t.dtype)
+    return tensors, device
+
+
+def set_for(client, tensors, device, group, bucket_bytes, allgather=False, tag=None):
+    """The registered set for these tensors: their own (zero-copy) when they all lie in the
+    client's memory, else the staging set of their layout (and `tag`, which callers that keep
+    several same-layout lists in flight use to tell them apart, e.g. DDP's bucket index)."""
+    direct = all(t.is_contiguous() and client.reachable(t.data_ptr(), t.numel() * t.element_size(), device)
+                 for t in tensors)
+    if direct:
+        key = ("direct", tuple((t.data_ptr(), t.numel(), t.dtype) for t in tensors), device, group, bucket_bytes,
+               allgather)
+    else:
+        key = ("staging", tuple((t.numel(), t.dtype) for t in tensors), device, group, bucket_bytes, allgather, tag)
+    found = client._sets.get(key)
+    if found is not None:
+        return found
+    if direct:
+        made = RegisteredSet(register(client, tensors, device, group, bucket_bytes, allgather))
+    else:
+        offsets, total = [], 0
+        for t in tensors:
+            offsets.append(total)
+            total = align(total + t.numel() * t.element_size())
+        buffer = wrap(client.alloc(total, device), total, device)
+        views = [carve(buffer, off, t.dtype, (t.numel(),)) for off, t in zip(offsets, tensors)]
+        made = RegisteredSet(register(client, views, device, group, bucket_bytes, allgather), buffer, views)
+    client._sets[key] = made
+    return made
+
+
+def _start(registered, work):
+    if registered.staging is not None:
+        registered.in_flight = work
+    return work
+
+
+def _order_on_current_stream(client, device):
+    if device >= 0:
+        _check(_lib.lib().gs_set_stream(client._h(), ctypes.c_void_p(torch.cuda.current_stream(device).cuda_stream)))
+
+
+def _copy_in(client, registered, tensors):
+    for view, t in zip(registered.views, tensors):
+        view.copy_(t.reshape(-1))
+    client.staging_copies += len(tensors)
+    client.staging_bytes += sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _finisher(client, registered, tensors, device, copy_back):
+    """What Work runs once the operation finished: copy the results back (staging only), on the
+    stream given (wait_stream) or, for a host wait, on the current stream and synchronised."""
+    if registered.staging is None or not copy_back:
+        return None
+
+    def finish(stream):
+        if device >= 0:
+            target = stream if stream is not None else torch.cuda.current_stream(device)
+            with torch.cuda.stream(target):
+                for view, t in zip(registered.views, tensors):
+                    t.copy_(view.view(t.shape))
+            if stream is None:
+                target.synchronize()
+        else:
+            for view, t in zip(registered.views, tensors):
+                t.copy_(view.view(t.shape))
+        client.staging_copies += len(tensors)
+        return None
+
+    return finish
+
+
+def _reduce_options(client, op, divisor, prescale, fp32_accumulate):
+    if op not in _OPS:
+        raise InvalidArgumentError(f"gradsync: op must be one of {sorted(_OPS)}, not {op!r}")
+    if divisor is not None and op != "avg":
+        raise InvalidArgumentError("gradsync: divisor applies to op='avg' only")
+    if divisor is not None and not divisor > 0:
+        raise InvalidArgumentError(f"gradsync: divisor must be positive, not {divisor!r}")
+    return _lib.ReduceOptions(_OPS[op], 1 if prescale else 0, float(divisor or 0.0),
+                              1 if fp32_accumulate is None or fp32_accumulate else 0)
+
+
+def allreduce(client, tensors, op, divisor, prescale, fp32_accumulate, bucket_bytes, group, tag=None):
+    tensors, device = _validate(client, tensors, group)
+    options = _reduce_options(client, op, divisor, prescale, fp32_accumulate)
+    registered = set_for(client, tensors, device, group, bucket_bytes, tag=tag)
+    registered.take()
+    _order_on_current_stream(client, device)
+    if registered.staging is not None:
+        _copy_in(client, registered, tensors)
+    handle = ctypes.c_void_p()
+    _check(_lib.lib().gs_allreduce(client._h(), registered.handle, ctypes.byref(options), ctypes.byref(handle)))
+    return _start(registered, Work(client, handle, _finisher(client, registered, tensors, device, True), device))
+
+
+def broadcast(client, tensors, root, group):
+    tensors, device = _validate(client, tensors, group)
+    _check_root(client, root, group)
+    registered = set_for(client, tensors, device, group, None)
+    registered.take()
+    _order_on_current_stream(client, device)
+    is_root = client.rank == root
+    if registered.staging is not None and is_root:
+        _copy_in(client, registered, tensors)
+    handle = ctypes.c_void_p()
+    _check(_lib.lib().gs_broadcast(client._h(), registered.handle, int(root), ctypes.byref(handle)))
+    return _start(registered, Work(client, handle, _finisher(client, registered, tensors, device, not is_root),
+                                   device))
+
+
+def reduce(client, tensors, root, op, group):
+    tensors, device = _validate(client, tensors, group)
+    _check_root(client, root, group)
+    options = _reduce_options(client, op, None, False, None)
+    registered = set_for(client, tensors, device, group, None)
+    registered.take()
+    _order_on_current_stream(client, device)
+    if registered.staging is not None:
+        _copy_in(client, registered, tensors)
+    handle = ctypes.c_void_p()
+    _check(_lib.lib().gs_reduce(client._h(), registered.handle, int(root), ctypes.byref(options),
+                                ctypes.byref(handle)))
+    return _start(registered, Work(client, handle, _finisher(client, registered, tensors, device,
+                                                             client.rank == root), device))
+
+
+def all_gather(client, tensors, group):
+    tensors, device = _validate(client, tensors, group)
+    registered = set_for(client, tensors, device, group, None, allgather=True)
+    registered.take()
+    _order_on_current_stream(client, device)
+    if registered.staging is not None:
+        _copy_in(client, registered, tensors)
+    handle = ctypes.c_void_p()
+    _check(_lib.lib().gs_allgather(client._h(), registered.handle, ctypes.byref(handle)))
+    ranks = client.groups[group or "dp"]
+    shapes = [(t.shape, t.dtype, t.numel() * t.element_size()) for t in tensors]
+
+    def gathered(stream):
+        # Copies, not views: the set's next allgather overwrites its outputs.
+        out = []
+        context = torch.cuda.stream(stream) if (device >= 0 and stream is not None) else _nothing()
+        with context:
+            for r in ranks:
+                row = []
+                for i, (shape, dtype, nbytes) in enumerate(shapes):
+                    address = ctypes.c_void_p()
+                    _check(_lib.lib().gs_set_gathered(registered.handle, r, i, ctypes.byref(address)))
+                    row.append(wrap(address.value, nbytes, device).view(dtype).view(shape).clone())
+                out.append(row)
+        if device >= 0 and stream is None:
+            torch.cuda.current_stream(device).synchronize()
+        return out
+
+    return _start(registered, Work(client, handle, gathered, device))
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _check_root(client, root, group):
+    ranks = client.groups[group or "dp"]
+    if root not in ranks:
+        raise InvalidArgumentError(f"gradsync: root {root} is not a rank of group {group or 'dp'!r} ({ranks})")

@@ -1,0 +1,66 @@
+"""Memory of the client's (gs_alloc) as torch tensors, without a copy, and torch dtypes as the C API's."""
+import ctypes
+
+import torch
+
+from ..errors import NotSupportedError
+
+DTYPE_CODES = {
+    torch.float32: 1,
+    torch.float64: 2,
+    torch.float16: 3,
+    torch.bfloat16: 4,
+    torch.int32: 5,
+    torch.int64: 6,
+    torch.uint8: 7,
+}
+
+# Every tensor carved out of gradsync memory starts at a multiple of this: the element size of
+# every dtype, and 16 bytes for the daemon's vector loads on the GPU.
+ALIGN = 64
+
+
+def align(n):
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def dtype_code(dtype):
+    code = DTYPE_CODES.get(dtype)
+    if code is None:
+        raise NotSupportedError(f"gradsync: dtype {dtype} is not supported (supported: "
+                                + ", ".join(str(d) for d in DTYPE_CODES) + ")")
+    return code
+
+
+def device_index(tensor):
+    """-1 for a CPU tensor, the CUDA ordinal for a CUDA tensor."""
+    if tensor.device.type == "cpu":
+        return -1
+    if tensor.device.type == "cuda":
+        return tensor.device.index if tensor.device.index is not None else torch.cuda.current_device()
+    raise NotSupportedError(f"gradsync: tensors on {tensor.device} are not supported (CPU and CUDA only)")
+
+
+class _CudaMemory:
+    """Just enough of __cuda_array_interface__ for torch.as_tensor to view device memory."""
+
+    def __init__(self, address, nbytes):
+        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (address, False),
+                                         "version": 2}
+
+
+def wrap(address, nbytes, device):
+    """A uint8 tensor over [address, address + nbytes) of the client's memory; no copy."""
+    if device < 0:
+        return torch.frombuffer((ctypes.c_uint8 * nbytes).from_address(address), dtype=torch.uint8)
+    with torch.cuda.device(device):
+        return torch.as_tensor(_CudaMemory(address, nbytes), device=f"cuda:{device}")
+
+
+def carve(buffer, offset, dtype, shape):
+    """A typed view of `buffer` (uint8) at `offset` with `shape`."""
+    numel = 1
+    for d in shape:
+        numel *= d
+    nbytes = numel * torch.empty((), dtype=dtype).element_size()
+    return buffer[offset:offset + nbytes].view(dtype).view(shape)
