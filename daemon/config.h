@@ -34,7 +34,7 @@ struct DaemonConfig {
   std::vector<uid_t> legacy_ipc_uids;
   // How long idle NCCL communicators of an ended job are kept for restarted trainers re-joining
   // it with the same layout (nccl/park.h); 0: never.
-  std::chrono::seconds nccl_keep_idle{600};
+  std::chrono::seconds nccl_keep_idle{300};
 
   // The peer service (daemon-to-daemon rendezvous, gRPC). Port 0 picks a free port.
   std::string peer_listen = "0.0.0.0:29590";

@@ -67,6 +67,10 @@ struct SetAdmission {
   // The bound on one bucket in flight (--execution-timeout-ms); a bucket that spans nodes may
   // also wait up to `timeout` for its peers.
   std::chrono::milliseconds execution_timeout{600'000};
+  // The job's identity across its generations: the owner's uid and the job id ("1000.resnet").
+  // Names what may be kept for the job's next run (a job id alone is another user's too);
+  // empty: nothing is kept.
+  std::string owner_job;
 };
 
 class BucketExecutor {

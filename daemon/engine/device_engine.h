@@ -15,9 +15,9 @@
 //     asynchronous NCCL error, the timeout, abort()). The engine aborts its communicators before
 //     it answers an error, so the GPUs no longer touch the buffers once `done` ran.
 //   - abort() may be called from any thread, never blocks, and is sticky. It aborts the
-//     communicators when work may be in flight on them; idle, healthy ones are left as they
-//     are, so that the engine can keep them for the job's next generation when it goes (a
-//     restarted trainer re-joining: see nccl/park.h).
+//     communicators when work may be in flight on them or when they span other nodes; idle,
+//     healthy ones of this node alone are left as they are, so that the engine can keep them
+//     for the job's next generation when it goes (a restarted trainer re-joining: nccl/park.h).
 #pragma once
 
 #include <chrono>
@@ -78,8 +78,9 @@ class DeviceCollectiveEngine {
   virtual void abort(const Status& why) = 0;
 
   // For an owner that gave its GPU work up for lost (it may still run, waiting on a client's
-  // event): stop watching, and leave the communicators and their buffers as they are, never
-  // freed; the owner leaks the engine itself too. Nothing may be in flight.
+  // event): stop watching; communicators with a collective queued are left as they are, never
+  // freed (idle ones are aborted); the owner leaks the engine itself too. Nothing may be
+  // watched.
   virtual void abandon() = 0;
 };
 

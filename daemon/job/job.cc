@@ -17,6 +17,7 @@ Job::Job(JobOptions options)
       members_(static_cast<size_t>(options_.params.local_world_size)) {
   WorkerOptions worker;
   worker.job_id = options_.params.id;
+  worker.owner_job = std::to_string(options_.params.uid) + "." + options_.params.id;
   worker.topology = options_.params.topology;
   if (worker.topology.nodes > 1) {
     ClusterOptions cluster;

@@ -111,6 +111,7 @@ void Worker::admit_set(std::shared_ptr<const TensorSet> set, std::function<void(
       BucketExecutor* executor = executor_for(set->memory_kind, &status);
       SetAdmission admission;
       admission.job = options_.job_id;
+      admission.owner_job = options_.owner_job;
       admission.rendezvous = options_.cluster ? static_cast<Rendezvous*>(options_.cluster.get()) : &local_;
       admission.topology = &options_.topology;
       admission.timeout = options_.timeout;

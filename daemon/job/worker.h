@@ -51,6 +51,7 @@ namespace gradsync {
 
 struct WorkerOptions {
   std::string job_id;
+  std::string owner_job;  // "<uid>.<job id>": the job's identity across generations
   Topology topology;
   std::unique_ptr<Cluster> cluster;  // null for a single-node job
   std::chrono::milliseconds timeout{30'000};             // the job timeout: waiting

@@ -364,6 +364,7 @@ TEST_CASE("cuda executor: clients on two GPUs go through the device engine and e
         CHECK(engines.made[0]->spec.devices == std::vector<int>{0, 1});
         CHECK(engines.made[0]->spec.slot_of_local_rank == std::vector<int>{0, 0, 1});
         CHECK(engines.made[0]->spec.what == "job j set 0 group 'dp'");
+        CHECK(engines.made[0]->spec.reuse_key.empty());  // no owner given: nothing is kept
         REQUIRE(run_across(f, executor, engines, OpKind::kAllreduce, args).ok());
         // The narrow half path rounds after every combine on the host; NCCL's stage adds in
         // float32 and the sum is rounded once, when divided and written back, so with a
@@ -689,6 +690,32 @@ TEST_CASE("cuda executor: after a lost drain the destructor frees nothing", "[cu
   }
   CHECK_FALSE(f.api.allocations.empty());  // tables and bucket buffer kept: the GPU may still use them
   CHECK(f.api.streams > 0);
+}
+
+}  // namespace gradsync::cuda
+
+namespace gradsync::cuda {
+
+// What a communicator may be kept under (nccl/park.h): the owner and job, the set and the
+// group; the same in every generation of the job, another for another user's job of that id.
+TEST_CASE("cuda executor: the key a communicator is kept under names the user, the job, the set and the group",
+          "[cuda][executor][nccl][rejoin]") {
+  const auto key_for = [](const std::string& owner_job) {
+    Fixture f(DType::kFloat32, {0, 0, 1});
+    HostDeviceEngines engines;
+    CudaExecutor executor(&f.api, &f.kernels, &engines, Logger(LogLevel::kError));
+    LocalRendezvous local;
+    SetAdmission admission{"resnet", &local, &f.topology};
+    admission.owner_job = owner_job;
+    REQUIRE(executor.admit(*f.set, admission).ok());
+    REQUIRE(engines.made.size() == 1);
+    return engines.made[0]->spec.reuse_key;
+  };
+  const std::string mine = key_for("1000.resnet");
+  CHECK(mine == "11:1000.resnet/10:nccl/s0/dp");
+  CHECK(key_for("1000.resnet") == mine);      // the job's next generation
+  CHECK(key_for("1001.resnet") != mine);      // another user's job of the same id
+  CHECK(key_for("1000.resnet/1") != mine);    // names cannot run into each other
 }
 
 }  // namespace gradsync::cuda

@@ -750,3 +750,110 @@ TEST_CASE("nccl engine: nodes re-join kept communicators only when every node ke
 }
 
 }  // namespace gradsync::nccl
+
+namespace gradsync::nccl {
+
+TEST_CASE("nccl engine: kept communicators across nodes: fail-fast, nodes without GPUs, counts, aborts",
+          "[nccl][engine][rejoin]") {
+  FakeNccl nccl0, nccl1;
+  CommPark park0(&nccl0, 60'000ms), park1(&nccl1, 60'000ms);
+  const auto engines = [&] {
+    std::vector<std::unique_ptr<NcclEngine>> e;
+    e.push_back(std::make_unique<NcclEngine>(&nccl0, reusable({0, 1}, {0, 1}), fast(), &park0));
+    e.push_back(std::make_unique<NcclEngine>(&nccl1, reusable({0}, {0, -1}), fast(), &park1));
+    return e;
+  };
+  Table first(2);
+  auto gen1 = engines();
+  for (const Status& s : connect_all(gen1, &first)) REQUIRE(s.ok());
+  REQUIRE(step(*gen1[0]).ok());
+  REQUIRE(step(*gen1[1]).ok());
+
+  SECTION("a job failure aborts communicators that span nodes even when idle: peers must not wait") {
+    gen1[0]->abort(Status::peer_lost("job j: local rank 1 disconnected"));
+    for (int i = 0; i < 200 && nccl0.aborts < 2; ++i) std::this_thread::sleep_for(5ms);
+    CHECK(nccl0.aborts == 2);  // by the watchdog, now, not when the engine goes
+    gen1.clear();
+    CHECK(park0.size() == 0);
+    CHECK(park1.size() == 1);  // node 1 saw no failure (yet): its own go when the next run disagrees
+  }
+  SECTION("the count carries over a re-join: both re-join again only if both went on alike") {
+    gen1.clear();
+    Table second(2);
+    auto gen2 = engines();
+    for (const Status& s : connect_all(gen2, &second)) REQUIRE(s.ok());
+    REQUIRE(gen2[0]->reused());
+    REQUIRE(step(*gen2[0]).ok());
+    const bool both = GENERATE(true, false);
+    if (both) REQUIRE(step(*gen2[1]).ok());
+    gen2.clear();
+    Table third(2);
+    auto gen3 = engines();
+    for (const Status& s : connect_all(gen3, &third)) REQUIRE(s.ok());
+    CHECK(gen3[0]->reused() == both);
+    CHECK(gen3[1]->reused() == both);
+  }
+}
+
+TEST_CASE("nccl engine: a node that brings no GPU takes part in the re-join decision", "[nccl][engine][rejoin]") {
+  FakeNccl nccl0, nccl1, nccl2;
+  CommPark park0(&nccl0, 60'000ms), park1(&nccl1, 60'000ms), park2(&nccl2, 60'000ms);
+  const auto engines = [&] {
+    std::vector<std::unique_ptr<NcclEngine>> e;
+    e.push_back(std::make_unique<NcclEngine>(&nccl0, reusable({0}, {0}), fast(), &park0));
+    e.push_back(std::make_unique<NcclEngine>(&nccl1, reusable({}, {-1}), fast(), &park1));
+    e.push_back(std::make_unique<NcclEngine>(&nccl2, reusable({3}, {0}), fast(), &park2));
+    return e;
+  };
+  {
+    Table first(3);
+    auto gen1 = engines();
+    for (const Status& s : connect_all(gen1, &first)) REQUIRE(s.ok());
+    CHECK(gen1[0]->ranks() == 2);
+  }
+  Table second(3);
+  auto gen2 = engines();
+  for (const Status& s : connect_all(gen2, &second)) REQUIRE(s.ok());
+  CHECK(gen2[0]->reused());
+  CHECK(gen2[2]->reused());
+  CHECK(nccl0.ids_made + nccl2.ids_made == 1);  // the first generation's id only
+  CHECK(nccl1.comms.empty());
+}
+
+TEST_CASE("nccl engine: an abort while agreeing on re-join makes no unique id and ends the kept communicators",
+          "[nccl][engine][rejoin]") {
+  FakeNccl nccl;
+  CommPark park(&nccl, 60'000ms);
+  {
+    LocalRendezvous local;
+    NcclEngine engine(&nccl, reusable({0, 1}, {0, 1}), fast(), &park);
+    REQUIRE(engine.connect(&local).ok());
+  }
+  REQUIRE(park.size() == 1);
+  NcclEngine again(&nccl, reusable({0, 1}, {0, 1}), fast(), &park);
+  // The job fails while the nodes exchange their offers.
+  class AbortingRendezvous final : public Rendezvous {
+   public:
+    explicit AbortingRendezvous(NcclEngine* engine) : engine_(engine) {}
+    int node() const override { return 0; }
+    int nodes() const override { return 1; }
+    Status exchange(const std::string& name, const std::string& mine, std::vector<std::string>* all) override {
+      if (name.size() > 6 && name.compare(name.size() - 6, 6, "/reuse") == 0) {
+        engine_->abort(Status::peer_lost("job j: local rank 0 disconnected"));
+      }
+      *all = {mine};
+      return Status();
+    }
+
+   private:
+    NcclEngine* engine_;
+  } rendezvous(&again);
+  const int ids = nccl.ids_made;
+  const Status status = again.connect(&rendezvous);
+  CHECK(status.code() == ErrorCode::kPeerLost);
+  CHECK(nccl.ids_made == ids);
+  CHECK(nccl.aborts == 2);  // the kept ones, which nobody will re-join now
+  CHECK(park.size() == 0);
+}
+
+}  // namespace gradsync::nccl

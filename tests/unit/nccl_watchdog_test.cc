@@ -159,3 +159,45 @@ TEST_CASE("watchdog: closing it with a collective in flight aborts and answers i
 }
 
 }  // namespace gradsync::nccl
+
+namespace gradsync::nccl {
+
+// A collective watched while the watchdog is inside its abort (abort_all blocks here until the
+// test releases it) must not be answered before the abort returned: its caller would free the
+// buffers a live communicator may still touch.
+TEST_CASE("watchdog: a collective watched during the abort is answered only after it", "[nccl][watchdog]") {
+  class BlockingComms final : public WatchedComms {
+   public:
+    Status async_error() override { return Status(); }
+    void abort_all() override {
+      entered.set_value();
+      released.wait();
+      done.store(true);
+    }
+    std::promise<void> entered;
+    std::promise<void> release;
+    std::shared_future<void> released = release.get_future().share();
+    std::atomic<bool> done{false};
+  };
+  BlockingComms comms;
+  auto entered = comms.entered.get_future();
+  Watchdog watchdog(&comms, 5ms);
+  watchdog.abort(Status::aborted("job j failed"));
+  REQUIRE(entered.wait_for(2s) == std::future_status::ready);  // the watchdog is inside abort_all
+  std::atomic<bool> aborted_when_answered{false};
+  std::promise<Status> answered;
+  watchdog.watch(InFlight{"allreduce late", [](bool* d) { return *d = false, Status(); },
+                          [&](const Status& s) {
+                            aborted_when_answered.store(comms.done.load());
+                            answered.set_value(s);
+                          },
+                          30'000ms});
+  auto answer = answered.get_future();
+  CHECK(answer.wait_for(100ms) == std::future_status::timeout);  // not while the abort runs
+  comms.release.set_value();
+  REQUIRE(answer.wait_for(2s) == std::future_status::ready);
+  CHECK(answer.get().message() == "job j failed");
+  CHECK(aborted_when_answered.load());
+}
+
+}  // namespace gradsync::nccl

@@ -56,8 +56,7 @@ def connect(job=None, rank=None, world_size=None, local_rank=None, local_world_s
     handle = ctypes.c_void_p()
     status = lib.gs_connect(socket.encode(), name.encode(), 0, ctypes.byref(handle))
     if status != 0:
-        raise error_for(status, f"{_lib.last_error()} (the socket is socket= or $GRADSYNC_SOCKET; is gradsyncd "
-                                "running?)")
+        raise error_for(status, f"{_lib.last_error()} [from Python: gradsync.connect(socket=...)]")
     client = Client(handle, job, rank, world_size, local_rank, local_world_size, groups or {})
     group_structs = []
     keep = []

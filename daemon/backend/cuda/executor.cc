@@ -275,9 +275,13 @@ Status CudaExecutor::admit(const TensorSet& set, const SetAdmission& admission) 
       spec.slot_of_local_rank[c] = static_cast<int>(std::find(devices.begin(), devices.end(), d) - devices.begin());
     }
     spec.timeout = admission.timeout;
-    // The set's id and group name the engine in every generation of the job: a restarted
-    // trainer registers the same sets.
-    spec.reuse_key = "job " + admission.job + "/" + spec.name;
+    // The owner, the job, the set's id and the group name the engine in every generation of
+    // the job (a restarted trainer registers the same sets); each part is length-prefixed, so
+    // no job or group name can make another's key.
+    if (!admission.owner_job.empty()) {
+      spec.reuse_key = std::to_string(admission.owner_job.size()) + ":" + admission.owner_job + "/" +
+                       std::to_string(spec.name.size()) + ":" + spec.name;
+    }
     std::unique_ptr<DeviceCollectiveEngine> made;
     if (Status status = engine_factory_->make(spec, &made); !status.ok()) return status;
     DeviceCollectiveEngine* engine = made.get();

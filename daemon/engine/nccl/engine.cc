@@ -54,7 +54,7 @@ Status NcclEngine::try_reuse(Rendezvous* rendezvous, bool* reused) {
   *reused = false;
   std::optional<ParkedComms> kept;
   if (park_ && !spec_.devices.empty()) kept = park_->take(park_key());
-  bool usable = kept && kept->plan == plan_;
+  bool usable = kept && kept->plan == plan_ && !stop_.load();
   if (usable) {
     // A peer's abort or a network error may have reached them while they were kept.
     std::lock_guard lock(calls_);
@@ -72,6 +72,7 @@ Status NcclEngine::try_reuse(Rendezvous* rendezvous, bool* reused) {
   const Status status = agree_reuse(rendezvous, spec_.name, offer, &agreed);
   if (!status.ok() || !agreed || stop_.load()) {
     if (kept) park_->discard(std::move(*kept));
+    if (stop_.load()) return unusable();  // aborted: no unique id (and NCCL bootstrap root) is made
     return status;
   }
   if (kept) {
@@ -105,9 +106,12 @@ void NcclEngine::abort(const Status& why) {
     stop_.store(true);
   }
   // Without a watchdog, connect() is running or never ran: it sees stop_ and aborts itself.
-  // Idle communicators are left alone (kept for the job's next generation when the engine
-  // goes); a collective issued after this is answered through watch(), which aborts then.
-  if (watchdog_ && !idle()) watchdog_->abort(aborted_);
+  // Communicators that span other nodes are aborted even when idle: a peer may be inside a
+  // collective this node will never issue, and the abort is how NCCL tells it at once. Idle
+  // ones on this node alone are left as they are, to be kept for the job's next generation
+  // when the engine goes; a collective issued after this is answered through watch(), which
+  // aborts then.
+  if (watchdog_ && (!idle() || spans_nodes())) watchdog_->abort(aborted_);
 }
 
 void NcclEngine::abandon() {
@@ -120,7 +124,13 @@ void NcclEngine::abandon() {
   }
   watchdog.reset();  // nothing in flight: it stops without aborting anything
   std::lock_guard lock(calls_);
-  comms_aborted_ = true;  // never touched again, never freed
+  // With no collective of ours queued, the GPUs use nothing of NCCL's: free it. Otherwise a
+  // queued collective may still run once its stream moves, so it is never touched again.
+  if (idle()) {
+    abort_locked();
+  } else {
+    comms_aborted_ = true;
+  }
 }
 
 void NcclEngine::abort_locked() {
@@ -184,6 +194,7 @@ Status NcclEngine::connect(Rendezvous* rendezvous) {
     if (Status status = agree_unique_id(
             rendezvous, spec_.name, plan_,
             [this](UniqueId* out) {
+              if (stop_.load()) return unusable();
               std::lock_guard lock(calls_);
               return api_->unique_id(out);
             },
@@ -215,9 +226,9 @@ Status NcclEngine::connect(Rendezvous* rendezvous) {
   }
   if (!status.ok()) return failed(status);
   std::lock_guard lock(status_mutex_);
-  if (!aborted_.ok()) {  // aborted between the last poll and now
+  if (!aborted_.ok()) {  // aborted between the last poll and now: nothing was issued
     std::lock_guard calls_lock(calls_);
-    abort_locked();
+    if (spans_nodes() || !park_locked()) abort_locked();
     return aborted_;
   }
   WatchedComms* comms = this;

@@ -16,7 +16,9 @@
 //   reuse     an engine that goes while its communicators are healthy and idle (every
 //             collective issued on them finished) parks them (park.h) instead of aborting
 //             them; the job's next generation takes them if every node kept the same ones.
-//             abort() therefore aborts the communicators only when work may be in flight.
+//             abort() therefore aborts the communicators of this node alone only when work
+//             may be in flight; those that span nodes it always aborts, so peers waiting in a
+//             collective this node will not issue fail at once rather than at their timeout.
 // Every NCCL call, ncclCommGetAsyncError included, is made under the api's one mutex
 // (api.h), which all engines of the daemon share; waits for "in progress" poll under it and
 // sleep outside it, so no engine holds NCCL for another's timeout.
@@ -86,6 +88,8 @@ class NcclEngine final : public DeviceCollectiveEngine, private WatchedComms {
                     const std::function<Status(size_t)>& issue);
   // Aborts every communicator (once); under the api's mutex.
   void abort_locked();
+  // The communicator has ranks on other nodes.
+  bool spans_nodes() const { return plan_.ranks > static_cast<int>(spec_.devices.size()); }
   // Nothing watched, and every collective issued on the communicators finished (answered ok).
   bool idle() const { return watching_.load() == 0 && completed_.load() == issued_.load(); }
   // connect(), between planning and the unique id: takes this node's kept communicators if
@@ -125,7 +129,7 @@ class NcclEngineFactory final : public DeviceEngineFactory {
   // `keep`: how long idle communicators of an ended job are kept for its next generation (0:
   // not at all).
   NcclEngineFactory(std::unique_ptr<NcclApi> api, EngineTiming timing = {},
-                    std::chrono::seconds keep = std::chrono::seconds(600))
+                    std::chrono::seconds keep = std::chrono::seconds(300))
       : api_(std::move(api)), timing_(timing), park_(api_.get(), keep) {}
   Status make(const DeviceEngineSpec& spec, std::unique_ptr<DeviceCollectiveEngine>* out) override {
     *out = std::make_unique<NcclEngine>(api_.get(), spec, timing_, &park_);

@@ -2,12 +2,20 @@
 
 namespace gradsync::nccl {
 
+CommPark::CommPark(NcclApi* api, std::chrono::milliseconds keep, size_t capacity)
+    : api_(api), keep_(keep), capacity_(capacity) {
+  if (enabled()) sweeper_ = std::thread([this] { run(); });
+}
+
 CommPark::~CommPark() {
   std::deque<ParkedComms> entries;
   {
     std::lock_guard lock(mutex_);
+    stopping_ = true;
     entries.swap(entries_);
   }
+  wake_.notify_all();
+  if (sweeper_.joinable()) sweeper_.join();
   std::lock_guard calls(api_->calls_mutex());
   for (ParkedComms& entry : entries) abort_locked(entry);
 }
@@ -28,6 +36,26 @@ void CommPark::sweep(std::vector<ParkedComms>* out) {
     } else {
       ++it;
     }
+  }
+}
+
+void CommPark::run() {
+  std::unique_lock lock(mutex_);
+  while (!stopping_) {
+    if (entries_.empty()) {
+      wake_.wait(lock, [&] { return stopping_ || !entries_.empty(); });
+    } else {
+      wake_.wait_until(lock, entries_.front().since + keep_);
+    }
+    std::vector<ParkedComms> expired;
+    sweep(&expired);
+    if (expired.empty()) continue;
+    lock.unlock();
+    {
+      std::lock_guard calls(api_->calls_mutex());
+      for (ParkedComms& e : expired) abort_locked(e);
+    }
+    lock.lock();
   }
 }
 
@@ -56,6 +84,7 @@ void CommPark::park_locked(ParkedComms entry) {
       }
     }
   }
+  wake_.notify_all();  // the sweeper learns of the new expiry
   for (ParkedComms& e : gone) abort_locked(e);  // the caller holds the calls mutex
 }
 

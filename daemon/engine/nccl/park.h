@@ -9,16 +9,19 @@
 // brings GPUs offers the same; otherwise every node discards its entry and creates fresh ones.
 // Communicators with work that may not have finished are never parked: they are aborted.
 //
-// Entries are kept for `keep` and at most `capacity` of them; expired ones are aborted when the
-// park is next used, and all of them when it is destroyed (the daemon exits). Thread-safe.
+// Entries are kept for `keep` and at most `capacity` of them: they hold GPU memory and network
+// connections. A sweeper thread aborts each when it expires, and the destructor (the daemon
+// exits) all of them. Thread-safe.
 #pragma once
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "daemon/engine/nccl/api.h"
@@ -37,9 +40,8 @@ struct ParkedComms {
 
 class CommPark {
  public:
-  CommPark(NcclApi* api, std::chrono::milliseconds keep, size_t capacity = 16)
-      : api_(api), keep_(keep), capacity_(capacity) {}
-  ~CommPark();  // aborts every parked communicator
+  CommPark(NcclApi* api, std::chrono::milliseconds keep, size_t capacity = 16);
+  ~CommPark();  // stops the sweeper, aborts every parked communicator
   CommPark(const CommPark&) = delete;
   CommPark& operator=(const CommPark&) = delete;
 
@@ -57,14 +59,19 @@ class CommPark {
  private:
   // Aborts the communicators; the caller holds the api's calls mutex.
   void abort_locked(ParkedComms& entry);
-  // Removes expired entries into *out.
+  // Removes expired entries into *out; under mutex_.
   void sweep(std::vector<ParkedComms>* out);
+  // The sweeper thread: aborts entries as they expire.
+  void run();
 
   NcclApi* api_;
   const std::chrono::milliseconds keep_;
   const size_t capacity_;
-  mutable std::mutex mutex_;  // guards entries_; never held across an NCCL call
-  std::deque<ParkedComms> entries_;  // oldest first
+  mutable std::mutex mutex_;  // guards entries_ and stopping_; never held across an NCCL call
+  std::condition_variable wake_;
+  std::deque<ParkedComms> entries_;  // oldest first, so the front expires first
+  bool stopping_ = false;
+  std::thread sweeper_;  // last: started once the rest is built
 };
 
 }  // namespace gradsync::nccl

@@ -53,8 +53,8 @@ class Watchdog {
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;
 
-  // Watches a collective that was just enqueued. After a failure it is answered at once with
-  // that failure. Any thread.
+  // Watches a collective that was just enqueued. After a failure it is answered with that
+  // failure: at once when the communicators are already aborted, else once they are. Any thread.
   void watch(InFlight item);
 
   // Aborts: the communicators are aborted and everything in flight fails with `why` within

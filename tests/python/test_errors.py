@@ -1,0 +1,67 @@
+"""Clear errors: no daemon, torchrun's variables missing, the daemon killed mid-step, bad input."""
+import os
+import subprocess
+import sys
+import time
+
+from conftest import HERE, assert_all_ok, run_ranks
+
+
+def lines(output):
+    return [l for l in output.splitlines() if l.startswith("raised ")]
+
+
+def test_no_daemon_names_the_socket():
+    [(code, out)] = run_ranks("errors.py", 1, None, args=("absent",))
+    assert code == 0, out
+    [line] = lines(out)
+    assert line.startswith("raised PeerLostError") or line.startswith("raised NotFoundError"), line
+    assert "/nonexistent/gradsync.sock" in line and "GRADSYNC_SOCKET" in line, line
+
+
+def test_missing_torchrun_variables_are_named():
+    [(code, out)] = run_ranks("errors.py", 1, None, args=("missing-env",))
+    assert code == 0, out
+    missing, rendezvous, garbage = lines(out)
+    assert missing.startswith("raised InvalidArgumentError") and "rank" in missing and "$RANK" in missing, missing
+    assert "rendezvous" in rendezvous and "$MASTER_ADDR" in rendezvous, rendezvous
+    assert "$RANK='zero'" in garbage, garbage
+
+
+def test_bad_input_is_refused_by_name_and_the_client_goes_on(daemon):
+    results = run_ranks("errors.py", 2, daemon, args=("bad-input",))
+    assert_all_ok(results, daemon)
+    for code, out in results:
+        got = lines(out)
+        assert len(got) == 8, out
+        want = ["at least one tensor", "op must be one of", "divisor applies to op='avg' only",
+                "torch.complex64 is not supported", "on meta", "root 5 is not a rank", "unknown group 'tp'",
+                "tensor 0 is empty"]
+        for line, needle in zip(got, want):
+            assert needle in line, (needle, line)
+        assert "after the errors: [3.0, 3.0, 3.0, 3.0]" in out, out
+
+
+def test_daemon_killed_mid_step_raises_instead_of_hanging(daemon):
+    env = dict(os.environ, RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="2",
+               TORCHELASTIC_RUN_ID="killed", GRADSYNC_SOCKET=daemon.socket)
+    script = os.path.join(HERE, "workers", "errors.py")
+    procs = []
+    for rank in (0, 1):
+        env["RANK"] = env["LOCAL_RANK"] = str(rank)
+        procs.append(subprocess.Popen([sys.executable, script, "killed-daemon"], env=dict(env), text=True,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+    # Both are in their step (rank 0 waiting on an operation rank 1 never submits).
+    time.sleep(3)
+    killed_at = time.monotonic()
+    daemon.kill()
+    out0, _ = procs[0].communicate(timeout=30)
+    elapsed = time.monotonic() - killed_at
+    procs[1].kill()
+    procs[1].communicate()
+    assert procs[0].returncode == 0, out0
+    first, second = lines(out0)
+    assert first.startswith("raised PeerLostError") or first.startswith("raised AbortedError"), out0
+    assert "gradsyncd" in first or "daemon" in first, first
+    assert second.startswith("raised"), second
+    assert elapsed < 10, f"rank 0 took {elapsed:.1f} s to notice"

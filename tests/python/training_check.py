@@ -1,0 +1,74 @@
+"""The training comparison: DDP with the gradsync comm hook, and GradBuffer, each against DDP on
+gloo, two trainer processes, STEPS steps of a small model. Used by test_training.py and, with
+--cuda (two processes sharing GPU 0), by the device check, which has no pytest:
+
+    GRADSYNCD_BINARY=... PYTHONPATH=.../python python3 training_check.py --cuda
+"""
+import os
+import re
+import socket
+import sys
+import tempfile
+
+import torch
+
+from harness import Daemon, assert_all_ok, run_ranks
+
+STEPS = 60
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _train(mode, daemon, out_dir, device):
+    out = os.path.join(out_dir, mode)
+    results = run_ranks("train.py", 2, daemon, args=(mode, out, STEPS, device), env={"TEST_PORT": str(_free_port())})
+    assert_all_ok(results, daemon)
+    return [torch.load(f"{out}_{r}.pt") for r in range(2)], [o for _, o in results]
+
+
+def _assert_same(got, want, what):
+    for rank in range(2):
+        for name, value in want[rank].items():
+            torch.testing.assert_close(got[rank][name], value, rtol=1e-6, atol=1e-7, msg=f"{what}: rank {rank} {name}")
+
+
+def _counter(outputs, what):
+    return [int(re.search(what + r" (\d+)", o).group(1)) for o in outputs]
+
+
+def compare(daemon, out_dir, device="cpu"):
+    """Runs the three trainings and checks them; returns a line of what it saw."""
+    reference, _ = _train("gloo", None, out_dir, device)
+    untrained = torch.nn.Linear(16, 32)
+    assert not torch.equal(reference[0]["0.weight"], untrained.weight.detach())  # it trained
+    assert all(torch.equal(reference[0][k], reference[1][k]) for k in reference[0])  # DDP kept the ranks equal
+
+    hooked, outputs = _train("hook", daemon, out_dir, device)
+    _assert_same(hooked, reference, "DDP with allreduce_hook")
+    hook_copies = _counter(outputs, "staging copies")
+    assert all(n > 0 for n in hook_copies)  # DDP's own buckets are staged
+
+    buffered, outputs = _train("gradbuffer", daemon, out_dir, device)
+    _assert_same(buffered, reference, "GradBuffer")
+    # The gradients were reduced where autograd wrote them: nothing was staged or copied.
+    assert _counter(outputs, "staging copies") == [0, 0], outputs
+    assert _counter(outputs, "buffer copies") == [0, 0], outputs
+    return (f"{device}: DDP hook and GradBuffer equal DDP on gloo after {STEPS} steps (rtol 1e-6); staging copies "
+            f"hook {hook_copies}, GradBuffer 0")
+
+
+def main():
+    device = "cuda" if "--cuda" in sys.argv else "cpu"
+    daemon = Daemon()
+    try:
+        print("training:", compare(daemon, tempfile.mkdtemp(prefix="gradsync-train-"), device))
+    finally:
+        daemon.stop()
+
+
+if __name__ == "__main__":
+    main()

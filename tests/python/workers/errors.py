@@ -1,0 +1,84 @@
+"""Error paths a trainer meets, each printing the exception's class and message.
+usage: errors.py absent|missing-env|killed-daemon|bad-input"""
+import os
+import sys
+import time
+
+import torch
+
+import gradsync
+
+
+def report(e):
+    print(f"raised {type(e).__name__}: {e}", flush=True)
+
+
+def main():
+    what = sys.argv[1]
+    if what == "absent":
+        try:
+            gradsync.connect(socket="/nonexistent/gradsync.sock")
+        except gradsync.Error as e:
+            report(e)
+    elif what == "missing-env":
+        for v in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID", "MASTER_ADDR",
+                  "GRADSYNC_RENDEZVOUS"):
+            os.environ.pop(v, None)
+        try:
+            gradsync.connect(job="j")
+        except gradsync.Error as e:
+            report(e)
+        try:
+            gradsync.connect(job="j", rank=0, world_size=4, local_rank=0, local_world_size=2)
+        except gradsync.Error as e:
+            report(e)
+        os.environ["RANK"] = "zero"
+        try:
+            gradsync.connect(job="j")
+        except gradsync.Error as e:
+            report(e)
+    elif what == "killed-daemon":
+        # Rank 1 never submits, so rank 0's operation waits until the test kills the daemon.
+        client = gradsync.connect()
+        grads = [torch.ones(1000)]
+        client.allreduce_coalesced(grads).wait(60)  # one step together: the set is registered
+        if client.rank == 0:
+            work = client.allreduce_coalesced(grads)
+            print("waiting", flush=True)
+            try:
+                work.wait()
+            except gradsync.Error as e:
+                report(e)
+            try:
+                client.allreduce_coalesced(grads).wait()
+            except gradsync.Error as e:
+                report(e)
+        else:
+            print("waiting", flush=True)
+            time.sleep(60)
+    elif what == "bad-input":
+        client = gradsync.connect()
+        cases = [
+            lambda: client.allreduce_coalesced([]),
+            lambda: client.allreduce_coalesced([torch.ones(3)], op="mean"),
+            lambda: client.allreduce_coalesced([torch.ones(3)], op="sum", divisor=2.0),
+            lambda: client.allreduce_coalesced([torch.ones(3, dtype=torch.complex64)]),
+            lambda: client.allreduce_coalesced([torch.ones(3), torch.ones(3, dtype=torch.float64).to("meta")]),
+            lambda: client.broadcast_coalesced([torch.ones(3)], root=5),
+            lambda: client.allreduce_coalesced([torch.ones(3)], group="tp"),
+            lambda: client.allreduce_coalesced([torch.ones(0)]),
+        ]
+        for case in cases:
+            try:
+                case()
+                print("no error")
+            except gradsync.Error as e:
+                report(e)
+        # The client still works after all that.
+        t = [torch.full((4,), float(client.rank + 1))]
+        client.allreduce_coalesced(t, op="sum").wait(60)
+        print("after the errors:", t[0].tolist(), flush=True)
+
+
+if __name__ == "__main__":
+    main()
