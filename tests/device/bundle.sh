@@ -35,6 +35,23 @@ for b in "${binaries[@]}"; do
   done
 done
 cp "$here/run.sh" "$here/torch_flatten.py" "$out/"
+# The Python package with its C API library (found beside it; its own libraries come from
+# lib/ through its RPATH, $ORIGIN/../../lib), and the CUDA training check with its workers.
+pylib="$build/python/gradsync/libgradsync_client.so"
+if [[ ! -e "$pylib" ]]; then
+  echo "bundle.sh: $pylib is missing: build first" >&2
+  exit 1
+fi
+mkdir -p "$out/python" "$out/python-tests/workers"
+cp -r "$build/python/gradsync" "$out/python/"
+find "$out/python" -name __pycache__ -prune -exec rm -rf {} +
+objcopy --strip-debug "$pylib" "$out/python/gradsync/libgradsync_client.so"
+ldd "$pylib" | awk '/=> \// {print $1, $3}' | while read -r name path; do
+  if [[ "$name" =~ $system ]]; then continue; fi
+  [[ -e "$out/lib/$name" ]] || objcopy --strip-debug "$path" "$out/lib/$name"
+done
+cp "$here/../python/harness.py" "$here/../python/training_check.py" "$out/python-tests/"
+cp "$here/../python/workers/train.py" "$out/python-tests/workers/"
 
 # Everything resolves from the bundle, except what the GPU machine provides.
 missing=0
@@ -45,6 +62,13 @@ for b in "${binaries[@]}"; do
   done < <(LD_LIBRARY_PATH="$out/lib" ldd "$out/bin/$b" | awk '/=> \// {print $1, $3}' |
            grep -Ev "$system" | grep -v " $out/lib/" || true)
 done
+bundle_lib=$(readlink -f "$out/lib")
+while read -r name path; do
+  [[ "$(readlink -f "$path")" == "$bundle_lib"/* ]] && continue
+  echo "bundle.sh: libgradsync_client.so needs $name ($path), which is neither in the bundle nor provided by the GPU machine" >&2
+  missing=1
+done < <(LD_LIBRARY_PATH="$out/lib" ldd "$out/python/gradsync/libgradsync_client.so" | awk '/=> \// {print $1, $3}' |
+         grep -Ev "$system" || true)
 size=$(du -sb "$out" | cut -f1)
 echo "bundle: $out, $((size / 1024 / 1024)) MiB of at most 64 MiB"
 ls -l "$out/bin" "$out/lib" | awk 'NF > 5 {print "  " $NF, $5}'

@@ -15,12 +15,15 @@ bundle=$(cd "$bundle" && pwd)
 fail=0
 note() { echo "run.sh: $*"; }
 
-for f in bin/gradsync_gpu_tests bin/gradsync_gpu_e2e_tests bin/gradsync-gpu-bench bin/gradsync-gpu-daemon-bench bin/gradsyncd run.sh torch_flatten.py; do
+for f in bin/gradsync_gpu_tests bin/gradsync_gpu_e2e_tests bin/gradsync-gpu-bench bin/gradsync-gpu-daemon-bench bin/gradsyncd run.sh torch_flatten.py python/gradsync/libgradsync_client.so python-tests/training_check.py python-tests/workers/train.py; do
   [[ -e "$bundle/$f" ]] || { note "the bundle lacks $f"; exit 1; }
 done
 if [[ "$mode" == "--dry-run" ]]; then
   LD_LIBRARY_PATH="$bundle/lib" "$bundle/bin/gradsync-gpu-bench" --print-layout | wc -l | grep -qx 161 || { note "the layout is not ResNet-50's"; exit 1; }
   python3 -c "import ast, sys; ast.parse(open(sys.argv[1]).read())" "$bundle/torch_flatten.py" || exit 1
+  # The package loads its library, and that library's own dependencies, from the bundle alone.
+  PYTHONPATH="$bundle/python" python3 -c "import gradsync._lib as l; l.lib()" ||
+    { note "the bundle's Python package cannot load libgradsync_client.so"; exit 1; }
   note "dry run ok: bundle complete, benchmark layout has 161 tensors"
   exit 0
 fi
@@ -45,6 +48,14 @@ status=$?
 grep '^legacy:' <<<"$e2e"
 tail -40 <<<"$e2e"
 [[ $status -eq 0 ]] || { note "end-to-end GPU tests exited $status"; fail=1; }
+
+echo "== Python: DDP with the comm hook and GradBuffer on CUDA tensors (2 processes sharing GPU 0), against DDP on gloo"
+# The machine's torch, our package; the bundle's libraries reach only libgradsync_client.so (its RPATH).
+pycuda=$(GRADSYNCD_BINARY="$bundle/bin/gradsyncd" GRADSYNCD_LD_LIBRARY_PATH="$libs" PYTHONPATH="$bundle/python" \
+         timeout 150 python3 "$bundle/python-tests/training_check.py" --cuda 2>&1)
+status=$?
+tail -30 <<<"$pycuda"
+[[ $status -eq 0 ]] || { note "the Python CUDA training check exited $status"; fail=1; }
 
 echo "== benchmarks"
 kernels=$(ours timeout 60 "$bundle/bin/gradsync-gpu-bench" --iterations 50 2>&1) || { note "gradsync-gpu-bench failed"; fail=1; }

@@ -22,9 +22,12 @@ class Daemon:
         self.socket = os.path.join(self.dir, "gradsync.sock")
         self.log_path = os.path.join(self.dir, "gradsyncd.log")
         binary = os.environ.get("GRADSYNCD_BINARY", os.path.join(HERE, "..", "..", "build", "bin", "gradsyncd"))
+        env = dict(os.environ)
+        if os.environ.get("GRADSYNCD_LD_LIBRARY_PATH"):  # the device bundle's libraries, for the daemon only
+            env["LD_LIBRARY_PATH"] = os.environ["GRADSYNCD_LD_LIBRARY_PATH"]
         with open(self.log_path, "w") as log:
             self.process = subprocess.Popen([binary, "--socket", self.socket, "--peer-listen", "127.0.0.1:0", *args],
-                                            stdout=log, stderr=subprocess.STDOUT)
+                                            stdout=log, stderr=subprocess.STDOUT, env=env)
         for _ in range(500):
             if os.path.exists(self.socket):
                 return
