@@ -85,6 +85,10 @@ gradsync::SharedTensor shared_tensor(const gs_client& c, const gs_tensor& t, siz
                                          std::to_string(t.dtype)));
   }
   const auto* at = static_cast<const std::byte*>(t.data);
+  if (t.numel == 0 || t.numel > UINT64_MAX / gradsync::dtype_size(*dtype)) {
+    throw Error(Status::invalid_argument("tensor " + std::to_string(index) + ": " + std::to_string(t.numel) +
+                                         " elements is not a size"));
+  }
   const uint64_t bytes = t.numel * gradsync::dtype_size(*dtype);
   for (const auto& a : c.allocations) {
     if (at < a.base || at >= a.base + a.bytes) continue;

@@ -17,7 +17,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 class Daemon:
-    def __init__(self, *args):
+    def __init__(self, *args, peer_listen="127.0.0.1:0"):
         self.dir = tempfile.mkdtemp(prefix="gradsync-py-")
         self.socket = os.path.join(self.dir, "gradsync.sock")
         self.log_path = os.path.join(self.dir, "gradsyncd.log")
@@ -26,7 +26,7 @@ class Daemon:
         if os.environ.get("GRADSYNCD_LD_LIBRARY_PATH"):  # the device bundle's libraries, for the daemon only
             env["LD_LIBRARY_PATH"] = os.environ["GRADSYNCD_LD_LIBRARY_PATH"]
         with open(self.log_path, "w") as log:
-            self.process = subprocess.Popen([binary, "--socket", self.socket, "--peer-listen", "127.0.0.1:0", *args],
+            self.process = subprocess.Popen([binary, "--socket", self.socket, "--peer-listen", peer_listen, *args],
                                             stdout=log, stderr=subprocess.STDOUT, env=env)
         for _ in range(500):
             if os.path.exists(self.socket):

@@ -63,5 +63,6 @@ def test_daemon_killed_mid_step_raises_instead_of_hanging(daemon):
     first, second = lines(out0)
     assert first.startswith("raised PeerLostError") or first.startswith("raised AbortedError"), out0
     assert "gradsyncd" in first or "daemon" in first, first
-    assert second.startswith("raised"), second
+    # The client is unusable now, and says so: the daemon is gone.
+    assert second.startswith("raised PeerLostError") or second.startswith("raised AbortedError"), second
     assert elapsed < 10, f"rank 0 took {elapsed:.1f} s to notice"

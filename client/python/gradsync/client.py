@@ -1,16 +1,34 @@
 """gradsync.connect() and the Client."""
 import ctypes
 import os
+import re
 
 from . import _lib
 from .errors import InvalidArgumentError, error_for
 
 DEFAULT_SOCKET = "/run/gradsync/gradsync.sock"
+DEFAULT_PEER_PORT = 29590  # gradsyncd's --peer-listen default
 
 
 def _check(status):
     if status != 0:
         raise error_for(status, _lib.last_error())
+
+
+class _Core:
+    """Owns the library's client handle. Everything that uses the handle or views the client's
+    memory (tensors over it, sets, works) holds a reference to this object, so the handle is
+    closed, and the memory unmapped, only when the Client was closed and the last of them is
+    gone: a tensor that outlives Client.close() stays valid instead of faulting."""
+
+    def __init__(self, handle):
+        self.handle = handle
+        self.closed = False
+
+    def __del__(self):
+        handle, self.handle = getattr(self, "handle", None), None
+        if handle:
+            _lib.lib().gs_client_close(handle)
 
 
 def _from_env(value, argument, variable, convert=int):
@@ -38,14 +56,28 @@ def connect(job=None, rank=None, world_size=None, local_rank=None, local_world_s
     timeout: seconds, the bound on every wait of the job (default: the daemon's).
     groups: process groups beyond "dp" (every rank), as {name: [global ranks]}.
     """
+    if job is None and os.environ.get("TORCHELASTIC_RUN_ID") == "none":
+        # Plain torchrun (no --rdzv-id, no --standalone) calls every job "none": two jobs on one
+        # node would collide. Its master address and port tell jobs apart.
+        if os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT"):
+            address = re.sub(r"[^A-Za-z0-9._-]", "_", os.environ["MASTER_ADDR"])
+            job = f"torchrun-{address}-{re.sub(r'[^0-9]', '_', os.environ['MASTER_PORT'])}"
+        else:
+            raise InvalidArgumentError("gradsync.connect: $TORCHELASTIC_RUN_ID is 'none' (torchrun without --rdzv-id "
+                                       "or --standalone) and $MASTER_ADDR/$MASTER_PORT are not set; pass job=")
     job = _from_env(job, "job", "TORCHELASTIC_RUN_ID", str)
     rank = _from_env(rank, "rank", "RANK")
     world_size = _from_env(world_size, "world_size", "WORLD_SIZE")
     local_rank = _from_env(local_rank, "local_rank", "LOCAL_RANK")
     local_world_size = _from_env(local_world_size, "local_world_size", "LOCAL_WORLD_SIZE")
+    if timeout is not None and not timeout > 0:
+        raise InvalidArgumentError(f"gradsync.connect: timeout must be a positive number of seconds, not {timeout!r}")
+    if rendezvous is not None and ":" not in rendezvous:
+        rendezvous = f"{rendezvous}:{DEFAULT_PEER_PORT}"
     if rendezvous is None:
-        rendezvous = os.environ.get("GRADSYNC_RENDEZVOUS") or os.environ.get("MASTER_ADDR")
-        if not rendezvous and world_size > local_world_size:
+        # The library resolves $GRADSYNC_RENDEZVOUS, else $MASTER_ADDR with the default peer port.
+        if world_size > local_world_size and not (os.environ.get("GRADSYNC_RENDEZVOUS") or
+                                                  os.environ.get("MASTER_ADDR")):
             raise InvalidArgumentError(
                 f"gradsync.connect: the job spans {world_size // max(1, local_world_size)} nodes, so it needs "
                 "rendezvous (node 0's gradsyncd, HOST[:PORT]); it was not given and neither $GRADSYNC_RENDEZVOUS "
@@ -57,7 +89,8 @@ def connect(job=None, rank=None, world_size=None, local_rank=None, local_world_s
     status = lib.gs_connect(socket.encode(), name.encode(), 0, ctypes.byref(handle))
     if status != 0:
         raise error_for(status, f"{_lib.last_error()} [from Python: gradsync.connect(socket=...)]")
-    client = Client(handle, job, rank, world_size, local_rank, local_world_size, groups or {})
+    core = _Core(handle)
+    client = Client(core, job, rank, world_size, local_rank, local_world_size, groups or {})
     group_structs = []
     keep = []
     for group_name, ranks in (groups or {}).items():
@@ -66,7 +99,7 @@ def connect(job=None, rank=None, world_size=None, local_rank=None, local_world_s
         group_structs.append(_lib.Group(group_name.encode(), array, len(ranks)))
     group_array = (_lib.Group * len(group_structs))(*group_structs) if group_structs else None
     timeout_ms = 0 if timeout is None else max(1, int(timeout * 1000))
-    _check(lib.gs_join(handle, job.encode(), rank, world_size, local_rank, local_world_size, timeout_ms,
+    _check(lib.gs_join(core.handle, job.encode(), rank, world_size, local_rank, local_world_size, timeout_ms,
                        (rendezvous or "").encode(), group_array, len(group_structs)))
     return client
 
@@ -81,8 +114,8 @@ class Client:
     per layout; `staging_copies` counts the tensors copied that way.
     """
 
-    def __init__(self, handle, job, rank, world_size, local_rank, local_world_size, groups):
-        self._handle = handle
+    def __init__(self, core, job, rank, world_size, local_rank, local_world_size, groups):
+        self._core = core
         self.job = job
         self.rank = rank
         self.world_size = world_size
@@ -97,11 +130,14 @@ class Client:
 
     # -- lifetime
     def close(self):
-        """Leaves the job and frees the client's memory (tensors viewing it must not be used after)."""
-        handle, self._handle = self._handle, None
-        self._sets.clear()
-        if handle:
-            _lib.lib().gs_client_close(handle)
+        """Closes the client: later calls on it raise. The connection (and with it the job
+        membership) and the client's memory are released once nothing uses them any more:
+        tensors viewing the memory (GradBuffer's gradients, staging areas) and works keep them
+        until they are garbage-collected, so they never dangle."""
+        core, self._core = getattr(self, "_core", None), None
+        self._sets = {}
+        if core is not None:
+            core.closed = True
 
     def __enter__(self):
         return self
@@ -110,13 +146,12 @@ class Client:
         self.close()
 
     def __del__(self):
-        if getattr(self, "_handle", None):
-            self.close()
+        self.close()
 
     def _h(self):
-        if not self._handle:
+        if self._core is None:
             raise InvalidArgumentError("gradsync: this client was closed")
-        return self._handle
+        return self._core.handle
 
     @property
     def job_timeout(self):
@@ -128,6 +163,8 @@ class Client:
         """Zero-filled memory the daemon can reach: host shared memory (device -1) or a CUDA VMM
         allocation on `device`. Returns its address; it lives as long as the client."""
         address = ctypes.c_void_p()
+        if int(nbytes) <= 0:
+            raise InvalidArgumentError(f"gradsync: alloc of {nbytes} bytes")
         _check(_lib.lib().gs_alloc(self._h(), int(nbytes), int(device), ctypes.byref(address)))
         self._allocations.append((address.value, int(nbytes), int(device)))
         return address.value

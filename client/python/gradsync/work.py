@@ -1,5 +1,6 @@
 """Work: the handle of a submitted operation, like torch.distributed's Work."""
 import ctypes
+import threading
 import time
 
 from . import _lib
@@ -23,12 +24,13 @@ class Work:
     """
 
     def __init__(self, client, handle, finish=None, device=-1):
-        self._client = client  # keeps the library's client alive while the work is
+        self._core = client._core  # keeps the library's client (and its memory) alive while the work is
         self._handle = handle
         self._finish = finish  # copies results back, or builds them; at most once
         self._device = device
         self._result = None
         self._done = False
+        self._lock = threading.Lock()  # a DDP waiter thread and the trainer may both finish it
 
     def __del__(self):
         handle, self._handle = getattr(self, "_handle", None), None
@@ -53,11 +55,12 @@ class Work:
                                    "(it is still running; wait again or let the job's timeout fail it)")
 
     def _complete(self, stream):
-        if not self._done:
-            self._done = True
-            if self._finish is not None:
-                finish, self._finish = self._finish, None
-                self._result = finish(stream)
+        with self._lock:
+            if not self._done:
+                if self._finish is not None:
+                    self._result = self._finish(stream)  # if it raises, a later wait() tries again
+                    self._finish = None
+                self._done = True
         return self._result
 
     def wait(self, timeout=None):

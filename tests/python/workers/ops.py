@@ -6,7 +6,7 @@ import sys
 import torch
 
 import gradsync
-from gradsync.torch import _memory
+import gradsync.torch
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64, torch.uint8]
 SIZES = [1, 7, 1000, 33]
@@ -58,11 +58,9 @@ class Direct:
     def like(self, tensors):
         out = []
         for t in tensors:
-            nbytes = t.numel() * t.element_size()
-            buffer = _memory.wrap(self.client.alloc(nbytes), nbytes, -1)
-            view = buffer.view(t.dtype)
-            view.copy_(t)
-            out.append(view)
+            mine = gradsync.torch.empty(self.client, t.shape, t.dtype)
+            mine.copy_(t)
+            out.append(mine)
         return out
 
 

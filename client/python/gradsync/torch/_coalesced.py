@@ -9,6 +9,7 @@ before the operation and from which the results are copied back (the seeds' flat
 unflatten). On CUDA the copies and the operation are ordered on the current stream.
 """
 import ctypes
+import warnings
 
 import torch
 
@@ -18,6 +19,10 @@ from ..work import Work
 from ._memory import align, carve, device_index, dtype_code, wrap
 
 _OPS = {"sum": 0, "avg": 1, "min": 2, "max": 3}
+
+# Sets cannot be unregistered yet; past this many a client warns once (each holds its staging
+# memory and the daemon's mapping until the client closes).
+_MANY_SETS = 64
 
 
 def _check(status):
@@ -32,16 +37,21 @@ class RegisteredSet:
         self.handle = handle
         self.staging = staging  # the staging area (uint8 tensor), or None
         self.views = views      # the staging area's typed views, one per tensor
-        self.in_flight = None   # the last Work that used the staging area
+        self.in_flight = None   # the last Work that used the staging area or the gather output
+        self.copied_back = None  # CUDA: an event after the last copy out of the staging area
 
-    def take(self):
-        """Waits until the staging area's last operation finished and copied its results back: two
-        operations in flight on lists of one layout share the area, so the second waits here.
-        (Deterministic on every rank, unlike a pool that grows when an area is busy: sets must be
-        registered in the same order everywhere.)"""
+    def take(self, device):
+        """Waits until the last operation that used the set's staging area or gather output
+        finished and its results were copied out: two operations in flight on one such set
+        share it, so the second waits here. (Deterministic on every rank, unlike a pool that
+        grows when an area is busy: sets must be registered in the same order everywhere.) On
+        CUDA the current stream also waits for the last copy out, wherever it was queued."""
         work, self.in_flight = self.in_flight, None
         if work is not None and not work._done:
             work.wait()
+        event, self.copied_back = self.copied_back, None
+        if event is not None:
+            torch.cuda.current_stream(device).wait_event(event)
 
     def __del__(self):
         handle, self.handle = getattr(self, "handle", None), None
@@ -95,6 +105,9 @@ def set_for(client, tensors, device, group, bucket_bytes, allgather=False, tag=N
     found = client._sets.get(key)
     if found is not None:
         return found
+    if len(client._sets) == _MANY_SETS:
+        warnings.warn(f"gradsync: this client registered {_MANY_SETS} sets; each new list layout registers one more, "
+                      "and sets (with their staging memory) live until the client closes")
     if direct:
         made = RegisteredSet(register(client, tensors, device, group, bucket_bytes, allgather))
     else:
@@ -102,15 +115,15 @@ def set_for(client, tensors, device, group, bucket_bytes, allgather=False, tag=N
         for t in tensors:
             offsets.append(total)
             total = align(total + t.numel() * t.element_size())
-        buffer = wrap(client.alloc(total, device), total, device)
+        buffer = wrap(client.alloc(total, device), total, device, client._core)
         views = [carve(buffer, off, t.dtype, (t.numel(),)) for off, t in zip(offsets, tensors)]
         made = RegisteredSet(register(client, views, device, group, bucket_bytes, allgather), buffer, views)
     client._sets[key] = made
     return made
 
 
-def _start(registered, work):
-    if registered.staging is not None:
+def _start(registered, work, gathers=False):
+    if registered.staging is not None or gathers:
         registered.in_flight = work
     return work
 
@@ -121,8 +134,9 @@ def _order_on_current_stream(client, device):
 
 
 def _copy_in(client, registered, tensors):
-    for view, t in zip(registered.views, tensors):
-        view.copy_(t.reshape(-1))
+    with torch.no_grad():
+        for view, t in zip(registered.views, tensors):
+            view.copy_(t.reshape(-1))
     client.staging_copies += len(tensors)
     client.staging_bytes += sum(t.numel() * t.element_size() for t in tensors)
 
@@ -134,16 +148,21 @@ def _finisher(client, registered, tensors, device, copy_back):
         return None
 
     def finish(stream):
-        if device >= 0:
-            target = stream if stream is not None else torch.cuda.current_stream(device)
-            with torch.cuda.stream(target):
+        # no_grad: the tensors may be parameters that require grad (a broadcast of them).
+        with torch.no_grad():
+            if device >= 0:
+                target = stream if stream is not None else torch.cuda.current_stream(device)
+                with torch.cuda.stream(target):
+                    for view, t in zip(registered.views, tensors):
+                        t.copy_(view.view(t.shape))
+                    event = torch.cuda.Event()
+                    event.record(target)
+                registered.copied_back = event
+                if stream is None:
+                    target.synchronize()
+            else:
                 for view, t in zip(registered.views, tensors):
                     t.copy_(view.view(t.shape))
-            if stream is None:
-                target.synchronize()
-        else:
-            for view, t in zip(registered.views, tensors):
-                t.copy_(view.view(t.shape))
         client.staging_copies += len(tensors)
         return None
 
@@ -165,7 +184,7 @@ def allreduce(client, tensors, op, divisor, prescale, fp32_accumulate, bucket_by
     tensors, device = _validate(client, tensors, group)
     options = _reduce_options(client, op, divisor, prescale, fp32_accumulate)
     registered = set_for(client, tensors, device, group, bucket_bytes, tag=tag)
-    registered.take()
+    registered.take(device)
     _order_on_current_stream(client, device)
     if registered.staging is not None:
         _copy_in(client, registered, tensors)
@@ -178,7 +197,7 @@ def broadcast(client, tensors, root, group):
     tensors, device = _validate(client, tensors, group)
     _check_root(client, root, group)
     registered = set_for(client, tensors, device, group, None)
-    registered.take()
+    registered.take(device)
     _order_on_current_stream(client, device)
     is_root = client.rank == root
     if registered.staging is not None and is_root:
@@ -194,7 +213,7 @@ def reduce(client, tensors, root, op, group):
     _check_root(client, root, group)
     options = _reduce_options(client, op, None, False, None)
     registered = set_for(client, tensors, device, group, None)
-    registered.take()
+    registered.take(device)
     _order_on_current_stream(client, device)
     if registered.staging is not None:
         _copy_in(client, registered, tensors)
@@ -208,7 +227,7 @@ def reduce(client, tensors, root, op, group):
 def all_gather(client, tensors, group):
     tensors, device = _validate(client, tensors, group)
     registered = set_for(client, tensors, device, group, None, allgather=True)
-    registered.take()
+    registered.take(device)
     _order_on_current_stream(client, device)
     if registered.staging is not None:
         _copy_in(client, registered, tensors)
@@ -227,13 +246,13 @@ def all_gather(client, tensors, group):
                 for i, (shape, dtype, nbytes) in enumerate(shapes):
                     address = ctypes.c_void_p()
                     _check(_lib.lib().gs_set_gathered(registered.handle, r, i, ctypes.byref(address)))
-                    row.append(wrap(address.value, nbytes, device).view(dtype).view(shape).clone())
+                    row.append(wrap(address.value, nbytes, device, client._core).view(dtype).view(shape).clone())
                 out.append(row)
         if device >= 0 and stream is None:
             torch.cuda.current_stream(device).synchronize()
         return out
 
-    return _start(registered, Work(client, handle, gathered, device))
+    return _start(registered, Work(client, handle, gathered, device), gathers=True)
 
 
 class _nothing:

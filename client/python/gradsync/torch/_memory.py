@@ -49,12 +49,18 @@ class _CudaMemory:
                                          "version": 2}
 
 
-def wrap(address, nbytes, device):
-    """A uint8 tensor over [address, address + nbytes) of the client's memory; no copy."""
+def wrap(address, nbytes, device, owner):
+    """A uint8 tensor over [address, address + nbytes) of the client's memory; no copy. The
+    object torch keeps alive for the tensor holds `owner` (the client's core), so the memory
+    stays mapped while any view of it lives."""
     if device < 0:
-        return torch.frombuffer((ctypes.c_uint8 * nbytes).from_address(address), dtype=torch.uint8)
+        memory = (ctypes.c_uint8 * nbytes).from_address(address)
+        memory.owner = owner
+        return torch.frombuffer(memory, dtype=torch.uint8)
+    memory = _CudaMemory(address, nbytes)
+    memory.owner = owner
     with torch.cuda.device(device):
-        return torch.as_tensor(_CudaMemory(address, nbytes), device=f"cuda:{device}")
+        return torch.as_tensor(memory, device=f"cuda:{device}")
 
 
 def carve(buffer, offset, dtype, shape):
@@ -64,3 +70,16 @@ def carve(buffer, offset, dtype, shape):
         numel *= d
     nbytes = numel * torch.empty((), dtype=dtype).element_size()
     return buffer[offset:offset + nbytes].view(dtype).view(shape)
+
+
+def empty(client, size, dtype=torch.float32, device="cpu"):
+    """A zero-filled tensor in memory the daemon reaches (the client's), so the coalesced
+    operations reduce it in place without a staging copy. It lives as long as any view of it."""
+    shape = (size,) if isinstance(size, int) else tuple(size)
+    index = -1 if torch.device(device).type == "cpu" else torch.device(device).index or 0
+    numel = 1
+    for d in shape:
+        numel *= d
+    nbytes = max(1, numel * torch.empty((), dtype=dtype).element_size())
+    buffer = wrap(client.alloc(align(nbytes), index), align(nbytes), index, client._core)
+    return carve(buffer, 0, dtype, shape)

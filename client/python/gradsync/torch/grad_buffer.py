@@ -58,7 +58,7 @@ class GradBuffer:
         for p, d in zip(self._order, dtypes):
             offsets.append(total)
             total = align(total + p.numel() * torch.empty((), dtype=d).element_size())
-        self.buffer = wrap(client.alloc(total, self.device), total, self.device)
+        self.buffer = wrap(client.alloc(total, self.device), total, self.device, client._core)
         self.grads = [carve(self.buffer, off, d, p.shape) for off, d, p in zip(offsets, dtypes, self._order)]
         for p, g, main in zip(self._order, self.grads, self._main_grad):
             if main:
@@ -74,8 +74,9 @@ class GradBuffer:
         self._syncing = True
         self._hooks = []
         self._accumulators = []  # grad accumulators whose hooks we hold (PyTorch < 2.1)
-        for i, p in enumerate(self._order):
-            self._hook(i, p)
+        with torch.enable_grad():  # the accumulators exist only where autograd records
+            for i, p in enumerate(self._order):
+                self._hook(i, p)
 
     def _hook(self, i, p):
         def ready(*_):
@@ -89,14 +90,23 @@ class GradBuffer:
             self._hooks.append(accumulator.register_hook(ready))
 
     def _ready(self, i):
-        if not self._syncing:
-            return
         p, g = self._order[i], self.grads[i]
+        if self._syncing and self._marked[i]:
+            # Its first part is being reduced already: a second one would race with that, and
+            # ranks would end up with different gradients. DDP refuses this the same way.
+            raise InvalidArgumentError(
+                f"gradsync.GradBuffer: the gradient of parameter {len(self._order) - 1 - i} (shape "
+                f"{tuple(p.shape)}) was produced twice before wait(): a second backward, or reentrant "
+                "checkpointing of a parameter also used outside it. Use no_sync() for all but the last "
+                "micro-batch, and torch.utils.checkpoint with use_reentrant=False")
         if self._main_grad[i]:
+            # Every micro-batch, syncing or not, accumulates into main_grad in its dtype.
             if p.grad is not None:
                 g.add_(p.grad)
                 p.grad = None
-        elif p.grad is None or p.grad.data_ptr() != g.data_ptr():
+        if not self._syncing:
+            return
+        if not self._main_grad[i] and (p.grad is None or p.grad.data_ptr() != g.data_ptr()):
             if p.grad is not None:
                 g.copy_(p.grad)
             p.grad = g
@@ -104,8 +114,6 @@ class GradBuffer:
             if self.staging_copies == 1:
                 warnings.warn("gradsync.GradBuffer: param.grad was replaced (optimizer.zero_grad(set_to_none=True)?); "
                               "its gradient is copied into the buffer. Use GradBuffer.zero_grad() instead.")
-        if self._marked[i]:
-            return  # produced twice in one backward: its second part was accumulated in place
         self._open()
         self._marked[i] = True
         stream = torch.cuda.current_stream(self.device).cuda_stream if self.device >= 0 else None
@@ -139,19 +147,20 @@ class GradBuffer:
     def wait(self, timeout=None):
         """Ends the step: marks what backward did not reach, and waits for the reduction (on CUDA the
         current stream waits, the host does not)."""
-        if not any(self._marked) and self._work is None:
+        if self._work is None:
             self._open()
         for i, marked in enumerate(self._marked):
             if not marked:
                 self._marked[i] = True
                 _coalesced._order_on_current_stream(self.client, self.device)
                 _coalesced._check(_lib.lib().gs_mark_ready(self.client._h(), self._set.handle, i, 0, None))
-        work, self._work = self._work, None
-        self._marked = [False] * len(self._order)
+        # On a timeout the step stays open: waiting again waits for the same reduction.
         if self.device >= 0:
-            work.wait_stream(None, timeout)
+            self._work.wait_stream(None, timeout)
         else:
-            work.wait(timeout)
+            self._work.wait(timeout)
+        self._work = None
+        self._marked = [False] * len(self._order)
 
     def remove_hooks(self):
         for h in self._hooks:
