@@ -62,7 +62,7 @@ def compare(daemon, out_dir, device="cpu"):
 
 
 def main():
-    device = "cuda" if "--cuda" in sys.argv else "cpu"
+    device = "cuda" if "--cuda" in sys.argv else "cpu"  # --cpu (the default) or --cuda
     daemon = Daemon()
     try:
         print("training:", compare(daemon, tempfile.mkdtemp(prefix="gradsync-train-"), device))

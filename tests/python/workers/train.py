@@ -38,14 +38,14 @@ def main():
     if mode in ("gloo", "hook"):
         dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + os.environ["TEST_PORT"], rank=rank,
                                 world_size=world)
-        net = DDP(net)
+        net = DDP(net, bucket_cap_mb=0.002)  # about 2 KB: several buckets, reduced while backward runs
         if mode == "hook":
             client = gradsync.connect()
             net.register_comm_hook(client, gradsync.torch.allreduce_hook)
     else:
         client = gradsync.connect()
         gradsync.torch.sync_params(net, client)
-        buffer = gradsync.torch.GradBuffer(net.parameters(), client)
+        buffer = gradsync.torch.GradBuffer(net.parameters(), client, bucket_bytes=2048)  # several buckets
     optimizer = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
     before = client.staging_copies if client is not None else 0  # sync_params stages; the steps are counted
     for step in range(steps):
