@@ -31,6 +31,9 @@ ParsedConfig parse_daemon_config(int argc, const char* const* argv) {
   settings.add_options()
       ("socket", po::value(&config.socket_path)->default_value(config.socket_path),
        "Unix control socket that trainers connect to")
+      ("admin", po::value(&config.admin_address),
+       "admin service (gradsyncctl): unix:PATH, or none (default: beside the control socket, "
+       "/run/gradsync/admin.sock for the default socket, SOCKET.admin for another)")
       ("timeout-ms", po::value(&timeout_ms)->default_value(timeout_ms),
        "default bound on every wait of a job, in milliseconds (a job may ask for its own)")
       ("max-timeout-ms", po::value(&max_timeout_ms)->default_value(max_timeout_ms),
@@ -107,6 +110,15 @@ ParsedConfig parse_daemon_config(int argc, const char* const* argv) {
     return fail("--log-level must be debug, info, warning or error, not '" + log_level + "'");
   }
   if (config.socket_path.empty()) return fail("--socket must not be empty");
+  if (config.admin_address.empty()) {
+    const auto slash = config.socket_path.rfind('/');
+    const std::string dir = slash == std::string::npos ? "." : config.socket_path.substr(0, slash);
+    const std::string base = slash == std::string::npos ? config.socket_path : config.socket_path.substr(slash + 1);
+    config.admin_address = "unix:" + (base == "gradsync.sock" ? dir + "/admin.sock" : config.socket_path + ".admin");
+  } else if (config.admin_address != "none" && config.admin_address.rfind("unix:", 0) != 0) {
+    return fail("--admin must be unix:PATH or none, not '" + config.admin_address +
+                "' (TCP with mTLS is not there yet)");
+  }
   if (timeout_ms == 0) return fail("--timeout-ms must be positive");
   if (max_timeout_ms < timeout_ms) return fail("--max-timeout-ms must be at least --timeout-ms");
   config.default_timeout = std::chrono::milliseconds(timeout_ms);

@@ -58,9 +58,23 @@ Daemon::Daemon(DaemonConfig config)
   registry_ = std::make_unique<JobRegistry>(std::move(registry));
   server_ = std::make_unique<ControlServer>(
       io_, ControlServerOptions{config_.socket_path, config_.allowed_uids, registry_.get(), backends_.get(), log_});
+  if (config_.admin_address != "none") {
+    admin::IoDaemonViewOptions view;
+    view.io = &io_;
+    view.config = &config_;
+    view.registry = registry_.get();
+    view.server = server_.get();
+    view.backends = backends_.get();
+    view.engines = {"gloo/" + config_.gloo_transport};
+    if (device_engines_) view.engines.push_back("nccl (loaded on first use)");
+    view.peer_address = host + ":" + std::to_string(peer_->port());
+    admin_view_ = std::make_unique<admin::IoDaemonView>(std::move(view));
+    admin_ = std::make_unique<admin::AdminServer>(admin::AdminServerOptions{config_.admin_address, admin_view_.get(), log_});
+  }
 }
 
 Daemon::~Daemon() {
+  admin_.reset();  // no admin call reaches into what goes below
   stop();
   // Whatever is still queued (a session that was mid-shutdown) completes before the registry,
   // the pool and the io_context are destroyed.

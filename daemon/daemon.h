@@ -4,6 +4,8 @@
 
 #include <memory>
 
+#include "daemon/admin/admin_server.h"
+#include "daemon/admin/daemon_view.h"
 #include "daemon/backend/factory.h"
 #include "daemon/config.h"
 #include "daemon/engine/factory.h"
@@ -41,6 +43,8 @@ class Daemon {
   std::unique_ptr<Reaper> reaper_;  // outlives the jobs, whose workers it stops
   std::unique_ptr<JobRegistry> registry_;
   std::unique_ptr<ControlServer> server_;
+  std::unique_ptr<admin::IoDaemonView> admin_view_;  // before the admin server, which uses it
+  std::unique_ptr<admin::AdminServer> admin_;
 };
 
 }  // namespace gradsync

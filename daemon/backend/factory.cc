@@ -105,6 +105,18 @@ class Backends final : public BackendFactory {
     return Status();
   }
 
+  void describe_devices(std::string summary) { device_summary_ = std::move(summary); }
+
+  std::vector<std::string> memory_kinds() const override {
+    std::vector<std::string> kinds{std::string(memory_kind_name(MemoryKind::kHostMemfd))};
+    if (devices_) {
+      kinds.emplace_back(memory_kind_name(MemoryKind::kCudaVmm));
+      kinds.emplace_back(memory_kind_name(MemoryKind::kCudaLegacyIpc));
+    }
+    return kinds;
+  }
+  std::string devices() const override { return devices_ ? device_summary_ : device_problem_; }
+
   Status make_executor(MemoryKind kind, ThreadPool* pool, const Logger& log,
                        std::unique_ptr<BucketExecutor>* out) override {
     switch (kind) {
@@ -120,6 +132,7 @@ class Backends final : public BackendFactory {
 
  private:
   const std::string device_problem_;
+  std::string device_summary_;  // the probe's, when there are devices
   // Declared before the cache and outliving it and every region made here (the factory lives
   // as long as the daemon).
   std::unique_ptr<cuda::DeviceApi> devices_;
@@ -148,8 +161,10 @@ std::unique_ptr<BackendFactory> make_backend_factory(const Logger& log, DeviceEn
   const Status probe = cuda::probe_devices(&summary);
   if (probe.ok()) {
     log.info("CUDA: " + summary);
-    return std::make_unique<Backends>("", cuda::make_cuda_device_api(), cuda::make_cuda_kernel_launcher(),
-                                      device_engines, std::move(legacy_ipc_uids), log);
+    auto backends = std::make_unique<Backends>("", cuda::make_cuda_device_api(), cuda::make_cuda_kernel_launcher(),
+                                               device_engines, std::move(legacy_ipc_uids), log);
+    backends->describe_devices(summary);
+    return backends;
   }
   log.info("CUDA: no usable GPU (" + probe.message() + "); serving host memory only");
   return std::make_unique<Backends>("no usable GPU here (" + probe.message() + ")", nullptr, nullptr, nullptr,

@@ -45,6 +45,10 @@ class BackendFactory {
   // daemon's reduction pool (host work) and outlives the executor; `log` names the job.
   virtual Status make_executor(MemoryKind kind, ThreadPool* pool, const Logger& log,
                                std::unique_ptr<BucketExecutor>* out) = 0;
+
+  // For the admin service: the memory kinds served, and the GPUs found (or why there are none).
+  virtual std::vector<std::string> memory_kinds() const = 0;
+  virtual std::string devices() const = 0;
 };
 
 // Probes the CUDA driver once (when built with the CUDA backend) and logs what it found: device

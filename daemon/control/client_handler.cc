@@ -102,7 +102,27 @@ void ClientHandler::leave_job(const Status& why) {
   options_.registry->left(job);
 }
 
+admin::ClientInfo ClientHandler::info() const {
+  admin::ClientInfo info;
+  info.pid = options_.peer.pid;
+  info.uid = options_.peer.uid;
+  info.name = name_;
+  if (job_) {
+    info.job = job_->params().id;
+    info.rank = rank_;
+    info.local_rank = local_rank_;
+    info.state = job_->failure().ok() ? "joined" : "job failed";
+  } else {
+    info.state = greeted_ ? "connected" : "connecting";
+  }
+  info.segments = static_cast<uint32_t>(segments_.size());
+  for (const auto& [id, region] : segments_) info.segment_bytes += region->size();
+  info.idle = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - last_request_);
+  return info;
+}
+
 void ClientHandler::handle(const control::Request& request, std::vector<UniqueFd> fds) {
+  last_request_ = std::chrono::steady_clock::now();
   control::Reply reply;
   reply.set_id(request.id());
   std::vector<UniqueFd> reply_fds;
@@ -146,6 +166,7 @@ Status ClientHandler::on_hello(const control::Hello& hello, control::Reply* repl
                                  " is not supported; this daemon speaks version " + std::to_string(kProtocolVersion));
   }
   greeted_ = true;
+  name_ = hello.client_name().substr(0, 64);
   reply->mutable_hello()->set_protocol_version(kProtocolVersion);
   reply->mutable_hello()->set_daemon_version(kGradsyncVersion);
   return Status::ok_status();

@@ -7,11 +7,14 @@
 // then dropped by the Session).
 #pragma once
 
+#include <chrono>
+
 #include <functional>
 #include <map>
 #include <memory>
 #include <string>
 
+#include "daemon/admin/snapshot.h"
 #include "daemon/backend/factory.h"
 #include "daemon/control/peer_credentials.h"
 #include "daemon/job/registry.h"
@@ -48,6 +51,9 @@ class ClientHandler {
   // The connection ended: ok for a plain disconnect, else why it was closed.
   void disconnected(const Status& why);
 
+  // For the admin service.
+  admin::ClientInfo info() const;
+
  private:
   Status on_hello(const control::Hello& hello, control::Reply* reply);
   Status on_join(const control::JoinRequest& join, control::Reply* reply, std::vector<UniqueFd>* fds);
@@ -60,6 +66,8 @@ class ClientHandler {
 
   ClientHandlerOptions options_;
   bool greeted_ = false;
+  std::string name_;  // what the client called itself in its Hello
+  std::chrono::steady_clock::time_point last_request_ = std::chrono::steady_clock::now();
   std::shared_ptr<Job> job_;
   int rank_ = -1;
   int local_rank_ = -1;

@@ -54,6 +54,16 @@ ControlServer::~ControlServer() {
   ::unlink(options_.socket_path.c_str());
 }
 
+std::vector<admin::ClientInfo> ControlServer::clients() const {
+  std::vector<admin::ClientInfo> out;
+  for (const auto& weak : sessions_) {
+    if (auto session = weak.lock()) {
+      if (auto info = session->info()) out.push_back(std::move(*info));
+    }
+  }
+  return out;
+}
+
 void ControlServer::start() {
   asio::co_spawn(acceptor_.get_executor(), [this]() { return accept_loop(); }, asio::detached);
 }

@@ -33,6 +33,9 @@ class ControlServer {
   ControlServer& operator=(const ControlServer&) = delete;
 
   void start();
+
+  // Every live client, for the admin service. On the io thread.
+  std::vector<admin::ClientInfo> clients() const;
   // Stops accepting and ends every session (its job learns `why`); the io_context then runs out
   // of work.
   void stop(const Status& why);

@@ -48,6 +48,12 @@ class Session : public std::enable_shared_from_this<Session> {
   // job (telling the other clients `why`) and ends both coroutines.
   void stop(const Status& why);
 
+  // For the admin service; nullopt once the session is closing. On the io thread.
+  std::optional<admin::ClientInfo> info() const {
+    if (closing_ || !handler_) return std::nullopt;
+    return handler_->info();
+  }
+
  private:
   struct Outgoing {
     std::string frame;

@@ -111,6 +111,35 @@ void Job::leave(int local_rank, const Status& why) {
   fail(why);
 }
 
+admin::JobInfo Job::info() const {
+  admin::JobInfo info;
+  const JobParams& p = params();
+  info.id = p.id;
+  info.uid = p.uid;
+  info.incarnation = incarnation();
+  const Status why = failure();
+  info.state = why.ok() ? "running" : "failed";
+  info.last_error = why.ok() ? "" : why.to_string();
+  info.world_size = p.world_size;
+  info.local_world_size = p.local_world_size;
+  info.node = p.topology.node;
+  info.nodes = p.topology.nodes;
+  info.groups = p.topology.groups;
+  for (size_t r = 0; r < members_.size(); ++r) {
+    if (members_[r]) info.local_ranks_joined.push_back(static_cast<int>(r));
+  }
+  info.sets = static_cast<uint32_t>(committed_.size());
+  for (const auto& [id, set] : committed_) {
+    uint64_t per_rank = 0;
+    for (const auto& bucket : set->plan.buckets) per_rank += bucket.bytes;
+    info.registered_bytes += per_rank * set->address.size();
+  }
+  info.operations_done = worker_->completed_ops();
+  info.operations_pending = static_cast<uint32_t>(worker_->pending_ops());
+  info.age = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - formed_);
+  return info;
+}
+
 bool Job::empty() const {
   for (const auto& member : members_) {
     if (member) return false;

@@ -123,6 +123,13 @@ class Job : public std::enable_shared_from_this<Job> {
   // Ends the job with `status` (first error wins) and releases every client's mappings.
   void fail(const Status& status);
 
+  // For the admin service.
+  admin::JobInfo info() const;
+  // Its operations not finished yet; `done` runs once, on the worker thread.
+  void in_flight(std::function<void(std::vector<admin::PendingOperation>)> done) const {
+    worker_->in_flight(std::move(done));
+  }
+
  private:
   struct PendingSet {
     std::map<int, SetRegistration> by_local_rank;
@@ -145,6 +152,7 @@ class Job : public std::enable_shared_from_this<Job> {
   std::map<uint32_t, std::shared_ptr<const TensorSet>> committed_;
   Status failure_;
   std::shared_ptr<Worker> worker_;
+  std::chrono::steady_clock::time_point formed_ = std::chrono::steady_clock::now();
 };
 
 }  // namespace gradsync

@@ -47,6 +47,13 @@ class JobRegistry {
 
   size_t size() const { return jobs_.size(); }
 
+  // Every job, for the admin service.
+  std::vector<std::shared_ptr<Job>> jobs() const {
+    std::vector<std::shared_ptr<Job>> all;
+    for (const auto& [key, job] : jobs_) all.push_back(job);
+    return all;
+  }
+
  private:
   RegistryOptions options_;
   using Key = std::pair<uid_t, std::string>;

@@ -61,6 +61,48 @@ void Worker::post_task(Task task) {
   doorbell().notify();
 }
 
+void Worker::in_flight(std::function<void(std::vector<admin::PendingOperation>)> done) {
+  post_task([this, done = std::move(done)](const Status& failed) {
+    std::vector<admin::PendingOperation> out;
+    if (!failed.ok()) return done(std::move(out));
+    const auto now = std::chrono::steady_clock::now();
+    const Topology& topology = options_.topology;
+    for (const Op& op : ops_) {
+      admin::PendingOperation pending;
+      pending.seq = op.seq;
+      pending.kind = describe(op.desc);
+      pending.set = op.desc.set_id;
+      pending.age = std::chrono::duration_cast<std::chrono::milliseconds>(now - op.started);
+      for (size_t c = 0; c < op.submitted.size(); ++c) {
+        if (!op.submitted[c]) pending.ranks_not_submitted.push_back(topology.rank_of(static_cast<int>(c)));
+      }
+      if (op.set) {
+        const auto& buckets = op.set->plan.buckets;
+        // The head operation's last launched bucket is executing while flight_ is set.
+        const bool executing = flight_ && &op == &ops_.front();
+        const size_t first = executing && op.next_bucket > 0 ? op.next_bucket - 1 : op.next_bucket;
+        for (size_t b = first; b < buckets.size(); ++b) {
+          admin::PendingBucket bucket;
+          bucket.bucket = static_cast<uint32_t>(b);
+          bucket.group = buckets[b].group;
+          bucket.bytes = buckets[b].bytes;
+          bucket.launched = b < op.next_bucket;
+          if (!bucket.launched) {
+            for (uint32_t c : op.set->participants[b]) {
+              const bool ready = c < op.submitted.size() && op.submitted[c] && b < op.remaining[c].size() &&
+                                 op.remaining[c][b] == 0;
+              if (!ready) bucket.ranks_not_ready.push_back(topology.rank_of(static_cast<int>(c)));
+            }
+          }
+          pending.buckets.push_back(std::move(bucket));
+        }
+      }
+      out.push_back(std::move(pending));
+    }
+    done(std::move(out));
+  });
+}
+
 void Worker::run_tasks(bool last) {
   for (;;) {
     Task task;

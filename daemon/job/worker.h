@@ -37,6 +37,7 @@
 
 #include "daemon/backend/executor.h"
 #include "daemon/backend/factory.h"
+#include "daemon/admin/snapshot.h"
 #include "daemon/job/channel.h"
 #include "daemon/job/cluster.h"
 #include "daemon/job/op.h"
@@ -96,6 +97,11 @@ class Worker {
 
   // Operations submitted by some rank and not yet completed.
   size_t pending_ops() const { return pending_ops_.load(); }
+
+  // The operations not finished yet, and which local ranks have not submitted them or marked
+  // which buckets ready (the admin service's GetInFlight). `done` runs once, on the worker
+  // thread (empty when the job has failed). Thread-safe.
+  void in_flight(std::function<void(std::vector<admin::PendingOperation>)> done);
 
  private:
   struct ClientState {

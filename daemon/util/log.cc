@@ -17,6 +17,16 @@ bool parse_log_level(std::string_view text, LogLevel* level) {
   return true;
 }
 
+std::string_view log_level_name(LogLevel level) {
+  switch (level) {
+    case LogLevel::kDebug: return "debug";
+    case LogLevel::kInfo: return "info";
+    case LogLevel::kWarning: return "warning";
+    case LogLevel::kError: return "error";
+  }
+  return "info";
+}
+
 void Logger::log(LogLevel level, std::string_view message) const {
   if (!enabled(level)) return;
   const auto now = std::chrono::system_clock::now();

@@ -13,6 +13,7 @@ enum class LogLevel { kDebug = 0, kInfo = 1, kWarning = 2, kError = 3 };
 
 // "debug", "info", "warning", "error"; false when unknown.
 bool parse_log_level(std::string_view text, LogLevel* level);
+std::string_view log_level_name(LogLevel level);
 
 class Logger {
  public:

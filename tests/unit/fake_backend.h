@@ -183,6 +183,8 @@ class FakeBackends final : public BackendFactory {
   Status create_events(int, std::shared_ptr<const ClientEvents>*) override {
     return Status::not_supported("fake backends make no events");
   }
+  std::vector<std::string> memory_kinds() const override { return {"host memfd"}; }
+  std::string devices() const override { return "fake"; }
   Status make_executor(MemoryKind, ThreadPool*, const Logger&, std::unique_ptr<BucketExecutor>* out) override {
     *out = std::make_unique<FakeExecutor>(log_);
     return Status();

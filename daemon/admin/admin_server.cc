@@ -1,0 +1,119 @@
+#include "daemon/admin/admin_server.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/server_posix.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "daemon/admin/admin_service.h"
+
+namespace gradsync::admin {
+namespace {
+
+Status fail(const std::string& path, const std::string& what) {
+  return Status::internal("admin socket " + path + ": " + what + ": " + std::strerror(errno));
+}
+
+}  // namespace
+
+AdminServer::AdminServer(AdminServerOptions options) : options_(std::move(options)) {
+  static constexpr char kUnix[] = "unix:";
+  if (options_.address.rfind(kUnix, 0) != 0) {
+    throw Error(Status::invalid_argument("--admin must be unix:PATH (TCP with mTLS is not there yet), not '" +
+                                         options_.address + "'"));
+  }
+  path_ = options_.address.substr(sizeof kUnix - 1);
+  sockaddr_un address{};
+  if (path_.empty() || path_.size() >= sizeof address.sun_path) {
+    throw Error(Status::invalid_argument("--admin: the socket path '" + path_ + "' is empty or too long"));
+  }
+  address.sun_family = AF_UNIX;
+  std::memcpy(address.sun_path, path_.c_str(), path_.size() + 1);
+  listen_fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (listen_fd_ < 0) throw Error(fail(path_, "socket"));
+  // A stale socket from a daemon that died is replaced; one a live daemon serves is not.
+  if (::connect(listen_fd_, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0) {
+    ::close(listen_fd_);
+    throw Error(Status::already_exists("admin socket " + path_ + " is served by a running gradsyncd"));
+  }
+  ::close(listen_fd_);
+  listen_fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  ::unlink(path_.c_str());
+  if (::bind(listen_fd_, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0) {
+    const Status status = fail(path_, "bind");
+    ::close(listen_fd_);
+    throw Error(status);
+  }
+  // Anyone may connect; each call is judged by the caller's uid (SO_PEERCRED).
+  ::chmod(path_.c_str(), 0666);
+  if (::listen(listen_fd_, 64) != 0) {
+    const Status status = fail(path_, "listen");
+    ::close(listen_fd_);
+    throw Error(status);
+  }
+  wake_fd_ = ::eventfd(0, EFD_CLOEXEC);
+  service_ = std::make_unique<AdminService>(
+      options_.view, [this](const std::string& peer, PeerCredentials* out) { return caller(peer, out); });
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.RegisterService(service_.get());
+  server_ = builder.BuildAndStart();
+  if (!server_) throw Error(Status::internal("admin socket " + path_ + ": the gRPC server did not start"));
+  acceptor_ = std::thread([this] { accept_loop(); });
+  options_.log.info("admin service listening on " + options_.address);
+}
+
+AdminServer::~AdminServer() {
+  const uint64_t one = 1;
+  if (wake_fd_ >= 0) (void)::write(wake_fd_, &one, sizeof one);
+  if (acceptor_.joinable()) acceptor_.join();
+  if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  if (listen_fd_ >= 0) ::close(listen_fd_);
+  if (wake_fd_ >= 0) ::close(wake_fd_);
+  ::unlink(path_.c_str());
+}
+
+bool AdminServer::caller(const std::string& peer, PeerCredentials* out) const {
+  std::lock_guard lock(mutex_);
+  auto it = callers_.find(peer);
+  if (it == callers_.end()) return false;
+  *out = it->second;
+  return true;
+}
+
+void AdminServer::accept_loop() {
+  for (;;) {
+    pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+    if (::poll(fds, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      options_.log.error("admin socket " + path_ + ": poll: " + std::strerror(errno) + "; no more admin connections");
+      return;
+    }
+    if (fds[1].revents) return;
+    const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) continue;
+    PeerCredentials who;
+    if (!read_peer_credentials(fd, &who).ok()) {
+      ::close(fd);
+      continue;
+    }
+    {
+      // gRPC names a connection it was handed by descriptor "fd:N"; a number is reused only
+      // after its connection closed, so the entry is replaced before anyone can look it up.
+      std::lock_guard lock(mutex_);
+      callers_["fd:" + std::to_string(fd)] = who;
+    }
+    grpc::AddInsecureChannelFromFd(server_.get(), fd);
+  }
+}
+
+}  // namespace gradsync::admin

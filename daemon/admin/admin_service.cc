@@ -1,0 +1,130 @@
+#include "daemon/admin/admin_service.h"
+
+#include "daemon/peer/peer_server.h"  // to_grpc
+
+namespace gradsync::admin {
+namespace {
+
+void fill(const JobInfo& in, v1::Job* out) {
+  out->set_id(in.id);
+  out->set_uid(in.uid);
+  out->set_incarnation(in.incarnation);
+  out->set_state(in.state);
+  out->set_world_size(in.world_size);
+  out->set_local_world_size(in.local_world_size);
+  out->set_node(in.node);
+  out->set_nodes(in.nodes);
+  for (const auto& [name, ranks] : in.groups) {
+    v1::Group* group = out->add_groups();
+    group->set_name(name);
+    for (int r : ranks) group->add_ranks(r);
+  }
+  for (int r : in.local_ranks_joined) out->add_local_ranks_joined(r);
+  out->set_sets(in.sets);
+  out->set_registered_bytes(in.registered_bytes);
+  out->set_operations_done(in.operations_done);
+  out->set_operations_pending(in.operations_pending);
+  out->set_last_error(in.last_error);
+  out->set_age_ms(static_cast<uint64_t>(in.age.count()));
+}
+
+}  // namespace
+
+grpc::Status AdminService::check_reader(grpc::ServerContext* context) const {
+  PeerCredentials who;
+  if (!caller_(context->peer(), &who)) {
+    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED, "the admin service could not identify this connection");
+  }
+  if (!view_->allowed(who.uid)) {
+    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                        "uid " + std::to_string(who.uid) +
+                            " is not allowed on this gradsyncd (gradsyncd --allow-uid; default: its own user and root)");
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status AdminService::GetStatus(grpc::ServerContext* context, const v1::GetStatusRequest*,
+                                     v1::GetStatusReply* reply) {
+  if (grpc::Status denied = check_reader(context); !denied.ok()) return denied;
+  DaemonStatus status;
+  if (Status s = view_->status(&status); !s.ok()) return to_grpc(s);
+  reply->set_version(status.version);
+  reply->set_uptime_ms(static_cast<uint64_t>(status.uptime.count()));
+  reply->set_pid(status.pid);
+  reply->set_uid(status.uid);
+  for (const auto& b : status.backends) reply->add_backends(b);
+  for (const auto& e : status.engines) reply->add_engines(e);
+  reply->set_devices(status.devices);
+  for (const auto& [name, value] : status.config) {
+    v1::ConfigEntry* entry = reply->add_config();
+    entry->set_name(name);
+    entry->set_value(value);
+  }
+  reply->set_jobs(status.jobs);
+  reply->set_clients(status.clients);
+  reply->set_control_socket(status.control_socket);
+  reply->set_peer_address(status.peer_address);
+  return grpc::Status::OK;
+}
+
+grpc::Status AdminService::ListJobs(grpc::ServerContext* context, const v1::ListJobsRequest*,
+                                    v1::ListJobsReply* reply) {
+  if (grpc::Status denied = check_reader(context); !denied.ok()) return denied;
+  std::vector<JobInfo> jobs;
+  if (Status s = view_->jobs(&jobs); !s.ok()) return to_grpc(s);
+  for (const JobInfo& job : jobs) fill(job, reply->add_jobs());
+  return grpc::Status::OK;
+}
+
+grpc::Status AdminService::ListClients(grpc::ServerContext* context, const v1::ListClientsRequest*,
+                                       v1::ListClientsReply* reply) {
+  if (grpc::Status denied = check_reader(context); !denied.ok()) return denied;
+  std::vector<ClientInfo> clients;
+  if (Status s = view_->clients(&clients); !s.ok()) return to_grpc(s);
+  for (const ClientInfo& in : clients) {
+    v1::Client* out = reply->add_clients();
+    out->set_pid(in.pid);
+    out->set_uid(in.uid);
+    out->set_name(in.name);
+    out->set_job(in.job);
+    out->set_rank(in.rank);
+    out->set_local_rank(in.local_rank);
+    out->set_state(in.state);
+    out->set_segments(in.segments);
+    out->set_segment_bytes(in.segment_bytes);
+    out->set_idle_ms(static_cast<uint64_t>(in.idle.count()));
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status AdminService::GetInFlight(grpc::ServerContext* context, const v1::GetInFlightRequest* request,
+                                       v1::GetInFlightReply* reply) {
+  if (grpc::Status denied = check_reader(context); !denied.ok()) return denied;
+  std::vector<JobOperations> jobs;
+  if (Status s = view_->in_flight(request->job(), &jobs); !s.ok()) return to_grpc(s);
+  for (const JobOperations& job : jobs) {
+    v1::JobInFlight* out = reply->add_jobs();
+    out->set_job(job.job.id);
+    out->set_uid(job.job.uid);
+    out->set_unavailable(job.unavailable);
+    for (const PendingOperation& op : job.operations) {
+      v1::PendingOperation* o = out->add_operations();
+      o->set_seq(op.seq);
+      o->set_kind(op.kind);
+      o->set_set(op.set);
+      o->set_age_ms(static_cast<uint64_t>(op.age.count()));
+      for (int r : op.ranks_not_submitted) o->add_ranks_not_submitted(r);
+      for (const PendingBucket& b : op.buckets) {
+        v1::PendingBucket* ob = o->add_buckets();
+        ob->set_bucket(b.bucket);
+        ob->set_group(b.group);
+        ob->set_bytes(b.bytes);
+        ob->set_launched(b.launched);
+        for (int r : b.ranks_not_ready) ob->add_ranks_not_ready(r);
+      }
+    }
+  }
+  return grpc::Status::OK;
+}
+
+}  // namespace gradsync::admin

@@ -1,0 +1,39 @@
+// The gradsync.admin.v1.Admin service: turns the daemon's snapshots (view.h) into replies, after
+// checking the caller (by the peer credentials its connection was accepted with).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "daemon/admin/view.h"
+#include "daemon/control/peer_credentials.h"
+#include "proto/admin.grpc.pb.h"
+
+namespace gradsync::admin {
+
+// The credentials of the caller gRPC names `peer`; false when unknown.
+using CallerLookup = std::function<bool(const std::string& peer, PeerCredentials* out)>;
+
+class AdminService final : public v1::Admin::Service {
+ public:
+  AdminService(DaemonView* view, CallerLookup caller) : view_(view), caller_(std::move(caller)) {}
+
+  grpc::Status GetStatus(grpc::ServerContext* context, const v1::GetStatusRequest* request,
+                         v1::GetStatusReply* reply) override;
+  grpc::Status ListJobs(grpc::ServerContext* context, const v1::ListJobsRequest* request,
+                        v1::ListJobsReply* reply) override;
+  grpc::Status ListClients(grpc::ServerContext* context, const v1::ListClientsRequest* request,
+                           v1::ListClientsReply* reply) override;
+  grpc::Status GetInFlight(grpc::ServerContext* context, const v1::GetInFlightRequest* request,
+                           v1::GetInFlightReply* reply) override;
+
+ private:
+  // Ok when the caller may read; PERMISSION_DENIED naming its uid otherwise.
+  grpc::Status check_reader(grpc::ServerContext* context) const;
+
+  DaemonView* view_;
+  CallerLookup caller_;
+};
+
+}  // namespace gradsync::admin

@@ -1,0 +1,159 @@
+#include "daemon/admin/daemon_view.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <optional>
+
+#include "shared/version.h"
+
+namespace gradsync::admin {
+namespace {
+
+// Runs `work` on the io thread and waits up to `within` for it; Unavailable when the io thread
+// did not get to it (busy, or hung: which is what the operator needs to know).
+template <class T, class F>
+Status on_io(boost::asio::io_context* io, std::chrono::milliseconds within, F work, T* out) {
+  auto result = std::make_shared<std::promise<T>>();
+  auto answer = result->get_future();
+  boost::asio::post(*io, [result, work = std::move(work)] { result->set_value(work()); });
+  if (answer.wait_for(within) != std::future_status::ready) {
+    return Status(ErrorCode::kTimeout, "gradsyncd's io thread did not answer within " + std::to_string(within.count()) +
+                                           " ms (busy, or hung)");
+  }
+  *out = answer.get();
+  return Status();
+}
+
+std::string ms(std::chrono::milliseconds value) { return std::to_string(value.count()); }
+
+}  // namespace
+
+bool IoDaemonView::allowed(uid_t uid) const {
+  if (uid == 0 || uid == ::getuid()) return true;
+  const auto& allowed = options_.config->allowed_uids;
+  return std::find(allowed.begin(), allowed.end(), uid) != allowed.end();
+}
+
+Status IoDaemonView::status(DaemonStatus* out) {
+  const DaemonConfig& c = *options_.config;
+  DaemonStatus s;
+  s.version = kGradsyncVersion;
+  s.uptime = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - started_);
+  s.pid = ::getpid();
+  s.uid = ::getuid();
+  s.backends = options_.backends->memory_kinds();
+  s.engines = options_.engines;
+  s.devices = options_.backends->devices();
+  s.control_socket = c.socket_path;
+  s.peer_address = options_.peer_address;
+  std::string allowed;
+  for (uid_t uid : c.allowed_uids) allowed += (allowed.empty() ? "" : ",") + std::to_string(uid);
+  std::string legacy;
+  for (uid_t uid : c.legacy_ipc_uids) legacy += (legacy.empty() ? "" : ",") + std::to_string(uid);
+  s.config = {{"socket", c.socket_path},
+              {"admin", c.admin_address},
+              {"timeout-ms", ms(c.default_timeout)},
+              {"max-timeout-ms", ms(c.max_timeout)},
+              {"execution-timeout-ms", ms(c.execution_timeout)},
+              {"reduce-threads", std::to_string(c.reduce_threads)},
+              {"allow-uid", allowed.empty() ? "(own user and root)" : allowed},
+              {"legacy-ipc-uid", legacy.empty() ? "(nobody)" : legacy},
+              {"nccl-keep-idle-s", std::to_string(c.nccl_keep_idle.count())},
+              {"log-level", std::string(log_level_name(c.log_level))},
+              {"peer-listen", c.peer_listen},
+              {"gloo-transport", c.gloo_transport}};
+  std::pair<uint32_t, uint32_t> counts{0, 0};
+  if (Status st = on_io(options_.io, options_.answer_within,
+                        [this] {
+                          return std::pair<uint32_t, uint32_t>(static_cast<uint32_t>(options_.registry->size()),
+                                                               static_cast<uint32_t>(options_.server->clients().size()));
+                        },
+                        &counts);
+      !st.ok()) {
+    return st;
+  }
+  s.jobs = counts.first;
+  s.clients = counts.second;
+  *out = std::move(s);
+  return Status();
+}
+
+Status IoDaemonView::jobs(std::vector<JobInfo>* out) {
+  return on_io(options_.io, options_.answer_within,
+               [this] {
+                 std::vector<JobInfo> all;
+                 for (const auto& job : options_.registry->jobs()) all.push_back(job->info());
+                 return all;
+               },
+               out);
+}
+
+Status IoDaemonView::clients(std::vector<ClientInfo>* out) {
+  return on_io(options_.io, options_.answer_within, [this] { return options_.server->clients(); }, out);
+}
+
+Status IoDaemonView::in_flight(const std::string& wanted, std::vector<JobOperations>* out) {
+  std::vector<std::shared_ptr<Job>> jobs;
+  if (Status s = on_io(options_.io, options_.answer_within,
+                       [this, wanted] {
+                         std::vector<std::shared_ptr<Job>> matching;
+                         for (const auto& job : options_.registry->jobs()) {
+                           if (wanted.empty() || job->params().id == wanted) matching.push_back(job);
+                         }
+                         return matching;
+                       },
+                       &jobs);
+      !s.ok()) {
+    return s;
+  }
+  if (!wanted.empty() && jobs.empty()) return Status::not_found("no job '" + wanted + "' on this gradsyncd");
+  // Every job's worker answers on its own thread; a worker that does not answer in time is
+  // reported as such rather than waited for.
+  struct Shared {
+    std::mutex mutex;
+    std::vector<std::optional<std::vector<PendingOperation>>> answers;
+  };
+  auto shared = std::make_shared<Shared>();
+  shared->answers.resize(jobs.size());
+  std::vector<std::future<void>> answered;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    auto done = std::make_shared<std::promise<void>>();
+    answered.push_back(done->get_future());
+    jobs[i]->in_flight([shared, i, done](std::vector<PendingOperation> ops) {
+      std::lock_guard lock(shared->mutex);
+      shared->answers[i] = std::move(ops);
+      done->set_value();
+    });
+  }
+  const auto deadline = std::chrono::steady_clock::now() + options_.answer_within;
+  for (auto& a : answered) a.wait_until(deadline);
+  std::vector<JobInfo> infos;
+  if (Status s = on_io(options_.io, options_.answer_within,
+                       [jobs] {
+                         std::vector<JobInfo> all;
+                         for (const auto& job : jobs) all.push_back(job->info());
+                         return all;
+                       },
+                       &infos);
+      !s.ok()) {
+    return s;
+  }
+  std::lock_guard lock(shared->mutex);
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    JobOperations entry;
+    entry.job = infos[i];
+    if (shared->answers[i]) {
+      entry.operations = *shared->answers[i];
+    } else {
+      entry.unavailable = "the job's worker thread did not answer within " + ms(options_.answer_within) + " ms";
+    }
+    out->push_back(std::move(entry));
+  }
+  return Status();
+}
+
+}  // namespace gradsync::admin

@@ -1,0 +1,45 @@
+// The daemon's side of the admin service: answers DaemonView from the io thread (and, for
+// operations in flight, from each job's worker thread), waiting a bounded time for them.
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "daemon/admin/view.h"
+#include "daemon/backend/factory.h"
+#include "daemon/config.h"
+#include "daemon/control/asio.h"
+#include "daemon/control/server.h"
+#include "daemon/job/registry.h"
+
+namespace gradsync::admin {
+
+struct IoDaemonViewOptions {
+  boost::asio::io_context* io = nullptr;
+  const DaemonConfig* config = nullptr;
+  JobRegistry* registry = nullptr;   // io thread only
+  ControlServer* server = nullptr;   // io thread only
+  BackendFactory* backends = nullptr;
+  std::vector<std::string> engines;  // "gloo/tcp", "nccl"
+  std::string peer_address;
+  std::chrono::milliseconds answer_within{2000};
+};
+
+class IoDaemonView final : public DaemonView {
+ public:
+  explicit IoDaemonView(IoDaemonViewOptions options)
+      : options_(std::move(options)), started_(std::chrono::steady_clock::now()) {}
+
+  Status status(DaemonStatus* out) override;
+  Status jobs(std::vector<JobInfo>* out) override;
+  Status clients(std::vector<ClientInfo>* out) override;
+  Status in_flight(const std::string& job, std::vector<JobOperations>* out) override;
+  bool allowed(uid_t uid) const override;
+
+ private:
+  IoDaemonViewOptions options_;
+  std::chrono::steady_clock::time_point started_;
+};
+
+}  // namespace gradsync::admin

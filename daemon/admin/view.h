@@ -1,0 +1,52 @@
+// DaemonView: what the admin service asks the daemon. The daemon answers from the threads that
+// own its state (the io thread; a job's worker thread for its operations), so a call may wait;
+// each returns Unavailable, naming what did not answer, rather than block past its bound: a
+// daemon whose io thread hangs is exactly what an operator wants to learn.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "daemon/admin/snapshot.h"
+#include "shared/status.h"
+
+namespace gradsync::admin {
+
+struct DaemonStatus {
+  std::string version;
+  std::chrono::milliseconds uptime{0};
+  pid_t pid = 0;
+  uid_t uid = 0;
+  std::vector<std::string> backends;
+  std::vector<std::string> engines;
+  std::string devices;
+  std::vector<std::pair<std::string, std::string>> config;
+  uint32_t jobs = 0;
+  uint32_t clients = 0;
+  std::string control_socket;
+  std::string peer_address;
+};
+
+struct JobOperations {
+  JobInfo job;
+  std::vector<PendingOperation> operations;
+  std::string unavailable;  // why there are no operations to show (a worker that did not answer)
+};
+
+class DaemonView {
+ public:
+  virtual ~DaemonView() = default;
+  virtual Status status(DaemonStatus* out) = 0;
+  virtual Status jobs(std::vector<JobInfo>* out) = 0;
+  virtual Status clients(std::vector<ClientInfo>* out) = 0;
+  // Every job's (or the named job's) operations not finished yet.
+  virtual Status in_flight(const std::string& job, std::vector<JobOperations>* out) = 0;
+  // Who may call the admin service at all: the users allowed on the control socket.
+  virtual bool allowed(uid_t uid) const = 0;
+};
+
+}  // namespace gradsync::admin

@@ -1,0 +1,173 @@
+// The admin service and gradsyncctl against a real gradsyncd with real clients: status, jobs
+// and clients as tables and JSON; a stalled job whose in-flight view names the rank that has
+// not submitted and the rank and bucket not marked ready; access refused to a user the daemon
+// does not allow; a daemon that is not there; bad usage. Each failure has its exit status.
+#include <catch2/catch.hpp>
+#include <pwd.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <iterator>
+#include <regex>
+#include <string>
+#include <thread>
+
+#include "tests/integration/harness.h"
+
+namespace gradsync::test {
+namespace {
+
+using namespace std::chrono_literals;
+
+struct CtlRun {
+  int code = -1;
+  std::string output;  // stdout and stderr
+};
+
+// Runs gradsyncctl with `args` (a shell fragment), as `user` when given.
+CtlRun ctl(const std::string& admin, const std::string& args, const std::string& user = {}) {
+  std::string command = std::string(GRADSYNCCTL_BINARY) + " --admin unix:" + admin + " " + args + " 2>&1";
+  if (!user.empty()) command = "/usr/bin/setpriv --reuid " + user + " --regid " + user + " --clear-groups " + command;
+  CtlRun run;
+  FILE* pipe = ::popen(command.c_str(), "r");
+  REQUIRE(pipe != nullptr);
+  char buffer[4096];
+  size_t n = 0;
+  while ((n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0) run.output.append(buffer, n);
+  const int status = ::pclose(pipe);
+  run.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return run;
+}
+
+// The admin socket beside the control socket (gradsyncd's default).
+std::string admin_of(const TestDaemon& daemon) {
+  const std::string& socket = daemon.socket();
+  const auto slash = socket.rfind('/');
+  return socket.substr(slash + 1) == "gradsync.sock" ? socket.substr(0, slash) + "/admin.sock" : socket + ".admin";
+}
+
+// Lets other users reach the daemon's sockets (the test daemon's folder is private).
+void open_folder(const TestDaemon& daemon) {
+  const std::string dir = daemon.socket().substr(0, daemon.socket().rfind('/'));
+  REQUIRE(::chmod(dir.c_str(), 0755) == 0);
+}
+
+const std::vector<TensorSpec> kSpecs = {{DType::kFloat32, 1000}, {DType::kFloat32, 1000}, {DType::kFloat32, 1000},
+                                        {DType::kFloat32, 1000}};
+
+}  // namespace
+
+TEST_CASE("admin: status, jobs and clients of a live daemon, as tables and JSON", "[integration][admin]") {
+  TestDaemon daemon;
+  const std::string job = unique_job("admin-list");
+  Latch listed[2];  // one per client: a latch wakes one waiter
+  ClientGroup group(2, [&](int rank) {
+    auto client = join(daemon.socket(), job, rank, 2);
+    const TensorSet set = client->register_tensors(client->allocate_flat(kSpecs), {});
+    if (!client->allreduce(set, ReduceOptions{}).wait(10s)) return fail("step timed out");
+    return listed[rank].wait(60s) ? kOk : fail("the test never listed");
+  });
+  // Until both joined, registered and stepped.
+  CtlRun jobs;
+  for (int i = 0; i < 200; ++i) {
+    jobs = ctl(admin_of(daemon), "jobs");
+    if (jobs.output.find(" 1 ") != std::string::npos && jobs.output.find(job) != std::string::npos) break;
+    std::this_thread::sleep_for(50ms);
+  }
+  INFO(jobs.output);
+  CHECK(jobs.code == 0);
+  CHECK_THAT(jobs.output, Catch::Contains("JOB") && Catch::Contains(job) && Catch::Contains("running") &&
+                              Catch::Contains("0,1") && Catch::Contains("31.2 KiB"));  // 2 ranks x 16000 bytes
+  const CtlRun json = ctl(admin_of(daemon), "jobs --json");
+  INFO(json.output);
+  CHECK(json.code == 0);
+  CHECK_THAT(json.output, Catch::Contains("\"id\": \"" + job + "\"") && Catch::Contains("\"operationsDone\": \"1\"") &&
+                              Catch::Contains("\"registeredBytes\": \"32000\""));
+  const CtlRun clients = ctl(admin_of(daemon), "clients");
+  INFO(clients.output);
+  CHECK(clients.code == 0);
+  CHECK_THAT(clients.output, Catch::Contains(std::to_string(group.pid(0))) &&
+                                 Catch::Contains(std::to_string(group.pid(1))) && Catch::Contains("joined"));
+  const CtlRun status = ctl(admin_of(daemon), "status");
+  INFO(status.output);
+  CHECK(status.code == 0);
+  CHECK_THAT(status.output, Catch::Contains("gradsyncd 0.") && Catch::Contains("jobs: 1, clients: 2") &&
+                                Catch::Contains("timeout-ms") && Catch::Contains("host memfd"));
+  for (const Latch& l : listed) l.open();
+  for (int s : group.wait_all(60s)) CHECK(exit_code(s) == kOk);
+}
+
+TEST_CASE("admin: inflight names the rank and the bucket that hold a stalled job", "[integration][admin]") {
+  TestDaemon daemon({"--timeout-ms", "30000"});
+  const std::string job = unique_job("admin-stall");
+  Latch seen[2];
+  ClientGroup group(2, [&](int rank) {
+    auto client = join(daemon.socket(), job, rank, 2);
+    const TensorSet set = client->register_tensors(client->allocate_flat(kSpecs), RegisterOptions{1 << 12});
+    Work work = client->allreduce_deferred(set, ReduceOptions{});
+    // One tensor per bucket, launched in order 0, 1, 2, 3; rank 1 never marks tensor 2.
+    for (uint32_t t = 0; t < 4; ++t) {
+      if (rank == 1 && t == 2) continue;
+      client->mark_ready(set, t);
+    }
+    return seen[rank].wait(60s) ? kOk : fail("the test never saw the stall");
+  });
+  CtlRun inflight;
+  for (int i = 0; i < 200; ++i) {
+    inflight = ctl(admin_of(daemon), "inflight --json " + job);
+    if (inflight.output.find("ranksNotReady") != std::string::npos) break;
+    std::this_thread::sleep_for(50ms);
+  }
+  INFO(inflight.output);
+  CHECK(inflight.code == 0);
+  // Exactly one bucket waits, for rank 1 (its tensor 2); the later buckets wait behind it,
+  // every rank having marked them.
+  const std::regex not_ready_on_1(R"("ranksNotReady": \[\s*1\s*\])");
+  CHECK(std::distance(std::sregex_iterator(inflight.output.begin(), inflight.output.end(), not_ready_on_1),
+                      std::sregex_iterator()) == 1);
+  CHECK_THAT(inflight.output, Catch::Contains("\"ranksNotSubmitted\": []"));
+  const CtlRun table = ctl(admin_of(daemon), "inflight " + job);
+  INFO(table.output);
+  CHECK(table.code == 0);
+  CHECK(std::regex_search(table.output, std::regex(R"(\n\s+1\s+allreduce\(avg, divide after\) on set 0\s+\d+ ms\s+-\s+\d\s+dp\s+3\.9 KiB\s+1\n)")));
+  const CtlRun unknown = ctl(admin_of(daemon), "inflight no-such-job");
+  CHECK(unknown.code == 1);
+  CHECK_THAT(unknown.output, Catch::Contains("no job 'no-such-job'"));
+  for (const Latch& l : seen) l.open();
+  for (int s : group.wait_all(60s)) CHECK(exit_code(s) == kOk);
+}
+
+TEST_CASE("admin: a user not allowed on the daemon is refused, with its own exit status", "[integration][admin]") {
+  passwd* entry = ::getpwnam("gradsync-test");
+  if (!entry) REQUIRE(std::system("useradd --system --no-create-home --shell /usr/sbin/nologin gradsync-test >/dev/null 2>&1") == 0);
+  entry = ::getpwnam("gradsync-test");
+  REQUIRE(entry != nullptr);
+  TestDaemon daemon;
+  open_folder(daemon);
+  const CtlRun refused = ctl(admin_of(daemon), "jobs", std::to_string(entry->pw_uid));
+  INFO(refused.output);
+  CHECK(refused.code == 4);
+  CHECK_THAT(refused.output, Catch::Contains("access denied") &&
+                                 Catch::Contains("uid " + std::to_string(entry->pw_uid) + " is not allowed") &&
+                                 Catch::Contains("--allow-uid"));
+  TestDaemon open_to_it({"--allow-uid", std::to_string(entry->pw_uid)});
+  open_folder(open_to_it);
+  const CtlRun allowed = ctl(admin_of(open_to_it), "jobs", std::to_string(entry->pw_uid));
+  INFO(allowed.output);
+  CHECK(allowed.code == 0);
+}
+
+TEST_CASE("admin: no daemon, and bad usage, each with its exit status", "[integration][admin]") {
+  const CtlRun absent = ctl("/tmp/gradsync-no-such-daemon/admin.sock", "status");
+  CHECK(absent.code == 3);
+  CHECK_THAT(absent.output, Catch::Contains("cannot reach gradsyncd at unix:/tmp/gradsync-no-such-daemon/admin.sock"));
+  const CtlRun bad = ctl("/tmp/x.sock", "frobnicate");
+  CHECK(bad.code == 2);
+  CHECK_THAT(bad.output, Catch::Contains("unknown command 'frobnicate'") && Catch::Contains("Usage: gradsyncctl"));
+  CHECK(ctl("/tmp/x.sock", "jobs --watch 0").code == 2);
+  CHECK(ctl("/tmp/x.sock", "--help").code == 0);
+}
+
+}  // namespace gradsync::test
