@@ -1,5 +1,6 @@
 """Clear errors: no daemon, torchrun's variables missing, the daemon killed mid-step, bad input."""
 import os
+import select
 import subprocess
 import sys
 import time
@@ -51,8 +52,18 @@ def test_daemon_killed_mid_step_raises_instead_of_hanging(daemon):
         env["RANK"] = env["LOCAL_RANK"] = str(rank)
         procs.append(subprocess.Popen([sys.executable, script, "killed-daemon"], env=dict(env), text=True,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
-    # Both are in their step (rank 0 waiting on an operation rank 1 never submits).
-    time.sleep(3)
+    # Until rank 0 is in its second step, waiting on an operation rank 1 never submits (however
+    # long a loaded machine takes to import torch).
+    first_line = ""
+    deadline = time.monotonic() + 120
+    while "waiting" not in first_line and time.monotonic() < deadline:
+        ready, _, _ = select.select([procs[0].stdout], [], [], 1)
+        if ready:
+            first_line = procs[0].stdout.readline()
+            if not first_line:
+                break
+    assert "waiting" in first_line, first_line
+    time.sleep(0.2)  # it is inside wait() now
     killed_at = time.monotonic()
     daemon.kill()
     out0, _ = procs[0].communicate(timeout=30)
