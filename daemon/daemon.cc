@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <csignal>
+#include <cstdlib>
 
 #include "shared/version.h"
 
@@ -69,7 +70,8 @@ Daemon::Daemon(DaemonConfig config)
     if (device_engines_) view.engines.push_back("nccl (loaded on first use)");
     view.peer_address = host + ":" + std::to_string(peer_->port());
     admin_view_ = std::make_unique<admin::IoDaemonView>(std::move(view));
-    admin_ = std::make_unique<admin::AdminServer>(admin::AdminServerOptions{config_.admin_address, admin_view_.get(), log_});
+    admin_ = std::make_unique<admin::AdminServer>(
+        admin::AdminServerOptions{config_.admin_address, admin_view_.get(), log_, !config_.allowed_uids.empty()});
   }
 }
 
@@ -88,7 +90,18 @@ Daemon::~Daemon() {
 
 // Shutdown lets the io_context run dry instead of stopping it: every session leaves its job
 // and releases its segments on the io thread, before the registry and the pool go away.
+void Daemon::ping_watchdog() {
+  systemd_.notify("WATCHDOG=1");
+  watchdog_timer_.expires_after(*systemd_.watchdog_period());
+  watchdog_timer_.async_wait([this](const boost::system::error_code& ec) {
+    if (!ec) ping_watchdog();
+  });
+}
+
 void Daemon::stop() {
+  if (!stopping_) systemd_.notify("STOPPING=1");
+  stopping_ = true;
+  watchdog_timer_.cancel();
   const Status why = Status::aborted("gradsyncd is shutting down");
   registry_->fail_all(why);
   server_->stop(why);
@@ -108,6 +121,19 @@ int Daemon::run() {
   server_->start();
   log_.info(std::string("gradsyncd ") + kGradsyncVersion + " ready (" + std::to_string(pool_.size()) +
             " reduce threads, default timeout " + std::to_string(config_.default_timeout.count()) + " ms)");
+  // Every socket listens now (control, admin, peer service).
+  systemd_.notify("READY=1\nSTATUS=serving on " + config_.socket_path + "\nMAINPID=" + std::to_string(::getpid()));
+  if (systemd_.watchdog_period()) ping_watchdog();
+  // A test hook: blocks the io thread after the given time, so a test sees the watchdog pings
+  // stop (what makes systemd restart a hung daemon). Not for production use.
+  if (const char* hang = std::getenv("GRADSYNCD_TEST_HANG_IO_AFTER_MS"); hang && *hang) {
+    auto timer = std::make_shared<boost::asio::steady_timer>(io_, std::chrono::milliseconds(std::atoll(hang)));
+    timer->async_wait([timer, this](const boost::system::error_code& ec) {
+      if (ec) return;
+      log_.warning("GRADSYNCD_TEST_HANG_IO_AFTER_MS: blocking the io thread for good (a test hook)");
+      for (;;) ::pause();
+    });
+  }
   io_.run();
   return 0;
 }

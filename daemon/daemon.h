@@ -15,6 +15,7 @@
 #include "daemon/job/registry.h"
 #include "daemon/peer/peer_server.h"
 #include "daemon/util/log.h"
+#include "daemon/util/sd_notify.h"
 #include "daemon/util/thread_pool.h"
 
 namespace gradsync {
@@ -45,6 +46,12 @@ class Daemon {
   std::unique_ptr<ControlServer> server_;
   std::unique_ptr<admin::IoDaemonView> admin_view_;  // before the admin server, which uses it
   std::unique_ptr<admin::AdminServer> admin_;
+  // systemd: READY=1 once every socket listens, WATCHDOG=1 from a timer on the io thread (so
+  // the pings stop if that thread hangs), STOPPING=1 at shutdown.
+  SystemdNotifier systemd_;
+  boost::asio::steady_timer watchdog_timer_{io_};
+  bool stopping_ = false;  // stop() ran (it may run again, from the destructor)
+  void ping_watchdog();
 };
 
 }  // namespace gradsync

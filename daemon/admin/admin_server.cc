@@ -52,8 +52,9 @@ AdminServer::AdminServer(AdminServerOptions options) : options_(std::move(option
     ::close(listen_fd_);
     throw Error(status);
   }
-  // Anyone may connect; each call is judged by the caller's uid (SO_PEERCRED).
-  ::chmod(path_.c_str(), 0666);
+  // Each call is judged by the caller's uid (SO_PEERCRED); the mode only keeps out those who
+  // could never be allowed, as the control socket's does.
+  ::chmod(path_.c_str(), options_.others_allowed ? 0666 : 0600);
   if (::listen(listen_fd_, 64) != 0) {
     const Status status = fail(path_, "listen");
     ::close(listen_fd_);

@@ -32,6 +32,9 @@ struct AdminServerOptions {
   std::string address;  // "unix:/run/gradsync/admin.sock"
   DaemonView* view = nullptr;  // outlives the server
   Logger log;
+  // Whether users other than the daemon's own and root may connect (--allow-uid): the socket
+  // is then 0666, else 0600, like the control socket; each call is judged by uid either way.
+  bool others_allowed = false;
 };
 
 class AdminServer {
