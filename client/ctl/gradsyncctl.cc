@@ -65,7 +65,9 @@ int usage_error(const std::string& message) {
 int rpc_failed(const grpc::Status& status, const Options& o) {
   if (status.error_code() == grpc::StatusCode::UNAVAILABLE &&
       status.error_message().find("Permission denied") != std::string::npos) {
-    std::fprintf(stderr, "gradsyncctl: access denied: cannot open gradsyncd's admin socket %s (its file permissions)\n",
+    std::fprintf(stderr,
+                 "gradsyncctl: access denied: cannot open gradsyncd's admin socket %s (its file permissions: the "
+                 "daemon admits only its own user and root unless started with --allow-uid)\n",
                  o.admin.c_str());
     return kDenied;
   }

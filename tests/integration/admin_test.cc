@@ -144,9 +144,18 @@ TEST_CASE("admin: a user not allowed on the daemon is refused, with its own exit
   if (!entry) REQUIRE(std::system("useradd --system --no-create-home --shell /usr/sbin/nologin gradsync-test >/dev/null 2>&1") == 0);
   entry = ::getpwnam("gradsync-test");
   REQUIRE(entry != nullptr);
-  TestDaemon daemon;
+  const std::string uid = std::to_string(entry->pw_uid);
+  // A daemon for its own user and root only: its sockets are closed to others.
+  TestDaemon closed;
+  open_folder(closed);
+  const CtlRun shut_out = ctl(admin_of(closed), "jobs", uid);
+  INFO(shut_out.output);
+  CHECK(shut_out.code == 4);
+  CHECK_THAT(shut_out.output, Catch::Contains("access denied") && Catch::Contains("--allow-uid"));
+  // A daemon open to another user: the socket opens, and the call is refused by uid.
+  TestDaemon daemon({"--allow-uid", "54321"});
   open_folder(daemon);
-  const CtlRun refused = ctl(admin_of(daemon), "jobs", std::to_string(entry->pw_uid));
+  const CtlRun refused = ctl(admin_of(daemon), "jobs", uid);
   INFO(refused.output);
   CHECK(refused.code == 4);
   CHECK_THAT(refused.output, Catch::Contains("access denied") &&
