@@ -27,8 +27,12 @@ std::string advertise_host(const DaemonConfig& config) {
 
 }  // namespace
 
-Daemon::Daemon(DaemonConfig config)
-    : config_(std::move(config)), log_(config_.log_level), signals_(io_, SIGINT, SIGTERM), pool_(config_.reduce_threads) {
+Daemon::Daemon(DaemonConfig config, std::function<ParsedConfig()> reparse)
+    : config_(std::move(config)),
+      log_(config_.log_level),
+      signals_(io_, SIGINT, SIGTERM),
+      pool_(config_.reduce_threads),
+      reparse_(std::move(reparse)) {
   // A client that vanishes mid-write must not kill the daemon.
   std::signal(SIGPIPE, SIG_IGN);
   // Every client connection holds a few descriptors while it sets up; use what the hard limit
@@ -62,7 +66,7 @@ Daemon::Daemon(DaemonConfig config)
   if (config_.admin_address != "none") {
     admin::IoDaemonViewOptions view;
     view.io = &io_;
-    view.config = &config_;
+    view.config = config_;
     view.registry = registry_.get();
     view.server = server_.get();
     view.backends = backends_.get();
@@ -90,6 +94,67 @@ Daemon::~Daemon() {
 
 // Shutdown lets the io_context run dry instead of stopping it: every session leaves its job
 // and releases its segments on the io thread, before the registry and the pool go away.
+void Daemon::wait_for_reload() {
+  reload_signals_.async_wait([this](const boost::system::error_code& ec, int) {
+    if (ec) return;
+    reload();
+    wait_for_reload();
+  });
+}
+
+// On the io thread. Applies the log level, the job bounds (for new jobs) and the allowed users
+// (for new connections); anything else needs a restart, and says so. An invalid configuration
+// changes nothing.
+void Daemon::reload() {
+  if (!reparse_) {
+    log_.warning("SIGHUP: this gradsyncd cannot reload its configuration; ignored");
+    return;
+  }
+  ParsedConfig parsed = reparse_();
+  if (!parsed.config) {
+    log_.error("SIGHUP: the configuration was rejected, the old one stays in effect: " + parsed.message);
+    return;
+  }
+  DaemonConfig next = *parsed.config;
+  std::vector<std::string> changed, need_restart;
+  const auto note = [&](bool differs, const char* name, bool live) {
+    if (differs) (live ? changed : need_restart).push_back(name);
+  };
+  note(next.log_level != config_.log_level, "log-level", true);
+  note(next.default_timeout != config_.default_timeout, "timeout-ms", true);
+  note(next.max_timeout != config_.max_timeout, "max-timeout-ms", true);
+  note(next.execution_timeout != config_.execution_timeout, "execution-timeout-ms", true);
+  note(next.allowed_uids != config_.allowed_uids, "allow-uid", true);
+  note(next.socket_path != config_.socket_path, "socket", false);
+  note(next.admin_address != config_.admin_address, "admin", false);
+  note(next.reduce_threads != config_.reduce_threads, "reduce-threads", false);
+  note(next.peer_listen != config_.peer_listen, "peer-listen", false);
+  note(next.peer_advertise_host != config_.peer_advertise_host, "peer-advertise", false);
+  note(next.gloo_transport != config_.gloo_transport || next.gloo_iface != config_.gloo_iface ||
+           next.gloo_ib_device != config_.gloo_ib_device,
+       "gloo-*", false);
+  note(next.legacy_ipc_uids != config_.legacy_ipc_uids, "legacy-ipc-uid", false);
+  note(next.nccl_keep_idle != config_.nccl_keep_idle, "nccl-keep-idle-s", false);
+  log_.set_level(next.log_level);
+  registry_->set_timeouts(next.default_timeout, next.max_timeout, next.execution_timeout);
+  server_->set_allowed_uids(next.allowed_uids);
+  // What needs a restart keeps its running value, so status shows what is in effect.
+  config_.log_level = next.log_level;
+  config_.default_timeout = next.default_timeout;
+  config_.max_timeout = next.max_timeout;
+  config_.execution_timeout = next.execution_timeout;
+  config_.allowed_uids = next.allowed_uids;
+  if (admin_view_) admin_view_->set_config(config_);
+  std::string text;
+  for (const auto& c : changed) text += (text.empty() ? "" : ", ") + c;
+  log_.info("SIGHUP: configuration reloaded" + (text.empty() ? std::string(", nothing changed") : "; applied: " + text +
+                                                                                   " (the bounds apply to new jobs, "
+                                                                                   "allow-uid to new connections)"));
+  for (const auto& name : need_restart) {
+    log_.warning("SIGHUP: " + name + " changed in the configuration; it takes effect when gradsyncd restarts");
+  }
+}
+
 void Daemon::ping_watchdog() {
   systemd_.notify("WATCHDOG=1");
   watchdog_timer_.expires_after(*systemd_.watchdog_period());
@@ -102,6 +167,8 @@ void Daemon::stop() {
   if (!stopping_) systemd_.notify("STOPPING=1");
   stopping_ = true;
   watchdog_timer_.cancel();
+  boost::system::error_code ignored;
+  reload_signals_.cancel(ignored);
   const Status why = Status::aborted("gradsyncd is shutting down");
   registry_->fail_all(why);
   server_->stop(why);
@@ -119,6 +186,7 @@ int Daemon::run() {
     stop();
   });
   server_->start();
+  wait_for_reload();
   log_.info(std::string("gradsyncd ") + kGradsyncVersion + " ready (" + std::to_string(pool_.size()) +
             " reduce threads, default timeout " + std::to_string(config_.default_timeout.count()) + " ms)");
   // Every socket listens now (control, admin, peer service).

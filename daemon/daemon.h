@@ -2,6 +2,7 @@
 // server, and runs until SIGTERM or SIGINT. Two Daemons can live in one process (tests).
 #pragma once
 
+#include <functional>
 #include <memory>
 
 #include "daemon/admin/admin_server.h"
@@ -22,8 +23,9 @@ namespace gradsync {
 
 class Daemon {
  public:
-  // Binds the control socket; throws Error when it cannot.
-  explicit Daemon(DaemonConfig config);
+  // Binds the control socket; throws Error when it cannot. `reparse` reads the configuration
+  // again (the same flags and file) for SIGHUP; without it SIGHUP is logged and ignored.
+  explicit Daemon(DaemonConfig config, std::function<ParsedConfig()> reparse = {});
   ~Daemon();
 
   // Serves until a stop signal or stop(); returns the process exit code.
@@ -51,6 +53,11 @@ class Daemon {
   SystemdNotifier systemd_;
   boost::asio::steady_timer watchdog_timer_{io_};
   bool stopping_ = false;  // stop() ran (it may run again, from the destructor)
+  // SIGHUP: reads the configuration again and applies what can change without a restart.
+  std::function<ParsedConfig()> reparse_;
+  boost::asio::signal_set reload_signals_{io_, SIGHUP};
+  void wait_for_reload();
+  void reload();
   void ping_watchdog();
 };
 

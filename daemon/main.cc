@@ -11,7 +11,8 @@ int main(int argc, char** argv) {
     return parsed.exit_code;
   }
   try {
-    gradsync::Daemon daemon(*parsed.config);
+    // SIGHUP reads the same flags and configuration file again.
+    gradsync::Daemon daemon(*parsed.config, [argc, argv] { return gradsync::parse_daemon_config(argc, argv); });
     return daemon.run();
   } catch (const gradsync::Error& e) {
     std::fprintf(stderr, "gradsyncd: %s\n", e.what());

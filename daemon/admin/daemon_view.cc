@@ -32,14 +32,27 @@ std::string ms(std::chrono::milliseconds value) { return std::to_string(value.co
 
 }  // namespace
 
+DaemonConfig IoDaemonView::config() const {
+  std::lock_guard lock(config_mutex_);
+  return options_.config;
+}
+
+void IoDaemonView::set_config(const DaemonConfig& config) {
+  std::lock_guard lock(config_mutex_);
+  options_.config = config;
+}
+
+// The control socket's rule (root, and the daemon's own user unless --allow-uid lists users).
 bool IoDaemonView::allowed(uid_t uid) const {
-  if (uid == 0 || uid == ::getuid()) return true;
-  const auto& allowed = options_.config->allowed_uids;
+  if (uid == 0) return true;
+  std::lock_guard lock(config_mutex_);
+  const auto& allowed = options_.config.allowed_uids;
+  if (allowed.empty()) return uid == ::geteuid();
   return std::find(allowed.begin(), allowed.end(), uid) != allowed.end();
 }
 
 Status IoDaemonView::status(DaemonStatus* out) {
-  const DaemonConfig& c = *options_.config;
+  const DaemonConfig c = config();
   DaemonStatus s;
   s.version = kGradsyncVersion;
   s.uptime = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - started_);

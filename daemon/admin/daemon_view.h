@@ -3,6 +3,7 @@
 #pragma once
 
 #include <chrono>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -17,7 +18,7 @@ namespace gradsync::admin {
 
 struct IoDaemonViewOptions {
   boost::asio::io_context* io = nullptr;
-  const DaemonConfig* config = nullptr;
+  DaemonConfig config;  // in effect; replaced by set_config() (SIGHUP)
   JobRegistry* registry = nullptr;   // io thread only
   ControlServer* server = nullptr;   // io thread only
   BackendFactory* backends = nullptr;
@@ -36,9 +37,13 @@ class IoDaemonView final : public DaemonView {
   Status clients(std::vector<ClientInfo>* out) override;
   Status in_flight(const std::string& job, std::vector<JobOperations>* out) override;
   bool allowed(uid_t uid) const override;
+  void set_config(const DaemonConfig& config);
 
  private:
+  DaemonConfig config() const;
+
   IoDaemonViewOptions options_;
+  mutable std::mutex config_mutex_;  // guards options_.config
   std::chrono::steady_clock::time_point started_;
 };
 

@@ -47,6 +47,14 @@ class JobRegistry {
 
   size_t size() const { return jobs_.size(); }
 
+  // SIGHUP: the bounds new jobs get (running jobs keep theirs).
+  void set_timeouts(std::chrono::milliseconds default_timeout, std::chrono::milliseconds max_timeout,
+                    std::chrono::milliseconds execution_timeout) {
+    options_.default_timeout = default_timeout;
+    options_.max_timeout = max_timeout;
+    options_.execution.timeout = execution_timeout;
+  }
+
   // Every job, for the admin service.
   std::vector<std::shared_ptr<Job>> jobs() const {
     std::vector<std::shared_ptr<Job>> all;

@@ -4,6 +4,8 @@
 //   2026-11-29T14:03:12.123Z W gradsyncd: job=resnet rank=2: client pid 4242 disconnected
 #pragma once
 
+#include <atomic>
+#include <memory>
 #include <string>
 #include <string_view>
 
@@ -18,12 +20,16 @@ std::string_view log_level_name(LogLevel level);
 class Logger {
  public:
   explicit Logger(LogLevel level = LogLevel::kInfo, std::string context = "gradsyncd")
-      : level_(level), context_(std::move(context)) {}
+      : level_(std::make_shared<std::atomic<LogLevel>>(level)), context_(std::move(context)) {}
 
-  // A logger whose lines also carry `more` (e.g. "job=resnet").
+  // A logger whose lines also carry `more` (e.g. "job=resnet"). It shares this one's level.
   Logger with(std::string_view more) const { return Logger(level_, context_ + " " + std::string(more)); }
 
-  bool enabled(LogLevel level) const { return level >= level_; }
+  // Changes the level of this logger and of every one derived from it or copied (SIGHUP).
+  void set_level(LogLevel level) const { level_->store(level); }
+  LogLevel level() const { return level_->load(); }
+
+  bool enabled(LogLevel level) const { return level >= level_->load(std::memory_order_relaxed); }
   void log(LogLevel level, std::string_view message) const;
   void debug(std::string_view m) const { log(LogLevel::kDebug, m); }
   void info(std::string_view m) const { log(LogLevel::kInfo, m); }
@@ -31,7 +37,10 @@ class Logger {
   void error(std::string_view m) const { log(LogLevel::kError, m); }
 
  private:
-  LogLevel level_;
+  Logger(std::shared_ptr<std::atomic<LogLevel>> level, std::string context)
+      : level_(std::move(level)), context_(std::move(context)) {}
+
+  std::shared_ptr<std::atomic<LogLevel>> level_;  // shared by copies and derived loggers
   std::string context_;
 };
 

@@ -1,0 +1,85 @@
+// SIGHUP: gradsyncd reads its configuration file again. A valid change takes effect (the job
+// bounds, the log level, the allowed users) and is logged; one that needs a restart says so; an
+// invalid file is rejected with a log line naming the problem, and the old configuration stays.
+#include <catch2/catch.hpp>
+#include <sys/wait.h>
+
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <thread>
+
+#include "tests/integration/harness.h"
+
+namespace gradsync::test {
+namespace {
+
+using namespace std::chrono_literals;
+
+std::string status_of(const TestDaemon& daemon) {
+  const std::string socket = daemon.socket();
+  const std::string admin = socket.substr(0, socket.rfind('/')) + "/admin.sock";
+  FILE* pipe = ::popen((std::string(GRADSYNCCTL_BINARY) + " --admin unix:" + admin + " status 2>&1").c_str(), "r");
+  REQUIRE(pipe != nullptr);
+  std::string out;
+  char buffer[4096];
+  size_t n = 0;
+  while ((n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0) out.append(buffer, n);
+  ::pclose(pipe);
+  return out;
+}
+
+void write_file(const std::string& path, const std::string& text) {
+  std::ofstream(path, std::ios::trunc) << text;
+}
+
+// Waits until the daemon's log has `text` `count` times.
+bool logged(const TestDaemon& daemon, const std::string& text, size_t count = 1) {
+  for (int i = 0; i < 200; ++i) {
+    const std::string log = daemon.log();
+    size_t found = 0;
+    for (size_t at = log.find(text); at != std::string::npos; at = log.find(text, at + 1)) ++found;
+    if (found >= count) return true;
+    std::this_thread::sleep_for(25ms);
+  }
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("reload: SIGHUP applies a valid configuration file and rejects an invalid one", "[integration][reload]") {
+  char dir[] = "/tmp/gradsync-reload-XXXXXX";
+  REQUIRE(::mkdtemp(dir) != nullptr);
+  const std::string file = std::string(dir) + "/gradsyncd.conf";
+  // (The test daemon's command line sets --log-level and --peer-listen, which win over the file.)
+  write_file(file, "timeout-ms = 30000\n");
+  TestDaemon daemon({"--config", file});
+  CHECK_THAT(status_of(daemon), Catch::Contains("timeout-ms            30000"));
+
+  write_file(file, "timeout-ms = 1234\nallow-uid = 4242\nallow-uid = 0\nreduce-threads = 1\n");
+  daemon.process().signal(SIGHUP);
+  REQUIRE(logged(daemon, "SIGHUP: configuration reloaded; applied: timeout-ms, allow-uid"));
+  CHECK(logged(daemon, "SIGHUP: reduce-threads changed in the configuration; it takes effect when gradsyncd restarts"));
+  std::string status = status_of(daemon);
+  INFO(status);
+  CHECK_THAT(status, Catch::Contains("timeout-ms            1234") && Catch::Contains("allow-uid             4242,0") &&
+                         Catch::Contains("reduce-threads        2"));  // still the running value
+  // A job formed now gets the new bound (the daemon reports it at join).
+  auto client = join(daemon.socket(), unique_job("reload"), 0, 1);
+  CHECK(client->job_timeout() == 1234ms);
+
+  write_file(file, "timeout-ms = banana\n");
+  daemon.process().signal(SIGHUP);
+  REQUIRE(logged(daemon, "SIGHUP: the configuration was rejected, the old one stays in effect"));
+  CHECK_THAT(daemon.log(), Catch::Contains("banana"));
+  status = status_of(daemon);
+  INFO(status);
+  CHECK_THAT(status, Catch::Contains("timeout-ms            1234"));
+  CHECK(daemon.running());
+  client.reset();
+  ::unlink(file.c_str());
+  ::rmdir(dir);
+}
+
+}  // namespace gradsync::test
