@@ -1,6 +1,6 @@
 // gradsyncctl: the operator's view of a gradsyncd, over its admin service (proto/admin.proto).
 //
-//   gradsyncctl [--admin unix:PATH] [--json] [--watch SECONDS] status|jobs|clients|inflight [JOB]
+//   gradsyncctl [--admin unix:PATH] [--json] [--watch SECONDS] status|jobs|clients|stats [JOB]|inflight [JOB]
 //
 // Exit status: 0 ok; 1 the daemon answered with an error; 2 bad usage; 3 the daemon is not
 // reachable (not running, or no admin socket there); 4 access denied.
@@ -37,13 +37,15 @@ const char kUsageText[] =
     "  status           version, uptime, backends, devices, the configuration in effect\n"
     "  jobs             every job: state, ranks, sets, operations done and pending, last error\n"
     "  clients          every connected trainer: pid, uid, job, rank, state, idle time\n"
+    "  stats [JOB]      operations, bytes, latency quantiles, waiting vs executing, and each\n"
+    "                   rank's readiness lag behind the first: who is the straggler\n"
     "  inflight [JOB]   operations not finished, and which ranks have not submitted them or\n"
     "                   marked which buckets ready: who holds a stalled job\n"
     "\n"
     "Options:\n"
     "  --admin ADDR     the daemon's admin socket (default $GRADSYNC_ADMIN, else unix:/run/gradsync/admin.sock)\n"
     "  --json           print the reply as JSON (for scripts)\n"
-    "  --watch SECONDS  repeat every SECONDS until interrupted (jobs, clients, inflight)\n"
+    "  --watch SECONDS  repeat every SECONDS until interrupted (jobs, clients, stats, inflight)\n"
     "\n"
     "Exit status: 0 ok, 1 the daemon answered with an error, 2 bad usage, 3 the daemon is not\n"
     "reachable, 4 access denied.\n";
@@ -147,6 +149,46 @@ std::string print_clients(const v1::ListClientsReply& r) {
   return table.render();
 }
 
+std::string seconds_text(double s) {
+  char text[32];
+  if (s <= 0) return "-";
+  if (s >= 1e100) return ">100 s";
+  if (s < 1e-3) {
+    std::snprintf(text, sizeof text, "%.0f us", s * 1e6);
+  } else if (s < 1) {
+    std::snprintf(text, sizeof text, "%.0f ms", s * 1e3);
+  } else {
+    std::snprintf(text, sizeof text, "%.0f s", s);
+  }
+  return text;
+}
+
+// "p50 <= 3 ms, p99 <= 30 ms (n 120)": quantiles are bucket bounds, so "at most".
+std::string histogram_text(const v1::Histogram& h) {
+  if (h.count() == 0) return "-";
+  return "p50 <= " + seconds_text(h.p50_seconds()) + ", p99 <= " + seconds_text(h.p99_seconds()) + " (n " +
+         std::to_string(h.count()) + ")";
+}
+
+std::string print_stats(const v1::GetStatsReply& r) {
+  if (r.jobs().empty()) return "no jobs\n";
+  std::string out;
+  for (const auto& j : r.jobs()) {
+    out += "job " + j.job() + " (uid " + std::to_string(j.uid()) + "): " + std::to_string(j.operations()) +
+           " operations, " + std::to_string(j.buckets()) + " buckets, " + human_bytes(j.bytes()) + " reduced, " +
+           std::to_string(j.operations_pending()) + " pending\n";
+    Table table({"  TIME", "QUANTILES"});
+    table.add({"  operation latency", histogram_text(j.operation_latency())});
+    table.add({"  waiting for local ranks, per bucket", histogram_text(j.waiting_for_ranks())});
+    table.add({"  executing, per bucket", histogram_text(j.executing())});
+    for (const auto& lag : j.readiness_lag()) {
+      table.add({"  rank " + std::to_string(lag.rank()) + " readiness lag", histogram_text(lag.lag())});
+    }
+    out += table.render();
+  }
+  return out;
+}
+
 std::string print_inflight(const v1::GetInFlightReply& r) {
   std::string out;
   for (const auto& job : r.jobs()) {
@@ -230,11 +272,11 @@ int main(int argc, char** argv) {
   if (positional.empty()) return usage_error("no command given");
   o.command = positional[0];
   if (o.admin.rfind("unix:", 0) != 0) return usage_error("--admin must be unix:PATH, not '" + o.admin + "'");
-  const size_t allowed_args = o.command == "inflight" ? 2 : 1;
-  if (positional.size() > allowed_args) return usage_error("too many arguments for " + o.command);
-  if (o.command == "inflight" && positional.size() == 2) o.job = positional[1];
+  const bool takes_job = o.command == "inflight" || o.command == "stats";
+  if (positional.size() > (takes_job ? 2u : 1u)) return usage_error("too many arguments for " + o.command);
+  if (takes_job && positional.size() == 2) o.job = positional[1];
   if (o.command == "status") {
-    if (o.watch > 0) return usage_error("--watch applies to jobs, clients and inflight");
+    if (o.watch > 0) return usage_error("--watch applies to jobs, clients, stats and inflight");
     return run_call<v1::GetStatusReply>(
         o, [](v1::Admin::Stub& s, grpc::ClientContext* c, v1::GetStatusReply* r) { return s.GetStatus(c, {}, r); },
         print_status);
@@ -248,6 +290,17 @@ int main(int argc, char** argv) {
     return run_call<v1::ListClientsReply>(
         o, [](v1::Admin::Stub& s, grpc::ClientContext* c, v1::ListClientsReply* r) { return s.ListClients(c, {}, r); },
         print_clients);
+  }
+  if (o.command == "stats") {
+    const std::string job = o.job;
+    return run_call<v1::GetStatsReply>(
+        o,
+        [job](v1::Admin::Stub& s, grpc::ClientContext* c, v1::GetStatsReply* r) {
+          v1::GetStatsRequest request;
+          request.set_job(job);
+          return s.GetStats(c, request, r);
+        },
+        print_stats);
   }
   if (o.command == "inflight") {
     const std::string job = o.job;

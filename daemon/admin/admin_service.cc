@@ -28,7 +28,41 @@ void fill(const JobInfo& in, v1::Job* out) {
   out->set_age_ms(static_cast<uint64_t>(in.age.count()));
 }
 
+void fill(const Histogram& in, v1::Histogram* out) {
+  out->set_count(in.count());
+  out->set_sum_seconds(in.sum_seconds());
+  out->set_p50_seconds(in.quantile_seconds(0.5));
+  out->set_p99_seconds(in.quantile_seconds(0.99));
+  for (double bound : Histogram::kBoundsSeconds) out->add_bounds_seconds(bound);
+  for (uint64_t count : in.counts()) out->add_counts(count);
+}
+
 }  // namespace
+
+grpc::Status AdminService::GetStats(grpc::ServerContext* context, const v1::GetStatsRequest* request,
+                                    v1::GetStatsReply* reply) {
+  if (grpc::Status denied = check_reader(context); !denied.ok()) return denied;
+  std::vector<JobStatistics> jobs;
+  if (Status s = view_->stats(request->job(), &jobs); !s.ok()) return to_grpc(s);
+  for (const JobStatistics& j : jobs) {
+    v1::JobStats* out = reply->add_jobs();
+    out->set_job(j.job.id);
+    out->set_uid(j.job.uid);
+    out->set_operations(j.stats.operations);
+    out->set_buckets(j.stats.buckets);
+    out->set_bytes(j.stats.bytes);
+    out->set_operations_pending(j.job.operations_pending);
+    fill(j.stats.operation_latency, out->mutable_operation_latency());
+    fill(j.stats.waiting_for_ranks, out->mutable_waiting_for_ranks());
+    fill(j.stats.executing, out->mutable_executing());
+    for (size_t r = 0; r < j.stats.readiness_lag.size(); ++r) {
+      v1::RankLag* lag = out->add_readiness_lag();
+      lag->set_rank(j.job.node * j.job.local_world_size + static_cast<int>(r));
+      fill(j.stats.readiness_lag[r], lag->mutable_lag());
+    }
+  }
+  return grpc::Status::OK;
+}
 
 grpc::Status AdminService::check_reader(grpc::ServerContext* context) const {
   PeerCredentials who;

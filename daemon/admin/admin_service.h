@@ -27,6 +27,8 @@ class AdminService final : public v1::Admin::Service {
                            v1::ListClientsReply* reply) override;
   grpc::Status GetInFlight(grpc::ServerContext* context, const v1::GetInFlightRequest* request,
                            v1::GetInFlightReply* reply) override;
+  grpc::Status GetStats(grpc::ServerContext* context, const v1::GetStatsRequest* request,
+                        v1::GetStatsReply* reply) override;
 
  private:
   // Ok when the caller may read; PERMISSION_DENIED naming its uid otherwise.

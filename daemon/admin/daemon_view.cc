@@ -109,6 +109,25 @@ Status IoDaemonView::clients(std::vector<ClientInfo>* out) {
   return on_io(options_.io, options_.answer_within, [this] { return options_.server->clients(); }, out);
 }
 
+Status IoDaemonView::stats(const std::string& wanted, std::vector<JobStatistics>* out) {
+  std::vector<std::pair<JobInfo, std::shared_ptr<const JobStats>>> jobs;
+  if (Status s = on_io(options_.io, options_.answer_within,
+                       [this, wanted] {
+                         std::vector<std::pair<JobInfo, std::shared_ptr<const JobStats>>> matching;
+                         for (const auto& job : options_.registry->jobs()) {
+                           if (wanted.empty() || job->params().id == wanted) matching.emplace_back(job->info(), job->stats());
+                         }
+                         return matching;
+                       },
+                       &jobs);
+      !s.ok()) {
+    return s;
+  }
+  if (!wanted.empty() && jobs.empty()) return Status::not_found("no job '" + wanted + "' on this gradsyncd");
+  for (auto& [info, stats] : jobs) out->push_back(JobStatistics{std::move(info), stats->snapshot()});
+  return Status();
+}
+
 Status IoDaemonView::in_flight(const std::string& wanted, std::vector<JobOperations>* out) {
   std::vector<std::shared_ptr<Job>> jobs;
   if (Status s = on_io(options_.io, options_.answer_within,

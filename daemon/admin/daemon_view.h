@@ -36,6 +36,7 @@ class IoDaemonView final : public DaemonView {
   Status jobs(std::vector<JobInfo>* out) override;
   Status clients(std::vector<ClientInfo>* out) override;
   Status in_flight(const std::string& job, std::vector<JobOperations>* out) override;
+  Status stats(const std::string& job, std::vector<JobStatistics>* out) override;
   bool allowed(uid_t uid) const override;
   void set_config(const DaemonConfig& config);
 

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "daemon/admin/snapshot.h"
+#include "daemon/job/stats.h"
 #include "shared/status.h"
 
 namespace gradsync::admin {
@@ -31,6 +32,11 @@ struct DaemonStatus {
   std::string peer_address;
 };
 
+struct JobStatistics {
+  JobInfo job;
+  JobStatsSnapshot stats;
+};
+
 struct JobOperations {
   JobInfo job;
   std::vector<PendingOperation> operations;
@@ -45,6 +51,8 @@ class DaemonView {
   virtual Status clients(std::vector<ClientInfo>* out) = 0;
   // Every job's (or the named job's) operations not finished yet.
   virtual Status in_flight(const std::string& job, std::vector<JobOperations>* out) = 0;
+  // Every job's (or the named job's) statistics.
+  virtual Status stats(const std::string& job, std::vector<JobStatistics>* out) = 0;
   // Who may call the admin service at all: the users allowed on the control socket.
   virtual bool allowed(uid_t uid) const = 0;
 };

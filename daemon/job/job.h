@@ -125,6 +125,7 @@ class Job : public std::enable_shared_from_this<Job> {
 
   // For the admin service.
   admin::JobInfo info() const;
+  std::shared_ptr<const JobStats> stats() const { return worker_->stats(); }
   // Its operations not finished yet; `done` runs once, on the worker thread.
   void in_flight(std::function<void(std::vector<admin::PendingOperation>)> done) const {
     worker_->in_flight(std::move(done));

@@ -47,6 +47,8 @@ struct Op {
   std::vector<std::vector<bool>> marked;          // [local rank][tensor]; deferred readiness
   std::vector<std::vector<uint32_t>> remaining;   // [local rank][bucket] tensors not yet ready
   std::vector<uint32_t> clients_ready;            // [bucket] local ranks whose bucket is ready
+  // [bucket] when its first local rank made it ready (default: none yet), for readiness lag.
+  std::vector<std::chrono::steady_clock::time_point> first_ready;
   size_t next_bucket = 0;                         // buckets launch strictly in index order
 };
 

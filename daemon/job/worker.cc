@@ -330,6 +330,7 @@ Status Worker::handle_submit(uint32_t local_rank, const SubmitEntry& entry) {
     op.marked.assign(clients, {});
     op.remaining.assign(clients, {});
     op.clients_ready.assign(buckets, 0);
+    op.first_ready.assign(buckets, {});
     ops_.push_back(std::move(op));
     pending_ops_.store(ops_.size());
   }
@@ -345,13 +346,13 @@ Status Worker::handle_submit(uint32_t local_rank, const SubmitEntry& entry) {
   const auto& buckets = op.set->plan.buckets;
   if (entry.flags & kSubmitAllReady) {
     op.remaining[local_rank].assign(buckets.size(), 0);
-    for (auto& ready : op.clients_ready) ready++;
+    for (size_t b = 0; b < buckets.size(); ++b) note_ready(op, b, local_rank);
   } else {
     op.marked[local_rank].assign(op.set->layout.size(), false);
     op.remaining[local_rank].resize(buckets.size());
     for (size_t b = 0; b < buckets.size(); ++b) {
       op.remaining[local_rank][b] = static_cast<uint32_t>(buckets[b].tensors.size());
-      if (buckets[b].tensors.empty()) op.clients_ready[b]++;
+      if (buckets[b].tensors.empty()) note_ready(op, b, local_rank);
     }
   }
   return Status::ok_status();
@@ -379,7 +380,7 @@ Status Worker::handle_mark_ready(uint32_t local_rank, const SubmitEntry& entry) 
   }
   op.marked[local_rank][entry.tensor_index] = true;
   const uint32_t bucket = op.set->plan.bucket_of_tensor[entry.tensor_index];
-  if (--op.remaining[local_rank][bucket] == 0) op.clients_ready[bucket]++;
+  if (--op.remaining[local_rank][bucket] == 0) note_ready(op, bucket, local_rank);
   return Status::ok_status();
 }
 
@@ -399,6 +400,7 @@ Status Worker::progress() {
     // A set with no buckets still needs every client's submission before it completes.
     if (std::find(op.submitted.begin(), op.submitted.end(), false) != op.submitted.end()) return Status::ok_status();
     for (uint32_t c = 0; c < clients_.size(); ++c) post(c, op.seq, Status::ok_status());
+    stats_->operation_done(std::chrono::steady_clock::now() - op.started);
     ops_.pop_front();
     pending_ops_.store(ops_.size());
     first_seq_++;
@@ -418,6 +420,13 @@ BucketExecutor* Worker::executor_for(MemoryKind kind, Status* status) {
   // A failure recorded before the executor existed still reaches it.
   if (!failure_.ok()) made->abort(failure_);
   return executors_.emplace(kind, std::move(made)).first->second.get();
+}
+
+void Worker::note_ready(Op& op, size_t bucket, uint32_t local_rank) {
+  op.clients_ready[bucket]++;
+  const auto now = std::chrono::steady_clock::now();
+  if (op.first_ready[bucket] == std::chrono::steady_clock::time_point{}) op.first_ready[bucket] = now;
+  stats_->bucket_ready(static_cast<int>(local_rank), now - op.first_ready[bucket]);
 }
 
 Status Worker::launch(Op& op) {
@@ -444,6 +453,7 @@ Status Worker::launch(Op& op) {
   // Cross-node, whatever the engine: a device bucket's NCCL spans the group's nodes too, so its
   // errors are explained by the cluster and its bound allows for waiting on peers.
   const bool cross_node = options_.cluster && options_.topology.nodes_of(b.group).size() > 1;
+  stats_->bucket_launched(std::chrono::steady_clock::now() - op.waiting_since);
   flight_ = Flight{op.seq, bucket, b.group, cross_node, std::chrono::steady_clock::now()};
   // The answer may come on any thread. Once has_landed_ is set the worker may finish and be
   // destroyed, so nothing of `this` is touched after the lock is released: the notify happens
@@ -476,8 +486,9 @@ Status Worker::land(Op& op) {
     }
     return answer;
   }
-  op.next_bucket++;
   op.waiting_since = std::chrono::steady_clock::now();
+  stats_->bucket_landed(op.set->plan.buckets[op.next_bucket].bytes, op.waiting_since - flight.launched);
+  op.next_bucket++;
   return Status::ok_status();
 }
 

@@ -39,6 +39,7 @@
 #include "daemon/backend/factory.h"
 #include "daemon/admin/snapshot.h"
 #include "daemon/job/channel.h"
+#include "daemon/job/stats.h"
 #include "daemon/job/cluster.h"
 #include "daemon/job/op.h"
 #include "daemon/job/tensor_set.h"
@@ -103,6 +104,9 @@ class Worker {
   // thread (empty when the job has failed). Thread-safe.
   void in_flight(std::function<void(std::vector<admin::PendingOperation>)> done);
 
+  // Running statistics (GetStats). Thread-safe.
+  std::shared_ptr<const JobStats> stats() const { return stats_; }
+
  private:
   struct ClientState {
     explicit ClientState(std::shared_ptr<ClientChannel> memory)
@@ -130,6 +134,8 @@ class Worker {
   Status handle_mark_ready(uint32_t local_rank, const SubmitEntry& entry);
   Status progress();  // lands the bucket in flight, launches the next ready one, completes ops
   Status launch(Op& op);
+  // A local rank made `bucket` of `op` ready: counts it, and records its lag behind the first.
+  void note_ready(Op& op, size_t bucket, uint32_t local_rank);
   Status land(Op& op);  // the executor answered for the bucket in flight
   void wait_for_flight();  // shut_down: the aborted bucket in flight comes back
   std::chrono::steady_clock::time_point execution_deadline() const;  // of flight_
@@ -162,6 +168,7 @@ class Worker {
 
   mutable std::mutex mutex_;
   std::map<uint32_t, std::shared_ptr<const TensorSet>> sets_;  // guarded by mutex_
+  std::shared_ptr<JobStats> stats_ = std::make_shared<JobStats>(options_.topology.local_world_size);
   std::deque<Task> tasks_;                                     // guarded by mutex_
   bool exited_ = false;  // guarded by mutex_; later tasks run at once with the failure
   std::atomic<bool> has_tasks_{false};

@@ -180,3 +180,40 @@ TEST_CASE("admin: no daemon, and bad usage, each with its exit status", "[integr
 }
 
 }  // namespace gradsync::test
+
+namespace gradsync::test {
+
+TEST_CASE("admin: stats shows a straggler's readiness lag while the job runs", "[integration][admin]") {
+  TestDaemon daemon;
+  const std::string job = unique_job("admin-stats");
+  Latch done[2];
+  ClientGroup group(2, [&](int rank) {
+    auto client = join(daemon.socket(), job, rank, 2);
+    const TensorSet set = client->register_tensors(client->allocate_flat(kSpecs), {});
+    for (int step = 0; step < 5; ++step) {
+      if (rank == 1) std::this_thread::sleep_for(120ms);  // the straggler
+      if (!client->allreduce(set, ReduceOptions{}).wait(10s)) return fail("step timed out");
+    }
+    return done[rank].wait(60s) ? kOk : fail("the test never looked");
+  });
+  CtlRun stats;
+  for (int i = 0; i < 200; ++i) {
+    stats = ctl(admin_of(daemon), "stats " + job);
+    if (stats.output.find(" 5 operations") != std::string::npos) break;
+    std::this_thread::sleep_for(50ms);
+  }
+  INFO(stats.output);
+  CHECK(stats.code == 0);
+  CHECK_THAT(stats.output, Catch::Contains(" 5 operations, 5 buckets, 78.1 KiB reduced"));
+  // Rank 1 makes every bucket ready about 120 ms after rank 0: the 100-300 ms bucket.
+  CHECK(std::regex_search(stats.output, std::regex(R"(rank 1 readiness lag\s+p50 <= 300 ms, p99 <= 300 ms \(n 5\))")));
+  CHECK(std::regex_search(stats.output, std::regex(R"(rank 0 readiness lag\s+p50 <= 10 us)")));
+  CHECK(std::regex_search(stats.output, std::regex(R"(operation latency\s+p50 <= 300 ms)")));
+  const CtlRun json = ctl(admin_of(daemon), "stats --json " + job);
+  CHECK(json.code == 0);
+  CHECK_THAT(json.output, Catch::Contains("\"readinessLag\"") && Catch::Contains("\"boundsSeconds\""));
+  for (const Latch& l : done) l.open();
+  for (int s : group.wait_all(60s)) CHECK(exit_code(s) == kOk);
+}
+
+}  // namespace gradsync::test

@@ -1,0 +1,58 @@
+// A job's running statistics for the admin service's GetStats: operations and bytes, latency
+// histograms with estimated quantiles, the time split between waiting for the local ranks and
+// executing, and per-rank readiness lag (how long after the first local rank each rank made a
+// bucket ready), so a straggler shows while the job runs. Written by the job's worker thread,
+// read by admin threads: every method takes the one mutex, for a few additions per bucket.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+namespace gradsync {
+
+// Counts of durations in fixed exponential buckets, 10 µs to 100 s.
+class Histogram {
+ public:
+  static constexpr std::array<double, 16> kBoundsSeconds = {1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2,
+                                                            0.1,  0.3,  1.0,  3.0,  10.0, 30.0, 100.0, 1e300};
+  void add(std::chrono::nanoseconds duration);
+  uint64_t count() const { return count_; }
+  double sum_seconds() const { return sum_; }
+  // Upper bound of the bucket holding the q-th quantile (0 < q <= 1); 0 when empty.
+  double quantile_seconds(double q) const;
+  const std::array<uint64_t, kBoundsSeconds.size()>& counts() const { return counts_; }
+
+ private:
+  std::array<uint64_t, kBoundsSeconds.size()> counts_{};
+  uint64_t count_ = 0;
+  double sum_ = 0;
+};
+
+struct JobStatsSnapshot {
+  uint64_t operations = 0;
+  uint64_t buckets = 0;
+  uint64_t bytes = 0;                 // bucket bytes reduced (one rank's share)
+  Histogram operation_latency;        // first submission to completion
+  Histogram waiting_for_ranks;        // per bucket: the previous step of the op to every local rank ready
+  Histogram executing;                // per bucket: launch to landing (local reduce, cross-node, fan-out)
+  std::vector<Histogram> readiness_lag;  // [local rank]
+};
+
+class JobStats {
+ public:
+  explicit JobStats(int local_ranks) { data_.readiness_lag.resize(static_cast<size_t>(local_ranks)); }
+  void bucket_ready(int local_rank, std::chrono::nanoseconds lag);
+  void bucket_launched(std::chrono::nanoseconds waited);
+  void bucket_landed(uint64_t bytes, std::chrono::nanoseconds executed);
+  void operation_done(std::chrono::nanoseconds latency);
+  JobStatsSnapshot snapshot() const;
+
+ private:
+  mutable std::mutex mutex_;
+  JobStatsSnapshot data_;  // guarded by mutex_
+};
+
+}  // namespace gradsync
