@@ -138,6 +138,7 @@ void Daemon::reload() {
   log_.set_level(next.log_level);
   registry_->set_timeouts(next.default_timeout, next.max_timeout, next.execution_timeout);
   server_->set_allowed_uids(next.allowed_uids);
+  if (admin_) admin_->set_others_allowed(!next.allowed_uids.empty());
   // What needs a restart keeps its running value, so status shows what is in effect.
   config_.log_level = next.log_level;
   config_.default_timeout = next.default_timeout;

@@ -3,12 +3,20 @@
 //   gradsyncctl [--admin unix:PATH] [--json] [--watch SECONDS] status|jobs|clients|stats [JOB]|inflight [JOB]
 //
 // Exit status: 0 ok; 1 the daemon answered with an error; 2 bad usage; 3 the daemon is not
-// reachable (not running, or no admin socket there); 4 access denied.
+// reachable (not running, or no admin socket there); 4 access denied; 5 the daemon, or a job's
+// worker (inflight), did not answer in time.
 #include <google/protobuf/util/json_util.h>
 #include <grpcpp/grpcpp.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
+
+#include <algorithm>
 #include <chrono>
+#include <iterator>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -25,7 +33,7 @@ using gradsync::ctl::human_bytes;
 using gradsync::ctl::human_ms;
 using gradsync::ctl::Table;
 
-constexpr int kOk = 0, kDaemonError = 1, kUsage = 2, kUnreachable = 3, kDenied = 4;
+constexpr int kOk = 0, kDaemonError = 1, kUsage = 2, kUnreachable = 3, kDenied = 4, kHung = 5;
 constexpr char kDefaultAdmin[] = "unix:/run/gradsync/admin.sock";
 
 const char kUsageText[] =
@@ -48,7 +56,8 @@ const char kUsageText[] =
     "  --watch SECONDS  repeat every SECONDS until interrupted (jobs, clients, stats, inflight)\n"
     "\n"
     "Exit status: 0 ok, 1 the daemon answered with an error, 2 bad usage, 3 the daemon is not\n"
-    "reachable, 4 access denied.\n";
+    "reachable, 4 access denied, 5 the daemon (or a job's worker, for inflight) did not answer in\n"
+    "time: busy or hung.\n";
 
 struct Options {
   std::string admin;
@@ -63,26 +72,47 @@ int usage_error(const std::string& message) {
   return kUsage;
 }
 
-// An RPC failure as the operator should read it, and the exit status that goes with it.
-int rpc_failed(const grpc::Status& status, const Options& o) {
-  if (status.error_code() == grpc::StatusCode::UNAVAILABLE &&
-      status.error_message().find("Permission denied") != std::string::npos) {
+// gRPC says "unavailable" for a missing daemon, a socket we may not open, and a daemon that
+// closed on us because it does not allow this user; a plain connect tells them apart.
+int why_unavailable(const Options& o, const grpc::Status& status) {
+  const std::string path = o.admin.substr(5);
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  std::strncpy(address.sun_path, path.c_str(), sizeof address.sun_path - 1);
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const int connected = fd < 0 ? -1 : ::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address);
+  const int error = errno;
+  if (fd >= 0) ::close(fd);
+  if (connected == 0) {
+    std::fprintf(stderr,
+                 "gradsyncctl: access denied: gradsyncd at %s closed the connection: uid %u is not allowed there "
+                 "(gradsyncd --allow-uid; default: its own user and root)\n",
+                 o.admin.c_str(), static_cast<unsigned>(::getuid()));
+    return kDenied;
+  }
+  if (error == EACCES || error == EPERM) {
     std::fprintf(stderr,
                  "gradsyncctl: access denied: cannot open gradsyncd's admin socket %s (its file permissions: the "
                  "daemon admits only its own user and root unless started with --allow-uid)\n",
                  o.admin.c_str());
     return kDenied;
   }
+  std::fprintf(stderr, "gradsyncctl: cannot reach gradsyncd at %s: %s (is it running? is --admin or $GRADSYNC_ADMIN right?)\n",
+               o.admin.c_str(), status.error_message().c_str());
+  return kUnreachable;
+}
+
+// An RPC failure as the operator should read it, and the exit status that goes with it.
+int rpc_failed(const grpc::Status& status, const Options& o) {
+  if (status.error_code() == grpc::StatusCode::UNAVAILABLE) return why_unavailable(o, status);
   switch (status.error_code()) {
-    case grpc::StatusCode::UNAVAILABLE:
-      std::fprintf(stderr,
-                   "gradsyncctl: cannot reach gradsyncd at %s: %s (is it running? is --admin or $GRADSYNC_ADMIN "
-                   "right?)\n",
-                   o.admin.c_str(), status.error_message().c_str());
-      return kUnreachable;
     case grpc::StatusCode::DEADLINE_EXCEEDED:
-      std::fprintf(stderr, "gradsyncctl: gradsyncd at %s did not answer within 10 s\n", o.admin.c_str());
-      return kUnreachable;
+      if (status.error_message() == "Deadline Exceeded") {  // gRPC's own: no answer at all
+        std::fprintf(stderr, "gradsyncctl: gradsyncd at %s did not answer within 10 s (hung?)\n", o.admin.c_str());
+      } else {  // the daemon's: a thread of it did not answer
+        std::fprintf(stderr, "gradsyncctl: gradsyncd at %s: %s\n", o.admin.c_str(), status.error_message().c_str());
+      }
+      return kHung;
     case grpc::StatusCode::PERMISSION_DENIED:
       std::fprintf(stderr, "gradsyncctl: access denied by gradsyncd at %s: %s\n", o.admin.c_str(),
                    status.error_message().c_str());
@@ -221,6 +251,16 @@ std::string print_inflight(const v1::GetInFlightReply& r) {
   return out.empty() ? "no jobs\n" : out;
 }
 
+// The exit status a reply itself calls for: inflight with a job whose worker did not answer.
+int reply_status(const google::protobuf::Message& reply) {
+  if (const auto* inflight = dynamic_cast<const v1::GetInFlightReply*>(&reply)) {
+    for (const auto& job : inflight->jobs()) {
+      if (job.unavailable().find("did not answer") != std::string::npos) return kHung;
+    }
+  }
+  return kOk;
+}
+
 template <class Reply, class Call>
 int run_call(const Options& o, Call call, std::string (*print)(const Reply&)) {
   auto channel = grpc::CreateChannel(o.admin, grpc::InsecureChannelCredentials());
@@ -234,7 +274,7 @@ int run_call(const Options& o, Call call, std::string (*print)(const Reply&)) {
     if (o.watch > 0 && !o.json) std::printf("\033[H\033[2J");  // a fresh screen per round
     std::fputs((o.json ? json(reply) + "\n" : print(reply)).c_str(), stdout);
     std::fflush(stdout);
-    if (o.watch <= 0) return kOk;
+    if (o.watch <= 0) return reply_status(reply);
     std::this_thread::sleep_for(std::chrono::duration<double>(o.watch));
   }
 }
@@ -271,7 +311,13 @@ int main(int argc, char** argv) {
   }
   if (positional.empty()) return usage_error("no command given");
   o.command = positional[0];
-  if (o.admin.rfind("unix:", 0) != 0) return usage_error("--admin must be unix:PATH, not '" + o.admin + "'");
+  static const char* kCommands[] = {"status", "jobs", "clients", "stats", "inflight"};
+  if (std::find(std::begin(kCommands), std::end(kCommands), o.command) == std::end(kCommands)) {
+    return usage_error("unknown command '" + o.command + "'");
+  }
+  if (o.admin.rfind("unix:", 0) != 0 || o.admin.size() == 5) {
+    return usage_error("--admin must be unix:PATH, not '" + o.admin + "'");
+  }
   const bool takes_job = o.command == "inflight" || o.command == "stats";
   if (positional.size() > (takes_job ? 2u : 1u)) return usage_error("too many arguments for " + o.command);
   if (takes_job && positional.size() == 2) o.job = positional[1];

@@ -6,6 +6,27 @@
 
 namespace gradsync::ctl {
 
+namespace {
+
+// A cell as it may reach a terminal: control characters (escape sequences a client name, a
+// group or an error text could carry) become '?'.
+std::string printable(const std::string& cell) {
+  std::string out = cell;
+  for (char& c : out) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
+  }
+  return out;
+}
+
+}  // namespace
+
+Table::Table(std::vector<std::string> header) { add(std::move(header)); }
+
+void Table::add(std::vector<std::string> row) {
+  for (auto& cell : row) cell = printable(cell);
+  rows_.push_back(std::move(row));
+}
+
 std::string Table::render() const {
   std::vector<size_t> width;
   for (const auto& row : rows_) {

@@ -8,8 +8,9 @@ namespace gradsync::ctl {
 
 class Table {
  public:
-  explicit Table(std::vector<std::string> header) : rows_{std::move(header)} {}
-  void add(std::vector<std::string> row) { rows_.push_back(std::move(row)); }
+  explicit Table(std::vector<std::string> header);
+  // Control characters in cells are shown as '?': the text comes from clients and jobs.
+  void add(std::vector<std::string> row);
   std::string render() const;
 
  private:

@@ -45,8 +45,15 @@ AdminServer::AdminServer(AdminServerOptions options) : options_(std::move(option
     throw Error(Status::already_exists("admin socket " + path_ + " is served by a running gradsyncd"));
   }
   ::close(listen_fd_);
+  struct stat existing {};
+  if (::lstat(path_.c_str(), &existing) == 0) {
+    if (!S_ISSOCK(existing.st_mode)) {
+      throw Error(Status::already_exists("admin socket " + path_ + ": something that is not a socket is there"));
+    }
+    ::unlink(path_.c_str());  // a stale socket of a daemon that died
+  }
   listen_fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  ::unlink(path_.c_str());
+  if (listen_fd_ < 0) throw Error(fail(path_, "socket"));
   if (::bind(listen_fd_, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0) {
     const Status status = fail(path_, "bind");
     ::close(listen_fd_);
@@ -61,14 +68,32 @@ AdminServer::AdminServer(AdminServerOptions options) : options_(std::move(option
     throw Error(status);
   }
   wake_fd_ = ::eventfd(0, EFD_CLOEXEC);
+  if (wake_fd_ < 0) {
+    const Status status = fail(path_, "eventfd");
+    ::close(listen_fd_);
+    ::unlink(path_.c_str());
+    throw Error(status);
+  }
   service_ = std::make_unique<AdminService>(
       options_.view, [this](const std::string& peer, PeerCredentials* out) { return caller(peer, out); });
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   builder.RegisterService(service_.get());
+  // Bounds on what callers can hold of the daemon: threads for calls, streams per connection,
+  // and idle connections (only allowed users get this far: see accept_loop()).
+  grpc::ResourceQuota quota("gradsync-admin");
+  quota.SetMaxThreads(kMaxThreads);
+  builder.SetResourceQuota(quota);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, kMaxStreamsPerConnection);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, kIdleMs);
   server_ = builder.BuildAndStart();
-  if (!server_) throw Error(Status::internal("admin socket " + path_ + ": the gRPC server did not start"));
+  if (!server_) {
+    ::close(listen_fd_);
+    ::close(wake_fd_);
+    ::unlink(path_.c_str());
+    throw Error(Status::internal("admin socket " + path_ + ": the gRPC server did not start"));
+  }
   acceptor_ = std::thread([this] { accept_loop(); });
   options_.log.info("admin service listening on " + options_.address);
 }
@@ -101,9 +126,26 @@ void AdminServer::accept_loop() {
     }
     if (fds[1].revents) return;
     const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (fd < 0) continue;
+    if (fd < 0) {
+      if (errno == EMFILE || errno == ENFILE || errno == ENOMEM || errno == ENOBUFS) {
+        // Out of descriptors: the pending connection stays queued; retrying at once would spin.
+        if (!out_of_fds_logged_) options_.log.warning("admin socket: out of file descriptors; pausing accepts");
+        out_of_fds_logged_ = true;
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+      continue;
+    }
+    out_of_fds_logged_ = false;
     PeerCredentials who;
     if (!read_peer_credentials(fd, &who).ok()) {
+      ::close(fd);
+      continue;
+    }
+    // Users the daemon does not allow get nothing, health and reflection included: the
+    // connection closes at once.
+    if (!options_.view->allowed(who.uid)) {
+      options_.log.info("admin socket: uid " + std::to_string(who.uid) + " (pid " + std::to_string(who.pid) +
+                        ") is not allowed; connection closed");
       ::close(fd);
       continue;
     }

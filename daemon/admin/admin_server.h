@@ -1,12 +1,14 @@
 // The admin service (proto/admin.proto, gradsync.admin.v1) over gRPC on a Unix socket, plus the
 // standard grpc.health.v1 health service and server reflection.
 //
-// Who calls: the server accepts connections itself, reads each one's peer credentials
-// (SO_PEERCRED) and hands the descriptor to gRPC (AddInsecureChannelFromFd), remembering the
-// credentials under the connection's gRPC peer name. Every call is then judged by its caller's
-// uid: users not allowed on the control socket get PERMISSION_DENIED naming their uid.
+// Who calls: the server accepts connections itself and reads each one's peer credentials
+// (SO_PEERCRED). A user not allowed on the control socket is closed on at once; an allowed one's
+// descriptor goes to gRPC (AddInsecureChannelFromFd), its credentials remembered under the
+// connection's gRPC peer name, by which every call is judged again (PERMISSION_DENIED naming the
+// uid) and filtered (others' jobs are shown to privileged callers only).
 #pragma once
 
+#include <sys/stat.h>
 #include <sys/types.h>
 
 #include <atomic>
@@ -50,6 +52,9 @@ class AdminServer {
   // The credentials of the connection gRPC names `peer`; false when unknown.
   bool caller(const std::string& peer, PeerCredentials* out) const;
 
+  // SIGHUP changed --allow-uid: the socket's mode follows (0666 when others may connect).
+  void set_others_allowed(bool others) const { ::chmod(path_.c_str(), others ? 0666 : 0600); }
+
  private:
   void accept_loop();
 
@@ -61,7 +66,12 @@ class AdminServer {
   std::unique_ptr<grpc::Server> server_;
   mutable std::mutex mutex_;
   std::map<std::string, PeerCredentials> callers_;  // by gRPC peer name; guarded by mutex_
+  bool out_of_fds_logged_ = false;  // acceptor thread only
   std::thread acceptor_;
+
+  static constexpr int kMaxThreads = 16;
+  static constexpr int kMaxStreamsPerConnection = 4;
+  static constexpr int kIdleMs = 60'000;
 };
 
 }  // namespace gradsync::admin

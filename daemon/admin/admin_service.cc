@@ -1,5 +1,7 @@
 #include "daemon/admin/admin_service.h"
 
+#include <unistd.h>
+
 #include "daemon/peer/peer_server.h"  // to_grpc
 
 namespace gradsync::admin {
@@ -41,10 +43,13 @@ void fill(const Histogram& in, v1::Histogram* out) {
 
 grpc::Status AdminService::GetStats(grpc::ServerContext* context, const v1::GetStatsRequest* request,
                                     v1::GetStatsReply* reply) {
-  if (grpc::Status denied = check_reader(context); !denied.ok()) return denied;
+  uid_t uid = 0;
+  bool sees_all = false;
+  if (grpc::Status denied = check_reader(context, &uid, &sees_all); !denied.ok()) return denied;
   std::vector<JobStatistics> jobs;
   if (Status s = view_->stats(request->job(), &jobs); !s.ok()) return to_grpc(s);
   for (const JobStatistics& j : jobs) {
+    if (!sees_all && j.job.uid != uid) continue;
     v1::JobStats* out = reply->add_jobs();
     out->set_job(j.job.id);
     out->set_uid(j.job.uid);
@@ -64,7 +69,7 @@ grpc::Status AdminService::GetStats(grpc::ServerContext* context, const v1::GetS
   return grpc::Status::OK;
 }
 
-grpc::Status AdminService::check_reader(grpc::ServerContext* context) const {
+grpc::Status AdminService::check_reader(grpc::ServerContext* context, uid_t* uid, bool* sees_all) const {
   PeerCredentials who;
   if (!caller_(context->peer(), &who)) {
     return grpc::Status(grpc::StatusCode::PERMISSION_DENIED, "the admin service could not identify this connection");
@@ -74,12 +79,16 @@ grpc::Status AdminService::check_reader(grpc::ServerContext* context) const {
                         "uid " + std::to_string(who.uid) +
                             " is not allowed on this gradsyncd (gradsyncd --allow-uid; default: its own user and root)");
   }
+  *uid = who.uid;
+  *sees_all = who.uid == 0 || who.uid == ::geteuid();
   return grpc::Status::OK;
 }
 
 grpc::Status AdminService::GetStatus(grpc::ServerContext* context, const v1::GetStatusRequest*,
                                      v1::GetStatusReply* reply) {
-  if (grpc::Status denied = check_reader(context); !denied.ok()) return denied;
+  uid_t uid = 0;
+  bool sees_all = false;
+  if (grpc::Status denied = check_reader(context, &uid, &sees_all); !denied.ok()) return denied;
   DaemonStatus status;
   if (Status s = view_->status(&status); !s.ok()) return to_grpc(s);
   reply->set_version(status.version);
@@ -90,6 +99,8 @@ grpc::Status AdminService::GetStatus(grpc::ServerContext* context, const v1::Get
   for (const auto& e : status.engines) reply->add_engines(e);
   reply->set_devices(status.devices);
   for (const auto& [name, value] : status.config) {
+    // Who else may use the daemon is the privileged callers' business.
+    if (!sees_all && (name == "allow-uid" || name == "legacy-ipc-uid")) continue;
     v1::ConfigEntry* entry = reply->add_config();
     entry->set_name(name);
     entry->set_value(value);
@@ -103,19 +114,26 @@ grpc::Status AdminService::GetStatus(grpc::ServerContext* context, const v1::Get
 
 grpc::Status AdminService::ListJobs(grpc::ServerContext* context, const v1::ListJobsRequest*,
                                     v1::ListJobsReply* reply) {
-  if (grpc::Status denied = check_reader(context); !denied.ok()) return denied;
+  uid_t uid = 0;
+  bool sees_all = false;
+  if (grpc::Status denied = check_reader(context, &uid, &sees_all); !denied.ok()) return denied;
   std::vector<JobInfo> jobs;
   if (Status s = view_->jobs(&jobs); !s.ok()) return to_grpc(s);
-  for (const JobInfo& job : jobs) fill(job, reply->add_jobs());
+  for (const JobInfo& job : jobs) {
+    if (sees_all || job.uid == uid) fill(job, reply->add_jobs());
+  }
   return grpc::Status::OK;
 }
 
 grpc::Status AdminService::ListClients(grpc::ServerContext* context, const v1::ListClientsRequest*,
                                        v1::ListClientsReply* reply) {
-  if (grpc::Status denied = check_reader(context); !denied.ok()) return denied;
+  uid_t uid = 0;
+  bool sees_all = false;
+  if (grpc::Status denied = check_reader(context, &uid, &sees_all); !denied.ok()) return denied;
   std::vector<ClientInfo> clients;
   if (Status s = view_->clients(&clients); !s.ok()) return to_grpc(s);
   for (const ClientInfo& in : clients) {
+    if (!sees_all && in.uid != uid) continue;
     v1::Client* out = reply->add_clients();
     out->set_pid(in.pid);
     out->set_uid(in.uid);
@@ -133,10 +151,13 @@ grpc::Status AdminService::ListClients(grpc::ServerContext* context, const v1::L
 
 grpc::Status AdminService::GetInFlight(grpc::ServerContext* context, const v1::GetInFlightRequest* request,
                                        v1::GetInFlightReply* reply) {
-  if (grpc::Status denied = check_reader(context); !denied.ok()) return denied;
+  uid_t uid = 0;
+  bool sees_all = false;
+  if (grpc::Status denied = check_reader(context, &uid, &sees_all); !denied.ok()) return denied;
   std::vector<JobOperations> jobs;
   if (Status s = view_->in_flight(request->job(), &jobs); !s.ok()) return to_grpc(s);
   for (const JobOperations& job : jobs) {
+    if (!sees_all && job.job.uid != uid) continue;
     v1::JobInFlight* out = reply->add_jobs();
     out->set_job(job.job.id);
     out->set_uid(job.job.uid);

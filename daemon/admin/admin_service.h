@@ -31,8 +31,9 @@ class AdminService final : public v1::Admin::Service {
                         v1::GetStatsReply* reply) override;
 
  private:
-  // Ok when the caller may read; PERMISSION_DENIED naming its uid otherwise.
-  grpc::Status check_reader(grpc::ServerContext* context) const;
+  // Ok when the caller may read; PERMISSION_DENIED naming its uid otherwise. *sees_all: the
+  // caller is root or the daemon's user, who see every user's jobs; others see their own.
+  grpc::Status check_reader(grpc::ServerContext* context, uid_t* uid, bool* sees_all) const;
 
   DaemonView* view_;
   CallerLookup caller_;

@@ -19,12 +19,22 @@ template <class T, class F>
 Status on_io(boost::asio::io_context* io, std::chrono::milliseconds within, F work, T* out) {
   auto result = std::make_shared<std::promise<T>>();
   auto answer = result->get_future();
-  boost::asio::post(*io, [result, work = std::move(work)] { result->set_value(work()); });
+  boost::asio::post(*io, [result, work = std::move(work)] {
+    try {
+      result->set_value(work());
+    } catch (...) {  // never out of io_.run()
+      result->set_exception(std::current_exception());
+    }
+  });
   if (answer.wait_for(within) != std::future_status::ready) {
     return Status(ErrorCode::kTimeout, "gradsyncd's io thread did not answer within " + std::to_string(within.count()) +
                                            " ms (busy, or hung)");
   }
-  *out = answer.get();
+  try {
+    *out = answer.get();
+  } catch (const std::exception& e) {
+    return Status::internal(std::string("the admin query failed on the io thread: ") + e.what());
+  }
   return Status();
 }
 
@@ -129,59 +139,52 @@ Status IoDaemonView::stats(const std::string& wanted, std::vector<JobStatistics>
 }
 
 Status IoDaemonView::in_flight(const std::string& wanted, std::vector<JobOperations>* out) {
-  std::vector<std::shared_ptr<Job>> jobs;
-  if (Status s = on_io(options_.io, options_.answer_within,
-                       [this, wanted] {
-                         std::vector<std::shared_ptr<Job>> matching;
-                         for (const auto& job : options_.registry->jobs()) {
-                           if (wanted.empty() || job->params().id == wanted) matching.push_back(job);
-                         }
-                         return matching;
-                       },
-                       &jobs);
-      !s.ok()) {
-    return s;
-  }
-  if (!wanted.empty() && jobs.empty()) return Status::not_found("no job '" + wanted + "' on this gradsyncd");
   // Every job's worker answers on its own thread; a worker that does not answer in time is
-  // reported as such rather than waited for.
+  // reported as such rather than waited for. Only values leave the io thread: a Job must be
+  // released there (its destructor is io-thread only).
   struct Shared {
     std::mutex mutex;
     std::vector<std::optional<std::vector<PendingOperation>>> answers;
+    std::vector<std::shared_ptr<std::promise<void>>> answered;
   };
   auto shared = std::make_shared<Shared>();
-  shared->answers.resize(jobs.size());
-  std::vector<std::future<void>> answered;
-  for (size_t i = 0; i < jobs.size(); ++i) {
-    auto done = std::make_shared<std::promise<void>>();
-    answered.push_back(done->get_future());
-    jobs[i]->in_flight([shared, i, done](std::vector<PendingOperation> ops) {
-      std::lock_guard lock(shared->mutex);
-      shared->answers[i] = std::move(ops);
-      done->set_value();
-    });
-  }
-  const auto deadline = std::chrono::steady_clock::now() + options_.answer_within;
-  for (auto& a : answered) a.wait_until(deadline);
   std::vector<JobInfo> infos;
   if (Status s = on_io(options_.io, options_.answer_within,
-                       [jobs] {
-                         std::vector<JobInfo> all;
-                         for (const auto& job : jobs) all.push_back(job->info());
-                         return all;
+                       [this, wanted, shared] {
+                         std::vector<JobInfo> matching;
+                         for (const auto& job : options_.registry->jobs()) {
+                           if (!wanted.empty() && job->params().id != wanted) continue;
+                           matching.push_back(job->info());
+                           const size_t i = shared->answers.size();
+                           shared->answers.emplace_back();
+                           auto done = std::make_shared<std::promise<void>>();
+                           shared->answered.push_back(done);
+                           job->in_flight([shared, i, done](std::vector<PendingOperation> ops) {
+                             std::lock_guard lock(shared->mutex);
+                             shared->answers[i] = std::move(ops);
+                             done->set_value();
+                           });
+                         }
+                         return matching;
                        },
                        &infos);
       !s.ok()) {
     return s;
   }
+  if (!wanted.empty() && infos.empty()) return Status::not_found("no job '" + wanted + "' on this gradsyncd");
+  const auto deadline = std::chrono::steady_clock::now() + options_.answer_within;
+  for (auto& done : shared->answered) done->get_future().wait_until(deadline);
   std::lock_guard lock(shared->mutex);
-  for (size_t i = 0; i < jobs.size(); ++i) {
+  for (size_t i = 0; i < infos.size(); ++i) {
     JobOperations entry;
     entry.job = infos[i];
-    if (shared->answers[i]) {
+    if (entry.job.state == "failed") {
+      entry.unavailable = "the job failed: " + entry.job.last_error;
+    } else if (shared->answers[i]) {
       entry.operations = *shared->answers[i];
     } else {
-      entry.unavailable = "the job's worker thread did not answer within " + ms(options_.answer_within) + " ms";
+      entry.unavailable = "the job's worker thread did not answer within " + ms(options_.answer_within) +
+                          " ms (busy, or hung)";
     }
     out->push_back(std::move(entry));
   }

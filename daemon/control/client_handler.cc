@@ -166,7 +166,12 @@ Status ClientHandler::on_hello(const control::Hello& hello, control::Reply* repl
                                  " is not supported; this daemon speaks version " + std::to_string(kProtocolVersion));
   }
   greeted_ = true;
+  // Shown to operators (gradsyncctl clients): printable ASCII only, so a name cannot carry
+  // terminal escapes.
   name_ = hello.client_name().substr(0, 64);
+  for (char& c : name_) {
+    if (c < 0x20 || c > 0x7e) c = '?';
+  }
   reply->mutable_hello()->set_protocol_version(kProtocolVersion);
   reply->mutable_hello()->set_daemon_version(kGradsyncVersion);
   return Status::ok_status();

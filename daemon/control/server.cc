@@ -54,6 +54,11 @@ ControlServer::~ControlServer() {
   ::unlink(options_.socket_path.c_str());
 }
 
+void ControlServer::set_allowed_uids(std::vector<uid_t> uids) {
+  options_.allowed_uids = std::move(uids);
+  ::chmod(options_.socket_path.c_str(), options_.allowed_uids.empty() ? 0600 : 0666);  // as at start
+}
+
 std::vector<admin::ClientInfo> ControlServer::clients() const {
   std::vector<admin::ClientInfo> out;
   for (const auto& weak : sessions_) {

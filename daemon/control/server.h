@@ -38,7 +38,7 @@ class ControlServer {
   std::vector<admin::ClientInfo> clients() const;
 
   // SIGHUP: the users allowed from now on (connected clients stay). On the io thread.
-  void set_allowed_uids(std::vector<uid_t> uids) { options_.allowed_uids = std::move(uids); }
+  void set_allowed_uids(std::vector<uid_t> uids);
   // Stops accepting and ends every session (its job learns `why`); the io_context then runs out
   // of work.
   void stop(const Status& why);

@@ -8,7 +8,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <iterator>
 #include <regex>
 #include <string>
@@ -70,12 +72,11 @@ TEST_CASE("admin: status, jobs and clients of a live daemon, as tables and JSON"
     return listed[rank].wait(60s) ? kOk : fail("the test never listed");
   });
   // Until both joined, registered and stepped.
-  CtlRun jobs;
   for (int i = 0; i < 200; ++i) {
-    jobs = ctl(admin_of(daemon), "jobs");
-    if (jobs.output.find(" 1 ") != std::string::npos && jobs.output.find(job) != std::string::npos) break;
+    if (ctl(admin_of(daemon), "jobs --json").output.find("\"operationsDone\": \"1\"") != std::string::npos) break;
     std::this_thread::sleep_for(50ms);
   }
+  const CtlRun jobs = ctl(admin_of(daemon), "jobs");
   INFO(jobs.output);
   CHECK(jobs.code == 0);
   CHECK_THAT(jobs.output, Catch::Contains("JOB") && Catch::Contains(job) && Catch::Contains("running") &&
@@ -214,6 +215,26 @@ TEST_CASE("admin: stats shows a straggler's readiness lag while the job runs", "
   CHECK_THAT(json.output, Catch::Contains("\"readinessLag\"") && Catch::Contains("\"boundsSeconds\""));
   for (const Latch& l : done) l.open();
   for (int s : group.wait_all(60s)) CHECK(exit_code(s) == kOk);
+}
+
+}  // namespace gradsync::test
+
+namespace gradsync::test {
+
+TEST_CASE("admin: a daemon whose io thread hangs is reported as such, with its own exit status",
+          "[integration][admin]") {
+  ::setenv("GRADSYNCD_TEST_HANG_IO_AFTER_MS", "300", 1);
+  TestDaemon daemon;
+  ::unsetenv("GRADSYNCD_TEST_HANG_IO_AFTER_MS");
+  for (int i = 0; i < 100 && daemon.log().find("blocking the io thread") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(20ms);
+  }
+  const CtlRun jobs = ctl(admin_of(daemon), "jobs");
+  INFO(jobs.output);
+  CHECK(jobs.code == 5);
+  CHECK_THAT(jobs.output, Catch::Contains("io thread did not answer within 2000 ms (busy, or hung)"));
+  // The process is stuck for good; the test daemon's teardown kills it.
+  daemon.process().signal(SIGKILL);
 }
 
 }  // namespace gradsync::test
