@@ -34,6 +34,9 @@ ParsedConfig parse_daemon_config(int argc, const char* const* argv) {
       ("admin", po::value(&config.admin_address),
        "admin service (gradsyncctl): unix:PATH, or none (default: beside the control socket, "
        "/run/gradsync/admin.sock for the default socket, SOCKET.admin for another)")
+      ("metrics", po::value(&config.metrics_address),
+       "serve Prometheus metrics at http://HOST:PORT/metrics (default: off); every job's series are "
+       "visible to whoever reaches it")
       ("timeout-ms", po::value(&timeout_ms)->default_value(timeout_ms),
        "default bound on every wait of a job, in milliseconds (a job may ask for its own)")
       ("max-timeout-ms", po::value(&max_timeout_ms)->default_value(max_timeout_ms),

@@ -19,6 +19,8 @@ struct DaemonConfig {
   // The admin service: "unix:PATH", or "none". Empty: beside the control socket
   // (/run/gradsync/admin.sock for the default socket; "<socket>.admin" for another).
   std::string admin_address;
+  // Prometheus /metrics over HTTP on HOST:PORT; empty (the default): off.
+  std::string metrics_address;
   // Bound for every wait of a job (registration barrier, a step's stragglers) unless the job
   // asks for its own, which is capped at max_timeout.
   std::chrono::milliseconds default_timeout{30'000};

@@ -48,6 +48,7 @@ Daemon::Daemon(DaemonConfig config, std::function<ParsedConfig()> reparse)
   peer_ = std::make_unique<PeerServer>(PeerServerOptions{config_.peer_listen, log_});
   reaper_ = std::make_unique<Reaper>();
   RegistryOptions registry{&io_, &pool_, log_, config_.default_timeout, config_.max_timeout, {}, reaper_.get()};
+  registry.failures = &failures_;
   const std::string host = advertise_host(config_);
   registry.cluster.advertise = host + ":" + std::to_string(peer_->port());
   GlooTransport gloo;
@@ -63,7 +64,7 @@ Daemon::Daemon(DaemonConfig config, std::function<ParsedConfig()> reparse)
   registry_ = std::make_unique<JobRegistry>(std::move(registry));
   server_ = std::make_unique<ControlServer>(
       io_, ControlServerOptions{config_.socket_path, config_.allowed_uids, registry_.get(), backends_.get(), log_});
-  if (config_.admin_address != "none") {
+  if (config_.admin_address != "none" || !config_.metrics_address.empty()) {
     admin::IoDaemonViewOptions view;
     view.io = &io_;
     view.config = config_;
@@ -74,13 +75,20 @@ Daemon::Daemon(DaemonConfig config, std::function<ParsedConfig()> reparse)
     if (device_engines_) view.engines.push_back("nccl (loaded on first use)");
     view.peer_address = host + ":" + std::to_string(peer_->port());
     admin_view_ = std::make_unique<admin::IoDaemonView>(std::move(view));
+  }
+  if (config_.admin_address != "none") {
     admin_ = std::make_unique<admin::AdminServer>(
         admin::AdminServerOptions{config_.admin_address, admin_view_.get(), log_, !config_.allowed_uids.empty()});
+  }
+  if (!config_.metrics_address.empty()) {
+    metrics_ = std::make_unique<admin::MetricsServer>(
+        admin::MetricsServerOptions{config_.metrics_address, admin_view_.get(), &failures_, log_});
   }
 }
 
 Daemon::~Daemon() {
-  admin_.reset();  // no admin call reaches into what goes below
+  admin_.reset();  // no admin call or scrape reaches into what goes below
+  metrics_.reset();
   stop();
   // Whatever is still queued (a session that was mid-shutdown) completes before the registry,
   // the pool and the io_context are destroyed.

@@ -7,6 +7,7 @@
 
 #include "daemon/admin/admin_server.h"
 #include "daemon/admin/daemon_view.h"
+#include "daemon/admin/metrics_server.h"
 #include "daemon/backend/factory.h"
 #include "daemon/config.h"
 #include "daemon/engine/factory.h"
@@ -44,10 +45,12 @@ class Daemon {
   std::unique_ptr<EngineFactory> engines_;
   std::unique_ptr<PeerServer> peer_;
   std::unique_ptr<Reaper> reaper_;  // outlives the jobs, whose workers it stops
+  FailureCounts failures_;  // outlives the registry's jobs and the metrics server
   std::unique_ptr<JobRegistry> registry_;
   std::unique_ptr<ControlServer> server_;
-  std::unique_ptr<admin::IoDaemonView> admin_view_;  // before the admin server, which uses it
+  std::unique_ptr<admin::IoDaemonView> admin_view_;  // before the admin and metrics servers, which use it
   std::unique_ptr<admin::AdminServer> admin_;
+  std::unique_ptr<admin::MetricsServer> metrics_;
   // systemd: READY=1 once every socket listens, WATCHDOG=1 from a timer on the io thread (so
   // the pings stop if that thread hangs), STOPPING=1 at shutdown.
   SystemdNotifier systemd_;

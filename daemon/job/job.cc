@@ -152,6 +152,7 @@ Status Job::failure() const { return failure_.ok() ? worker_->failure() : failur
 void Job::fail(const Status& status) {
   if (!failure_.ok()) return;
   failure_ = status;
+  if (options_.failures) options_.failures->add(status.code());
   // A client leaving between steps is how a job normally ends; only interrupted work is a warning.
   if (worker_->pending_ops() > 0 || !pending_.empty()) {
     log_.warning("failed: " + status.to_string());

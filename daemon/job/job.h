@@ -20,6 +20,7 @@
 
 #include "daemon/backend/factory.h"
 #include "daemon/engine/factory.h"
+#include "daemon/job/failure_counts.h"
 #include "daemon/job/reaper.h"
 #include "daemon/job/tensor_set.h"
 #include "daemon/job/topology.h"
@@ -63,6 +64,7 @@ struct JobOptions {
   Reaper* reaper = nullptr;  // stops the worker when the job ends, off the io thread
   ExecutionSettings execution;
   Logger log;
+  FailureCounts* failures = nullptr;  // daemon-wide; may be null (tests)
 };
 
 struct MemberInfo {

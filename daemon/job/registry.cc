@@ -81,6 +81,7 @@ Status JobRegistry::join(const control::JoinRequest& request, const MemberInfo& 
     options.pool = options_.pool;
     options.execution = options_.execution;
     options.log = options_.log;
+    options.failures = options_.failures;
     it = jobs_.emplace(key, std::make_shared<Job>(std::move(options))).first;
   }
   const JobParams& p = it->second->params();

@@ -28,6 +28,7 @@ struct RegistryOptions {
   ClusterSettings cluster;
   Reaper* reaper = nullptr;
   ExecutionSettings execution;
+  FailureCounts* failures = nullptr;  // outlives the registry; may be null
 };
 
 class JobRegistry {

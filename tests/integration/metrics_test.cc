@@ -1,0 +1,101 @@
+// Prometheus metrics (--metrics HOST:PORT) from a live daemon with real trainers: the gauges,
+// per-job counters and histograms in the text exposition format, failures by code once a
+// trainer is killed, and 404 for anything but /metrics.
+#include <catch2/catch.hpp>
+
+#include <csignal>
+#include <cstdio>
+#include <regex>
+#include <string>
+#include <thread>
+
+#include "tests/integration/harness.h"
+
+namespace gradsync::test {
+namespace {
+
+using namespace std::chrono_literals;
+
+std::string shell(const std::string& command) {
+  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
+  REQUIRE(pipe != nullptr);
+  std::string out;
+  char buffer[4096];
+  size_t n = 0;
+  while ((n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0) out.append(buffer, n);
+  ::pclose(pipe);
+  return out;
+}
+
+// The port the daemon logged ("metrics on http://127.0.0.1:PORT/metrics").
+std::string metrics_url(const TestDaemon& daemon) {
+  std::smatch match;
+  for (int i = 0; i < 100; ++i) {
+    const std::string log = daemon.log();
+    if (std::regex_search(log, match, std::regex(R"(metrics on (http://127\.0\.0\.1:\d+)/metrics)"))) {
+      return match[1].str();
+    }
+    std::this_thread::sleep_for(20ms);
+  }
+  FAIL("the daemon never logged its metrics address");
+  return {};
+}
+
+}  // namespace
+
+TEST_CASE("metrics: gauges, per-job counters and histograms, and failures by code", "[integration][metrics]") {
+  TestDaemon daemon({"--metrics", "127.0.0.1:0"});
+  const std::string url = metrics_url(daemon);
+  const std::string job = unique_job("metrics");
+  Latch stepped;
+  Latch end[2];
+  ClientGroup group(2, [&](int rank) {
+    auto client = join(daemon.socket(), job, rank, 2);
+    const std::vector<TensorSpec> specs = {{DType::kFloat32, 1000}};
+    const TensorSet set = client->register_tensors(client->allocate_flat(specs), {});
+    for (int step = 0; step < 3; ++step) {
+      if (!client->allreduce(set, ReduceOptions{}).wait(10s)) return fail("step timed out");
+    }
+    if (rank == 0) stepped.open();
+    return end[rank].wait(60s) ? kOk : fail("never ended");
+  });
+  REQUIRE(stepped.wait(30s));
+  std::string text;
+  for (int i = 0; i < 100; ++i) {
+    text = shell("curl -s " + url + "/metrics");
+    if (text.find("gradsync_operations_total{job=\"" + job + "\",uid=\"0\"} 3") != std::string::npos) break;
+    std::this_thread::sleep_for(50ms);
+  }
+  INFO(text);
+  const std::string labels = "job=\"" + job + "\",uid=\"0\"";
+  CHECK_THAT(text, Catch::Contains("# TYPE gradsync_jobs gauge\ngradsync_jobs 1\n") &&
+                       Catch::Contains("gradsync_clients 2\n") &&
+                       Catch::Contains("gradsync_operations_total{" + labels + "} 3\n") &&
+                       Catch::Contains("gradsync_reduced_bytes_total{" + labels + "} 12000\n") &&
+                       Catch::Contains("# TYPE gradsync_operation_duration_seconds histogram") &&
+                       Catch::Contains("gradsync_operation_duration_seconds_bucket{" + labels + ",le=\"+Inf\"} 3\n") &&
+                       Catch::Contains("gradsync_operation_duration_seconds_count{" + labels + "} 3\n") &&
+                       Catch::Contains("gradsync_readiness_lag_seconds_count{" + labels + ",rank=\"1\"} 3\n") &&
+                       Catch::Contains("gradsync_job_failures_total{code=\"PeerLost\"} 0\n"));
+  // Histogram buckets are cumulative: never decreasing.
+  std::regex bucket("gradsync_operation_duration_seconds_bucket\\{[^}]*\\} (\\d+)");
+  uint64_t last = 0;
+  for (auto it = std::sregex_iterator(text.begin(), text.end(), bucket); it != std::sregex_iterator(); ++it) {
+    const uint64_t value = std::stoull((*it)[1].str());
+    CHECK(value >= last);
+    last = value;
+  }
+  // A trainer killed: the job fails with PeerLost, counted.
+  group.signal(1, SIGKILL);
+  end[0].open();
+  for (int i = 0; i < 100; ++i) {
+    text = shell("curl -s " + url + "/metrics");
+    if (text.find("gradsync_job_failures_total{code=\"PeerLost\"} 1") != std::string::npos) break;
+    std::this_thread::sleep_for(50ms);
+  }
+  CHECK_THAT(text, Catch::Contains("gradsync_job_failures_total{code=\"PeerLost\"} 1\n"));
+  CHECK_THAT(shell("curl -s -o /dev/null -w '%{http_code}' " + url + "/other"), Catch::Equals("404"));
+  group.wait_all(30s);
+}
+
+}  // namespace gradsync::test
