@@ -19,6 +19,7 @@ ParsedConfig parse_daemon_config(int argc, const char* const* argv) {
   uint64_t max_timeout_ms = config.max_timeout.count();
   uint64_t execution_timeout_ms = config.execution_timeout.count();
   uint64_t nccl_keep_s = config.nccl_keep_idle.count();
+  uint64_t drain_timeout_ms = config.drain_timeout.count();
   std::vector<uid_t> allowed;
   std::vector<uid_t> legacy;
 
@@ -43,6 +44,9 @@ ParsedConfig parse_daemon_config(int argc, const char* const* argv) {
        "largest timeout a job may ask for, in milliseconds")
       ("execution-timeout-ms", po::value(&execution_timeout_ms)->default_value(execution_timeout_ms),
        "bound on executing one bucket (a hang, not a slow rank or peer), in milliseconds")
+      ("drain-timeout-ms", po::value(&drain_timeout_ms)->default_value(drain_timeout_ms),
+       "at SIGTERM, how long operations already submitted may take to finish before the jobs are "
+       "failed and gradsyncd exits, in milliseconds (joins are refused meanwhile)")
       ("reduce-threads", po::value(&config.reduce_threads)->default_value(0),
        "threads that reduce buckets, shared by all jobs; 0 means one per CPU")
       ("allow-uid", po::value(&allowed)->composing(),
@@ -128,6 +132,8 @@ ParsedConfig parse_daemon_config(int argc, const char* const* argv) {
   config.max_timeout = std::chrono::milliseconds(max_timeout_ms);
   if (execution_timeout_ms == 0) return fail("--execution-timeout-ms must be positive");
   config.execution_timeout = std::chrono::milliseconds(execution_timeout_ms);
+  if (drain_timeout_ms > 600'000) return fail("--drain-timeout-ms must be at most 600000");
+  config.drain_timeout = std::chrono::milliseconds(drain_timeout_ms);
   if (config.reduce_threads == 0) config.reduce_threads = std::max(1u, std::thread::hardware_concurrency());
   if (config.reduce_threads > 256) return fail("--reduce-threads must be at most 256");
   config.allowed_uids = allowed;

@@ -28,6 +28,9 @@ struct DaemonConfig {
   // Bound on one bucket in flight (local reduce, the collective across nodes, fan-out), apart
   // from the waiting the job timeout bounds. The default matches PyTorch's NCCL watchdog.
   std::chrono::milliseconds execution_timeout{600'000};
+  // SIGTERM: how long operations already submitted may take to finish before every job is
+  // failed with "gradsyncd is shutting down".
+  std::chrono::milliseconds drain_timeout{2'000};
   size_t reduce_threads = 0;  // 0: one per hardware thread
   LogLevel log_level = LogLevel::kInfo;
   // Users whose processes may connect, checked with SO_PEERCRED. Empty: the daemon's own user

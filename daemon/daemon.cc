@@ -102,6 +102,43 @@ Daemon::~Daemon() {
 
 // Shutdown lets the io_context run dry instead of stopping it: every session leaves its job
 // and releases its segments on the io thread, before the registry and the pool go away.
+// SIGTERM: no new jobs; the operations already submitted get up to --drain-timeout-ms to finish
+// (each job is through once it completed as many operations as were done or pending at the
+// signal); then stop() fails what is left and the daemon exits.
+void Daemon::drain() {
+  systemd_.notify("STOPPING=1\nSTATUS=draining");
+  stopping_ = true;
+  registry_->refuse_joins(Status::aborted("gradsyncd is shutting down"));
+  std::map<std::pair<uid_t, std::string>, uint64_t> targets;
+  for (const auto& job : registry_->jobs()) {
+    const admin::JobInfo info = job->info();
+    if (info.state == "running" && info.operations_pending > 0) {
+      targets[{info.uid, info.id}] = info.operations_done + info.operations_pending;
+    }
+  }
+  drain_check(std::move(targets), std::chrono::steady_clock::now() + config_.drain_timeout);
+}
+
+void Daemon::drain_check(std::map<std::pair<uid_t, std::string>, uint64_t> targets,
+                         std::chrono::steady_clock::time_point deadline) {
+  bool drained = true;
+  for (const auto& job : registry_->jobs()) {
+    const admin::JobInfo info = job->info();
+    auto it = targets.find({info.uid, info.id});
+    if (it != targets.end() && info.state == "running" && info.operations_done < it->second) drained = false;
+  }
+  if (drained || std::chrono::steady_clock::now() >= deadline) {
+    log_.info(drained ? "drained: every operation submitted before the signal finished"
+                      : "drain timed out: failing what is left");
+    stop();
+    return;
+  }
+  drain_timer_.expires_after(std::chrono::milliseconds(10));
+  drain_timer_.async_wait([this, targets = std::move(targets), deadline](const boost::system::error_code& ec) mutable {
+    if (!ec) drain_check(std::move(targets), deadline);
+  });
+}
+
 void Daemon::wait_for_reload() {
   reload_signals_.async_wait([this](const boost::system::error_code& ec, int) {
     if (ec) return;
@@ -175,6 +212,9 @@ void Daemon::ping_watchdog() {
 void Daemon::stop() {
   if (!stopping_) systemd_.notify("STOPPING=1");
   stopping_ = true;
+  if (stopped_) return;
+  stopped_ = true;
+  drain_timer_.cancel();
   watchdog_timer_.cancel();
   boost::system::error_code ignored;
   reload_signals_.cancel(ignored);
@@ -186,13 +226,14 @@ void Daemon::stop() {
 int Daemon::run() {
   signals_.async_wait([this](const boost::system::error_code& ec, int signal) {
     if (ec) return;
-    log_.info(std::string("received ") + (signal == SIGTERM ? "SIGTERM" : "SIGINT") +
-              ", shutting down (a second SIGTERM or SIGINT exits at once)");
+    log_.info(std::string("received ") + (signal == SIGTERM ? "SIGTERM" : "SIGINT") + ", draining for up to " +
+              std::to_string(config_.drain_timeout.count()) +
+              " ms, then shutting down (a second SIGTERM or SIGINT exits at once)");
     // Back to the default disposition: should a shutdown ever hang, the operator's second
     // signal ends the process rather than being swallowed.
     boost::system::error_code ignored;
     signals_.clear(ignored);
-    stop();
+    drain();
   });
   server_->start();
   wait_for_reload();

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
 
 #include "daemon/admin/admin_server.h"
@@ -55,7 +56,14 @@ class Daemon {
   // the pings stop if that thread hangs), STOPPING=1 at shutdown.
   SystemdNotifier systemd_;
   boost::asio::steady_timer watchdog_timer_{io_};
-  bool stopping_ = false;  // stop() ran (it may run again, from the destructor)
+  bool stopping_ = false;  // STOPPING=1 was sent (drain() or stop())
+  bool stopped_ = false;   // stop() ran (the destructor calls it again)
+  // SIGTERM: refuses joins, lets the operations already submitted finish (bounded), then stop().
+  void drain();
+  // Every 10 ms until each job in `targets` completed that many operations, or `deadline`.
+  void drain_check(std::map<std::pair<uid_t, std::string>, uint64_t> targets,
+                   std::chrono::steady_clock::time_point deadline);
+  boost::asio::steady_timer drain_timer_{io_};
   // SIGHUP: reads the configuration again and applies what can change without a restart.
   std::function<ParsedConfig()> reparse_;
   boost::asio::signal_set reload_signals_{io_, SIGHUP};

@@ -59,6 +59,7 @@ Status validate_join(const control::JoinRequest& r, std::chrono::milliseconds de
 
 Status JobRegistry::join(const control::JoinRequest& request, const MemberInfo& member, std::shared_ptr<Job>* job,
                          Job::ChannelFds* fds) {
+  if (!refusing_.ok()) return refusing_;
   JobParams params;
   if (Status status = validate_join(request, options_.default_timeout, options_.max_timeout, &params); !status.ok()) {
     return status;

@@ -48,6 +48,9 @@ class JobRegistry {
 
   size_t size() const { return jobs_.size(); }
 
+  // SIGTERM's drain: joins are refused from now on (the clients hear why).
+  void refuse_joins(Status why) { refusing_ = std::move(why); }
+
   // SIGHUP: the bounds new jobs get (running jobs keep theirs).
   void set_timeouts(std::chrono::milliseconds default_timeout, std::chrono::milliseconds max_timeout,
                     std::chrono::milliseconds execution_timeout) {
@@ -67,6 +70,7 @@ class JobRegistry {
   RegistryOptions options_;
   using Key = std::pair<uid_t, std::string>;
   std::map<Key, std::shared_ptr<Job>> jobs_;
+  Status refusing_;  // ok unless the daemon is draining
   uint64_t incarnations_ = 0;
 };
 

@@ -83,3 +83,47 @@ TEST_CASE("reload: SIGHUP applies a valid configuration file and rejects an inva
 }
 
 }  // namespace gradsync::test
+
+namespace gradsync::test {
+
+TEST_CASE("shutdown: SIGTERM lets an operation already submitted finish, refuses new joins, and exits 0",
+          "[integration][shutdown]") {
+  TestDaemon daemon({"--drain-timeout-ms", "5000"});
+  const std::string job = unique_job("drain");
+  Latch submitted, go;
+  ClientGroup group(2, [&](int rank) {
+    auto client = join(daemon.socket(), job, rank, 2);
+    const std::vector<TensorSpec> specs = {{DType::kFloat32, 100}};
+    const TensorSet set = client->register_tensors(client->allocate_flat(specs), {});
+    if (rank == 1 && !go.wait(30s)) return fail("never told to go");
+    Work work = client->allreduce(set, ReduceOptions{});
+    if (rank == 0) submitted.open();
+    try {
+      if (!work.wait(10s)) return fail("the step did not finish");
+    } catch (const Error& e) {
+      return fail(std::string("the step submitted before SIGTERM failed: ") + e.what());
+    }
+    return kOk;
+  });
+  REQUIRE(submitted.wait(30s));
+  daemon.process().signal(SIGTERM);
+  for (int i = 0; i < 100 && daemon.log().find("draining for up to 5000 ms") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(10ms);
+  }
+  // A new job now is refused, saying why.
+  try {
+    join(daemon.socket(), unique_job("late"), 0, 1);
+    FAIL("a join during the drain was accepted");
+  } catch (const Error& e) {
+    CHECK_THAT(e.what(), Catch::Contains("gradsyncd is shutting down"));
+  }
+  const auto released = std::chrono::steady_clock::now();
+  go.open();  // rank 1 submits its part now, after the signal: the step still completes
+  for (int s : group.wait_all(30s)) CHECK(exit_code(s) == kOk);
+  const int status = daemon.process().wait_for(10s);
+  CHECK(exit_code(status) == 0);
+  CHECK(std::chrono::steady_clock::now() - released < 5s);  // drained, not timed out
+  CHECK_THAT(daemon.log(), Catch::Contains("drained: every operation submitted before the signal finished"));
+}
+
+}  // namespace gradsync::test
