@@ -3,6 +3,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdlib>
 
@@ -106,7 +107,9 @@ Daemon::~Daemon() {
 // (each job is through once it completed as many operations as were done or pending at the
 // signal); then stop() fails what is left and the daemon exits.
 void Daemon::drain() {
-  systemd_.notify("STOPPING=1\nSTATUS=draining");
+  // The drain may outlast the unit's TimeoutStopSec: ask systemd for the time it needs.
+  systemd_.notify("STOPPING=1\nSTATUS=draining\nEXTEND_TIMEOUT_USEC=" +
+                  std::to_string((config_.drain_timeout + std::chrono::seconds(10)).count() * 1000));
   stopping_ = true;
   registry_->refuse_joins(Status::aborted("gradsyncd is shutting down"));
   std::map<std::pair<uid_t, std::string>, uint64_t> targets;
@@ -116,18 +119,26 @@ void Daemon::drain() {
       targets[{info.uid, info.id}] = info.operations_done + info.operations_pending;
     }
   }
-  drain_check(std::move(targets), std::chrono::steady_clock::now() + config_.drain_timeout);
+  drain_started_ = std::chrono::steady_clock::now();
+  drain_check(std::move(targets), drain_started_ + config_.drain_timeout);
 }
 
 void Daemon::drain_check(std::map<std::pair<uid_t, std::string>, uint64_t> targets,
                          std::chrono::steady_clock::time_point deadline) {
   bool drained = true;
+  // An operation written to a ring just before the signal reaches its worker within
+  // microseconds; for the first 50 ms whatever becomes pending joins the targets.
+  const bool settling = std::chrono::steady_clock::now() - drain_started_ < std::chrono::milliseconds(50);
   for (const auto& job : registry_->jobs()) {
     const admin::JobInfo info = job->info();
+    if (settling && info.state == "running" && info.operations_pending > 0) {
+      uint64_t& target = targets[{info.uid, info.id}];
+      target = std::max(target, info.operations_done + info.operations_pending);
+    }
     auto it = targets.find({info.uid, info.id});
     if (it != targets.end() && info.state == "running" && info.operations_done < it->second) drained = false;
   }
-  if (drained || std::chrono::steady_clock::now() >= deadline) {
+  if ((drained && !settling) || std::chrono::steady_clock::now() >= deadline) {
     log_.info(drained ? "drained: every operation submitted before the signal finished"
                       : "drain timed out: failing what is left");
     stop();
@@ -170,6 +181,8 @@ void Daemon::reload() {
   note(next.max_timeout != config_.max_timeout, "max-timeout-ms", true);
   note(next.execution_timeout != config_.execution_timeout, "execution-timeout-ms", true);
   note(next.allowed_uids != config_.allowed_uids, "allow-uid", true);
+  note(next.drain_timeout != config_.drain_timeout, "drain-timeout-ms", true);
+  note(next.metrics_address != config_.metrics_address, "metrics", false);
   note(next.socket_path != config_.socket_path, "socket", false);
   note(next.admin_address != config_.admin_address, "admin", false);
   note(next.reduce_threads != config_.reduce_threads, "reduce-threads", false);
@@ -190,6 +203,7 @@ void Daemon::reload() {
   config_.max_timeout = next.max_timeout;
   config_.execution_timeout = next.execution_timeout;
   config_.allowed_uids = next.allowed_uids;
+  config_.drain_timeout = next.drain_timeout;
   if (admin_view_) admin_view_->set_config(config_);
   std::string text;
   for (const auto& c : changed) text += (text.empty() ? "" : ", ") + c;

@@ -64,6 +64,7 @@ class Daemon {
   void drain_check(std::map<std::pair<uid_t, std::string>, uint64_t> targets,
                    std::chrono::steady_clock::time_point deadline);
   boost::asio::steady_timer drain_timer_{io_};
+  std::chrono::steady_clock::time_point drain_started_;
   // SIGHUP: reads the configuration again and applies what can change without a restart.
   std::function<ParsedConfig()> reparse_;
   boost::asio::signal_set reload_signals_{io_, SIGHUP};

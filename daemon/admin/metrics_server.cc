@@ -5,7 +5,13 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
 #include <cstdio>
+#include <cstdlib>
 #include <sstream>
 
 namespace gradsync::admin {
@@ -92,9 +98,16 @@ MetricsServer::MetricsServer(MetricsServerOptions options)
     throw Error(Status::invalid_argument("--metrics must be HOST:PORT, not '" + options_.address + "'"));
   }
   boost::system::error_code ec;
-  const auto host = asio::ip::make_address(options_.address.substr(0, colon), ec);
+  std::string host_text = options_.address.substr(0, colon);
+  if (host_text.size() > 2 && host_text.front() == '[' && host_text.back() == ']') host_text = host_text.substr(1, host_text.size() - 2);
+  const auto host = asio::ip::make_address(host_text, ec);
   if (ec) throw Error(Status::invalid_argument("--metrics: '" + options_.address + "': " + ec.message()));
-  const int port = std::atoi(options_.address.substr(colon + 1).c_str());
+  const std::string port_text = options_.address.substr(colon + 1);
+  char* end = nullptr;
+  const long port = std::strtol(port_text.c_str(), &end, 10);
+  if (port_text.empty() || !end || *end || port < 0 || port > 65535) {
+    throw Error(Status::invalid_argument("--metrics: '" + port_text + "' is not a port (0-65535)"));
+  }
   const asio::ip::tcp::endpoint endpoint(host, static_cast<unsigned short>(port));
   state_->acceptor.open(endpoint.protocol(), ec);
   if (!ec) state_->acceptor.set_option(asio::socket_base::reuse_address(true), ec);
@@ -114,6 +127,9 @@ MetricsServer::~MetricsServer() {
   });
   state_->io.stop();
   if (thread_.joinable()) thread_.join();
+  // Each handler ends within its timeouts and one scrape (a few seconds at most).
+  std::lock_guard lock(handlers_mutex_);
+  for (Handler& h : handlers_) h.thread.join();
 }
 
 std::string MetricsServer::scrape() {
@@ -127,51 +143,131 @@ std::string MetricsServer::scrape() {
   return render_metrics(status, jobs, clients, *options_.failures);
 }
 
-// One connection at a time, each with a deadline: a scrape is small, and Prometheus scrapes
-// seldom; a client that dawdles loses its connection, not the daemon's time.
+namespace {
+
+// Blocking reads and writes on a connection end after these: a client that dawdles loses its
+// connection, not a handler's time. (The handler works on the plain descriptor: Asio's own
+// blocking reads wait in poll() and would ignore these.)
+void set_timeouts(int fd) {
+  timeval read_timeout{1, 0}, write_timeout{2, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &read_timeout, sizeof read_timeout);
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &write_timeout, sizeof write_timeout);
+}
+
+// Reads one request's head with Beast's parser; false on a timeout, an error or garbage.
+bool read_request(int fd, http::request_parser<http::empty_body>* parser) {
+  parser->eager(true);
+  char buffer[4096];
+  size_t total = 0;
+  while (!parser->is_header_done()) {
+    const ssize_t n = ::recv(fd, buffer, sizeof buffer, 0);
+    if (n <= 0) return false;
+    total += static_cast<size_t>(n);
+    if (total > 16 * 1024) return false;  // a request head is small
+    beast::error_code ec;
+    size_t offset = 0;
+    while (offset < static_cast<size_t>(n) && !parser->is_header_done()) {
+      const size_t used = parser->put(asio::buffer(buffer + offset, static_cast<size_t>(n) - offset), ec);
+      if (ec == http::error::need_more) break;
+      if (ec) return false;
+      if (used == 0) break;
+      offset += used;
+    }
+  }
+  return true;
+}
+
+void write_all(int fd, const std::string& bytes) {
+  size_t sent = 0;
+  while (sent < bytes.size()) {
+    const ssize_t n = ::send(fd, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+    if (n <= 0) return;
+    sent += static_cast<size_t>(n);
+  }
+}
+
+}  // namespace
+
+void MetricsServer::handle(int fd) {
+  try {
+    set_timeouts(fd);
+    http::request_parser<http::empty_body> parser;
+    if (!read_request(fd, &parser)) return;
+    const auto& request = parser.get();
+    http::response<http::string_body> response;
+    response.version(request.version());
+    response.keep_alive(false);
+    if (request.method() != http::verb::get || request.target() != "/metrics") {
+      response.result(http::status::not_found);
+      response.set(http::field::content_type, "text/plain");
+      response.body() = "gradsyncd serves /metrics only\n";
+    } else if (std::string body = scrape(); body.empty()) {
+      response.result(http::status::service_unavailable);
+      response.set(http::field::content_type, "text/plain");
+      response.body() = "gradsyncd did not answer within 2 s (busy, or hung)\n";
+    } else {
+      response.result(http::status::ok);
+      response.set(http::field::content_type, "text/plain; version=0.0.4");
+      response.body() = std::move(body);
+    }
+    response.prepare_payload();
+    std::ostringstream wire;
+    wire << response;
+    write_all(fd, wire.str());
+  } catch (const std::exception& e) {
+    options_.log.warning(std::string("metrics: a scrape failed: ") + e.what());
+  }
+}
+
+// Accepts on the server's thread and hands each connection to a handler thread of its own, at
+// most kMaxHandlers at once (more are closed at once): a slow client holds one handler, never
+// the endpoint, and a scrape blocked on a busy daemon holds no accept.
 void MetricsServer::serve() {
   asio::co_spawn(
       state_->io,
       [this]() -> asio::awaitable<void> {
-        for (;;) {
+        asio::steady_timer pause(state_->io);
+        while (state_->acceptor.is_open()) {
           boost::system::error_code ec;
           asio::ip::tcp::socket socket =
               co_await state_->acceptor.async_accept(asio::redirect_error(asio::use_awaitable, ec));
           if (ec) {
             if (!state_->acceptor.is_open()) co_return;
+            // Out of descriptors, most likely: retrying at once would spin.
+            pause.expires_after(std::chrono::milliseconds(100));
+            co_await pause.async_wait(asio::redirect_error(asio::use_awaitable, ec));
             continue;
           }
-          beast::tcp_stream stream(std::move(socket));
-          stream.expires_after(std::chrono::seconds(5));
-          beast::flat_buffer buffer;
-          http::request<http::string_body> request;
-          boost::system::error_code read_error;
-          co_await http::async_read(stream, buffer, request, asio::redirect_error(asio::use_awaitable, read_error));
-          if (read_error) continue;
-          http::response<http::string_body> response;
-          response.version(request.version());
-          response.keep_alive(false);
-          if (request.method() != http::verb::get || request.target() != "/metrics") {
-            response.result(http::status::not_found);
-            response.set(http::field::content_type, "text/plain");
-            response.body() = "gradsyncd serves /metrics only\n";
-          } else if (std::string body = scrape(); body.empty()) {
-            response.result(http::status::service_unavailable);
-            response.set(http::field::content_type, "text/plain");
-            response.body() = "gradsyncd did not answer within 2 s (busy, or hung)\n";
-          } else {
-            response.result(http::status::ok);
-            response.set(http::field::content_type, "text/plain; version=0.0.4");
-            response.body() = std::move(body);
-          }
-          response.prepare_payload();
-          boost::system::error_code write_error;
-          co_await http::async_write(stream, response, asio::redirect_error(asio::use_awaitable, write_error));
-          beast::error_code ignored;
-          stream.socket().shutdown(asio::ip::tcp::socket::shutdown_send, ignored);
+          std::lock_guard lock(handlers_mutex_);
+          std::erase_if(handlers_, [](Handler& h) {
+            if (!h.done->load()) return false;
+            h.thread.join();
+            return true;
+          });
+          if (handlers_.size() >= kMaxHandlers) continue;  // the socket closes as it goes
+          // The handler owns a plain descriptor, in blocking mode, with socket timeouts.
+          const int fd = ::dup(socket.native_handle());
+          socket.close(ec);
+          if (fd < 0) continue;
+          const int flags = ::fcntl(fd, F_GETFL);
+          ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+          auto done = std::make_shared<std::atomic<bool>>(false);
+          handlers_.push_back(Handler{std::thread([this, done, fd] {
+                                        handle(fd);
+                                        ::close(fd);
+                                        done->store(true);
+                                      }),
+                                      done});
         }
       },
-      asio::detached);
+      [this](std::exception_ptr failure) {
+        if (!failure) return;
+        try {
+          std::rethrow_exception(failure);
+        } catch (const std::exception& e) {
+          options_.log.error(std::string("metrics: the endpoint stopped: ") + e.what());
+        }
+      });
   state_->io.run();
 }
 

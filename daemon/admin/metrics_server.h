@@ -1,14 +1,19 @@
 // Prometheus metrics over HTTP (Boost.Beast), off by default (--metrics HOST:PORT): GET /metrics
 // answers in the text exposition format, from the same snapshots as the admin service
-// (view.h), so a scrape never touches live state off its owning thread. One thread serves
-// connections one at a time, each bounded by a short timeout, so a slow scraper cannot hold
-// the daemon. Every job's series carry job and uid labels; scrapers reach them all, so bind
+// (view.h), so a scrape never touches live state off its owning thread. One thread accepts;
+// each connection gets a handler thread of its own (at most kMaxHandlers), with short socket
+// timeouts, so a slow or idle client holds neither the endpoint nor the daemon. Every job's series carry job and uid labels; scrapers reach them all, so bind
 // it to an address only the monitoring system reaches.
 #pragma once
 
+#include <atomic>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
+
+#include "daemon/control/asio.h"
 
 #include "daemon/admin/view.h"
 #include "daemon/job/failure_counts.h"
@@ -39,12 +44,20 @@ class MetricsServer {
 
  private:
   struct State;
+  struct Handler {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> done;
+  };
+  static constexpr size_t kMaxHandlers = 4;
   void serve();
+  void handle(int fd);  // one connection, on its handler thread
   std::string scrape();
 
   MetricsServerOptions options_;
-  std::unique_ptr<State> state_;  // the io_context and acceptor (Beast stays out of this header)
+  std::unique_ptr<State> state_;  // the io_context and acceptor
   int port_ = 0;
+  std::mutex handlers_mutex_;
+  std::vector<Handler> handlers_;  // guarded by handlers_mutex_; joined when done or at the end
   std::thread thread_;
 };
 

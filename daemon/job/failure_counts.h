@@ -1,6 +1,6 @@
-// How many jobs ended with each error code, daemon-wide, since it started (Prometheus'
-// gradsync_job_failures_total). Incremented on the io thread when a job first fails; read by
-// the metrics server's thread.
+// How many jobs failed with each error code, daemon-wide, since it started (Prometheus'
+// gradsync_job_failures_total): jobs that ended with work pending, not the clean ends of jobs
+// whose trainers left between steps. Incremented on the io thread; read by the metrics thread.
 #pragma once
 
 #include <array>

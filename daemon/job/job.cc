@@ -152,9 +152,10 @@ Status Job::failure() const { return failure_.ok() ? worker_->failure() : failur
 void Job::fail(const Status& status) {
   if (!failure_.ok()) return;
   failure_ = status;
-  if (options_.failures) options_.failures->add(status.code());
-  // A client leaving between steps is how a job normally ends; only interrupted work is a warning.
+  // A client leaving between steps is how a job normally ends; only interrupted work is a
+  // warning, and a failure (gradsync_job_failures_total).
   if (worker_->pending_ops() > 0 || !pending_.empty()) {
+    if (options_.failures) options_.failures->add(status.code());
     log_.warning("failed: " + status.to_string());
   } else {
     log_.info("ended: " + status.to_string());

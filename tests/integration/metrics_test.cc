@@ -3,11 +3,17 @@
 // trainer is killed, and 404 for anything but /metrics.
 #include <catch2/catch.hpp>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <csignal>
 #include <cstdio>
 #include <regex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "tests/integration/harness.h"
 
@@ -56,14 +62,24 @@ TEST_CASE("metrics: gauges, per-job counters and histograms, and failures by cod
     for (int step = 0; step < 3; ++step) {
       if (!client->allreduce(set, ReduceOptions{}).wait(10s)) return fail("step timed out");
     }
-    if (rank == 0) stepped.open();
+    if (rank == 1) return end[rank].wait(60s) ? kOk : fail("never ended");
+    // Rank 0 starts a step rank 1 never joins: the job has work pending when rank 1 dies.
+    Work pending = client->allreduce(set, ReduceOptions{});
+    stepped.open();
+    try {
+      pending.wait(30s);
+    } catch (const Error&) {
+    }
     return end[rank].wait(60s) ? kOk : fail("never ended");
   });
   REQUIRE(stepped.wait(30s));
   std::string text;
   for (int i = 0; i < 100; ++i) {
     text = shell("curl -s " + url + "/metrics");
-    if (text.find("gradsync_operations_total{job=\"" + job + "\",uid=\"0\"} 3") != std::string::npos) break;
+    if (text.find("gradsync_operations_total{job=\"" + job + "\",uid=\"0\"} 3") != std::string::npos &&
+        text.find("gradsync_operations_pending{job=\"" + job + "\",uid=\"0\"} 1") != std::string::npos) {
+      break;
+    }
     std::this_thread::sleep_for(50ms);
   }
   INFO(text);
@@ -85,7 +101,7 @@ TEST_CASE("metrics: gauges, per-job counters and histograms, and failures by cod
     CHECK(value >= last);
     last = value;
   }
-  // A trainer killed: the job fails with PeerLost, counted.
+  // A trainer killed mid-step: the job fails with PeerLost, counted (a clean end would not be).
   group.signal(1, SIGKILL);
   end[0].open();
   for (int i = 0; i < 100; ++i) {
@@ -96,6 +112,24 @@ TEST_CASE("metrics: gauges, per-job counters and histograms, and failures by cod
   CHECK_THAT(text, Catch::Contains("gradsync_job_failures_total{code=\"PeerLost\"} 1\n"));
   CHECK_THAT(shell("curl -s -o /dev/null -w '%{http_code}' " + url + "/other"), Catch::Equals("404"));
   group.wait_all(30s);
+
+  // Idle connections that never send a request hold neither the endpoint nor the daemon.
+  const int port = std::stoi(url.substr(url.rfind(':') + 1));
+  std::vector<int> idle;
+  for (int i = 0; i < 6; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_port = htons(static_cast<uint16_t>(port));
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0);
+    idle.push_back(fd);
+  }
+  const auto asked = std::chrono::steady_clock::now();
+  const std::string scraped = shell("curl -s --retry 5 --retry-all-errors --retry-delay 1 --max-time 10 " + url + "/metrics");
+  CHECK_THAT(scraped, Catch::Contains("gradsync_jobs "));
+  CHECK(std::chrono::steady_clock::now() - asked < 5s);
+  for (int fd : idle) ::close(fd);
 }
 
 }  // namespace gradsync::test

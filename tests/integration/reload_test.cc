@@ -106,6 +106,20 @@ TEST_CASE("shutdown: SIGTERM lets an operation already submitted finish, refuses
     return kOk;
   });
   REQUIRE(submitted.wait(30s));
+  // Until the daemon has read rank 0's submission (gradsyncctl inflight lists the operation).
+  const std::string admin = daemon.socket().substr(0, daemon.socket().rfind('/')) + "/admin.sock";
+  bool pending = false;
+  for (int i = 0; i < 200 && !pending; ++i) {
+    FILE* pipe = ::popen((std::string(GRADSYNCCTL_BINARY) + " --admin unix:" + admin + " inflight --json").c_str(), "r");
+    std::string out;
+    char buffer[4096];
+    size_t n = 0;
+    while (pipe && (n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0) out.append(buffer, n);
+    if (pipe) ::pclose(pipe);
+    pending = out.find("\"seq\": \"1\"") != std::string::npos;
+    if (!pending) std::this_thread::sleep_for(10ms);
+  }
+  REQUIRE(pending);
   daemon.process().signal(SIGTERM);
   for (int i = 0; i < 100 && daemon.log().find("draining for up to 5000 ms") == std::string::npos; ++i) {
     std::this_thread::sleep_for(10ms);
