@@ -23,33 +23,6 @@ namespace {
 
 using namespace std::chrono_literals;
 
-struct CtlRun {
-  int code = -1;
-  std::string output;  // stdout and stderr
-};
-
-// Runs gradsyncctl with `args` (a shell fragment), as `user` when given.
-CtlRun ctl(const std::string& admin, const std::string& args, const std::string& user = {}) {
-  std::string command = std::string(GRADSYNCCTL_BINARY) + " --admin unix:" + admin + " " + args + " 2>&1";
-  if (!user.empty()) command = "/usr/bin/setpriv --reuid " + user + " --regid " + user + " --clear-groups " + command;
-  CtlRun run;
-  FILE* pipe = ::popen(command.c_str(), "r");
-  REQUIRE(pipe != nullptr);
-  char buffer[4096];
-  size_t n = 0;
-  while ((n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0) run.output.append(buffer, n);
-  const int status = ::pclose(pipe);
-  run.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return run;
-}
-
-// The admin socket beside the control socket (gradsyncd's default).
-std::string admin_of(const TestDaemon& daemon) {
-  const std::string& socket = daemon.socket();
-  const auto slash = socket.rfind('/');
-  return socket.substr(slash + 1) == "gradsync.sock" ? socket.substr(0, slash) + "/admin.sock" : socket + ".admin";
-}
-
 // Lets other users reach the daemon's sockets (the test daemon's folder is private).
 void open_folder(const TestDaemon& daemon) {
   const std::string dir = daemon.socket().substr(0, daemon.socket().rfind('/'));
@@ -73,25 +46,25 @@ TEST_CASE("admin: status, jobs and clients of a live daemon, as tables and JSON"
   });
   // Until both joined, registered and stepped.
   for (int i = 0; i < 200; ++i) {
-    if (ctl(admin_of(daemon), "jobs --json").output.find("\"operationsDone\": \"1\"") != std::string::npos) break;
+    if (gradsyncctl(daemon, "jobs --json").output.find("\"operationsDone\": \"1\"") != std::string::npos) break;
     std::this_thread::sleep_for(50ms);
   }
-  const CtlRun jobs = ctl(admin_of(daemon), "jobs");
+  const CommandRun jobs = gradsyncctl(daemon, "jobs");
   INFO(jobs.output);
   CHECK(jobs.code == 0);
   CHECK_THAT(jobs.output, Catch::Contains("JOB") && Catch::Contains(job) && Catch::Contains("running") &&
                               Catch::Contains("0,1") && Catch::Contains("31.2 KiB"));  // 2 ranks x 16000 bytes
-  const CtlRun json = ctl(admin_of(daemon), "jobs --json");
+  const CommandRun json = gradsyncctl(daemon, "jobs --json");
   INFO(json.output);
   CHECK(json.code == 0);
   CHECK_THAT(json.output, Catch::Contains("\"id\": \"" + job + "\"") && Catch::Contains("\"operationsDone\": \"1\"") &&
                               Catch::Contains("\"registeredBytes\": \"32000\""));
-  const CtlRun clients = ctl(admin_of(daemon), "clients");
+  const CommandRun clients = gradsyncctl(daemon, "clients");
   INFO(clients.output);
   CHECK(clients.code == 0);
   CHECK_THAT(clients.output, Catch::Contains(std::to_string(group.pid(0))) &&
                                  Catch::Contains(std::to_string(group.pid(1))) && Catch::Contains("joined"));
-  const CtlRun status = ctl(admin_of(daemon), "status");
+  const CommandRun status = gradsyncctl(daemon, "status");
   INFO(status.output);
   CHECK(status.code == 0);
   CHECK_THAT(status.output, Catch::Contains("gradsyncd 0.") && Catch::Contains("jobs: 1, clients: 2") &&
@@ -115,9 +88,9 @@ TEST_CASE("admin: inflight names the rank and the bucket that hold a stalled job
     }
     return seen[rank].wait(60s) ? kOk : fail("the test never saw the stall");
   });
-  CtlRun inflight;
+  CommandRun inflight;
   for (int i = 0; i < 200; ++i) {
-    inflight = ctl(admin_of(daemon), "inflight --json " + job);
+    inflight = gradsyncctl(daemon, "inflight --json " + job);
     if (inflight.output.find("ranksNotReady") != std::string::npos) break;
     std::this_thread::sleep_for(50ms);
   }
@@ -129,11 +102,11 @@ TEST_CASE("admin: inflight names the rank and the bucket that hold a stalled job
   CHECK(std::distance(std::sregex_iterator(inflight.output.begin(), inflight.output.end(), not_ready_on_1),
                       std::sregex_iterator()) == 1);
   CHECK_THAT(inflight.output, Catch::Contains("\"ranksNotSubmitted\": []"));
-  const CtlRun table = ctl(admin_of(daemon), "inflight " + job);
+  const CommandRun table = gradsyncctl(daemon, "inflight " + job);
   INFO(table.output);
   CHECK(table.code == 0);
   CHECK(std::regex_search(table.output, std::regex(R"(\n\s+1\s+allreduce\(avg, divide after\) on set 0\s+\d+ ms\s+-\s+\d\s+dp\s+3\.9 KiB\s+1\n)")));
-  const CtlRun unknown = ctl(admin_of(daemon), "inflight no-such-job");
+  const CommandRun unknown = gradsyncctl(daemon, "inflight no-such-job");
   CHECK(unknown.code == 1);
   CHECK_THAT(unknown.output, Catch::Contains("no job 'no-such-job'"));
   for (const Latch& l : seen) l.open();
@@ -149,14 +122,14 @@ TEST_CASE("admin: a user not allowed on the daemon is refused, with its own exit
   // A daemon for its own user and root only: its sockets are closed to others.
   TestDaemon closed;
   open_folder(closed);
-  const CtlRun shut_out = ctl(admin_of(closed), "jobs", uid);
+  const CommandRun shut_out = gradsyncctl(closed, "jobs", uid);
   INFO(shut_out.output);
   CHECK(shut_out.code == 4);
   CHECK_THAT(shut_out.output, Catch::Contains("access denied") && Catch::Contains("--allow-uid"));
   // A daemon open to another user: the socket opens, and the call is refused by uid.
   TestDaemon daemon({"--allow-uid", "54321"});
   open_folder(daemon);
-  const CtlRun refused = ctl(admin_of(daemon), "jobs", uid);
+  const CommandRun refused = gradsyncctl(daemon, "jobs", uid);
   INFO(refused.output);
   CHECK(refused.code == 4);
   CHECK_THAT(refused.output, Catch::Contains("access denied") &&
@@ -164,20 +137,23 @@ TEST_CASE("admin: a user not allowed on the daemon is refused, with its own exit
                                  Catch::Contains("--allow-uid"));
   TestDaemon open_to_it({"--allow-uid", std::to_string(entry->pw_uid)});
   open_folder(open_to_it);
-  const CtlRun allowed = ctl(admin_of(open_to_it), "jobs", std::to_string(entry->pw_uid));
+  const CommandRun allowed = gradsyncctl(open_to_it, "jobs", std::to_string(entry->pw_uid));
   INFO(allowed.output);
   CHECK(allowed.code == 0);
 }
 
 TEST_CASE("admin: no daemon, and bad usage, each with its exit status", "[integration][admin]") {
-  const CtlRun absent = ctl("/tmp/gradsync-no-such-daemon/admin.sock", "status");
+  const auto ctl_at = [](const std::string& admin, const std::string& args) {
+    return run_command(std::string(GRADSYNCCTL_BINARY) + " --admin unix:" + admin + " " + args);
+  };
+  const CommandRun absent = ctl_at("/tmp/gradsync-no-such-daemon/admin.sock", "status");
   CHECK(absent.code == 3);
   CHECK_THAT(absent.output, Catch::Contains("cannot reach gradsyncd at unix:/tmp/gradsync-no-such-daemon/admin.sock"));
-  const CtlRun bad = ctl("/tmp/x.sock", "frobnicate");
+  const CommandRun bad = ctl_at("/tmp/x.sock", "frobnicate");
   CHECK(bad.code == 2);
   CHECK_THAT(bad.output, Catch::Contains("unknown command 'frobnicate'") && Catch::Contains("Usage: gradsyncctl"));
-  CHECK(ctl("/tmp/x.sock", "jobs --watch 0").code == 2);
-  CHECK(ctl("/tmp/x.sock", "--help").code == 0);
+  CHECK(ctl_at("/tmp/x.sock", "jobs --watch 0").code == 2);
+  CHECK(ctl_at("/tmp/x.sock", "--help").code == 0);
 }
 
 }  // namespace gradsync::test
@@ -197,9 +173,9 @@ TEST_CASE("admin: stats shows a straggler's readiness lag while the job runs", "
     }
     return done[rank].wait(60s) ? kOk : fail("the test never looked");
   });
-  CtlRun stats;
+  CommandRun stats;
   for (int i = 0; i < 200; ++i) {
-    stats = ctl(admin_of(daemon), "stats " + job);
+    stats = gradsyncctl(daemon, "stats " + job);
     if (stats.output.find(" 5 operations") != std::string::npos) break;
     std::this_thread::sleep_for(50ms);
   }
@@ -210,7 +186,7 @@ TEST_CASE("admin: stats shows a straggler's readiness lag while the job runs", "
   CHECK(std::regex_search(stats.output, std::regex(R"(rank 1 readiness lag\s+p50 <= 300 ms, p99 <= 300 ms \(n 5\))")));
   CHECK(std::regex_search(stats.output, std::regex(R"(rank 0 readiness lag\s+p50 <= 10 us)")));
   CHECK(std::regex_search(stats.output, std::regex(R"(operation latency\s+p50 <= 300 ms)")));
-  const CtlRun json = ctl(admin_of(daemon), "stats --json " + job);
+  const CommandRun json = gradsyncctl(daemon, "stats --json " + job);
   CHECK(json.code == 0);
   CHECK_THAT(json.output, Catch::Contains("\"readinessLag\"") && Catch::Contains("\"boundsSeconds\""));
   for (const Latch& l : done) l.open();
@@ -229,7 +205,7 @@ TEST_CASE("admin: a daemon whose io thread hangs is reported as such, with its o
   for (int i = 0; i < 100 && daemon.log().find("blocking the io thread") == std::string::npos; ++i) {
     std::this_thread::sleep_for(20ms);
   }
-  const CtlRun jobs = ctl(admin_of(daemon), "jobs");
+  const CommandRun jobs = gradsyncctl(daemon, "jobs");
   INFO(jobs.output);
   CHECK(jobs.code == 5);
   CHECK_THAT(jobs.output, Catch::Contains("io thread did not answer within 2000 ms (busy, or hung)"));

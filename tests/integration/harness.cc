@@ -175,6 +175,32 @@ bool Latch::wait(std::chrono::milliseconds timeout) const {
   return ::read(fds_[0], &c, 1) == 1;
 }
 
+CommandRun run_command(const std::string& command) {
+  CommandRun run;
+  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
+  if (!pipe) return run;
+  char buffer[4096];
+  size_t n = 0;
+  while ((n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0) run.output.append(buffer, n);
+  const int status = ::pclose(pipe);
+  run.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return run;
+}
+
+std::string admin_socket(const TestDaemon& daemon) {
+  const std::string& socket = daemon.socket();
+  const auto slash = socket.rfind('/');
+  return socket.substr(slash + 1) == "gradsync.sock" ? socket.substr(0, slash) + "/admin.sock" : socket + ".admin";
+}
+
+#ifdef GRADSYNCCTL_BINARY
+CommandRun gradsyncctl(const TestDaemon& daemon, const std::string& args, const std::string& user) {
+  std::string command = std::string(GRADSYNCCTL_BINARY) + " --admin unix:" + admin_socket(daemon) + " " + args;
+  if (!user.empty()) command = "/usr/bin/setpriv --reuid " + user + " --regid " + user + " --clear-groups " + command;
+  return run_command(command);
+}
+#endif
+
 std::string unique_job(const std::string& prefix) {
   static std::atomic<int> counter{0};
   return prefix + "-" + std::to_string(::getpid()) + "-" + std::to_string(counter.fetch_add(1));

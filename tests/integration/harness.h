@@ -113,6 +113,20 @@ int fail(const std::string& what);
 // A unique job id per test run.
 std::string unique_job(const std::string& prefix);
 
+// A shell command's exit status (-1 unless it exited) and its stdout and stderr together.
+struct CommandRun {
+  int code = -1;
+  std::string output;
+};
+CommandRun run_command(const std::string& command);
+
+// The daemon's admin socket: beside its control socket (gradsyncd's default for --admin).
+std::string admin_socket(const TestDaemon& daemon);
+
+// gradsyncctl with `args` (a shell fragment) against the daemon's admin socket, as the user
+// with uid `user` when given.
+CommandRun gradsyncctl(const TestDaemon& daemon, const std::string& args, const std::string& user = {});
+
 // Open file descriptors, /dev/shm entries and gradsync memory, to check that nothing leaks.
 size_t open_fd_count(pid_t pid);
 std::vector<std::string> shm_entries_containing(const std::string& text);

@@ -22,16 +22,7 @@ namespace {
 
 using namespace std::chrono_literals;
 
-std::string shell(const std::string& command) {
-  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
-  REQUIRE(pipe != nullptr);
-  std::string out;
-  char buffer[4096];
-  size_t n = 0;
-  while ((n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0) out.append(buffer, n);
-  ::pclose(pipe);
-  return out;
-}
+std::string shell(const std::string& command) { return run_command(command).output; }
 
 // The port the daemon logged ("metrics on http://127.0.0.1:PORT/metrics").
 std::string metrics_url(const TestDaemon& daemon) {
@@ -48,6 +39,18 @@ std::string metrics_url(const TestDaemon& daemon) {
 }
 
 }  // namespace
+
+TEST_CASE("metrics: a bad --metrics address is refused, naming it", "[integration][metrics]") {
+  for (const std::string& address : {std::string("127.0.0.1:70000"), std::string("127.0.0.1:abc"),
+                                     std::string("nonsense"), std::string("999.1.1.1:80")}) {
+    const CommandRun run = run_command(std::string(GRADSYNCD_BINARY) + " --socket /tmp/gradsync-metrics-bad-" +
+                                       std::to_string(::getpid()) + ".sock --admin none --peer-listen 127.0.0.1:0" +
+                                       " --metrics " + address);
+    INFO(run.output);
+    CHECK(run.code == 1);
+    CHECK_THAT(run.output, Catch::Contains("--metrics"));
+  }
+}
 
 TEST_CASE("metrics: gauges, per-job counters and histograms, and failures by code", "[integration][metrics]") {
   TestDaemon daemon({"--metrics", "127.0.0.1:0"});

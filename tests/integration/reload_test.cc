@@ -2,6 +2,7 @@
 // bounds, the log level, the allowed users) and is logged; one that needs a restart says so; an
 // invalid file is rejected with a log line naming the problem, and the old configuration stays.
 #include <catch2/catch.hpp>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <csignal>
@@ -17,18 +18,7 @@ namespace {
 
 using namespace std::chrono_literals;
 
-std::string status_of(const TestDaemon& daemon) {
-  const std::string socket = daemon.socket();
-  const std::string admin = socket.substr(0, socket.rfind('/')) + "/admin.sock";
-  FILE* pipe = ::popen((std::string(GRADSYNCCTL_BINARY) + " --admin unix:" + admin + " status 2>&1").c_str(), "r");
-  REQUIRE(pipe != nullptr);
-  std::string out;
-  char buffer[4096];
-  size_t n = 0;
-  while ((n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0) out.append(buffer, n);
-  ::pclose(pipe);
-  return out;
-}
+std::string status_of(const TestDaemon& daemon) { return gradsyncctl(daemon, "status").output; }
 
 void write_file(const std::string& path, const std::string& text) {
   std::ofstream(path, std::ios::trunc) << text;
@@ -56,11 +46,21 @@ TEST_CASE("reload: SIGHUP applies a valid configuration file and rejects an inva
   write_file(file, "timeout-ms = 30000\n");
   TestDaemon daemon({"--config", file});
   CHECK_THAT(status_of(daemon), Catch::Contains("timeout-ms            30000"));
+  const auto mode = [](const std::string& path) {
+    struct stat info {};
+    REQUIRE(::stat(path.c_str(), &info) == 0);
+    return info.st_mode & 0777;
+  };
+  CHECK(mode(daemon.socket()) == 0600);  // its own user and root only
+  CHECK(mode(admin_socket(daemon)) == 0600);
 
   write_file(file, "timeout-ms = 1234\nallow-uid = 4242\nallow-uid = 0\nreduce-threads = 1\n");
   daemon.process().signal(SIGHUP);
   REQUIRE(logged(daemon, "SIGHUP: configuration reloaded; applied: timeout-ms, allow-uid"));
   CHECK(logged(daemon, "SIGHUP: reduce-threads changed in the configuration; it takes effect when gradsyncd restarts"));
+  // Other users are admitted now: both sockets open to them, as if started with --allow-uid.
+  CHECK(mode(daemon.socket()) == 0666);
+  CHECK(mode(admin_socket(daemon)) == 0666);
   std::string status = status_of(daemon);
   INFO(status);
   CHECK_THAT(status, Catch::Contains("timeout-ms            1234") && Catch::Contains("allow-uid             4242,0") &&
@@ -107,16 +107,9 @@ TEST_CASE("shutdown: SIGTERM lets an operation already submitted finish, refuses
   });
   REQUIRE(submitted.wait(30s));
   // Until the daemon has read rank 0's submission (gradsyncctl inflight lists the operation).
-  const std::string admin = daemon.socket().substr(0, daemon.socket().rfind('/')) + "/admin.sock";
   bool pending = false;
   for (int i = 0; i < 200 && !pending; ++i) {
-    FILE* pipe = ::popen((std::string(GRADSYNCCTL_BINARY) + " --admin unix:" + admin + " inflight --json").c_str(), "r");
-    std::string out;
-    char buffer[4096];
-    size_t n = 0;
-    while (pipe && (n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0) out.append(buffer, n);
-    if (pipe) ::pclose(pipe);
-    pending = out.find("\"seq\": \"1\"") != std::string::npos;
+    pending = gradsyncctl(daemon, "inflight --json").output.find("\"seq\": \"1\"") != std::string::npos;
     if (!pending) std::this_thread::sleep_for(10ms);
   }
   REQUIRE(pending);

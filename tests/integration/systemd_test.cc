@@ -96,6 +96,8 @@ TEST_CASE("systemd: READY=1 once serving, watchdog pings, STOPPING=1 at SIGTERM"
   daemon->process().signal(SIGTERM);
   const auto last = notify.collect(1000ms);
   CHECK(count(last, "STOPPING=1") == 1);
+  // The drain may outlast TimeoutStopSec: it asks for its time (2 s drain + 10 s).
+  CHECK(count(last, "EXTEND_TIMEOUT_USEC=12000000") == 1);
 }
 
 TEST_CASE("systemd: the watchdog pings stop when the io thread hangs", "[integration][systemd]") {
