@@ -180,14 +180,21 @@ def _reduce_options(client, op, divisor, prescale, fp32_accumulate):
                               1 if fp32_accumulate is None or fp32_accumulate else 0)
 
 
+def _prepare(client, tensors, device, group, bucket_bytes, copy_in, allgather=False, tag=None):
+    """Every operation's start: its set, free of earlier work; the stream it is ordered on; and,
+    for a staging set, the tensors copied in when this rank's inputs matter (`copy_in`)."""
+    registered = set_for(client, tensors, device, group, bucket_bytes, allgather=allgather, tag=tag)
+    registered.take(device)
+    _order_on_current_stream(client, device)
+    if registered.staging is not None and copy_in:
+        _copy_in(client, registered, tensors)
+    return registered
+
+
 def allreduce(client, tensors, op, divisor, prescale, fp32_accumulate, bucket_bytes, group, tag=None):
     tensors, device = _validate(client, tensors, group)
     options = _reduce_options(client, op, divisor, prescale, fp32_accumulate)
-    registered = set_for(client, tensors, device, group, bucket_bytes, tag=tag)
-    registered.take(device)
-    _order_on_current_stream(client, device)
-    if registered.staging is not None:
-        _copy_in(client, registered, tensors)
+    registered = _prepare(client, tensors, device, group, bucket_bytes, True, tag=tag)
     handle = ctypes.c_void_p()
     _check(_lib.lib().gs_allreduce(client._h(), registered.handle, ctypes.byref(options), ctypes.byref(handle)))
     return _start(registered, Work(client, handle, _finisher(client, registered, tensors, device, True), device))
@@ -196,12 +203,8 @@ def allreduce(client, tensors, op, divisor, prescale, fp32_accumulate, bucket_by
 def broadcast(client, tensors, root, group):
     tensors, device = _validate(client, tensors, group)
     _check_root(client, root, group)
-    registered = set_for(client, tensors, device, group, None)
-    registered.take(device)
-    _order_on_current_stream(client, device)
     is_root = client.rank == root
-    if registered.staging is not None and is_root:
-        _copy_in(client, registered, tensors)
+    registered = _prepare(client, tensors, device, group, None, is_root)
     handle = ctypes.c_void_p()
     _check(_lib.lib().gs_broadcast(client._h(), registered.handle, int(root), ctypes.byref(handle)))
     return _start(registered, Work(client, handle, _finisher(client, registered, tensors, device, not is_root),
@@ -212,11 +215,7 @@ def reduce(client, tensors, root, op, group):
     tensors, device = _validate(client, tensors, group)
     _check_root(client, root, group)
     options = _reduce_options(client, op, None, False, None)
-    registered = set_for(client, tensors, device, group, None)
-    registered.take(device)
-    _order_on_current_stream(client, device)
-    if registered.staging is not None:
-        _copy_in(client, registered, tensors)
+    registered = _prepare(client, tensors, device, group, None, True)
     handle = ctypes.c_void_p()
     _check(_lib.lib().gs_reduce(client._h(), registered.handle, int(root), ctypes.byref(options),
                                 ctypes.byref(handle)))
@@ -226,11 +225,7 @@ def reduce(client, tensors, root, op, group):
 
 def all_gather(client, tensors, group):
     tensors, device = _validate(client, tensors, group)
-    registered = set_for(client, tensors, device, group, None, allgather=True)
-    registered.take(device)
-    _order_on_current_stream(client, device)
-    if registered.staging is not None:
-        _copy_in(client, registered, tensors)
+    registered = _prepare(client, tensors, device, group, None, True, allgather=True)
     handle = ctypes.c_void_p()
     _check(_lib.lib().gs_allgather(client._h(), registered.handle, ctypes.byref(handle)))
     ranks = client.groups[group or "dp"]
