@@ -35,6 +35,9 @@ ParsedConfig parse_daemon_config(int argc, const char* const* argv) {
       ("admin", po::value(&config.admin_address),
        "admin service (gradsyncctl): unix:PATH, or none (default: beside the control socket, "
        "/run/gradsync/admin.sock for the default socket, SOCKET.admin for another)")
+      ("admin-group", po::value(&config.admin_group),
+       "group whose members may change settings (gradsyncctl config set) and drain the daemon, and "
+       "see every user's jobs; root and the daemon's own user always may (default: no group)")
       ("metrics", po::value(&config.metrics_address),
        "serve Prometheus metrics at http://HOST:PORT/metrics (default: off); every job's series are "
        "visible to whoever reaches it")

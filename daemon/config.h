@@ -19,6 +19,9 @@ struct DaemonConfig {
   // The admin service: "unix:PATH", or "none". Empty: beside the control socket
   // (/run/gradsync/admin.sock for the default socket; "<socket>.admin" for another).
   std::string admin_address;
+  // Members of this group may make the admin service's mutating calls (SetConfig, Drain) and
+  // see every user's jobs, like root and the daemon's own user. Empty: nobody else.
+  std::string admin_group;
   // Prometheus /metrics over HTTP on HOST:PORT; empty (the default): off.
   std::string metrics_address;
   // Bound for every wait of a job (registration barrier, a step's stragglers) unless the job

@@ -46,10 +46,22 @@ Daemon::Daemon(DaemonConfig config, std::function<ParsedConfig()> reparse)
   device_engines_ = make_device_engine_factory(config_.nccl_keep_idle);
   backends_ = make_backend_factory(log_, device_engines_.get(),
                                    std::vector<uint32_t>(config_.legacy_ipc_uids.begin(), config_.legacy_ipc_uids.end()));
-  peer_ = std::make_unique<PeerServer>(PeerServerOptions{config_.peer_listen, log_});
+  PeerServerOptions peer{config_.peer_listen, log_, {}};
+  peer.progress = [board = &progress_](const std::string& job, peer::ProgressReply* reply) {
+    const auto entry = board->find(job);
+    if (!entry) return false;
+    reply->set_operations_done(entry->position.operations_done);
+    reply->set_current_seq(entry->position.current_seq);
+    reply->set_current_bucket(entry->position.current_bucket);
+    reply->set_executing(entry->position.executing);
+    reply->set_failure(entry->failure);
+    return true;
+  };
+  peer_ = std::make_unique<PeerServer>(std::move(peer));
   reaper_ = std::make_unique<Reaper>();
   RegistryOptions registry{&io_, &pool_, log_, config_.default_timeout, config_.max_timeout, {}, reaper_.get()};
   registry.failures = &failures_;
+  registry.progress = &progress_;
   const std::string host = advertise_host(config_);
   registry.cluster.advertise = host + ":" + std::to_string(peer_->port());
   GlooTransport gloo;
@@ -75,6 +87,7 @@ Daemon::Daemon(DaemonConfig config, std::function<ParsedConfig()> reparse)
     view.engines = {"gloo/" + config_.gloo_transport};
     if (device_engines_) view.engines.push_back("nccl (loaded on first use)");
     view.peer_address = host + ":" + std::to_string(peer_->port());
+    view.log = log_;
     admin_view_ = std::make_unique<admin::IoDaemonView>(std::move(view));
   }
   if (config_.admin_address != "none") {
@@ -182,6 +195,7 @@ void Daemon::reload() {
   note(next.execution_timeout != config_.execution_timeout, "execution-timeout-ms", true);
   note(next.allowed_uids != config_.allowed_uids, "allow-uid", true);
   note(next.drain_timeout != config_.drain_timeout, "drain-timeout-ms", true);
+  note(next.admin_group != config_.admin_group, "admin-group", true);
   note(next.metrics_address != config_.metrics_address, "metrics", false);
   note(next.socket_path != config_.socket_path, "socket", false);
   note(next.admin_address != config_.admin_address, "admin", false);
@@ -204,6 +218,7 @@ void Daemon::reload() {
   config_.execution_timeout = next.execution_timeout;
   config_.allowed_uids = next.allowed_uids;
   config_.drain_timeout = next.drain_timeout;
+  config_.admin_group = next.admin_group;
   if (admin_view_) admin_view_->set_config(config_);
   std::string text;
   for (const auto& c : changed) text += (text.empty() ? "" : ", ") + c;

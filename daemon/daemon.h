@@ -44,6 +44,7 @@ class Daemon {
   std::unique_ptr<DeviceEngineFactory> device_engines_;
   std::unique_ptr<BackendFactory> backends_;
   std::unique_ptr<EngineFactory> engines_;
+  ProgressBoard progress_;  // outlives the peer server, which reads it, and the jobs on it
   std::unique_ptr<PeerServer> peer_;
   std::unique_ptr<Reaper> reaper_;  // outlives the jobs, whose workers it stops
   FailureCounts failures_;  // outlives the registry's jobs and the metrics server

@@ -1,10 +1,11 @@
 // gradsyncctl: the operator's view of a gradsyncd, over its admin service (proto/admin.proto).
 //
-//   gradsyncctl [--admin unix:PATH] [--json] [--watch SECONDS] status|jobs|clients|stats [JOB]|inflight [JOB]
+//   gradsyncctl [--admin unix:PATH] [--json] [--watch SECONDS] COMMAND [ARGS]
 //
 // Exit status: 0 ok; 1 the daemon answered with an error; 2 bad usage; 3 the daemon is not
 // reachable (not running, or no admin socket there); 4 access denied; 5 the daemon, or a job's
-// worker (inflight), did not answer in time.
+// worker (inflight), did not answer in time; 6 drain: jobs were still there at the bound, or
+// config set: a job did not take the change.
 #include <google/protobuf/util/json_util.h>
 #include <grpcpp/grpcpp.h>
 #include <sys/socket.h>
@@ -23,41 +24,58 @@
 #include <thread>
 #include <vector>
 
-#include "client/ctl/table.h"
+#include <fstream>
+#include <map>
+
+#include "client/ctl/render.h"
 #include "proto/admin.grpc.pb.h"
 
 namespace {
 
 namespace v1 = gradsync::admin::v1;
-using gradsync::ctl::human_bytes;
-using gradsync::ctl::human_ms;
-using gradsync::ctl::Table;
+using namespace gradsync::ctl;
 
-constexpr int kOk = 0, kDaemonError = 1, kUsage = 2, kUnreachable = 3, kDenied = 4, kHung = 5;
+constexpr int kOk = 0, kDaemonError = 1, kUsage = 2, kUnreachable = 3, kDenied = 4, kHung = 5, kIncomplete = 6;
 constexpr char kDefaultAdmin[] = "unix:/run/gradsync/admin.sock";
 
 const char kUsageText[] =
-    "Usage: gradsyncctl [--admin unix:PATH] [--json] [--watch SECONDS] COMMAND\n"
+    "Usage: gradsyncctl [--admin unix:PATH] [--json] [--watch SECONDS] COMMAND [ARGS]\n"
     "\n"
-    "Shows what the node's gradsyncd is doing, over its admin service.\n"
+    "Shows and steers what the node's gradsyncd is doing, over its admin service.\n"
     "\n"
     "Commands:\n"
-    "  status           version, uptime, backends, devices, the configuration in effect\n"
-    "  jobs             every job: state, ranks, sets, operations done and pending, last error\n"
-    "  clients          every connected trainer: pid, uid, job, rank, state, idle time\n"
-    "  stats [JOB]      operations, bytes, latency quantiles, waiting vs executing, and each\n"
-    "                   rank's readiness lag behind the first: who is the straggler\n"
-    "  inflight [JOB]   operations not finished, and which ranks have not submitted them or\n"
-    "                   marked which buckets ready: who holds a stalled job\n"
+    "  status             version, uptime, backends, devices, the configuration in effect\n"
+    "  jobs               every job: state, ranks, sets, operations done and pending, last error\n"
+    "  clients            every connected trainer: pid, uid, job, rank, state, idle time\n"
+    "  stats [JOB]        operations, bytes, latency quantiles; time waiting for local ranks, for\n"
+    "                     other nodes, reducing and in the collective; per bucket; each rank's\n"
+    "                     readiness lag behind the first: who is the straggler\n"
+    "  inflight [JOB]     operations not finished, which ranks have not submitted them or marked\n"
+    "                     which buckets ready, and which other nodes have not reached them (or do\n"
+    "                     not answer): who holds a stalled job\n"
+    "  trace -o FILE [--last N] [JOB]\n"
+    "                     the last N operations of every job (or JOB) as Chrome trace JSON: open\n"
+    "                     FILE in https://ui.perfetto.dev (N: at most 256, default all kept)\n"
+    "  config get         the settings in effect\n"
+    "  config set [--job JOB] NAME=VALUE...\n"
+    "                     change settings without a restart: log-level (at once), and for running\n"
+    "                     jobs bucket-cap-bytes, timeout-ms, execution-timeout-ms, from an\n"
+    "                     operation every node of the job agrees on (privileged)\n"
+    "  drain [--timeout SECONDS] [--cancel]\n"
+    "                     refuse new jobs and wait up to SECONDS (default 0) for the jobs there are\n"
+    "                     to end; --cancel accepts new jobs again (privileged)\n"
     "\n"
     "Options:\n"
     "  --admin ADDR     the daemon's admin socket (default $GRADSYNC_ADMIN, else unix:/run/gradsync/admin.sock)\n"
     "  --json           print the reply as JSON (for scripts)\n"
     "  --watch SECONDS  repeat every SECONDS until interrupted (jobs, clients, stats, inflight)\n"
     "\n"
+    "Privileged commands are for root, gradsyncd's own user and its admin group (--admin-group).\n"
+    "\n"
     "Exit status: 0 ok, 1 the daemon answered with an error, 2 bad usage, 3 the daemon is not\n"
     "reachable, 4 access denied, 5 the daemon (or a job's worker, for inflight) did not answer in\n"
-    "time: busy or hung.\n";
+    "time: busy or hung, 6 drain: jobs still there at the bound; config set: a job did not take\n"
+    "the change.\n";
 
 struct Options {
   std::string admin;
@@ -65,6 +83,11 @@ struct Options {
   double watch = 0;
   std::string command;
   std::string job;
+  std::string output;       // trace -o
+  uint32_t last = 0;        // trace --last
+  double drain_timeout = 0;  // drain --timeout
+  bool cancel = false;       // drain --cancel
+  std::vector<std::string> settings;  // config set NAME=VALUE
 };
 
 int usage_error(const std::string& message) {
@@ -132,133 +155,50 @@ std::string json(const google::protobuf::Message& message) {
   return out;
 }
 
-std::string ranks_text(const google::protobuf::RepeatedField<int32_t>& ranks) {
-  if (ranks.empty()) return "-";
-  std::string text;
-  for (int r : ranks) text += (text.empty() ? "" : ",") + std::to_string(r);
-  return text;
-}
-
-std::string print_status(const v1::GetStatusReply& r) {
-  std::string out = "gradsyncd " + r.version() + ", pid " + std::to_string(r.pid()) + ", uid " +
-                    std::to_string(r.uid()) + ", up " + human_ms(r.uptime_ms()) + "\n";
-  std::string backends, engines;
-  for (const auto& b : r.backends()) backends += (backends.empty() ? "" : ", ") + b;
-  for (const auto& e : r.engines()) engines += (engines.empty() ? "" : ", ") + e;
-  out += "memory:  " + backends + "\nengines: " + engines + "\ndevices: " + r.devices() + "\n";
-  out += "jobs: " + std::to_string(r.jobs()) + ", clients: " + std::to_string(r.clients()) + "\n";
-  out += "control socket: " + r.control_socket() + ", peer service: " + r.peer_address() + "\n\n";
-  Table table({"SETTING", "VALUE"});
-  for (const auto& c : r.config()) table.add({c.name(), c.value()});
-  return out + table.render();
-}
-
-std::string print_jobs(const v1::ListJobsReply& r) {
-  if (r.jobs().empty()) return "no jobs\n";
-  Table table({"JOB", "UID", "STATE", "WORLD", "NODE", "LOCAL RANKS", "SETS", "REGISTERED", "OPS DONE", "PENDING",
-               "AGE", "LAST ERROR"});
-  for (const auto& j : r.jobs()) {
-    table.add({j.id(), std::to_string(j.uid()), j.state(), std::to_string(j.world_size()),
-               std::to_string(j.node()) + "/" + std::to_string(j.nodes()), ranks_text(j.local_ranks_joined()),
-               std::to_string(j.sets()), human_bytes(j.registered_bytes()), std::to_string(j.operations_done()),
-               std::to_string(j.operations_pending()), human_ms(j.age_ms()),
-               j.last_error().empty() ? "-" : j.last_error()});
-  }
-  return table.render();
-}
-
-std::string print_clients(const v1::ListClientsReply& r) {
-  if (r.clients().empty()) return "no clients\n";
-  Table table({"PID", "UID", "NAME", "JOB", "RANK", "LOCAL", "STATE", "SEGMENTS", "IDLE"});
-  for (const auto& c : r.clients()) {
-    table.add({std::to_string(c.pid()), std::to_string(c.uid()), c.name().empty() ? "-" : c.name(),
-               c.job().empty() ? "-" : c.job(), c.rank() < 0 ? "-" : std::to_string(c.rank()),
-               c.local_rank() < 0 ? "-" : std::to_string(c.local_rank()), c.state(),
-               std::to_string(c.segments()) + " (" + human_bytes(c.segment_bytes()) + ")", human_ms(c.idle_ms())});
-  }
-  return table.render();
-}
-
-std::string seconds_text(double s) {
-  char text[32];
-  if (s <= 0) return "-";
-  if (s >= 1e100) return ">100 s";
-  if (s < 1e-3) {
-    std::snprintf(text, sizeof text, "%.0f us", s * 1e6);
-  } else if (s < 1) {
-    std::snprintf(text, sizeof text, "%.0f ms", s * 1e3);
-  } else {
-    std::snprintf(text, sizeof text, "%.0f s", s);
-  }
-  return text;
-}
-
-// "p50 <= 3 ms, p99 <= 30 ms (n 120)": quantiles are bucket bounds, so "at most".
-std::string histogram_text(const v1::Histogram& h) {
-  if (h.count() == 0) return "-";
-  return "p50 <= " + seconds_text(h.p50_seconds()) + ", p99 <= " + seconds_text(h.p99_seconds()) + " (n " +
-         std::to_string(h.count()) + ")";
-}
-
-std::string print_stats(const v1::GetStatsReply& r) {
-  if (r.jobs().empty()) return "no jobs\n";
-  std::string out;
-  for (const auto& j : r.jobs()) {
-    out += "job " + j.job() + " (uid " + std::to_string(j.uid()) + "): " + std::to_string(j.operations()) +
-           " operations, " + std::to_string(j.buckets()) + " buckets, " + human_bytes(j.bytes()) + " reduced, " +
-           std::to_string(j.operations_pending()) + " pending\n";
-    Table table({"  TIME", "QUANTILES"});
-    table.add({"  operation latency", histogram_text(j.operation_latency())});
-    table.add({"  waiting for local ranks, per bucket", histogram_text(j.waiting_for_ranks())});
-    table.add({"  executing, per bucket", histogram_text(j.executing())});
-    for (const auto& lag : j.readiness_lag()) {
-      table.add({"  rank " + std::to_string(lag.rank()) + " readiness lag", histogram_text(lag.lag())});
-    }
-    out += table.render();
-  }
-  return out;
-}
-
-std::string print_inflight(const v1::GetInFlightReply& r) {
-  std::string out;
-  for (const auto& job : r.jobs()) {
-    out += "job " + job.job() + " (uid " + std::to_string(job.uid()) + ")";
-    if (!job.unavailable().empty()) {
-      out += ": " + job.unavailable() + "\n";
-      continue;
-    }
-    if (job.operations().empty()) {
-      out += ": nothing in flight\n";
-      continue;
-    }
-    out += "\n";
-    Table table({"  OP", "KIND", "AGE", "NOT SUBMITTED BY", "BUCKET", "GROUP", "BYTES", "NOT READY ON RANKS"});
-    for (const auto& op : job.operations()) {
-      const std::string head = "  " + std::to_string(op.seq());
-      if (op.buckets().empty()) {
-        table.add({head, op.kind(), human_ms(op.age_ms()), ranks_text(op.ranks_not_submitted()), "-", "-", "-", "-"});
-      }
-      bool first = true;
-      for (const auto& b : op.buckets()) {
-        table.add({first ? head : "", first ? op.kind() : "", first ? human_ms(op.age_ms()) : "",
-                   first ? ranks_text(op.ranks_not_submitted()) : "", std::to_string(b.bucket()), b.group(),
-                   human_bytes(b.bytes()), b.launched() ? "(executing)" : ranks_text(b.ranks_not_ready())});
-        first = false;
-      }
-    }
-    out += table.render();
-  }
-  return out.empty() ? "no jobs\n" : out;
-}
-
-// The exit status a reply itself calls for: inflight with a job whose worker did not answer.
+// The exit status a reply itself calls for: inflight with a job whose worker did not answer; a
+// drain with jobs left; a settings change a job did not take.
 int reply_status(const google::protobuf::Message& reply) {
   if (const auto* inflight = dynamic_cast<const v1::GetInFlightReply*>(&reply)) {
     for (const auto& job : inflight->jobs()) {
       if (job.unavailable().find("did not answer") != std::string::npos) return kHung;
     }
   }
+  if (const auto* drain = dynamic_cast<const v1::DrainReply*>(&reply)) {
+    if (drain->draining() && !drain->jobs_left().empty()) return kIncomplete;
+  }
+  if (const auto* change = dynamic_cast<const v1::SetConfigReply*>(&reply)) {
+    for (const auto& job : change->jobs()) {
+      if (!job.error().empty()) return kIncomplete;
+    }
+  }
   return kOk;
+}
+
+// config set's NAME=VALUE arguments as a request; an error names the bad argument.
+std::string parse_settings(const Options& o, v1::SetConfigRequest* request) {
+  request->set_job(o.job);
+  for (const std::string& arg : o.settings) {
+    const auto eq = arg.find('=');
+    if (eq == std::string::npos || eq == 0) return "'" + arg + "' is not NAME=VALUE";
+    const std::string name = arg.substr(0, eq), value = arg.substr(eq + 1);
+    if (name == "log-level") {
+      request->set_log_level(value);
+      continue;
+    }
+    char* end = nullptr;
+    errno = 0;
+    const unsigned long long number = std::strtoull(value.c_str(), &end, 10);
+    const bool numeric = !value.empty() && value[0] != '-' && end && *end == 0 && errno == 0;
+    if (name == "bucket-cap-bytes" || name == "timeout-ms" || name == "execution-timeout-ms") {
+      if (!numeric) return name + " needs a non-negative integer, not '" + value + "'";
+      if (name == "bucket-cap-bytes") request->set_bucket_cap_bytes(number);
+      if (name == "timeout-ms") request->set_timeout_ms(number);
+      if (name == "execution-timeout-ms") request->set_execution_timeout_ms(number);
+      continue;
+    }
+    return "unknown setting '" + name + "' (log-level, bucket-cap-bytes, timeout-ms, execution-timeout-ms)";
+  }
+  return {};
 }
 
 template <class Reply, class Call>
@@ -267,11 +207,30 @@ int run_call(const Options& o, Call call, std::string (*print)(const Reply&)) {
   auto stub = v1::Admin::NewStub(channel);
   for (;;) {
     grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
     Reply reply;
+    // A drain waits as long as it was asked to; a settings change may wait for other nodes.
+    const auto bound = std::chrono::seconds(10) + std::chrono::duration_cast<std::chrono::seconds>(
+                                                      std::chrono::duration<double>(o.drain_timeout)) +
+                       std::chrono::seconds(o.command == "config" ? 20 : 0);
+    context.set_deadline(std::chrono::system_clock::now() + bound);
     const grpc::Status status = call(*stub, &context, &reply);
     if (!status.ok()) return rpc_failed(status, o);
     if (o.watch > 0 && !o.json) std::printf("\033[H\033[2J");  // a fresh screen per round
+    if (!o.output.empty()) {
+      // trace -o FILE: the JSON goes to the file, the summary to stdout.
+      const auto* trace = dynamic_cast<const v1::DumpTraceReply*>(&reply);
+      std::ofstream file(o.output, std::ios::binary | std::ios::trunc);
+      if (trace) file << trace->chrome_trace_json();
+      if (!file.flush()) {
+        std::fprintf(stderr, "gradsyncctl: cannot write %s: %s\n", o.output.c_str(), std::strerror(errno));
+        return kDaemonError;
+      }
+      if (!o.json) {
+        std::printf("%s written to %s (open it in https://ui.perfetto.dev)\n", print(reply).substr(0, print(reply).size() - 1).c_str(),
+                    o.output.c_str());
+        return kOk;
+      }
+    }
     std::fputs((o.json ? json(reply) + "\n" : print(reply)).c_str(), stdout);
     std::fflush(stdout);
     if (o.watch <= 0) return reply_status(reply);
@@ -286,6 +245,7 @@ int main(int argc, char** argv) {
   const char* env = std::getenv("GRADSYNC_ADMIN");
   o.admin = env && *env ? env : kDefaultAdmin;
   std::vector<std::string> positional;
+  bool last_given = false;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "-h" || arg == "--help") {
@@ -293,13 +253,32 @@ int main(int argc, char** argv) {
       return kOk;
     } else if (arg == "--json") {
       o.json = true;
-    } else if (arg == "--admin" || arg == "--watch") {
+    } else if (arg == "--cancel") {
+      o.cancel = true;
+    } else if (arg == "--admin" || arg == "--watch" || arg == "--job" || arg == "-o" || arg == "--last" ||
+               arg == "--timeout") {
       if (i + 1 >= argc) return usage_error(arg + " needs a value");
       const std::string value = argv[++i];
+      char* end = nullptr;
       if (arg == "--admin") {
         o.admin = value;
+      } else if (arg == "--job") {
+        o.job = value;
+      } else if (arg == "-o") {
+        o.output = value;
+      } else if (arg == "--last") {
+        const unsigned long n = std::strtoul(value.c_str(), &end, 10);
+        if (value.empty() || value[0] == '-' || !end || *end || n == 0 || n > 256) {
+          return usage_error("--last needs a number of operations from 1 to 256, not '" + value + "'");
+        }
+        o.last = static_cast<uint32_t>(n);
+        last_given = true;
+      } else if (arg == "--timeout") {
+        o.drain_timeout = std::strtod(value.c_str(), &end);
+        if (!end || *end || !(o.drain_timeout >= 0) || o.drain_timeout > 3600) {
+          return usage_error("--timeout needs a number of seconds from 0 to 3600, not '" + value + "'");
+        }
       } else {
-        char* end = nullptr;
         o.watch = std::strtod(value.c_str(), &end);
         if (!end || *end || !(o.watch > 0)) return usage_error("--watch needs a positive number of seconds, not '" + value + "'");
       }
@@ -311,18 +290,42 @@ int main(int argc, char** argv) {
   }
   if (positional.empty()) return usage_error("no command given");
   o.command = positional[0];
-  static const char* kCommands[] = {"status", "jobs", "clients", "stats", "inflight"};
+  static const char* kCommands[] = {"status", "jobs", "clients", "stats", "inflight", "trace", "config", "drain"};
   if (std::find(std::begin(kCommands), std::end(kCommands), o.command) == std::end(kCommands)) {
     return usage_error("unknown command '" + o.command + "'");
   }
   if (o.admin.rfind("unix:", 0) != 0 || o.admin.size() == 5) {
     return usage_error("--admin must be unix:PATH, not '" + o.admin + "'");
   }
-  const bool takes_job = o.command == "inflight" || o.command == "stats";
+  const bool watchable = o.command == "jobs" || o.command == "clients" || o.command == "stats" || o.command == "inflight";
+  if (o.watch > 0 && !watchable) return usage_error("--watch applies to jobs, clients, stats and inflight");
+  if (!o.output.empty() && o.command != "trace") return usage_error("-o applies to trace");
+  if (last_given && o.command != "trace") return usage_error("--last applies to trace");
+  if ((o.cancel || o.drain_timeout > 0) && o.command != "drain") return usage_error("--timeout and --cancel apply to drain");
+  if (!o.job.empty() && o.command != "config") return usage_error("--job applies to config set (other commands take JOB as an argument)");
+  const bool takes_job = o.command == "inflight" || o.command == "stats" || o.command == "trace";
+  if (o.command == "config") {
+    if (positional.size() < 2 || (positional[1] != "get" && positional[1] != "set")) {
+      return usage_error("config needs get or set");
+    }
+    if (positional[1] == "get") {
+      if (positional.size() > 2 || !o.job.empty()) return usage_error("config get takes no arguments");
+      return run_call<v1::GetStatusReply>(
+          o, [](v1::Admin::Stub& s, grpc::ClientContext* c, v1::GetStatusReply* r) { return s.GetStatus(c, {}, r); },
+          print_config);
+    }
+    o.settings.assign(positional.begin() + 2, positional.end());
+    if (o.settings.empty()) return usage_error("config set needs NAME=VALUE");
+    v1::SetConfigRequest request;
+    if (std::string bad = parse_settings(o, &request); !bad.empty()) return usage_error(bad);
+    return run_call<v1::SetConfigReply>(
+        o,
+        [request](v1::Admin::Stub& s, grpc::ClientContext* c, v1::SetConfigReply* r) { return s.SetConfig(c, request, r); },
+        print_config_change);
+  }
   if (positional.size() > (takes_job ? 2u : 1u)) return usage_error("too many arguments for " + o.command);
   if (takes_job && positional.size() == 2) o.job = positional[1];
   if (o.command == "status") {
-    if (o.watch > 0) return usage_error("--watch applies to jobs, clients, stats and inflight");
     return run_call<v1::GetStatusReply>(
         o, [](v1::Admin::Stub& s, grpc::ClientContext* c, v1::GetStatusReply* r) { return s.GetStatus(c, {}, r); },
         print_status);
@@ -338,26 +341,36 @@ int main(int argc, char** argv) {
         print_clients);
   }
   if (o.command == "stats") {
-    const std::string job = o.job;
+    v1::GetStatsRequest request;
+    request.set_job(o.job);
     return run_call<v1::GetStatsReply>(
-        o,
-        [job](v1::Admin::Stub& s, grpc::ClientContext* c, v1::GetStatsReply* r) {
-          v1::GetStatsRequest request;
-          request.set_job(job);
-          return s.GetStats(c, request, r);
-        },
+        o, [request](v1::Admin::Stub& s, grpc::ClientContext* c, v1::GetStatsReply* r) { return s.GetStats(c, request, r); },
         print_stats);
   }
   if (o.command == "inflight") {
-    const std::string job = o.job;
+    v1::GetInFlightRequest request;
+    request.set_job(o.job);
     return run_call<v1::GetInFlightReply>(
         o,
-        [job](v1::Admin::Stub& s, grpc::ClientContext* c, v1::GetInFlightReply* r) {
-          v1::GetInFlightRequest request;
-          request.set_job(job);
-          return s.GetInFlight(c, request, r);
-        },
+        [request](v1::Admin::Stub& s, grpc::ClientContext* c, v1::GetInFlightReply* r) { return s.GetInFlight(c, request, r); },
         print_inflight);
+  }
+  if (o.command == "trace") {
+    if (o.output.empty()) return usage_error("trace needs -o FILE");
+    v1::DumpTraceRequest request;
+    request.set_job(o.job);
+    request.set_operations(o.last);
+    return run_call<v1::DumpTraceReply>(
+        o, [request](v1::Admin::Stub& s, grpc::ClientContext* c, v1::DumpTraceReply* r) { return s.DumpTrace(c, request, r); },
+        print_trace);
+  }
+  if (o.command == "drain") {
+    v1::DrainRequest request;
+    request.set_timeout_ms(static_cast<uint32_t>(o.drain_timeout * 1000));
+    request.set_cancel(o.cancel);
+    return run_call<v1::DrainReply>(
+        o, [request](v1::Admin::Stub& s, grpc::ClientContext* c, v1::DrainReply* r) { return s.Drain(c, request, r); },
+        print_drain);
   }
   return usage_error("unknown command '" + o.command + "'");
 }

@@ -30,6 +30,17 @@ void fill(const JobInfo& in, v1::Job* out) {
   out->set_age_ms(static_cast<uint64_t>(in.age.count()));
 }
 
+void fill(const RemoteNode& in, v1::RemoteNode* out) {
+  out->set_node(in.node);
+  out->set_address(in.address);
+  out->set_unreachable(in.unreachable);
+  out->set_error(in.error);
+  out->set_operations_done(in.operations_done);
+  out->set_current_seq(in.current_seq);
+  out->set_current_bucket(in.current_bucket);
+  out->set_executing(in.executing);
+}
+
 void fill(const Histogram& in, v1::Histogram* out) {
   out->set_count(in.count());
   out->set_sum_seconds(in.sum_seconds());
@@ -60,6 +71,17 @@ grpc::Status AdminService::GetStats(grpc::ServerContext* context, const v1::GetS
     fill(j.stats.operation_latency, out->mutable_operation_latency());
     fill(j.stats.waiting_for_ranks, out->mutable_waiting_for_ranks());
     fill(j.stats.executing, out->mutable_executing());
+    fill(j.stats.waiting_for_peers, out->mutable_waiting_for_peers());
+    fill(j.stats.local_reduction, out->mutable_local_reduction());
+    fill(j.stats.collective, out->mutable_collective());
+    for (const auto& [index, b] : j.stats.buckets_by_index) {
+      v1::BucketStats* bucket = out->add_buckets_stats();
+      bucket->set_bucket(index);
+      bucket->set_launches(b.launches);
+      bucket->set_bytes(b.bytes);
+      fill(b.waiting_for_ranks, bucket->mutable_waiting_for_ranks());
+      fill(b.executing, bucket->mutable_executing());
+    }
     for (size_t r = 0; r < j.stats.readiness_lag.size(); ++r) {
       v1::RankLag* lag = out->add_readiness_lag();
       lag->set_rank(j.job.node * j.job.local_world_size + static_cast<int>(r));
@@ -80,7 +102,19 @@ grpc::Status AdminService::check_reader(grpc::ServerContext* context, uid_t* uid
                             " is not allowed on this gradsyncd (gradsyncd --allow-uid; default: its own user and root)");
   }
   *uid = who.uid;
-  *sees_all = who.uid == 0 || who.uid == ::geteuid();
+  *sees_all = view_->privileged(who.uid);
+  return grpc::Status::OK;
+}
+
+grpc::Status AdminService::check_admin(grpc::ServerContext* context, const char* call, uid_t* uid) const {
+  bool privileged = false;
+  if (grpc::Status denied = check_reader(context, uid, &privileged); !denied.ok()) return denied;
+  if (!privileged) {
+    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                        std::string(call) + " changes the daemon: only root, gradsyncd's own user and members of its "
+                                            "admin group (gradsyncd --admin-group) may call it; uid " +
+                            std::to_string(*uid) + " is none of them");
+  }
   return grpc::Status::OK;
 }
 
@@ -162,6 +196,7 @@ grpc::Status AdminService::GetInFlight(grpc::ServerContext* context, const v1::G
     out->set_job(job.job.id);
     out->set_uid(job.job.uid);
     out->set_unavailable(job.unavailable);
+    for (const RemoteNode& node : job.nodes) fill(node, out->add_nodes());
     for (const PendingOperation& op : job.operations) {
       v1::PendingOperation* o = out->add_operations();
       o->set_seq(op.seq);
@@ -177,8 +212,94 @@ grpc::Status AdminService::GetInFlight(grpc::ServerContext* context, const v1::G
         ob->set_launched(b.launched);
         for (int r : b.ranks_not_ready) ob->add_ranks_not_ready(r);
       }
+      for (const RemoteNode& node : op.nodes_behind) fill(node, o->add_nodes_behind());
     }
   }
+  return grpc::Status::OK;
+}
+
+grpc::Status AdminService::DumpTrace(grpc::ServerContext* context, const v1::DumpTraceRequest* request,
+                                     v1::DumpTraceReply* reply) {
+  uid_t uid = 0;
+  bool sees_all = false;
+  if (grpc::Status denied = check_reader(context, &uid, &sees_all); !denied.ok()) return denied;
+  std::vector<JobTrace> traces;
+  if (Status s = view_->traces(request->job(), request->operations(), &traces); !s.ok()) return to_grpc(s);
+  std::vector<JobTrace> visible;
+  uint32_t operations = 0;
+  for (JobTrace& trace : traces) {
+    if (!sees_all && trace.job.uid != uid) continue;
+    operations += static_cast<uint32_t>(trace.operations.size());
+    visible.push_back(std::move(trace));
+  }
+  if (!request->job().empty() && visible.empty()) {
+    return grpc::Status(grpc::StatusCode::NOT_FOUND, "no job '" + request->job() + "' of uid " + std::to_string(uid) +
+                                                         " on this gradsyncd");
+  }
+  reply->set_chrome_trace_json(chrome_trace_json(visible));
+  reply->set_operations(operations);
+  return grpc::Status::OK;
+}
+
+grpc::Status AdminService::SetConfig(grpc::ServerContext* context, const v1::SetConfigRequest* request,
+                                     v1::SetConfigReply* reply) {
+  uid_t uid = 0;
+  if (grpc::Status denied = check_admin(context, "SetConfig", &uid); !denied.ok()) return denied;
+  SettingsChange change;
+  change.job = request->job();
+  if (request->has_log_level()) {
+    LogLevel level{};
+    if (!parse_log_level(request->log_level(), &level)) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "log_level must be debug, info, warning or error, not '" + request->log_level() + "'");
+    }
+    change.log_level = level;
+  }
+  if (request->has_bucket_cap_bytes()) change.settings.bucket_cap = request->bucket_cap_bytes();
+  if (request->has_timeout_ms()) change.settings.timeout = std::chrono::milliseconds(request->timeout_ms());
+  if (request->has_execution_timeout_ms()) {
+    change.settings.execution_timeout = std::chrono::milliseconds(request->execution_timeout_ms());
+  }
+  if (!change.log_level && change.settings.empty()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "SetConfig names nothing to change (log_level, bucket_cap_bytes, timeout_ms, "
+                        "execution_timeout_ms)");
+  }
+  std::vector<JobChange> changes;
+  if (Status s = view_->change_settings(change, &changes); !s.ok()) return to_grpc(s);
+  for (const JobChange& c : changes) {
+    v1::JobConfigChange* out = reply->add_jobs();
+    out->set_job(c.job.id);
+    out->set_uid(c.job.uid);
+    out->set_from_operation(c.from_seq);
+    out->set_error(c.error);
+  }
+  DaemonStatus status;
+  if (Status s = view_->status(&status); s.ok()) {
+    for (const auto& [name, value] : status.config) {
+      v1::ConfigEntry* entry = reply->add_config();
+      entry->set_name(name);
+      entry->set_value(value);
+    }
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status AdminService::Drain(grpc::ServerContext* context, const v1::DrainRequest* request,
+                                 v1::DrainReply* reply) {
+  uid_t uid = 0;
+  if (grpc::Status denied = check_admin(context, "Drain", &uid); !denied.ok()) return denied;
+  if (request->timeout_ms() > 3'600'000) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "timeout_ms must be at most 3600000 (an hour)");
+  }
+  bool draining = false;
+  std::vector<std::string> left;
+  if (Status s = view_->drain(std::chrono::milliseconds(request->timeout_ms()), request->cancel(), &draining, &left);
+      !s.ok()) {
+    return to_grpc(s);
+  }
+  reply->set_draining(draining);
+  for (auto& job : left) reply->add_jobs_left(job);
   return grpc::Status::OK;
 }
 

@@ -29,11 +29,20 @@ class AdminService final : public v1::Admin::Service {
                            v1::GetInFlightReply* reply) override;
   grpc::Status GetStats(grpc::ServerContext* context, const v1::GetStatsRequest* request,
                         v1::GetStatsReply* reply) override;
+  grpc::Status DumpTrace(grpc::ServerContext* context, const v1::DumpTraceRequest* request,
+                         v1::DumpTraceReply* reply) override;
+  grpc::Status SetConfig(grpc::ServerContext* context, const v1::SetConfigRequest* request,
+                         v1::SetConfigReply* reply) override;
+  grpc::Status Drain(grpc::ServerContext* context, const v1::DrainRequest* request, v1::DrainReply* reply) override;
 
  private:
   // Ok when the caller may read; PERMISSION_DENIED naming its uid otherwise. *sees_all: the
-  // caller is root or the daemon's user, who see every user's jobs; others see their own.
+  // caller is privileged (root, the daemon's user, the admin group) and sees every user's
+  // jobs; others see their own.
   grpc::Status check_reader(grpc::ServerContext* context, uid_t* uid, bool* sees_all) const;
+  // Ok when the caller may make the mutating call `call`; PERMISSION_DENIED naming its uid
+  // and who may otherwise.
+  grpc::Status check_admin(grpc::ServerContext* context, const char* call, uid_t* uid) const;
 
   DaemonView* view_;
   CallerLookup caller_;

@@ -7,7 +7,10 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <thread>
 
+#include "daemon/admin/group_membership.h"
+#include "daemon/peer/peer_client.h"
 #include "shared/version.h"
 
 namespace gradsync::admin {
@@ -61,6 +64,12 @@ bool IoDaemonView::allowed(uid_t uid) const {
   return std::find(allowed.begin(), allowed.end(), uid) != allowed.end();
 }
 
+bool IoDaemonView::privileged(uid_t uid) const {
+  if (uid == 0 || uid == ::geteuid()) return true;
+  const std::string group = config().admin_group;
+  return !group.empty() && user_in_group(uid, group);
+}
+
 Status IoDaemonView::status(DaemonStatus* out) {
   const DaemonConfig c = config();
   DaemonStatus s;
@@ -86,7 +95,8 @@ Status IoDaemonView::status(DaemonStatus* out) {
               {"allow-uid", allowed.empty() ? "(own user and root)" : allowed},
               {"legacy-ipc-uid", legacy.empty() ? "(nobody)" : legacy},
               {"nccl-keep-idle-s", std::to_string(c.nccl_keep_idle.count())},
-              {"log-level", std::string(log_level_name(c.log_level))},
+              {"log-level", std::string(log_level_name(options_.log.level()))},
+              {"admin-group", c.admin_group.empty() ? "(none: root and the daemon's user)" : c.admin_group},
               {"peer-listen", c.peer_listen},
               {"gloo-transport", c.gloo_transport}};
   std::pair<uint32_t, uint32_t> counts{0, 0};
@@ -146,6 +156,8 @@ Status IoDaemonView::in_flight(const std::string& wanted, std::vector<JobOperati
     std::mutex mutex;
     std::vector<std::optional<std::vector<PendingOperation>>> answers;
     std::vector<std::shared_ptr<std::promise<void>>> answered;
+    std::vector<std::vector<std::string>> node_addresses;  // multi-node jobs: every node's daemon
+    std::vector<std::string> store_jobs;
   };
   auto shared = std::make_shared<Shared>();
   std::vector<JobInfo> infos;
@@ -157,6 +169,8 @@ Status IoDaemonView::in_flight(const std::string& wanted, std::vector<JobOperati
                            matching.push_back(job->info());
                            const size_t i = shared->answers.size();
                            shared->answers.emplace_back();
+                           shared->node_addresses.push_back(job->worker()->node_addresses());
+                           shared->store_jobs.push_back(job->store_job());
                            auto done = std::make_shared<std::promise<void>>();
                            shared->answered.push_back(done);
                            job->in_flight([shared, i, done](std::vector<PendingOperation> ops) {
@@ -172,16 +186,63 @@ Status IoDaemonView::in_flight(const std::string& wanted, std::vector<JobOperati
     return s;
   }
   if (!wanted.empty() && infos.empty()) return Status::not_found("no job '" + wanted + "' on this gradsyncd");
+  // Meanwhile, every other node of each multi-node job is asked where it is, in parallel; one
+  // that does not answer within the probe bound is reported unreachable, not waited for.
+  std::vector<std::vector<std::future<RemoteNode>>> probes(infos.size());
+  for (size_t i = 0; i < infos.size(); ++i) {
+    const auto& addresses = shared->node_addresses[i];
+    for (size_t n = 0; n < addresses.size(); ++n) {
+      if (static_cast<int>(n) == infos[i].node) continue;
+      probes[i].push_back(std::async(std::launch::async, [address = addresses[n], job = shared->store_jobs[i],
+                                                          node = static_cast<int>(n), within = options_.probe_within] {
+        RemoteNode remote;
+        remote.node = node;
+        remote.address = address;
+        PeerClient client(address);
+        peer::ProgressReply reply;
+        if (Status s = client.progress(job, within, &reply); !s.ok()) {
+          remote.unreachable = true;
+          remote.error = s.message();
+        } else if (!reply.found()) {
+          remote.error = "its daemon does not have this job (it ended there, or never formed)";
+        } else {
+          remote.operations_done = reply.operations_done();
+          remote.current_seq = reply.current_seq();
+          remote.current_bucket = reply.current_bucket();
+          remote.executing = reply.executing();
+          remote.error = reply.failure();
+        }
+        return remote;
+      }));
+    }
+  }
   const auto deadline = std::chrono::steady_clock::now() + options_.answer_within;
   for (auto& done : shared->answered) done->get_future().wait_until(deadline);
+  std::vector<std::vector<RemoteNode>> remotes(infos.size());
+  for (size_t i = 0; i < infos.size(); ++i) {
+    for (auto& probe : probes[i]) remotes[i].push_back(probe.get());  // each bounded by probe_within
+  }
   std::lock_guard lock(shared->mutex);
   for (size_t i = 0; i < infos.size(); ++i) {
     JobOperations entry;
     entry.job = infos[i];
+    entry.nodes = remotes[i];
     if (entry.job.state == "failed") {
       entry.unavailable = "the job failed: " + entry.job.last_error;
     } else if (shared->answers[i]) {
       entry.operations = *shared->answers[i];
+      // The head operation: which nodes have not reached its oldest unfinished bucket.
+      if (!entry.operations.empty() && !entry.operations.front().buckets.empty()) {
+        PendingOperation& head = entry.operations.front();
+        const uint32_t bucket = head.buckets.front().bucket;
+        for (const RemoteNode& remote : entry.nodes) {
+          const bool reached = !remote.unreachable && remote.error.empty() &&
+                               (remote.operations_done >= head.seq ||
+                                (remote.current_seq == head.seq &&
+                                 (remote.current_bucket > bucket || (remote.current_bucket == bucket && remote.executing))));
+          if (!reached) head.nodes_behind.push_back(remote);
+        }
+      }
     } else {
       entry.unavailable = "the job's worker thread did not answer within " + ms(options_.answer_within) +
                           " ms (busy, or hung)";
@@ -189,6 +250,123 @@ Status IoDaemonView::in_flight(const std::string& wanted, std::vector<JobOperati
     out->push_back(std::move(entry));
   }
   return Status();
+}
+
+}  // namespace gradsync::admin
+
+namespace gradsync::admin {
+
+Status IoDaemonView::traces(const std::string& wanted, size_t count, std::vector<JobTrace>* out) {
+  std::vector<std::pair<JobInfo, std::shared_ptr<const TraceLog>>> jobs;
+  if (Status s = on_io(options_.io, options_.answer_within,
+                       [this, wanted] {
+                         std::vector<std::pair<JobInfo, std::shared_ptr<const TraceLog>>> matching;
+                         for (const auto& job : options_.registry->jobs()) {
+                           if (wanted.empty() || job->params().id == wanted) matching.emplace_back(job->info(), job->trace());
+                         }
+                         return matching;
+                       },
+                       &jobs);
+      !s.ok()) {
+    return s;
+  }
+  if (!wanted.empty() && jobs.empty()) return Status::not_found("no job '" + wanted + "' on this gradsyncd");
+  for (auto& [info, trace] : jobs) out->push_back(JobTrace{std::move(info), trace->last(count)});
+  return Status();
+}
+
+Status IoDaemonView::change_settings(const SettingsChange& change, std::vector<JobChange>* out) {
+  const DaemonConfig c = config();
+  if (change.settings.timeout && (change.settings.timeout->count() <= 0 || *change.settings.timeout > c.max_timeout)) {
+    return Status::invalid_argument("timeout_ms must be between 1 and --max-timeout-ms (" + ms(c.max_timeout) +
+                                    "), not " + ms(*change.settings.timeout));
+  }
+  if (change.settings.execution_timeout && change.settings.execution_timeout->count() <= 0) {
+    return Status::invalid_argument("execution_timeout_ms must be positive");
+  }
+  using Target = std::pair<JobInfo, std::shared_ptr<Worker>>;
+  std::vector<Target> targets;
+  if (!change.settings.empty() || !change.job.empty()) {
+    if (Status s = on_io(options_.io, options_.answer_within,
+                         [this, wanted = change.job] {
+                           std::vector<Target> matching;
+                           for (const auto& job : options_.registry->jobs()) {
+                             if (!wanted.empty() && job->params().id != wanted) continue;
+                             matching.emplace_back(job->info(), job->worker());
+                           }
+                           return matching;
+                         },
+                         &targets);
+        !s.ok()) {
+      return s;
+    }
+    if (!change.job.empty() && targets.empty()) return Status::not_found("no job '" + change.job + "' on this gradsyncd");
+  }
+  if (change.log_level) {
+    options_.log.set_level(*change.log_level);
+    options_.log.info(std::string("SetConfig: log level ") + std::string(log_level_name(*change.log_level)));
+  }
+  if (change.settings.empty()) return Status();
+  // Every job at once: each change may wait for its nodes to agree, up to the job's timeout
+  // (at most 10 s here, so an operator is not kept waiting on one stuck job).
+  std::vector<std::future<JobChange>> changes;
+  for (auto& [info, worker] : targets) {
+    changes.push_back(std::async(std::launch::async, [info, worker, settings = change.settings, this] {
+      JobChange result;
+      result.job = info;
+      if (info.state != "running") {
+        result.error = "the job failed: " + info.last_error;
+        return result;
+      }
+      const auto bound = std::chrono::milliseconds(10'000);
+      if (Status s = worker->change_settings(settings, bound, &result.from_seq); !s.ok()) {
+        result.error = s.message();
+      } else {
+        options_.log.info("SetConfig: job " + info.id + " (uid " + std::to_string(info.uid) + "): " +
+                          settings.describe() + " from operation " + std::to_string(result.from_seq));
+      }
+      return result;
+    }));
+  }
+  for (auto& f : changes) out->push_back(f.get());
+  return Status();
+}
+
+Status IoDaemonView::drain(std::chrono::milliseconds wait, bool cancel, bool* draining, std::vector<std::string>* left) {
+  const Status why = Status::aborted("gradsyncd is draining (gradsyncctl drain): it takes no new jobs");
+  bool ok = false;
+  if (Status s = on_io(options_.io, options_.answer_within,
+                       [this, cancel, why] {
+                         options_.registry->refuse_new_jobs(cancel ? Status() : why);
+                         return true;
+                       },
+                       &ok);
+      !s.ok()) {
+    return s;
+  }
+  options_.log.info(cancel ? "Drain cancelled: new jobs are accepted again"
+                           : "Drain: new jobs are refused; waiting up to " + ms(wait) + " ms for the " +
+                                 "jobs there are to end");
+  *draining = !cancel;
+  const auto deadline = std::chrono::steady_clock::now() + wait;
+  for (;;) {
+    std::vector<std::string> names;
+    if (Status s = on_io(options_.io, options_.answer_within,
+                         [this] {
+                           std::vector<std::string> all;
+                           for (const auto& job : options_.registry->jobs()) all.push_back(job->store_job());
+                           return all;
+                         },
+                         &names);
+        !s.ok()) {
+      return s;
+    }
+    if (cancel || names.empty() || std::chrono::steady_clock::now() >= deadline) {
+      *left = std::move(names);
+      return Status();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
 }
 
 }  // namespace gradsync::admin

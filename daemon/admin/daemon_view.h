@@ -13,6 +13,7 @@
 #include "daemon/control/asio.h"
 #include "daemon/control/server.h"
 #include "daemon/job/registry.h"
+#include "daemon/util/log.h"
 
 namespace gradsync::admin {
 
@@ -25,6 +26,9 @@ struct IoDaemonViewOptions {
   std::vector<std::string> engines;  // "gloo/tcp", "nccl"
   std::string peer_address;
   std::chrono::milliseconds answer_within{2000};
+  // How long GetInFlight waits for another node's daemon before reporting it unreachable.
+  std::chrono::milliseconds probe_within{1000};
+  Logger log;  // the daemon's: SetConfig changes its level
 };
 
 class IoDaemonView final : public DaemonView {
@@ -37,7 +41,11 @@ class IoDaemonView final : public DaemonView {
   Status clients(std::vector<ClientInfo>* out) override;
   Status in_flight(const std::string& job, std::vector<JobOperations>* out) override;
   Status stats(const std::string& job, std::vector<JobStatistics>* out) override;
+  Status traces(const std::string& job, size_t count, std::vector<JobTrace>* out) override;
+  Status change_settings(const SettingsChange& change, std::vector<JobChange>* out) override;
+  Status drain(std::chrono::milliseconds wait, bool cancel, bool* draining, std::vector<std::string>* left) override;
   bool allowed(uid_t uid) const override;
+  bool privileged(uid_t uid) const override;
   void set_config(const DaemonConfig& config);
 
  private:

@@ -21,6 +21,18 @@ struct PendingBucket {
   bool launched = false;             // every local rank marked it: executing
 };
 
+// Where another node of a multi-node job is, as its daemon answered (or that it did not).
+struct RemoteNode {
+  int node = 0;
+  std::string address;
+  bool unreachable = false;
+  std::string error;  // why unreachable, or the job's failure there
+  uint64_t operations_done = 0;
+  uint64_t current_seq = 0;
+  uint32_t current_bucket = 0;
+  bool executing = false;
+};
+
 struct PendingOperation {
   uint64_t seq = 0;
   std::string kind;  // describe(OpDesc)
@@ -28,6 +40,7 @@ struct PendingOperation {
   std::chrono::milliseconds age{0};
   std::vector<int> ranks_not_submitted;  // global ranks of this node
   std::vector<PendingBucket> buckets;    // not finished
+  std::vector<RemoteNode> nodes_behind;  // the head operation: nodes not at its oldest unfinished bucket
 };
 
 struct JobInfo {

@@ -11,8 +11,13 @@
 #include <utility>
 #include <vector>
 
+#include <optional>
+
+#include "daemon/admin/chrome_trace.h"
 #include "daemon/admin/snapshot.h"
+#include "daemon/job/job_settings.h"
 #include "daemon/job/stats.h"
+#include "daemon/util/log.h"
 #include "shared/status.h"
 
 namespace gradsync::admin {
@@ -41,6 +46,20 @@ struct JobOperations {
   JobInfo job;
   std::vector<PendingOperation> operations;
   std::string unavailable;  // why there are no operations to show (a worker that did not answer)
+  std::vector<RemoteNode> nodes;  // a multi-node job: every other node
+};
+
+// SetConfig: what to change, and for which jobs (empty: every job).
+struct SettingsChange {
+  std::string job;
+  std::optional<LogLevel> log_level;
+  JobSettings settings;
+};
+
+struct JobChange {
+  JobInfo job;
+  uint64_t from_seq = 0;
+  std::string error;  // empty when applied
 };
 
 class DaemonView {
@@ -53,8 +72,18 @@ class DaemonView {
   virtual Status in_flight(const std::string& job, std::vector<JobOperations>* out) = 0;
   // Every job's (or the named job's) statistics.
   virtual Status stats(const std::string& job, std::vector<JobStatistics>* out) = 0;
+  // Every job's (or the named job's) last `count` operations (0: all kept).
+  virtual Status traces(const std::string& job, size_t count, std::vector<JobTrace>* out) = 0;
+  // Applies `change`: the log level at once, the job settings at each job's agreed step.
+  virtual Status change_settings(const SettingsChange& change, std::vector<JobChange>* out) = 0;
+  // Refuses new jobs (or accepts them again) and waits up to `wait` for the jobs there are to
+  // end; *left names those still there ("uid.job").
+  virtual Status drain(std::chrono::milliseconds wait, bool cancel, bool* draining, std::vector<std::string>* left) = 0;
   // Who may call the admin service at all: the users allowed on the control socket.
   virtual bool allowed(uid_t uid) const = 0;
+  // Who may make mutating calls and see every user's jobs: root, the daemon's own user and
+  // the members of the admin group.
+  virtual bool privileged(uid_t uid) const = 0;
 };
 
 }  // namespace gradsync::admin

@@ -34,6 +34,7 @@
 #include <memory>
 #include <string>
 
+#include "daemon/backend/timings.h"
 #include "daemon/engine/engine.h"
 #include "daemon/engine/rendezvous.h"
 #include "daemon/job/op.h"
@@ -54,6 +55,8 @@ struct BucketCall {
   // node only. It outlives the call.
   CollectiveEngine* engine = nullptr;
   reduce::KernelArgs args;  // allreduce and reduce
+  // Where the time goes, filled in by executors that measure it before they answer; may be null.
+  std::shared_ptr<BucketTimings> timings;
 };
 
 using BucketDone = std::function<void(const Status&)>;

@@ -9,7 +9,9 @@
 // and never blocks.
 #pragma once
 
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "daemon/engine/engine.h"
 #include "daemon/engine/rendezvous.h"
@@ -17,6 +19,8 @@
 #include "shared/status.h"
 
 namespace gradsync {
+
+class ConfigChannel;
 
 class Cluster : public Rendezvous {
  public:
@@ -42,6 +46,11 @@ class Cluster : public Rendezvous {
 
   // Tells the other nodes why this node's job failed (best effort, short timeout).
   virtual void publish_failure(const Status& status) = 0;
+
+  // Once formed: how the nodes agree on settings changes (null when this cluster cannot, as
+  // test fakes), and every node's daemon peer address, by node (empty when unknown).
+  virtual std::shared_ptr<ConfigChannel> config_channel() { return nullptr; }
+  virtual std::vector<std::string> node_addresses() const { return {}; }
 };
 
 }  // namespace gradsync

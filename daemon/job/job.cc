@@ -17,12 +17,12 @@ Job::Job(JobOptions options)
       members_(static_cast<size_t>(options_.params.local_world_size)) {
   WorkerOptions worker;
   worker.job_id = options_.params.id;
-  worker.owner_job = std::to_string(options_.params.uid) + "." + options_.params.id;
+  worker.owner_job = store_job();
   worker.topology = options_.params.topology;
   if (worker.topology.nodes > 1) {
     ClusterOptions cluster;
     cluster.job_id = options_.params.id;
-    cluster.store_job = std::to_string(options_.params.uid) + "." + options_.params.id;
+    cluster.store_job = store_job();
     cluster.topology = worker.topology;
     cluster.timeout = options_.params.timeout;
     cluster.rendezvous = options_.params.rendezvous;
@@ -47,6 +47,7 @@ Job::Job(JobOptions options)
   worker.pool = options_.pool;
   worker.log = log_;
   worker_ = std::make_shared<Worker>(std::move(worker));
+  if (options_.progress && params().topology.nodes > 1) options_.progress->add(store_job(), worker_);
   log_.info("formed (incarnation " + std::to_string(options_.incarnation) + ", world size " +
             std::to_string(options_.params.world_size) + ", node " + std::to_string(params().topology.node) + " of " +
             std::to_string(params().topology.nodes) + ", timeout " +
@@ -55,6 +56,7 @@ Job::Job(JobOptions options)
 
 Job::~Job() {
   *alive_ = nullptr;
+  if (options_.progress) options_.progress->remove(store_job(), worker_.get());
   const Status ended = Status::aborted("job " + params().id + " ended");
   fail_pending(ended);
   // The worker owns the rings it drains; it goes to the reaper, which stops it off the io thread.

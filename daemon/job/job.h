@@ -21,6 +21,7 @@
 #include "daemon/backend/factory.h"
 #include "daemon/engine/factory.h"
 #include "daemon/job/failure_counts.h"
+#include "daemon/job/progress_board.h"
 #include "daemon/job/reaper.h"
 #include "daemon/job/tensor_set.h"
 #include "daemon/job/topology.h"
@@ -65,6 +66,7 @@ struct JobOptions {
   ExecutionSettings execution;
   Logger log;
   FailureCounts* failures = nullptr;  // daemon-wide; may be null (tests)
+  ProgressBoard* progress = nullptr;  // daemon-wide; multi-node jobs are on it; may be null
 };
 
 struct MemberInfo {
@@ -97,6 +99,8 @@ class Job : public std::enable_shared_from_this<Job> {
   Job& operator=(const Job&) = delete;
 
   const JobParams& params() const { return options_.params; }
+  // "<uid>.<job id>": the job's name in the rendezvous store and on the progress board.
+  std::string store_job() const { return std::to_string(options_.params.uid) + "." + options_.params.id; }
   uint64_t incarnation() const { return options_.incarnation; }
   // The descriptors a member gets: the job's doorbell and its own rings (channel_layout.h).
   struct ChannelFds {
@@ -128,6 +132,10 @@ class Job : public std::enable_shared_from_this<Job> {
   // For the admin service.
   admin::JobInfo info() const;
   std::shared_ptr<const JobStats> stats() const { return worker_->stats(); }
+  std::shared_ptr<const TraceLog> trace() const { return worker_->trace(); }
+  // The worker, for admin calls that block (a settings change) and must not hold the Job,
+  // which belongs to the io thread.
+  std::shared_ptr<Worker> worker() const { return worker_; }
   // Its operations not finished yet; `done` runs once, on the worker thread.
   void in_flight(std::function<void(std::vector<admin::PendingOperation>)> done) const {
     worker_->in_flight(std::move(done));

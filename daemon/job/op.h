@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "daemon/job/tensor_set.h"
+#include "daemon/job/trace.h"
 #include "shared/channel_layout.h"
 #include "shared/status.h"
 
@@ -50,6 +51,13 @@ struct Op {
   // [bucket] when its first local rank made it ready (default: none yet), for readiness lag.
   std::vector<std::chrono::steady_clock::time_point> first_ready;
   size_t next_bucket = 0;                         // buckets launch strictly in index order
+  // The worker applied the job's settings to it (and re-planned its set if the bucket cap
+  // changed); it may launch buckets. Set just before its first bucket launches.
+  bool begun = false;
+  // [bucket * local ranks + local rank]: when that rank made the bucket ready (for the trace).
+  std::vector<std::chrono::steady_clock::time_point> ready_at;
+  std::vector<BucketTrace> traced;  // buckets landed so far, for the trace (bounded)
+  uint32_t traced_left_out = 0;
 };
 
 }  // namespace gradsync

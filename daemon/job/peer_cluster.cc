@@ -4,6 +4,7 @@
 #include <future>
 #include <sstream>
 
+#include "daemon/job/config_channel.h"
 #include "daemon/plan/layout.h"
 
 namespace gradsync {
@@ -92,6 +93,12 @@ Status PeerCluster::form() {
   options_.log.info("formed across " + std::to_string(t.nodes) + " nodes as node " + std::to_string(t.node) +
                     " (" + prefix_ + " at rendezvous " + options_.rendezvous + ")");
   return Status();
+}
+
+std::shared_ptr<ConfigChannel> PeerCluster::config_channel() {
+  if (!formed_) return nullptr;
+  return std::make_shared<ConfigChannel>(options_.rendezvous, options_.store_job, prefix_, options_.topology.node,
+                                         options_.topology.nodes);
 }
 
 Status PeerCluster::check_layout(const TensorSet& set) {

@@ -50,6 +50,8 @@ class PeerCluster final : public Cluster {
   Status explain(const Status& error) override;
   void abort(const Status& why) override;
   void publish_failure(const Status& status) override;
+  std::shared_ptr<ConfigChannel> config_channel() override;
+  std::vector<std::string> node_addresses() const override { return addresses_; }
 
   // "node 2 (ranks 4-5, gradsyncd at host:port)"
   std::string describe_node(int node) const;

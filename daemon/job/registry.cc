@@ -73,6 +73,7 @@ Status JobRegistry::join(const control::JoinRequest& request, const MemberInfo& 
     it = jobs_.end();
   }
   if (it == jobs_.end()) {
+    if (!refusing_new_.ok()) return refusing_new_;
     JobOptions options;
     options.params = params;
     options.cluster = options_.cluster;
@@ -83,6 +84,7 @@ Status JobRegistry::join(const control::JoinRequest& request, const MemberInfo& 
     options.execution = options_.execution;
     options.log = options_.log;
     options.failures = options_.failures;
+    options.progress = options_.progress;
     it = jobs_.emplace(key, std::make_shared<Job>(std::move(options))).first;
   }
   const JobParams& p = it->second->params();

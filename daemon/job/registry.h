@@ -29,6 +29,7 @@ struct RegistryOptions {
   Reaper* reaper = nullptr;
   ExecutionSettings execution;
   FailureCounts* failures = nullptr;  // outlives the registry; may be null
+  ProgressBoard* progress = nullptr;  // outlives the registry; may be null
 };
 
 class JobRegistry {
@@ -50,6 +51,10 @@ class JobRegistry {
 
   // SIGTERM's drain: joins are refused from now on (the clients hear why).
   void refuse_joins(Status why) { refusing_ = std::move(why); }
+  // The admin service's Drain: joins that would form a new job are refused (ok: accepted
+  // again); members of the jobs there may still join them.
+  void refuse_new_jobs(Status why) { refusing_new_ = std::move(why); }
+  bool refusing_new_jobs() const { return !refusing_new_.ok(); }
 
   // SIGHUP: the bounds new jobs get (running jobs keep theirs).
   void set_timeouts(std::chrono::milliseconds default_timeout, std::chrono::milliseconds max_timeout,
@@ -71,6 +76,7 @@ class JobRegistry {
   using Key = std::pair<uid_t, std::string>;
   std::map<Key, std::shared_ptr<Job>> jobs_;
   Status refusing_;  // ok unless the daemon is draining
+  Status refusing_new_;  // ok unless an operator drains the daemon (Drain)
   uint64_t incarnations_ = 0;
 };
 

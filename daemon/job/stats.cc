@@ -29,16 +29,34 @@ void JobStats::bucket_ready(int local_rank, std::chrono::nanoseconds lag) {
   }
 }
 
-void JobStats::bucket_launched(std::chrono::nanoseconds waited) {
+void JobStats::bucket_launched(uint32_t bucket, std::chrono::nanoseconds waited) {
   std::lock_guard lock(mutex_);
   data_.waiting_for_ranks.add(waited);
+  if (bucket < JobStatsSnapshot::kMaxBucketIndices) {
+    BucketStatsSnapshot& b = data_.buckets_by_index[bucket];
+    ++b.launches;
+    b.waiting_for_ranks.add(waited);
+  }
 }
 
-void JobStats::bucket_landed(uint64_t bytes, std::chrono::nanoseconds executed) {
+void JobStats::bucket_landed(uint32_t bucket, uint64_t bytes, std::chrono::nanoseconds executed,
+                             const BucketTimings& parts) {
   std::lock_guard lock(mutex_);
   ++data_.buckets;
   data_.bytes += bytes;
   data_.executing.add(executed);
+  if (parts.reported) {
+    data_.local_reduction.add(parts.local);
+    if (parts.cross_node) {
+      data_.waiting_for_peers.add(parts.peers);
+      data_.collective.add(parts.collective);
+    }
+  }
+  if (bucket < JobStatsSnapshot::kMaxBucketIndices) {
+    BucketStatsSnapshot& b = data_.buckets_by_index[bucket];
+    b.bytes += bytes;
+    b.executing.add(executed);
+  }
 }
 
 void JobStats::operation_done(std::chrono::nanoseconds latency) {

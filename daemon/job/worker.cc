@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <future>
 #include <set>
 
 
@@ -39,7 +40,14 @@ Worker::Worker(WorkerOptions options)
   if (options_.cluster) {
     post_task([this](const Status& failed) {
       if (!failed.ok()) return;
-      if (Status status = options_.cluster->form(); !status.ok()) fail(status);
+      if (Status status = options_.cluster->form(); !status.ok()) return fail(status);
+      std::shared_ptr<ConfigChannel> channel = options_.cluster->config_channel();
+      std::lock_guard lock(mutex_);
+      node_addresses_ = options_.cluster->node_addresses();
+      if (channel) {
+        config_channel_ = channel;
+        config_watcher_ = std::thread([this, channel] { watch_config(channel); });
+      }
     });
   }
 }
@@ -331,6 +339,7 @@ Status Worker::handle_submit(uint32_t local_rank, const SubmitEntry& entry) {
     op.remaining.assign(clients, {});
     op.clients_ready.assign(buckets, 0);
     op.first_ready.assign(buckets, {});
+    op.ready_at.assign(buckets * clients, {});
     ops_.push_back(std::move(op));
     pending_ops_.store(ops_.size());
   }
@@ -385,12 +394,40 @@ Status Worker::handle_mark_ready(uint32_t local_rank, const SubmitEntry& entry) 
 }
 
 Status Worker::progress() {
+  Status status = progress_ops();
+  if (ops_.empty()) {
+    current_seq_.store(0, std::memory_order_relaxed);
+    current_bucket_.store(0, std::memory_order_relaxed);
+  } else {
+    current_seq_.store(ops_.front().seq, std::memory_order_relaxed);
+    current_bucket_.store(static_cast<uint32_t>(ops_.front().next_bucket), std::memory_order_relaxed);
+  }
+  executing_.store(flight_.has_value(), std::memory_order_relaxed);
+  return status;
+}
+
+Worker::Position Worker::position() const {
+  Position p;
+  p.operations_done = completed_ops_.load();
+  p.current_seq = current_seq_.load(std::memory_order_relaxed);
+  p.current_bucket = current_bucket_.load(std::memory_order_relaxed);
+  p.executing = executing_.load(std::memory_order_relaxed);
+  return p;
+}
+
+std::vector<std::string> Worker::node_addresses() const {
+  std::lock_guard lock(mutex_);
+  return node_addresses_;
+}
+
+Status Worker::progress_ops() {
   while (!ops_.empty()) {
     Op& op = ops_.front();
     if (flight_) {
       if (!has_landed_.load()) return Status::ok_status();  // still executing
       if (Status status = land(op); !status.ok()) return status;
     }
+    if (!op.begun && !begin(op)) return Status::ok_status();  // held for a settings change
     const size_t buckets = op.set->plan.buckets.size();
     if (op.next_bucket < buckets) {
       if (op.clients_ready[op.next_bucket] != clients_.size()) return Status::ok_status();
@@ -400,7 +437,10 @@ Status Worker::progress() {
     // A set with no buckets still needs every client's submission before it completes.
     if (std::find(op.submitted.begin(), op.submitted.end(), false) != op.submitted.end()) return Status::ok_status();
     for (uint32_t c = 0; c < clients_.size(); ++c) post(c, op.seq, Status::ok_status());
-    stats_->operation_done(std::chrono::steady_clock::now() - op.started);
+    const auto finished = std::chrono::steady_clock::now();
+    stats_->operation_done(finished - op.started);
+    trace_->add(OpTrace{op.seq, describe(op.desc), op.desc.set_id, op.started, finished, std::move(op.traced),
+                        op.traced_left_out});
     ops_.pop_front();
     pending_ops_.store(ops_.size());
     first_seq_++;
@@ -426,6 +466,7 @@ void Worker::note_ready(Op& op, size_t bucket, uint32_t local_rank) {
   op.clients_ready[bucket]++;
   const auto now = std::chrono::steady_clock::now();
   if (op.first_ready[bucket] == std::chrono::steady_clock::time_point{}) op.first_ready[bucket] = now;
+  op.ready_at[bucket * clients_.size() + local_rank] = now;
   stats_->bucket_ready(static_cast<int>(local_rank), now - op.first_ready[bucket]);
 }
 
@@ -453,8 +494,10 @@ Status Worker::launch(Op& op) {
   // Cross-node, whatever the engine: a device bucket's NCCL spans the group's nodes too, so its
   // errors are explained by the cluster and its bound allows for waiting on peers.
   const bool cross_node = options_.cluster && options_.topology.nodes_of(b.group).size() > 1;
-  stats_->bucket_launched(std::chrono::steady_clock::now() - op.waiting_since);
+  stats_->bucket_launched(static_cast<uint32_t>(bucket), std::chrono::steady_clock::now() - op.waiting_since);
   flight_ = Flight{op.seq, bucket, b.group, cross_node, std::chrono::steady_clock::now()};
+  *timings_ = BucketTimings{};
+  call.timings = timings_;
   // The answer may come on any thread. Once has_landed_ is set the worker may finish and be
   // destroyed, so nothing of `this` is touched after the lock is released: the notify happens
   // under it, and land() and wait_for_flight() take the lock before going on.
@@ -487,7 +530,23 @@ Status Worker::land(Op& op) {
     return answer;
   }
   op.waiting_since = std::chrono::steady_clock::now();
-  stats_->bucket_landed(op.set->plan.buckets[op.next_bucket].bytes, op.waiting_since - flight.launched);
+  const plan::Bucket& bucket = op.set->plan.buckets[op.next_bucket];
+  stats_->bucket_landed(static_cast<uint32_t>(op.next_bucket), bucket.bytes, op.waiting_since - flight.launched,
+                        *timings_);
+  if (op.traced.size() < TraceLog::kMaxBuckets) {
+    BucketTrace traced;
+    traced.index = static_cast<uint32_t>(op.next_bucket);
+    traced.group = bucket.group;
+    traced.bytes = bucket.bytes;
+    const auto first = op.ready_at.begin() + static_cast<std::ptrdiff_t>(op.next_bucket * clients_.size());
+    traced.ready.assign(first, first + static_cast<std::ptrdiff_t>(clients_.size()));
+    traced.launched = flight.launched;
+    traced.landed = op.waiting_since;
+    traced.parts = *timings_;
+    op.traced.push_back(std::move(traced));
+  } else {
+    op.traced_left_out++;
+  }
   op.next_bucket++;
   return Status::ok_status();
 }
@@ -644,6 +703,7 @@ void Worker::shut_down(const Status& failure) {
   }
   if (interrupted) options_.log.warning("per-step path stopped with operations pending: " + status.to_string());
   run_tasks(/*last=*/true);  // pending set admissions learn the failure
+  stop_config_watcher(status);
   if (options_.on_stopped) options_.on_stopped(status);
   if (options_.cluster) {
     const auto start = std::chrono::steady_clock::now();
@@ -657,6 +717,174 @@ void Worker::shut_down(const Status& failure) {
                        std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
                                           std::chrono::steady_clock::now() - start).count()) + " ms");
   }
+}
+
+
+// ---- settings changes (SetConfig) ----
+
+uint64_t Worker::first_not_begun() const {
+  if (ops_.empty()) return first_seq_;
+  return ops_.front().begun ? ops_.front().seq + 1 : ops_.front().seq;
+}
+
+bool Worker::begin(Op& op) {
+  if (hold_at_ && op.seq >= *hold_at_) return false;
+  bool changed = false;
+  while (!scheduled_.empty() && scheduled_.front().first <= op.seq) {
+    options_.log.info("from operation " + std::to_string(op.seq) + ": " +
+                      scheduled_.front().second.describe());
+    active_.merge(scheduled_.front().second);
+    scheduled_.pop_front();
+    changed = true;
+  }
+  if (changed) {
+    if (active_.timeout) options_.timeout = *active_.timeout;
+    if (active_.execution_timeout) options_.execution_timeout = *active_.execution_timeout;
+  }
+  // Device sets keep the plan they were admitted with: their executor prepared per-bucket
+  // state (NCCL registrations, staging) for it. Every node makes the same choice.
+  if (active_.bucket_cap && op.set->memory_kind == MemoryKind::kHostMemfd && op.set->bucket_cap != *active_.bucket_cap) {
+    rebind(op, replanned(op.set, *active_.bucket_cap));
+  }
+  op.begun = true;
+  return true;
+}
+
+std::shared_ptr<const TensorSet> Worker::replanned(const std::shared_ptr<const TensorSet>& set, uint64_t cap) {
+  // An operation's set is the one it was registered as: the re-planned copy is made from that.
+  std::shared_ptr<const TensorSet> original = find_set(set->id);
+  if (!original) original = set;
+  Replanned& cached = replanned_[set->id];
+  if (cached.from != original || cached.cap != cap || !cached.set) {
+    auto copy = std::make_shared<TensorSet>(*original);
+    copy->bucket_cap = cap;
+    complete_tensor_set(copy.get(), options_.topology);
+    cached = Replanned{original, cap, std::move(copy)};
+  }
+  return cached.set;
+}
+
+void Worker::rebind(Op& op, std::shared_ptr<const TensorSet> set) {
+  // Nothing of the operation has launched, so only its readiness moves to the new buckets:
+  // a bucket is ready for a rank when each of its tensors is (every tensor, for a rank that
+  // submitted with everything ready).
+  op.set = std::move(set);
+  const auto& plan = op.set->plan;
+  const size_t buckets = plan.buckets.size();
+  const size_t clients = clients_.size();
+  const auto now = std::chrono::steady_clock::now();
+  op.clients_ready.assign(buckets, 0);
+  op.first_ready.assign(buckets, {});
+  op.ready_at.assign(buckets * clients, {});
+  for (size_t c = 0; c < clients; ++c) {
+    if (!op.submitted[c]) continue;
+    op.remaining[c].assign(buckets, 0);
+    if (!op.marked[c].empty()) {
+      for (size_t t = 0; t < op.marked[c].size(); ++t) {
+        if (!op.marked[c][t]) op.remaining[c][plan.bucket_of_tensor[t]]++;
+      }
+    }
+    for (size_t b = 0; b < buckets; ++b) {
+      if (op.remaining[c][b] != 0) continue;
+      op.clients_ready[b]++;
+      if (op.first_ready[b] == std::chrono::steady_clock::time_point{}) op.first_ready[b] = now;
+      op.ready_at[b * clients + c] = now;
+    }
+  }
+}
+
+Status Worker::change_settings(const JobSettings& settings, std::chrono::milliseconds bound, uint64_t* from_seq) {
+  if (!options_.cluster) {
+    auto answer = std::make_shared<std::promise<std::pair<Status, uint64_t>>>();
+    auto future = answer->get_future();
+    post_task([this, settings, answer](const Status& failed) {
+      if (!failed.ok()) return answer->set_value({failed, 0});
+      const uint64_t at = first_not_begun();
+      scheduled_.emplace_back(at, settings);
+      answer->set_value({Status(), at});
+      doorbell().notify();  // an operation that was waiting may begin now
+    });
+    if (future.wait_for(bound) != std::future_status::ready) {
+      return Status::timeout("job " + options_.job_id + ": its worker did not take the change within " +
+                             std::to_string(bound.count()) + " ms");
+    }
+    auto [status, at] = future.get();
+    *from_seq = at;
+    return status;
+  }
+  std::shared_ptr<ConfigChannel> channel;
+  {
+    std::lock_guard lock(mutex_);
+    if (!failure_.ok()) return failure_;
+    channel = config_channel_;
+  }
+  if (!channel) {
+    return Status::not_supported("job " + options_.job_id +
+                               " has not formed across its nodes yet; its settings can change once it has");
+  }
+  uint64_t k = 0;
+  if (Status s = channel->propose(settings.encode(), bound, &k); !s.ok()) {
+    return Status(s.code(), "job " + options_.job_id + ": could not publish the change at the rendezvous: " + s.message());
+  }
+  if (Status s = channel->agree(k, bound, from_seq); !s.ok()) {
+    return Status(s.code(), "job " + options_.job_id + ": the nodes did not all take change " + std::to_string(k) +
+                                " within " + std::to_string(bound.count()) + " ms: " + s.message());
+  }
+  return Status();
+}
+
+void Worker::watch_config(std::shared_ptr<ConfigChannel> channel) {
+  for (uint64_t k = 1;; ++k) {
+    std::string text;
+    Status status;
+    do {
+      status = channel->wait(k, std::chrono::milliseconds(1000), &text);
+    } while (status.code() == ErrorCode::kTimeout && !failed_.load());
+    if (!status.ok()) return;  // cancelled: the job ended (or failed)
+    JobSettings settings;
+    if (!JobSettings::decode(text, &settings)) {
+      fail(Status::protocol("job " + options_.job_id + ": settings change " + std::to_string(k) +
+                            " at the rendezvous is malformed"));
+      return;
+    }
+    // Hold before the first operation not begun, and offer it.
+    auto held = std::make_shared<std::promise<std::optional<uint64_t>>>();
+    auto at = held->get_future();
+    post_task([this, held](const Status& failed) {
+      if (!failed.ok()) return held->set_value(std::nullopt);
+      hold_at_ = first_not_begun();
+      held->set_value(hold_at_);
+    });
+    const std::optional<uint64_t> hold = at.get();
+    if (!hold) return;
+    uint64_t from = 0;
+    status = channel->offer(k, *hold, options_.timeout);
+    if (status.ok()) status = channel->agree(k, options_.timeout, &from);
+    if (!status.ok()) {
+      if (failed_.load()) return;
+      // The other nodes may or may not apply it; going on with either settings could mix
+      // buckets across nodes.
+      fail(Status(status.code(), "job " + options_.job_id + ": the nodes did not agree on when settings change " +
+                                     std::to_string(k) + " (" + settings.describe() + ") takes effect: " +
+                                     status.message()));
+      return;
+    }
+    post_task([this, from, settings](const Status& failed) {
+      if (!failed.ok()) return;
+      scheduled_.emplace_back(from, settings);
+      hold_at_.reset();
+    });
+  }
+}
+
+void Worker::stop_config_watcher(const Status& why) {
+  std::shared_ptr<ConfigChannel> channel;
+  {
+    std::lock_guard lock(mutex_);
+    channel = config_channel_;
+  }
+  if (channel) channel->cancel(why);
+  if (config_watcher_.joinable()) config_watcher_.join();
 }
 
 }  // namespace gradsync

@@ -41,7 +41,10 @@
 #include "daemon/job/channel.h"
 #include "daemon/job/stats.h"
 #include "daemon/job/cluster.h"
+#include "daemon/job/config_channel.h"
+#include "daemon/job/job_settings.h"
 #include "daemon/job/op.h"
+#include "daemon/job/trace.h"
 #include "daemon/job/tensor_set.h"
 #include "daemon/job/topology.h"
 #include "daemon/util/log.h"
@@ -107,6 +110,29 @@ class Worker {
   // Running statistics (GetStats). Thread-safe.
   std::shared_ptr<const JobStats> stats() const { return stats_; }
 
+  // The last operations, for DumpTrace. Thread-safe.
+  std::shared_ptr<const TraceLog> trace() const { return trace_; }
+
+  // Where the job is, for other nodes asking through the peer service (GetInFlight there).
+  // Thread-safe; a moment's view.
+  struct Position {
+    uint64_t operations_done = 0;
+    uint64_t current_seq = 0;      // the head operation; 0 when none is pending
+    uint32_t current_bucket = 0;   // its next bucket to launch, or the one in flight
+    bool executing = false;        // current_bucket is in flight
+  };
+  Position position() const;
+
+  // A multi-node job's other daemons, by node, once it formed (empty before, and for a
+  // single-node job). Thread-safe.
+  std::vector<std::string> node_addresses() const;
+
+  // Changes the job's settings from the first operation that has not begun on any of its
+  // nodes: at once for a single-node job; for a multi-node job through the rendezvous
+  // (config_channel.h), which every node's watcher follows. Blocks up to `bound`; *from_seq is
+  // the first operation run with the new settings. Thread-safe; not on the worker thread.
+  Status change_settings(const JobSettings& settings, std::chrono::milliseconds bound, uint64_t* from_seq);
+
  private:
   struct ClientState {
     explicit ClientState(std::shared_ptr<ClientChannel> memory)
@@ -132,7 +158,20 @@ class Worker {
   Status handle_entry(uint32_t local_rank, const SubmitEntry& entry);
   Status handle_submit(uint32_t local_rank, const SubmitEntry& entry);
   Status handle_mark_ready(uint32_t local_rank, const SubmitEntry& entry);
-  Status progress();  // lands the bucket in flight, launches the next ready one, completes ops
+  Status progress();  // progress_ops(), then publishes position()
+  Status progress_ops();  // lands the bucket in flight, launches the next ready one, completes ops
+  // Before an operation's first bucket: applies the settings scheduled up to its sequence
+  // number, re-planning its set when the bucket cap changed. False while a settings change
+  // holds the job before it.
+  bool begin(Op& op);
+  // The first operation that has not begun: where a settings change can take effect.
+  uint64_t first_not_begun() const;
+  // `set` planned with bucket cap `cap` (cached), and `op` moved onto it with its readiness.
+  std::shared_ptr<const TensorSet> replanned(const std::shared_ptr<const TensorSet>& set, uint64_t cap);
+  void rebind(Op& op, std::shared_ptr<const TensorSet> set);
+  // The watcher thread of a multi-node job: follows the settings changes any node proposes.
+  void watch_config(std::shared_ptr<ConfigChannel> channel);
+  void stop_config_watcher(const Status& why);
   Status launch(Op& op);
   // A local rank made `bucket` of `op` ready: counts it, and records its lag behind the first.
   void note_ready(Op& op, size_t bucket, uint32_t local_rank);
@@ -162,9 +201,27 @@ class Worker {
     bool cross_node = false;
     std::chrono::steady_clock::time_point launched;
   };
+  // The executor's account of the bucket in flight (one at a time, so one is reused).
+  std::shared_ptr<BucketTimings> timings_ = std::make_shared<BucketTimings>();
   std::optional<Flight> flight_;
   std::atomic<uint64_t> completed_ops_{0};
   std::atomic<size_t> pending_ops_{0};
+  std::atomic<uint64_t> current_seq_{0};
+  std::atomic<uint32_t> current_bucket_{0};
+  std::atomic<bool> executing_{false};
+
+  // Settings changes (worker thread only): what applies now, what applies from which
+  // operation on, and the hold a multi-node change puts before the operation it may start at.
+  JobSettings active_;
+  std::deque<std::pair<uint64_t, JobSettings>> scheduled_;
+  std::optional<uint64_t> hold_at_;
+  struct Replanned {
+    std::shared_ptr<const TensorSet> from;
+    uint64_t cap = 0;
+    std::shared_ptr<const TensorSet> set;
+  };
+  std::map<uint32_t, Replanned> replanned_;  // by set id
+  std::shared_ptr<TraceLog> trace_ = std::make_shared<TraceLog>();
 
   mutable std::mutex mutex_;
   std::map<uint32_t, std::shared_ptr<const TensorSet>> sets_;  // guarded by mutex_
@@ -184,6 +241,9 @@ class Worker {
   std::atomic<bool> has_landed_{false};
   std::atomic<bool> failed_{false};
   std::atomic<bool> stopping_{false};
+  std::vector<std::string> node_addresses_;         // guarded by mutex_
+  std::shared_ptr<ConfigChannel> config_channel_;   // guarded by mutex_; set once formed
+  std::thread config_watcher_;                      // started by the worker thread once formed
   std::thread thread_;
 };
 

@@ -119,4 +119,12 @@ Status PeerClient::ping(std::chrono::milliseconds timeout) {
   return call.finish(stub_->Ping(call.context(), request, &reply));
 }
 
+Status PeerClient::progress(const std::string& job, std::chrono::milliseconds timeout, peer::ProgressReply* reply) {
+  Call call(this, timeout);
+  if (!call.refused().ok()) return call.refused();
+  peer::ProgressRequest request;
+  request.set_job(job);
+  return call.finish(stub_->Progress(call.context(), request, reply));
+}
+
 }  // namespace gradsync

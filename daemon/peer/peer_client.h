@@ -35,6 +35,8 @@ class PeerClient {
   Status delete_job(const std::string& job, std::chrono::milliseconds timeout);
   // Whether the daemon answers within `timeout`.
   Status ping(std::chrono::milliseconds timeout);
+  // Where the daemon's part of `job` (a store job) is.
+  Status progress(const std::string& job, std::chrono::milliseconds timeout, peer::ProgressReply* reply);
 
   // Cancels the calls in flight and fails every later call with `why`. Any thread; idempotent.
   void cancel(const Status& why);

@@ -82,7 +82,16 @@ grpc::ServerUnaryReactor* PeerService::Ping(grpc::CallbackServerContext* context
   return reactor;
 }
 
-PeerServer::PeerServer(PeerServerOptions options) : options_(std::move(options)), service_(&store_) {
+grpc::ServerUnaryReactor* PeerService::Progress(grpc::CallbackServerContext* context,
+                                                const peer::ProgressRequest* request, peer::ProgressReply* reply) {
+  auto* reactor = context->DefaultReactor();
+  reply->set_found(progress_ && progress_(request->job(), reply));
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+PeerServer::PeerServer(PeerServerOptions options)
+    : options_(std::move(options)), service_(&store_, options_.progress) {
   grpc::ServerBuilder builder;
   // gRPC sets SO_REUSEPORT by default, which would let a second daemon bind the same port and
   // silently take half of the rendezvous traffic. A port in use must be an error instead.

@@ -5,6 +5,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -14,9 +15,13 @@
 
 namespace gradsync {
 
+// Fills in where this daemon's part of a store job is; false when it has no such job.
+// Called on gRPC threads.
+using ProgressLookup = std::function<bool(const std::string& store_job, peer::ProgressReply* reply)>;
+
 class PeerService final : public peer::Peer::CallbackService {
  public:
-  explicit PeerService(KvStore* store) : store_(store) {}
+  PeerService(KvStore* store, ProgressLookup progress) : store_(store), progress_(std::move(progress)) {}
 
   grpc::ServerUnaryReactor* Set(grpc::CallbackServerContext* context, const peer::SetRequest* request,
                                 peer::SetReply* reply) override;
@@ -28,14 +33,18 @@ class PeerService final : public peer::Peer::CallbackService {
                                       peer::DeleteJobReply* reply) override;
   grpc::ServerUnaryReactor* Ping(grpc::CallbackServerContext* context, const peer::PingRequest* request,
                                  peer::PingReply* reply) override;
+  grpc::ServerUnaryReactor* Progress(grpc::CallbackServerContext* context, const peer::ProgressRequest* request,
+                                     peer::ProgressReply* reply) override;
 
  private:
   KvStore* store_;
+  ProgressLookup progress_;
 };
 
 struct PeerServerOptions {
   std::string listen;  // host:port
   Logger log;
+  ProgressLookup progress;  // may be empty: every job is reported as not found
 };
 
 class PeerServer {

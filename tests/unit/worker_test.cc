@@ -357,3 +357,84 @@ TEST_CASE("worker: every set is admitted by its executor; a refusal fails the ad
 }
 
 }  // namespace gradsync
+
+namespace gradsync {
+
+TEST_CASE("worker: a settings change re-plans the operations not begun, keeping the readiness already marked",
+          "[worker]") {
+  Harness h(1, 2);
+  h.executors->mode = ExecutorLog::Mode::kHold;
+  // Operation 1 begins: its bucket 0 is in flight, held.
+  const uint64_t first = h.submit(0, true);
+  h.submit(1, true);
+  REQUIRE(h.executors->wait_launched(1, 5s));
+  // Operation 2 queues behind it, with part of its readiness marked under the old plan.
+  const uint64_t second = h.submit(0, false);
+  REQUIRE(h.submit(1, false) == second);
+  h.mark_ready(0, second, 0);
+  h.mark_ready(0, second, 1);
+  h.mark_ready(1, second, 0);
+  REQUIRE(h.wait_idle());
+  // No cap: one bucket for the three tensors, from the first operation not begun.
+  JobSettings settings;
+  settings.bucket_cap = 0;
+  uint64_t from = 0;
+  REQUIRE(h.worker->change_settings(settings, 5s, &from).ok());
+  CHECK(from == second);
+  for (int i = 0; i < 3; ++i) {
+    REQUIRE(h.executors->wait_launched(static_cast<size_t>(i + 1), 5s));
+    h.executors->release();
+  }
+  for (int rank : {0, 1}) {
+    const auto done = h.completion(rank);
+    REQUIRE(done);
+    CHECK(done->op_seq == first);
+  }
+  // Operation 2 now has one bucket, not yet ready everywhere: nothing launches.
+  REQUIRE(h.wait_idle());
+  CHECK(h.executors->snapshot() == Launches{{first, 0}, {first, 1}, {first, 2}});
+  h.mark_ready(0, second, 2);
+  h.mark_ready(1, second, 1);
+  REQUIRE(h.wait_idle());
+  CHECK(h.executors->snapshot().size() == 3);
+  h.mark_ready(1, second, 2);
+  REQUIRE(h.executors->wait_launched(4, 5s));
+  h.executors->release();
+  for (int rank : {0, 1}) {
+    const auto done = h.completion(rank);
+    REQUIRE(done);
+    CHECK(done->op_seq == second);
+    CHECK(done->code == 0);
+  }
+  // Later operations keep the new plan.
+  const uint64_t third = h.submit(0, true);
+  h.submit(1, true);
+  REQUIRE(h.executors->wait_launched(5, 5s));
+  h.executors->release();
+  REQUIRE(h.completion(0));
+  CHECK(h.executors->snapshot() == Launches{{first, 0}, {first, 1}, {first, 2}, {second, 0}, {third, 0}});
+  // The trace shows it: operation 2 and 3 with one bucket each.
+  const auto traced = h.worker->trace()->last(0);
+  REQUIRE(traced.size() >= 2);
+  CHECK(traced[1].seq == second);
+  CHECK(traced[1].buckets.size() == 1);
+  CHECK(traced[0].buckets.size() == 3);
+}
+
+TEST_CASE("job settings: encode and decode round-trip; anything else is refused", "[worker]") {
+  JobSettings s;
+  s.bucket_cap = 123;
+  s.execution_timeout = std::chrono::milliseconds(456);
+  JobSettings back;
+  REQUIRE(JobSettings::decode(s.encode(), &back));
+  CHECK(back.bucket_cap == std::optional<uint64_t>(123));
+  CHECK_FALSE(back.timeout);
+  CHECK(back.execution_timeout == std::optional<std::chrono::milliseconds>(456));
+  for (const char* bad : {"", "v2 cap=1", "v1 cap=", "v1 cap=-1", "v1 cap=1x", "v1 what=3", "v1 cap"}) {
+    CHECK_FALSE(JobSettings::decode(bad, &back));
+  }
+  CHECK(JobSettings{}.describe() == "no change");
+  CHECK(s.describe() == "bucket cap 123 bytes, execution timeout 456 ms");
+}
+
+}  // namespace gradsync

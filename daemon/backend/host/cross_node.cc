@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <future>
 #include <memory>
 
@@ -81,6 +82,18 @@ int group_node_of(const Topology& t, const std::string& group, int rank) {
   return static_cast<int>(std::find(nodes.begin(), nodes.end(), rank / t.local_world_size) - nodes.begin());
 }
 
+// The call's timing fields, or nowhere when nobody asked.
+std::chrono::nanoseconds* local_time(const BucketCall& c) { return c.timings ? &c.timings->local : nullptr; }
+std::chrono::nanoseconds* collective_time(const BucketCall& c) {
+  return c.timings ? &c.timings->collective : nullptr;
+}
+
+// An engine call, timed as collective time.
+Status timed_engine_call(const BucketCall& c, const std::function<void(EngineDone)>& start) {
+  PhaseTimer timer(collective_time(c));
+  return run_engine_call(start);
+}
+
 ReduceSpec spec_of(const reduce::KernelArgs& args) {
   return ReduceSpec{args.combine, args.dtype, args.wide_accumulate};
 }
@@ -112,6 +125,7 @@ Status allreduce_in_place(const BucketCall& c, ThreadPool& pool) {
     });
   };
   auto accumulate = [&](size_t k) {
+    PhaseTimer timer(local_time(c));
     chunks_of(k, [&](uint64_t first, uint64_t count) {
       std::vector<const void*> inputs;
       for (uint32_t m : members) inputs.push_back(run.address[m] + first * element);
@@ -119,6 +133,7 @@ Status allreduce_in_place(const BucketCall& c, ThreadPool& pool) {
     });
   };
   auto finish = [&](size_t k) {
+    PhaseTimer timer(local_time(c));
     chunks_of(k, [&](uint64_t first, uint64_t count) {
       std::vector<void*> outputs;
       for (uint32_t m : members) outputs.push_back(run.address[m] + first * element);
@@ -130,8 +145,15 @@ Status allreduce_in_place(const BucketCall& c, ThreadPool& pool) {
     const uint64_t first = k * slice;
     auto done = std::make_shared<std::promise<Status>>();
     std::future<Status> carried = done->get_future();
+    // Each slice's collective is timed from its start to its answer (on the engine's thread);
+    // it overlaps the local work on the next and previous slices.
+    const auto started = std::chrono::steady_clock::now();
+    std::chrono::nanoseconds* into = collective_time(c);
     c.engine->allreduce(node_buffer + first * element, std::min(slice, elements - first), spec,
-                        [done](const Status& status) { done->set_value(status); });
+                        [done, started, into](const Status& status) {
+                          if (into) *into += std::chrono::steady_clock::now() - started;
+                          done->set_value(status);
+                        });
     return carried;
   };
 
@@ -159,12 +181,15 @@ Status allreduce_or_reduce(const BucketCall& c, ThreadPool& pool, NodeBuffers& b
   buffers.work.resize(elements * acc_size);
   std::byte* acc = buffers.work.data();
   const std::vector<Piece> pieces = pieces_of(set, c.bucket, pool.size());
-  pool.parallel_for(pieces.size(), [&](size_t i) {
-    const Piece& p = pieces[i];
-    std::vector<const void*> inputs;
-    for (uint32_t m : members) inputs.push_back(set.address[m][p.tensor] + p.first * element);
-    reduce::accumulate(c.args, inputs, acc + (set.offset_in_bucket[p.tensor] + p.first) * acc_size, p.count);
-  });
+  {
+    PhaseTimer timer(local_time(c));
+    pool.parallel_for(pieces.size(), [&](size_t i) {
+      const Piece& p = pieces[i];
+      std::vector<const void*> inputs;
+      for (uint32_t m : members) inputs.push_back(set.address[m][p.tensor] + p.first * element);
+      reduce::accumulate(c.args, inputs, acc + (set.offset_in_bucket[p.tensor] + p.first) * acc_size, p.count);
+    });
+  }
   const ReduceSpec spec = spec_of(c.args);
   const std::string& group = set.plan.buckets[c.bucket].group;
   Status status;
@@ -172,13 +197,14 @@ Status allreduce_or_reduce(const BucketCall& c, ThreadPool& pool, NodeBuffers& b
   if (to_root) {
     const int root = c.desc.root;
     const int root_node = group_node_of(*c.topology, group, root);
-    status = run_engine_call([&](EngineDone done) { c.engine->reduce(acc, elements, spec, root_node, std::move(done)); });
+    status = timed_engine_call(c, [&](EngineDone done) { c.engine->reduce(acc, elements, spec, root_node, std::move(done)); });
     if (root / c.topology->local_world_size == c.topology->node) root_local = root % c.topology->local_world_size;
   } else {
-    status = run_engine_call([&](EngineDone done) { c.engine->allreduce(acc, elements, spec, std::move(done)); });
+    status = timed_engine_call(c, [&](EngineDone done) { c.engine->allreduce(acc, elements, spec, std::move(done)); });
   }
   if (!status.ok()) return status;
   if (to_root && root_local < 0) return Status();
+  PhaseTimer timer(local_time(c));
   pool.parallel_for(pieces.size(), [&](size_t i) {
     const Piece& p = pieces[i];
     std::vector<void*> outputs;
@@ -203,15 +229,17 @@ Status broadcast(const BucketCall& c, NodeBuffers& buffers) {
   buffers.work.resize(bytes);
   std::byte* buffer = buffers.work.data();
   if (root_here) {
+    PhaseTimer timer(local_time(c));
     for (uint32_t t : bucket.tensors) {
       std::memcpy(buffer + set.offset_in_bucket[t] * element, set.address[root_local][t], set.layout[t].numel * element);
     }
   }
   const int root_node = group_node_of(*c.topology, bucket.group, root);
-  if (Status s = run_engine_call([&](EngineDone done) { c.engine->broadcast(buffer, bytes, root_node, std::move(done)); });
+  if (Status s = timed_engine_call(c, [&](EngineDone done) { c.engine->broadcast(buffer, bytes, root_node, std::move(done)); });
       !s.ok()) {
     return s;
   }
+  PhaseTimer timer(local_time(c));
   for (uint32_t m : set.participants[c.bucket]) {
     if (root_here && m == root_local) continue;
     for (uint32_t t : bucket.tensors) {
@@ -240,18 +268,22 @@ Status allgather(const BucketCall& c, NodeBuffers& buffers) {
   }
   buffers.work.resize(members.size() * bytes);
   buffers.gathered.resize(nodes.size() * members.size() * bytes);
-  for (size_t k = 0; k < members.size(); ++k) {
-    for (uint32_t t : bucket.tensors) {
-      std::memcpy(buffers.work.data() + k * bytes + set.offset_in_bucket[t] * element, set.address[members[k]][t],
-                  set.layout[t].numel * element);
-    }
+  {
+    PhaseTimer timer(local_time(c));
+    for (size_t k = 0; k < members.size(); ++k) {
+      for (uint32_t t : bucket.tensors) {
+        std::memcpy(buffers.work.data() + k * bytes + set.offset_in_bucket[t] * element, set.address[members[k]][t],
+                    set.layout[t].numel * element);
+      }
   }
-  if (Status s = run_engine_call([&](EngineDone done) {
+  }
+  if (Status s = timed_engine_call(c, [&](EngineDone done) {
         c.engine->allgather(buffers.work.data(), members.size() * bytes, buffers.gathered.data(), std::move(done));
       });
       !s.ok()) {
     return s;
   }
+  PhaseTimer timer(local_time(c));
   for (size_t n = 0; n < nodes.size(); ++n) {
     std::vector<int> ranks;
     for (int r : topo.ranks(bucket.group)) {

@@ -34,7 +34,11 @@ void HostExecutor::abort(const Status& why) {
 void HostExecutor::launch(BucketCall call, BucketDone done) {
   if (Status status = aborted(); !status.ok()) return done(status);
   if (!call.engine) {
-    run_local(call);
+    {
+      PhaseTimer timer(call.timings ? &call.timings->local : nullptr);
+      run_local(call);
+    }
+    if (call.timings) call.timings->reported = true;
     return done(Status());
   }
   {
@@ -70,8 +74,16 @@ void HostExecutor::run() {
       queue_.pop_front();
       status = aborted_;
     }
-    if (status.ok()) status = check_sequence(next.call);
+    BucketTimings* timings = next.call.timings.get();
+    if (status.ok()) {
+      PhaseTimer timer(timings ? &timings->peers : nullptr);
+      status = check_sequence(next.call);
+    }
     if (status.ok()) status = execute_across_nodes(next.call, *pool_, buffers_);
+    if (timings) {
+      timings->reported = true;
+      timings->cross_node = true;
+    }
     // An engine error after our own abort is the abort's doing, not a peer's.
     if (Status why = aborted(); !status.ok() && !why.ok()) status = why;
     next.done(status);

@@ -1,0 +1,50 @@
+#include "daemon/job/config_channel.h"
+
+#include <charconv>
+#include <vector>
+
+namespace gradsync {
+
+ConfigChannel::ConfigChannel(const std::string& rendezvous, std::string store_job, std::string prefix, int node,
+                             int nodes)
+    : client_(rendezvous), store_job_(std::move(store_job)), prefix_(std::move(prefix)), node_(node), nodes_(nodes) {}
+
+Status ConfigChannel::propose(const std::string& settings, std::chrono::milliseconds timeout, uint64_t* k) {
+  int64_t claimed = 0;
+  if (Status s = client_.add(store_job_, key("cfg/count"), 1, timeout, &claimed); !s.ok()) return s;
+  *k = static_cast<uint64_t>(claimed);
+  return client_.set(store_job_, key("cfg/" + std::to_string(*k)), settings, timeout);
+}
+
+Status ConfigChannel::wait(uint64_t k, std::chrono::milliseconds timeout, std::string* settings) {
+  std::vector<std::string> values;
+  if (Status s = client_.get(store_job_, {key("cfg/" + std::to_string(k))}, timeout, &values); !s.ok()) return s;
+  *settings = values.at(0);
+  return Status();
+}
+
+Status ConfigChannel::offer(uint64_t k, uint64_t first_not_begun, std::chrono::milliseconds timeout) {
+  return client_.set(store_job_, key("cfg/" + std::to_string(k) + "/at/" + std::to_string(node_)),
+                     std::to_string(first_not_begun), timeout);
+}
+
+Status ConfigChannel::agree(uint64_t k, std::chrono::milliseconds timeout, uint64_t* from_seq) {
+  std::vector<std::string> keys;
+  for (int n = 0; n < nodes_; ++n) keys.push_back(key("cfg/" + std::to_string(k) + "/at/" + std::to_string(n)));
+  std::vector<std::string> values;
+  if (Status s = client_.get(store_job_, keys, timeout, &values); !s.ok()) return s;
+  uint64_t largest = 0;
+  for (size_t n = 0; n < values.size(); ++n) {
+    uint64_t seq = 0;
+    const std::string& v = values[n];
+    if (auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), seq); ec != std::errc() || end != v.data() + v.size()) {
+      return Status::protocol("node " + std::to_string(n) + " offered a malformed operation number for change " +
+                              std::to_string(k));
+    }
+    largest = std::max(largest, seq);
+  }
+  *from_seq = largest;
+  return Status();
+}
+
+}  // namespace gradsync

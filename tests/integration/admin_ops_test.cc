@@ -1,0 +1,353 @@
+// The admin service's mutating calls and its views across nodes, against real gradsyncd
+// processes and real clients: a settings change agreed by 3 daemons mid-training (every element
+// still exact, the buckets changed on every node from one operation), SetConfig and Drain
+// refused to an unprivileged user and allowed to the admin group, a drain that refuses new jobs
+// and lets running ones end, a Chrome trace of the last operations, and GetInFlight naming
+// another node that holds a job: one waiting for its rank, then one frozen.
+#include <catch2/catch.hpp>
+#include <grp.h>
+#include <pwd.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include "tests/integration/harness.h"
+
+namespace gradsync::test {
+namespace {
+
+using namespace std::chrono_literals;
+
+void open_folder(const TestDaemon& daemon) {
+  const std::string dir = daemon.socket().substr(0, daemon.socket().rfind('/'));
+  REQUIRE(::chmod(dir.c_str(), 0755) == 0);
+}
+
+uid_t test_user() {
+  if (!::getpwnam("gradsync-test")) {
+    REQUIRE(std::system("useradd --system --no-create-home --shell /usr/sbin/nologin gradsync-test >/dev/null 2>&1") ==
+            0);
+  }
+  passwd* entry = ::getpwnam("gradsync-test");
+  REQUIRE(entry != nullptr);
+  return entry->pw_uid;
+}
+
+// Values whose sums over six ranks are exact in float32, different per rank, tensor, element
+// and step.
+float value(int rank, int tensor, uint64_t i, int step) {
+  return static_cast<float>((rank * 131 + tensor * 17 + static_cast<int>(i % 251) * 3 + step * 7) % 1024);
+}
+
+// The lines of `log` that say from which operation new settings apply.
+std::set<std::string> applied_from(const std::string& log) {
+  std::set<std::string> found;
+  const std::regex line(R"(from operation (\d+): bucket cap 16384 bytes)");
+  for (auto it = std::sregex_iterator(log.begin(), log.end(), line); it != std::sregex_iterator(); ++it) {
+    found.insert((*it)[1]);
+  }
+  return found;
+}
+
+}  // namespace
+
+TEST_CASE("admin: a settings change mid-training takes effect at one operation on all 3 daemons, every element exact",
+          "[integration][admin][multinode]") {
+  constexpr int kNodes = 3, kLocal = 2, kWorld = kNodes * kLocal, kTensors = 8, kSteps = 40;
+  constexpr uint64_t kElements = 4096;  // 16 KiB per tensor: one bucket before, eight after
+  TestCluster cluster(kNodes, {"--timeout-ms", "20000"});
+  const std::string job = unique_job("admin-setconfig");
+  Latch halfway, finished, looked;
+  ClientGroup group(kWorld, [&](int rank) {
+    auto client = join_nodes(cluster.node(rank / kLocal).socket(), job, rank, kWorld, kLocal, cluster.rendezvous());
+    std::vector<TensorSpec> specs(kTensors, TensorSpec{DType::kFloat32, kElements, "dp"});
+    std::vector<SharedTensor> tensors = client->allocate_flat(specs);
+    const TensorSet set = client->register_tensors(tensors, {});
+    for (int step = 0; step < kSteps; ++step) {
+      for (int t = 0; t < kTensors; ++t) {
+        auto* data = reinterpret_cast<float*>(tensors[static_cast<size_t>(t)].data());
+        for (uint64_t i = 0; i < kElements; ++i) data[i] = value(rank, t, i, step);
+      }
+      if (!client->allreduce(set, ReduceOptions{ReduceOp::kSum}).wait(20s)) return fail("step timed out");
+      for (int t = 0; t < kTensors; ++t) {
+        const auto* data = reinterpret_cast<const float*>(tensors[static_cast<size_t>(t)].data());
+        for (uint64_t i = 0; i < kElements; ++i) {
+          float want = 0;
+          for (int r = 0; r < kWorld; ++r) want += value(r, t, i, step);
+          if (data[i] != want) {
+            return fail("step " + std::to_string(step) + " tensor " + std::to_string(t) + " element " +
+                        std::to_string(i) + ": " + std::to_string(data[i]) + " != " + std::to_string(want));
+          }
+        }
+      }
+      if (rank == 0 && step == 10) halfway.open();
+      std::this_thread::sleep_for(20ms);
+    }
+    if (rank == 0) finished.open();
+    return looked.wait(120s) ? kOk : fail("the test never looked");
+  });
+  REQUIRE(halfway.wait(60s));
+  // Any node may take the change: here node 1, which is not the rendezvous.
+  const CommandRun set = gradsyncctl(cluster.node(1), "config set bucket-cap-bytes=16384 timeout-ms=15000");
+  INFO(set.output);
+  CHECK(set.code == 0);
+  std::smatch from;
+  REQUIRE(std::regex_search(set.output, from, std::regex(R"(new settings from operation (\d+) on every node)")));
+  CHECK(finished.wait(120s));
+  // Every node switched at the operation the change named, and only there.
+  for (int n = 0; n < kNodes; ++n) {
+    INFO("node " << n << ":\n" << cluster.node(n).log());
+    CHECK(applied_from(cluster.node(n).log()) == std::set<std::string>{from[1].str()});
+  }
+  // And the later operations ran eight buckets of 16 KiB on every node, through the collective.
+  for (int n = 0; n < kNodes; ++n) {
+    const CommandRun stats = gradsyncctl(cluster.node(n), "stats --json " + job);
+    INFO(stats.output);
+    CHECK(stats.code == 0);
+    CHECK_THAT(stats.output, Catch::Contains("\"bucket\": 7") && Catch::Contains("\"waitingForPeers\"") &&
+                                 Catch::Contains("\"collective\""));
+    const CommandRun table = gradsyncctl(cluster.node(n), "stats " + job);
+    INFO(table.output);
+    CHECK(std::regex_search(table.output, std::regex(R"(collective across nodes\s+p50 <= )")));
+    CHECK(std::regex_search(table.output, std::regex(R"(waiting for other nodes\s+p50 <= )")));
+  }
+  for (int r = 0; r < kWorld; ++r) looked.open();
+  for (int s : group.wait_all(120s)) CHECK(exit_code(s) == kOk);
+}
+
+TEST_CASE("admin: config set and its errors on a single node", "[integration][admin]") {
+  TestDaemon daemon;
+  const CommandRun level = gradsyncctl(daemon, "config set log-level=debug");
+  INFO(level.output);
+  CHECK(level.code == 0);
+  CHECK_THAT(level.output, Catch::Contains("log level: debug"));
+  const CommandRun get = gradsyncctl(daemon, "config get");
+  CHECK(get.code == 0);
+  CHECK(std::regex_search(get.output, std::regex(R"(log-level\s+debug)")));
+  const CommandRun unknown = gradsyncctl(daemon, "config set frobs=3");
+  CHECK(unknown.code == 2);
+  CHECK_THAT(unknown.output, Catch::Contains("unknown setting 'frobs'"));
+  const CommandRun bad_level = gradsyncctl(daemon, "config set log-level=loud");
+  CHECK(bad_level.code == 1);
+  CHECK_THAT(bad_level.output, Catch::Contains("log_level must be debug, info, warning or error, not 'loud'"));
+  const CommandRun zero = gradsyncctl(daemon, "config set timeout-ms=0");
+  CHECK(zero.code == 1);
+  CHECK_THAT(zero.output, Catch::Contains("timeout_ms must be between 1 and --max-timeout-ms"));
+  const CommandRun no_job = gradsyncctl(daemon, "config set --job nope timeout-ms=100");
+  CHECK(no_job.code == 1);
+  CHECK_THAT(no_job.output, Catch::Contains("no job 'nope'"));
+  // A single-node job takes a change at its next operation: its buckets split from there.
+  const std::string job = unique_job("admin-cap");
+  Latch changed[2], looked[2];
+  ClientGroup group(2, [&](int rank) {
+    auto client = join(daemon.socket(), job, rank, 2);
+    std::vector<TensorSpec> specs(4, TensorSpec{DType::kFloat32, 1024});
+    std::vector<SharedTensor> tensors = client->allocate_flat(specs);
+    const TensorSet set = client->register_tensors(tensors, {});
+    if (!client->allreduce(set, ReduceOptions{ReduceOp::kSum}).wait(10s)) return fail("step timed out");
+    if (!changed[rank].wait(60s)) return fail("the test never changed the settings");
+    for (auto& t : tensors) {
+      auto* data = reinterpret_cast<float*>(t.data());
+      for (uint64_t i = 0; i < t.numel(); ++i) data[i] = static_cast<float>(rank + 1);
+    }
+    if (!client->allreduce(set, ReduceOptions{ReduceOp::kSum}).wait(10s)) return fail("step timed out");
+    for (auto& t : tensors) {
+      const auto* data = reinterpret_cast<const float*>(t.data());
+      for (uint64_t i = 0; i < t.numel(); ++i) {
+        if (data[i] != 3.0f) return fail("wrong sum after the change");
+      }
+    }
+    return looked[rank].wait(60s) ? kOk : fail("the test never looked");
+  });
+  for (int i = 0; i < 200; ++i) {
+    if (gradsyncctl(daemon, "jobs --json").output.find("\"operationsDone\": \"1\"") != std::string::npos) break;
+    std::this_thread::sleep_for(50ms);
+  }
+  const CommandRun cap = gradsyncctl(daemon, "config set --job " + job + " bucket-cap-bytes=4096");
+  INFO(cap.output);
+  CHECK(cap.code == 0);
+  CHECK_THAT(cap.output, Catch::Contains("new settings from operation 2"));
+  for (const Latch& l : changed) l.open();
+  CommandRun stats;
+  for (int i = 0; i < 200; ++i) {
+    stats = gradsyncctl(daemon, "stats --json " + job);
+    if (stats.output.find("\"operations\": \"2\"") != std::string::npos) break;
+    std::this_thread::sleep_for(50ms);
+  }
+  INFO(stats.output);
+  // Operation 1 ran one bucket of 16 KiB, operation 2 four of 4 KiB.
+  CHECK_THAT(stats.output, Catch::Contains("\"bucket\": 3") && Catch::Contains("\"buckets\": \"5\""));
+  for (const Latch& l : looked) l.open();
+  for (int s : group.wait_all(60s)) CHECK(exit_code(s) == kOk);
+}
+
+TEST_CASE("admin: SetConfig and Drain are refused to an unprivileged user and allowed to the admin group",
+          "[integration][admin]") {
+  const uid_t uid = test_user();
+  const std::string user = std::to_string(uid);
+  TestDaemon daemon({"--allow-uid", user});
+  open_folder(daemon);
+  const CommandRun set = gradsyncctl(daemon, "config set log-level=error", user);
+  INFO(set.output);
+  CHECK(set.code == 4);
+  CHECK_THAT(set.output, Catch::Contains("SetConfig changes the daemon") && Catch::Contains("--admin-group") &&
+                             Catch::Contains("uid " + user + " is none of them"));
+  const CommandRun drain = gradsyncctl(daemon, "drain", user);
+  CHECK(drain.code == 4);
+  CHECK_THAT(drain.output, Catch::Contains("Drain changes the daemon"));
+  // Reading is still open to it, and the level did not change.
+  const CommandRun get = gradsyncctl(daemon, "config get", user);
+  CHECK(get.code == 0);
+  INFO(get.output);
+  CHECK(std::regex_search(get.output, std::regex(R"(log-level\s+debug)")));  // the test daemons' level
+
+  // The same user as a member of the daemon's admin group may.
+  if (!::getgrnam("gradsync-test-admins")) REQUIRE(std::system("groupadd --system gradsync-test-admins") == 0);
+  REQUIRE(std::system("usermod -aG gradsync-test-admins gradsync-test") == 0);
+  TestDaemon admin_group({"--allow-uid", user, "--admin-group", "gradsync-test-admins"});
+  open_folder(admin_group);
+  const CommandRun allowed = gradsyncctl(admin_group, "config set log-level=warning", user);
+  INFO(allowed.output);
+  CHECK(allowed.code == 0);
+  CHECK_THAT(allowed.output, Catch::Contains("log level: warning"));
+  CHECK(gradsyncctl(admin_group, "drain --cancel", user).code == 0);
+}
+
+TEST_CASE("admin: drain refuses new jobs, lets running ones end, and --cancel accepts them again", "[integration][admin]") {
+  TestDaemon daemon;
+  const std::string job = unique_job("admin-drain");
+  Latch release;
+  ClientGroup group(1, [&](int) {
+    auto client = join(daemon.socket(), job, 0, 1);
+    const TensorSet set = client->register_tensors(client->allocate_flat(std::vector<TensorSpec>{{DType::kFloat32, 64}}), {});
+    if (!client->allreduce(set, ReduceOptions{}).wait(10s)) return fail("step timed out");
+    if (!release.wait(60s)) return fail("never released");
+    // A running job keeps working while the daemon drains.
+    return client->allreduce(set, ReduceOptions{}).wait(10s) ? kOk : fail("step during drain timed out");
+  });
+  for (int i = 0; i < 200; ++i) {
+    if (gradsyncctl(daemon, "jobs --json").output.find("\"operationsDone\": \"1\"") != std::string::npos) break;
+    std::this_thread::sleep_for(50ms);
+  }
+  const CommandRun busy = gradsyncctl(daemon, "drain --timeout 0.3");
+  INFO(busy.output);
+  CHECK(busy.code == 6);
+  CHECK_THAT(busy.output, Catch::Contains("refuses new jobs; 1 still there") && Catch::Contains("0." + job));
+  try {
+    join(daemon.socket(), unique_job("admin-drain-new"), 0, 1);
+    FAIL("a new job was accepted while draining");
+  } catch (const Error& e) {
+    CHECK_THAT(e.what(), Catch::Contains("draining"));
+  }
+  release.open();
+  CHECK(exit_code(group.wait(0, 60s)) == kOk);
+  const CommandRun drained = gradsyncctl(daemon, "drain --timeout 10");
+  INFO(drained.output);
+  CHECK(drained.code == 0);
+  CHECK_THAT(drained.output, Catch::Contains("drained"));
+  CHECK(gradsyncctl(daemon, "drain --cancel").code == 0);
+  auto client = join(daemon.socket(), unique_job("admin-drain-after"), 0, 1);
+  CHECK(client != nullptr);
+}
+
+TEST_CASE("admin: trace writes the last operations as Chrome trace JSON, a track per rank and per group",
+          "[integration][admin]") {
+  TestDaemon daemon;
+  const std::string job = unique_job("admin-trace");
+  Latch traced[2];
+  ClientGroup group(2, [&](int rank) {
+    auto client = join(daemon.socket(), job, rank, 2);
+    std::vector<TensorSpec> specs(4, TensorSpec{DType::kFloat32, 1024});
+    const TensorSet set = client->register_tensors(client->allocate_flat(specs), RegisterOptions{4096});
+    for (int step = 0; step < 6; ++step) {
+      if (!client->allreduce(set, ReduceOptions{}).wait(10s)) return fail("step timed out");
+    }
+    return traced[rank].wait(60s) ? kOk : fail("the test never traced");
+  });
+  for (int i = 0; i < 200; ++i) {
+    if (gradsyncctl(daemon, "jobs --json").output.find("\"operationsDone\": \"6\"") != std::string::npos) break;
+    std::this_thread::sleep_for(50ms);
+  }
+  const std::string file = daemon.socket() + ".trace.json";
+  const CommandRun trace = gradsyncctl(daemon, "trace -o " + file + " --last 3 " + job);
+  INFO(trace.output);
+  CHECK(trace.code == 0);
+  CHECK_THAT(trace.output, Catch::Contains("3 operations traced written to " + file));
+  // Valid JSON, as Perfetto reads it: 3 operations, 4 buckets each on the group's track, and
+  // each rank's track with a slice per bucket it made ready.
+  const CommandRun check = run_command(
+      "/usr/bin/python3 -c \"import json,sys,collections; d=json.load(open(sys.argv[1])); e=d['traceEvents'];"
+      "names={x['args']['name'] for x in e if x['ph']=='M' and x['name']=='thread_name'};"
+      "ops=[x['name'] for x in e if x['ph']=='X' and x['tid']==0];"
+      "per=collections.Counter(x['tid'] for x in e if x['ph']=='X');"
+      "print(sorted(names)); print(ops); print(sorted(per.items()))\" " + file);
+  INFO(check.output);
+  CHECK(check.code == 0);
+  CHECK_THAT(check.output, Catch::Contains("'execution: group dp'") && Catch::Contains("'operations'") &&
+                               Catch::Contains("'rank 0'") && Catch::Contains("'rank 1'"));
+  CHECK_THAT(check.output, Catch::Contains("['op 4 allreduce(avg, divide after) on set 0', 'op 5 allreduce(avg, "
+                                           "divide after) on set 0', 'op 6 allreduce(avg, divide after) on set 0']"));
+  CHECK_THAT(check.output, Catch::Contains("[(0, 3), (1, 12), (2, 12), (100000, 12)]"));
+  CHECK(gradsyncctl(daemon, "trace " + job).code == 2);  // no -o
+  CHECK(gradsyncctl(daemon, "trace -o " + file + " no-such-job").code == 1);
+  for (const Latch& l : traced) l.open();
+  for (int s : group.wait_all(60s)) CHECK(exit_code(s) == kOk);
+}
+
+TEST_CASE("admin: inflight names the other node that holds a job: waiting for its rank, then frozen",
+          "[integration][admin][multinode]") {
+  TestCluster cluster(2, {"--timeout-ms", "30000"});
+  const std::string job = unique_job("admin-nodes");
+  Latch stall, stalled_done;
+  ClientGroup group(4, [&](int rank) {
+    auto client = join_nodes(cluster.node(rank / 2).socket(), job, rank, 4, 2, cluster.rendezvous());
+    const TensorSet set = client->register_tensors(client->allocate_flat(std::vector<TensorSpec>{{DType::kFloat32, 1 << 12, "dp"}}), {});
+    if (!client->allreduce(set, ReduceOptions{}).wait(20s)) return fail("step timed out");
+    // Rank 3 (node 1) stops submitting; the others submit operation 2 and wait in it.
+    if (rank == 3) return stall.wait(120s) ? kOk : fail("never released");
+    try {
+      client->allreduce(set, ReduceOptions{}).wait(120s);
+    } catch (const Error&) {
+    }
+    return stalled_done.wait(120s) ? kOk : fail("never released");
+  });
+  CommandRun waiting;
+  for (int i = 0; i < 200; ++i) {
+    waiting = gradsyncctl(cluster.node(0), "inflight " + job);
+    if (waiting.output.find("waiting for its local ranks") != std::string::npos) break;
+    std::this_thread::sleep_for(50ms);
+  }
+  INFO(waiting.output);
+  CHECK(waiting.code == 0);
+  CHECK(std::regex_search(waiting.output, std::regex(R"(operation 2, bucket 0 is not reached by:\n\s+node 1 \(\S+\): at operation 2, bucket 0 \(waiting for its local ranks\))")));
+  // Node 1 itself names its rank 3.
+  const CommandRun local = gradsyncctl(cluster.node(1), "inflight --json " + job);
+  INFO(local.output);
+  CHECK(std::regex_search(local.output, std::regex(R"("ranksNotSubmitted": \[\s*3\s*\])")));
+  // Node 1's daemon freezes: node 0 reports it unreachable within the probe bound.
+  cluster.node(1).process().signal(SIGSTOP);
+  const auto start = std::chrono::steady_clock::now();
+  const CommandRun frozen = gradsyncctl(cluster.node(0), "inflight " + job);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  cluster.node(1).process().signal(SIGCONT);
+  INFO(frozen.output);
+  CHECK(frozen.code == 0);
+  CHECK(std::regex_search(frozen.output, std::regex(R"(not reached by:\n\s+node 1 \(\S+\): unreachable: )")));
+  CHECK(seconds < 5.0);
+  const CommandRun json = gradsyncctl(cluster.node(0), "inflight --json " + job);
+  CHECK_THAT(json.output, Catch::Contains("\"nodesBehind\"") && Catch::Contains("\"node\": 1"));
+  stall.open();
+  for (int i = 0; i < 3; ++i) stalled_done.open();
+  group.wait_all(60s);
+}
+
+}  // namespace gradsync::test
