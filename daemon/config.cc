@@ -1,10 +1,10 @@
 #include "daemon/config.h"
 
 #include <boost/program_options.hpp>
-#include <fstream>
 #include <sstream>
 #include <thread>
 
+#include "daemon/config_file.h"
 #include "shared/version.h"
 
 namespace gradsync {
@@ -27,7 +27,9 @@ ParsedConfig parse_daemon_config(int argc, const char* const* argv) {
   general.add_options()
       ("help,h", "print this help and exit")
       ("version", "print the version and exit")
-      ("config", po::value(&config_file), "read options from this file (key = value lines, same names as the flags)");
+      ("config", po::value(&config_file),
+       "read settings from this TOML file (keys are the flags' names, e.g. timeout-ms = 30000, "
+       "allow-uid = [1000, 1001]); flags given here win over it");
   po::options_description settings("Settings (flags or config file)");
   settings.add_options()
       ("socket", po::value(&config.socket_path)->default_value(config.socket_path),
@@ -88,13 +90,25 @@ ParsedConfig parse_daemon_config(int argc, const char* const* argv) {
   try {
     po::store(po::parse_command_line(argc, argv, all), vm);
     if (vm.count("config")) {
-      std::ifstream file(vm["config"].as<std::string>());
-      if (!file) {
-        result.message = "gradsyncd: cannot read config file '" + vm["config"].as<std::string>() + "'";
+      std::vector<FileSetting> file;
+      if (Status s = read_config_file(vm["config"].as<std::string>(), &file); !s.ok()) {
+        result.message = "gradsyncd: " + s.message();
         result.exit_code = 2;
         return result;
       }
-      po::store(po::parse_config_file(file, settings), vm);
+      po::parsed_options parsed(&settings);
+      for (const FileSetting& setting : file) {
+        if (!settings.find_nothrow(setting.name, false)) {
+          result.message = "gradsyncd: config file " + setting.where + ": unknown setting '" + setting.name +
+                           "' (gradsyncd --help lists them)";
+          result.exit_code = 2;
+          return result;
+        }
+        po::option option(setting.name, setting.values);
+        option.original_tokens = {setting.where};
+        parsed.options.push_back(std::move(option));
+      }
+      po::store(parsed, vm);
     }
     po::notify(vm);
   } catch (const po::error& e) {

@@ -12,7 +12,7 @@ prefix="$work/prefix"
 cmake --install "$build" --prefix "$prefix" >/dev/null
 for f in sbin/gradsyncd bin/gradsyncctl include/gradsync/c_api.h lib/libgradsync_client.so \
          lib/cmake/gradsync/gradsyncConfig.cmake lib/pkgconfig/gradsync.pc lib/systemd/system/gradsyncd.service \
-         lib/sysusers.d/gradsync.conf lib/tmpfiles.d/gradsync.conf etc/gradsync/gradsyncd.conf; do
+         lib/sysusers.d/gradsync.conf lib/tmpfiles.d/gradsync.conf etc/gradsync/gradsyncd.toml; do
   [[ -e "$prefix/$f" ]] || { echo "check.sh: cmake --install did not install $f" >&2; exit 1; }
 done
 # One way: CMake's find_package.

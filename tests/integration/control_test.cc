@@ -5,6 +5,9 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <fcntl.h>
+
+#include <regex>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -572,20 +575,44 @@ TEST_CASE("gradsyncd: an unknown flag or bad value exits 2 naming it", "[integra
   CHECK_THAT(level_output, Catch::Contains("--log-level must be debug, info, warning or error, not 'loud'"));
 }
 
-TEST_CASE("gradsyncd: settings come from a config file, and a missing one is an error", "[integration][daemon]") {
+TEST_CASE("gradsyncd: settings come from a TOML config file; flags win; bad files are errors naming the line",
+          "[integration][daemon]") {
   char pattern[] = "/tmp/gradsync-conf-XXXXXX";
-  const int fd = ::mkstemp(pattern);
-  const std::string text = "# gradsyncd settings\ntimeout-ms = 1234\nreduce-threads = 1\nlog-level = debug\n";
-  REQUIRE(::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()));
-  ::close(fd);
+  const auto write_config = [&](const std::string& text) {
+    const int fd = ::open(pattern, O_WRONLY | O_TRUNC);
+    REQUIRE(fd >= 0);
+    REQUIRE(::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()));
+    ::close(fd);
+  };
+  ::close(::mkstemp(pattern));
+  write_config("# gradsyncd settings\ntimeout-ms = 1234\nreduce-threads = 1\nlog-level = \"debug\"\n"
+               "allow-uid = [0, 1000]\n");
   {
     TestDaemon daemon({"--config", pattern});
     CHECK_THAT(daemon.log(), Catch::Contains("1 reduce threads, default timeout 1234 ms"));
+    CHECK(std::regex_search(gradsyncctl(daemon, "config get").output, std::regex(R"(allow-uid\s+0,1000)")));
   }
+  {
+    TestDaemon daemon({"--config", pattern, "--timeout-ms", "4321"});  // the flag wins
+    CHECK_THAT(daemon.log(), Catch::Contains("default timeout 4321 ms"));
+  }
+  const std::string file = pattern;
+  const auto refused = [&](const std::string& text, const std::string& why) {
+    write_config(text);
+    const auto [code, output] = run_daemon_command({"--config", file});
+    INFO(output);
+    CHECK(code == 2);
+    CHECK_THAT(output, Catch::Contains(why));
+  };
+  refused("timeout-ms = 5\nno-such-setting = 3\n", "config file " + file + ":2: unknown setting 'no-such-setting'");
+  refused("timeout-ms = 5\n\n[peer]\nlisten = \"x\"\n", ":3: [peer] is a table");
+  refused("timeout-ms = = 5\n", "config file " + file + ":1");
+  refused("timeout-ms = 1.5\n", "timeout-ms must be a string, an integer or a boolean");
+  refused("timeout-ms = \"soon\"\n", "soon");
   ::unlink(pattern);
-  const auto [code, output] = run_daemon_command({"--config", "/nonexistent/gradsyncd.conf"});
+  const auto [code, output] = run_daemon_command({"--config", "/nonexistent/gradsyncd.toml"});
   CHECK(code == 2);
-  CHECK_THAT(output, Catch::Contains("cannot read config file '/nonexistent/gradsyncd.conf'"));
+  CHECK_THAT(output, Catch::Contains("cannot read config file '/nonexistent/gradsyncd.toml'"));
 }
 
 TEST_CASE("gradsyncd: a socket that another daemon serves is not taken over", "[integration][daemon]") {

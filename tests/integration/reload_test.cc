@@ -41,7 +41,7 @@ bool logged(const TestDaemon& daemon, const std::string& text, size_t count = 1)
 TEST_CASE("reload: SIGHUP applies a valid configuration file and rejects an invalid one", "[integration][reload]") {
   char dir[] = "/tmp/gradsync-reload-XXXXXX";
   REQUIRE(::mkdtemp(dir) != nullptr);
-  const std::string file = std::string(dir) + "/gradsyncd.conf";
+  const std::string file = std::string(dir) + "/gradsyncd.toml";
   // (The test daemon's command line sets --log-level and --peer-listen, which win over the file.)
   write_file(file, "timeout-ms = 30000\n");
   TestDaemon daemon({"--config", file});
@@ -54,7 +54,7 @@ TEST_CASE("reload: SIGHUP applies a valid configuration file and rejects an inva
   CHECK(mode(daemon.socket()) == 0600);  // its own user and root only
   CHECK(mode(admin_socket(daemon)) == 0600);
 
-  write_file(file, "timeout-ms = 1234\nallow-uid = 4242\nallow-uid = 0\nreduce-threads = 1\n");
+  write_file(file, "timeout-ms = 1234\nallow-uid = [4242, 0]\nreduce_threads = 1\n");
   daemon.process().signal(SIGHUP);
   REQUIRE(logged(daemon, "SIGHUP: configuration reloaded; applied: timeout-ms, allow-uid"));
   CHECK(logged(daemon, "SIGHUP: reduce-threads changed in the configuration; it takes effect when gradsyncd restarts"));
@@ -69,10 +69,15 @@ TEST_CASE("reload: SIGHUP applies a valid configuration file and rejects an inva
   auto client = join(daemon.socket(), unique_job("reload"), 0, 1);
   CHECK(client->job_timeout() == 1234ms);
 
-  write_file(file, "timeout-ms = banana\n");
+  write_file(file, "timeout-ms = \"banana\"\n");
   daemon.process().signal(SIGHUP);
   REQUIRE(logged(daemon, "SIGHUP: the configuration was rejected, the old one stays in effect"));
   CHECK_THAT(daemon.log(), Catch::Contains("banana"));
+  // Not TOML at all: rejected too, naming the file and line.
+  write_file(file, "# comment\ntimeout-ms = 5\nthis is not toml\n");
+  daemon.process().signal(SIGHUP);
+  REQUIRE(logged(daemon, "SIGHUP: the configuration was rejected", 2));
+  CHECK_THAT(daemon.log(), Catch::Contains(file + ":3"));
   status = status_of(daemon);
   INFO(status);
   CHECK_THAT(status, Catch::Contains("timeout-ms            1234"));
