@@ -125,13 +125,22 @@ int why_unavailable(const Options& o, const grpc::Status& status) {
   return kUnreachable;
 }
 
+// How long a call may take: 10 s, plus what a drain was told to wait, plus the minute a
+// settings change may wait for a job's nodes to agree.
+std::chrono::seconds call_bound(const Options& o) {
+  return std::chrono::seconds(10) +
+         std::chrono::duration_cast<std::chrono::seconds>(std::chrono::duration<double>(o.drain_timeout)) +
+         std::chrono::seconds(o.command == "config" ? 60 : 0);
+}
+
 // An RPC failure as the operator should read it, and the exit status that goes with it.
 int rpc_failed(const grpc::Status& status, const Options& o) {
   if (status.error_code() == grpc::StatusCode::UNAVAILABLE) return why_unavailable(o, status);
   switch (status.error_code()) {
     case grpc::StatusCode::DEADLINE_EXCEEDED:
       if (status.error_message() == "Deadline Exceeded") {  // gRPC's own: no answer at all
-        std::fprintf(stderr, "gradsyncctl: gradsyncd at %s did not answer within 10 s (hung?)\n", o.admin.c_str());
+        std::fprintf(stderr, "gradsyncctl: gradsyncd at %s did not answer within %lld s (hung?)\n", o.admin.c_str(),
+                     static_cast<long long>(call_bound(o).count()));
       } else {  // the daemon's: a thread of it did not answer
         std::fprintf(stderr, "gradsyncctl: gradsyncd at %s: %s\n", o.admin.c_str(), status.error_message().c_str());
       }
@@ -203,16 +212,14 @@ std::string parse_settings(const Options& o, v1::SetConfigRequest* request) {
 
 template <class Reply, class Call>
 int run_call(const Options& o, Call call, std::string (*print)(const Reply&)) {
-  auto channel = grpc::CreateChannel(o.admin, grpc::InsecureChannelCredentials());
+  grpc::ChannelArguments arguments;
+  arguments.SetMaxReceiveMessageSize(256 << 20);  // a trace of many jobs is tens of MiB
+  auto channel = grpc::CreateCustomChannel(o.admin, grpc::InsecureChannelCredentials(), arguments);
   auto stub = v1::Admin::NewStub(channel);
   for (;;) {
     grpc::ClientContext context;
     Reply reply;
-    // A drain waits as long as it was asked to; a settings change may wait for other nodes.
-    const auto bound = std::chrono::seconds(10) + std::chrono::duration_cast<std::chrono::seconds>(
-                                                      std::chrono::duration<double>(o.drain_timeout)) +
-                       std::chrono::seconds(o.command == "config" ? 20 : 0);
-    context.set_deadline(std::chrono::system_clock::now() + bound);
+    context.set_deadline(std::chrono::system_clock::now() + call_bound(o));
     const grpc::Status status = call(*stub, &context, &reply);
     if (!status.ok()) return rpc_failed(status, o);
     if (o.watch > 0 && !o.json) std::printf("\033[H\033[2J");  // a fresh screen per round
@@ -226,10 +233,14 @@ int run_call(const Options& o, Call call, std::string (*print)(const Reply&)) {
         return kDaemonError;
       }
       if (!o.json) {
-        std::printf("%s written to %s (open it in https://ui.perfetto.dev)\n", print(reply).substr(0, print(reply).size() - 1).c_str(),
-                    o.output.c_str());
+        std::string summary = print(reply);
+        summary.pop_back();  // its newline
+        std::printf("%s written to %s (open it in https://ui.perfetto.dev)\n", summary.c_str(), o.output.c_str());
         return kOk;
       }
+      std::printf("{\n  \"operations\": %u,\n  \"file\": \"%s\"\n}\n", trace ? trace->operations() : 0u,
+                  o.output.c_str());
+      return kOk;
     }
     std::fputs((o.json ? json(reply) + "\n" : print(reply)).c_str(), stdout);
     std::fflush(stdout);

@@ -189,7 +189,9 @@ grpc::Status AdminService::GetInFlight(grpc::ServerContext* context, const v1::G
   bool sees_all = false;
   if (grpc::Status denied = check_reader(context, &uid, &sees_all); !denied.ok()) return denied;
   std::vector<JobOperations> jobs;
-  if (Status s = view_->in_flight(request->job(), &jobs); !s.ok()) return to_grpc(s);
+  if (Status s = view_->in_flight(request->job(), sees_all ? std::nullopt : std::optional<uid_t>(uid), &jobs); !s.ok()) {
+    return to_grpc(s);
+  }
   for (const JobOperations& job : jobs) {
     if (!sees_all && job.job.uid != uid) continue;
     v1::JobInFlight* out = reply->add_jobs();
@@ -224,7 +226,11 @@ grpc::Status AdminService::DumpTrace(grpc::ServerContext* context, const v1::Dum
   bool sees_all = false;
   if (grpc::Status denied = check_reader(context, &uid, &sees_all); !denied.ok()) return denied;
   std::vector<JobTrace> traces;
-  if (Status s = view_->traces(request->job(), request->operations(), &traces); !s.ok()) return to_grpc(s);
+  if (Status s = view_->traces(request->job(), request->operations(),
+                               sees_all ? std::nullopt : std::optional<uid_t>(uid), &traces);
+      !s.ok()) {
+    return to_grpc(s);
+  }
   std::vector<JobTrace> visible;
   uint32_t operations = 0;
   for (JobTrace& trace : traces) {
@@ -294,7 +300,8 @@ grpc::Status AdminService::Drain(grpc::ServerContext* context, const v1::DrainRe
   }
   bool draining = false;
   std::vector<std::string> left;
-  if (Status s = view_->drain(std::chrono::milliseconds(request->timeout_ms()), request->cancel(), &draining, &left);
+  if (Status s = view_->drain(std::chrono::milliseconds(request->timeout_ms()), request->cancel(),
+                              [context] { return context->IsCancelled(); }, &draining, &left);
       !s.ok()) {
     return to_grpc(s);
   }

@@ -148,7 +148,7 @@ Status IoDaemonView::stats(const std::string& wanted, std::vector<JobStatistics>
   return Status();
 }
 
-Status IoDaemonView::in_flight(const std::string& wanted, std::vector<JobOperations>* out) {
+Status IoDaemonView::in_flight(const std::string& wanted, std::optional<uid_t> owner, std::vector<JobOperations>* out) {
   // Every job's worker answers on its own thread; a worker that does not answer in time is
   // reported as such rather than waited for. Only values leave the io thread: a Job must be
   // released there (its destructor is io-thread only).
@@ -162,10 +162,11 @@ Status IoDaemonView::in_flight(const std::string& wanted, std::vector<JobOperati
   auto shared = std::make_shared<Shared>();
   std::vector<JobInfo> infos;
   if (Status s = on_io(options_.io, options_.answer_within,
-                       [this, wanted, shared] {
+                       [this, wanted, owner, shared] {
                          std::vector<JobInfo> matching;
                          for (const auto& job : options_.registry->jobs()) {
                            if (!wanted.empty() && job->params().id != wanted) continue;
+                           if (owner && job->params().uid != *owner) continue;
                            matching.push_back(job->info());
                            const size_t i = shared->answers.size();
                            shared->answers.emplace_back();
@@ -186,19 +187,32 @@ Status IoDaemonView::in_flight(const std::string& wanted, std::vector<JobOperati
     return s;
   }
   if (!wanted.empty() && infos.empty()) return Status::not_found("no job '" + wanted + "' on this gradsyncd");
-  // Meanwhile, every other node of each multi-node job is asked where it is, in parallel; one
-  // that does not answer within the probe bound is reported unreachable, not waited for.
-  std::vector<std::vector<std::future<RemoteNode>>> probes(infos.size());
+  // Meanwhile, every other node of each multi-node job is asked where it is, up to
+  // kParallelProbes at a time; one that does not answer within the probe bound is reported
+  // unreachable, not waited for.
+  struct Probe {
+    size_t job = 0;
+    int node = 0;
+    std::string address;
+  };
+  std::vector<Probe> wanted_probes;
   for (size_t i = 0; i < infos.size(); ++i) {
     const auto& addresses = shared->node_addresses[i];
     for (size_t n = 0; n < addresses.size(); ++n) {
-      if (static_cast<int>(n) == infos[i].node) continue;
-      probes[i].push_back(std::async(std::launch::async, [address = addresses[n], job = shared->store_jobs[i],
-                                                          node = static_cast<int>(n), within = options_.probe_within] {
+      if (static_cast<int>(n) != infos[i].node) wanted_probes.push_back(Probe{i, static_cast<int>(n), addresses[n]});
+    }
+  }
+  std::vector<std::vector<RemoteNode>> remotes(infos.size());
+  constexpr size_t kParallelProbes = 16;
+  for (size_t first = 0; first < wanted_probes.size(); first += kParallelProbes) {
+    std::vector<std::future<RemoteNode>> batch;
+    for (size_t p = first; p < std::min(wanted_probes.size(), first + kParallelProbes); ++p) {
+      batch.push_back(std::async(std::launch::async, [probe = wanted_probes[p], job = shared->store_jobs[wanted_probes[p].job],
+                                                      within = options_.probe_within] {
         RemoteNode remote;
-        remote.node = node;
-        remote.address = address;
-        PeerClient client(address);
+        remote.node = probe.node;
+        remote.address = probe.address;
+        PeerClient client(probe.address);
         peer::ProgressReply reply;
         if (Status s = client.progress(job, within, &reply); !s.ok()) {
           remote.unreachable = true;
@@ -215,13 +229,10 @@ Status IoDaemonView::in_flight(const std::string& wanted, std::vector<JobOperati
         return remote;
       }));
     }
+    for (size_t b = 0; b < batch.size(); ++b) remotes[wanted_probes[first + b].job].push_back(batch[b].get());
   }
   const auto deadline = std::chrono::steady_clock::now() + options_.answer_within;
   for (auto& done : shared->answered) done->get_future().wait_until(deadline);
-  std::vector<std::vector<RemoteNode>> remotes(infos.size());
-  for (size_t i = 0; i < infos.size(); ++i) {
-    for (auto& probe : probes[i]) remotes[i].push_back(probe.get());  // each bounded by probe_within
-  }
   std::lock_guard lock(shared->mutex);
   for (size_t i = 0; i < infos.size(); ++i) {
     JobOperations entry;
@@ -256,12 +267,14 @@ Status IoDaemonView::in_flight(const std::string& wanted, std::vector<JobOperati
 
 namespace gradsync::admin {
 
-Status IoDaemonView::traces(const std::string& wanted, size_t count, std::vector<JobTrace>* out) {
+Status IoDaemonView::traces(const std::string& wanted, size_t count, std::optional<uid_t> owner,
+                            std::vector<JobTrace>* out) {
   std::vector<std::pair<JobInfo, std::shared_ptr<const TraceLog>>> jobs;
   if (Status s = on_io(options_.io, options_.answer_within,
-                       [this, wanted] {
+                       [this, wanted, owner] {
                          std::vector<std::pair<JobInfo, std::shared_ptr<const TraceLog>>> matching;
                          for (const auto& job : options_.registry->jobs()) {
+                           if (owner && job->params().uid != *owner) continue;
                            if (wanted.empty() || job->params().id == wanted) matching.emplace_back(job->info(), job->trace());
                          }
                          return matching;
@@ -281,9 +294,7 @@ Status IoDaemonView::change_settings(const SettingsChange& change, std::vector<J
     return Status::invalid_argument("timeout_ms must be between 1 and --max-timeout-ms (" + ms(c.max_timeout) +
                                     "), not " + ms(*change.settings.timeout));
   }
-  if (change.settings.execution_timeout && change.settings.execution_timeout->count() <= 0) {
-    return Status::invalid_argument("execution_timeout_ms must be positive");
-  }
+  if (std::string bad = change.settings.invalid(); !bad.empty()) return Status::invalid_argument(bad);
   using Target = std::pair<JobInfo, std::shared_ptr<Worker>>;
   std::vector<Target> targets;
   if (!change.settings.empty() || !change.job.empty()) {
@@ -308,7 +319,7 @@ Status IoDaemonView::change_settings(const SettingsChange& change, std::vector<J
   }
   if (change.settings.empty()) return Status();
   // Every job at once: each change may wait for its nodes to agree, up to the job's timeout
-  // (at most 10 s here, so an operator is not kept waiting on one stuck job).
+  // (at most 60 s).
   std::vector<std::future<JobChange>> changes;
   for (auto& [info, worker] : targets) {
     changes.push_back(std::async(std::launch::async, [info, worker, settings = change.settings, this] {
@@ -318,7 +329,8 @@ Status IoDaemonView::change_settings(const SettingsChange& change, std::vector<J
         result.error = "the job failed: " + info.last_error;
         return result;
       }
-      const auto bound = std::chrono::milliseconds(10'000);
+      // The job's own bound for the nodes to agree (its timeout, at most 60 s) applies.
+      const auto bound = std::chrono::milliseconds(60'000);
       if (Status s = worker->change_settings(settings, bound, &result.from_seq); !s.ok()) {
         result.error = s.message();
       } else {
@@ -332,7 +344,8 @@ Status IoDaemonView::change_settings(const SettingsChange& change, std::vector<J
   return Status();
 }
 
-Status IoDaemonView::drain(std::chrono::milliseconds wait, bool cancel, bool* draining, std::vector<std::string>* left) {
+Status IoDaemonView::drain(std::chrono::milliseconds wait, bool cancel, const std::function<bool()>& gone,
+                           bool* draining, std::vector<std::string>* left) {
   const Status why = Status::aborted("gradsyncd is draining (gradsyncctl drain): it takes no new jobs");
   bool ok = false;
   if (Status s = on_io(options_.io, options_.answer_within,
@@ -361,7 +374,7 @@ Status IoDaemonView::drain(std::chrono::milliseconds wait, bool cancel, bool* dr
         !s.ok()) {
       return s;
     }
-    if (cancel || names.empty() || std::chrono::steady_clock::now() >= deadline) {
+    if (cancel || names.empty() || std::chrono::steady_clock::now() >= deadline || (gone && gone())) {
       *left = std::move(names);
       return Status();
     }

@@ -39,11 +39,12 @@ class IoDaemonView final : public DaemonView {
   Status status(DaemonStatus* out) override;
   Status jobs(std::vector<JobInfo>* out) override;
   Status clients(std::vector<ClientInfo>* out) override;
-  Status in_flight(const std::string& job, std::vector<JobOperations>* out) override;
+  Status in_flight(const std::string& job, std::optional<uid_t> owner, std::vector<JobOperations>* out) override;
   Status stats(const std::string& job, std::vector<JobStatistics>* out) override;
-  Status traces(const std::string& job, size_t count, std::vector<JobTrace>* out) override;
+  Status traces(const std::string& job, size_t count, std::optional<uid_t> owner, std::vector<JobTrace>* out) override;
   Status change_settings(const SettingsChange& change, std::vector<JobChange>* out) override;
-  Status drain(std::chrono::milliseconds wait, bool cancel, bool* draining, std::vector<std::string>* left) override;
+  Status drain(std::chrono::milliseconds wait, bool cancel, const std::function<bool()>& gone, bool* draining,
+               std::vector<std::string>* left) override;
   bool allowed(uid_t uid) const override;
   bool privileged(uid_t uid) const override;
   void set_config(const DaemonConfig& config);

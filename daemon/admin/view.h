@@ -7,6 +7,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -68,17 +69,22 @@ class DaemonView {
   virtual Status status(DaemonStatus* out) = 0;
   virtual Status jobs(std::vector<JobInfo>* out) = 0;
   virtual Status clients(std::vector<ClientInfo>* out) = 0;
-  // Every job's (or the named job's) operations not finished yet.
-  virtual Status in_flight(const std::string& job, std::vector<JobOperations>* out) = 0;
+  // Every job's (or the named job's) operations not finished yet; only `owner`'s jobs when
+  // given (nobody else's are looked at, nor their other nodes asked).
+  virtual Status in_flight(const std::string& job, std::optional<uid_t> owner, std::vector<JobOperations>* out) = 0;
   // Every job's (or the named job's) statistics.
   virtual Status stats(const std::string& job, std::vector<JobStatistics>* out) = 0;
-  // Every job's (or the named job's) last `count` operations (0: all kept).
-  virtual Status traces(const std::string& job, size_t count, std::vector<JobTrace>* out) = 0;
+  // Every job's (or the named job's) last `count` operations (0: all kept); only `owner`'s
+  // jobs when given.
+  virtual Status traces(const std::string& job, size_t count, std::optional<uid_t> owner,
+                        std::vector<JobTrace>* out) = 0;
   // Applies `change`: the log level at once, the job settings at each job's agreed step.
   virtual Status change_settings(const SettingsChange& change, std::vector<JobChange>* out) = 0;
   // Refuses new jobs (or accepts them again) and waits up to `wait` for the jobs there are to
   // end; *left names those still there ("uid.job").
-  virtual Status drain(std::chrono::milliseconds wait, bool cancel, bool* draining, std::vector<std::string>* left) = 0;
+  // `gone` says when the caller stopped waiting (its call was cancelled).
+  virtual Status drain(std::chrono::milliseconds wait, bool cancel, const std::function<bool()>& gone, bool* draining,
+                       std::vector<std::string>* left) = 0;
   // Who may call the admin service at all: the users allowed on the control socket.
   virtual bool allowed(uid_t uid) const = 0;
   // Who may make mutating calls and see every user's jobs: root, the daemon's own user and

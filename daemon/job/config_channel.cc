@@ -1,5 +1,6 @@
 #include "daemon/job/config_channel.h"
 
+#include <algorithm>
 #include <charconv>
 #include <vector>
 
@@ -13,7 +14,23 @@ Status ConfigChannel::propose(const std::string& settings, std::chrono::millisec
   int64_t claimed = 0;
   if (Status s = client_.add(store_job_, key("cfg/count"), 1, timeout, &claimed); !s.ok()) return s;
   *k = static_cast<uint64_t>(claimed);
-  return client_.set(store_job_, key("cfg/" + std::to_string(*k)), settings, timeout);
+  bool stored = false;
+  if (Status s = client_.set_if_absent(store_job_, key("cfg/" + std::to_string(*k)), settings, timeout, &stored);
+      !s.ok()) {
+    return s;
+  }
+  if (!stored) {
+    return Status::aborted("change " + std::to_string(*k) + " was given up by the nodes before it was published");
+  }
+  return Status();
+}
+
+Status ConfigChannel::give_up_if_claimed(uint64_t k, std::chrono::milliseconds timeout) {
+  int64_t claimed = 0;
+  if (Status s = client_.add(store_job_, key("cfg/count"), 0, timeout, &claimed); !s.ok()) return s;
+  if (static_cast<uint64_t>(claimed) < k) return Status();
+  bool stored = false;
+  return client_.set_if_absent(store_job_, key("cfg/" + std::to_string(k)), kSkip, timeout, &stored);
 }
 
 Status ConfigChannel::wait(uint64_t k, std::chrono::milliseconds timeout, std::string* settings) {
@@ -32,7 +49,18 @@ Status ConfigChannel::agree(uint64_t k, std::chrono::milliseconds timeout, uint6
   std::vector<std::string> keys;
   for (int n = 0; n < nodes_; ++n) keys.push_back(key("cfg/" + std::to_string(k) + "/at/" + std::to_string(n)));
   std::vector<std::string> values;
-  if (Status s = client_.get(store_job_, keys, timeout, &values); !s.ok()) return s;
+  if (Status s = client_.get(store_job_, keys, timeout, &values); !s.ok()) {
+    if (s.code() != ErrorCode::kTimeout) return s;
+    std::string missing;
+    for (int n = 0; n < nodes_; ++n) {
+      std::vector<std::string> one;
+      if (!client_.get(store_job_, {keys[static_cast<size_t>(n)]}, std::chrono::milliseconds(0), &one).ok()) {
+        missing += (missing.empty() ? "node " : ", node ") + std::to_string(n);
+      }
+    }
+    return Status::timeout((missing.empty() ? std::string("some node") : missing) +
+                           " did not offer an operation number within " + std::to_string(timeout.count()) + " ms");
+  }
   uint64_t largest = 0;
   for (size_t n = 0; n < values.size(); ++n) {
     uint64_t seq = 0;

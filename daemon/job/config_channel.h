@@ -10,12 +10,17 @@
 //      the hold ends there. A node held at H < E is never waited on by one at E, because
 //      deciding E needs only the watchers, not the workers.
 //
-// Changes are numbered, so concurrent ones apply in the same order everywhere. A node that
-// does not offer within the job timeout fails the job: it cannot be known whether the others
-// applied the change, and mixed settings would mix buckets. Its own PeerClient, so that
-// cancelling it (the job ended) leaves the cluster's alone. Thread-safe.
+// Changes are numbered, so concurrent ones apply in the same order everywhere. Publishing is
+// first-writer-wins (set if absent): a number claimed but not published within a minute (its
+// proposer died or was cut off) is given up by the first watcher to notice, writing "skip"
+// there, and every node then skips it; a late proposer learns its change was given up. A
+// value no node can decode is skipped by all alike. A node that does not offer within the bound
+// fails the job: it cannot be known whether the others applied the change, and mixed settings
+// would mix buckets. Its own PeerClient, so that cancelling it (the job ended) leaves the
+// cluster's alone. Thread-safe.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -31,20 +36,30 @@ class ConfigChannel {
   // `prefix` is the job generation's key prefix ("g3/") in the store job `store_job`.
   ConfigChannel(const std::string& rendezvous, std::string store_job, std::string prefix, int node, int nodes);
 
+  static constexpr char kSkip[] = "skip";
+
   // Claims the next change number and publishes `settings` under it.
   Status propose(const std::string& settings, std::chrono::milliseconds timeout, uint64_t* k);
   // Waits up to `timeout` for change k (kTimeout when it has not come).
   Status wait(uint64_t k, std::chrono::milliseconds timeout, std::string* settings);
+  // Gives change k up if it was claimed and is still unpublished (a no-op otherwise).
+  Status give_up_if_claimed(uint64_t k, std::chrono::milliseconds timeout);
   // Offers this node's first operation not begun for change k.
   Status offer(uint64_t k, uint64_t first_not_begun, std::chrono::milliseconds timeout);
-  // Every node's offer for change k; *from_seq is the largest.
+  // Every node's offer for change k; *from_seq is the largest. A timeout names the nodes that
+  // did not offer.
   Status agree(uint64_t k, std::chrono::milliseconds timeout, uint64_t* from_seq);
 
-  void cancel(const Status& why) { client_.cancel(why); }
+  void cancel(const Status& why) {
+    cancelled_.store(true);
+    client_.cancel(why);
+  }
+  bool cancelled() const { return cancelled_.load(); }
 
  private:
   std::string key(const std::string& name) const { return prefix_ + name; }
 
+  std::atomic<bool> cancelled_{false};
   PeerClient client_;
   std::string store_job_;
   std::string prefix_;

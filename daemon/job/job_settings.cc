@@ -20,6 +20,17 @@ std::string JobSettings::describe() const {
   return out.empty() ? "no change" : out;
 }
 
+std::string JobSettings::invalid() const {
+  auto bad = [](const std::optional<std::chrono::milliseconds>& v) {
+    return v && (v->count() <= 0 || *v > kMaxBound);
+  };
+  if (bad(timeout)) return "timeout_ms must be from 1 to 86400000 (a day), not " + std::to_string(timeout->count());
+  if (bad(execution_timeout)) {
+    return "execution_timeout_ms must be from 1 to 86400000 (a day), not " + std::to_string(execution_timeout->count());
+  }
+  return {};
+}
+
 std::string JobSettings::encode() const {
   std::string out = "v1";
   if (bucket_cap) out += " cap=" + std::to_string(*bucket_cap);
@@ -51,6 +62,7 @@ bool JobSettings::decode(const std::string& text, JobSettings* out) {
       return false;
     }
   }
+  if (!s.invalid().empty()) return false;
   *out = s;
   return true;
 }

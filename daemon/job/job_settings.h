@@ -21,7 +21,12 @@ struct JobSettings {
   void merge(const JobSettings& later);
   // "bucket cap 1048576 bytes, timeout 5000 ms"
   std::string describe() const;
-  // A short text form for the rendezvous store, and back; decode is false on anything else.
+  // Bounds every node checks alike: a timeout is from 1 ms to a day.
+  static constexpr std::chrono::milliseconds kMaxBound = std::chrono::hours(24);
+  // What is out of range, empty when nothing is.
+  std::string invalid() const;
+  // A short text form for the rendezvous store, and back; decode is false on anything else,
+  // and on values out of range.
   std::string encode() const;
   static bool decode(const std::string& text, JobSettings* out);
 };

@@ -34,6 +34,7 @@ reduce::KernelArgs kernel_args(const OpDesc& desc, DType dtype, int group_size) 
 
 Worker::Worker(WorkerOptions options)
     : options_(std::move(options)), clients_(static_cast<size_t>(options_.topology.local_world_size)) {
+  agreement_bound_ = std::min<std::chrono::milliseconds>(options_.timeout, std::chrono::seconds(60));
   thread_ = std::thread([this] { run(); });
   // A multi-node job meets its other nodes as soon as it exists, not at its first set: then a
   // node whose trainers are late is known to be there (and reported as slow, not gone).
@@ -86,15 +87,15 @@ void Worker::in_flight(std::function<void(std::vector<admin::PendingOperation>)>
       }
       if (op.set) {
         const auto& buckets = op.set->plan.buckets;
-        // The head operation's last launched bucket is executing while flight_ is set.
+        // The head operation's bucket next_bucket is executing while flight_ is set (it
+        // counts as done only once it lands).
         const bool executing = flight_ && &op == &ops_.front();
-        const size_t first = executing && op.next_bucket > 0 ? op.next_bucket - 1 : op.next_bucket;
-        for (size_t b = first; b < buckets.size(); ++b) {
+        for (size_t b = op.next_bucket; b < buckets.size(); ++b) {
           admin::PendingBucket bucket;
           bucket.bucket = static_cast<uint32_t>(b);
           bucket.group = buckets[b].group;
           bucket.bytes = buckets[b].bytes;
-          bucket.launched = b < op.next_bucket;
+          bucket.launched = executing && b == op.next_bucket;
           if (!bucket.launched) {
             for (uint32_t c : op.set->participants[b]) {
               const bool ready = c < op.submitted.size() && op.submitted[c] && b < op.remaining[c].size() &&
@@ -427,7 +428,12 @@ Status Worker::progress_ops() {
       if (!has_landed_.load()) return Status::ok_status();  // still executing
       if (Status status = land(op); !status.ok()) return status;
     }
-    if (!op.begun && !begin(op)) return Status::ok_status();  // held for a settings change
+    if (!op.begun && !begin(op)) {
+      // Held for a settings change, which the watcher bounds: the job timeout runs from the
+      // release, not from before the hold.
+      op.waiting_since = std::chrono::steady_clock::now();
+      return Status::ok_status();
+    }
     const size_t buckets = op.set->plan.buckets.size();
     if (op.next_bucket < buckets) {
       if (op.clients_ready[op.next_bucket] != clients_.size()) return Status::ok_status();
@@ -704,6 +710,7 @@ void Worker::shut_down(const Status& failure) {
   if (interrupted) options_.log.warning("per-step path stopped with operations pending: " + status.to_string());
   run_tasks(/*last=*/true);  // pending set admissions learn the failure
   stop_config_watcher(status);
+  replanned_.clear();  // re-planned copies hold the clients' mappings too
   if (options_.on_stopped) options_.on_stopped(status);
   if (options_.cluster) {
     const auto start = std::chrono::steady_clock::now();
@@ -722,22 +729,22 @@ void Worker::shut_down(const Status& failure) {
 
 // ---- settings changes (SetConfig) ----
 
-uint64_t Worker::first_not_begun() const {
-  if (ops_.empty()) return first_seq_;
-  return ops_.front().begun ? ops_.front().seq + 1 : ops_.front().seq;
-}
-
 bool Worker::begin(Op& op) {
-  if (hold_at_ && op.seq >= *hold_at_) return false;
-  bool changed = false;
-  while (!scheduled_.empty() && scheduled_.front().first <= op.seq) {
-    options_.log.info("from operation " + std::to_string(op.seq) + ": " +
-                      scheduled_.front().second.describe());
-    active_.merge(scheduled_.front().second);
-    scheduled_.pop_front();
-    changed = true;
+  std::vector<JobSettings> due;
+  {
+    std::lock_guard lock(settings_mutex_);
+    if (hold_) return false;
+    while (!scheduled_.empty() && scheduled_.front().first <= op.seq) {
+      due.push_back(std::move(scheduled_.front().second));
+      scheduled_.pop_front();
+    }
+    begun_through_ = op.seq;
   }
-  if (changed) {
+  for (const JobSettings& change : due) {
+    options_.log.info("from operation " + std::to_string(op.seq) + ": " + change.describe());
+    active_.merge(change);
+  }
+  if (!due.empty()) {
     if (active_.timeout) options_.timeout = *active_.timeout;
     if (active_.execution_timeout) options_.execution_timeout = *active_.execution_timeout;
   }
@@ -795,22 +802,13 @@ void Worker::rebind(Op& op, std::shared_ptr<const TensorSet> set) {
 
 Status Worker::change_settings(const JobSettings& settings, std::chrono::milliseconds bound, uint64_t* from_seq) {
   if (!options_.cluster) {
-    auto answer = std::make_shared<std::promise<std::pair<Status, uint64_t>>>();
-    auto future = answer->get_future();
-    post_task([this, settings, answer](const Status& failed) {
-      if (!failed.ok()) return answer->set_value({failed, 0});
-      const uint64_t at = first_not_begun();
-      scheduled_.emplace_back(at, settings);
-      answer->set_value({Status(), at});
-      doorbell().notify();  // an operation that was waiting may begin now
-    });
-    if (future.wait_for(bound) != std::future_status::ready) {
-      return Status::timeout("job " + options_.job_id + ": its worker did not take the change within " +
-                             std::to_string(bound.count()) + " ms");
+    if (Status failed = failure(); !failed.ok()) return failed;
+    {
+      std::lock_guard lock(settings_mutex_);
+      *from_seq = begun_through_ + 1;
+      scheduled_.emplace_back(*from_seq, settings);
     }
-    auto [status, at] = future.get();
-    *from_seq = at;
-    return status;
+    return Status();
   }
   std::shared_ptr<ConfigChannel> channel;
   {
@@ -822,6 +820,7 @@ Status Worker::change_settings(const JobSettings& settings, std::chrono::millise
     return Status::not_supported("job " + options_.job_id +
                                " has not formed across its nodes yet; its settings can change once it has");
   }
+  bound = std::min(bound, agreement_bound_);
   uint64_t k = 0;
   if (Status s = channel->propose(settings.encode(), bound, &k); !s.ok()) {
     return Status(s.code(), "job " + options_.job_id + ": could not publish the change at the rendezvous: " + s.message());
@@ -834,34 +833,47 @@ Status Worker::change_settings(const JobSettings& settings, std::chrono::millise
 }
 
 void Worker::watch_config(std::shared_ptr<ConfigChannel> channel) {
+  const auto bound = agreement_bound_;
   for (uint64_t k = 1;; ++k) {
     std::string text;
-    Status status;
-    do {
-      status = channel->wait(k, std::chrono::milliseconds(1000), &text);
-    } while (status.code() == ErrorCode::kTimeout && !failed_.load());
-    if (!status.ok()) return;  // cancelled: the job ended (or failed)
-    JobSettings settings;
-    if (!JobSettings::decode(text, &settings)) {
-      fail(Status::protocol("job " + options_.job_id + ": settings change " + std::to_string(k) +
-                            " at the rendezvous is malformed"));
-      return;
+    for (;;) {
+      const Status status = channel->wait(k, std::chrono::seconds(60), &text);
+      if (status.ok()) break;
+      if (channel->cancelled() || failed_.load()) return;  // the job ended
+      if (status.code() == ErrorCode::kTimeout) {
+        // A number claimed but never published would block every later change.
+        if (Status given = channel->give_up_if_claimed(k, bound); !given.ok() && !channel->cancelled()) {
+          options_.log.warning("settings watcher: " + given.message());
+        }
+        continue;
+      }
+      // The rendezvous may be briefly unreachable; the watcher must outlive that, or this
+      // node would never offer for the next change and the job would fail then.
+      options_.log.warning("settings watcher: cannot reach the rendezvous (" + status.message() + "); retrying");
+      std::this_thread::sleep_for(std::chrono::seconds(1));
     }
-    // Hold before the first operation not begun, and offer it.
-    auto held = std::make_shared<std::promise<std::optional<uint64_t>>>();
-    auto at = held->get_future();
-    post_task([this, held](const Status& failed) {
-      if (!failed.ok()) return held->set_value(std::nullopt);
-      hold_at_ = first_not_begun();
-      held->set_value(hold_at_);
-    });
-    const std::optional<uint64_t> hold = at.get();
-    if (!hold) return;
+    JobSettings settings;
+    if (text == ConfigChannel::kSkip) {
+      options_.log.info("settings change " + std::to_string(k) + " was given up unpublished; skipped");
+      continue;
+    }
+    if (!JobSettings::decode(text, &settings)) {
+      // Every node reads the same value, so every node skips it alike.
+      options_.log.warning("settings change " + std::to_string(k) + " at the rendezvous is malformed or out of "
+                           "range; skipped");
+      continue;
+    }
+    uint64_t hold = 0;
+    {
+      std::lock_guard lock(settings_mutex_);
+      hold_ = true;
+      hold = begun_through_ + 1;
+    }
     uint64_t from = 0;
-    status = channel->offer(k, *hold, options_.timeout);
-    if (status.ok()) status = channel->agree(k, options_.timeout, &from);
+    Status status = channel->offer(k, hold, bound);
+    if (status.ok()) status = channel->agree(k, bound, &from);
     if (!status.ok()) {
-      if (failed_.load()) return;
+      if (channel->cancelled() || failed_.load()) return;
       // The other nodes may or may not apply it; going on with either settings could mix
       // buckets across nodes.
       fail(Status(status.code(), "job " + options_.job_id + ": the nodes did not agree on when settings change " +
@@ -869,11 +881,12 @@ void Worker::watch_config(std::shared_ptr<ConfigChannel> channel) {
                                      status.message()));
       return;
     }
-    post_task([this, from, settings](const Status& failed) {
-      if (!failed.ok()) return;
+    {
+      std::lock_guard lock(settings_mutex_);
       scheduled_.emplace_back(from, settings);
-      hold_at_.reset();
-    });
+      hold_ = false;
+    }
+    doorbell().notify();
   }
 }
 

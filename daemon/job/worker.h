@@ -164,8 +164,6 @@ class Worker {
   // number, re-planning its set when the bucket cap changed. False while a settings change
   // holds the job before it.
   bool begin(Op& op);
-  // The first operation that has not begun: where a settings change can take effect.
-  uint64_t first_not_begun() const;
   // `set` planned with bucket cap `cap` (cached), and `op` moved onto it with its readiness.
   std::shared_ptr<const TensorSet> replanned(const std::shared_ptr<const TensorSet>& set, uint64_t cap);
   void rebind(Op& op, std::shared_ptr<const TensorSet> set);
@@ -210,11 +208,17 @@ class Worker {
   std::atomic<uint32_t> current_bucket_{0};
   std::atomic<bool> executing_{false};
 
-  // Settings changes (worker thread only): what applies now, what applies from which
-  // operation on, and the hold a multi-node change puts before the operation it may start at.
-  JobSettings active_;
-  std::deque<std::pair<uint64_t, JobSettings>> scheduled_;
-  std::optional<uint64_t> hold_at_;
+  // Settings changes. The watcher and change_settings() decide, under settings_mutex_, from
+  // which operation a change applies, without waiting for the worker thread (which may be
+  // blocked in a set's admission): every operation up to begun_through_ has begun with the
+  // old settings, none after it may begin while hold_ is set.
+  std::mutex settings_mutex_;
+  bool hold_ = false;                                        // guarded by settings_mutex_
+  uint64_t begun_through_ = 0;                               // guarded by settings_mutex_
+  std::deque<std::pair<uint64_t, JobSettings>> scheduled_;   // guarded by settings_mutex_
+  JobSettings active_;                                       // worker thread only
+  // How long the nodes wait for each other's part in a change: the job timeout, at most 60 s.
+  std::chrono::milliseconds agreement_bound_{0};
   struct Replanned {
     std::shared_ptr<const TensorSet> from;
     uint64_t cap = 0;

@@ -83,6 +83,34 @@ Status KvStore::set(const std::string& job, const std::string& key, std::string 
   return Status();
 }
 
+Status KvStore::set_if_absent(const std::string& job, const std::string& key, std::string value, bool* stored) {
+  *stored = false;
+  {
+    std::lock_guard lock(mutex_);
+    auto it = jobs_.find(job);
+    if (it != jobs_.end() && it->second.count(key)) return Status();
+  }
+  // Checked and stored under one lock below: set() would race with another writer here.
+  if (Status status = check_names(job, key); !status.ok()) return status;
+  if (value.size() > limits_.max_value_bytes) {
+    return Status::resource_exhausted("value of " + std::to_string(value.size()) + " bytes for key '" + key +
+                                      "' exceeds the " + std::to_string(limits_.max_value_bytes) + "-byte limit");
+  }
+  Ready ready;
+  {
+    std::lock_guard lock(mutex_);
+    auto it = jobs_.find(job);
+    if (it != jobs_.end() && it->second.count(key)) return Status();
+    std::string* slot = nullptr;
+    if (Status status = slot_locked(job, key, &slot); !status.ok()) return status;
+    *slot = std::move(value);
+    *stored = true;
+    ready = collect_ready_locked();
+  }
+  for (auto& [done, values] : ready) done(Status(), std::move(values));
+  return Status();
+}
+
 Status KvStore::add(const std::string& job, const std::string& key, int64_t delta, int64_t* result) {
   if (Status status = check_names(job, key); !status.ok()) return status;
   Ready ready;

@@ -39,6 +39,8 @@ class KvStore {
   KvStore& operator=(const KvStore&) = delete;
 
   Status set(const std::string& job, const std::string& key, std::string value);
+  // Stores `value` only if `key` has no value yet (*stored says which); the first writer wins.
+  Status set_if_absent(const std::string& job, const std::string& key, std::string value, bool* stored);
 
   // Adds delta to the counter at key (absent counts as 0) and stores the decimal result.
   Status add(const std::string& job, const std::string& key, int64_t delta, int64_t* result);

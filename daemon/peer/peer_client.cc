@@ -74,6 +74,21 @@ Status PeerClient::set(const std::string& job, const std::string& key, const std
   return call.finish(stub_->Set(call.context(), request, &reply));
 }
 
+Status PeerClient::set_if_absent(const std::string& job, const std::string& key, const std::string& value,
+                                 std::chrono::milliseconds timeout, bool* stored) {
+  Call call(this, timeout);
+  if (!call.refused().ok()) return call.refused();
+  peer::SetRequest request;
+  request.set_job(job);
+  request.set_key(key);
+  request.set_value(value);
+  request.set_if_absent(true);
+  peer::SetReply reply;
+  const Status status = call.finish(stub_->Set(call.context(), request, &reply));
+  *stored = status.ok() && reply.stored();
+  return status;
+}
+
 Status PeerClient::get(const std::string& job, const std::vector<std::string>& keys, std::chrono::milliseconds timeout,
                        std::vector<std::string>* values) {
   Call call(this, timeout + kSlack);

@@ -27,6 +27,9 @@ class PeerClient {
 
   Status set(const std::string& job, const std::string& key, const std::string& value,
              std::chrono::milliseconds timeout);
+  // Stores `value` only if the key has none yet; *stored says whether this call did.
+  Status set_if_absent(const std::string& job, const std::string& key, const std::string& value,
+                       std::chrono::milliseconds timeout, bool* stored);
   // Waits up to `timeout` for every key; kTimeout when they do not all appear.
   Status get(const std::string& job, const std::vector<std::string>& keys, std::chrono::milliseconds timeout,
              std::vector<std::string>* values);

@@ -37,8 +37,16 @@ Status from_grpc(const grpc::Status& status, const std::string& context) {
 }
 
 grpc::ServerUnaryReactor* PeerService::Set(grpc::CallbackServerContext* context, const peer::SetRequest* request,
-                                           peer::SetReply*) {
+                                           peer::SetReply* reply) {
   auto* reactor = context->DefaultReactor();
+  if (request->if_absent()) {
+    bool stored = false;
+    const Status status = store_->set_if_absent(request->job(), request->key(), request->value(), &stored);
+    reply->set_stored(stored);
+    reactor->Finish(to_grpc(status));
+    return reactor;
+  }
+  reply->set_stored(true);
   reactor->Finish(to_grpc(store_->set(request->job(), request->key(), request->value())));
   return reactor;
 }

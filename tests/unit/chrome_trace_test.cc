@@ -10,6 +10,11 @@ TEST_CASE("chrome trace: client-chosen names cannot break the JSON", "[admin]") 
   CHECK(json_string("plain") == "\"plain\"");
   CHECK(json_string("a\"b\\c") == "\"a\\\"b\\\\c\"");
   CHECK(json_string(std::string("new\nline\x01\x7f\xff", 11)) == "\"new\\u000aline\\u0001\\u007f\\u00ff\"");
+  // Valid UTF-8 passes through; broken, overlong or surrogate sequences are escaped byte by byte.
+  CHECK(json_string("gr\xc3\xbc\xc3\x9f" "e \xe2\x82\xac") == "\"gr\xc3\xbc\xc3\x9f" "e \xe2\x82\xac\"");
+  CHECK(json_string("\xc3") == "\"\\u00c3\"");
+  CHECK(json_string("\xc0\xaf") == "\"\\u00c0\\u00af\"");
+  CHECK(json_string("\xed\xa0\x80") == "\"\\u00ed\\u00a0\\u0080\"");
 }
 
 TEST_CASE("chrome trace: an operation, each rank's readiness and the bucket's execution", "[admin]") {

@@ -421,3 +421,22 @@ TEST_CASE("kv store: after shutdown a get for a missing key is answered at once"
 }
 
 }  // namespace gradsync
+
+namespace gradsync {
+
+TEST_CASE("set if absent: the first writer wins, and a waiting get sees its value", "[kv_store]") {
+  KvStore store;
+  Answer waiting;
+  store.get("job", {"k"}, kHangGuard, waiting.callback());
+  bool stored = false;
+  REQUIRE(store.set_if_absent("job", "k", "first", &stored).ok());
+  CHECK(stored);
+  REQUIRE(waiting.wait());
+  CHECK(waiting.values() == std::vector<std::string>{"first"});
+  REQUIRE(store.set_if_absent("job", "k", "second", &stored).ok());
+  CHECK_FALSE(stored);
+  CHECK(get_now(store, "job", {"k"}).values() == std::vector<std::string>{"first"});
+  CHECK_FALSE(store.set_if_absent("job", std::string(2000, 'k'), "x", &stored).ok());  // limits still apply
+}
+
+}  // namespace gradsync

@@ -438,3 +438,38 @@ TEST_CASE("job settings: encode and decode round-trip; anything else is refused"
 }
 
 }  // namespace gradsync
+
+namespace gradsync {
+
+TEST_CASE("worker: in flight names the bucket executing, not the one before it", "[worker]") {
+  Harness h(1, 2);
+  h.executors->mode = ExecutorLog::Mode::kHold;
+  const uint64_t seq = h.submit(0, true);
+  h.submit(1, true);
+  REQUIRE(h.executors->wait_launched(1, 5s));
+  h.executors->release();
+  REQUIRE(h.executors->wait_launched(2, 5s));  // bucket 1 in flight, bucket 0 done
+  REQUIRE(h.wait_idle());
+  auto answer = std::make_shared<std::promise<std::vector<admin::PendingOperation>>>();
+  auto future = answer->get_future();
+  h.worker->in_flight([answer](std::vector<admin::PendingOperation> ops) { answer->set_value(std::move(ops)); });
+  REQUIRE(future.wait_for(5s) == std::future_status::ready);
+  const auto ops = future.get();
+  REQUIRE(ops.size() == 1);
+  CHECK(ops[0].seq == seq);
+  REQUIRE(ops[0].buckets.size() == 2);
+  CHECK(ops[0].buckets[0].bucket == 1);
+  CHECK(ops[0].buckets[0].launched);
+  CHECK(ops[0].buckets[1].bucket == 2);
+  CHECK_FALSE(ops[0].buckets[1].launched);
+  const Worker::Position position = h.worker->position();
+  CHECK(position.current_seq == seq);
+  CHECK(position.current_bucket == 1);
+  CHECK(position.executing);
+  h.executors->release();
+  REQUIRE(h.executors->wait_launched(3, 5s));
+  h.executors->release();
+  REQUIRE(h.completion(0));
+}
+
+}  // namespace gradsync
