@@ -22,6 +22,7 @@ ParsedConfig parse_daemon_config(int argc, const char* const* argv) {
   uint64_t drain_timeout_ms = config.drain_timeout.count();
   std::vector<uid_t> allowed;
   std::vector<uid_t> legacy;
+  std::vector<std::string> admin;
 
   po::options_description general("Options");
   general.add_options()
@@ -34,9 +35,18 @@ ParsedConfig parse_daemon_config(int argc, const char* const* argv) {
   settings.add_options()
       ("socket", po::value(&config.socket_path)->default_value(config.socket_path),
        "Unix control socket that trainers connect to")
-      ("admin", po::value(&config.admin_address),
-       "admin service (gradsyncctl): unix:PATH, or none (default: beside the control socket, "
-       "/run/gradsync/admin.sock for the default socket, SOCKET.admin for another)")
+      ("admin", po::value(&admin)->composing(),
+       "admin service (gradsyncctl): unix:PATH, none, or HOST:PORT for TCP with mutual TLS as well "
+       "(repeatable; default: beside the control socket, /run/gradsync/admin.sock for the default "
+       "socket, SOCKET.admin for another)")
+      ("admin-tls-cert", po::value(&config.admin_tls_cert), "TCP admin: this daemon's certificate (PEM)")
+      ("admin-tls-key", po::value(&config.admin_tls_key), "TCP admin: its private key (PEM)")
+      ("admin-tls-ca", po::value(&config.admin_tls_ca),
+       "TCP admin: the CA certificate (PEM) that callers' certificates must be signed by; every caller "
+       "must present one")
+      ("admin-tls-admin-cn", po::value(&config.admin_tls_admin_cns)->composing(),
+       "TCP admin: a certificate common name that may make mutating calls and see every job "
+       "(repeatable); other callers are the local user their common name names")
       ("admin-group", po::value(&config.admin_group),
        "group whose members may change settings (gradsyncctl config set) and drain the daemon, and "
        "see every user's jobs; root and the daemon's own user always may (default: no group)")
@@ -134,14 +144,35 @@ ParsedConfig parse_daemon_config(int argc, const char* const* argv) {
     return fail("--log-level must be debug, info, warning or error, not '" + log_level + "'");
   }
   if (config.socket_path.empty()) return fail("--socket must not be empty");
+  for (const std::string& a : admin) {
+    if (a == "none" || a.rfind("unix:", 0) == 0) {
+      if (!config.admin_address.empty() && config.admin_address != a) {
+        return fail("--admin names two Unix sockets (or one and none): '" + config.admin_address + "' and '" + a + "'");
+      }
+      config.admin_address = a;
+    } else {
+      const auto colon = a.rfind(':');
+      if (colon == std::string::npos || colon == 0 || colon + 1 == a.size()) {
+        return fail("--admin must be unix:PATH, none or HOST:PORT, not '" + a + "'");
+      }
+      if (!config.admin_tcp.empty()) return fail("--admin names two TCP addresses: '" + config.admin_tcp + "' and '" + a + "'");
+      config.admin_tcp = a;
+    }
+  }
   if (config.admin_address.empty()) {
     const auto slash = config.socket_path.rfind('/');
     const std::string dir = slash == std::string::npos ? "." : config.socket_path.substr(0, slash);
     const std::string base = slash == std::string::npos ? config.socket_path : config.socket_path.substr(slash + 1);
     config.admin_address = "unix:" + (base == "gradsync.sock" ? dir + "/admin.sock" : config.socket_path + ".admin");
-  } else if (config.admin_address != "none" && config.admin_address.rfind("unix:", 0) != 0) {
-    return fail("--admin must be unix:PATH or none, not '" + config.admin_address +
-                "' (TCP with mTLS is not there yet)");
+  }
+  if (!config.admin_tcp.empty() &&
+      (config.admin_tls_cert.empty() || config.admin_tls_key.empty() || config.admin_tls_ca.empty())) {
+    return fail("--admin " + config.admin_tcp +
+                " (TCP) requires mutual TLS: give --admin-tls-cert, --admin-tls-key and --admin-tls-ca");
+  }
+  if (config.admin_tcp.empty() && (!config.admin_tls_cert.empty() || !config.admin_tls_key.empty() ||
+                                   !config.admin_tls_ca.empty() || !config.admin_tls_admin_cns.empty())) {
+    return fail("--admin-tls-* apply to the admin service over TCP: give --admin HOST:PORT too");
   }
   if (timeout_ms == 0) return fail("--timeout-ms must be positive");
   if (max_timeout_ms < timeout_ms) return fail("--max-timeout-ms must be at least --timeout-ms");

@@ -19,6 +19,13 @@ struct DaemonConfig {
   // The admin service: "unix:PATH", or "none". Empty: beside the control socket
   // (/run/gradsync/admin.sock for the default socket; "<socket>.admin" for another).
   std::string admin_address;
+  // The admin service over TCP as well, HOST:PORT; empty: not. It requires mutual TLS: the
+  // daemon's certificate and key, and the CA that signs its callers' certificates. A caller
+  // is the local user its certificate's common name names, or privileged when that name is in
+  // admin_tls_admin_cns.
+  std::string admin_tcp;
+  std::string admin_tls_cert, admin_tls_key, admin_tls_ca;
+  std::vector<std::string> admin_tls_admin_cns;
   // Members of this group may make the admin service's mutating calls (SetConfig, Drain) and
   // see every user's jobs, like root and the daemon's own user. Empty: nobody else.
   std::string admin_group;

@@ -77,7 +77,7 @@ Daemon::Daemon(DaemonConfig config, std::function<ParsedConfig()> reparse)
   registry_ = std::make_unique<JobRegistry>(std::move(registry));
   server_ = std::make_unique<ControlServer>(
       io_, ControlServerOptions{config_.socket_path, config_.allowed_uids, registry_.get(), backends_.get(), log_});
-  if (config_.admin_address != "none" || !config_.metrics_address.empty()) {
+  if (config_.admin_address != "none" || !config_.admin_tcp.empty() || !config_.metrics_address.empty()) {
     admin::IoDaemonViewOptions view;
     view.io = &io_;
     view.config = config_;
@@ -90,9 +90,11 @@ Daemon::Daemon(DaemonConfig config, std::function<ParsedConfig()> reparse)
     view.log = log_;
     admin_view_ = std::make_unique<admin::IoDaemonView>(std::move(view));
   }
-  if (config_.admin_address != "none") {
-    admin_ = std::make_unique<admin::AdminServer>(
-        admin::AdminServerOptions{config_.admin_address, admin_view_.get(), log_, !config_.allowed_uids.empty()});
+  if (config_.admin_address != "none" || !config_.admin_tcp.empty()) {
+    admin::AdminServerOptions admin{config_.admin_address, admin_view_.get(), log_, !config_.allowed_uids.empty(), {}};
+    admin.tcp = admin::AdminTls{config_.admin_tcp, config_.admin_tls_cert, config_.admin_tls_key, config_.admin_tls_ca,
+                                config_.admin_tls_admin_cns};
+    admin_ = std::make_unique<admin::AdminServer>(std::move(admin));
   }
   if (!config_.metrics_address.empty()) {
     metrics_ = std::make_unique<admin::MetricsServer>(
@@ -198,7 +200,10 @@ void Daemon::reload() {
   note(next.admin_group != config_.admin_group, "admin-group", true);
   note(next.metrics_address != config_.metrics_address, "metrics", false);
   note(next.socket_path != config_.socket_path, "socket", false);
-  note(next.admin_address != config_.admin_address, "admin", false);
+  note(next.admin_address != config_.admin_address || next.admin_tcp != config_.admin_tcp ||
+           next.admin_tls_cert != config_.admin_tls_cert || next.admin_tls_key != config_.admin_tls_key ||
+           next.admin_tls_ca != config_.admin_tls_ca || next.admin_tls_admin_cns != config_.admin_tls_admin_cns,
+       "admin", false);
   note(next.reduce_threads != config_.reduce_threads, "reduce-threads", false);
   note(next.peer_listen != config_.peer_listen, "peer-listen", false);
   note(next.peer_advertise_host != config_.peer_advertise_host, "peer-advertise", false);

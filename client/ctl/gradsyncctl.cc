@@ -25,6 +25,7 @@
 #include <vector>
 
 #include <fstream>
+#include <sstream>
 #include <map>
 
 #include "client/ctl/render.h"
@@ -66,7 +67,13 @@ const char kUsageText[] =
     "                     to end; --cancel accepts new jobs again (privileged)\n"
     "\n"
     "Options:\n"
-    "  --admin ADDR     the daemon's admin socket (default $GRADSYNC_ADMIN, else unix:/run/gradsync/admin.sock)\n"
+    "  --admin ADDR     the daemon's admin service: unix:PATH, or HOST:PORT over mutual TLS (default\n"
+    "                   $GRADSYNC_ADMIN, else unix:/run/gradsync/admin.sock)\n"
+    "  --tls-cert FILE, --tls-key FILE, --tls-ca FILE\n"
+    "                   for HOST:PORT: this client's certificate and key, and the CA that signed the\n"
+    "                   daemon's (default $GRADSYNC_ADMIN_TLS_CERT, _KEY, _CA). The daemon takes the\n"
+    "                   certificate's common name as a local user name, or as an administrator's\n"
+    "  --tls-server-name NAME  the name the daemon's certificate must carry, when not the host given\n"
     "  --json           print the reply as JSON (for scripts)\n"
     "  --watch SECONDS  repeat every SECONDS until interrupted (jobs, clients, stats, inflight)\n"
     "\n"
@@ -88,6 +95,10 @@ struct Options {
   double drain_timeout = 0;  // drain --timeout
   bool cancel = false;       // drain --cancel
   std::vector<std::string> settings;  // config set NAME=VALUE
+  // --admin HOST:PORT: mutual TLS with this client's certificate and key and the CA that
+  // signed the daemon's.
+  std::string tls_cert, tls_key, tls_ca, tls_server_name;
+  bool tcp() const { return admin.rfind("unix:", 0) != 0; }
 };
 
 int usage_error(const std::string& message) {
@@ -98,6 +109,18 @@ int usage_error(const std::string& message) {
 // gRPC says "unavailable" for a missing daemon, a socket we may not open, and a daemon that
 // closed on us because it does not allow this user; a plain connect tells them apart.
 int why_unavailable(const Options& o, const grpc::Status& status) {
+  if (o.tcp()) {
+    const std::string& text = status.error_message();
+    // A daemon that refuses the client certificate closes the connection in the handshake.
+    const bool tls = text.find("ssl") != std::string::npos || text.find("SSL") != std::string::npos ||
+                     text.find("handshake") != std::string::npos || text.find("certificate") != std::string::npos ||
+                     text.find("Socket closed") != std::string::npos;
+    std::fprintf(stderr, "gradsyncctl: %s gradsyncd at %s: %s%s\n", tls ? "access denied: TLS with" : "cannot reach",
+                 o.admin.c_str(), text.c_str(),
+                 tls ? " (does the daemon's --admin-tls-ca sign this --tls-cert, and --tls-ca the daemon's?)"
+                     : " (is it running? is --admin or $GRADSYNC_ADMIN right?)");
+    return tls ? kDenied : kUnreachable;
+  }
   const std::string path = o.admin.substr(5);
   sockaddr_un address{};
   address.sun_family = AF_UNIX;
@@ -210,11 +233,34 @@ std::string parse_settings(const Options& o, v1::SetConfigRequest* request) {
   return {};
 }
 
+// A PEM file's text; false (after saying why) when it cannot be read.
+bool read_file(const std::string& path, std::string* out) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (!in || text.str().empty()) {
+    std::fprintf(stderr, "gradsyncctl: cannot read %s\n", path.c_str());
+    return false;
+  }
+  *out = text.str();
+  return true;
+}
+
 template <class Reply, class Call>
 int run_call(const Options& o, Call call, std::string (*print)(const Reply&)) {
   grpc::ChannelArguments arguments;
   arguments.SetMaxReceiveMessageSize(256 << 20);  // a trace of many jobs is tens of MiB
-  auto channel = grpc::CreateCustomChannel(o.admin, grpc::InsecureChannelCredentials(), arguments);
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  if (o.tcp()) {
+    grpc::SslCredentialsOptions ssl;
+    if (!read_file(o.tls_ca, &ssl.pem_root_certs) || !read_file(o.tls_key, &ssl.pem_private_key) ||
+        !read_file(o.tls_cert, &ssl.pem_cert_chain)) {
+      return kUsage;
+    }
+    credentials = grpc::SslCredentials(ssl);
+    if (!o.tls_server_name.empty()) arguments.SetSslTargetNameOverride(o.tls_server_name);
+  }
+  auto channel = grpc::CreateCustomChannel(o.admin, credentials, arguments);
   auto stub = v1::Admin::NewStub(channel);
   for (;;) {
     grpc::ClientContext context;
@@ -253,8 +299,14 @@ int run_call(const Options& o, Call call, std::string (*print)(const Reply&)) {
 
 int main(int argc, char** argv) {
   Options o;
-  const char* env = std::getenv("GRADSYNC_ADMIN");
-  o.admin = env && *env ? env : kDefaultAdmin;
+  const auto env = [](const char* name) {
+    const char* value = std::getenv(name);
+    return std::string(value && *value ? value : "");
+  };
+  o.admin = env("GRADSYNC_ADMIN").empty() ? kDefaultAdmin : env("GRADSYNC_ADMIN");
+  o.tls_cert = env("GRADSYNC_ADMIN_TLS_CERT");
+  o.tls_key = env("GRADSYNC_ADMIN_TLS_KEY");
+  o.tls_ca = env("GRADSYNC_ADMIN_TLS_CA");
   std::vector<std::string> positional;
   bool last_given = false;
   for (int i = 1; i < argc; ++i) {
@@ -267,12 +319,21 @@ int main(int argc, char** argv) {
     } else if (arg == "--cancel") {
       o.cancel = true;
     } else if (arg == "--admin" || arg == "--watch" || arg == "--job" || arg == "-o" || arg == "--last" ||
-               arg == "--timeout") {
+               arg == "--timeout" || arg == "--tls-cert" || arg == "--tls-key" || arg == "--tls-ca" ||
+               arg == "--tls-server-name") {
       if (i + 1 >= argc) return usage_error(arg + " needs a value");
       const std::string value = argv[++i];
       char* end = nullptr;
       if (arg == "--admin") {
         o.admin = value;
+      } else if (arg == "--tls-cert") {
+        o.tls_cert = value;
+      } else if (arg == "--tls-key") {
+        o.tls_key = value;
+      } else if (arg == "--tls-ca") {
+        o.tls_ca = value;
+      } else if (arg == "--tls-server-name") {
+        o.tls_server_name = value;
       } else if (arg == "--job") {
         o.job = value;
       } else if (arg == "-o") {
@@ -305,8 +366,11 @@ int main(int argc, char** argv) {
   if (std::find(std::begin(kCommands), std::end(kCommands), o.command) == std::end(kCommands)) {
     return usage_error("unknown command '" + o.command + "'");
   }
-  if (o.admin.rfind("unix:", 0) != 0 || o.admin.size() == 5) {
-    return usage_error("--admin must be unix:PATH, not '" + o.admin + "'");
+  if (o.admin == "unix:" || (o.tcp() && (o.admin.rfind(':') == std::string::npos || o.admin.back() == ':'))) {
+    return usage_error("--admin must be unix:PATH or HOST:PORT, not '" + o.admin + "'");
+  }
+  if (o.tcp() && (o.tls_cert.empty() || o.tls_key.empty() || o.tls_ca.empty())) {
+    return usage_error("--admin " + o.admin + " is TCP, which needs mutual TLS: give --tls-cert, --tls-key and --tls-ca");
   }
   const bool watchable = o.command == "jobs" || o.command == "clients" || o.command == "stats" || o.command == "inflight";
   if (o.watch > 0 && !watchable) return usage_error("--watch applies to jobs, clients, stats and inflight");

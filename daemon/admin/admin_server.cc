@@ -10,8 +10,15 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <grpc/grpc_security_constants.h>
+#include <pwd.h>
+
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <fstream>
+#include <sstream>
+#include <vector>
 
 #include "daemon/admin/admin_service.h"
 
@@ -26,11 +33,65 @@ Status fail(const std::string& path, const std::string& what) {
 
 AdminServer::AdminServer(AdminServerOptions options) : options_(std::move(options)) {
   static constexpr char kUnix[] = "unix:";
-  if (options_.address.rfind(kUnix, 0) != 0) {
-    throw Error(Status::invalid_argument("--admin must be unix:PATH (TCP with mTLS is not there yet), not '" +
-                                         options_.address + "'"));
+  if (options_.address != "none") {
+    if (options_.address.rfind(kUnix, 0) != 0) {
+      throw Error(Status::invalid_argument("--admin must be unix:PATH, none or HOST:PORT, not '" + options_.address + "'"));
+    }
+    path_ = options_.address.substr(sizeof kUnix - 1);
+    open_unix_socket();
   }
-  path_ = options_.address.substr(sizeof kUnix - 1);
+  service_ = std::make_unique<AdminService>(options_.view, [this](grpc::ServerContext* context, Caller* out,
+                                                                   std::string* why) { return caller(context, out, why); });
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.RegisterService(service_.get());
+  // Bounds on what callers can hold of the daemon: threads for calls, streams per connection,
+  // and idle connections (only allowed users get this far: see accept_loop()).
+  grpc::ResourceQuota quota("gradsync-admin");
+  quota.SetMaxThreads(kMaxThreads);
+  builder.SetResourceQuota(quota);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, kMaxStreamsPerConnection);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, kIdleMs);
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);  // a port in use is an error, not shared
+  if (!options_.tcp.address.empty()) {
+    const AdminTls& tls = options_.tcp;
+    grpc::SslServerCredentialsOptions ssl(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+    ssl.pem_root_certs = read_pem(tls.ca_file, "--admin-tls-ca");
+    ssl.pem_key_cert_pairs.push_back({read_pem(tls.key_file, "--admin-tls-key"), read_pem(tls.cert_file, "--admin-tls-cert")});
+    builder.AddListeningPort(tls.address, grpc::SslServerCredentials(ssl), &tcp_port_);
+  }
+  server_ = builder.BuildAndStart();
+  if (!server_ || (!options_.tcp.address.empty() && tcp_port_ == 0)) {
+    close_unix_socket();
+    throw Error(Status::internal(options_.tcp.address.empty()
+                                     ? "admin socket " + path_ + ": the gRPC server did not start"
+                                     : "admin service: cannot listen on " + options_.tcp.address +
+                                           " with TLS (address in use or invalid, or a certificate or key gRPC "
+                                           "refused: see the log above)"));
+  }
+  if (!path_.empty()) {
+    acceptor_ = std::thread([this] { accept_loop(); });
+    options_.log.info("admin service listening on " + options_.address);
+  }
+  if (!options_.tcp.address.empty()) {
+    options_.log.info("admin service listening on " + options_.tcp.address + " (TCP port " + std::to_string(tcp_port_) +
+                      ", mutual TLS)");
+  }
+}
+
+std::string AdminServer::read_pem(const std::string& file, const char* flag) {
+  std::ifstream in(file, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (!in || text.str().find("-----BEGIN ") == std::string::npos) {
+    close_unix_socket();
+    throw Error(Status::invalid_argument(std::string(flag) + ": cannot read a PEM file at '" + file + "'"));
+  }
+  return text.str();
+}
+
+void AdminServer::open_unix_socket() {
   sockaddr_un address{};
   if (path_.empty() || path_.size() >= sizeof address.sun_path) {
     throw Error(Status::invalid_argument("--admin: the socket path '" + path_ + "' is empty or too long"));
@@ -42,9 +103,11 @@ AdminServer::AdminServer(AdminServerOptions options) : options_(std::move(option
   // A stale socket from a daemon that died is replaced; one a live daemon serves is not.
   if (::connect(listen_fd_, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0) {
     ::close(listen_fd_);
+    listen_fd_ = -1;
     throw Error(Status::already_exists("admin socket " + path_ + " is served by a running gradsyncd"));
   }
   ::close(listen_fd_);
+  listen_fd_ = -1;
   struct stat existing {};
   if (::lstat(path_.c_str(), &existing) == 0) {
     if (!S_ISSOCK(existing.st_mode)) {
@@ -57,6 +120,7 @@ AdminServer::AdminServer(AdminServerOptions options) : options_(std::move(option
   if (::bind(listen_fd_, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0) {
     const Status status = fail(path_, "bind");
     ::close(listen_fd_);
+    listen_fd_ = -1;
     throw Error(status);
   }
   // Each call is judged by the caller's uid (SO_PEERCRED); the mode only keeps out those who
@@ -64,38 +128,22 @@ AdminServer::AdminServer(AdminServerOptions options) : options_(std::move(option
   ::chmod(path_.c_str(), options_.others_allowed ? 0666 : 0600);
   if (::listen(listen_fd_, 64) != 0) {
     const Status status = fail(path_, "listen");
-    ::close(listen_fd_);
+    close_unix_socket();
     throw Error(status);
   }
   wake_fd_ = ::eventfd(0, EFD_CLOEXEC);
   if (wake_fd_ < 0) {
     const Status status = fail(path_, "eventfd");
-    ::close(listen_fd_);
-    ::unlink(path_.c_str());
+    close_unix_socket();
     throw Error(status);
   }
-  service_ = std::make_unique<AdminService>(
-      options_.view, [this](const std::string& peer, PeerCredentials* out) { return caller(peer, out); });
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  grpc::ServerBuilder builder;
-  builder.RegisterService(service_.get());
-  // Bounds on what callers can hold of the daemon: threads for calls, streams per connection,
-  // and idle connections (only allowed users get this far: see accept_loop()).
-  grpc::ResourceQuota quota("gradsync-admin");
-  quota.SetMaxThreads(kMaxThreads);
-  builder.SetResourceQuota(quota);
-  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, kMaxStreamsPerConnection);
-  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, kIdleMs);
-  server_ = builder.BuildAndStart();
-  if (!server_) {
-    ::close(listen_fd_);
-    ::close(wake_fd_);
-    ::unlink(path_.c_str());
-    throw Error(Status::internal("admin socket " + path_ + ": the gRPC server did not start"));
-  }
-  acceptor_ = std::thread([this] { accept_loop(); });
-  options_.log.info("admin service listening on " + options_.address);
+}
+
+void AdminServer::close_unix_socket() {
+  if (listen_fd_ >= 0) ::close(listen_fd_);
+  if (wake_fd_ >= 0) ::close(wake_fd_);
+  listen_fd_ = wake_fd_ = -1;
+  if (!path_.empty()) ::unlink(path_.c_str());
 }
 
 AdminServer::~AdminServer() {
@@ -103,16 +151,41 @@ AdminServer::~AdminServer() {
   if (wake_fd_ >= 0) (void)::write(wake_fd_, &one, sizeof one);
   if (acceptor_.joinable()) acceptor_.join();
   if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
-  if (listen_fd_ >= 0) ::close(listen_fd_);
-  if (wake_fd_ >= 0) ::close(wake_fd_);
-  ::unlink(path_.c_str());
+  close_unix_socket();
 }
 
-bool AdminServer::caller(const std::string& peer, PeerCredentials* out) const {
+bool AdminServer::caller(grpc::ServerContext* context, Caller* out, std::string* why) const {
+  const std::shared_ptr<const grpc::AuthContext> auth = context->auth_context();
+  if (auth && auth->IsPeerAuthenticated()) {
+    // TCP: gRPC verified the certificate against the CA; its common name says who it is.
+    const auto names = auth->FindPropertyValues(GRPC_X509_CN_PROPERTY_NAME);
+    if (names.empty()) {
+      *why = "the client certificate has no common name";
+      return false;
+    }
+    out->certificate = std::string(names.front().data(), names.front().size());
+    const auto& admins = options_.tcp.admin_cns;
+    out->admin_certificate = std::find(admins.begin(), admins.end(), out->certificate) != admins.end();
+    if (out->admin_certificate) return true;
+    long size = ::sysconf(_SC_GETPW_R_SIZE_MAX);
+    std::vector<char> buffer(static_cast<size_t>(size > 0 ? size : 16384));
+    passwd entry{};
+    passwd* found = nullptr;
+    if (::getpwnam_r(out->certificate.c_str(), &entry, buffer.data(), buffer.size(), &found) != 0 || !found) {
+      *why = "client certificate '" + out->certificate +
+             "' names no user of this node and is not an administrator's (gradsyncd --admin-tls-admin-cn)";
+      return false;
+    }
+    out->uid = found->pw_uid;
+    return true;
+  }
   std::lock_guard lock(mutex_);
-  auto it = callers_.find(peer);
-  if (it == callers_.end()) return false;
-  *out = it->second;
+  auto it = callers_.find(context->peer());
+  if (it == callers_.end()) {
+    *why = "the admin service could not identify this connection";
+    return false;
+  }
+  out->uid = it->second.uid;
   return true;
 }
 

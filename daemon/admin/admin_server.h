@@ -1,11 +1,14 @@
 // The admin service (proto/admin.proto, gradsync.admin.v1) over gRPC on a Unix socket, plus the
 // standard grpc.health.v1 health service and server reflection.
 //
-// Who calls: the server accepts connections itself and reads each one's peer credentials
-// (SO_PEERCRED). A user not allowed on the control socket is closed on at once; an allowed one's
-// descriptor goes to gRPC (AddInsecureChannelFromFd), its credentials remembered under the
-// connection's gRPC peer name, by which every call is judged again (PERMISSION_DENIED naming the
-// uid) and filtered (others' jobs are shown to privileged callers only).
+// Who calls, on the Unix socket: the server accepts connections itself and reads each one's
+// peer credentials (SO_PEERCRED). A user not allowed on the control socket is closed on at once;
+// an allowed one's descriptor goes to gRPC (AddInsecureChannelFromFd), its credentials
+// remembered under the connection's gRPC peer name, by which every call is judged again
+// (PERMISSION_DENIED naming the uid) and filtered (others' jobs are shown to privileged callers
+// only). Over TCP (optional): gRPC's TLS with client certificates required and verified against
+// the configured CA; a caller is the local user its certificate's common name names, judged by
+// the same rules, or privileged when the name is listed as an administrator.
 #pragma once
 
 #include <sys/stat.h>
@@ -17,7 +20,9 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
+#include "daemon/admin/admin_service.h"
 #include "daemon/admin/view.h"
 #include "daemon/control/peer_credentials.h"
 #include "daemon/util/log.h"
@@ -25,18 +30,27 @@
 
 namespace grpc {
 class Server;
+class ServerContext;
 class Service;
 }  // namespace grpc
 
 namespace gradsync::admin {
 
+// The admin service over TCP: mutual TLS, every caller with a certificate the CA signed.
+struct AdminTls {
+  std::string address;  // HOST:PORT; empty: no TCP
+  std::string cert_file, key_file, ca_file;
+  std::vector<std::string> admin_cns;  // privileged common names
+};
+
 struct AdminServerOptions {
-  std::string address;  // "unix:/run/gradsync/admin.sock"
+  std::string address;  // "unix:/run/gradsync/admin.sock", or "none" (then tcp must be given)
   DaemonView* view = nullptr;  // outlives the server
   Logger log;
   // Whether users other than the daemon's own and root may connect (--allow-uid): the socket
   // is then 0666, else 0600, like the control socket; each call is judged by uid either way.
   bool others_allowed = false;
+  AdminTls tcp;
 };
 
 class AdminServer {
@@ -49,17 +63,25 @@ class AdminServer {
   AdminServer& operator=(const AdminServer&) = delete;
 
   const std::string& path() const { return path_; }
-  // The credentials of the connection gRPC names `peer`; false when unknown.
-  bool caller(const std::string& peer, PeerCredentials* out) const;
+  // Who the call's connection belongs to; false (with *why) when it cannot be told.
+  bool caller(grpc::ServerContext* context, Caller* out, std::string* why) const;
+  int tcp_port() const { return tcp_port_; }
 
   // SIGHUP changed --allow-uid: the socket's mode follows (0666 when others may connect).
-  void set_others_allowed(bool others) const { ::chmod(path_.c_str(), others ? 0666 : 0600); }
+  void set_others_allowed(bool others) const {
+    if (!path_.empty()) ::chmod(path_.c_str(), others ? 0666 : 0600);
+  }
 
  private:
   void accept_loop();
+  void open_unix_socket();   // binds and listens on path_; throws Error
+  void close_unix_socket();  // closes and removes it, if open
+  // The PEM file's text; throws Error naming the flag when it cannot be read.
+  std::string read_pem(const std::string& file, const char* flag);
 
   AdminServerOptions options_;
-  std::string path_;
+  std::string path_;  // empty: no Unix socket
+  int tcp_port_ = 0;
   int listen_fd_ = -1;
   int wake_fd_ = -1;  // an eventfd that ends accept_loop
   std::unique_ptr<grpc::Service> service_;

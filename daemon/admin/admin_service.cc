@@ -92,16 +92,21 @@ grpc::Status AdminService::GetStats(grpc::ServerContext* context, const v1::GetS
 }
 
 grpc::Status AdminService::check_reader(grpc::ServerContext* context, uid_t* uid, bool* sees_all) const {
-  PeerCredentials who;
-  if (!caller_(context->peer(), &who)) {
-    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED, "the admin service could not identify this connection");
+  Caller who;
+  std::string why;
+  if (!caller_(context, &who, &why)) return grpc::Status(grpc::StatusCode::PERMISSION_DENIED, why);
+  *uid = who.uid;
+  if (who.admin_certificate) {
+    *sees_all = true;
+    return grpc::Status::OK;
   }
+  const std::string name = who.certificate.empty() ? "uid " + std::to_string(who.uid)
+                                                   : "certificate '" + who.certificate + "' (uid " +
+                                                         std::to_string(who.uid) + ")";
   if (!view_->allowed(who.uid)) {
     return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
-                        "uid " + std::to_string(who.uid) +
-                            " is not allowed on this gradsyncd (gradsyncd --allow-uid; default: its own user and root)");
+                        name + " is not allowed on this gradsyncd (gradsyncd --allow-uid; default: its own user and root)");
   }
-  *uid = who.uid;
   *sees_all = view_->privileged(who.uid);
   return grpc::Status::OK;
 }

@@ -12,8 +12,16 @@
 
 namespace gradsync::admin {
 
-// The credentials of the caller gRPC names `peer`; false when unknown.
-using CallerLookup = std::function<bool(const std::string& peer, PeerCredentials* out)>;
+// Who is calling: a local user (by the Unix socket's peer credentials, or the local user a TLS
+// client certificate's common name names), or a certificate named as an administrator.
+struct Caller {
+  uid_t uid = 0;
+  bool admin_certificate = false;  // privileged by --admin-tls-admin-cn
+  std::string certificate;         // the common name, for TLS callers
+};
+
+// Who the call's connection belongs to; false (with *why) when it cannot be told.
+using CallerLookup = std::function<bool(grpc::ServerContext* context, Caller* out, std::string* why)>;
 
 class AdminService final : public v1::Admin::Service {
  public:

@@ -87,7 +87,7 @@ Status IoDaemonView::status(DaemonStatus* out) {
   std::string legacy;
   for (uid_t uid : c.legacy_ipc_uids) legacy += (legacy.empty() ? "" : ",") + std::to_string(uid);
   s.config = {{"socket", c.socket_path},
-              {"admin", c.admin_address},
+              {"admin", c.admin_address + (c.admin_tcp.empty() ? "" : ", " + c.admin_tcp + " (mutual TLS)")},
               {"timeout-ms", ms(c.default_timeout)},
               {"max-timeout-ms", ms(c.max_timeout)},
               {"execution-timeout-ms", ms(c.execution_timeout)},

@@ -351,3 +351,91 @@ TEST_CASE("admin: inflight names the other node that holds a job: waiting for it
 }
 
 }  // namespace gradsync::test
+
+namespace gradsync::test {
+namespace {
+
+// A CA, the daemon's certificate (for 127.0.0.1), client certificates named `ops` (listed as an
+// administrator), `gradsync-test` (a local user), `nobody-here` (neither), and one from a CA
+// the daemon does not trust; made with openssl in `dir`.
+void make_certificates(const std::string& dir) {
+  const std::string script =
+      "set -e; cd " + dir +
+      "\n"
+      "openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj '/CN=test CA' -keyout ca.key -out ca.crt\n"
+      "openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj '/CN=rogue CA' -keyout rogue.key -out rogue.crt\n"
+      "cert() { openssl req -newkey rsa:2048 -nodes -subj \"/CN=$2\" -keyout $1.key -out $1.csr;"
+      " printf '%s\\n' \"$3\" > $1.ext;"
+      " openssl x509 -req -in $1.csr -CA $4.crt -CAkey $4.key -CAcreateserial -days 2 -extfile $1.ext -out $1.crt; }\n"
+      "cert server gradsyncd 'subjectAltName=IP:127.0.0.1' ca\n"
+      "cert ops ops 'extendedKeyUsage=clientAuth' ca\n"
+      "cert user gradsync-test 'extendedKeyUsage=clientAuth' ca\n"
+      "cert stranger nobody-here 'extendedKeyUsage=clientAuth' ca\n"
+      "cert rogueclient ops 'extendedKeyUsage=clientAuth' rogue\n";
+  const CommandRun made = run_command("bash -c \"$(cat <<'SCRIPT'\n" + script + "SCRIPT\n)\" 2>&1");
+  INFO(made.output);
+  REQUIRE(made.code == 0);
+}
+
+int free_port() {
+  // The port a throwaway listener got; the daemon binds it right after (refusing to share it).
+  const CommandRun port = run_command("/usr/bin/python3 -c \"import socket; s=socket.socket(); s.bind(('127.0.0.1', 0)); "
+                                      "print(s.getsockname()[1])\"");
+  REQUIRE(port.code == 0);
+  return std::stoi(port.output);
+}
+
+}  // namespace
+
+TEST_CASE("admin: over TCP with mutual TLS, a certificate is its common name's user or an administrator's",
+          "[integration][admin]") {
+  const uid_t uid = test_user();
+  char dir[] = "/tmp/gradsync-tls-XXXXXX";
+  REQUIRE(::mkdtemp(dir) != nullptr);
+  make_certificates(dir);
+  const std::string d = dir;
+  const std::string address = "127.0.0.1:" + std::to_string(free_port());
+  TestDaemon daemon({"--admin", address, "--admin-tls-cert", d + "/server.crt", "--admin-tls-key", d + "/server.key",
+                     "--admin-tls-ca", d + "/ca.crt", "--admin-tls-admin-cn", "ops", "--allow-uid",
+                     std::to_string(uid)});
+  const auto ctl = [&](const std::string& who, const std::string& args) {
+    return run_command(std::string(GRADSYNCCTL_BINARY) + " --admin " + address + " --tls-cert " + d + "/" + who +
+                       ".crt --tls-key " + d + "/" + who + ".key --tls-ca " + d + "/ca.crt " + args);
+  };
+  // The local socket still serves as before.
+  CHECK(gradsyncctl(daemon, "status").code == 0);
+  // An administrator's certificate may change settings.
+  const CommandRun ops = ctl("ops", "config set log-level=warning");
+  INFO(ops.output);
+  CHECK(ops.code == 0);
+  CHECK_THAT(ops.output, Catch::Contains("log level: warning"));
+  // A local user's certificate reads as that user, and may not change anything.
+  const CommandRun user_reads = ctl("user", "jobs");
+  INFO(user_reads.output);
+  CHECK(user_reads.code == 0);
+  const CommandRun user_sets = ctl("user", "config set log-level=debug");
+  INFO(user_sets.output);
+  CHECK(user_sets.code == 4);
+  CHECK_THAT(user_sets.output, Catch::Contains("SetConfig changes the daemon") &&
+                                   Catch::Contains("uid " + std::to_string(uid) + " is none of them"));
+  // A certificate naming nobody, one from another CA, and no certificate at all are refused.
+  const CommandRun stranger = ctl("stranger", "jobs");
+  CHECK(stranger.code == 4);
+  CHECK_THAT(stranger.output, Catch::Contains("'nobody-here' names no user of this node"));
+  const CommandRun rogue = ctl("rogueclient", "jobs");
+  INFO(rogue.output);
+  CHECK(rogue.code == 4);
+  CHECK_THAT(rogue.output, Catch::Contains("access denied: TLS with"));
+  const CommandRun plain = run_command(std::string(GRADSYNCCTL_BINARY) + " --admin " + address + " jobs");
+  CHECK(plain.code == 2);
+  CHECK_THAT(plain.output, Catch::Contains("needs mutual TLS"));
+  CHECK(daemon.running());
+  // TCP without TLS is refused at start, naming what is missing.
+  const CommandRun refused = run_command(std::string(GRADSYNCD_BINARY) + " --socket " + d + "/x.sock --admin " +
+                                         address + " 2>&1");
+  CHECK(refused.code == 2);
+  CHECK_THAT(refused.output, Catch::Contains("requires mutual TLS: give --admin-tls-cert, --admin-tls-key and --admin-tls-ca"));
+  run_command("rm -rf " + d);
+}
+
+}  // namespace gradsync::test
