@@ -214,3 +214,58 @@ TEST_CASE("admin: a daemon whose io thread hangs is reported as such, with its o
 }
 
 }  // namespace gradsync::test
+
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
+
+namespace gradsync::test {
+namespace {
+
+// One request and its first reply on `method`, as raw bytes, through gRPC's generic stub: the
+// health and reflection services have no generated stubs in the packaged gRPC.
+bool generic_call(const std::string& target, const std::string& method, const std::string& request,
+                  std::string* reply) {
+  auto channel = grpc::CreateChannel(target, grpc::InsecureChannelCredentials());
+  grpc::GenericStub stub(channel);
+  grpc::CompletionQueue queue;
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  auto call = stub.PrepareCall(&context, method, &queue);
+  void* tag = nullptr;
+  bool ok = false;
+  auto step = [&](void* expected) { return queue.Next(&tag, &ok) && tag == expected && ok; };
+  call->StartCall(reinterpret_cast<void*>(1));
+  if (!step(reinterpret_cast<void*>(1))) return false;
+  grpc::Slice slice(request);
+  grpc::ByteBuffer out(&slice, 1);
+  call->WriteLast(out, grpc::WriteOptions(), reinterpret_cast<void*>(2));
+  if (!step(reinterpret_cast<void*>(2))) return false;
+  grpc::ByteBuffer in;
+  call->Read(&in, reinterpret_cast<void*>(3));
+  if (!step(reinterpret_cast<void*>(3))) return false;
+  std::vector<grpc::Slice> slices;
+  if (!in.Dump(&slices).ok()) return false;
+  reply->clear();
+  for (const auto& s : slices) reply->append(reinterpret_cast<const char*>(s.begin()), s.size());
+  grpc::Status status;
+  call->Finish(&status, reinterpret_cast<void*>(4));
+  step(reinterpret_cast<void*>(4));
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("admin: the standard health and reflection services answer on the admin socket", "[integration][admin]") {
+  TestDaemon daemon;
+  const std::string target = "unix:" + admin_socket(daemon);
+  std::string reply;
+  // HealthCheckRequest{service: ""} is empty; the reply is HealthCheckResponse{status: SERVING}.
+  REQUIRE(generic_call(target, "/grpc.health.v1.Health/Check", "", &reply));
+  CHECK(reply == std::string("\x08\x01", 2));
+  // ServerReflectionRequest{list_services: ""} (field 7): the reply names the admin service.
+  REQUIRE(generic_call(target, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+                       std::string("\x3a\x00", 2), &reply));
+  CHECK_THAT(reply, Catch::Contains("gradsync.admin.v1.Admin") && Catch::Contains("grpc.health.v1.Health"));
+}
+
+}  // namespace gradsync::test
