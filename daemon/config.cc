@@ -114,6 +114,9 @@ ParsedConfig parse_daemon_config(int argc, const char* const* argv) {
           result.exit_code = 2;
           return result;
         }
+        // A flag given on the command line wins over the file, repeatable ones too: their
+        // values would otherwise be merged, and a list such as allow-uid could only grow.
+        if (vm.count(setting.name) && !vm[setting.name].defaulted()) continue;
         po::option option(setting.name, setting.values);
         option.original_tokens = {setting.where};
         parsed.options.push_back(std::move(option));
@@ -151,8 +154,15 @@ ParsedConfig parse_daemon_config(int argc, const char* const* argv) {
       }
       config.admin_address = a;
     } else {
+      // HOST:PORT, [IPv6]:PORT: a numeric port, and no other gRPC address scheme
+      // (unix-abstract:, vsock:, ipv4:), which would skip the socket checks or TLS.
       const auto colon = a.rfind(':');
-      if (colon == std::string::npos || colon == 0 || colon + 1 == a.size()) {
+      const std::string host = colon == std::string::npos ? "" : a.substr(0, colon);
+      const std::string port = colon == std::string::npos ? "" : a.substr(colon + 1);
+      const bool bracketed = host.size() > 2 && host.front() == '[' && host.back() == ']';
+      const bool numeric = !port.empty() && port.size() <= 5 &&
+                           port.find_first_not_of("0123456789") == std::string::npos && std::stoul(port) <= 65535;
+      if (host.empty() || !numeric || (!bracketed && host.find(':') != std::string::npos)) {
         return fail("--admin must be unix:PATH, none or HOST:PORT, not '" + a + "'");
       }
       if (!config.admin_tcp.empty()) return fail("--admin names two TCP addresses: '" + config.admin_tcp + "' and '" + a + "'");
@@ -173,6 +183,14 @@ ParsedConfig parse_daemon_config(int argc, const char* const* argv) {
   if (config.admin_tcp.empty() && (!config.admin_tls_cert.empty() || !config.admin_tls_key.empty() ||
                                    !config.admin_tls_ca.empty() || !config.admin_tls_admin_cns.empty())) {
     return fail("--admin-tls-* apply to the admin service over TCP: give --admin HOST:PORT too");
+  }
+  // Bounds are at most a day: larger values (or "-1", which the parser wraps to 2^64 - 1)
+  // would overflow the deadlines computed from them.
+  constexpr uint64_t kDayMs = 86'400'000;
+  for (const auto& [name, value] : {std::pair<const char*, uint64_t>{"--timeout-ms", timeout_ms},
+                                    {"--max-timeout-ms", max_timeout_ms},
+                                    {"--execution-timeout-ms", execution_timeout_ms}}) {
+    if (value > kDayMs) return fail(std::string(name) + " must be at most 86400000 (a day), not " + std::to_string(value));
   }
   if (timeout_ms == 0) return fail("--timeout-ms must be positive");
   if (max_timeout_ms < timeout_ms) return fail("--max-timeout-ms must be at least --timeout-ms");

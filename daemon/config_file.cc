@@ -18,7 +18,10 @@ bool scalar_text(const toml::node& node, std::string* out) {
     return true;
   }
   if (node.is_integer()) {
-    *out = std::to_string(*node.value<int64_t>());
+    // No setting takes a negative number; the flags' parser would wrap one to a huge value.
+    const int64_t value = *node.value<int64_t>();
+    if (value < 0) return false;
+    *out = std::to_string(value);
     return true;
   }
   if (node.is_boolean()) {
@@ -57,7 +60,7 @@ Status read_config_file(const std::string& path, std::vector<FileSetting>* out) 
         std::string value;
         if (!scalar_text(item, &value)) {
           return Status::invalid_argument("config file " + setting.where + ": " + setting.name +
-                                          " must hold strings or integers");
+                                          " must hold strings or non-negative integers");
         }
         setting.values.push_back(std::move(value));
       }
@@ -65,7 +68,7 @@ Status read_config_file(const std::string& path, std::vector<FileSetting>* out) 
       std::string value;
       if (!scalar_text(node, &value)) {
         return Status::invalid_argument("config file " + setting.where + ": " + setting.name +
-                                        " must be a string, an integer or a boolean");
+                                        " must be a string, a non-negative integer or a boolean");
       }
       setting.values.push_back(std::move(value));
     }

@@ -169,6 +169,7 @@ int rpc_failed(const grpc::Status& status, const Options& o) {
       }
       return kHung;
     case grpc::StatusCode::PERMISSION_DENIED:
+    case grpc::StatusCode::UNAUTHENTICATED:
       std::fprintf(stderr, "gradsyncctl: access denied by gradsyncd at %s: %s\n", o.admin.c_str(),
                    status.error_message().c_str());
       return kDenied;

@@ -14,6 +14,7 @@
 #include <pwd.h>
 
 #include <algorithm>
+#include <functional>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -21,6 +22,7 @@
 #include <vector>
 
 #include "daemon/admin/admin_service.h"
+#include "daemon/control/socket_path.h"
 
 namespace gradsync::admin {
 namespace {
@@ -40,8 +42,10 @@ AdminServer::AdminServer(AdminServerOptions options) : options_(std::move(option
     path_ = options_.address.substr(sizeof kUnix - 1);
     open_unix_socket();
   }
-  service_ = std::make_unique<AdminService>(options_.view, [this](grpc::ServerContext* context, Caller* out,
-                                                                   std::string* why) { return caller(context, out, why); });
+  service_ = std::make_unique<AdminService>(
+      options_.view,
+      [this](grpc::ServerContext* context, Caller* out, std::string* why) { return caller(context, out, why); },
+      options_.log);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -59,7 +63,9 @@ AdminServer::AdminServer(AdminServerOptions options) : options_(std::move(option
     grpc::SslServerCredentialsOptions ssl(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
     ssl.pem_root_certs = read_pem(tls.ca_file, "--admin-tls-ca");
     ssl.pem_key_cert_pairs.push_back({read_pem(tls.key_file, "--admin-tls-key"), read_pem(tls.cert_file, "--admin-tls-cert")});
-    builder.AddListeningPort(tls.address, grpc::SslServerCredentials(ssl), &tcp_port_);
+    std::shared_ptr<grpc::ServerCredentials> credentials = grpc::SslServerCredentials(ssl);
+    credentials->SetAuthMetadataProcessor(certificate_gate());
+    builder.AddListeningPort(tls.address, credentials, &tcp_port_);
   }
   server_ = builder.BuildAndStart();
   if (!server_ || (!options_.tcp.address.empty() && tcp_port_ == 0)) {
@@ -92,22 +98,21 @@ std::string AdminServer::read_pem(const std::string& file, const char* flag) {
 }
 
 void AdminServer::open_unix_socket() {
+  if (Status status = check_socket_folder(path_, "admin socket"); !status.ok()) throw Error(status);
   sockaddr_un address{};
   if (path_.empty() || path_.size() >= sizeof address.sun_path) {
     throw Error(Status::invalid_argument("--admin: the socket path '" + path_ + "' is empty or too long"));
   }
   address.sun_family = AF_UNIX;
   std::memcpy(address.sun_path, path_.c_str(), path_.size() + 1);
-  listen_fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (listen_fd_ < 0) throw Error(fail(path_, "socket"));
-  // A stale socket from a daemon that died is replaced; one a live daemon serves is not.
-  if (::connect(listen_fd_, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0) {
-    ::close(listen_fd_);
-    listen_fd_ = -1;
-    throw Error(Status::already_exists("admin socket " + path_ + " is served by a running gradsyncd"));
+  {
+    // A stale socket from a daemon that died is replaced; one a live daemon serves is not.
+    const int probe = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (probe < 0) throw Error(fail(path_, "socket"));
+    const bool served = ::connect(probe, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0;
+    ::close(probe);
+    if (served) throw Error(Status::already_exists("admin socket " + path_ + " is served by a running gradsyncd"));
   }
-  ::close(listen_fd_);
-  listen_fd_ = -1;
   struct stat existing {};
   if (::lstat(path_.c_str(), &existing) == 0) {
     if (!S_ISSOCK(existing.st_mode)) {
@@ -115,22 +120,11 @@ void AdminServer::open_unix_socket() {
     }
     ::unlink(path_.c_str());  // a stale socket of a daemon that died
   }
-  listen_fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (listen_fd_ < 0) throw Error(fail(path_, "socket"));
-  if (::bind(listen_fd_, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0) {
-    const Status status = fail(path_, "bind");
-    ::close(listen_fd_);
-    listen_fd_ = -1;
-    throw Error(status);
-  }
   // Each call is judged by the caller's uid (SO_PEERCRED); the mode only keeps out those who
   // could never be allowed, as the control socket's does.
-  ::chmod(path_.c_str(), options_.others_allowed ? 0666 : 0600);
-  if (::listen(listen_fd_, 64) != 0) {
-    const Status status = fail(path_, "listen");
-    close_unix_socket();
-    throw Error(status);
-  }
+  Status status;
+  listen_fd_ = bind_unix_socket(path_, options_.others_allowed ? 0666 : 0600, 64, true, &status);
+  if (listen_fd_ < 0) throw Error(Status::internal("admin socket " + status.message()));
   wake_fd_ = ::eventfd(0, EFD_CLOEXEC);
   if (wake_fd_ < 0) {
     const Status status = fail(path_, "eventfd");
@@ -154,31 +148,41 @@ AdminServer::~AdminServer() {
   close_unix_socket();
 }
 
+bool AdminServer::identify_certificate(const grpc::AuthContext& auth, Caller* out, std::string* why) const {
+  const auto names = auth.FindPropertyValues(GRPC_X509_CN_PROPERTY_NAME);
+  if (names.empty()) {
+    *why = "the client certificate has no common name";
+    return false;
+  }
+  out->certificate = std::string(names.front().data(), names.front().size());
+  // A user name, nothing else: no NUL (which getpwnam would stop at), no control characters.
+  const bool plain = !out->certificate.empty() && out->certificate.size() <= 64 &&
+                     out->certificate.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                                        "0123456789._-") == std::string::npos;
+  if (!plain) {
+    *why = "the client certificate's common name is not a plain user name";
+    return false;
+  }
+  const auto& admins = options_.tcp.admin_cns;
+  out->admin_certificate = std::find(admins.begin(), admins.end(), out->certificate) != admins.end();
+  if (out->admin_certificate) return true;
+  long size = ::sysconf(_SC_GETPW_R_SIZE_MAX);
+  std::vector<char> buffer(static_cast<size_t>(size > 0 ? size : 16384));
+  passwd entry{};
+  passwd* found = nullptr;
+  if (::getpwnam_r(out->certificate.c_str(), &entry, buffer.data(), buffer.size(), &found) != 0 || !found) {
+    *why = "client certificate '" + out->certificate +
+           "' names no user of this node and is not an administrator's (gradsyncd --admin-tls-admin-cn)";
+    return false;
+  }
+  out->uid = found->pw_uid;
+  return true;
+}
+
 bool AdminServer::caller(grpc::ServerContext* context, Caller* out, std::string* why) const {
   const std::shared_ptr<const grpc::AuthContext> auth = context->auth_context();
-  if (auth && auth->IsPeerAuthenticated()) {
-    // TCP: gRPC verified the certificate against the CA; its common name says who it is.
-    const auto names = auth->FindPropertyValues(GRPC_X509_CN_PROPERTY_NAME);
-    if (names.empty()) {
-      *why = "the client certificate has no common name";
-      return false;
-    }
-    out->certificate = std::string(names.front().data(), names.front().size());
-    const auto& admins = options_.tcp.admin_cns;
-    out->admin_certificate = std::find(admins.begin(), admins.end(), out->certificate) != admins.end();
-    if (out->admin_certificate) return true;
-    long size = ::sysconf(_SC_GETPW_R_SIZE_MAX);
-    std::vector<char> buffer(static_cast<size_t>(size > 0 ? size : 16384));
-    passwd entry{};
-    passwd* found = nullptr;
-    if (::getpwnam_r(out->certificate.c_str(), &entry, buffer.data(), buffer.size(), &found) != 0 || !found) {
-      *why = "client certificate '" + out->certificate +
-             "' names no user of this node and is not an administrator's (gradsyncd --admin-tls-admin-cn)";
-      return false;
-    }
-    out->uid = found->pw_uid;
-    return true;
-  }
+  // TCP: gRPC verified the certificate against the CA; its common name says who it is.
+  if (auth && auth->IsPeerAuthenticated()) return identify_certificate(*auth, out, why);
   std::lock_guard lock(mutex_);
   auto it = callers_.find(context->peer());
   if (it == callers_.end()) {
@@ -187,6 +191,41 @@ bool AdminServer::caller(grpc::ServerContext* context, Caller* out, std::string*
   }
   out->uid = it->second.uid;
   return true;
+}
+
+namespace {
+
+// Over TCP, every call (health and reflection too) first passes this: the certificate must be
+// an administrator's or name a local user the daemon allows, as the Unix socket admits only
+// allowed users at all.
+class CertificateGate final : public grpc::AuthMetadataProcessor {
+ public:
+  using Admit = std::function<bool(const grpc::AuthContext&, std::string*)>;
+  explicit CertificateGate(Admit admit) : admit_(std::move(admit)) {}
+  bool IsBlocking() const override { return true; }  // user lookups may block (NSS)
+  grpc::Status Process(const InputMetadata&, grpc::AuthContext* context, OutputMetadata*, OutputMetadata*) override {
+    std::string why;
+    if (!admit_(*context, &why)) return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, why);
+    return grpc::Status::OK;
+  }
+
+ private:
+  Admit admit_;
+};
+
+}  // namespace
+
+std::shared_ptr<grpc::AuthMetadataProcessor> AdminServer::certificate_gate() {
+  return std::make_shared<CertificateGate>([this](const grpc::AuthContext& auth, std::string* why) {
+    Caller who;
+    if (!identify_certificate(auth, &who, why)) return false;
+    if (!who.admin_certificate && !options_.view->allowed(who.uid)) {
+      *why = "certificate '" + who.certificate + "' (uid " + std::to_string(who.uid) +
+             ") is not allowed on this gradsyncd (gradsyncd --allow-uid; default: its own user and root)";
+      return false;
+    }
+    return true;
+  });
 }
 
 void AdminServer::accept_loop() {

@@ -29,6 +29,8 @@
 #include "shared/status.h"
 
 namespace grpc {
+class AuthContext;
+class AuthMetadataProcessor;
 class Server;
 class ServerContext;
 class Service;
@@ -65,6 +67,8 @@ class AdminServer {
   const std::string& path() const { return path_; }
   // Who the call's connection belongs to; false (with *why) when it cannot be told.
   bool caller(grpc::ServerContext* context, Caller* out, std::string* why) const;
+  // A TLS caller by its certificate's common name: an administrator's, or a local user's.
+  bool identify_certificate(const grpc::AuthContext& auth, Caller* out, std::string* why) const;
   int tcp_port() const { return tcp_port_; }
 
   // SIGHUP changed --allow-uid: the socket's mode follows (0666 when others may connect).
@@ -74,6 +78,7 @@ class AdminServer {
 
  private:
   void accept_loop();
+  std::shared_ptr<grpc::AuthMetadataProcessor> certificate_gate();
   void open_unix_socket();   // binds and listens on path_; throws Error
   void close_unix_socket();  // closes and removes it, if open
   // The PEM file's text; throws Error naming the flag when it cannot be read.

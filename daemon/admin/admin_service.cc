@@ -107,18 +107,29 @@ grpc::Status AdminService::check_reader(grpc::ServerContext* context, uid_t* uid
     return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
                         name + " is not allowed on this gradsyncd (gradsyncd --allow-uid; default: its own user and root)");
   }
-  *sees_all = view_->privileged(who.uid);
+  // Over TCP only the certificates listed as administrators' are privileged: one naming root
+  // or the daemon's user reads that user's jobs, and changes nothing.
+  *sees_all = who.certificate.empty() && view_->privileged(who.uid);
   return grpc::Status::OK;
 }
 
-grpc::Status AdminService::check_admin(grpc::ServerContext* context, const char* call, uid_t* uid) const {
+grpc::Status AdminService::check_admin(grpc::ServerContext* context, const char* call, uid_t* uid,
+                                       std::string* who) const {
   bool privileged = false;
   if (grpc::Status denied = check_reader(context, uid, &privileged); !denied.ok()) return denied;
+  Caller caller;
+  std::string why;
+  caller_(context, &caller, &why);
+  *who = (caller.certificate.empty() ? "uid " + std::to_string(*uid) : "certificate '" + caller.certificate + "'") +
+         " from " + context->peer();
   if (!privileged) {
     return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
                         std::string(call) + " changes the daemon: only root, gradsyncd's own user and members of its "
-                                            "admin group (gradsyncd --admin-group) may call it; uid " +
-                            std::to_string(*uid) + " is none of them");
+                                            "admin group (gradsyncd --admin-group), or over TCP certificates listed "
+                                            "with --admin-tls-admin-cn, may call it; " +
+                            (caller.certificate.empty() ? "uid " + std::to_string(*uid)
+                                                        : "certificate '" + caller.certificate + "'") +
+                            " is none of them");
   }
   return grpc::Status::OK;
 }
@@ -255,7 +266,9 @@ grpc::Status AdminService::DumpTrace(grpc::ServerContext* context, const v1::Dum
 grpc::Status AdminService::SetConfig(grpc::ServerContext* context, const v1::SetConfigRequest* request,
                                      v1::SetConfigReply* reply) {
   uid_t uid = 0;
-  if (grpc::Status denied = check_admin(context, "SetConfig", &uid); !denied.ok()) return denied;
+  std::string who;
+  if (grpc::Status denied = check_admin(context, "SetConfig", &uid, &who); !denied.ok()) return denied;
+  log_.info("SetConfig by " + who + ": " + request->ShortDebugString());
   SettingsChange change;
   change.job = request->job();
   if (request->has_log_level()) {
@@ -299,7 +312,9 @@ grpc::Status AdminService::SetConfig(grpc::ServerContext* context, const v1::Set
 grpc::Status AdminService::Drain(grpc::ServerContext* context, const v1::DrainRequest* request,
                                  v1::DrainReply* reply) {
   uid_t uid = 0;
-  if (grpc::Status denied = check_admin(context, "Drain", &uid); !denied.ok()) return denied;
+  std::string who;
+  if (grpc::Status denied = check_admin(context, "Drain", &uid, &who); !denied.ok()) return denied;
+  log_.info("Drain by " + who + ": " + request->ShortDebugString());
   if (request->timeout_ms() > 3'600'000) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "timeout_ms must be at most 3600000 (an hour)");
   }

@@ -8,6 +8,7 @@
 
 #include "daemon/admin/view.h"
 #include "daemon/control/peer_credentials.h"
+#include "daemon/util/log.h"
 #include "proto/admin.grpc.pb.h"
 
 namespace gradsync::admin {
@@ -25,7 +26,8 @@ using CallerLookup = std::function<bool(grpc::ServerContext* context, Caller* ou
 
 class AdminService final : public v1::Admin::Service {
  public:
-  AdminService(DaemonView* view, CallerLookup caller) : view_(view), caller_(std::move(caller)) {}
+  AdminService(DaemonView* view, CallerLookup caller, Logger log)
+      : view_(view), caller_(std::move(caller)), log_(std::move(log)) {}
 
   grpc::Status GetStatus(grpc::ServerContext* context, const v1::GetStatusRequest* request,
                          v1::GetStatusReply* reply) override;
@@ -50,10 +52,11 @@ class AdminService final : public v1::Admin::Service {
   grpc::Status check_reader(grpc::ServerContext* context, uid_t* uid, bool* sees_all) const;
   // Ok when the caller may make the mutating call `call`; PERMISSION_DENIED naming its uid
   // and who may otherwise.
-  grpc::Status check_admin(grpc::ServerContext* context, const char* call, uid_t* uid) const;
+  grpc::Status check_admin(grpc::ServerContext* context, const char* call, uid_t* uid, std::string* who) const;
 
   DaemonView* view_;
   CallerLookup caller_;
+  Logger log_;  // mutating calls are logged with who made them
 };
 
 }  // namespace gradsync::admin

@@ -9,6 +9,7 @@
 #include <filesystem>
 
 #include "daemon/control/session.h"
+#include "daemon/control/socket_path.h"
 
 namespace gradsync {
 
@@ -17,11 +18,10 @@ using Protocol = asio::local::stream_protocol;
 
 namespace {
 
-// A socket file left by a crashed daemon is removed; one a live daemon serves is not.
+// A socket file left by a crashed daemon is removed; one a live daemon serves is not. The folder
+// must be safe first (socket_path.h), or the "stale socket" could be anyone's.
 void claim_socket_path(asio::io_context& io, const std::string& path) {
-  std::error_code fs_error;
-  const auto parent = std::filesystem::path(path).parent_path();
-  if (!parent.empty()) std::filesystem::create_directories(parent, fs_error);
+  if (Status status = check_socket_folder(path, "control socket"); !status.ok()) throw Error(status);
   struct stat st {};
   if (::lstat(path.c_str(), &st) != 0) return;
   if (!S_ISSOCK(st.st_mode)) {
@@ -39,13 +39,17 @@ void claim_socket_path(asio::io_context& io, const std::string& path) {
 ControlServer::ControlServer(asio::io_context& io, ControlServerOptions options)
     : options_(std::move(options)), acceptor_(io) {
   claim_socket_path(io, options_.socket_path);
-  boost::system::error_code ec;
-  acceptor_.open(Protocol(), ec);
-  if (!ec) acceptor_.bind(Protocol::endpoint(options_.socket_path), ec);
-  if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
-  if (ec) throw Error(Status::internal("cannot listen on " + options_.socket_path + ": " + ec.message()));
   // The allow-list is what authenticates; the file mode only keeps strangers from even trying.
-  ::chmod(options_.socket_path.c_str(), options_.allowed_uids.empty() ? 0600 : 0666);
+  Status status;
+  const int fd = bind_unix_socket(options_.socket_path, options_.allowed_uids.empty() ? 0600 : 0666,
+                                  asio::socket_base::max_listen_connections, false, &status);
+  if (fd < 0) throw Error(Status::internal("cannot listen on " + options_.socket_path + ": " + status.message()));
+  boost::system::error_code ec;
+  acceptor_.assign(Protocol(), fd, ec);
+  if (ec) {
+    ::close(fd);
+    throw Error(Status::internal("cannot listen on " + options_.socket_path + ": " + ec.message()));
+  }
   options_.log.info("listening on " + options_.socket_path);
 }
 

@@ -25,10 +25,14 @@ Status ConfigChannel::propose(const std::string& settings, std::chrono::millisec
   return Status();
 }
 
-Status ConfigChannel::give_up_if_claimed(uint64_t k, std::chrono::milliseconds timeout) {
-  int64_t claimed = 0;
-  if (Status s = client_.add(store_job_, key("cfg/count"), 0, timeout, &claimed); !s.ok()) return s;
-  if (static_cast<uint64_t>(claimed) < k) return Status();
+Status ConfigChannel::claimed(uint64_t k, std::chrono::milliseconds timeout, bool* out) {
+  int64_t count = 0;
+  if (Status s = client_.add(store_job_, key("cfg/count"), 0, timeout, &count); !s.ok()) return s;
+  *out = static_cast<uint64_t>(count) >= k;
+  return Status();
+}
+
+Status ConfigChannel::give_up(uint64_t k, std::chrono::milliseconds timeout) {
   bool stored = false;
   return client_.set_if_absent(store_job_, key("cfg/" + std::to_string(k)), kSkip, timeout, &stored);
 }

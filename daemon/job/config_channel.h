@@ -11,9 +11,10 @@
 //      deciding E needs only the watchers, not the workers.
 //
 // Changes are numbered, so concurrent ones apply in the same order everywhere. Publishing is
-// first-writer-wins (set if absent): a number claimed but not published within a minute (its
-// proposer died or was cut off) is given up by the first watcher to notice, writing "skip"
-// there, and every node then skips it; a late proposer learns its change was given up. A
+// first-writer-wins (set if absent): a number claimed for a whole minute-long wait and still not
+// published (its proposer died or was cut off) is given up by the first watcher to notice,
+// writing "skip" there, and every node then skips it; a late proposer learns its change was
+// given up. A
 // value no node can decode is skipped by all alike. A node that does not offer within the bound
 // fails the job: it cannot be known whether the others applied the change, and mixed settings
 // would mix buckets. Its own PeerClient, so that cancelling it (the job ended) leaves the
@@ -42,8 +43,10 @@ class ConfigChannel {
   Status propose(const std::string& settings, std::chrono::milliseconds timeout, uint64_t* k);
   // Waits up to `timeout` for change k (kTimeout when it has not come).
   Status wait(uint64_t k, std::chrono::milliseconds timeout, std::string* settings);
-  // Gives change k up if it was claimed and is still unpublished (a no-op otherwise).
-  Status give_up_if_claimed(uint64_t k, std::chrono::milliseconds timeout);
+  // Whether change number k has been claimed.
+  Status claimed(uint64_t k, std::chrono::milliseconds timeout, bool* out);
+  // Gives change k up if it is still unpublished (first writer wins: a no-op otherwise).
+  Status give_up(uint64_t k, std::chrono::milliseconds timeout);
   // Offers this node's first operation not begun for change k.
   Status offer(uint64_t k, uint64_t first_not_begun, std::chrono::milliseconds timeout);
   // Every node's offer for change k; *from_seq is the largest. A timeout names the nodes that

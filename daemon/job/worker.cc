@@ -820,12 +820,18 @@ Status Worker::change_settings(const JobSettings& settings, std::chrono::millise
     return Status::not_supported("job " + options_.job_id +
                                " has not formed across its nodes yet; its settings can change once it has");
   }
+  // One deadline for publishing and agreeing, so the caller's own bound holds.
   bound = std::min(bound, agreement_bound_);
+  const auto deadline = std::chrono::steady_clock::now() + bound;
+  const auto left = [&] {
+    return std::max(std::chrono::milliseconds(1), std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                      deadline - std::chrono::steady_clock::now()));
+  };
   uint64_t k = 0;
-  if (Status s = channel->propose(settings.encode(), bound, &k); !s.ok()) {
+  if (Status s = channel->propose(settings.encode(), left(), &k); !s.ok()) {
     return Status(s.code(), "job " + options_.job_id + ": could not publish the change at the rendezvous: " + s.message());
   }
-  if (Status s = channel->agree(k, bound, from_seq); !s.ok()) {
+  if (Status s = channel->agree(k, left(), from_seq); !s.ok()) {
     return Status(s.code(), "job " + options_.job_id + ": the nodes did not all take change " + std::to_string(k) +
                                 " within " + std::to_string(bound.count()) + " ms: " + s.message());
   }
@@ -836,15 +842,19 @@ void Worker::watch_config(std::shared_ptr<ConfigChannel> channel) {
   const auto bound = agreement_bound_;
   for (uint64_t k = 1;; ++k) {
     std::string text;
+    bool claimed_before = false;  // k was claimed already at the previous wait's end
     for (;;) {
       const Status status = channel->wait(k, std::chrono::seconds(60), &text);
       if (status.ok()) break;
       if (channel->cancelled() || failed_.load()) return;  // the job ended
       if (status.code() == ErrorCode::kTimeout) {
-        // A number claimed but never published would block every later change.
-        if (Status given = channel->give_up_if_claimed(k, bound); !given.ok() && !channel->cancelled()) {
-          options_.log.warning("settings watcher: " + given.message());
-        }
+        // A number claimed but never published would block every later change: one claimed a
+        // whole wait ago and still unpublished is given up (its proposer died or was cut off).
+        bool claimed = false;
+        Status checked = channel->claimed(k, bound, &claimed);
+        if (checked.ok() && claimed && claimed_before) checked = channel->give_up(k, bound);
+        if (!checked.ok() && !channel->cancelled()) options_.log.warning("settings watcher: " + checked.message());
+        claimed_before = checked.ok() && claimed;
         continue;
       }
       // The rendezvous may be briefly unreachable; the watcher must outlive that, or this

@@ -20,6 +20,9 @@
 #include <string>
 #include <thread>
 
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
+
 #include "tests/integration/harness.h"
 
 namespace gradsync::test {
@@ -371,10 +374,47 @@ void make_certificates(const std::string& dir) {
       "cert ops ops 'extendedKeyUsage=clientAuth' ca\n"
       "cert user gradsync-test 'extendedKeyUsage=clientAuth' ca\n"
       "cert stranger nobody-here 'extendedKeyUsage=clientAuth' ca\n"
+      "cert rootcert root 'extendedKeyUsage=clientAuth' ca\n"
       "cert rogueclient ops 'extendedKeyUsage=clientAuth' rogue\n";
   const CommandRun made = run_command("bash -c \"$(cat <<'SCRIPT'\n" + script + "SCRIPT\n)\" 2>&1");
   INFO(made.output);
   REQUIRE(made.code == 0);
+}
+
+// The standard health check over TLS with `who`'s certificate: true when it answers SERVING.
+bool tls_health_check(const std::string& address, const std::string& dir, const std::string& who) {
+  const auto read = [](const std::string& path) {
+    std::ifstream in(path);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  grpc::SslCredentialsOptions ssl;
+  ssl.pem_root_certs = read(dir + "/ca.crt");
+  ssl.pem_private_key = read(dir + "/" + who + ".key");
+  ssl.pem_cert_chain = read(dir + "/" + who + ".crt");
+  auto channel = grpc::CreateChannel(address, grpc::SslCredentials(ssl));
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  grpc::CompletionQueue queue;
+  grpc::Slice nothing("");
+  grpc::ByteBuffer empty(&nothing, 1);
+  auto call = stub.PrepareUnaryCall(&context, "/grpc.health.v1.Health/Check", empty, &queue);
+  call->StartCall();
+  grpc::ByteBuffer answer;
+  grpc::Status status;
+  call->Finish(&answer, &status, reinterpret_cast<void*>(1));
+  void* tag = nullptr;
+  bool ok = false;
+  if (!queue.Next(&tag, &ok) || !ok) return false;
+  std::vector<grpc::Slice> slices;
+  if (!status.ok()) {
+    UNSCOPED_INFO("health check with " << who << "'s certificate: " << status.error_message());
+    return false;
+  }
+  if (!answer.Dump(&slices).ok()) return false;
+  std::string bytes;
+  for (const auto& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  return bytes == std::string("\x08\x01", 2);
 }
 
 int free_port() {
@@ -417,11 +457,21 @@ TEST_CASE("admin: over TCP with mutual TLS, a certificate is its common name's u
   INFO(user_sets.output);
   CHECK(user_sets.code == 4);
   CHECK_THAT(user_sets.output, Catch::Contains("SetConfig changes the daemon") &&
-                                   Catch::Contains("uid " + std::to_string(uid) + " is none of them"));
+                                   Catch::Contains("certificate 'gradsync-test' is none of them"));
+  // A certificate naming root reads root's jobs but is not privileged: only listed names are.
+  const CommandRun root_sets = ctl("rootcert", "config set log-level=debug");
+  INFO(root_sets.output);
+  CHECK(root_sets.code == 4);
+  CHECK_THAT(root_sets.output, Catch::Contains("certificate 'root' is none of them"));
+  CHECK_THAT(daemon.log(), Catch::Contains("SetConfig by certificate 'ops' from ipv4:127.0.0.1:"));
   // A certificate naming nobody, one from another CA, and no certificate at all are refused.
   const CommandRun stranger = ctl("stranger", "jobs");
   CHECK(stranger.code == 4);
   CHECK_THAT(stranger.output, Catch::Contains("'nobody-here' names no user of this node"));
+  // Turned away before any service, health included, as the Unix socket does for strangers.
+  std::string reply;
+  CHECK_FALSE(tls_health_check(address, d, "stranger"));
+  CHECK(tls_health_check(address, d, "ops"));
   const CommandRun rogue = ctl("rogueclient", "jobs");
   INFO(rogue.output);
   CHECK(rogue.code == 4);

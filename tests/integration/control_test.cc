@@ -593,8 +593,12 @@ TEST_CASE("gradsyncd: settings come from a TOML config file; flags win; bad file
     CHECK(std::regex_search(gradsyncctl(daemon, "config get").output, std::regex(R"(allow-uid\s+0,1000)")));
   }
   {
-    TestDaemon daemon({"--config", pattern, "--timeout-ms", "4321"});  // the flag wins
+    // A flag wins, repeatable ones too: the file's allow-uid list is not merged into the flag's.
+    TestDaemon daemon({"--config", pattern, "--timeout-ms", "4321", "--allow-uid", "7"});
     CHECK_THAT(daemon.log(), Catch::Contains("default timeout 4321 ms"));
+    const std::string config = gradsyncctl(daemon, "config get").output;
+    INFO(config);
+    CHECK(std::regex_search(config, std::regex(R"(allow-uid\s+7\n)")));
   }
   const std::string file = pattern;
   const auto refused = [&](const std::string& text, const std::string& why) {
@@ -607,7 +611,10 @@ TEST_CASE("gradsyncd: settings come from a TOML config file; flags win; bad file
   refused("timeout-ms = 5\nno-such-setting = 3\n", "config file " + file + ":2: unknown setting 'no-such-setting'");
   refused("timeout-ms = 5\n\n[peer]\nlisten = \"x\"\n", ":3: [peer] is a table");
   refused("timeout-ms = = 5\n", "config file " + file + ":1");
-  refused("timeout-ms = 1.5\n", "timeout-ms must be a string, an integer or a boolean");
+  refused("timeout-ms = 1.5\n", "timeout-ms must be a string, a non-negative integer or a boolean");
+  refused("execution-timeout-ms = -1\n", "execution-timeout-ms must be a string, a non-negative integer");
+  refused("allow-uid = [1000, -1]\n", "allow-uid must hold strings or non-negative integers");
+  refused("timeout-ms = 100000000\n", "--timeout-ms must be at most 86400000 (a day)");
   refused("timeout-ms = \"soon\"\n", "soon");
   ::unlink(pattern);
   const auto [code, output] = run_daemon_command({"--config", "/nonexistent/gradsyncd.toml"});

@@ -44,7 +44,7 @@ TEST_CASE("metrics: a bad --metrics address is refused, naming it", "[integratio
   for (const std::string& address : {std::string("127.0.0.1:70000"), std::string("127.0.0.1:abc"),
                                      std::string("nonsense"), std::string("999.1.1.1:80")}) {
     const CommandRun run = run_command(std::string(GRADSYNCD_BINARY) + " --socket /tmp/gradsync-metrics-bad-" +
-                                       std::to_string(::getpid()) + ".sock --admin none --peer-listen 127.0.0.1:0" +
+                                       std::to_string(::getpid()) + "/gradsync.sock --admin none --peer-listen 127.0.0.1:0" +
                                        " --metrics " + address);
     INFO(run.output);
     CHECK(run.code == 1);

@@ -1,0 +1,99 @@
+#include "daemon/control/socket_path.h"
+
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <vector>
+
+namespace gradsync {
+namespace {
+
+std::string octal(mode_t mode) {
+  char text[8];
+  std::snprintf(text, sizeof text, "%04o", static_cast<unsigned>(mode & 07777));
+  return text;
+}
+
+}  // namespace
+
+Status check_socket_folder(const std::string& socket_path, const std::string& what) {
+  std::error_code error;
+  std::filesystem::path folder = std::filesystem::absolute(socket_path, error).parent_path();
+  if (error) return Status::invalid_argument(what + " " + socket_path + ": " + error.message());
+  // Create what is missing, each folder 0755 and ours.
+  std::vector<std::filesystem::path> missing;
+  for (auto p = folder; !p.empty() && !std::filesystem::exists(p, error); p = p.parent_path()) {
+    missing.push_back(p);
+    if (p == p.root_path()) break;
+  }
+  for (auto it = missing.rbegin(); it != missing.rend(); ++it) {
+    if (::mkdir(it->c_str(), 0755) != 0 && errno != EEXIST) {
+      return Status::invalid_argument(what + ": cannot create folder " + it->string() + ": " + std::strerror(errno));
+    }
+  }
+  const uid_t self = ::geteuid();
+  bool direct = true;
+  for (auto p = folder;; p = p.parent_path()) {
+    struct stat st {};
+    if (::stat(p.c_str(), &st) != 0) {
+      return Status::invalid_argument(what + ": cannot examine folder " + p.string() + ": " + std::strerror(errno));
+    }
+    if (!S_ISDIR(st.st_mode)) return Status::invalid_argument(what + ": " + p.string() + " is not a folder");
+    if (st.st_uid != 0 && st.st_uid != self) {
+      return Status::permission_denied(what + " " + socket_path + ": folder " + p.string() + " belongs to uid " +
+                                       std::to_string(st.st_uid) + ", not to root or gradsyncd's user (uid " +
+                                       std::to_string(self) + "), who could replace the socket; use a folder " +
+                                       "gradsyncd owns, such as /run/gradsync");
+    }
+    const bool others_write = (st.st_mode & (S_IWGRP | S_IWOTH)) != 0;
+    const bool sticky = (st.st_mode & S_ISVTX) != 0;
+    if (others_write && (direct || !sticky)) {
+      return Status::permission_denied(what + " " + socket_path + ": folder " + p.string() + " (mode " +
+                                       octal(st.st_mode) + ") can be written by other users, who could squat " +
+                                       "or replace the socket; use a folder only gradsyncd's user can write, " +
+                                       "such as /run/gradsync");
+    }
+    direct = false;
+    if (p == p.root_path() || p.parent_path() == p) break;
+  }
+  return Status();
+}
+
+int bind_unix_socket(const std::string& path, mode_t mode, int backlog, bool nonblocking, Status* status) {
+  sockaddr_un address{};
+  if (path.empty() || path.size() >= sizeof address.sun_path) {
+    *status = Status::invalid_argument("socket path '" + path + "' is empty or too long");
+    return -1;
+  }
+  address.sun_family = AF_UNIX;
+  std::memcpy(address.sun_path, path.c_str(), path.size() + 1);
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | (nonblocking ? SOCK_NONBLOCK : 0), 0);
+  if (fd < 0) {
+    *status = Status::internal(path + ": socket: " + std::strerror(errno));
+    return -1;
+  }
+  // The file bind() creates takes the socket's own mode (less the umask): set it first.
+  const auto failed = [&](const char* call) {
+    *status = Status::internal(path + ": " + call + ": " + std::strerror(errno));
+    ::close(fd);
+    return -1;
+  };
+  if (::fchmod(fd, mode) != 0) return failed("fchmod");
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0) return failed("bind");
+  // The umask may have taken bits the mode wants (others' access for --allow-uid). The folder
+  // is gradsyncd's alone (check_socket_folder), so the name still is this socket.
+  if (::chmod(path.c_str(), mode) != 0 || ::listen(fd, backlog) != 0) {
+    const int saved = errno;
+    ::unlink(path.c_str());
+    errno = saved;
+    return failed("listen");
+  }
+  return fd;
+}
+
+}  // namespace gradsync
