@@ -573,6 +573,13 @@ TEST_CASE("gradsyncd: an unknown flag or bad value exits 2 naming it", "[integra
   const auto [level_code, level_output] = run_daemon_command({"--log-level", "loud"});
   CHECK(level_code == 2);
   CHECK_THAT(level_output, Catch::Contains("--log-level must be debug, info, warning or error, not 'loud'"));
+  // "-1" would wrap to 2^64 - 1 ms and overflow every deadline: bounds are at most a day.
+  const auto [wrap_code, wrap_output] = run_daemon_command({"--execution-timeout-ms", "-1"});
+  CHECK(wrap_code == 2);
+  CHECK_THAT(wrap_output, Catch::Contains("--execution-timeout-ms must be at most 86400000 (a day)"));
+  const auto [scheme_code, scheme_output] = run_daemon_command({"--admin", "unix-abstract:x"});
+  CHECK(scheme_code == 2);
+  CHECK_THAT(scheme_output, Catch::Contains("--admin must be unix:PATH, none or HOST:PORT, not 'unix-abstract:x'"));
 }
 
 TEST_CASE("gradsyncd: settings come from a TOML config file; flags win; bad files are errors naming the line",
