@@ -32,9 +32,12 @@ Status check_socket_folder(const std::string& socket_path, const std::string& wh
     if (p == p.root_path()) break;
   }
   for (auto it = missing.rbegin(); it != missing.rend(); ++it) {
-    if (::mkdir(it->c_str(), 0755) != 0 && errno != EEXIST) {
+    if (::mkdir(it->c_str(), 0755) != 0) {
+      if (errno == EEXIST) continue;
       return Status::invalid_argument(what + ": cannot create folder " + it->string() + ": " + std::strerror(errno));
     }
+    // 0755 whatever the umask (the unit's is 0077): other users' trainers must reach the socket.
+    ::chmod(it->c_str(), 0755);
   }
   const uid_t self = ::geteuid();
   bool direct = true;

@@ -267,3 +267,69 @@ TEST_CASE("trust: a client refuses a daemon of another user unless told to trust
 }
 
 }  // namespace gradsync::test
+
+namespace gradsync::test {
+
+TEST_CASE("trust: gradsyncd refuses socket folders another user could write or swap, and creates missing ones 0755",
+          "[integration][trust]") {
+  const TestUser user = test_user();
+  char pattern[] = "/tmp/gradsync-folders-XXXXXX";
+  REQUIRE(::mkdtemp(pattern));
+  const std::string base = pattern;  // root's, 0700
+  REQUIRE(::chmod(base.c_str(), 0755) == 0);
+  const auto start = [&](const std::string& socket, const std::string& admin = {}) {
+    return run_command(std::string(GRADSYNCD_BINARY) + " --socket " + socket + " --peer-listen 127.0.0.1:0" +
+                       (admin.empty() ? " --admin none" : " --admin " + admin) + " 2>&1");
+  };
+  // A folder the other user owns: they could replace the socket (or squat it before the daemon).
+  const std::string theirs = base + "/theirs";
+  REQUIRE(::mkdir(theirs.c_str(), 0755) == 0);
+  REQUIRE(::chown(theirs.c_str(), user.uid, user.gid) == 0);
+  CommandRun run = start(theirs + "/gradsync.sock");
+  INFO(run.output);
+  CHECK(run.code == 1);
+  CHECK_THAT(run.output, Catch::Contains("folder " + theirs + " belongs to uid " + std::to_string(user.uid)));
+  // A folder of root's that everybody may write.
+  const std::string open = base + "/open";
+  REQUIRE(::mkdir(open.c_str(), 0755) == 0);
+  REQUIRE(::chmod(open.c_str(), 0777) == 0);
+  run = start(open + "/gradsync.sock");
+  CHECK(run.code == 1);
+  CHECK_THAT(run.output, Catch::Contains("folder " + open + " (mode 0777) can be written by other users"));
+  // /tmp itself (sticky, but the socket's own folder must be gradsyncd's alone).
+  run = start("/tmp/gradsync-direct-" + std::to_string(::getpid()) + ".sock");
+  CHECK(run.code == 1);
+  CHECK_THAT(run.output, Catch::Contains("folder /tmp (mode 1777) can be written by other users"));
+  // Root's folder inside the other user's: they could rename it away and put their own there.
+  const std::string nested = theirs + "/inner";
+  REQUIRE(::mkdir(nested.c_str(), 0755) == 0);
+  run = start(nested + "/gradsync.sock");
+  CHECK(run.code == 1);
+  CHECK_THAT(run.output, Catch::Contains("belongs to uid " + std::to_string(user.uid)));
+  // The admin socket is held to the same rule.
+  run = start(base + "/ok/gradsync.sock", "unix:" + open + "/admin.sock");
+  CHECK(run.code == 1);
+  CHECK_THAT(run.output, Catch::Contains("admin socket " + open + "/admin.sock: folder " + open));
+  // A folder that does not exist is created, gradsyncd's and 0755 (whatever the umask), and serves.
+  const std::string fresh = base + "/made/by/gradsyncd";
+  const mode_t umask_before = ::umask(0077);  // the unit's UMask
+  ChildProcess daemon({GRADSYNCD_BINARY, "--socket", fresh + "/gradsync.sock", "--peer-listen", "127.0.0.1:0"});
+  ::umask(umask_before);
+  for (int i = 0; i < 200 && !std::filesystem::exists(fresh + "/gradsync.sock"); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  REQUIRE(std::filesystem::exists(fresh + "/gradsync.sock"));
+  struct stat info {};
+  REQUIRE(::stat(fresh.c_str(), &info) == 0);
+  CHECK((info.st_mode & 07777) == 0755);
+  CHECK(info.st_uid == ::geteuid());
+  REQUIRE(::stat((fresh + "/gradsync.sock").c_str(), &info) == 0);
+  CHECK((info.st_mode & 0777) == 0600);
+  REQUIRE(::stat((fresh + "/admin.sock").c_str(), &info) == 0);
+  CHECK((info.st_mode & 0777) == 0600);
+  daemon.signal(SIGTERM);
+  CHECK(exit_code(daemon.wait_for(std::chrono::seconds(10))) == 0);
+  std::filesystem::remove_all(base);
+}
+
+}  // namespace gradsync::test
