@@ -74,8 +74,17 @@ ParsedConfig parse_daemon_config(int argc, const char* const* argv) {
        "seconds to keep a job's idle NCCL communicators after the job ends, so that restarted "
        "trainers re-joining it with the same layout reuse them instead of creating new ones; 0: never")
       ("log-level", po::value(&log_level)->default_value(log_level), "debug, info, warning or error")
-      ("peer-listen", po::value(&config.peer_listen)->default_value(config.peer_listen),
-       "HOST:PORT of the peer service other daemons rendezvous through (port 0: any free port)")
+      ("peer-listen", po::value(&config.peer_listen),
+       "HOST:PORT of the peer service other daemons rendezvous through (port 0: any free port; "
+       "default 0.0.0.0:29590 with a token or TLS, else 127.0.0.1:29590: unauthenticated, it may "
+       "listen on loopback only)")
+      ("peer-token-file", po::value(&config.peer_token_file),
+       "file holding the cluster token (the same on every node, mode 0600; make one with "
+       "openssl rand -hex 32): every peer call carries it. Clear text on the wire unless TLS is on too")
+      ("peer-tls-cert", po::value(&config.peer_tls_cert), "peer service: this daemon's certificate (PEM)")
+      ("peer-tls-key", po::value(&config.peer_tls_key), "peer service: its private key (PEM)")
+      ("peer-tls-ca", po::value(&config.peer_tls_ca),
+       "peer service: the cluster's CA certificate (PEM); peers must present certificates it signed")
       ("peer-advertise", po::value(&config.peer_advertise_host),
        "host other daemons reach this one at (default: the listen host, or the hostname)")
       ("gloo-transport", po::value(&config.gloo_transport)->default_value(config.gloo_transport),
@@ -206,9 +215,21 @@ ParsedConfig parse_daemon_config(int argc, const char* const* argv) {
   config.legacy_ipc_uids = legacy;
   if (nccl_keep_s > 86'400) return fail("--nccl-keep-idle-s must be at most 86400 (a day)");
   config.nccl_keep_idle = std::chrono::seconds(nccl_keep_s);
+  const bool peer_auth = !config.peer_token_file.empty() || !config.peer_tls_ca.empty();
+  if (config.peer_listen.empty()) config.peer_listen = peer_auth ? "0.0.0.0:29590" : "127.0.0.1:29590";
   const auto colon = config.peer_listen.rfind(':');
   if (colon == std::string::npos || colon == 0 || colon + 1 == config.peer_listen.size()) {
     return fail("--peer-listen must be HOST:PORT, not '" + config.peer_listen + "'");
+  }
+  if (!peer_auth) {
+    const std::string host = config.peer_listen.substr(0, colon);
+    const bool loopback = host == "localhost" || host == "[::1]" || host.rfind("127.", 0) == 0;
+    if (!loopback) {
+      return fail("--peer-listen " + config.peer_listen +
+                  ": the peer service is not authenticated, so it may listen on loopback only; for other "
+                  "nodes to reach it give --peer-token-file FILE (the same token on every node) or "
+                  "--peer-tls-cert, --peer-tls-key and --peer-tls-ca");
+    }
   }
   if (config.gloo_transport != "tcp" && config.gloo_transport != "ibverbs") {
     return fail("--gloo-transport must be tcp or ibverbs, not '" + config.gloo_transport + "'");

@@ -54,8 +54,12 @@ struct DaemonConfig {
   // it with the same layout (nccl/park.h); 0: never.
   std::chrono::seconds nccl_keep_idle{300};
 
-  // The peer service (daemon-to-daemon rendezvous, gRPC). Port 0 picks a free port.
-  std::string peer_listen = "0.0.0.0:29590";
+  // The peer service (daemon-to-daemon rendezvous, gRPC). Port 0 picks a free port. Without
+  // authentication (peer_auth.h) it may listen on loopback only, and that is the default then;
+  // with it, the default is every interface.
+  std::string peer_listen;
+  std::string peer_token_file;
+  std::string peer_tls_cert, peer_tls_key, peer_tls_ca;
   // The host other daemons reach this one at; empty: the listen host, or this machine's
   // hostname when listening on every interface.
   std::string peer_advertise_host;

@@ -46,7 +46,16 @@ Daemon::Daemon(DaemonConfig config, std::function<ParsedConfig()> reparse)
   device_engines_ = make_device_engine_factory(config_.nccl_keep_idle);
   backends_ = make_backend_factory(log_, device_engines_.get(),
                                    std::vector<uint32_t>(config_.legacy_ipc_uids.begin(), config_.legacy_ipc_uids.end()));
-  PeerServerOptions peer{config_.peer_listen, log_, {}};
+  {
+    PeerAuth auth;
+    if (Status s = PeerAuth::load(config_.peer_token_file, config_.peer_tls_cert, config_.peer_tls_key,
+                                  config_.peer_tls_ca, &auth);
+        !s.ok()) {
+      throw Error(s);
+    }
+    peer_auth_ = std::make_shared<const PeerAuth>(std::move(auth));
+  }
+  PeerServerOptions peer{config_.peer_listen, log_, {}, peer_auth_};
   peer.progress = [board = &progress_](const std::string& job, peer::ProgressReply* reply) {
     const auto entry = board->find(job);
     if (!entry) return false;
@@ -73,6 +82,7 @@ Daemon::Daemon(DaemonConfig config, std::function<ParsedConfig()> reparse)
   gloo.ib_index = config_.gloo_ib_index;
   engines_ = make_engine_factory(gloo);
   registry.cluster.engines = engines_.get();
+  registry.cluster.auth = peer_auth_;
   registry.execution = ExecutionSettings{backends_.get(), config_.execution_timeout};
   registry_ = std::make_unique<JobRegistry>(std::move(registry));
   server_ = std::make_unique<ControlServer>(
@@ -88,6 +98,7 @@ Daemon::Daemon(DaemonConfig config, std::function<ParsedConfig()> reparse)
     if (device_engines_) view.engines.push_back("nccl (loaded on first use)");
     view.peer_address = host + ":" + std::to_string(peer_->port());
     view.log = log_;
+    view.peer_auth = peer_auth_;
     admin_view_ = std::make_unique<admin::IoDaemonView>(std::move(view));
   }
   if (config_.admin_address != "none" || !config_.admin_tcp.empty()) {
@@ -206,6 +217,9 @@ void Daemon::reload() {
        "admin", false);
   note(next.reduce_threads != config_.reduce_threads, "reduce-threads", false);
   note(next.peer_listen != config_.peer_listen, "peer-listen", false);
+  note(next.peer_token_file != config_.peer_token_file || next.peer_tls_cert != config_.peer_tls_cert ||
+           next.peer_tls_key != config_.peer_tls_key || next.peer_tls_ca != config_.peer_tls_ca,
+       "peer-token-file/peer-tls-*", false);
   note(next.peer_advertise_host != config_.peer_advertise_host, "peer-advertise", false);
   note(next.gloo_transport != config_.gloo_transport || next.gloo_iface != config_.gloo_iface ||
            next.gloo_ib_device != config_.gloo_ib_device,

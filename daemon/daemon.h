@@ -45,6 +45,7 @@ class Daemon {
   std::unique_ptr<BackendFactory> backends_;
   std::unique_ptr<EngineFactory> engines_;
   ProgressBoard progress_;  // outlives the peer server, which reads it, and the jobs on it
+  std::shared_ptr<const PeerAuth> peer_auth_;  // how this daemon and its peers prove membership
   std::unique_ptr<PeerServer> peer_;
   std::unique_ptr<Reaper> reaper_;  // outlives the jobs, whose workers it stops
   FailureCounts failures_;  // outlives the registry's jobs and the metrics server

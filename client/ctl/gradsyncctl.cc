@@ -22,6 +22,7 @@
 #include <cstdlib>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include <fstream>
@@ -272,7 +273,8 @@ int run_call(const Options& o, Call call, std::string (*print)(const Reply&)) {
     if (o.watch > 0 && !o.json) std::printf("\033[H\033[2J");  // a fresh screen per round
     if (!o.output.empty()) {
       // trace -o FILE: the JSON goes to the file, the summary to stdout.
-      const auto* trace = dynamic_cast<const v1::DumpTraceReply*>(&reply);
+      const v1::DumpTraceReply* trace = nullptr;
+      if constexpr (std::is_same_v<Reply, v1::DumpTraceReply>) trace = &reply;
       std::ofstream file(o.output, std::ios::binary | std::ios::trunc);
       if (trace) file << trace->chrome_trace_json();
       if (!file.flush()) {

@@ -173,6 +173,7 @@ int run_demo(const DemoOptions& o) {
   std::vector<std::unique_ptr<DaemonProcess>> daemons;
   std::vector<std::string> sockets;
   std::string rendezvous;
+  ClusterToken token;  // the nodes' peer services accept only each other
   if (o.socket.empty()) {
     for (int n = 0; n < o.nodes; ++n) {
       std::string listen = "127.0.0.1:0";
@@ -180,8 +181,8 @@ int run_demo(const DemoOptions& o) {
         rendezvous = "127.0.0.1:" + std::to_string(free_loopback_port());
         listen = rendezvous;
       }
-      daemons.push_back(std::make_unique<DaemonProcess>(
-          DaemonProcess::Options{o.daemon, {"--log-level", "warning", "--peer-listen", listen}, ""}));
+      daemons.push_back(std::make_unique<DaemonProcess>(DaemonProcess::Options{
+          o.daemon, {"--log-level", "warning", "--peer-listen", listen, "--peer-token-file", token.path()}, ""}));
       sockets.push_back(daemons.back()->socket_path());
       std::printf("gradsyncd (node %d) started on %s\n", n, sockets.back().c_str());
     }

@@ -1,5 +1,7 @@
 #include "client/tools/process.h"
 
+#include <cstdio>
+
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -136,6 +138,28 @@ int DaemonProcess::terminate(std::chrono::milliseconds timeout) {
   process_.signal(SIGTERM);
   return process_.wait_for(timeout);
 }
+
+ClusterToken::ClusterToken() {
+  char pattern[] = "/tmp/gradsync-token-XXXXXX";
+  const int fd = ::mkstemp(pattern);  // mode 0600
+  if (fd < 0) throw Error(Status::internal(std::string("mkstemp failed: ") + std::strerror(errno)));
+  path_ = pattern;
+  unsigned char bytes[32];
+  std::FILE* random = std::fopen("/dev/urandom", "rb");
+  const bool read = random && std::fread(bytes, 1, sizeof bytes, random) == sizeof bytes;
+  if (random) std::fclose(random);
+  std::string hex;
+  for (unsigned char b : bytes) {
+    static constexpr char kDigits[] = "0123456789abcdef";
+    hex += kDigits[b >> 4];
+    hex += kDigits[b & 15];
+  }
+  const bool written = read && ::write(fd, hex.data(), hex.size()) == static_cast<ssize_t>(hex.size());
+  ::close(fd);
+  if (!written) throw Error(Status::internal("cannot write a cluster token to " + path_));
+}
+
+ClusterToken::~ClusterToken() { ::unlink(path_.c_str()); }
 
 int free_loopback_port() {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);

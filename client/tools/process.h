@@ -76,4 +76,18 @@ std::string executable_directory();
 // A free TCP port on 127.0.0.1 (bound and released; another process could take it meanwhile).
 int free_loopback_port();
 
+// A cluster token for daemons on loopback playing the nodes of a job (--peer-token-file): 32
+// random bytes as hex in a private file, removed when this goes away.
+class ClusterToken {
+ public:
+  ClusterToken();
+  ~ClusterToken();
+  ClusterToken(const ClusterToken&) = delete;
+  ClusterToken& operator=(const ClusterToken&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
 }  // namespace gradsync

@@ -98,6 +98,9 @@ Status IoDaemonView::status(DaemonStatus* out) {
               {"log-level", std::string(log_level_name(options_.log.level()))},
               {"admin-group", c.admin_group.empty() ? "(none: root and the daemon's user)" : c.admin_group},
               {"peer-listen", c.peer_listen},
+              {"peer-auth", c.peer_tls_ca.empty() ? (c.peer_token_file.empty() ? "none (loopback only, single-node jobs)"
+                                                                                : "cluster token")
+                                                  : (c.peer_token_file.empty() ? "mutual TLS" : "mutual TLS and cluster token")},
               {"gloo-transport", c.gloo_transport}};
   std::pair<uint32_t, uint32_t> counts{0, 0};
   if (Status st = on_io(options_.io, options_.answer_within,
@@ -208,11 +211,11 @@ Status IoDaemonView::in_flight(const std::string& wanted, std::optional<uid_t> o
     std::vector<std::future<RemoteNode>> batch;
     for (size_t p = first; p < std::min(wanted_probes.size(), first + kParallelProbes); ++p) {
       batch.push_back(std::async(std::launch::async, [probe = wanted_probes[p], job = shared->store_jobs[wanted_probes[p].job],
-                                                      within = options_.probe_within] {
+                                                      within = options_.probe_within, auth = options_.peer_auth] {
         RemoteNode remote;
         remote.node = probe.node;
         remote.address = probe.address;
-        PeerClient client(probe.address);
+        PeerClient client(probe.address, auth);
         peer::ProgressReply reply;
         if (Status s = client.progress(job, within, &reply); !s.ok()) {
           remote.unreachable = true;

@@ -13,6 +13,7 @@
 #include "daemon/control/asio.h"
 #include "daemon/control/server.h"
 #include "daemon/job/registry.h"
+#include "daemon/peer/peer_auth.h"
 #include "daemon/util/log.h"
 
 namespace gradsync::admin {
@@ -29,6 +30,7 @@ struct IoDaemonViewOptions {
   // How long GetInFlight waits for another node's daemon before reporting it unreachable.
   std::chrono::milliseconds probe_within{1000};
   Logger log;  // the daemon's: SetConfig changes its level
+  std::shared_ptr<const PeerAuth> peer_auth;  // for asking other nodes (GetInFlight)
 };
 
 class IoDaemonView final : public DaemonView {

@@ -6,9 +6,9 @@
 
 namespace gradsync {
 
-ConfigChannel::ConfigChannel(const std::string& rendezvous, std::string store_job, std::string prefix, int node,
-                             int nodes)
-    : client_(rendezvous), store_job_(std::move(store_job)), prefix_(std::move(prefix)), node_(node), nodes_(nodes) {}
+ConfigChannel::ConfigChannel(const std::string& rendezvous, std::shared_ptr<const PeerAuth> auth,
+                             std::string store_job, std::string prefix, int node, int nodes)
+    : client_(rendezvous, std::move(auth)), store_job_(std::move(store_job)), prefix_(std::move(prefix)), node_(node), nodes_(nodes) {}
 
 Status ConfigChannel::propose(const std::string& settings, std::chrono::milliseconds timeout, uint64_t* k) {
   int64_t claimed = 0;

@@ -35,7 +35,8 @@ namespace gradsync {
 class ConfigChannel {
  public:
   // `prefix` is the job generation's key prefix ("g3/") in the store job `store_job`.
-  ConfigChannel(const std::string& rendezvous, std::string store_job, std::string prefix, int node, int nodes);
+  ConfigChannel(const std::string& rendezvous, std::shared_ptr<const PeerAuth> auth, std::string store_job,
+                std::string prefix, int node, int nodes);
 
   static constexpr char kSkip[] = "skip";
 

@@ -28,6 +28,7 @@ Job::Job(JobOptions options)
     cluster.rendezvous = options_.params.rendezvous;
     cluster.advertise = options_.cluster.advertise;
     cluster.engines = options_.cluster.engines;
+    cluster.auth = options_.cluster.auth;
     cluster.log = log_;
     worker.cluster = std::make_unique<PeerCluster>(std::move(cluster));
   }

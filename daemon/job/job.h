@@ -26,6 +26,7 @@
 #include "daemon/job/tensor_set.h"
 #include "daemon/job/topology.h"
 #include "daemon/job/worker.h"
+#include "daemon/peer/peer_auth.h"
 #include "daemon/util/log.h"
 #include "daemon/util/thread_pool.h"
 #include "daemon/backend/memory.h"
@@ -48,6 +49,9 @@ struct JobParams {
 struct ClusterSettings {
   std::string advertise;        // host:port of this daemon's peer service, as others reach it
   EngineFactory* engines = nullptr;  // the engines of groups that span nodes
+  // How this daemon proves to its peers that it belongs to the cluster; multi-node jobs are
+  // refused without it.
+  std::shared_ptr<const PeerAuth> auth;
 };
 
 // How this daemon executes buckets (from its configuration).

@@ -39,7 +39,7 @@ bool decode_layout(const std::string& text, uint64_t* fingerprint, uint64_t* cap
 }  // namespace
 
 PeerCluster::PeerCluster(ClusterOptions options)
-    : options_(std::move(options)), rendezvous_(std::make_shared<PeerClient>(options_.rendezvous)) {}
+    : options_(std::move(options)), rendezvous_(std::make_shared<PeerClient>(options_.rendezvous, options_.auth)) {}
 
 std::string PeerCluster::describe_node(int node) const {
   const int l = options_.topology.local_world_size;
@@ -97,8 +97,8 @@ Status PeerCluster::form() {
 
 std::shared_ptr<ConfigChannel> PeerCluster::config_channel() {
   if (!formed_) return nullptr;
-  return std::make_shared<ConfigChannel>(options_.rendezvous, options_.store_job, prefix_, options_.topology.node,
-                                         options_.topology.nodes);
+  return std::make_shared<ConfigChannel>(options_.rendezvous, options_.auth, options_.store_job, prefix_,
+                                         options_.topology.node, options_.topology.nodes);
 }
 
 Status PeerCluster::check_layout(const TensorSet& set) {
@@ -223,12 +223,12 @@ std::map<int, PeerCluster::NodeState> PeerCluster::probe(const std::vector<int>&
   std::map<int, std::future<bool>> pings;
   for (int n : nodes) {
     if (n == options_.topology.node || static_cast<size_t>(n) >= addresses_.size()) continue;
-    pings.emplace(n, std::async(std::launch::async, [address = addresses_[static_cast<size_t>(n)]] {
-                    return PeerClient(address).ping(kProbeTimeout).ok();
+    pings.emplace(n, std::async(std::launch::async, [address = addresses_[static_cast<size_t>(n)], auth = options_.auth] {
+                    return PeerClient(address, auth).ping(kProbeTimeout).ok();
                   }));
   }
   std::map<int, NodeState> states;
-  PeerClient rendezvous(options_.rendezvous);  // ours may be cancelled by now
+  PeerClient rendezvous(options_.rendezvous, options_.auth);  // ours may be cancelled by now
   for (auto& [n, ping] : pings) {
     NodeState& state = states[n];
     state.answers = ping.get();
@@ -293,7 +293,7 @@ void PeerCluster::publish_failure(const Status& status) {
   // gave up, formed or not: otherwise they would wait for it and call it slow.
   if (prefix_.empty()) return;
   // Our own rendezvous client is cancelled by now (abort); the notice needs a fresh one.
-  PeerClient(options_.rendezvous).set(options_.store_job, key("failure/" + std::to_string(options_.topology.node)), status.message(),
+  PeerClient(options_.rendezvous, options_.auth).set(options_.store_job, key("failure/" + std::to_string(options_.topology.node)), status.message(),
                    std::chrono::milliseconds(1000));
 }
 

@@ -32,6 +32,7 @@ struct ClusterOptions {
   std::string rendezvous;       // host:port of the node-0 daemon's peer service
   std::string advertise;        // host:port other daemons reach this daemon's peer service at
   EngineFactory* engines = nullptr;  // makes one engine per group that spans nodes
+  std::shared_ptr<const PeerAuth> auth;  // how this daemon proves membership to its peers
   Logger log;
 };
 

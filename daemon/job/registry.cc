@@ -72,6 +72,13 @@ Status JobRegistry::join(const control::JoinRequest& request, const MemberInfo& 
     jobs_.erase(it);  // members of the failed incarnation keep it alive until they leave
     it = jobs_.end();
   }
+  if (params.topology.nodes > 1 && !(options_.cluster.auth && options_.cluster.auth->configured())) {
+    return Status::invalid_argument(
+        "job " + params.id + " spans " + std::to_string(params.topology.nodes) +
+        " nodes, but this gradsyncd's peer service is not authenticated (it listens on loopback only): give every "
+        "node's gradsyncd --peer-token-file FILE (the same token, e.g. from openssl rand -hex 32) or "
+        "--peer-tls-cert, --peer-tls-key and --peer-tls-ca");
+  }
   if (it == jobs_.end()) {
     if (!refusing_new_.ok()) return refusing_new_;
     JobOptions options;

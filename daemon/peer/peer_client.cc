@@ -21,6 +21,7 @@ class PeerClient::Call {
  public:
   Call(PeerClient* client, std::chrono::milliseconds timeout) : client_(client) {
     bound(&context_, timeout);
+    if (client_->auth_ && !client_->auth_->token.empty()) context_.AddMetadata(PeerAuth::kTokenKey, client_->auth_->token);
     std::lock_guard lock(client_->mutex_);
     refused_ = client_->cancelled_;
     if (refused_.ok()) client_->in_flight_.insert(&context_);
@@ -57,9 +58,10 @@ void PeerClient::cancel(const Status& why) {
   for (grpc::ClientContext* context : in_flight_) context->TryCancel();
 }
 
-PeerClient::PeerClient(std::string address)
+PeerClient::PeerClient(std::string address, std::shared_ptr<const PeerAuth> auth)
     : address_(std::move(address)),
-      channel_(grpc::CreateChannel(address_, grpc::InsecureChannelCredentials())),
+      auth_(std::move(auth)),
+      channel_(grpc::CreateChannel(address_, auth_ ? auth_->channel_credentials() : grpc::InsecureChannelCredentials())),
       stub_(peer::Peer::NewStub(channel_)) {}
 
 Status PeerClient::set(const std::string& job, const std::string& key, const std::string& value,

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "daemon/peer/peer_auth.h"
 #include "proto/peer.grpc.pb.h"
 #include "shared/status.h"
 
@@ -21,7 +22,8 @@ namespace gradsync {
 class PeerClient {
  public:
   // `address` is host:port. Connecting is lazy; the first call reports an unreachable daemon.
-  explicit PeerClient(std::string address);
+  // `auth` is how this daemon proves it belongs to the cluster (null: it does not).
+  explicit PeerClient(std::string address, std::shared_ptr<const PeerAuth> auth = nullptr);
 
   const std::string& address() const { return address_; }
 
@@ -48,6 +50,7 @@ class PeerClient {
   class Call;  // a call in flight, cancellable
 
   std::string address_;
+  std::shared_ptr<const PeerAuth> auth_;
   std::mutex mutex_;
   std::set<grpc::ClientContext*> in_flight_;  // guarded by mutex_
   Status cancelled_;                          // guarded by mutex_

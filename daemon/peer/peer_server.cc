@@ -18,6 +18,7 @@ grpc::Status to_grpc(const Status& status) {
     case ErrorCode::kInvalidArgument: return {grpc::StatusCode::INVALID_ARGUMENT, status.message()};
     case ErrorCode::kResourceExhausted: return {grpc::StatusCode::RESOURCE_EXHAUSTED, status.message()};
     case ErrorCode::kAborted: return {grpc::StatusCode::ABORTED, status.message()};
+    case ErrorCode::kPermissionDenied: return {grpc::StatusCode::PERMISSION_DENIED, status.message()};
     default: return {grpc::StatusCode::INTERNAL, status.message()};
   }
 }
@@ -32,12 +33,15 @@ Status from_grpc(const grpc::Status& status, const std::string& context) {
     case grpc::StatusCode::INVALID_ARGUMENT: return Status::invalid_argument(message);
     case grpc::StatusCode::RESOURCE_EXHAUSTED: return Status::resource_exhausted(message);
     case grpc::StatusCode::ABORTED: return Status::aborted(message);
+    case grpc::StatusCode::UNAUTHENTICATED:
+    case grpc::StatusCode::PERMISSION_DENIED: return Status::permission_denied(message);
     default: return Status::internal(message);
   }
 }
 
 grpc::ServerUnaryReactor* PeerService::Set(grpc::CallbackServerContext* context, const peer::SetRequest* request,
                                            peer::SetReply* reply) {
+  if (auto* refused = refuse(context)) return refused;
   auto* reactor = context->DefaultReactor();
   if (request->if_absent()) {
     bool stored = false;
@@ -53,6 +57,7 @@ grpc::ServerUnaryReactor* PeerService::Set(grpc::CallbackServerContext* context,
 
 grpc::ServerUnaryReactor* PeerService::Get(grpc::CallbackServerContext* context, const peer::GetRequest* request,
                                            peer::GetReply* reply) {
+  if (auto* refused = refuse(context)) return refused;
   auto* reactor = context->DefaultReactor();
   std::vector<std::string> keys(request->keys().begin(), request->keys().end());
   const auto timeout = std::min(kMaxWait, std::chrono::milliseconds(request->timeout_ms()));
@@ -66,6 +71,7 @@ grpc::ServerUnaryReactor* PeerService::Get(grpc::CallbackServerContext* context,
 
 grpc::ServerUnaryReactor* PeerService::Add(grpc::CallbackServerContext* context, const peer::AddRequest* request,
                                            peer::AddReply* reply) {
+  if (auto* refused = refuse(context)) return refused;
   auto* reactor = context->DefaultReactor();
   int64_t value = 0;
   const Status status = store_->add(request->job(), request->key(), request->delta(), &value);
@@ -76,6 +82,7 @@ grpc::ServerUnaryReactor* PeerService::Add(grpc::CallbackServerContext* context,
 
 grpc::ServerUnaryReactor* PeerService::DeleteJob(grpc::CallbackServerContext* context,
                                                  const peer::DeleteJobRequest* request, peer::DeleteJobReply* reply) {
+  if (auto* refused = refuse(context)) return refused;
   auto* reactor = context->DefaultReactor();
   reply->set_removed(store_->delete_job(request->job()));
   reactor->Finish(grpc::Status::OK);
@@ -84,6 +91,7 @@ grpc::ServerUnaryReactor* PeerService::DeleteJob(grpc::CallbackServerContext* co
 
 grpc::ServerUnaryReactor* PeerService::Ping(grpc::CallbackServerContext* context, const peer::PingRequest*,
                                             peer::PingReply* reply) {
+  if (auto* refused = refuse(context)) return refused;
   auto* reactor = context->DefaultReactor();
   reply->set_daemon_version(kGradsyncVersion);
   reactor->Finish(grpc::Status::OK);
@@ -92,26 +100,39 @@ grpc::ServerUnaryReactor* PeerService::Ping(grpc::CallbackServerContext* context
 
 grpc::ServerUnaryReactor* PeerService::Progress(grpc::CallbackServerContext* context,
                                                 const peer::ProgressRequest* request, peer::ProgressReply* reply) {
+  if (auto* refused = refuse(context)) return refused;
   auto* reactor = context->DefaultReactor();
   reply->set_found(progress_ && progress_(request->job(), reply));
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }
 
+grpc::ServerUnaryReactor* PeerService::refuse(grpc::CallbackServerContext* context) {
+  const grpc::Status status = auth_->check(*context);
+  if (status.ok()) return nullptr;
+  auto* reactor = context->DefaultReactor();
+  reactor->Finish(status);
+  return reactor;
+}
+
 PeerServer::PeerServer(PeerServerOptions options)
-    : options_(std::move(options)), service_(&store_, options_.progress) {
+    : options_(std::move(options)), service_(&store_, options_.progress, options_.auth) {
   grpc::ServerBuilder builder;
   // gRPC sets SO_REUSEPORT by default, which would let a second daemon bind the same port and
   // silently take half of the rendezvous traffic. A port in use must be an error instead.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.AddListeningPort(options_.listen, grpc::InsecureServerCredentials(), &port_);
+  builder.AddListeningPort(options_.listen, options_.auth->server_credentials(), &port_);
   builder.RegisterService(&service_);
   server_ = builder.BuildAndStart();
   if (!server_ || port_ == 0) {
     throw Error(Status::internal("cannot serve the peer service on " + options_.listen +
                                  " (address in use or invalid? see --peer-listen)"));
   }
-  options_.log.info("peer service listening on " + options_.listen + " (port " + std::to_string(port_) + ")");
+  options_.log.info("peer service listening on " + options_.listen + " (port " + std::to_string(port_) + ", " +
+                    (options_.auth->tls() ? (options_.auth->token.empty() ? "mutual TLS" : "mutual TLS and cluster token")
+                                          : (options_.auth->token.empty() ? "unauthenticated: loopback only"
+                                                                          : "cluster token")) +
+                    ")");
 }
 
 PeerServer::~PeerServer() {

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "daemon/peer/kv_store.h"
+#include "daemon/peer/peer_auth.h"
 #include "daemon/util/log.h"
 #include "proto/peer.grpc.pb.h"
 
@@ -21,7 +22,8 @@ using ProgressLookup = std::function<bool(const std::string& store_job, peer::Pr
 
 class PeerService final : public peer::Peer::CallbackService {
  public:
-  PeerService(KvStore* store, ProgressLookup progress) : store_(store), progress_(std::move(progress)) {}
+  PeerService(KvStore* store, ProgressLookup progress, std::shared_ptr<const PeerAuth> auth)
+      : store_(store), progress_(std::move(progress)), auth_(std::move(auth)) {}
 
   grpc::ServerUnaryReactor* Set(grpc::CallbackServerContext* context, const peer::SetRequest* request,
                                 peer::SetReply* reply) override;
@@ -37,14 +39,20 @@ class PeerService final : public peer::Peer::CallbackService {
                                      peer::ProgressReply* reply) override;
 
  private:
+  // Answers an unauthenticated call (UNAUTHENTICATED) and returns its reactor; null when the
+  // call may go on.
+  grpc::ServerUnaryReactor* refuse(grpc::CallbackServerContext* context);
+
   KvStore* store_;
   ProgressLookup progress_;
+  std::shared_ptr<const PeerAuth> auth_;  // never null
 };
 
 struct PeerServerOptions {
   std::string listen;  // host:port
   Logger log;
   ProgressLookup progress;  // may be empty: every job is reported as not found
+  std::shared_ptr<const PeerAuth> auth = std::make_shared<PeerAuth>();  // none: loopback only
 };
 
 class PeerServer {

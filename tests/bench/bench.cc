@@ -266,7 +266,9 @@ GradsyncResults run_gradsync(const BenchOptions& o) {
   // third daemon, so the port is known in advance) is the rendezvous.
   const std::string rendezvous = "127.0.0.1:" + std::to_string(free_loopback_port());
   {
-    const std::vector<std::string> common = {"--log-level", "warning", "--reduce-threads", std::to_string(o.threads)};
+    ClusterToken token;
+    const std::vector<std::string> common = {"--log-level", "warning", "--reduce-threads", std::to_string(o.threads),
+                                             "--peer-token-file", token.path()};
     std::vector<std::string> node0 = common, node1 = common;
     node0.insert(node0.end(), {"--peer-listen", rendezvous});
     node1.insert(node1.end(), {"--peer-listen", "127.0.0.1:0"});

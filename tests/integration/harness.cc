@@ -52,6 +52,7 @@ std::string TestDaemon::log() const {
 }
 
 TestCluster::TestCluster(int nodes, std::vector<std::string> args) : args_(std::move(args)) {
+  args_.insert(args_.end(), {"--peer-token-file", token_.path()});
   const int port = free_loopback_port();
   rendezvous_ = "127.0.0.1:" + std::to_string(port);
   for (int n = 0; n < nodes; ++n) {

@@ -47,11 +47,13 @@ class TestCluster {
   TestCluster(int nodes, std::vector<std::string> args = {});
   TestDaemon& node(int n) { return *daemons_.at(static_cast<size_t>(n)); }
   const std::string& rendezvous() const { return rendezvous_; }
+  const std::string& token_path() const { return token_.path(); }  // the nodes' --peer-token-file
   // Replaces node n's daemon with a fresh one (after it was killed).
   void restart(int n);
 
  private:
   std::vector<std::string> args_;
+  ClusterToken token_;  // every node's --peer-token-file
   std::vector<std::unique_ptr<TestDaemon>> daemons_;
   std::string rendezvous_;
 };

@@ -16,6 +16,15 @@ import uuid
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+def cluster_token(directory):
+    """A --peer-token-file for daemons playing the nodes of one job."""
+    path = os.path.join(directory, "cluster.token")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(os.urandom(32).hex())
+    return path
+
+
 class Daemon:
     def __init__(self, *args, peer_listen="127.0.0.1:0"):
         self.dir = tempfile.mkdtemp(prefix="gradsync-py-")

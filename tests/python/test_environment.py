@@ -1,14 +1,16 @@
 """connect() from torchrun's environment: the rendezvous from MASTER_ADDR across two daemons
 ("nodes"), and plain torchrun's job id "none" told apart by the master address and port."""
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 
 import pytest
 
-from harness import HERE, Daemon, assert_all_ok
+from harness import HERE, Daemon, assert_all_ok, cluster_token
 
 
 def ranks_on_nodes(daemons, env_extra, local_world_size=1):
@@ -35,8 +37,10 @@ def port_free(port):
 
 @pytest.mark.skipif(not port_free(29590), reason="gradsyncd's default peer port 29590 is taken here")
 def test_rendezvous_from_master_addr_alone():
-    node0 = Daemon(peer_listen="127.0.0.1:29590")  # the default port, which MASTER_ADDR implies
-    node1 = Daemon()
+    token_dir = tempfile.mkdtemp(prefix="gradsync-token-")
+    token = cluster_token(token_dir)
+    node0 = Daemon("--peer-token-file", token, peer_listen="127.0.0.1:29590")  # the port MASTER_ADDR implies
+    node1 = Daemon("--peer-token-file", token)
     try:
         results = ranks_on_nodes([node0, node1], {"MASTER_ADDR": "127.0.0.1", "TORCHELASTIC_RUN_ID": "mn-env"})
         assert_all_ok(results, node0)
@@ -44,6 +48,7 @@ def test_rendezvous_from_master_addr_alone():
     finally:
         node0.stop()
         node1.stop()
+        shutil.rmtree(token_dir, ignore_errors=True)
 
 
 def test_plain_torchrun_job_ids_are_told_apart_by_master_port(daemon):

@@ -1,0 +1,42 @@
+// How daemons prove to each other that they belong to the cluster, on the peer service:
+//   - a cluster token (--peer-token-file, the same file on every node): every call carries it
+//     in its metadata and the service compares it in constant time. It travels in clear text
+//     unless TLS is on too, so it is for networks nobody else can listen on.
+//   - mutual TLS (--peer-tls-cert, --peer-tls-key, --peer-tls-ca): the service requires a
+//     client certificate the cluster's CA signed, and clients verify the service's.
+// Either or both. With neither, the peer service listens on loopback only and multi-node jobs
+// are refused, saying how to configure one (see config.cc and registry.cc).
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+
+#include "shared/status.h"
+
+namespace gradsync {
+
+struct PeerAuth {
+  std::string token;                      // empty: no token
+  std::string tls_cert, tls_key, tls_ca;  // PEM text; all empty: no TLS
+
+  bool tls() const { return !tls_ca.empty(); }
+  bool configured() const { return !token.empty() || tls(); }
+
+  // Reads the files named by the flags; errors name the flag and the file. A token file must
+  // hold at least 16 bytes (after trailing whitespace is dropped) and be readable by nobody
+  // but its owner.
+  static Status load(const std::string& token_file, const std::string& cert_file, const std::string& key_file,
+                     const std::string& ca_file, PeerAuth* out);
+
+  std::shared_ptr<grpc::ChannelCredentials> channel_credentials() const;
+  std::shared_ptr<grpc::ServerCredentials> server_credentials() const;
+
+  // The metadata key the token travels under.
+  static constexpr char kTokenKey[] = "gradsync-peer-token";
+  // Ok when the call carries the token (or none is configured); UNAUTHENTICATED otherwise.
+  grpc::Status check(const grpc::ServerContextBase& context) const;
+};
+
+}  // namespace gradsync

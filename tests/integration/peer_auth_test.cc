@@ -1,0 +1,157 @@
+// The peer service's authentication, against real gradsyncd processes: a cluster token checked
+// on every call, mutual TLS with the cluster's CA, and without either a service that listens on
+// loopback only and refuses multi-node jobs, saying how to configure one.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "daemon/peer/peer_client.h"
+#include "tests/integration/harness.h"
+
+namespace gradsync::test {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr auto kShort = 5000ms;
+
+std::shared_ptr<const PeerAuth> token_auth(const std::string& token) {
+  auto auth = std::make_shared<PeerAuth>();
+  auth->token = token;
+  return auth;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+std::shared_ptr<const PeerAuth> tls_auth(const std::string& dir, const std::string& who, const std::string& ca = "ca") {
+  auto auth = std::make_shared<PeerAuth>();
+  auth->tls_cert = read_file(dir + "/" + who + ".crt");
+  auth->tls_key = read_file(dir + "/" + who + ".key");
+  auth->tls_ca = read_file(dir + "/" + ca + ".crt");
+  return auth;
+}
+
+// One verified allreduce across `nodes` daemons, two ranks each.
+void verified_job(TestCluster& cluster, int nodes) {
+  const int world = 2 * nodes;
+  const std::string job = unique_job("auth-job");
+  ClientGroup group(world, [&](int rank) {
+    auto client = join_nodes(cluster.node(rank / 2).socket(), job, rank, world, 2, cluster.rendezvous());
+    const TensorSet set =
+        client->register_tensors(client->allocate_flat(std::vector<TensorSpec>{{DType::kFloat32, 1024, "dp"}}), {});
+    const auto values = set.tensor(0).as<float>();
+    for (auto& v : values) v = static_cast<float>(rank + 1);
+    if (!client->allreduce(set, ReduceOptions{ReduceOp::kSum}).wait(20s)) return fail("step timed out");
+    for (float v : values) {
+      if (v != static_cast<float>(world * (world + 1) / 2)) return fail("wrong sum");
+    }
+    return kOk;
+  });
+  for (int s : group.wait_all(60s)) CHECK(exit_code(s) == kOk);
+}
+
+}  // namespace
+
+TEST_CASE("peer auth: with a cluster token, calls without it or with another are refused; the job verifies",
+          "[integration][peer][auth]") {
+  TestCluster cluster(3);  // the harness gives every node the same --peer-token-file
+  const std::string rendezvous = cluster.rendezvous();
+  const Status none = PeerClient(rendezvous).set("0.x", "node/0", "forged", kShort);
+  CHECK(none.code() == ErrorCode::kPermissionDenied);
+  CHECK_THAT(none.message(), Catch::Contains("no or a wrong cluster token"));
+  const Status wrong = PeerClient(rendezvous, token_auth("0123456789abcdef0123456789abcdef")).ping(kShort);
+  CHECK(wrong.code() == ErrorCode::kPermissionDenied);
+  std::vector<std::string> values;
+  CHECK(PeerClient(rendezvous).get("0.x", {"k"}, 0ms, &values).code() == ErrorCode::kPermissionDenied);
+  verified_job(cluster, 3);
+}
+
+TEST_CASE("peer auth: with mutual TLS, a peer without a certificate of the cluster's CA is refused; the job verifies",
+          "[integration][peer][auth]") {
+  char pattern[] = "/tmp/gradsync-peer-tls-XXXXXX";
+  REQUIRE(::mkdtemp(pattern));
+  const std::string d = pattern;
+  const std::string script =
+      "set -e; cd " + d +
+      "\n"
+      "openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj '/CN=cluster CA' -keyout ca.key -out ca.crt\n"
+      "openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj '/CN=rogue CA' -keyout rogue.key -out rogue.crt\n"
+      "cert() { openssl req -newkey rsa:2048 -nodes -subj \"/CN=$1\" -keyout $1.key -out $1.csr;"
+      " printf 'subjectAltName=IP:127.0.0.1\\n' > $1.ext;"
+      " openssl x509 -req -in $1.csr -CA $2.crt -CAkey $2.key -CAcreateserial -days 2 -extfile $1.ext -out $1.crt; }\n"
+      "cert node ca\ncert intruder rogue\n";
+  const CommandRun made = run_command("bash -c \"$(cat <<'SCRIPT'\n" + script + "SCRIPT\n)\" >/dev/null 2>&1");
+  INFO(made.output);
+  REQUIRE(made.code == 0);
+  TestCluster cluster(2, {"--peer-tls-cert", d + "/node.crt", "--peer-tls-key", d + "/node.key", "--peer-tls-ca",
+                          d + "/ca.crt"});
+  const std::string rendezvous = cluster.rendezvous();
+  // The token the harness adds is right; the certificates are what is tested here.
+  auto with_token = [&](std::shared_ptr<const PeerAuth> auth) {
+    auto copy = std::make_shared<PeerAuth>(*auth);
+    std::ifstream in(cluster.token_path());
+    std::getline(in, copy->token);
+    return std::shared_ptr<const PeerAuth>(copy);
+  };
+  CHECK(PeerClient(rendezvous, with_token(tls_auth(d, "node"))).ping(kShort).ok());
+  CHECK_FALSE(PeerClient(rendezvous, with_token(tls_auth(d, "intruder", "ca"))).ping(kShort).ok());
+  auto plaintext = std::make_shared<PeerAuth>();
+  std::ifstream in(cluster.token_path());
+  std::getline(in, plaintext->token);
+  CHECK_FALSE(PeerClient(rendezvous, plaintext).ping(kShort).ok());  // no TLS at all
+  verified_job(cluster, 2);
+  std::filesystem::remove_all(d);
+}
+
+TEST_CASE("peer auth: without a token or TLS the peer service stays on loopback and multi-node jobs are refused",
+          "[integration][peer][auth]") {
+  // The default listen address is loopback then, and another is refused at start.
+  const CommandRun wide = run_command(std::string(GRADSYNCD_BINARY) + " --socket /tmp/gradsync-peer-auth-" +
+                                      std::to_string(::getpid()) + "/g.sock --peer-listen 0.0.0.0:0 2>&1");
+  CHECK(wide.code == 2);
+  CHECK_THAT(wide.output, Catch::Contains("the peer service is not authenticated, so it may listen on loopback only") &&
+                              Catch::Contains("--peer-token-file"));
+  TestDaemon daemon;
+  CHECK_THAT(daemon.log(), Catch::Contains("unauthenticated: loopback only"));
+  try {
+    join_nodes(daemon.socket(), unique_job("no-auth"), 0, 4, 2, "127.0.0.1:1");
+    FAIL("a multi-node job was accepted without peer authentication");
+  } catch (const Error& e) {
+    CHECK_THAT(e.what(), Catch::Contains("peer service is not authenticated") &&
+                             Catch::Contains("--peer-token-file FILE (the same token"));
+  }
+  // Single-node jobs are unaffected.
+  auto client = join(daemon.socket(), unique_job("single"), 0, 1);
+  CHECK(client != nullptr);
+}
+
+TEST_CASE("peer auth: a token file others can read, or a short one, is refused at start", "[integration][peer][auth]") {
+  char pattern[] = "/tmp/gradsync-token-test-XXXXXX";
+  REQUIRE(::mkdtemp(pattern));
+  const std::string d = pattern;
+  const auto start = [&](const std::string& token) {
+    return run_command(std::string(GRADSYNCD_BINARY) + " --socket " + d + "/s/g.sock --peer-listen 127.0.0.1:0" +
+                       " --peer-token-file " + token + " 2>&1");
+  };
+  std::ofstream(d + "/readable") << "0123456789abcdef0123456789abcdef\n";
+  REQUIRE(::chmod((d + "/readable").c_str(), 0644) == 0);
+  CommandRun run = start(d + "/readable");
+  CHECK(run.code != 0);
+  CHECK_THAT(run.output, Catch::Contains("can be read by other users (chmod 600 it)"));
+  std::ofstream(d + "/short") << "tiny\n";
+  REQUIRE(::chmod((d + "/short").c_str(), 0600) == 0);
+  run = start(d + "/short");
+  CHECK(run.code != 0);
+  CHECK_THAT(run.output, Catch::Contains("fewer than 16 bytes; make one with: openssl rand -hex 32"));
+  std::filesystem::remove_all(d);
+}
+
+}  // namespace gradsync::test
