@@ -99,6 +99,7 @@ Daemon::Daemon(DaemonConfig config, std::function<ParsedConfig()> reparse)
     view.peer_address = host + ":" + std::to_string(peer_->port());
     view.log = log_;
     view.peer_auth = peer_auth_;
+    view.peer_store = &peer_->store();
     admin_view_ = std::make_unique<admin::IoDaemonView>(std::move(view));
   }
   if (config_.admin_address != "none" || !config_.admin_tcp.empty()) {

@@ -56,7 +56,9 @@ std::string print_status(const v1::GetStatusReply& r) {
   for (const auto& e : r.engines()) engines += (engines.empty() ? "" : ", ") + e;
   out += "memory:  " + backends + "\nengines: " + engines + "\ndevices: " + r.devices() + "\n";
   out += "jobs: " + std::to_string(r.jobs()) + ", clients: " + std::to_string(r.clients()) + "\n";
-  out += "control socket: " + r.control_socket() + ", peer service: " + r.peer_address() + "\n\n";
+  out += "control socket: " + r.control_socket() + ", peer service: " + r.peer_address() + "\n";
+  out += "peer store: " + std::to_string(r.peer_store_jobs()) + " jobs, " + human_bytes(r.peer_store_bytes()) + ", " +
+         std::to_string(r.peer_store_waiting_gets()) + " waiting gets\n\n";
   Table table({"SETTING", "VALUE"});
   for (const auto& c : r.config()) table.add({c.name(), c.value()});
   return out + table.render();

@@ -159,6 +159,11 @@ grpc::Status AdminService::GetStatus(grpc::ServerContext* context, const v1::Get
   reply->set_clients(status.clients);
   reply->set_control_socket(status.control_socket);
   reply->set_peer_address(status.peer_address);
+  if (sees_all) {  // other users' rendezvous traffic is the privileged callers' business
+    reply->set_peer_store_jobs(status.peer_store_jobs);
+    reply->set_peer_store_bytes(status.peer_store_bytes);
+    reply->set_peer_store_waiting_gets(status.peer_store_waiting_gets);
+  }
   return grpc::Status::OK;
 }
 

@@ -82,6 +82,12 @@ Status IoDaemonView::status(DaemonStatus* out) {
   s.devices = options_.backends->devices();
   s.control_socket = c.socket_path;
   s.peer_address = options_.peer_address;
+  if (options_.peer_store) {
+    const KvStore::Usage usage = options_.peer_store->usage();
+    s.peer_store_jobs = static_cast<uint32_t>(usage.jobs);
+    s.peer_store_bytes = usage.bytes;
+    s.peer_store_waiting_gets = static_cast<uint32_t>(usage.waiters);
+  }
   std::string allowed;
   for (uid_t uid : c.allowed_uids) allowed += (allowed.empty() ? "" : ",") + std::to_string(uid);
   std::string legacy;

@@ -13,6 +13,7 @@
 #include "daemon/control/asio.h"
 #include "daemon/control/server.h"
 #include "daemon/job/registry.h"
+#include "daemon/peer/kv_store.h"
 #include "daemon/peer/peer_auth.h"
 #include "daemon/util/log.h"
 
@@ -31,6 +32,7 @@ struct IoDaemonViewOptions {
   std::chrono::milliseconds probe_within{1000};
   Logger log;  // the daemon's: SetConfig changes its level
   std::shared_ptr<const PeerAuth> peer_auth;  // for asking other nodes (GetInFlight)
+  KvStore* peer_store = nullptr;               // its usage, for status; outlives the view
 };
 
 class IoDaemonView final : public DaemonView {

@@ -36,6 +36,9 @@ struct DaemonStatus {
   uint32_t clients = 0;
   std::string control_socket;
   std::string peer_address;
+  uint32_t peer_store_jobs = 0;
+  uint64_t peer_store_bytes = 0;
+  uint32_t peer_store_waiting_gets = 0;
 };
 
 struct JobStatistics {

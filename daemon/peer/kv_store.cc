@@ -1,5 +1,7 @@
 #include "daemon/peer/kv_store.h"
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <cctype>
 
@@ -26,18 +28,30 @@ bool KvStore::lookup_locked(const std::string& job, const std::vector<std::strin
   return true;
 }
 
+void KvStore::forget_waiter_locked(const Waiter& waiter) {
+  auto it = waiters_by_caller_.find(waiter.caller);
+  if (it != waiters_by_caller_.end() && --it->second == 0) waiters_by_caller_.erase(it);
+}
+
 KvStore::Ready KvStore::collect_ready_locked() {
   Ready ready;
   for (auto it = waiters_.begin(); it != waiters_.end();) {
     std::vector<std::string> values;
     if (lookup_locked(it->job, it->keys, &values)) {
       ready.emplace_back(std::move(it->done), std::move(values));
+      forget_waiter_locked(*it);
       it = waiters_.erase(it);
     } else {
       ++it;
     }
   }
   return ready;
+}
+
+void KvStore::trim_locked(size_t freed) {
+  // glibc keeps freed heap for reuse; a flood's worth is handed back so that the daemon's
+  // memory returns to where it was.
+  if (freed >= (1u << 20)) ::malloc_trim(0);
 }
 
 Status KvStore::check_names(const std::string& job, const std::string& key) const {
@@ -48,20 +62,38 @@ Status KvStore::check_names(const std::string& job, const std::string& key) cons
   return Status();
 }
 
-// The slot for job/key, created if needed within the limits on jobs and keys.
-Status KvStore::slot_locked(const std::string& job, const std::string& key, std::string** slot) {
+// The slot for job/key, created if needed within the limits on jobs, keys and bytes; the
+// accounting already counts `bytes` as its new value.
+Status KvStore::slot_locked(const std::string& job, const std::string& key, size_t bytes, std::string** slot) {
   auto it = jobs_.find(job);
   if (it == jobs_.end()) {
     if (jobs_.size() >= limits_.max_jobs) {
-      return Status::resource_exhausted("the store holds " + std::to_string(jobs_.size()) + " jobs, the limit");
+      return Status::resource_exhausted("the peer store holds " + std::to_string(jobs_.size()) + " jobs, its limit");
     }
-    it = jobs_.emplace(job, std::map<std::string, std::string>{}).first;
   }
-  auto& keys = it->second;
-  if (keys.size() >= limits_.max_keys_per_job && !keys.count(key)) {
-    return Status::resource_exhausted("job " + job + " has " + std::to_string(keys.size()) + " keys, the limit");
+  const size_t keys_now = it == jobs_.end() ? 0 : it->second.size();
+  const bool is_new = it == jobs_.end() || !it->second.count(key);
+  if (keys_now >= limits_.max_keys_per_job && is_new) {
+    return Status::resource_exhausted("job " + job + " has " + std::to_string(keys_now) + " keys in the peer store, its limit");
   }
-  *slot = &keys[key];
+  const size_t old_bytes = is_new ? 0 : it->second.at(key).size() + key.size();
+  const size_t new_bytes = bytes + key.size() + (it == jobs_.end() ? job.size() : 0);
+  const size_t job_now = job_bytes_.count(job) ? job_bytes_.at(job) : 0;
+  if (new_bytes > old_bytes) {
+    const size_t more = new_bytes - old_bytes;
+    if (job_now + more > limits_.max_job_bytes) {
+      return Status::resource_exhausted("job " + job + " would hold more than " + std::to_string(limits_.max_job_bytes) +
+                                        " bytes in the peer store, its limit per job");
+    }
+    if (total_bytes_ + more > limits_.max_total_bytes) {
+      return Status::resource_exhausted("the peer store would hold more than " + std::to_string(limits_.max_total_bytes) +
+                                        " bytes, its limit overall");
+    }
+  }
+  if (it == jobs_.end()) it = jobs_.emplace(job, std::map<std::string, std::string>{}).first;
+  job_bytes_[job] = job_now + new_bytes - old_bytes;
+  total_bytes_ = total_bytes_ + new_bytes - old_bytes;
+  *slot = &it->second[key];
   return Status();
 }
 
@@ -75,7 +107,7 @@ Status KvStore::set(const std::string& job, const std::string& key, std::string 
   {
     std::lock_guard lock(mutex_);
     std::string* slot = nullptr;
-    if (Status status = slot_locked(job, key, &slot); !status.ok()) return status;
+    if (Status status = slot_locked(job, key, value.size(), &slot); !status.ok()) return status;
     *slot = std::move(value);
     ready = collect_ready_locked();
   }
@@ -102,7 +134,7 @@ Status KvStore::set_if_absent(const std::string& job, const std::string& key, st
     auto it = jobs_.find(job);
     if (it != jobs_.end() && it->second.count(key)) return Status();
     std::string* slot = nullptr;
-    if (Status status = slot_locked(job, key, &slot); !status.ok()) return status;
+    if (Status status = slot_locked(job, key, value.size(), &slot); !status.ok()) return status;
     *slot = std::move(value);
     *stored = true;
     ready = collect_ready_locked();
@@ -116,9 +148,15 @@ Status KvStore::add(const std::string& job, const std::string& key, int64_t delt
   Ready ready;
   {
     std::lock_guard lock(mutex_);
+    // A counter's text is at most 20 bytes: room for that is made up front, and the
+    // accounting settles on the text's real size on every way out.
     std::string* found = nullptr;
-    if (Status status = slot_locked(job, key, &found); !status.ok()) return status;
+    if (Status status = slot_locked(job, key, 20, &found); !status.ok()) return status;
     std::string& slot = *found;
+    const auto settle = [&] {  // (modular arithmetic: the true totals are never negative)
+      job_bytes_[job] = job_bytes_[job] + slot.size() - 20;
+      total_bytes_ = total_bytes_ + slot.size() - 20;
+    };
     int64_t value = 0;
     if (!slot.empty()) {
       size_t used = 0;
@@ -127,14 +165,17 @@ Status KvStore::add(const std::string& job, const std::string& key, int64_t delt
       } catch (const std::exception&) {
         used = 0;
       }
-      if (used != slot.size() || std::isspace(static_cast<unsigned char>(slot[0]))) {
+      if (used != slot.size() || std::isspace(static_cast<unsigned char>(slot[0])) || slot.size() > 20) {
+        settle();
         return Status::invalid_argument("key '" + key + "' of job " + job + " does not hold a counter");
       }
     }
     if (__builtin_add_overflow(value, delta, &value)) {
+      settle();
       return Status::invalid_argument("adding " + std::to_string(delta) + " to key '" + key + "' overflows");
     }
     slot = std::to_string(value);
+    settle();
     *result = value;
     ready = collect_ready_locked();
   }
@@ -147,29 +188,82 @@ size_t KvStore::delete_job(const std::string& job) {
   auto it = jobs_.find(job);
   if (it == jobs_.end()) return 0;
   const size_t removed = it->second.size();
+  const size_t freed = job_bytes_[job];
+  total_bytes_ -= freed;
+  job_bytes_.erase(job);
   jobs_.erase(it);
+  trim_locked(freed);
   return removed;
 }
 
-void KvStore::get(const std::string& job, std::vector<std::string> keys, std::chrono::milliseconds timeout,
-                  GetDone done) {
+uint64_t KvStore::get(const std::string& job, std::vector<std::string> keys, std::chrono::milliseconds timeout,
+                      GetDone done, const std::string& caller) {
+  Status refused;
+  if (keys.size() > limits_.max_keys_per_get) {
+    refused = Status::resource_exhausted("a get may ask for at most " + std::to_string(limits_.max_keys_per_get) +
+                                         " keys, not " + std::to_string(keys.size()));
+  }
+  for (size_t i = 0; refused.ok() && i <= keys.size(); ++i) {
+    refused = check_names(job, i < keys.size() ? keys[i] : std::string());
+  }
+  if (!refused.ok()) {
+    done(refused, {});
+    return 0;
+  }
   std::vector<std::string> values;
   {
     std::lock_guard lock(mutex_);
     if (!lookup_locked(job, keys, &values)) {
       if (timeout.count() > 0 && !stopping_) {
-        waiters_.push_back(Waiter{job, std::move(keys), std::chrono::steady_clock::now() + timeout, std::move(done)});
-        changed_.notify_all();
-        return;
+        size_t& mine = waiters_by_caller_[caller];
+        if (waiters_.size() >= limits_.max_waiters || mine >= limits_.max_waiters_per_caller) {
+          const bool overall = waiters_.size() >= limits_.max_waiters;
+          if (mine == 0) waiters_by_caller_.erase(caller);
+          refused = Status::resource_exhausted(
+              overall ? "the peer store holds " + std::to_string(waiters_.size()) + " waiting gets, its limit overall"
+                      : "this caller has " + std::to_string(mine) + " waiting gets in the peer store, its limit");
+        } else {
+          ++mine;
+          const uint64_t id = next_waiter_++;
+          waiters_.push_back(
+              Waiter{id, job, std::move(keys), std::chrono::steady_clock::now() + timeout, std::move(done), caller});
+          changed_.notify_all();
+          return id;
+        }
+      } else {
+        values.clear();
       }
-      values.clear();
     }
+  }
+  if (!refused.ok()) {
+    done(refused, {});
+    return 0;
   }
   if (values.size() != keys.size()) {
     done(Status::not_found("job " + job + ": key not set yet"), {});
-    return;
+    return 0;
   }
   done(Status(), std::move(values));
+  return 0;
+}
+
+void KvStore::cancel(uint64_t id, const Status& why) {
+  if (id == 0) return;
+  GetDone done;
+  {
+    std::lock_guard lock(mutex_);
+    auto it = std::find_if(waiters_.begin(), waiters_.end(), [&](const Waiter& w) { return w.id == id; });
+    if (it == waiters_.end()) return;
+    done = std::move(it->done);
+    forget_waiter_locked(*it);
+    waiters_.erase(it);
+  }
+  done(why, {});
+}
+
+KvStore::Usage KvStore::usage() {
+  std::lock_guard lock(mutex_);
+  return Usage{jobs_.size(), total_bytes_, waiters_.size()};
 }
 
 void KvStore::shutdown(const Status& status) {
@@ -186,6 +280,7 @@ void KvStore::abort_all(const Status& status) {
   {
     std::lock_guard lock(mutex_);
     waiters.swap(waiters_);
+    waiters_by_caller_.clear();
   }
   for (auto& waiter : waiters) waiter.done(status, {});
 }
@@ -204,7 +299,10 @@ void KvStore::expire_loop() {
     std::list<Waiter> expired;
     for (auto it = waiters_.begin(); it != waiters_.end();) {
       auto current = it++;
-      if (current->deadline <= now) expired.splice(expired.end(), waiters_, current);
+      if (current->deadline <= now) {
+        forget_waiter_locked(*current);
+        expired.splice(expired.end(), waiters_, current);
+      }
     }
     if (expired.empty()) continue;
     lock.unlock();

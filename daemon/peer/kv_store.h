@@ -25,11 +25,18 @@ class KvStore {
  public:
   using GetDone = std::function<void(const Status&, std::vector<std::string> values)>;
 
+  // Every limit, when hit, refuses the call with kResourceExhausted naming it; nothing that
+  // was stored is lost, and the store keeps serving everyone else.
   struct Limits {
     size_t max_value_bytes = 16u << 20;
     size_t max_keys_per_job = 1u << 20;
     size_t max_name_bytes = 1024;  // job ids and keys
     size_t max_jobs = 1u << 16;
+    size_t max_job_bytes = 64u << 20;     // keys and values of one job
+    size_t max_total_bytes = 512u << 20;  // of every job together
+    size_t max_keys_per_get = 4096;
+    size_t max_waiters = 8192;            // parked gets, overall
+    size_t max_waiters_per_caller = 1024; // parked gets of one caller (the peer's host)
   };
 
   explicit KvStore(Limits limits);
@@ -48,8 +55,21 @@ class KvStore {
   size_t delete_job(const std::string& job);
 
   // Answers done(ok, values) once every key exists; with timeout 0, at once with kNotFound for
-  // a missing key; otherwise with kTimeout at the deadline.
-  void get(const std::string& job, std::vector<std::string> keys, std::chrono::milliseconds timeout, GetDone done);
+  // a missing key; otherwise with kTimeout at the deadline. `caller` (the peer's host) is what
+  // the per-caller bound on parked gets counts. Returns the parked get's id for cancel(), or
+  // 0 when it was answered at once.
+  uint64_t get(const std::string& job, std::vector<std::string> keys, std::chrono::milliseconds timeout, GetDone done,
+               const std::string& caller = {});
+
+  // Answers the parked get `id` with `why` and frees it now (its caller went away); a no-op
+  // when it was answered already.
+  void cancel(uint64_t id, const Status& why);
+
+  // What the store holds, for tests and status.
+  struct Usage {
+    size_t jobs = 0, bytes = 0, waiters = 0;
+  };
+  Usage usage();
 
   // Answers every parked get with `status`; the store keeps working.
   void abort_all(const Status& status);
@@ -60,15 +80,21 @@ class KvStore {
 
  private:
   struct Waiter {
+    uint64_t id = 0;
     std::string job;
     std::vector<std::string> keys;
     std::chrono::steady_clock::time_point deadline;
     GetDone done;
+    std::string caller;
   };
   using Ready = std::vector<std::pair<GetDone, std::vector<std::string>>>;
 
   Status check_names(const std::string& job, const std::string& key) const;
-  Status slot_locked(const std::string& job, const std::string& key, std::string** slot);
+  // The slot for job/key, made room for `bytes` of value (created within the limits).
+  Status slot_locked(const std::string& job, const std::string& key, size_t bytes, std::string** slot);
+  void forget_waiter_locked(const Waiter& waiter);
+  // Hands memory that a large delete freed back to the system.
+  void trim_locked(size_t freed);
   bool lookup_locked(const std::string& job, const std::vector<std::string>& keys, std::vector<std::string>* values) const;
   Ready collect_ready_locked();
   void expire_loop();
@@ -78,6 +104,10 @@ class KvStore {
   std::condition_variable changed_;
   std::map<std::string, std::map<std::string, std::string>> jobs_;  // guarded by mutex_
   std::list<Waiter> waiters_;                                        // guarded by mutex_
+  std::map<std::string, size_t> job_bytes_;                          // guarded by mutex_
+  size_t total_bytes_ = 0;                                           // guarded by mutex_
+  std::map<std::string, size_t> waiters_by_caller_;                  // guarded by mutex_
+  uint64_t next_waiter_ = 1;                                         // guarded by mutex_
   bool stopping_ = false;                                            // guarded by mutex_
   std::thread expiry_;
 };

@@ -1,5 +1,8 @@
 #include "daemon/peer/peer_server.h"
 
+#include <atomic>
+#include <mutex>
+
 #include "shared/version.h"
 
 namespace gradsync {
@@ -55,17 +58,71 @@ grpc::ServerUnaryReactor* PeerService::Set(grpc::CallbackServerContext* context,
   return reactor;
 }
 
+namespace {
+
+// A parked get whose caller goes away (cancels, or its deadline passes on its side) is freed
+// at once, not held to its own deadline.
+class GetReactor final : public grpc::ServerUnaryReactor {
+ public:
+  explicit GetReactor(KvStore* store) : store_(store) {}
+  // Called once by Get() after parking (id) or answering at once (0). The answer, Finish() and
+  // OnDone() may all come before that, on other threads: two references (gRPC's and Get()'s)
+  // keep the reactor alive until both are done with it.
+  void start(uint64_t id) {
+    bool cancel_now = false;
+    {
+      std::lock_guard lock(mutex_);
+      id_ = id;
+      cancel_now = cancelled_;
+    }
+    if (cancel_now) store_->cancel(id, Status::aborted("the caller went away"));
+    release();
+  }
+  void OnCancel() override {
+    uint64_t id = 0;
+    {
+      std::lock_guard lock(mutex_);
+      cancelled_ = true;
+      id = id_;
+    }
+    store_->cancel(id, Status::aborted("the caller went away"));
+  }
+  void OnDone() override { release(); }
+
+ private:
+  void release() {
+    if (references_.fetch_sub(1) == 1) delete this;
+  }
+
+  KvStore* store_;
+  std::atomic<int> references_{2};
+  std::mutex mutex_;
+  uint64_t id_ = 0;         // guarded by mutex_; 0 until parked (or answered at once)
+  bool cancelled_ = false;  // guarded by mutex_
+};
+
+// The peer's host, for the per-caller bound on parked gets ("ipv4:10.0.0.2:41234" -> "ipv4:10.0.0.2").
+std::string caller_host(const std::string& peer) {
+  const auto colon = peer.rfind(':');
+  return colon == std::string::npos ? peer : peer.substr(0, colon);
+}
+
+}  // namespace
+
 grpc::ServerUnaryReactor* PeerService::Get(grpc::CallbackServerContext* context, const peer::GetRequest* request,
                                            peer::GetReply* reply) {
   if (auto* refused = refuse(context)) return refused;
-  auto* reactor = context->DefaultReactor();
+  auto* reactor = new GetReactor(store_);
   std::vector<std::string> keys(request->keys().begin(), request->keys().end());
   const auto timeout = std::min(kMaxWait, std::chrono::milliseconds(request->timeout_ms()));
-  store_->get(request->job(), std::move(keys), timeout,
-              [reactor, reply](const Status& status, std::vector<std::string> values) {
-                for (auto& value : values) reply->add_values(std::move(value));
-                reactor->Finish(to_grpc(status));
-              });
+  const uint64_t id = store_->get(
+      request->job(), std::move(keys), timeout,
+      [reactor, reply](const Status& status, std::vector<std::string> values) {
+        for (auto& value : values) reply->add_values(std::move(value));
+        reactor->Finish(to_grpc(status));
+      },
+      caller_host(context->peer()));
+  reactor->start(id);
   return reactor;
 }
 

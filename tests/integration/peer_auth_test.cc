@@ -155,3 +155,78 @@ TEST_CASE("peer auth: a token file others can read, or a short one, is refused a
 }
 
 }  // namespace gradsync::test
+
+namespace gradsync::test {
+namespace {
+
+long rss_kib(pid_t pid) {
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stol(line.substr(6));
+  }
+  return -1;
+}
+
+std::string status_json(TestDaemon& daemon) { return gradsyncctl(daemon, "status --json").output; }
+
+}  // namespace
+
+TEST_CASE("peer store bounds: a flood of values is refused at the job's limit and its memory comes back; a cancelled "
+          "get is freed at once",
+          "[integration][peer][auth]") {
+  ClusterToken token;
+  const int port = free_loopback_port();
+  const std::string address = "127.0.0.1:" + std::to_string(port);
+  TestDaemon daemon({"--peer-listen", address, "--peer-token-file", token.path()});
+  std::string secret;
+  std::getline(std::ifstream(token.path()), secret);
+  auto auth = token_auth(secret);
+  PeerClient client(address, auth);
+  REQUIRE(client.ping(kShort).ok());
+  const long baseline = rss_kib(daemon.pid());
+  // 1 MiB values into one job until the store refuses: at its 64 MiB per job.
+  const std::string value(1 << 20, 'v');
+  Status refused;
+  int stored = 0;
+  for (; stored < 200; ++stored) {
+    refused = client.set("0.flood", "k" + std::to_string(stored), value, kShort);
+    if (!refused.ok()) break;
+  }
+  INFO(refused.to_string());
+  CHECK(refused.code() == ErrorCode::kResourceExhausted);
+  CHECK_THAT(refused.message(), Catch::Contains("its limit per job"));
+  CHECK(stored >= 60);
+  CHECK(stored < 64);
+  const long flooded = rss_kib(daemon.pid());
+  CHECK(flooded - baseline > 50 * 1024);
+  // Another job is unaffected.
+  REQUIRE(client.set("0.other", "k", "v", kShort).ok());
+  REQUIRE(client.delete_job("0.flood", kShort).ok());
+  const long after = rss_kib(daemon.pid());
+  INFO("RSS KiB: baseline " << baseline << ", flooded " << flooded << ", after delete " << after);
+  CHECK(after - baseline < 8 * 1024);
+  // A get parked for a minute whose caller gives up is freed now, not at its deadline.
+  auto waiting = std::make_shared<PeerClient>(address, auth);
+  std::thread parked([waiting] {
+    std::vector<std::string> values;
+    waiting->get("0.wait", {"never"}, std::chrono::minutes(1), &values);
+  });
+  bool seen = false;
+  for (int i = 0; i < 100 && !seen; ++i) {
+    seen = status_json(daemon).find("\"peerStoreWaitingGets\": 1") != std::string::npos;
+    if (!seen) std::this_thread::sleep_for(20ms);
+  }
+  CHECK(seen);
+  waiting->cancel(Status::aborted("test gives up"));
+  parked.join();
+  bool freed = false;
+  for (int i = 0; i < 100 && !freed; ++i) {
+    freed = status_json(daemon).find("\"peerStoreWaitingGets\": 0") != std::string::npos;
+    if (!freed) std::this_thread::sleep_for(20ms);
+  }
+  CHECK(freed);
+  CHECK(daemon.running());
+}
+
+}  // namespace gradsync::test

@@ -440,3 +440,78 @@ TEST_CASE("set if absent: the first writer wins, and a waiting get sees its valu
 }
 
 }  // namespace gradsync
+
+namespace gradsync {
+
+TEST_CASE("store bounds: bytes per job and overall, each refused naming its limit; deleting returns the bytes",
+          "[kv_store]") {
+  KvStore::Limits limits;
+  limits.max_job_bytes = 1000;
+  limits.max_total_bytes = 1500;
+  KvStore store(limits);
+  REQUIRE(store.set("a", "k1", std::string(600, 'x')).ok());
+  const Status over_job = store.set("a", "k2", std::string(600, 'x'));
+  CHECK(over_job.code() == ErrorCode::kResourceExhausted);
+  CHECK_THAT(over_job.message(), Catch::Contains("its limit per job"));
+  // Replacing a value counts the difference only.
+  REQUIRE(store.set("a", "k1", std::string(900, 'y')).ok());
+  REQUIRE(store.set("b", "k", std::string(500, 'x')).ok());
+  const Status over_all = store.set("c", "k", std::string(200, 'x'));
+  CHECK(over_all.code() == ErrorCode::kResourceExhausted);
+  CHECK_THAT(over_all.message(), Catch::Contains("its limit overall"));
+  // Counters are accounted by their text, whatever happens to them.
+  int64_t value = 0;
+  REQUIRE(store.add("b", "n", 123, &value).ok());
+  CHECK_FALSE(store.add("b", "k", 1, &value).ok());  // not a counter
+  const size_t before = store.usage().bytes;
+  CHECK(before == (1 + 2 + 900) + (1 + 1 + 500) + (1 + 3));
+  CHECK(store.delete_job("a") == 1);
+  CHECK(store.usage().bytes == before - (1 + 2 + 900));
+  REQUIRE(store.set("c", "k", std::string(200, 'x')).ok());  // room again
+  store.delete_job("b");
+  store.delete_job("c");
+  CHECK(store.usage().bytes == 0);
+  CHECK(store.usage().jobs == 0);
+}
+
+TEST_CASE("store bounds: waiting gets per caller and overall; a cancelled get is freed at once", "[kv_store]") {
+  KvStore::Limits limits;
+  limits.max_waiters_per_caller = 2;
+  limits.max_waiters = 3;
+  limits.max_keys_per_get = 4;
+  KvStore store(limits);
+  Answer a1, a2, a3, b1, c1;
+  const uint64_t first = store.get("j", {"never"}, kHangGuard, a1.callback(), "host-a");
+  CHECK(first != 0);
+  store.get("j", {"never"}, kHangGuard, a2.callback(), "host-a");
+  store.get("j", {"never"}, kHangGuard, a3.callback(), "host-a");
+  REQUIRE(a3.calls() == 1);
+  CHECK(a3.status().code() == ErrorCode::kResourceExhausted);
+  CHECK_THAT(a3.status().message(), Catch::Contains("this caller has 2 waiting gets"));
+  store.get("j", {"never"}, kHangGuard, b1.callback(), "host-b");
+  CHECK(b1.calls() == 0);  // parked: another caller's budget
+  store.get("j", {"never"}, kHangGuard, c1.callback(), "host-c");
+  REQUIRE(c1.calls() == 1);
+  CHECK_THAT(c1.status().message(), Catch::Contains("waiting gets, its limit overall"));
+  CHECK(store.usage().waiters == 3);
+  // The caller of the first goes away: its get is answered and freed now, not at its deadline.
+  store.cancel(first, Status::aborted("the caller went away"));
+  REQUIRE(a1.calls() == 1);
+  CHECK(a1.status().code() == ErrorCode::kAborted);
+  CHECK(store.usage().waiters == 2);
+  Answer a4;
+  store.get("j", {"never"}, kHangGuard, a4.callback(), "host-a");
+  CHECK(a4.calls() == 0);  // room again
+  store.cancel(first, Status::aborted("twice"));  // a no-op
+  CHECK(a1.calls() == 1);
+  // Keys are checked in gets too.
+  Answer many, long_key;
+  store.get("j", {"1", "2", "3", "4", "5"}, kHangGuard, many.callback(), "host-d");
+  CHECK_THAT(many.status().message(), Catch::Contains("at most 4 keys"));
+  store.get("j", {std::string(2000, 'k')}, kHangGuard, long_key.callback(), "host-d");
+  CHECK(long_key.status().code() == ErrorCode::kInvalidArgument);
+  store.abort_all(Status::aborted("test over"));
+  CHECK(store.usage().waiters == 0);
+}
+
+}  // namespace gradsync
