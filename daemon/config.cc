@@ -1,5 +1,8 @@
 #include "daemon/config.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
 #include <boost/program_options.hpp>
 #include <sstream>
 #include <thread>
@@ -20,6 +23,7 @@ ParsedConfig parse_daemon_config(int argc, const char* const* argv) {
   uint64_t execution_timeout_ms = config.execution_timeout.count();
   uint64_t nccl_keep_s = config.nccl_keep_idle.count();
   uint64_t drain_timeout_ms = config.drain_timeout.count();
+  uint64_t peer_key_ttl_s = config.peer_key_ttl.count();
   std::vector<uid_t> allowed;
   std::vector<uid_t> legacy;
   std::vector<std::string> admin;
@@ -81,6 +85,9 @@ ParsedConfig parse_daemon_config(int argc, const char* const* argv) {
       ("peer-token-file", po::value(&config.peer_token_file),
        "file holding the cluster token (the same on every node, mode 0600; make one with "
        "openssl rand -hex 32): every peer call carries it. Clear text on the wire unless TLS is on too")
+      ("peer-key-ttl-s", po::value(&peer_key_ttl_s)->default_value(peer_key_ttl_s),
+       "seconds the peer store keeps the keys of a job nobody touches (a job's keys are deleted when "
+       "every node ended it; this covers a node that never did)")
       ("peer-tls-cert", po::value(&config.peer_tls_cert), "peer service: this daemon's certificate (PEM)")
       ("peer-tls-key", po::value(&config.peer_tls_key), "peer service: its private key (PEM)")
       ("peer-tls-ca", po::value(&config.peer_tls_ca),
@@ -214,6 +221,8 @@ ParsedConfig parse_daemon_config(int argc, const char* const* argv) {
   config.allowed_uids = allowed;
   config.legacy_ipc_uids = legacy;
   if (nccl_keep_s > 86'400) return fail("--nccl-keep-idle-s must be at most 86400 (a day)");
+  if (peer_key_ttl_s == 0 || peer_key_ttl_s > 30 * 86'400) return fail("--peer-key-ttl-s must be from 1 to 2592000 (30 days)");
+  config.peer_key_ttl = std::chrono::seconds(peer_key_ttl_s);
   config.nccl_keep_idle = std::chrono::seconds(nccl_keep_s);
   const bool peer_auth = !config.peer_token_file.empty() || !config.peer_tls_ca.empty();
   if (config.peer_listen.empty()) config.peer_listen = peer_auth ? "0.0.0.0:29590" : "127.0.0.1:29590";
@@ -222,8 +231,19 @@ ParsedConfig parse_daemon_config(int argc, const char* const* argv) {
     return fail("--peer-listen must be HOST:PORT, not '" + config.peer_listen + "'");
   }
   if (!peer_auth) {
-    const std::string host = config.peer_listen.substr(0, colon);
-    const bool loopback = host == "localhost" || host == "[::1]" || host.rfind("127.", 0) == 0;
+    // An address, not a name (which could resolve anywhere): 127.0.0.0/8 or ::1.
+    std::string host = config.peer_listen.substr(0, colon);
+    if (host == "localhost") {
+      host = "127.0.0.1";
+      config.peer_listen = host + config.peer_listen.substr(colon);
+    }
+    in_addr v4{};
+    in6_addr v6{};
+    const bool bracketed = host.size() > 2 && host.front() == '[' && host.back() == ']';
+    const bool loopback =
+        (::inet_pton(AF_INET, host.c_str(), &v4) == 1 && (ntohl(v4.s_addr) >> 24) == 127) ||
+        (bracketed && ::inet_pton(AF_INET6, host.substr(1, host.size() - 2).c_str(), &v6) == 1 &&
+         IN6_IS_ADDR_LOOPBACK(&v6));
     if (!loopback) {
       return fail("--peer-listen " + config.peer_listen +
                   ": the peer service is not authenticated, so it may listen on loopback only; for other "

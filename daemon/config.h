@@ -59,6 +59,9 @@ struct DaemonConfig {
   // with it, the default is every interface.
   std::string peer_listen;
   std::string peer_token_file;
+  // How long the peer store keeps a job's keys that nobody touches (a job whose nodes never all
+  // ended).
+  std::chrono::seconds peer_key_ttl{24 * 3600};
   std::string peer_tls_cert, peer_tls_key, peer_tls_ca;
   // The host other daemons reach this one at; empty: the listen host, or this machine's
   // hostname when listening on every interface.

@@ -55,7 +55,8 @@ Daemon::Daemon(DaemonConfig config, std::function<ParsedConfig()> reparse)
     }
     peer_auth_ = std::make_shared<const PeerAuth>(std::move(auth));
   }
-  PeerServerOptions peer{config_.peer_listen, log_, {}, peer_auth_};
+  PeerServerOptions peer{config_.peer_listen, log_, {}, peer_auth_, {}};
+  peer.limits.job_ttl = config_.peer_key_ttl;
   peer.progress = [board = &progress_](const std::string& job, peer::ProgressReply* reply) {
     const auto entry = board->find(job);
     if (!entry) return false;
@@ -218,6 +219,7 @@ void Daemon::reload() {
        "admin", false);
   note(next.reduce_threads != config_.reduce_threads, "reduce-threads", false);
   note(next.peer_listen != config_.peer_listen, "peer-listen", false);
+  note(next.peer_key_ttl != config_.peer_key_ttl, "peer-key-ttl-s", false);
   note(next.peer_token_file != config_.peer_token_file || next.peer_tls_cert != config_.peer_tls_cert ||
            next.peer_tls_key != config_.peer_tls_key || next.peer_tls_ca != config_.peer_tls_ca,
        "peer-token-file/peer-tls-*", false);

@@ -47,6 +47,11 @@ class Cluster : public Rendezvous {
   // Tells the other nodes why this node's job failed (best effort, short timeout).
   virtual void publish_failure(const Status& status) = 0;
 
+  // This node is done with the job's generation: the last node to say so deletes the
+  // generation's keys at the rendezvous (best effort, short timeout; the store's TTL covers a
+  // node that never says so).
+  virtual void leave() {}
+
   // Once formed: how the nodes agree on settings changes (null when this cluster cannot, as
   // test fakes), and every node's daemon peer address, by node (empty when unknown).
   virtual std::shared_ptr<ConfigChannel> config_channel() { return nullptr; }

@@ -95,6 +95,19 @@ Status PeerCluster::form() {
   return Status();
 }
 
+void PeerCluster::leave() {
+  if (!formed_) return;
+  // A fresh client: the cluster's own may have been cancelled by the abort that ended the job.
+  PeerClient rendezvous(options_.rendezvous, options_.auth);
+  int64_t ended = 0;
+  if (!rendezvous.add(options_.store_job, key("ended"), 1, kProbeTimeout, &ended).ok()) return;
+  if (ended == options_.topology.nodes) {
+    const Status deleted = rendezvous.delete_job(options_.store_job, kProbeTimeout, prefix_);
+    options_.log.debug("every node left " + prefix_ + "; its keys at the rendezvous: " +
+                       (deleted.ok() ? std::string("deleted") : deleted.to_string()));
+  }
+}
+
 std::shared_ptr<ConfigChannel> PeerCluster::config_channel() {
   if (!formed_) return nullptr;
   return std::make_shared<ConfigChannel>(options_.rendezvous, options_.auth, options_.store_job, prefix_,

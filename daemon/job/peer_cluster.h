@@ -51,6 +51,7 @@ class PeerCluster final : public Cluster {
   Status explain(const Status& error) override;
   void abort(const Status& why) override;
   void publish_failure(const Status& status) override;
+  void leave() override;
   std::shared_ptr<ConfigChannel> config_channel() override;
   std::vector<std::string> node_addresses() const override { return addresses_; }
 

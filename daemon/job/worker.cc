@@ -715,6 +715,7 @@ void Worker::shut_down(const Status& failure) {
   if (options_.cluster) {
     const auto start = std::chrono::steady_clock::now();
     options_.cluster->publish_failure(status);
+    options_.cluster->leave();
     {
       std::lock_guard lock(mutex_);
       cluster_released_ = true;

@@ -19,16 +19,18 @@ bool KvStore::lookup_locked(const std::string& job, const std::vector<std::strin
                             std::vector<std::string>* values) const {
   auto it = jobs_.find(job);
   if (it == jobs_.end()) return false;
-  values->clear();
+  // First whether every key is there (no copy: a get that asks for one big value many times
+  // and one missing key must cost nothing), then the copy.
   for (const auto& key : keys) {
-    auto found = it->second.find(key);
-    if (found == it->second.end()) return false;
-    values->push_back(found->second);
+    if (!it->second.count(key)) return false;
   }
+  values->clear();
+  for (const auto& key : keys) values->push_back(it->second.at(key));
   return true;
 }
 
 void KvStore::forget_waiter_locked(const Waiter& waiter) {
+  for (const auto& key : waiter.keys) waiting_key_bytes_ -= key.size();
   auto it = waiters_by_caller_.find(waiter.caller);
   if (it != waiters_by_caller_.end() && --it->second == 0) waiters_by_caller_.erase(it);
 }
@@ -76,8 +78,10 @@ Status KvStore::slot_locked(const std::string& job, const std::string& key, size
   if (keys_now >= limits_.max_keys_per_job && is_new) {
     return Status::resource_exhausted("job " + job + " has " + std::to_string(keys_now) + " keys in the peer store, its limit");
   }
-  const size_t old_bytes = is_new ? 0 : it->second.at(key).size() + key.size();
-  const size_t new_bytes = bytes + key.size() + (it == jobs_.end() ? job.size() : 0);
+  // Each key costs its map node and string headers too, and each job its own: counted, so that
+  // a flood of tiny keys is bounded by real memory, not only by its payload.
+  const size_t old_bytes = is_new ? 0 : it->second.at(key).size() + key.size() + kEntryOverhead;
+  const size_t new_bytes = bytes + key.size() + kEntryOverhead + (it == jobs_.end() ? job.size() + kEntryOverhead : 0);
   const size_t job_now = job_bytes_.count(job) ? job_bytes_.at(job) : 0;
   if (new_bytes > old_bytes) {
     const size_t more = new_bytes - old_bytes;
@@ -91,6 +95,7 @@ Status KvStore::slot_locked(const std::string& job, const std::string& key, size
     }
   }
   if (it == jobs_.end()) it = jobs_.emplace(job, std::map<std::string, std::string>{}).first;
+  touch_locked(job);
   job_bytes_[job] = job_now + new_bytes - old_bytes;
   total_bytes_ = total_bytes_ + new_bytes - old_bytes;
   *slot = &it->second[key];
@@ -183,17 +188,50 @@ Status KvStore::add(const std::string& job, const std::string& key, int64_t delt
   return Status();
 }
 
-size_t KvStore::delete_job(const std::string& job) {
+void KvStore::erase_job_locked(const std::string& job) {
+  const size_t freed = job_bytes_.count(job) ? job_bytes_.at(job) : 0;
+  total_bytes_ -= freed;
+  job_bytes_.erase(job);
+  touched_.erase(job);
+  jobs_.erase(job);
+  trim_locked(freed);
+}
+
+size_t KvStore::delete_job(const std::string& job, const std::string& prefix) {
   std::lock_guard lock(mutex_);
   auto it = jobs_.find(job);
   if (it == jobs_.end()) return 0;
-  const size_t removed = it->second.size();
-  const size_t freed = job_bytes_[job];
+  auto& keys = it->second;
+  if (prefix.empty()) {
+    const size_t removed = keys.size();
+    erase_job_locked(job);
+    return removed;
+  }
+  size_t removed = 0, freed = 0;
+  for (auto k = keys.lower_bound(prefix); k != keys.end() && k->first.compare(0, prefix.size(), prefix) == 0;) {
+    freed += k->first.size() + k->second.size() + kEntryOverhead;
+    k = keys.erase(k);
+    ++removed;
+  }
+  job_bytes_[job] -= freed;
   total_bytes_ -= freed;
-  job_bytes_.erase(job);
-  jobs_.erase(it);
-  trim_locked(freed);
+  if (keys.empty()) {
+    erase_job_locked(job);
+  } else {
+    trim_locked(freed);
+  }
   return removed;
+}
+
+void KvStore::expire_jobs_locked() {
+  const auto now = std::chrono::steady_clock::now();
+  std::vector<std::string> idle;
+  for (const auto& [job, when] : touched_) {
+    if (now - when < limits_.job_ttl) continue;
+    const bool waited_on = std::any_of(waiters_.begin(), waiters_.end(), [&](const Waiter& w) { return w.job == job; });
+    if (!waited_on) idle.push_back(job);
+  }
+  for (const auto& job : idle) erase_job_locked(job);
 }
 
 uint64_t KvStore::get(const std::string& job, std::vector<std::string> keys, std::chrono::milliseconds timeout,
@@ -203,8 +241,19 @@ uint64_t KvStore::get(const std::string& job, std::vector<std::string> keys, std
     refused = Status::resource_exhausted("a get may ask for at most " + std::to_string(limits_.max_keys_per_get) +
                                          " keys, not " + std::to_string(keys.size()));
   }
+  size_t key_bytes = 0;
   for (size_t i = 0; refused.ok() && i <= keys.size(); ++i) {
     refused = check_names(job, i < keys.size() ? keys[i] : std::string());
+    if (i < keys.size()) key_bytes += keys[i].size();
+  }
+  if (refused.ok()) {
+    // A key asked for twice would be copied twice for nothing: the answer's size is bounded
+    // by the job's bytes only when every key is distinct.
+    std::vector<std::string> sorted = keys;
+    std::sort(sorted.begin(), sorted.end());
+    if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) {
+      refused = Status::invalid_argument("a get names a key twice");
+    }
   }
   if (!refused.ok()) {
     done(refused, {});
@@ -213,17 +262,22 @@ uint64_t KvStore::get(const std::string& job, std::vector<std::string> keys, std
   std::vector<std::string> values;
   {
     std::lock_guard lock(mutex_);
+    if (jobs_.count(job)) touch_locked(job);
     if (!lookup_locked(job, keys, &values)) {
       if (timeout.count() > 0 && !stopping_) {
         size_t& mine = waiters_by_caller_[caller];
-        if (waiters_.size() >= limits_.max_waiters || mine >= limits_.max_waiters_per_caller) {
-          const bool overall = waiters_.size() >= limits_.max_waiters;
+        const bool overall = waiters_.size() >= limits_.max_waiters;
+        const bool too_big = waiting_key_bytes_ + key_bytes > limits_.max_waiting_key_bytes;
+        if (overall || too_big || mine >= limits_.max_waiters_per_caller) {
           if (mine == 0) waiters_by_caller_.erase(caller);
           refused = Status::resource_exhausted(
-              overall ? "the peer store holds " + std::to_string(waiters_.size()) + " waiting gets, its limit overall"
-                      : "this caller has " + std::to_string(mine) + " waiting gets in the peer store, its limit");
+              overall   ? "the peer store holds " + std::to_string(waiters_.size()) + " waiting gets, its limit overall"
+              : too_big ? "the peer store's waiting gets name " + std::to_string(waiting_key_bytes_) +
+                              " bytes of keys, its limit overall"
+                        : "this caller has " + std::to_string(mine) + " waiting gets in the peer store, its limit");
         } else {
           ++mine;
+          waiting_key_bytes_ += key_bytes;
           const uint64_t id = next_waiter_++;
           waiters_.push_back(
               Waiter{id, job, std::move(keys), std::chrono::steady_clock::now() + timeout, std::move(done), caller});
@@ -281,6 +335,7 @@ void KvStore::abort_all(const Status& status) {
     std::lock_guard lock(mutex_);
     waiters.swap(waiters_);
     waiters_by_caller_.clear();
+    waiting_key_bytes_ = 0;
   }
   for (auto& waiter : waiters) waiter.done(status, {});
 }
@@ -288,13 +343,15 @@ void KvStore::abort_all(const Status& status) {
 void KvStore::expire_loop() {
   std::unique_lock lock(mutex_);
   while (!stopping_) {
-    auto next = std::chrono::steady_clock::time_point::max();
+    // Wakes for the next get's deadline, and at least every quarter of the job TTL (at most a
+    // minute) to forget idle jobs.
+    const auto sweep = std::min<std::chrono::steady_clock::duration>(limits_.job_ttl / 4, std::chrono::minutes(1));
+    auto next = std::chrono::steady_clock::now() + std::max<std::chrono::steady_clock::duration>(
+                                                       sweep, std::chrono::milliseconds(10));
     for (const auto& waiter : waiters_) next = std::min(next, waiter.deadline);
-    if (next == std::chrono::steady_clock::time_point::max()) {
-      changed_.wait(lock);
-    } else {
-      changed_.wait_until(lock, next);
-    }
+    changed_.wait_until(lock, next);
+    if (stopping_) break;
+    expire_jobs_locked();
     const auto now = std::chrono::steady_clock::now();
     std::list<Waiter> expired;
     for (auto it = waiters_.begin(); it != waiters_.end();) {

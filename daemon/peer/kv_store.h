@@ -27,6 +27,9 @@ class KvStore {
 
   // Every limit, when hit, refuses the call with kResourceExhausted naming it; nothing that
   // was stored is lost, and the store keeps serving everyone else.
+  // What a key (or a job) costs beyond its bytes: its map node and string headers.
+  static constexpr size_t kEntryOverhead = 64;
+
   struct Limits {
     size_t max_value_bytes = 16u << 20;
     size_t max_keys_per_job = 1u << 20;
@@ -34,9 +37,13 @@ class KvStore {
     size_t max_jobs = 1u << 16;
     size_t max_job_bytes = 64u << 20;     // keys and values of one job
     size_t max_total_bytes = 512u << 20;  // of every job together
-    size_t max_keys_per_get = 4096;
+    size_t max_keys_per_get = 4096;       // distinct keys
+    size_t max_waiting_key_bytes = 64u << 20;  // the keys every waiting get names, together
     size_t max_waiters = 8192;            // parked gets, overall
     size_t max_waiters_per_caller = 1024; // parked gets of one caller (the peer's host)
+    // A job whose keys nobody set, added to or asked for this long (and with no get waiting)
+    // is forgotten: a job whose nodes never all ended (one was killed) does not stay forever.
+    std::chrono::seconds job_ttl{24 * 3600};
   };
 
   explicit KvStore(Limits limits);
@@ -52,7 +59,8 @@ class KvStore {
   // Adds delta to the counter at key (absent counts as 0) and stores the decimal result.
   Status add(const std::string& job, const std::string& key, int64_t delta, int64_t* result);
 
-  size_t delete_job(const std::string& job);
+  // Removes the job's keys that start with `prefix` (every key when empty); the count removed.
+  size_t delete_job(const std::string& job, const std::string& prefix = {});
 
   // Answers done(ok, values) once every key exists; with timeout 0, at once with kNotFound for
   // a missing key; otherwise with kTimeout at the deadline. `caller` (the peer's host) is what
@@ -93,6 +101,9 @@ class KvStore {
   // The slot for job/key, made room for `bytes` of value (created within the limits).
   Status slot_locked(const std::string& job, const std::string& key, size_t bytes, std::string** slot);
   void forget_waiter_locked(const Waiter& waiter);
+  void touch_locked(const std::string& job) { touched_[job] = std::chrono::steady_clock::now(); }
+  void erase_job_locked(const std::string& job);
+  void expire_jobs_locked();
   // Hands memory that a large delete freed back to the system.
   void trim_locked(size_t freed);
   bool lookup_locked(const std::string& job, const std::vector<std::string>& keys, std::vector<std::string>* values) const;
@@ -105,7 +116,9 @@ class KvStore {
   std::map<std::string, std::map<std::string, std::string>> jobs_;  // guarded by mutex_
   std::list<Waiter> waiters_;                                        // guarded by mutex_
   std::map<std::string, size_t> job_bytes_;                          // guarded by mutex_
+  std::map<std::string, std::chrono::steady_clock::time_point> touched_;  // guarded by mutex_
   size_t total_bytes_ = 0;                                           // guarded by mutex_
+  size_t waiting_key_bytes_ = 0;                                     // guarded by mutex_
   std::map<std::string, size_t> waiters_by_caller_;                  // guarded by mutex_
   uint64_t next_waiter_ = 1;                                         // guarded by mutex_
   bool stopping_ = false;                                            // guarded by mutex_

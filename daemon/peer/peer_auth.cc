@@ -1,6 +1,12 @@
 #include "daemon/peer/peer_auth.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
 
 #include <cctype>
 #include <fstream>
@@ -33,22 +39,45 @@ Status PeerAuth::load(const std::string& token_file, const std::string& cert_fil
                       const std::string& ca_file, PeerAuth* out) {
   PeerAuth auth;
   if (!token_file.empty()) {
+    // Examined and read through one descriptor, not followed through a link, so what was
+    // checked is what is read.
+    const int fd = ::open(token_file.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) {
+      return Status::invalid_argument("--peer-token-file: cannot read '" + token_file + "': " + std::strerror(errno));
+    }
     struct stat st {};
-    if (::stat(token_file.c_str(), &st) != 0) {
-      return Status::invalid_argument("--peer-token-file: cannot read '" + token_file + "'");
+    const bool examined = ::fstat(fd, &st) == 0;
+    std::string text;
+    char buffer[4096];
+    ssize_t got = 0;
+    while (examined && S_ISREG(st.st_mode) && text.size() <= 8192 && (got = ::read(fd, buffer, sizeof buffer)) > 0) {
+      text.append(buffer, static_cast<size_t>(got));
+    }
+    ::close(fd);
+    if (!examined || !S_ISREG(st.st_mode)) {
+      return Status::invalid_argument("--peer-token-file: '" + token_file + "' is not a regular file");
+    }
+    if (st.st_uid != ::geteuid() && st.st_uid != 0) {
+      return Status::invalid_argument("--peer-token-file: '" + token_file + "' belongs to uid " +
+                                      std::to_string(st.st_uid) + ", not to root or gradsyncd's user");
     }
     if (st.st_mode & (S_IRWXG | S_IRWXO)) {
       return Status::invalid_argument("--peer-token-file: '" + token_file +
                                       "' can be read by other users (chmod 600 it)");
     }
-    if (Status s = read_file(token_file, "--peer-token-file", &auth.token); !s.ok()) return s;
+    auth.token = std::move(text);
     while (!auth.token.empty() && std::isspace(static_cast<unsigned char>(auth.token.back()))) auth.token.pop_back();
     if (auth.token.size() < 16) {
       return Status::invalid_argument("--peer-token-file: '" + token_file +
                                       "' holds fewer than 16 bytes; make one with: openssl rand -hex 32");
     }
-    if (auth.token.find_first_of("\r\n") != std::string::npos || auth.token.size() > 4096) {
-      return Status::invalid_argument("--peer-token-file: '" + token_file + "' must hold one line of at most 4096 bytes");
+    // It travels as gRPC metadata, which takes printable ASCII only.
+    const bool printable = std::all_of(auth.token.begin(), auth.token.end(),
+                                       [](char c) { return c >= 0x21 && c <= 0x7e; });
+    if (!printable || auth.token.size() > 4096) {
+      return Status::invalid_argument("--peer-token-file: '" + token_file +
+                                      "' must hold one word of printable ASCII, at most 4096 bytes (openssl rand "
+                                      "-hex 32 makes one)");
     }
   }
   const int tls_given = !cert_file.empty() + !key_file.empty() + !ca_file.empty();

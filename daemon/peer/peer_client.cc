@@ -119,11 +119,12 @@ Status PeerClient::add(const std::string& job, const std::string& key, int64_t d
   return status;
 }
 
-Status PeerClient::delete_job(const std::string& job, std::chrono::milliseconds timeout) {
+Status PeerClient::delete_job(const std::string& job, std::chrono::milliseconds timeout, const std::string& prefix) {
   Call call(this, timeout);
   if (!call.refused().ok()) return call.refused();
   peer::DeleteJobRequest request;
   request.set_job(job);
+  request.set_prefix(prefix);
   peer::DeleteJobReply reply;
   return call.finish(stub_->DeleteJob(call.context(), request, &reply));
 }

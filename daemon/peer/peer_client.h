@@ -37,7 +37,8 @@ class PeerClient {
              std::vector<std::string>* values);
   Status add(const std::string& job, const std::string& key, int64_t delta, std::chrono::milliseconds timeout,
              int64_t* value);
-  Status delete_job(const std::string& job, std::chrono::milliseconds timeout);
+  // Removes the job's keys that start with `prefix` (every key when empty).
+  Status delete_job(const std::string& job, std::chrono::milliseconds timeout, const std::string& prefix = {});
   // Whether the daemon answers within `timeout`.
   Status ping(std::chrono::milliseconds timeout);
   // Where the daemon's part of `job` (a store job) is.

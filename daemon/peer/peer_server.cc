@@ -102,9 +102,14 @@ class GetReactor final : public grpc::ServerUnaryReactor {
 };
 
 // The peer's host, for the per-caller bound on parked gets ("ipv4:10.0.0.2:41234" -> "ipv4:10.0.0.2").
+// Every loopback address is this machine: one caller, whichever 127.x it uses.
 std::string caller_host(const std::string& peer) {
   const auto colon = peer.rfind(':');
-  return colon == std::string::npos ? peer : peer.substr(0, colon);
+  const std::string host = colon == std::string::npos ? peer : peer.substr(0, colon);
+  if (host.rfind("ipv4:127.", 0) == 0 || host == "ipv6:[::1]" || host.rfind("ipv6:[::ffff:127.", 0) == 0) {
+    return "loopback";
+  }
+  return host;
 }
 
 }  // namespace
@@ -141,7 +146,7 @@ grpc::ServerUnaryReactor* PeerService::DeleteJob(grpc::CallbackServerContext* co
                                                  const peer::DeleteJobRequest* request, peer::DeleteJobReply* reply) {
   if (auto* refused = refuse(context)) return refused;
   auto* reactor = context->DefaultReactor();
-  reply->set_removed(store_->delete_job(request->job()));
+  reply->set_removed(store_->delete_job(request->job(), request->prefix()));
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }
@@ -173,7 +178,7 @@ grpc::ServerUnaryReactor* PeerService::refuse(grpc::CallbackServerContext* conte
 }
 
 PeerServer::PeerServer(PeerServerOptions options)
-    : options_(std::move(options)), service_(&store_, options_.progress, options_.auth) {
+    : options_(std::move(options)), store_(options_.limits), service_(&store_, options_.progress, options_.auth) {
   grpc::ServerBuilder builder;
   // gRPC sets SO_REUSEPORT by default, which would let a second daemon bind the same port and
   // silently take half of the rendezvous traffic. A port in use must be an error instead.

@@ -53,6 +53,7 @@ struct PeerServerOptions {
   Logger log;
   ProgressLookup progress;  // may be empty: every job is reported as not found
   std::shared_ptr<const PeerAuth> auth = std::make_shared<PeerAuth>();  // none: loopback only
+  KvStore::Limits limits;
 };
 
 class PeerServer {

@@ -230,3 +230,64 @@ TEST_CASE("peer store bounds: a flood of values is refused at the job's limit an
 }
 
 }  // namespace gradsync::test
+
+namespace gradsync::test {
+
+TEST_CASE("peer store: a generation's keys go when every node ended the job; a job nobody touches expires",
+          "[integration][peer][auth]") {
+  TestCluster cluster(2);
+  verified_job(cluster, 2);
+  std::string secret;
+  std::getline(std::ifstream(cluster.token_path()), secret);
+  PeerClient rendezvous(cluster.rendezvous(), token_auth(secret));
+  // The jobs end on both nodes once their trainers left: the last one deletes the keys.
+  bool gone = false;
+  std::string last;
+  for (int i = 0; i < 200 && !gone; ++i) {
+    last = gradsyncctl(cluster.node(0), "status --json").output;
+    // Only the job's incarnation counter is left (a few dozen bytes), not its node table,
+    // layouts and Gloo addresses (kilobytes).
+    const auto at = last.find("\"peerStoreBytes\": \"");
+    gone = at != std::string::npos && std::stoul(last.substr(at + 19)) < 200;
+    if (!gone) std::this_thread::sleep_for(25ms);
+  }
+  INFO(last);
+  CHECK(gone);
+
+  // A job whose nodes never say they ended (killed) is forgotten after --peer-key-ttl-s.
+  ClusterToken token;
+  const std::string address = "127.0.0.1:" + std::to_string(free_loopback_port());
+  TestDaemon daemon({"--peer-listen", address, "--peer-token-file", token.path(), "--peer-key-ttl-s", "1"});
+  std::getline(std::ifstream(token.path()), secret);
+  REQUIRE(PeerClient(address, token_auth(secret)).set("0.abandoned", "g0/node/0", "x", kShort).ok());
+  CHECK_THAT(gradsyncctl(daemon, "status --json").output, Catch::Contains("\"peerStoreJobs\": 1"));
+  bool expired = false;
+  for (int i = 0; i < 200 && !expired; ++i) {
+    expired = gradsyncctl(daemon, "status --json").output.find("\"peerStoreJobs\": 0") != std::string::npos;
+    if (!expired) std::this_thread::sleep_for(25ms);
+  }
+  CHECK(expired);
+}
+
+TEST_CASE("peer auth: names that only look like loopback, and tokens gRPC cannot carry, are refused at start",
+          "[integration][peer][auth]") {
+  const std::string socket = " --socket /tmp/gradsync-peer-names-" + std::to_string(::getpid()) + "/g.sock";
+  for (const std::string listen : {"127.0.0.1.nip.io:0", "127.evil.example:0", "0.0.0.0:0", "[::]:0"}) {
+    const CommandRun run = run_command(std::string(GRADSYNCD_BINARY) + socket + " --peer-listen " + listen + " 2>&1");
+    INFO(listen << ": " << run.output);
+    CHECK(run.code == 2);
+    CHECK_THAT(run.output, Catch::Contains("may listen on loopback only"));
+  }
+  char pattern[] = "/tmp/gradsync-token-bytes-XXXXXX";
+  const int fd = ::mkstemp(pattern);
+  const std::string token = "tab\there-and-0123456789abcdef";
+  REQUIRE(::write(fd, token.data(), token.size()) == static_cast<ssize_t>(token.size()));
+  ::close(fd);
+  const CommandRun run = run_command(std::string(GRADSYNCD_BINARY) + socket + " --peer-listen 127.0.0.1:0" +
+                                     " --peer-token-file " + pattern + " 2>&1");
+  CHECK(run.code != 0);
+  CHECK_THAT(run.output, Catch::Contains("must hold one word of printable ASCII"));
+  ::unlink(pattern);
+}
+
+}  // namespace gradsync::test

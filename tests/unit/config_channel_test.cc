@@ -14,7 +14,7 @@ using namespace std::chrono_literals;
 
 TEST_CASE("config channel: numbered changes, a claimed but unpublished one given up, agreement on the largest offer",
           "[config_channel]") {
-  PeerServer server(PeerServerOptions{"127.0.0.1:0", Logger(LogLevel::kError), {}, std::make_shared<PeerAuth>()});
+  PeerServer server(PeerServerOptions{"127.0.0.1:0", Logger(LogLevel::kError), {}, std::make_shared<PeerAuth>(), {}});
   const std::string address = "127.0.0.1:" + std::to_string(server.port());
   ConfigChannel node0(address, nullptr, "0.job", "g0/", 0, 2);
   ConfigChannel node1(address, nullptr, "0.job", "g0/", 1, 2);

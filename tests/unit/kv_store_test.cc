@@ -446,9 +446,10 @@ namespace gradsync {
 TEST_CASE("store bounds: bytes per job and overall, each refused naming its limit; deleting returns the bytes",
           "[kv_store]") {
   KvStore::Limits limits;
-  limits.max_job_bytes = 1000;
-  limits.max_total_bytes = 1500;
+  limits.max_job_bytes = 1200;
+  limits.max_total_bytes = 1800;
   KvStore store(limits);
+  constexpr size_t o = KvStore::kEntryOverhead;  // per key and per job
   REQUIRE(store.set("a", "k1", std::string(600, 'x')).ok());
   const Status over_job = store.set("a", "k2", std::string(600, 'x'));
   CHECK(over_job.code() == ErrorCode::kResourceExhausted);
@@ -464,9 +465,9 @@ TEST_CASE("store bounds: bytes per job and overall, each refused naming its limi
   REQUIRE(store.add("b", "n", 123, &value).ok());
   CHECK_FALSE(store.add("b", "k", 1, &value).ok());  // not a counter
   const size_t before = store.usage().bytes;
-  CHECK(before == (1 + 2 + 900) + (1 + 1 + 500) + (1 + 3));
+  CHECK(before == (1 + o + 2 + o + 900) + (1 + o + 1 + o + 500) + (1 + o + 3));
   CHECK(store.delete_job("a") == 1);
-  CHECK(store.usage().bytes == before - (1 + 2 + 900));
+  CHECK(store.usage().bytes == before - (1 + o + 2 + o + 900));
   REQUIRE(store.set("c", "k", std::string(200, 'x')).ok());  // room again
   store.delete_job("b");
   store.delete_job("c");
@@ -512,6 +513,25 @@ TEST_CASE("store bounds: waiting gets per caller and overall; a cancelled get is
   CHECK(long_key.status().code() == ErrorCode::kInvalidArgument);
   store.abort_all(Status::aborted("test over"));
   CHECK(store.usage().waiters == 0);
+}
+
+}  // namespace gradsync
+
+namespace gradsync {
+
+TEST_CASE("store bounds: a get naming a key twice is refused; one big value asked with a missing key copies nothing",
+          "[kv_store]") {
+  KvStore store;
+  REQUIRE(store.set("j", "big", std::string(16u << 20, 'b')).ok());
+  Answer twice;
+  store.get("j", {"big", "big"}, 0ms, twice.callback());
+  CHECK_THAT(twice.status().message(), Catch::Contains("names a key twice"));
+  // Distinct keys, one missing: answered NotFound at once, nothing copied.
+  std::vector<std::string> keys = {"big"};
+  for (int i = 0; i < 4000; ++i) keys.push_back("missing-" + std::to_string(i));
+  Answer missing;
+  store.get("j", keys, 0ms, missing.callback());
+  CHECK(missing.status().code() == ErrorCode::kNotFound);
 }
 
 }  // namespace gradsync
