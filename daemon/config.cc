@@ -24,6 +24,7 @@ ParsedConfig parse_daemon_config(int argc, const char* const* argv) {
   uint64_t nccl_keep_s = config.nccl_keep_idle.count();
   uint64_t drain_timeout_ms = config.drain_timeout.count();
   uint64_t peer_key_ttl_s = config.peer_key_ttl.count();
+  uint64_t connection_timeout_ms = config.connection_timeout.count();
   std::vector<uid_t> allowed;
   std::vector<uid_t> legacy;
   std::vector<std::string> admin;
@@ -66,6 +67,10 @@ ParsedConfig parse_daemon_config(int argc, const char* const* argv) {
       ("drain-timeout-ms", po::value(&drain_timeout_ms)->default_value(drain_timeout_ms),
        "at SIGTERM, how long operations already submitted may take to finish before the jobs are "
        "failed and gradsyncd exits, in milliseconds (joins are refused meanwhile)")
+      ("connection-timeout-ms", po::value(&connection_timeout_ms)->default_value(connection_timeout_ms),
+       "close a control connection whose request frame stays incomplete this long, or that has not "
+       "joined a job this long after its last request, in milliseconds (joined trainers are never "
+       "timed out)")
       ("reduce-threads", po::value(&config.reduce_threads)->default_value(0),
        "threads that reduce buckets, shared by all jobs; 0 means one per CPU")
       ("allow-uid", po::value(&allowed)->composing(),
@@ -215,6 +220,10 @@ ParsedConfig parse_daemon_config(int argc, const char* const* argv) {
   if (execution_timeout_ms == 0) return fail("--execution-timeout-ms must be positive");
   config.execution_timeout = std::chrono::milliseconds(execution_timeout_ms);
   if (drain_timeout_ms > 600'000) return fail("--drain-timeout-ms must be at most 600000");
+  if (connection_timeout_ms < 100 || connection_timeout_ms > 86'400'000) {
+    return fail("--connection-timeout-ms must be from 100 to 86400000");
+  }
+  config.connection_timeout = std::chrono::milliseconds(connection_timeout_ms);
   config.drain_timeout = std::chrono::milliseconds(drain_timeout_ms);
   if (config.reduce_threads == 0) config.reduce_threads = std::max(1u, std::thread::hardware_concurrency());
   if (config.reduce_threads > 256) return fail("--reduce-threads must be at most 256");

@@ -41,6 +41,9 @@ struct DaemonConfig {
   // SIGTERM: how long operations already submitted may take to finish before every job is
   // failed with "gradsyncd is shutting down".
   std::chrono::milliseconds drain_timeout{2'000};
+  // A control connection is closed when a request frame it began stays incomplete this long,
+  // or when it has not joined a job this long after its last request.
+  std::chrono::milliseconds connection_timeout{60'000};
   size_t reduce_threads = 0;  // 0: one per hardware thread
   LogLevel log_level = LogLevel::kInfo;
   // Users whose processes may connect, checked with SO_PEERCRED. Empty: the daemon's own user

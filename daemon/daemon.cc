@@ -87,7 +87,8 @@ Daemon::Daemon(DaemonConfig config, std::function<ParsedConfig()> reparse)
   registry.execution = ExecutionSettings{backends_.get(), config_.execution_timeout};
   registry_ = std::make_unique<JobRegistry>(std::move(registry));
   server_ = std::make_unique<ControlServer>(
-      io_, ControlServerOptions{config_.socket_path, config_.allowed_uids, registry_.get(), backends_.get(), log_});
+      io_, ControlServerOptions{config_.socket_path, config_.allowed_uids, registry_.get(), backends_.get(), log_,
+                                config_.connection_timeout});
   if (config_.admin_address != "none" || !config_.admin_tcp.empty() || !config_.metrics_address.empty()) {
     admin::IoDaemonViewOptions view;
     view.io = &io_;
@@ -218,6 +219,7 @@ void Daemon::reload() {
            next.admin_tls_ca != config_.admin_tls_ca || next.admin_tls_admin_cns != config_.admin_tls_admin_cns,
        "admin", false);
   note(next.reduce_threads != config_.reduce_threads, "reduce-threads", false);
+  note(next.connection_timeout != config_.connection_timeout, "connection-timeout-ms", false);
   note(next.peer_listen != config_.peer_listen, "peer-listen", false);
   note(next.peer_key_ttl != config_.peer_key_ttl, "peer-key-ttl-s", false);
   note(next.peer_token_file != config_.peer_token_file || next.peer_tls_cert != config_.peer_tls_cert ||

@@ -54,6 +54,10 @@ class ClientHandler {
   // For the admin service.
   admin::ClientInfo info() const;
 
+  // Whether the client joined a job (and is in it): a joined trainer may stay quiet on the
+  // control socket for as long as it trains.
+  bool joined() const { return job_ != nullptr; }
+
  private:
   Status on_hello(const control::Hello& hello, control::Reply* reply);
   Status on_join(const control::JoinRequest& join, control::Reply* reply, std::vector<UniqueFd>* fds);

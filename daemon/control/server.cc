@@ -109,7 +109,8 @@ asio::awaitable<void> ControlServer::accept_loop() {
       continue;
     }
     auto session = std::make_shared<Session>(std::move(socket), peer,
-                                                  SessionOptions{options_.registry, options_.backends, options_.log});
+                                                  SessionOptions{options_.registry, options_.backends, options_.log, 64u << 20,
+                                                                 options_.connection_timeout});
     session->start();
     std::erase_if(sessions_, [](const std::weak_ptr<Session>& s) { return s.expired(); });
     sessions_.push_back(session);

@@ -22,6 +22,7 @@ struct ControlServerOptions {
   JobRegistry* registry = nullptr;
   BackendFactory* backends = nullptr;
   Logger log;
+  std::chrono::milliseconds connection_timeout{60'000};  // see SessionOptions
 };
 
 class ControlServer {

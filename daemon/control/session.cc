@@ -35,7 +35,8 @@ Session::Session(Socket socket, PeerCredentials peer, SessionOptions options)
       peer_(peer),
       options_(std::move(options)),
       log_(options_.log.with("pid=" + std::to_string(peer.pid))),
-      outbox_ready_(socket_.get_executor(), asio::steady_timer::time_point::max()) {}
+      outbox_ready_(socket_.get_executor(), asio::steady_timer::time_point::max()),
+      watch_timer_(socket_.get_executor()) {}
 
 Session::~Session() = default;
 
@@ -52,6 +53,7 @@ void Session::start() {
   handler_.emplace(std::move(handler));
   auto self = shared_from_this();
   asio::co_spawn(socket_.get_executor(), [self]() { return self->read_loop(); }, asio::detached);
+  asio::co_spawn(socket_.get_executor(), [self]() { return self->watch_loop(); }, asio::detached);
   asio::co_spawn(socket_.get_executor(), [self]() { return self->write_loop(); }, asio::detached);
 }
 
@@ -109,6 +111,7 @@ void Session::close(const Status& why) {
   boost::system::error_code ignored;
   socket_.shutdown(Socket::shutdown_receive, ignored);
   outbox_ready_.cancel();
+  watch_timer_.cancel();
 }
 
 asio::awaitable<void> Session::read_loop() {
@@ -153,7 +156,43 @@ asio::awaitable<void> Session::read_loop() {
       break;
     }
     decoder_.feed(std::span<const std::byte>(buffer.data(), static_cast<size_t>(n)));
+    const uint64_t begun = frame_begin_;
+    if (!frame_started_) frame_started_ = std::chrono::steady_clock::now();
     if (!serve_frames()) break;
+    // A frame not complete yet keeps its clock; one begun by these bytes starts it now.
+    if (received_bytes_ == frame_begin_) {
+      frame_started_.reset();
+    } else if (frame_begin_ != begun) {
+      frame_started_ = std::chrono::steady_clock::now();
+    }
+  }
+}
+
+asio::awaitable<void> Session::watch_loop() {
+  auto self = shared_from_this();
+  const auto limit = options_.connection_timeout;
+  const auto ms = [](auto d) { return std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(d).count()); };
+  while (!closing_) {
+    watch_timer_.expires_after(std::min<std::chrono::milliseconds>(limit / 4 + std::chrono::milliseconds(1),
+                                                                   std::chrono::seconds(5)));
+    boost::system::error_code ec;
+    co_await watch_timer_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+    if (ec || closing_ || !handler_) break;
+    const auto now = std::chrono::steady_clock::now();
+    if (frame_started_ && now - *frame_started_ > limit) {
+      log_.warning("closing connection: a request frame begun " + ms(now - *frame_started_) +
+                   " ms ago is still incomplete (gradsyncd --connection-timeout-ms " + std::to_string(limit.count()) + ")");
+      refuse(Status::timeout("a request frame was not completed within " + std::to_string(limit.count()) +
+                             " ms (gradsyncd --connection-timeout-ms)"));
+      break;
+    }
+    if (!handler_->joined() && now - last_request_ > limit) {
+      log_.info("closing connection: no job joined and no request for " + ms(now - last_request_) +
+                " ms (gradsyncd --connection-timeout-ms " + std::to_string(limit.count()) + ")");
+      refuse(Status::timeout("the connection was idle without joining a job for " + std::to_string(limit.count()) +
+                             " ms (gradsyncd --connection-timeout-ms)"));
+      break;
+    }
   }
 }
 
@@ -179,6 +218,7 @@ bool Session::serve_frames() {
       return false;
     }
     frame_begin_ = frame_end;
+    last_request_ = std::chrono::steady_clock::now();
     // A request that throws (out of memory, no memory for a memfd) ends this connection with
     // the error, never the daemon, and never leaves the session half alive.
     try {

@@ -26,6 +26,10 @@ struct SessionOptions {
   // A client that sends requests but never reads its replies is disconnected once this many
   // reply bytes are queued.
   size_t max_outbox_bytes = 64u << 20;
+  // A connection is closed when a frame it began is not complete this long after its first
+  // byte (half-open), or when it has not joined a job this long after its last request (idle):
+  // neither may hold the daemon's memory and descriptors. A joined trainer is never timed out.
+  std::chrono::milliseconds connection_timeout{60'000};
 };
 
 class Session : public std::enable_shared_from_this<Session> {
@@ -62,6 +66,8 @@ class Session : public std::enable_shared_from_this<Session> {
 
   boost::asio::awaitable<void> read_loop();
   boost::asio::awaitable<void> write_loop();
+  // Closes a half-open or idle connection (SessionOptions::connection_timeout).
+  boost::asio::awaitable<void> watch_loop();
   // Serves every complete frame buffered so far; false once the connection is closing.
   bool serve_frames();
   // Sends one queued frame; false when the connection failed.
@@ -83,6 +89,11 @@ class Session : public std::enable_shared_from_this<Session> {
   size_t outbox_bytes_ = 0;
   bool overflowed_ = false;      // the client stopped reading; the write loop drops the outbox
   boost::asio::steady_timer outbox_ready_;
+  boost::asio::steady_timer watch_timer_;
+  // When the last complete request arrived, and when the frame now in the decoder began
+  // (nullopt: none begun).
+  std::chrono::steady_clock::time_point last_request_ = std::chrono::steady_clock::now();
+  std::optional<std::chrono::steady_clock::time_point> frame_started_;
   bool closing_ = false;         // no more reads; close once the outbox is flushed
 };
 

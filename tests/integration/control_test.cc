@@ -11,6 +11,7 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "client/src/connection.h"
 #include "shared/channel_layout.h"
@@ -668,6 +669,33 @@ TEST_CASE("gradsyncd: SIGTERM fails running jobs, telling clients it shuts down,
   CHECK(exit_code(ranks.wait(0, std::chrono::seconds(20))) == kOk);
   CHECK(::access(daemon.socket().c_str(), F_OK) != 0);
   CHECK_THAT(daemon.log(), Catch::Contains("received SIGTERM"));
+}
+
+}  // namespace gradsync::test
+
+namespace gradsync::test {
+
+TEST_CASE("connections: a half-open frame and an idle connection that never joined are closed; a joined trainer is not",
+          "[integration][control]") {
+  TestDaemon daemon({"--connection-timeout-ms", "500"});
+  // A frame header promising 16 MiB, then nothing: closed after the bound, told why.
+  RawSocket half_open(daemon.socket());
+  half_open.send(std::string("\x00\x00\x00\x01\x00", 5));
+  const auto start = std::chrono::steady_clock::now();
+  const std::string reply = half_open.read_to_end();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  CHECK_THAT(first_error(reply), Catch::Contains("a request frame was not completed within 500 ms"));
+  CHECK(seconds < 5.0);
+  // Connected, never a request: closed as idle.
+  RawSocket idle(daemon.socket());
+  CHECK_THAT(first_error(idle.read_to_end()), Catch::Contains("idle without joining a job for 500 ms"));
+  // A trainer that joined stays connected however quiet it is, and then still steps.
+  auto client = join(daemon.socket(), unique_job("quiet"), 0, 1);
+  const TensorSet set = client->register_tensors(client->allocate_flat(std::vector<TensorSpec>{{DType::kFloat32, 8}}), {});
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  CHECK(client->allreduce(set, ReduceOptions{}).wait(std::chrono::seconds(10)));
+  CHECK_THAT(daemon.log(), Catch::Contains("--connection-timeout-ms 500"));
+  CHECK(daemon.running());
 }
 
 }  // namespace gradsync::test
