@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <map>
 
+#include "daemon/util/safe_text.h"
+
 namespace gradsync::admin {
 namespace {
 
@@ -57,36 +59,6 @@ constexpr int kFirstGroupTrack = 100'000;
 
 }  // namespace
 
-namespace {
-
-// The length of the valid UTF-8 sequence starting at text[i] (no overlongs, surrogates or
-// code points past U+10FFFF), or 0.
-size_t utf8_sequence(const std::string& text, size_t i) {
-  const auto byte = [&](size_t k) { return static_cast<unsigned char>(text[k]); };
-  const unsigned char c = byte(i);
-  size_t length = 0;
-  uint32_t code = 0;
-  if (c >= 0xc2 && c <= 0xdf) {
-    length = 2, code = c & 0x1f;
-  } else if (c >= 0xe0 && c <= 0xef) {
-    length = 3, code = c & 0x0f;
-  } else if (c >= 0xf0 && c <= 0xf4) {
-    length = 4, code = c & 0x07;
-  } else {
-    return 0;
-  }
-  if (i + length > text.size()) return 0;
-  for (size_t k = 1; k < length; ++k) {
-    if ((byte(i + k) & 0xc0) != 0x80) return 0;
-    code = (code << 6) | (byte(i + k) & 0x3f);
-  }
-  const bool overlong = (length == 3 && code < 0x800) || (length == 4 && code < 0x10000);
-  if (overlong || (code >= 0xd800 && code <= 0xdfff) || code > 0x10ffff) return 0;
-  return length;
-}
-
-}  // namespace
-
 std::string json_string(const std::string& text) {
   std::string out = "\"";
   for (size_t i = 0; i < text.size();) {
@@ -96,7 +68,7 @@ std::string json_string(const std::string& text) {
       out += static_cast<char>(c);
     } else if (c >= 0x20 && c < 0x7f) {
       out += static_cast<char>(c);
-    } else if (const size_t length = c >= 0x80 ? utf8_sequence(text, i) : 0; length > 0) {
+    } else if (const size_t length = c >= 0x80 ? utf8_sequence_length(text, i) : 0; length > 0) {
       out.append(text, i, length);  // valid UTF-8 stays as it is
       i += length;
       continue;

@@ -1,5 +1,7 @@
 #include "daemon/control/client_handler.h"
 
+#include "daemon/util/safe_text.h"
+
 #include <algorithm>
 #include <set>
 
@@ -71,9 +73,12 @@ Status check_no_overlap(const std::vector<plan::TensorLayout>& layout, const std
 
 }  // namespace
 
+constexpr size_t kMaxReplyMessageBytes = 2048;
+
 void set_error(const Status& status, control::Reply* reply) {
   reply->mutable_error()->set_code(static_cast<uint32_t>(status.code()));
-  reply->mutable_error()->set_message(status.message());
+  // Error messages echo what clients sent: bounded, one line, valid UTF-8 (a protobuf string).
+  reply->mutable_error()->set_message(safe_text(status.message(), kMaxReplyMessageBytes));
 }
 
 ClientHandler::ClientHandler(ClientHandlerOptions options) : options_(std::move(options)) {}

@@ -1,5 +1,7 @@
 #include "daemon/util/log.h"
 
+#include "daemon/util/safe_text.h"
+
 #include <unistd.h>
 
 #include <chrono>
@@ -27,8 +29,10 @@ std::string_view log_level_name(LogLevel level) {
   return "info";
 }
 
-void Logger::log(LogLevel level, std::string_view message) const {
+void Logger::log(LogLevel level, std::string_view raw) const {
   if (!enabled(level)) return;
+  // Messages carry client-chosen text: one line each, bounded, whatever a client sent.
+  const std::string message = safe_text(raw, kMaxLogMessageBytes);
   const auto now = std::chrono::system_clock::now();
   const auto secs = std::chrono::system_clock::to_time_t(now);
   const auto millis = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;

@@ -17,6 +17,9 @@ enum class LogLevel { kDebug = 0, kInfo = 1, kWarning = 2, kError = 3 };
 bool parse_log_level(std::string_view text, LogLevel* level);
 std::string_view log_level_name(LogLevel level);
 
+// A log message is cut at this size (safe_text.h says how much was cut).
+inline constexpr size_t kMaxLogMessageBytes = 4096;
+
 class Logger {
  public:
   explicit Logger(LogLevel level = LogLevel::kInfo, std::string context = "gradsyncd")

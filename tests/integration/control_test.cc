@@ -699,3 +699,45 @@ TEST_CASE("connections: a half-open frame and an idle connection that never join
 }
 
 }  // namespace gradsync::test
+
+namespace gradsync::test {
+
+TEST_CASE("hygiene: a client's string echoed in an error or logged is one bounded line, whatever it holds",
+          "[integration][control]") {
+  ClusterToken token;
+  // The daemon is its own job's rendezvous, so the job waits for its second node (and stays)
+  // rather than failing at once.
+  const std::string rendezvous = "127.0.0.1:" + std::to_string(free_loopback_port());
+  TestDaemon daemon({"--peer-token-file", token.path(), "--peer-listen", rendezvous});
+  const std::string job = unique_job("hygiene");
+  auto first = Client::connect(ConnectOptions{daemon.socket()});
+  JoinOptions options{job, 0, 4, 0, 2};
+  options.rendezvous = rendezvous;
+  first->join(options);
+  // The second rank names another rendezvous: 100 KB with a forged log line and a terminal
+  // escape in it.
+  const std::string hostile = "x\n2026-01-01T00:00:00.000Z E gradsyncd: FORGED\x1b[31m" + std::string(100'000, 'y');
+  auto second = Client::connect(ConnectOptions{daemon.socket()});
+  JoinOptions other{job, 1, 4, 1, 2};
+  other.rendezvous = hostile;
+  try {
+    second->join(other);
+    FAIL("an inconsistent rendezvous was accepted");
+  } catch (const Error& e) {
+    const std::string message = e.status().message();
+    CHECK_THAT(message, Catch::Contains("inconsistent rendezvous") && Catch::Contains("\\x0a2026") &&
+                            Catch::Contains("\\x1b[31m") && Catch::Contains("more bytes)"));
+    CHECK(message.size() < 2200);
+  }
+  std::istringstream log(daemon.log());
+  size_t longest = 0;
+  for (std::string line; std::getline(log, line);) {
+    longest = std::max(longest, line.size());
+    CHECK(line.find("E gradsyncd: FORGED") != 0);  // no line of the hostile's making
+    CHECK(line.find('\x1b') == std::string::npos);
+  }
+  CHECK(longest < 4300);
+  CHECK(daemon.running());
+}
+
+}  // namespace gradsync::test

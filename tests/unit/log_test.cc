@@ -23,3 +23,17 @@ TEST_CASE("log: a level set on a logger reaches its copies and the loggers deriv
 }
 
 }  // namespace gradsync
+
+#include "daemon/util/safe_text.h"
+
+namespace gradsync {
+
+TEST_CASE("safe text: control bytes and broken UTF-8 escaped, valid UTF-8 kept, long text cut saying how much",
+          "[log]") {
+  CHECK(safe_text("plain text", 100) == "plain text");
+  CHECK(safe_text("two\nlines\x1b[31m", 100) == "two\\x0alines\\x1b[31m");
+  CHECK(safe_text("caf\xc3\xa9 \xff", 100) == "caf\xc3\xa9 \\xff");
+  CHECK(safe_text(std::string(5000, 'a'), 100) == std::string(100, 'a') + " ... (4900 more bytes)");
+}
+
+}  // namespace gradsync
