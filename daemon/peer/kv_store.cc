@@ -103,31 +103,16 @@ Status KvStore::slot_locked(const std::string& job, const std::string& key, size
 }
 
 Status KvStore::set(const std::string& job, const std::string& key, std::string value) {
-  if (Status status = check_names(job, key); !status.ok()) return status;
-  if (value.size() > limits_.max_value_bytes) {
-    return Status::resource_exhausted("value of " + std::to_string(value.size()) + " bytes for key '" + key +
-                                      "' exceeds the " + std::to_string(limits_.max_value_bytes) + "-byte limit");
-  }
-  Ready ready;
-  {
-    std::lock_guard lock(mutex_);
-    std::string* slot = nullptr;
-    if (Status status = slot_locked(job, key, value.size(), &slot); !status.ok()) return status;
-    *slot = std::move(value);
-    ready = collect_ready_locked();
-  }
-  for (auto& [done, values] : ready) done(Status(), std::move(values));
-  return Status();
+  bool stored = false;
+  return put(job, key, std::move(value), /*if_absent=*/false, &stored);
 }
 
 Status KvStore::set_if_absent(const std::string& job, const std::string& key, std::string value, bool* stored) {
+  return put(job, key, std::move(value), /*if_absent=*/true, stored);
+}
+
+Status KvStore::put(const std::string& job, const std::string& key, std::string value, bool if_absent, bool* stored) {
   *stored = false;
-  {
-    std::lock_guard lock(mutex_);
-    auto it = jobs_.find(job);
-    if (it != jobs_.end() && it->second.count(key)) return Status();
-  }
-  // Checked and stored under one lock below: set() would race with another writer here.
   if (Status status = check_names(job, key); !status.ok()) return status;
   if (value.size() > limits_.max_value_bytes) {
     return Status::resource_exhausted("value of " + std::to_string(value.size()) + " bytes for key '" + key +
@@ -135,9 +120,12 @@ Status KvStore::set_if_absent(const std::string& job, const std::string& key, st
   }
   Ready ready;
   {
+    // The absence is checked and the value stored under one lock: the first writer wins.
     std::lock_guard lock(mutex_);
-    auto it = jobs_.find(job);
-    if (it != jobs_.end() && it->second.count(key)) return Status();
+    if (if_absent) {
+      auto it = jobs_.find(job);
+      if (it != jobs_.end() && it->second.count(key)) return Status();
+    }
     std::string* slot = nullptr;
     if (Status status = slot_locked(job, key, value.size(), &slot); !status.ok()) return status;
     *slot = std::move(value);

@@ -98,6 +98,7 @@ class KvStore {
   using Ready = std::vector<std::pair<GetDone, std::vector<std::string>>>;
 
   Status check_names(const std::string& job, const std::string& key) const;
+  Status put(const std::string& job, const std::string& key, std::string value, bool if_absent, bool* stored);
   // The slot for job/key, made room for `bytes` of value (created within the limits).
   Status slot_locked(const std::string& job, const std::string& key, size_t bytes, std::string** slot);
   void forget_waiter_locked(const Waiter& waiter);

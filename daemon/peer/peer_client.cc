@@ -66,25 +66,24 @@ PeerClient::PeerClient(std::string address, std::shared_ptr<const PeerAuth> auth
 
 Status PeerClient::set(const std::string& job, const std::string& key, const std::string& value,
                        std::chrono::milliseconds timeout) {
-  Call call(this, timeout);
-  if (!call.refused().ok()) return call.refused();
-  peer::SetRequest request;
-  request.set_job(job);
-  request.set_key(key);
-  request.set_value(value);
-  peer::SetReply reply;
-  return call.finish(stub_->Set(call.context(), request, &reply));
+  bool stored = false;
+  return put(job, key, value, false, timeout, &stored);
 }
 
 Status PeerClient::set_if_absent(const std::string& job, const std::string& key, const std::string& value,
                                  std::chrono::milliseconds timeout, bool* stored) {
+  return put(job, key, value, true, timeout, stored);
+}
+
+Status PeerClient::put(const std::string& job, const std::string& key, const std::string& value, bool if_absent,
+                       std::chrono::milliseconds timeout, bool* stored) {
   Call call(this, timeout);
   if (!call.refused().ok()) return call.refused();
   peer::SetRequest request;
   request.set_job(job);
   request.set_key(key);
   request.set_value(value);
-  request.set_if_absent(true);
+  request.set_if_absent(if_absent);
   peer::SetReply reply;
   const Status status = call.finish(stub_->Set(call.context(), request, &reply));
   *stored = status.ok() && reply.stored();

@@ -49,6 +49,8 @@ class PeerClient {
 
  private:
   class Call;  // a call in flight, cancellable
+  Status put(const std::string& job, const std::string& key, const std::string& value, bool if_absent,
+             std::chrono::milliseconds timeout, bool* stored);
 
   std::string address_;
   std::shared_ptr<const PeerAuth> auth_;

@@ -24,26 +24,12 @@
 #include <grpcpp/grpcpp.h>
 
 #include "tests/integration/harness.h"
+#include "tests/integration/users.h"
 
 namespace gradsync::test {
 namespace {
 
 using namespace std::chrono_literals;
-
-void open_folder(const TestDaemon& daemon) {
-  const std::string dir = daemon.socket().substr(0, daemon.socket().rfind('/'));
-  REQUIRE(::chmod(dir.c_str(), 0755) == 0);
-}
-
-uid_t test_user() {
-  if (!::getpwnam("gradsync-test")) {
-    REQUIRE(std::system("useradd --system --no-create-home --shell /usr/sbin/nologin gradsync-test >/dev/null 2>&1") ==
-            0);
-  }
-  passwd* entry = ::getpwnam("gradsync-test");
-  REQUIRE(entry != nullptr);
-  return entry->pw_uid;
-}
 
 // Values whose sums over six ranks are exact in float32, different per rank, tensor, element
 // and step.
@@ -195,10 +181,10 @@ TEST_CASE("admin: config set and its errors on a single node", "[integration][ad
 
 TEST_CASE("admin: SetConfig and Drain are refused to an unprivileged user and allowed to the admin group",
           "[integration][admin]") {
-  const uid_t uid = test_user();
+  const uid_t uid = test_user().uid;
   const std::string user = std::to_string(uid);
   TestDaemon daemon({"--allow-uid", user});
-  open_folder(daemon);
+  open_socket_folder(daemon);
   const CommandRun set = gradsyncctl(daemon, "config set log-level=error", user);
   INFO(set.output);
   CHECK(set.code == 4);
@@ -217,7 +203,7 @@ TEST_CASE("admin: SetConfig and Drain are refused to an unprivileged user and al
   if (!::getgrnam("gradsync-test-admins")) REQUIRE(std::system("groupadd --system gradsync-test-admins") == 0);
   REQUIRE(std::system("usermod -aG gradsync-test-admins gradsync-test") == 0);
   TestDaemon admin_group({"--allow-uid", user, "--admin-group", "gradsync-test-admins"});
-  open_folder(admin_group);
+  open_socket_folder(admin_group);
   const CommandRun allowed = gradsyncctl(admin_group, "config set log-level=warning", user);
   INFO(allowed.output);
   CHECK(allowed.code == 0);
@@ -360,27 +346,16 @@ TEST_CASE("admin: inflight names the other node that holds a job: waiting for it
 namespace gradsync::test {
 namespace {
 
-// A CA, the daemon's certificate (for 127.0.0.1), client certificates named `ops` (listed as an
-// administrator), `gradsync-test` (a local user), `nobody-here` (neither), and one from a CA
-// the daemon does not trust; made with openssl in `dir`.
-void make_certificates(const std::string& dir) {
-  const std::string script =
-      "set -e; cd " + dir +
-      "\n"
-      "openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj '/CN=test CA' -keyout ca.key -out ca.crt\n"
-      "openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj '/CN=rogue CA' -keyout rogue.key -out rogue.crt\n"
-      "cert() { openssl req -newkey rsa:2048 -nodes -subj \"/CN=$2\" -keyout $1.key -out $1.csr;"
-      " printf '%s\\n' \"$3\" > $1.ext;"
-      " openssl x509 -req -in $1.csr -CA $4.crt -CAkey $4.key -CAcreateserial -days 2 -extfile $1.ext -out $1.crt; }\n"
-      "cert server gradsyncd 'subjectAltName=IP:127.0.0.1' ca\n"
-      "cert ops ops 'extendedKeyUsage=clientAuth' ca\n"
-      "cert user gradsync-test 'extendedKeyUsage=clientAuth' ca\n"
-      "cert stranger nobody-here 'extendedKeyUsage=clientAuth' ca\n"
-      "cert rootcert root 'extendedKeyUsage=clientAuth' ca\n"
-      "cert rogueclient ops 'extendedKeyUsage=clientAuth' rogue\n";
-  const CommandRun made = run_command("bash -c \"$(cat <<'SCRIPT'\n" + script + "SCRIPT\n)\" 2>&1");
-  INFO(made.output);
-  REQUIRE(made.code == 0);
+// The daemon's certificate (for 127.0.0.1), client certificates named `ops` (listed as an
+// administrator), `gradsync-test` (a local user), `nobody-here` (neither), `root`, and one
+// from a CA the daemon does not trust.
+void make_admin_certificates(const std::string& dir) {
+  make_certificates(dir, {{"server", "gradsyncd", "subjectAltName=IP:127.0.0.1"},
+                          {"ops", "ops", "extendedKeyUsage=clientAuth"},
+                          {"user", "gradsync-test", "extendedKeyUsage=clientAuth"},
+                          {"stranger", "nobody-here", "extendedKeyUsage=clientAuth"},
+                          {"rootcert", "root", "extendedKeyUsage=clientAuth"},
+                          {"rogueclient", "ops", "extendedKeyUsage=clientAuth", "rogue"}});
 }
 
 // The standard health check over TLS with `who`'s certificate: true when it answers SERVING.
@@ -431,10 +406,10 @@ int free_port() {
 
 TEST_CASE("admin: over TCP with mutual TLS, a certificate is its common name's user or an administrator's",
           "[integration][admin]") {
-  const uid_t uid = test_user();
+  const uid_t uid = test_user().uid;
   char dir[] = "/tmp/gradsync-tls-XXXXXX";
   REQUIRE(::mkdtemp(dir) != nullptr);
-  make_certificates(dir);
+  make_admin_certificates(dir);
   const std::string d = dir;
   const std::string address = "127.0.0.1:" + std::to_string(free_port());
   TestDaemon daemon({"--admin", address, "--admin-tls-cert", d + "/server.crt", "--admin-tls-key", d + "/server.key",

@@ -17,17 +17,13 @@
 #include <thread>
 
 #include "tests/integration/harness.h"
+#include "tests/integration/users.h"
 
 namespace gradsync::test {
 namespace {
 
 using namespace std::chrono_literals;
 
-// Lets other users reach the daemon's sockets (the test daemon's folder is private).
-void open_folder(const TestDaemon& daemon) {
-  const std::string dir = daemon.socket().substr(0, daemon.socket().rfind('/'));
-  REQUIRE(::chmod(dir.c_str(), 0755) == 0);
-}
 
 const std::vector<TensorSpec> kSpecs = {{DType::kFloat32, 1000}, {DType::kFloat32, 1000}, {DType::kFloat32, 1000},
                                         {DType::kFloat32, 1000}};
@@ -121,14 +117,14 @@ TEST_CASE("admin: a user not allowed on the daemon is refused, with its own exit
   const std::string uid = std::to_string(entry->pw_uid);
   // A daemon for its own user and root only: its sockets are closed to others.
   TestDaemon closed;
-  open_folder(closed);
+  open_socket_folder(closed);
   const CommandRun shut_out = gradsyncctl(closed, "jobs", uid);
   INFO(shut_out.output);
   CHECK(shut_out.code == 4);
   CHECK_THAT(shut_out.output, Catch::Contains("access denied") && Catch::Contains("--allow-uid"));
   // A daemon open to another user: the socket opens, and the call is refused by uid.
   TestDaemon daemon({"--allow-uid", "54321"});
-  open_folder(daemon);
+  open_socket_folder(daemon);
   const CommandRun refused = gradsyncctl(daemon, "jobs", uid);
   INFO(refused.output);
   CHECK(refused.code == 4);
@@ -136,7 +132,7 @@ TEST_CASE("admin: a user not allowed on the daemon is refused, with its own exit
                                  Catch::Contains("uid " + std::to_string(entry->pw_uid) + " is not allowed") &&
                                  Catch::Contains("--allow-uid"));
   TestDaemon open_to_it({"--allow-uid", std::to_string(entry->pw_uid)});
-  open_folder(open_to_it);
+  open_socket_folder(open_to_it);
   const CommandRun allowed = gradsyncctl(open_to_it, "jobs", std::to_string(entry->pw_uid));
   INFO(allowed.output);
   CHECK(allowed.code == 0);

@@ -12,6 +12,7 @@
 
 #include "daemon/peer/peer_client.h"
 #include "tests/integration/harness.h"
+#include "tests/integration/users.h"
 
 namespace gradsync::test {
 namespace {
@@ -79,18 +80,8 @@ TEST_CASE("peer auth: with mutual TLS, a peer without a certificate of the clust
   char pattern[] = "/tmp/gradsync-peer-tls-XXXXXX";
   REQUIRE(::mkdtemp(pattern));
   const std::string d = pattern;
-  const std::string script =
-      "set -e; cd " + d +
-      "\n"
-      "openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj '/CN=cluster CA' -keyout ca.key -out ca.crt\n"
-      "openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj '/CN=rogue CA' -keyout rogue.key -out rogue.crt\n"
-      "cert() { openssl req -newkey rsa:2048 -nodes -subj \"/CN=$1\" -keyout $1.key -out $1.csr;"
-      " printf 'subjectAltName=IP:127.0.0.1\\n' > $1.ext;"
-      " openssl x509 -req -in $1.csr -CA $2.crt -CAkey $2.key -CAcreateserial -days 2 -extfile $1.ext -out $1.crt; }\n"
-      "cert node ca\ncert intruder rogue\n";
-  const CommandRun made = run_command("bash -c \"$(cat <<'SCRIPT'\n" + script + "SCRIPT\n)\" >/dev/null 2>&1");
-  INFO(made.output);
-  REQUIRE(made.code == 0);
+  make_certificates(d, {{"node", "node", "subjectAltName=IP:127.0.0.1"},
+                        {"intruder", "intruder", "subjectAltName=IP:127.0.0.1", "rogue"}});
   TestCluster cluster(2, {"--peer-tls-cert", d + "/node.crt", "--peer-tls-key", d + "/node.key", "--peer-tls-ca",
                           d + "/ca.crt"});
   const std::string rendezvous = cluster.rendezvous();

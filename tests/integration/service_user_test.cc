@@ -18,32 +18,12 @@
 
 #include "client/tools/process.h"
 #include "tests/integration/harness.h"
+#include "tests/integration/users.h"
 
 namespace gradsync::test {
 namespace {
 
 using namespace std::chrono_literals;
-
-struct User {
-  uid_t uid = 0;
-  gid_t gid = 0;
-};
-
-User system_user(const char* name) {
-  if (!::getpwnam(name)) {
-    const std::string command =
-        std::string("useradd --system --no-create-home --shell /usr/sbin/nologin ") + name + " >/dev/null 2>&1";
-    REQUIRE(std::system(command.c_str()) == 0);
-  }
-  passwd* entry = ::getpwnam(name);
-  REQUIRE(entry != nullptr);
-  return User{entry->pw_uid, entry->pw_gid};
-}
-
-bool become(const User& user) {
-  return ::setgroups(0, nullptr) == 0 && ::setresgid(user.gid, user.gid, user.gid) == 0 &&
-         ::setresuid(user.uid, user.uid, user.uid) == 0;
-}
 
 // A trainer of a job of two ranks that trusts the daemon's user, steps with verified sums, and
 // waits for the test to have looked before it leaves.
@@ -71,8 +51,8 @@ int trainer(const std::string& socket, uid_t daemon_uid, const std::string& job,
 
 TEST_CASE("service user: gradsyncd as a dedicated user serves two other users' trainers at once, by descriptor",
           "[integration][service]") {
-  const User service = system_user("gradsync-svc-test");
-  const User other = system_user("gradsync-test");
+  const TestUser service = system_user("gradsync-svc-test");
+  const TestUser other = system_user("gradsync-test");
   char pattern[] = "/tmp/gradsync-svc-XXXXXX";
   REQUIRE(::mkdtemp(pattern));
   const std::string dir = pattern;

@@ -18,37 +18,12 @@
 
 #include "client/tools/process.h"
 #include "tests/integration/harness.h"
+#include "tests/integration/users.h"
 #include "tests/integration/raw_protocol.h"
 #include "tests/integration/values.h"
 
 namespace gradsync::test {
 namespace {
-
-constexpr const char* kTestUser = "gradsync-test";
-
-// The unprivileged user the tests run processes as, created on first use (tests run as root).
-struct TestUser {
-  uid_t uid = 0;
-  gid_t gid = 0;
-};
-
-TestUser test_user() {
-  passwd* entry = ::getpwnam(kTestUser);
-  if (!entry) {
-    const std::string command = std::string("useradd --system --no-create-home --shell /usr/sbin/nologin ") + kTestUser +
-                                " >/dev/null 2>&1";
-    REQUIRE(std::system(command.c_str()) == 0);
-    entry = ::getpwnam(kTestUser);
-  }
-  REQUIRE(entry != nullptr);
-  return TestUser{entry->pw_uid, entry->pw_gid};
-}
-
-// In a forked child: become `user` for good (no way back to root).
-bool become(const TestUser& user) {
-  return ::setgroups(0, nullptr) == 0 && ::setresgid(user.gid, user.gid, user.gid) == 0 &&
-         ::setresuid(user.uid, user.uid, user.uid) == 0;
-}
 
 // One verified step: every rank fills rank + 1, the sum is world * (world + 1) / 2.
 bool sum_step(Client& client, const TensorSet& set, int rank, int world) {
