@@ -327,29 +327,34 @@ Status IoDaemonView::change_settings(const SettingsChange& change, std::vector<J
     options_.log.info(std::string("SetConfig: log level ") + std::string(log_level_name(*change.log_level)));
   }
   if (change.settings.empty()) return Status();
-  // Every job at once: each change may wait for its nodes to agree, up to the job's timeout
-  // (at most 60 s).
-  std::vector<std::future<JobChange>> changes;
-  for (auto& [info, worker] : targets) {
-    changes.push_back(std::async(std::launch::async, [info, worker, settings = change.settings, this] {
-      JobChange result;
-      result.job = info;
-      if (info.state != "running") {
-        result.error = "the job failed: " + info.last_error;
-        return result;
-      }
-      // The job's own bound for the nodes to agree (its timeout, at most 60 s) applies.
-      const auto bound = std::chrono::milliseconds(60'000);
-      if (Status s = worker->change_settings(settings, bound, &result.from_seq); !s.ok()) {
-        result.error = s.message();
-      } else {
-        options_.log.info("SetConfig: job " + info.id + " (uid " + std::to_string(info.uid) + "): " +
-                          settings.describe() + " from operation " + std::to_string(result.from_seq));
-      }
+  // Up to kParallelChanges jobs at a time (as the probes of GetInFlight): each change may wait
+  // for its nodes to agree, up to the job's timeout (at most 60 s); a single-node job's is
+  // immediate.
+  const auto change_one = [this, settings = change.settings](const JobInfo& info, Worker& worker) {
+    JobChange result;
+    result.job = info;
+    if (info.state != "running") {
+      result.error = "the job failed: " + info.last_error;
       return result;
-    }));
+    }
+    if (Status s = worker.change_settings(settings, std::chrono::milliseconds(60'000), &result.from_seq); !s.ok()) {
+      result.error = s.message();
+    } else {
+      options_.log.info("SetConfig: job " + info.id + " (uid " + std::to_string(info.uid) + "): " + settings.describe() +
+                        " from operation " + std::to_string(result.from_seq));
+    }
+    return result;
+  };
+  constexpr size_t kParallelChanges = 16;
+  for (size_t first = 0; first < targets.size(); first += kParallelChanges) {
+    std::vector<std::future<JobChange>> batch;
+    for (size_t t = first; t < std::min(targets.size(), first + kParallelChanges); ++t) {
+      batch.push_back(std::async(std::launch::async, [&change_one, &target = targets[t]] {
+        return change_one(target.first, *target.second);
+      }));
+    }
+    for (auto& f : batch) out->push_back(f.get());
   }
-  for (auto& f : changes) out->push_back(f.get());
   return Status();
 }
 
