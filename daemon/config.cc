@@ -71,6 +71,23 @@ ParsedConfig parse_daemon_config(int argc, const char* const* argv) {
        "close a control connection whose request frame stays incomplete this long, or that has not "
        "joined a job this long after its last request, in milliseconds (joined trainers are never "
        "timed out)")
+      ("max-connections-per-user", po::value(&config.limits.connections_per_user)->default_value(config.limits.connections_per_user),
+       "control connections one user may hold open (each is a descriptor of the daemon's)")
+      ("max-jobs-per-user", po::value(&config.limits.jobs_per_user)->default_value(config.limits.jobs_per_user),
+       "jobs one user may run in this daemon at once")
+      ("max-jobs", po::value(&config.limits.jobs)->default_value(config.limits.jobs),
+       "jobs this daemon runs at once, of all users (each has a worker thread, two across nodes)")
+      ("max-pending-registrations-per-user",
+       po::value(&config.limits.pending_registrations_per_user)->default_value(config.limits.pending_registrations_per_user),
+       "tensor-set registrations one user may have waiting for their barrier at once")
+      ("max-segments-per-client", po::value(&config.limits.segments_per_client)->default_value(config.limits.segments_per_client),
+       "memory segments one client may announce (each is a mapping in the daemon; see vm.max_map_count)")
+      ("max-segments-per-user", po::value(&config.limits.segments_per_user)->default_value(config.limits.segments_per_user),
+       "memory segments all of one user's clients may hold (keep users x this below vm.max_map_count)")
+      ("max-tensors-per-client", po::value(&config.limits.tensors_per_client)->default_value(config.limits.tensors_per_client),
+       "tensors one client may register, over all its sets")
+      ("max-local-world-size", po::value(&config.limits.local_world_size)->default_value(config.limits.local_world_size),
+       "largest local world size (ranks on this node) a job may declare, at most 1024")
       ("reduce-threads", po::value(&config.reduce_threads)->default_value(0),
        "threads that reduce buckets, shared by all jobs; 0 means one per CPU")
       ("allow-uid", po::value(&allowed)->composing(),
@@ -225,6 +242,22 @@ ParsedConfig parse_daemon_config(int argc, const char* const* argv) {
   }
   config.connection_timeout = std::chrono::milliseconds(connection_timeout_ms);
   config.drain_timeout = std::chrono::milliseconds(drain_timeout_ms);
+  {
+    const LocalLimits& l = config.limits;
+    for (const auto& [name, value] : {std::pair<const char*, uint64_t>{"--max-connections-per-user", l.connections_per_user},
+                                      {"--max-jobs-per-user", l.jobs_per_user},
+                                      {"--max-jobs", l.jobs},
+                                      {"--max-pending-registrations-per-user", l.pending_registrations_per_user},
+                                      {"--max-segments-per-client", l.segments_per_client},
+                                      {"--max-segments-per-user", l.segments_per_user},
+                                      {"--max-tensors-per-client", l.tensors_per_client},
+                                      {"--max-local-world-size", l.local_world_size}}) {
+      if (value == 0) return fail(std::string(name) + " must be positive");
+    }
+    if (l.local_world_size > 1024) return fail("--max-local-world-size must be at most 1024");
+    if (l.jobs > 4096) return fail("--max-jobs must be at most 4096 (each job has a thread)");
+    if (l.connections_per_user > 65536) return fail("--max-connections-per-user must be at most 65536");
+  }
   if (config.reduce_threads == 0) config.reduce_threads = std::max(1u, std::thread::hardware_concurrency());
   if (config.reduce_threads > 256) return fail("--reduce-threads must be at most 256");
   config.allowed_uids = allowed;

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "daemon/control/local_limits.h"
 #include "daemon/util/log.h"
 
 namespace gradsync {
@@ -45,6 +46,8 @@ struct DaemonConfig {
   // or when it has not joined a job this long after its last request.
   std::chrono::milliseconds connection_timeout{60'000};
   size_t reduce_threads = 0;  // 0: one per hardware thread
+  // What one local user, client or job may hold (--max-*; local_limits.h).
+  LocalLimits limits;
   LogLevel log_level = LogLevel::kInfo;
   // Users whose processes may connect, checked with SO_PEERCRED. Empty: the daemon's own user
   // and root.

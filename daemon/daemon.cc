@@ -71,6 +71,7 @@ Daemon::Daemon(DaemonConfig config, std::function<ParsedConfig()> reparse)
   reaper_ = std::make_unique<Reaper>();
   RegistryOptions registry{&io_, &pool_, log_, config_.default_timeout, config_.max_timeout, {}, reaper_.get()};
   registry.failures = &failures_;
+  registry.limits = config_.limits;
   registry.progress = &progress_;
   const std::string host = advertise_host(config_);
   registry.cluster.advertise = host + ":" + std::to_string(peer_->port());
@@ -88,7 +89,7 @@ Daemon::Daemon(DaemonConfig config, std::function<ParsedConfig()> reparse)
   registry_ = std::make_unique<JobRegistry>(std::move(registry));
   server_ = std::make_unique<ControlServer>(
       io_, ControlServerOptions{config_.socket_path, config_.allowed_uids, registry_.get(), backends_.get(), log_,
-                                config_.connection_timeout});
+                                config_.connection_timeout, &setup_, std::make_shared<UserCounts>(config_.limits)});
   if (config_.admin_address != "none" || !config_.admin_tcp.empty() || !config_.metrics_address.empty()) {
     admin::IoDaemonViewOptions view;
     view.io = &io_;
@@ -120,6 +121,8 @@ Daemon::~Daemon() {
   admin_.reset();  // no admin call or scrape reaches into what goes below
   metrics_.reset();
   stop();
+  // Setup work in flight (an import through the backends) finishes before anything it uses goes.
+  setup_.join();
   // Whatever is still queued (a session that was mid-shutdown) completes before the registry,
   // the pool and the io_context are destroyed.
   io_.restart();
@@ -220,6 +223,7 @@ void Daemon::reload() {
        "admin", false);
   note(next.reduce_threads != config_.reduce_threads, "reduce-threads", false);
   note(next.connection_timeout != config_.connection_timeout, "connection-timeout-ms", false);
+  note(next.limits != config_.limits, "max-* limits", false);
   note(next.peer_listen != config_.peer_listen, "peer-listen", false);
   note(next.peer_key_ttl != config_.peer_key_ttl, "peer-key-ttl-s", false);
   note(next.peer_token_file != config_.peer_token_file || next.peer_tls_cert != config_.peer_tls_cert ||

@@ -14,6 +14,7 @@
 #include "daemon/engine/factory.h"
 #include "daemon/control/asio.h"
 #include "daemon/control/server.h"
+#include "daemon/control/setup_threads.h"
 #include "daemon/job/reaper.h"
 #include "daemon/job/registry.h"
 #include "daemon/peer/peer_server.h"
@@ -40,6 +41,9 @@ class Daemon {
   boost::asio::io_context io_;
   boost::asio::signal_set signals_;
   ThreadPool pool_;
+  // Channel and segment setup and large requests, off the io thread; destroyed (joined) before
+  // the io_context and after everything that posts to it.
+  SetupThreads setup_{io_, 2};
   // The device engines (NCCL) outlive the backends, whose executors use them.
   std::unique_ptr<DeviceEngineFactory> device_engines_;
   std::unique_ptr<BackendFactory> backends_;

@@ -2,6 +2,8 @@
 
 #include "daemon/util/safe_text.h"
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <set>
 
@@ -83,7 +85,10 @@ void set_error(const Status& status, control::Reply* reply) {
 
 ClientHandler::ClientHandler(ClientHandlerOptions options) : options_(std::move(options)) {}
 
-ClientHandler::~ClientHandler() { disconnected(Status()); }
+ClientHandler::~ClientHandler() {
+  *alive_ = false;  // work still off the io thread is dropped when it comes back
+  disconnected(Status());
+}
 
 std::string ClientHandler::who() const {
   std::string text = "client pid " + std::to_string(options_.peer.pid);
@@ -105,6 +110,8 @@ void ClientHandler::leave_job(const Status& why) {
   job_.reset();
   job->leave(local_rank_, why);
   options_.registry->left(job);
+  // The job's sets are gone with it; callbacks still to come count against the old tally.
+  tensors_ = std::make_shared<uint64_t>(0);
 }
 
 admin::ClientInfo ClientHandler::info() const {
@@ -126,11 +133,33 @@ admin::ClientInfo ClientHandler::info() const {
   return info;
 }
 
-void ClientHandler::handle(const control::Request& request, std::vector<UniqueFd> fds) {
+template <class Work, class Then>
+void ClientHandler::offload(Work work, Then then) {
+  busy_ = true;
+  auto back = [alive = alive_, this, then = std::move(then)](auto result) mutable {
+    if (*alive) then(std::move(result));
+  };
+  if (!options_.setup) return back(work());  // tests: inline
+  options_.setup->run(std::move(work), std::move(back));
+}
+
+void ClientHandler::finish(control::Reply reply, std::vector<UniqueFd> fds, const Status& status) {
+  if (!status.ok()) {
+    options_.log.info(who() + ": request refused: " + status.to_string());
+    set_error(status, &reply);
+    fds.clear();
+  }
+  options_.send(reply, std::move(fds));
+  if (busy_) {
+    busy_ = false;
+    if (options_.resume) options_.resume();
+  }
+}
+
+void ClientHandler::handle(control::Request request, std::vector<UniqueFd> fds) {
   last_request_ = std::chrono::steady_clock::now();
   control::Reply reply;
   reply.set_id(request.id());
-  std::vector<UniqueFd> reply_fds;
   Status status;
   // A Segment carries its buffer's descriptor, except device memory passed as a legacy IPC handle.
   const bool takes_fd = request.body_case() == control::Request::kSegment &&
@@ -146,23 +175,17 @@ void ClientHandler::handle(const control::Request& request, std::vector<UniqueFd
                                                           ? " (a CUDA legacy IPC segment travels as its handle)"
                                                           : ""));
   } else {
+    // Join, Segment and Register answer through finish() unless they fail at once.
     switch (request.body_case()) {
       case control::Request::kHello: status = on_hello(request.hello(), &reply); break;
-      case control::Request::kJoin: status = on_join(request.join(), &reply, &reply_fds); break;
-      case control::Request::kSegment: status = on_segment(request.segment(), std::move(fds), &reply); break;
-      case control::Request::kRegister:
-        status = on_register(request.id(), request.register_());
-        if (status.ok()) return;  // answered when the barrier completes
-        break;
+      case control::Request::kJoin: status = on_join(request.id(), request.join()); break;
+      case control::Request::kSegment: status = on_segment(request.id(), request.segment(), std::move(fds)); break;
+      case control::Request::kRegister: status = on_register(request.id(), std::move(request)); break;
       case control::Request::BODY_NOT_SET: status = Status::invalid_argument("empty or unknown request type"); break;
     }
+    if (status.ok() && reply.body_case() == control::Reply::BODY_NOT_SET) return;
   }
-  if (!status.ok()) {
-    options_.log.info(who() + ": request refused: " + status.to_string());
-    set_error(status, &reply);
-    reply_fds.clear();
-  }
-  options_.send(reply, std::move(reply_fds));
+  finish(std::move(reply), {}, status);
 }
 
 Status ClientHandler::on_hello(const control::Hello& hello, control::Reply* reply) {
@@ -182,35 +205,74 @@ Status ClientHandler::on_hello(const control::Hello& hello, control::Reply* repl
   return Status::ok_status();
 }
 
-Status ClientHandler::on_join(const control::JoinRequest& join, control::Reply* reply, std::vector<UniqueFd>* fds) {
+Status ClientHandler::on_join(uint64_t request_id, const control::JoinRequest& join) {
   // Joining again re-forms: the old job (if any) fails for its other members, who re-join too.
   if (job_) leave_job(Status::peer_lost("job " + job_->params().id + ": " + who() + " left to join again"));
-  MemberInfo member{join.rank(), join.local_rank(), options_.peer.pid, options_.peer.uid};
-  std::shared_ptr<Job> job;
-  Job::ChannelFds channel;
-  if (Status status = options_.registry->join(join, member, &job, &channel); !status.ok()) return status;
-  job_ = std::move(job);
-  rank_ = join.rank();
-  local_rank_ = join.local_rank();
-  auto* body = reply->mutable_join();
-  body->set_timeout_ms(static_cast<uint32_t>(job_->params().timeout.count()));
-  body->set_doorbell_bytes(kDoorbellBytes);
-  body->set_client_rings_bytes(kClientRingsBytes);
-  body->set_daemon_rings_bytes(kDaemonRingsBytes);
-  fds->resize(kJoinFdCount);
-  (*fds)[kJoinFdDoorbell] = std::move(channel.doorbell);
-  (*fds)[kJoinFdClientRings] = std::move(channel.client_rings);
-  (*fds)[kJoinFdDaemonRings] = std::move(channel.daemon_rings);
+  // The channel (and a doorbell, in case this join forms the job) is memory to create and map:
+  // off the io thread. The registry then decides, on the io thread, what the join means.
+  struct Prepared {
+    Status status;
+    std::shared_ptr<ClientChannel> channel;
+    std::shared_ptr<JobDoorbell> doorbell;
+  };
+  offload(
+      [] {
+        Prepared prepared;
+        try {
+          prepared.channel = std::make_shared<ClientChannel>();
+          prepared.doorbell = std::make_shared<JobDoorbell>();
+        } catch (const Error& e) {
+          prepared.status = e.status();
+        }
+        return prepared;
+      },
+      [this, request_id, join](Prepared prepared) {
+        control::Reply reply;
+        reply.set_id(request_id);
+        std::vector<UniqueFd> fds;
+        if (!prepared.status.ok()) return finish(std::move(reply), {}, prepared.status);
+        MemberInfo member{join.rank(), join.local_rank(), options_.peer.pid, options_.peer.uid};
+        std::shared_ptr<Job> job;
+        Job::ChannelFds channel;
+        Status status;
+        try {
+          status = options_.registry->join(join, member, std::move(prepared.channel), std::move(prepared.doorbell),
+                                           &job, &channel);
+        } catch (const Error& e) {
+          status = e.status();
+        }
+        if (!status.ok()) return finish(std::move(reply), {}, status);
+        job_ = std::move(job);
+        rank_ = join.rank();
+        local_rank_ = join.local_rank();
+        auto* body = reply.mutable_join();
+        body->set_timeout_ms(static_cast<uint32_t>(job_->params().timeout.count()));
+        body->set_doorbell_bytes(kDoorbellBytes);
+        body->set_client_rings_bytes(kClientRingsBytes);
+        body->set_daemon_rings_bytes(kDaemonRingsBytes);
+        fds.resize(kJoinFdCount);
+        fds[kJoinFdDoorbell] = std::move(channel.doorbell);
+        fds[kJoinFdClientRings] = std::move(channel.client_rings);
+        fds[kJoinFdDaemonRings] = std::move(channel.daemon_rings);
+        finish(std::move(reply), std::move(fds), Status());
+      });
   return Status::ok_status();
 }
 
-Status ClientHandler::on_segment(const control::SegmentRequest& request, std::vector<UniqueFd> fds,
-                                 control::Reply* reply) {
-  if (segments_.size() >= options_.max_segments) {
-    return Status::resource_exhausted("a client may announce at most " + std::to_string(options_.max_segments) +
-                                      " segments");
+Status ClientHandler::on_segment(uint64_t request_id, const control::SegmentRequest& request,
+                                 std::vector<UniqueFd> fds) {
+  const LocalLimits& limits = options_.users->limits();
+  if (segments_.size() >= limits.segments_per_client) {
+    return limit_reached("this client already announced " + std::to_string(segments_.size()) +
+                             " memory segments, at most " + std::to_string(limits.segments_per_client) +
+                             " per client (use fewer, larger segments)",
+                         "max-segments-per-client", limits.segments_per_client);
   }
-  std::shared_ptr<MemoryRegion> region;
+  UserCounts::Ticket ticket;
+  if (Status status = options_.users->take(UserCounts::What::kSegments, options_.peer.uid, 1, &ticket);
+      !status.ok()) {
+    return status;
+  }
   MemoryImport what;
   what.kind = static_cast<MemoryKind>(request.kind());
   what.bytes = request.bytes();
@@ -219,18 +281,42 @@ Status ClientHandler::on_segment(const control::SegmentRequest& request, std::ve
   what.ipc_handle = request.ipc_handle();
   what.ipc_offset = request.ipc_offset();
   what.uid = options_.peer.uid;
-  Status status = options_.backends->import_memory(std::move(what), &region);
-  if (!status.ok()) return Status(status.code(), "segment: " + status.message(), status.where());
-  // The descriptor is closed; the memory lives exactly as long as the two mappings, so a
-  // client killed at any later point leaves nothing behind.
-  const uint32_t id = next_segment_id_++;
-  segments_[id] = std::move(region);
-  reply->mutable_segment()->set_segment_id(id);
+  struct Imported {
+    Status status;
+    std::shared_ptr<MemoryRegion> region;
+  };
+  // Mapping (and for device memory, opening) the buffer is setup work: off the io thread.
+  offload(
+      [backends = options_.backends, what = std::make_shared<MemoryImport>(std::move(what))] {
+        Imported imported;
+        imported.status = backends->import_memory(std::move(*what), &imported.region);
+        return imported;
+      },
+      [this, request_id, ticket = std::make_shared<UserCounts::Ticket>(std::move(ticket))](Imported imported) {
+        control::Reply reply;
+        reply.set_id(request_id);
+        const Status& status = imported.status;
+        if (!status.ok()) {
+          return finish(std::move(reply), {}, Status(status.code(), "segment: " + status.message(), status.where()));
+        }
+        // The descriptor is closed; the memory lives exactly as long as the two mappings, so a
+        // client killed at any later point leaves nothing behind.
+        const uint32_t id = next_segment_id_++;
+        segments_[id] = std::move(imported.region);
+        segment_tickets_.push_back(std::move(*ticket));
+        reply.mutable_segment()->set_segment_id(id);
+        finish(std::move(reply), {}, Status());
+      });
   return Status::ok_status();
 }
 
-Status ClientHandler::create_set_events(const std::vector<const MemoryRegion*>& used,
-                                        std::shared_ptr<const ClientEvents>* events) {
+namespace {
+
+using SegmentMap = std::map<uint32_t, std::shared_ptr<const MemoryRegion>>;
+
+// Device sets: makes the client's event rings on the GPU of its tensors (`used` regions).
+Status create_set_events(BackendFactory* backends, const std::vector<const MemoryRegion*>& used,
+                         std::shared_ptr<const ClientEvents>* events) {
   // A device set lives on one GPU per client: its event rings are made there.
   std::set<int> devices;
   for (const MemoryRegion* region : used) devices.insert(region->device());
@@ -241,39 +327,38 @@ Status ClientHandler::create_set_events(const std::vector<const MemoryRegion*>& 
     for (int d : devices) list += (list.empty() ? "" : " and ") + (d < 0 ? std::string("host") : std::to_string(d));
     return Status::invalid_argument("register: a set's tensors must be on one GPU per client, these are on " + list);
   }
-  Status status = options_.backends->create_events(*devices.begin(), events);
+  Status status = backends->create_events(*devices.begin(), events);
   if (!status.ok()) return Status(status.code(), "register: " + status.message(), status.where());
   return Status::ok_status();
 }
 
-Status ClientHandler::on_register(uint64_t request_id, const control::RegisterRequest& request) {
-  if (!job_) return Status::invalid_argument("join a job before registering tensors");
-  if (request.tensors_size() == 0) return Status::invalid_argument("a tensor set needs at least one tensor");
-  SetRegistration reg;
-  reg.set_id = request.set_id();
-  reg.bucket_cap = request.has_bucket_cap() ? request.bucket_cap_bytes() : plan::kDefaultBucketCapBytes;
-  reg.layout.resize(static_cast<size_t>(request.tensors_size()));
-  reg.address.resize(reg.layout.size());
+// Resolves and checks a whole registration against the client's segments (a snapshot: the
+// client's next request waits for this one). Runs off the io thread.
+Status check_registration(const control::RegisterRequest& request, const Topology& topology, int world_size,
+                          const SegmentMap& segments, BackendFactory* backends, SetRegistration* reg) {
+  reg->set_id = request.set_id();
+  reg->bucket_cap = request.has_bucket_cap() ? request.bucket_cap_bytes() : plan::kDefaultBucketCapBytes;
+  reg->layout.resize(static_cast<size_t>(request.tensors_size()));
+  reg->address.resize(reg->layout.size());
   std::vector<const MemoryRegion*> used;
-  for (size_t i = 0; i < reg.layout.size(); ++i) {
+  for (size_t i = 0; i < reg->layout.size(); ++i) {
     const MemoryRegion* segment = nullptr;
-    if (Status status = resolve_tensor(i, request.tensors(static_cast<int>(i)), job_->params().topology, segments_,
-                                       &reg.layout[i],
-                                       &reg.address[i], &segment);
+    if (Status status = resolve_tensor(i, request.tensors(static_cast<int>(i)), topology, segments, &reg->layout[i],
+                                       &reg->address[i], &segment);
         !status.ok()) {
       return status;
     }
-    used.push_back(segment);
+    if (used.empty() || used.back() != segment) used.push_back(segment);
   }
-  if (Status status = check_no_overlap(reg.layout, reg.address); !status.ok()) return status;
+  if (Status status = check_no_overlap(reg->layout, reg->address); !status.ok()) return status;
   if (request.has_gather_output()) {
-    auto it = segments_.find(request.gather_segment_id());
-    if (it == segments_.end()) {
+    auto it = segments.find(request.gather_segment_id());
+    if (it == segments.end()) {
       return Status::invalid_argument("allgather output: unknown segment " + std::to_string(request.gather_segment_id()));
     }
     uint64_t packed = 0;
-    for (const auto& tensor : reg.layout) packed += tensor.numel * dtype_size(tensor.dtype);
-    const uint64_t world = static_cast<uint64_t>(job_->params().world_size);
+    for (const auto& tensor : reg->layout) packed += tensor.numel * dtype_size(tensor.dtype);
+    const uint64_t world = static_cast<uint64_t>(world_size);
     const uint64_t size = it->second->size();
     if (packed > size / world || request.gather_offset() > size - packed * world) {
       return Status::invalid_argument("allgather output: " + std::to_string(world) + " x " + std::to_string(packed) +
@@ -281,41 +366,100 @@ Status ClientHandler::on_register(uint64_t request_id, const control::RegisterRe
                                       " do not fit in segment " + std::to_string(request.gather_segment_id()) +
                                       " of " + std::to_string(size) + " bytes");
     }
-    reg.gather_output = it->second->base() + request.gather_offset();
+    reg->gather_output = it->second->base() + request.gather_offset();
     used.push_back(it->second.get());
   }
-  for (const auto& [id, segment] : segments_) {
-    if (std::find(used.begin(), used.end(), segment.get()) != used.end()) reg.regions.push_back(segment);
+  std::sort(used.begin(), used.end());
+  used.erase(std::unique(used.begin(), used.end()), used.end());
+  for (const auto& [id, segment] : segments) {
+    if (std::binary_search(used.begin(), used.end(), segment.get())) reg->regions.push_back(segment);
   }
-  if (Status status = create_set_events(used, &reg.events); !status.ok()) return status;
-  ReplySender send = options_.send;
-  std::vector<std::string> ready_events, done_events;
-  if (reg.events) {
-    ready_events = reg.events->ready_handles();
-    done_events = reg.events->done_handles();
+  return create_set_events(backends, used, &reg->events);
+}
+
+}  // namespace
+
+Status ClientHandler::on_register(uint64_t request_id, control::Request request) {
+  if (!job_) return Status::invalid_argument("join a job before registering tensors");
+  const control::RegisterRequest& body = request.register_();
+  if (body.tensors_size() == 0) return Status::invalid_argument("a tensor set needs at least one tensor");
+  const LocalLimits& limits = options_.users->limits();
+  const uint64_t count = static_cast<uint64_t>(body.tensors_size());
+  if (*tensors_ + count > limits.tensors_per_client) {
+    return limit_reached("this client would register " + std::to_string(*tensors_ + count) + " tensors (" +
+                             std::to_string(count) + " in set " + std::to_string(body.set_id()) + "), at most " +
+                             std::to_string(limits.tensors_per_client) + " per client",
+                         "max-tensors-per-client", limits.tensors_per_client);
   }
-  reg.done = [send, request_id, ready_events, done_events](const Status& status, const TensorSet* set) {
-    control::Reply reply;
-    reply.set_id(request_id);
-    if (!status.ok()) {
-      set_error(status, &reply);
-    } else {
-      auto* body = reply.mutable_register_();
-      for (size_t b = 0; b < set->plan.buckets.size(); ++b) {
-        const plan::Bucket& bucket = set->plan.buckets[b];
-        auto* info = body->add_buckets();
-        info->set_group(bucket.group);
-        info->set_dtype(static_cast<control::DType>(bucket.dtype));
-        for (uint32_t t : bucket.tensors) info->add_tensors(t);
-        info->set_bytes(bucket.bytes);
-        info->set_zero_copy(set->runs[b].size() <= 1);
-      }
-      for (const std::string& handle : ready_events) body->add_ready_events(handle);
-      for (const std::string& handle : done_events) body->add_done_events(handle);
-    }
-    send(reply, {});
+  UserCounts::Ticket ticket;
+  if (Status status = options_.users->take(UserCounts::What::kPendingRegistrations, options_.peer.uid, 1, &ticket);
+      !status.ok()) {
+    return status;
+  }
+  struct Checked {
+    Status status;
+    SetRegistration reg;
   };
-  job_->register_set(local_rank_, std::move(reg));
+  // A registration may hold a million tensors: it is resolved and checked off the io thread,
+  // against a snapshot of the segments (which only this client's requests change, and the next
+  // one waits).
+  offload(
+      [request = std::make_shared<control::Request>(std::move(request)), topology = job_->params().topology,
+       world = job_->params().world_size, segments = segments_, backends = options_.backends]() mutable {
+        Checked checked;
+        checked.status = check_registration(request->register_(), topology, world, segments, backends, &checked.reg);
+        if (!checked.status.ok()) checked.reg = SetRegistration();
+        const bool large = request->ByteSizeLong() > (1u << 20);
+        request.reset();
+        if (large) ::malloc_trim(0);  // the decoded request's memory goes back to the system
+        return checked;
+      },
+      [this, request_id, count, job = std::weak_ptr<Job>(job_),
+       ticket = std::make_shared<UserCounts::Ticket>(std::move(ticket))](Checked checked) {
+        control::Reply reply;
+        reply.set_id(request_id);
+        if (!checked.status.ok()) return finish(std::move(reply), {}, checked.status);
+        // The client may have left (or re-joined) meanwhile.
+        if (job_ == nullptr || job_ != job.lock()) {
+          return finish(std::move(reply), {}, Status::aborted("the client left its job while registering"));
+        }
+        SetRegistration reg = std::move(checked.reg);
+        ReplySender send = options_.send;
+        std::vector<std::string> ready_events, done_events;
+        if (reg.events) {
+          ready_events = reg.events->ready_handles();
+          done_events = reg.events->done_handles();
+        }
+        *tensors_ += count;
+        reg.done = [send, request_id, ready_events, done_events, ticket, tensors = tensors_, count](
+                       const Status& status, const TensorSet* set) {
+          ticket->release();  // no longer waiting
+          control::Reply reply;
+          reply.set_id(request_id);
+          if (!status.ok()) {
+            *tensors -= std::min(*tensors, count);
+            set_error(status, &reply);
+          } else {
+            auto* body = reply.mutable_register_();
+            for (size_t b = 0; b < set->plan.buckets.size(); ++b) {
+              const plan::Bucket& bucket = set->plan.buckets[b];
+              auto* info = body->add_buckets();
+              info->set_group(bucket.group);
+              info->set_dtype(static_cast<control::DType>(bucket.dtype));
+              for (uint32_t t : bucket.tensors) info->add_tensors(t);
+              info->set_bytes(bucket.bytes);
+              info->set_zero_copy(set->runs[b].size() <= 1);
+            }
+            for (const std::string& handle : ready_events) body->add_ready_events(handle);
+            for (const std::string& handle : done_events) body->add_done_events(handle);
+          }
+          send(reply, {});
+        };
+        job_->register_set(local_rank_, std::move(reg));
+        // Answered by the barrier; the client may send its next request now.
+        busy_ = false;
+        if (options_.resume) options_.resume();
+      });
   return Status::ok_status();
 }
 

@@ -2,9 +2,16 @@
 // and Register requests. Holds what the client owns in the daemon (the memory regions it passed
 // and its place in a job) and releases it when the client disconnects.
 //
-// Every request gets exactly one reply. Most are answered at once; Register is answered when the
-// set's registration barrier completes, which may be after this handler is gone (the reply is
-// then dropped by the Session).
+// Every request gets exactly one reply. Hello is answered at once. Join, Segment and Register do
+// their work off the io thread (SetupThreads: creating the client's channel, importing its
+// memory, checking its tensors), and the handler is busy() meanwhile: the Session serves the
+// client's next request only once this one is done, so each client's requests keep their
+// order while other clients are served. Register is answered when the set's registration
+// barrier completes, which may be after this handler is gone (the reply is then dropped by the
+// Session).
+//
+// What a client may hold is bounded (local_limits.h): segments and tensors per client, and,
+// through the shared UserCounts, connections, segments and waiting registrations per user.
 #pragma once
 
 #include <chrono>
@@ -16,7 +23,9 @@
 
 #include "daemon/admin/snapshot.h"
 #include "daemon/backend/factory.h"
+#include "daemon/control/local_limits.h"
 #include "daemon/control/peer_credentials.h"
+#include "daemon/control/setup_threads.h"
 #include "daemon/job/registry.h"
 #include "daemon/util/log.h"
 #include "proto/control.pb.h"
@@ -34,7 +43,10 @@ struct ClientHandlerOptions {
   PeerCredentials peer;
   Logger log;
   ReplySender send;  // must be safe to call after the handler is gone
-  size_t max_segments = 65536;
+  // Called on the io thread when a request that made the handler busy() is done.
+  std::function<void()> resume;
+  SetupThreads* setup = nullptr;  // null: the work runs inline (tests)
+  std::shared_ptr<UserCounts> users;  // required
 };
 
 class ClientHandler {
@@ -45,8 +57,11 @@ class ClientHandler {
   ClientHandler& operator=(const ClientHandler&) = delete;
 
   // Serves one request; `fds` are the descriptors sent with it (already counted against the
-  // request's fd_count).
-  void handle(const control::Request& request, std::vector<UniqueFd> fds);
+  // request's fd_count). May leave the handler busy() until its work is done off the io thread.
+  void handle(control::Request request, std::vector<UniqueFd> fds);
+
+  // A request is being served off the io thread; the next must wait (resume() is called then).
+  bool busy() const { return busy_; }
 
   // The connection ended: ok for a plain disconnect, else why it was closed.
   void disconnected(const Status& why);
@@ -60,11 +75,16 @@ class ClientHandler {
 
  private:
   Status on_hello(const control::Hello& hello, control::Reply* reply);
-  Status on_join(const control::JoinRequest& join, control::Reply* reply, std::vector<UniqueFd>* fds);
-  Status on_segment(const control::SegmentRequest& segment, std::vector<UniqueFd> fds, control::Reply* reply);
-  Status on_register(uint64_t request_id, const control::RegisterRequest& request);
-  // Device sets: makes the client's event rings on the GPU of its tensors (`used` regions).
-  Status create_set_events(const std::vector<const MemoryRegion*>& used, std::shared_ptr<const ClientEvents>* events);
+  // These three answer through finish(); an error they return is answered at once instead.
+  Status on_join(uint64_t request_id, const control::JoinRequest& join);
+  Status on_segment(uint64_t request_id, const control::SegmentRequest& segment, std::vector<UniqueFd> fds);
+  Status on_register(uint64_t request_id, control::Request request);
+  // Runs work() off the io thread and then(result) back on it, unless the handler is gone by
+  // then; the handler is busy() in between.
+  template <class Work, class Then>
+  void offload(Work work, Then then);
+  // Answers the request the handler was busy with, and lets the Session go on.
+  void finish(control::Reply reply, std::vector<UniqueFd> fds, const Status& status);
   void leave_job(const Status& why);
   std::string who() const;
 
@@ -76,7 +96,13 @@ class ClientHandler {
   int rank_ = -1;
   int local_rank_ = -1;
   std::map<uint32_t, std::shared_ptr<const MemoryRegion>> segments_;
+  std::vector<UserCounts::Ticket> segment_tickets_;  // one per segment, against the user's limit
   uint32_t next_segment_id_ = 1;
+  // Tensors in this client's registrations that are waiting or committed; shared with their
+  // callbacks, which give a failed registration's back.
+  std::shared_ptr<uint64_t> tensors_ = std::make_shared<uint64_t>(0);
+  bool busy_ = false;
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);  // false once destroyed
 };
 
 // Sets reply->error from a status.

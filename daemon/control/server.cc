@@ -108,16 +108,27 @@ asio::awaitable<void> ControlServer::accept_loop() {
       options_.log.error(status.message());
       continue;
     }
-    auto session = std::make_shared<Session>(std::move(socket), peer,
-                                                  SessionOptions{options_.registry, options_.backends, options_.log, 64u << 20,
-                                                                 options_.connection_timeout});
+    SessionOptions session_options;
+    session_options.registry = options_.registry;
+    session_options.backends = options_.backends;
+    session_options.log = options_.log;
+    session_options.connection_timeout = options_.connection_timeout;
+    session_options.setup = options_.setup;
+    session_options.users = options_.users;
+    // A user's connections are bounded, so one user cannot take every descriptor; a refused
+    // connection is told why and closed at once (it holds no ticket).
+    Status refused;
+    if (!allowed(peer.uid)) {
+      refused = Status::permission_denied("uid " + std::to_string(peer.uid) + " (pid " + std::to_string(peer.pid) +
+                                          ") is not allowed to use this daemon (see --allow-uid)");
+    } else {
+      refused = options_.users->take(UserCounts::What::kConnections, peer.uid, 1, &session_options.connection);
+    }
+    auto session = std::make_shared<Session>(std::move(socket), peer, std::move(session_options));
     session->start();
     std::erase_if(sessions_, [](const std::weak_ptr<Session>& s) { return s.expired(); });
     sessions_.push_back(session);
-    if (!allowed(peer.uid)) {
-      session->refuse(Status::permission_denied("uid " + std::to_string(peer.uid) + " (pid " + std::to_string(peer.pid) +
-                                                ") is not allowed to use this daemon (see --allow-uid)"));
-    }
+    if (!refused.ok()) session->refuse(refused);
   }
 }
 

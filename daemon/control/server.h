@@ -11,6 +11,8 @@
 
 #include "daemon/control/asio.h"
 #include "daemon/backend/factory.h"
+#include "daemon/control/local_limits.h"
+#include "daemon/control/setup_threads.h"
 #include "daemon/job/registry.h"
 #include "daemon/util/log.h"
 
@@ -23,6 +25,8 @@ struct ControlServerOptions {
   BackendFactory* backends = nullptr;
   Logger log;
   std::chrono::milliseconds connection_timeout{60'000};  // see SessionOptions
+  SetupThreads* setup = nullptr;      // required: channel and segment setup, large requests
+  std::shared_ptr<UserCounts> users;  // required: per-user limits (local_limits.h)
 };
 
 class ControlServer {

@@ -36,7 +36,10 @@ Session::Session(Socket socket, PeerCredentials peer, SessionOptions options)
       options_(std::move(options)),
       log_(options_.log.with("pid=" + std::to_string(peer.pid))),
       outbox_ready_(socket_.get_executor(), asio::steady_timer::time_point::max()),
-      watch_timer_(socket_.get_executor()) {}
+      watch_timer_(socket_.get_executor()),
+      resumed_(socket_.get_executor(), asio::steady_timer::time_point::max()) {
+  if (!options_.users) options_.users = std::make_shared<UserCounts>(LocalLimits{});
+}
 
 Session::~Session() = default;
 
@@ -50,6 +53,14 @@ void Session::start() {
   handler.send = [weak](const control::Reply& reply, std::vector<UniqueFd> fds) {
     if (auto self = weak.lock()) self->send(reply, std::move(fds));
   };
+  // Posted, so that a handler finishing inline does not re-enter serve_frames().
+  handler.resume = [weak, executor = socket_.get_executor()] {
+    asio::post(executor, [weak] {
+      if (auto self = weak.lock()) self->resume();
+    });
+  };
+  handler.setup = options_.setup;
+  handler.users = options_.users;
   handler_.emplace(std::move(handler));
   auto self = shared_from_this();
   asio::co_spawn(socket_.get_executor(), [self]() { return self->read_loop(); }, asio::detached);
@@ -112,6 +123,23 @@ void Session::close(const Status& why) {
   socket_.shutdown(Socket::shutdown_receive, ignored);
   outbox_ready_.cancel();
   watch_timer_.cancel();
+  resumed_.cancel();
+}
+
+void Session::resume() {
+  if (closing_ || !handler_ || waiting()) return;
+  // Frames that arrived meanwhile are served now; then the reader goes on.
+  const uint64_t begun = frame_begin_;
+  if (!serve_frames()) {
+    resumed_.cancel();
+    return;
+  }
+  if (received_bytes_ == frame_begin_) {
+    frame_started_.reset();
+  } else if (frame_begin_ != begun) {
+    frame_started_ = std::chrono::steady_clock::now();
+  }
+  resumed_.cancel();
 }
 
 asio::awaitable<void> Session::read_loop() {
@@ -119,6 +147,12 @@ asio::awaitable<void> Session::read_loop() {
   std::vector<std::byte> buffer(64 << 10);
   while (!closing_) {
     boost::system::error_code ec;
+    if (waiting()) {
+      // One request at a time: nothing more is read until the one in progress is done.
+      resumed_.expires_at(asio::steady_timer::time_point::max());
+      co_await resumed_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+      continue;
+    }
     co_await socket_.async_wait(Socket::wait_read, asio::redirect_error(asio::use_awaitable, ec));
     // The writer may have closed the session (and released the handler) meanwhile; nothing
     // read after that point is served.
@@ -196,8 +230,15 @@ asio::awaitable<void> Session::watch_loop() {
   }
 }
 
+// Frames up to this size are parsed on the io thread; larger ones (a registration of many
+// tensors) on a setup thread, so that no client's request stalls the others.
+constexpr size_t kInlineParseBytes = 64u << 10;
+// After a request this large its memory goes back to the system.
+constexpr size_t kTrimAfterBytes = 1u << 20;
+
 bool Session::serve_frames() {
   for (;;) {
+    if (waiting()) return true;  // resume() goes on
     std::optional<std::string> payload;
     if (Status status = decoder_.next(&payload); !status.ok()) {
       refuse(status);
@@ -205,31 +246,69 @@ bool Session::serve_frames() {
     }
     if (!payload) return true;
     const uint64_t frame_end = frame_begin_ + kFrameHeaderBytes + payload->size();
+    const size_t bytes = payload->size();
+    if (bytes > kInlineParseBytes && options_.setup) {
+      parsing_ = true;
+      struct Parsed {
+        bool ok = false;
+        control::Request request;
+      };
+      std::weak_ptr<Session> weak = weak_from_this();
+      options_.setup->run(
+          [payload = std::make_shared<std::string>(std::move(*payload))] {
+            Parsed parsed;
+            parsed.ok = parsed.request.ParseFromString(*payload);
+            return parsed;
+          },
+          [weak, frame_end, bytes, setup = options_.setup](Parsed parsed) {
+            auto self = weak.lock();
+            if (!self) return;
+            self->parsing_ = false;
+            if (self->closing_ || !self->handler_) {
+              self->resumed_.cancel();
+              return;
+            }
+            if (!parsed.ok) {
+              self->refuse(Status::protocol("malformed request: " + std::to_string(bytes) +
+                                            " bytes do not parse as gradsync.control.Request"));
+              return;
+            }
+            if (self->dispatch(std::move(parsed.request), frame_end)) self->resume();
+            setup->trim();
+          });
+      return true;
+    }
     control::Request request;
     if (!request.ParseFromString(*payload)) {
-      refuse(Status::protocol("malformed request: " + std::to_string(payload->size()) +
+      refuse(Status::protocol("malformed request: " + std::to_string(bytes) +
                               " bytes do not parse as gradsync.control.Request"));
       return false;
     }
-    std::vector<UniqueFd> fds;
-    if (Status status = inbox_.take(frame_begin_, frame_end, request.fd_count(), request_name(request), &fds);
-        !status.ok()) {
-      refuse(status);
-      return false;
-    }
-    frame_begin_ = frame_end;
-    last_request_ = std::chrono::steady_clock::now();
-    // A request that throws (out of memory, no memory for a memfd) ends this connection with
-    // the error, never the daemon, and never leaves the session half alive.
-    try {
-      handler_->handle(request, std::move(fds));
-    } catch (const Error& e) {
-      refuse(e.status());
-    } catch (const std::exception& e) {
-      refuse(Status::internal(std::string("request failed: ") + e.what()));
-    }
-    if (closing_ || !handler_) return false;
+    payload.reset();
+    if (!dispatch(std::move(request), frame_end)) return false;
+    if (bytes > kTrimAfterBytes && options_.setup) options_.setup->trim();
   }
+}
+
+bool Session::dispatch(control::Request request, uint64_t frame_end) {
+  std::vector<UniqueFd> fds;
+  if (Status status = inbox_.take(frame_begin_, frame_end, request.fd_count(), request_name(request), &fds);
+      !status.ok()) {
+    refuse(status);
+    return false;
+  }
+  frame_begin_ = frame_end;
+  last_request_ = std::chrono::steady_clock::now();
+  // A request that throws (out of memory, no memory for a memfd) ends this connection with
+  // the error, never the daemon, and never leaves the session half alive.
+  try {
+    handler_->handle(std::move(request), std::move(fds));
+  } catch (const Error& e) {
+    refuse(e.status());
+  } catch (const std::exception& e) {
+    refuse(Status::internal(std::string("request failed: ") + e.what()));
+  }
+  return !(closing_ || !handler_);
 }
 
 asio::awaitable<bool> Session::write_one(Outgoing& out) {

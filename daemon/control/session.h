@@ -1,6 +1,8 @@
 // One client connection: framing, descriptor passing and I/O for a ClientHandler. One coroutine
 // reads frames (with the descriptors sent alongside them), another writes queued replies (with
-// theirs), both on the daemon's single io thread. A malformed frame (oversized, truncated,
+// theirs), both on the daemon's single io thread. Requests are served one at a time, in order:
+// while the handler is busy off the io thread, or a large frame is being parsed there, the
+// session reads no further. A malformed frame (oversized, truncated,
 // unparsable, with descriptors nobody claims or without the ones it names) is answered with an
 // error naming the problem, and the connection is closed; the daemon and every other
 // connection carry on.
@@ -30,6 +32,9 @@ struct SessionOptions {
   // byte (half-open), or when it has not joined a job this long after its last request (idle):
   // neither may hold the daemon's memory and descriptors. A joined trainer is never timed out.
   std::chrono::milliseconds connection_timeout{60'000};
+  SetupThreads* setup = nullptr;      // null: setup work runs inline (tests)
+  std::shared_ptr<UserCounts> users;  // null: a private one with the default limits (tests)
+  UserCounts::Ticket connection;      // this connection, against its user's limit
 };
 
 class Session : public std::enable_shared_from_this<Session> {
@@ -68,8 +73,14 @@ class Session : public std::enable_shared_from_this<Session> {
   boost::asio::awaitable<void> write_loop();
   // Closes a half-open or idle connection (SessionOptions::connection_timeout).
   boost::asio::awaitable<void> watch_loop();
-  // Serves every complete frame buffered so far; false once the connection is closing.
+  // Serves every complete frame buffered so far, or up to one that must wait (waiting());
+  // false once the connection is closing.
   bool serve_frames();
+  // Serves one parsed request that ends at stream offset frame_end; false once closing.
+  bool dispatch(control::Request request, uint64_t frame_end);
+  // The handler finished a request off the io thread, or a large frame was parsed: go on.
+  void resume();
+  bool waiting() const { return parsing_ || (handler_ && handler_->busy()); }
   // Sends one queued frame; false when the connection failed.
   boost::asio::awaitable<bool> write_one(Outgoing& out);
   // Ends the connection; `why` is ok for a plain disconnect, else what went wrong.
@@ -95,6 +106,8 @@ class Session : public std::enable_shared_from_this<Session> {
   std::chrono::steady_clock::time_point last_request_ = std::chrono::steady_clock::now();
   std::optional<std::chrono::steady_clock::time_point> frame_started_;
   bool closing_ = false;         // no more reads; close once the outbox is flushed
+  bool parsing_ = false;         // a large frame is being parsed off the io thread
+  boost::asio::steady_timer resumed_;  // the reader sleeps on it while waiting()
 };
 
 }  // namespace gradsync

@@ -13,7 +13,7 @@ namespace gradsync {
 Job::Job(JobOptions options)
     : options_(std::move(options)),
       log_(options_.log.with("job=" + options_.params.id + " uid=" + std::to_string(options_.params.uid))),
-      doorbell_(std::make_shared<JobDoorbell>()),
+      doorbell_(options_.doorbell ? std::move(options_.doorbell) : std::make_shared<JobDoorbell>()),
       members_(static_cast<size_t>(options_.params.local_world_size)) {
   WorkerOptions worker;
   worker.job_id = options_.params.id;
@@ -61,9 +61,11 @@ Job::~Job() {
   const Status ended = Status::aborted("job " + params().id + " ended");
   fail_pending(ended);
   // The worker owns the rings it drains; it goes to the reaper, which stops it off the io thread.
-  options_.reaper->adopt([worker = std::move(worker_), ended]() mutable {
+  // So do the job's sets, so that a large set's memory is freed (and returned, reaper.h) there.
+  options_.reaper->adopt([worker = std::move(worker_), ended, sets = std::move(committed_)]() mutable {
     worker->stop(ended);
     worker.reset();
+    sets.clear();
   });
   log_.info("ended");
 }
@@ -75,7 +77,7 @@ std::string Job::describe_member(int local_rank) const {
   return text;
 }
 
-Status Job::admit(const MemberInfo& member, ChannelFds* fds) {
+Status Job::admit(const MemberInfo& member, std::shared_ptr<ClientChannel> channel, ChannelFds* fds) {
   const JobParams& p = params();
   if (const Status failed = failure(); !failed.ok()) {
     return Status::aborted("job " + p.id + " has failed (" + failed.message() + "); it re-forms once its " +
@@ -95,7 +97,6 @@ Status Job::admit(const MemberInfo& member, ChannelFds* fds) {
     return Status::already_exists("rank " + std::to_string(member.rank) + " already joined job " + p.id +
                                   " (pid " + std::to_string(slot->pid) + ")");
   }
-  auto channel = std::make_shared<ClientChannel>();
   fds->doorbell = doorbell_->duplicate();
   fds->client_rings = channel->release_client_fd();
   fds->daemon_rings = channel->release_daemon_fd();

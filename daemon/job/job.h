@@ -71,6 +71,9 @@ struct JobOptions {
   Logger log;
   FailureCounts* failures = nullptr;  // daemon-wide; may be null (tests)
   ProgressBoard* progress = nullptr;  // daemon-wide; multi-node jobs are on it; may be null
+  // The job's doorbell, made off the io thread by the join that forms the job; null: the Job
+  // makes it (tests).
+  std::shared_ptr<JobDoorbell> doorbell;
 };
 
 struct MemberInfo {
@@ -113,9 +116,10 @@ class Job : public std::enable_shared_from_this<Job> {
     UniqueFd daemon_rings;
   };
 
-  // Checks the member against the job (rank ranges, duplicates), records it, and creates its
-  // rings. Throws Error when the memory cannot be created.
-  Status admit(const MemberInfo& member, ChannelFds* fds);
+  // Checks the member against the job (rank ranges, duplicates) and records it, with `channel`
+  // as its rings (made off the io thread by the caller: a job's memory grows with the clients
+  // that actually join, never with the declared local world size).
+  Status admit(const MemberInfo& member, std::shared_ptr<ClientChannel> channel, ChannelFds* fds);
 
   // A member went away (disconnect, kill, re-join). A healthy job fails with `why`.
   void leave(int local_rank, const Status& why);

@@ -1,5 +1,7 @@
 #include "daemon/job/reaper.h"
 
+#include <malloc.h>
+
 namespace gradsync {
 
 Reaper::~Reaper() {
@@ -23,6 +25,9 @@ void Reaper::adopt(std::function<void()> retire) {
     Retirement& slot = retirements_.emplace_back();  // list nodes never move
     slot.thread = std::thread([this, &slot, retire = std::move(retire)] {
       retire();
+      // What a job held (its sets' tables can be tens of MB) goes back to the system, not to
+      // glibc's arenas for good.
+      ::malloc_trim(0);
       std::lock_guard done_lock(mutex_);
       slot.done = true;
     });

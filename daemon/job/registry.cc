@@ -1,5 +1,7 @@
 #include "daemon/job/registry.h"
 
+#include <algorithm>
+
 namespace gradsync {
 
 Status validate_join(const control::JoinRequest& r, std::chrono::milliseconds default_timeout,
@@ -57,14 +59,21 @@ Status validate_join(const control::JoinRequest& r, std::chrono::milliseconds de
   return Status::ok_status();
 }
 
-Status JobRegistry::join(const control::JoinRequest& request, const MemberInfo& member, std::shared_ptr<Job>* job,
-                         Job::ChannelFds* fds) {
+Status JobRegistry::join(const control::JoinRequest& request, const MemberInfo& member,
+                         std::shared_ptr<ClientChannel> channel, std::shared_ptr<JobDoorbell> doorbell,
+                         std::shared_ptr<Job>* job, Job::ChannelFds* fds) {
   if (!refusing_.ok()) return refusing_;
   JobParams params;
   if (Status status = validate_join(request, options_.default_timeout, options_.max_timeout, &params); !status.ok()) {
     return status;
   }
   params.uid = member.uid;
+  const LocalLimits& limits = options_.limits;
+  if (params.local_world_size > static_cast<int>(limits.local_world_size)) {
+    return limit_reached("job " + params.id + " declares local world size " + std::to_string(params.local_world_size) +
+                             ", at most " + std::to_string(limits.local_world_size) + " ranks per node",
+                         "max-local-world-size", limits.local_world_size);
+  }
   const Key key{member.uid, request.job_id()};
   auto it = jobs_.find(key);
   if (it != jobs_.end() && !it->second->failure().ok()) {
@@ -81,6 +90,18 @@ Status JobRegistry::join(const control::JoinRequest& request, const MemberInfo& 
   }
   if (it == jobs_.end()) {
     if (!refusing_new_.ok()) return refusing_new_;
+    // Each job has a worker thread (two across nodes): jobs are bounded per user and in all.
+    const auto of_user = std::count_if(jobs_.begin(), jobs_.end(), [&](const auto& j) { return j.first.first == key.first; });
+    if (of_user >= static_cast<long>(limits.jobs_per_user)) {
+      return limit_reached("uid " + std::to_string(member.uid) + " already has " + std::to_string(of_user) +
+                               " jobs in this daemon, at most " + std::to_string(limits.jobs_per_user) + " per user",
+                           "max-jobs-per-user", limits.jobs_per_user);
+    }
+    if (jobs_.size() >= limits.jobs) {
+      return limit_reached("this daemon already runs " + std::to_string(jobs_.size()) + " jobs, at most " +
+                               std::to_string(limits.jobs),
+                           "max-jobs", limits.jobs);
+    }
     JobOptions options;
     options.params = params;
     options.cluster = options_.cluster;
@@ -92,6 +113,7 @@ Status JobRegistry::join(const control::JoinRequest& request, const MemberInfo& 
     options.log = options_.log;
     options.failures = options_.failures;
     options.progress = options_.progress;
+    options.doorbell = std::move(doorbell);
     it = jobs_.emplace(key, std::make_shared<Job>(std::move(options))).first;
   }
   const JobParams& p = it->second->params();
@@ -110,7 +132,7 @@ Status JobRegistry::join(const control::JoinRequest& request, const MemberInfo& 
     return Status::invalid_argument("inconsistent groups: this client declares different process groups than "
                                     "the other clients of job " + p.id);
   }
-  if (Status status = it->second->admit(member, fds); !status.ok()) return status;
+  if (Status status = it->second->admit(member, std::move(channel), fds); !status.ok()) return status;
   *job = it->second;
   return Status::ok_status();
 }

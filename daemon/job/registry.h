@@ -11,6 +11,7 @@
 #include <string>
 #include <utility>
 
+#include "daemon/control/local_limits.h"
 #include "daemon/job/job.h"
 #include "daemon/util/log.h"
 #include "daemon/util/thread_pool.h"
@@ -30,16 +31,18 @@ struct RegistryOptions {
   ExecutionSettings execution;
   FailureCounts* failures = nullptr;  // outlives the registry; may be null
   ProgressBoard* progress = nullptr;  // outlives the registry; may be null
+  LocalLimits limits;  // jobs per user and in all, local world size
 };
 
 class JobRegistry {
  public:
   explicit JobRegistry(RegistryOptions options) : options_(std::move(options)) {}
 
-  // Validates the request, finds or forms its job and admits the member. On success *job is set.
-  // Throws Error when the job's memory cannot be created.
-  Status join(const control::JoinRequest& request, const MemberInfo& member, std::shared_ptr<Job>* job,
-              Job::ChannelFds* fds);
+  // Validates the request, finds or forms its job and admits the member with `channel` as its
+  // rings; `doorbell` becomes the job's if this join forms it. Both are made by the caller, off
+  // the io thread. On success *job is set.
+  Status join(const control::JoinRequest& request, const MemberInfo& member, std::shared_ptr<ClientChannel> channel,
+              std::shared_ptr<JobDoorbell> doorbell, std::shared_ptr<Job>* job, Job::ChannelFds* fds);
 
   // A member left `job`; forgets the job once nobody is in it.
   void left(const std::shared_ptr<Job>& job);

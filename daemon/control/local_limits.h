@@ -1,0 +1,82 @@
+// What one local user, client or job may hold in the daemon (issue 10, item 3). Every limit is a
+// gradsyncd setting; hitting one refuses the request that would pass it, with an error that
+// names the limit and the setting, and nothing else changes: the daemon and every other job
+// carry on.
+//
+// The defaults serve a real 8-GPU node with room to spare (8 trainers per job, a handful of
+// jobs, a few tensor sets of up to a million tensors each) while keeping one user from
+// exhausting what every user shares: descriptors, mappings (vm.max_map_count, 65530 by
+// default), threads and memory.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "shared/status.h"
+
+namespace gradsync {
+
+struct LocalLimits {
+  uint32_t connections_per_user = 64;             // --max-connections-per-user
+  uint32_t jobs_per_user = 16;                    // --max-jobs-per-user
+  uint32_t jobs = 64;                             // --max-jobs (each job has a worker thread)
+  uint32_t pending_registrations_per_user = 256;  // --max-pending-registrations-per-user
+  uint32_t segments_per_client = 4096;            // --max-segments-per-client
+  uint32_t segments_per_user = 16384;             // --max-segments-per-user (a mapping each)
+  uint64_t tensors_per_client = 1u << 20;         // --max-tensors-per-client
+  uint32_t local_world_size = 256;                // --max-local-world-size (at most 1024)
+  bool operator==(const LocalLimits&) const = default;
+};
+
+// The per-user counts, shared by every session (thread-safe: a ticket may be released on any
+// thread, e.g. with a registration callback the worker drops).
+class UserCounts : public std::enable_shared_from_this<UserCounts> {
+ public:
+  enum class What { kConnections, kPendingRegistrations, kSegments };
+
+  explicit UserCounts(LocalLimits limits) : limits_(limits) {}
+  const LocalLimits& limits() const { return limits_; }
+
+  // Holds `n` of `what` for one user until destroyed.
+  class Ticket {
+   public:
+    Ticket() = default;
+    Ticket(Ticket&& other) noexcept { *this = std::move(other); }
+    Ticket& operator=(Ticket&& other) noexcept;
+    ~Ticket() { release(); }
+    Ticket(const Ticket&) = delete;
+    Ticket& operator=(const Ticket&) = delete;
+    void release();
+
+   private:
+    friend class UserCounts;
+    std::shared_ptr<UserCounts> counts_;
+    What what_ = What::kConnections;
+    uid_t uid_ = 0;
+    uint64_t n_ = 0;
+  };
+
+  // Takes `n` of `what` for `uid`, or says which limit that would pass (resource_exhausted,
+  // naming the setting).
+  Status take(What what, uid_t uid, uint64_t n, Ticket* ticket);
+
+  // How many `uid` holds now.
+  uint64_t held(What what, uid_t uid) const;
+
+ private:
+  void give_back(What what, uid_t uid, uint64_t n);
+
+  const LocalLimits limits_;
+  mutable std::mutex mutex_;
+  std::map<std::pair<What, uid_t>, uint64_t> held_;  // guarded by mutex_; no zero entries
+};
+
+// "limit reached: <what> (gradsyncd --<setting> <value>)", resource_exhausted.
+Status limit_reached(const std::string& what, const char* setting, uint64_t value);
+
+}  // namespace gradsync
