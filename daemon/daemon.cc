@@ -72,6 +72,7 @@ Daemon::Daemon(DaemonConfig config, std::function<ParsedConfig()> reparse)
   RegistryOptions registry{&io_, &pool_, log_, config_.default_timeout, config_.max_timeout, {}, reaper_.get()};
   registry.failures = &failures_;
   registry.limits = config_.limits;
+  registry.setup = &setup_;
   registry.progress = &progress_;
   const std::string host = advertise_host(config_);
   registry.cluster.advertise = host + ":" + std::to_string(peer_->port());

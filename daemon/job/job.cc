@@ -185,7 +185,7 @@ void Job::register_set(int local_rank, SetRegistration registration) {
     registration.done(Status::aborted("job " + params().id + " has failed: " + failure_.message()), nullptr);
     return;
   }
-  if (committed_.count(set_id)) {
+  if (committed_.count(set_id) || committing_.count(set_id)) {
     registration.done(Status::already_exists("set " + std::to_string(set_id) + " is already registered in job " +
                                              params().id),
                       nullptr);
@@ -229,48 +229,40 @@ void Job::expire(uint32_t set_id, uint64_t serial) {
   for (auto& [local_rank, registration] : pending.by_local_rank) registration.done(status, nullptr);
 }
 
-void Job::commit(uint32_t set_id) {
-  PendingSet pending = std::move(pending_[set_id]);
-  pending_.erase(set_id);
-  pending.deadline->cancel();
-  auto& regs = pending.by_local_rank;
-  const SetRegistration& first = regs.begin()->second;
+namespace {
 
-  // Every local client must describe the same set; the first difference is reported to all.
-  Status status;
+// Checks that every local client described the same set and builds it (plan included): the
+// expensive half of a commit, run off the io thread. The error is the first difference.
+Status build_set(const std::string& job_id, uint32_t set_id, const Topology& topology,
+                 std::map<int, SetRegistration>& regs, std::shared_ptr<TensorSet>* out) {
+  const SetRegistration& first = regs.begin()->second;
+  const std::string name = "job " + job_id + ": set " + std::to_string(set_id);
   for (auto& [local_rank, reg] : regs) {
     if (auto diff = plan::first_difference(first.layout, regs.begin()->first, reg.layout, local_rank)) {
-      status = Status::layout_mismatch("job " + params().id + ": set " + std::to_string(set_id) +
-                                       " layout mismatch: " + *diff);
-    } else if (reg.bucket_cap != first.bucket_cap) {
-      status = Status::layout_mismatch("job " + params().id + ": set " + std::to_string(set_id) +
-                                       ": bucket cap differs: rank " + std::to_string(regs.begin()->first) + " asked " +
-                                       std::to_string(first.bucket_cap) + " bytes, rank " +
-                                       std::to_string(local_rank) + " asked " + std::to_string(reg.bucket_cap));
-    } else if ((reg.gather_output == nullptr) != (first.gather_output == nullptr)) {
-      status = Status::layout_mismatch("job " + params().id + ": set " + std::to_string(set_id) +
-                                       ": rank " + std::to_string(regs.begin()->first) +
-                                       (first.gather_output ? " registered" : " did not register") +
-                                       " an allgather output, rank " + std::to_string(local_rank) +
-                                       (reg.gather_output ? " did" : " did not"));
+      return Status::layout_mismatch(name + " layout mismatch: " + *diff);
     }
-    if (!status.ok()) break;
+    if (reg.bucket_cap != first.bucket_cap) {
+      return Status::layout_mismatch(name + ": bucket cap differs: rank " + std::to_string(regs.begin()->first) +
+                                     " asked " + std::to_string(first.bucket_cap) + " bytes, rank " +
+                                     std::to_string(local_rank) + " asked " + std::to_string(reg.bucket_cap));
+    }
+    if ((reg.gather_output == nullptr) != (first.gather_output == nullptr)) {
+      return Status::layout_mismatch(name + ": rank " + std::to_string(regs.begin()->first) +
+                                     (first.gather_output ? " registered" : " did not register") +
+                                     " an allgather output, rank " + std::to_string(local_rank) +
+                                     (reg.gather_output ? " did" : " did not"));
+    }
   }
-  if (!status.ok()) {
-    log_.warning(status.message());
-    for (auto& [local_rank, reg] : regs) reg.done(status, nullptr);
-    return;
-  }
-
   auto set = std::make_shared<TensorSet>();
   set->id = set_id;
   set->layout = first.layout;
   set->bucket_cap = first.bucket_cap;
   for (auto& [local_rank, reg] : regs) {
-    set->address.push_back(reg.address);
+    set->address.push_back(std::move(reg.address));
     if (reg.gather_output) set->gather_output.push_back(reg.gather_output);
     set->regions.insert(set->regions.end(), reg.regions.begin(), reg.regions.end());
     set->events.push_back(reg.events);
+    reg.layout = {};  // the set's copy is the one kept
   }
   if (std::all_of(set->events.begin(), set->events.end(), [](const auto& e) { return e == nullptr; })) {
     set->events.clear();
@@ -279,15 +271,57 @@ void Job::commit(uint32_t set_id) {
   if (!set->regions.empty()) set->memory_kind = set->regions.front()->kind();
   for (const auto& region : set->regions) {
     if (region->kind() == set->memory_kind) continue;
-    const Status mixed = Status::invalid_argument(
-        "job " + params().id + ": set " + std::to_string(set_id) + " mixes memory kinds (" +
-        std::string(memory_kind_name(set->memory_kind)) + " and " + std::string(memory_kind_name(region->kind())) +
-        "); register one set per kind");
-    log_.warning(mixed.message());
-    for (auto& [local_rank, reg] : regs) reg.done(mixed, nullptr);
+    return Status::invalid_argument(name + " mixes memory kinds (" + std::string(memory_kind_name(set->memory_kind)) +
+                                    " and " + std::string(memory_kind_name(region->kind())) +
+                                    "); register one set per kind");
+  }
+  complete_tensor_set(set.get(), topology);
+  *out = std::move(set);
+  return Status();
+}
+
+}  // namespace
+
+void Job::commit(uint32_t set_id) {
+  auto pending = std::make_shared<PendingSet>(std::move(pending_[set_id]));
+  pending_.erase(set_id);
+  pending->deadline->cancel();
+  pending->deadline.reset();  // an io object: not destroyed on a setup thread
+  committing_.insert(set_id);
+  struct Built {
+    Status status;
+    std::shared_ptr<TensorSet> set;
+  };
+  auto build = [pending, set_id, id = params().id, topology = params().topology] {
+    Built built;
+    built.status = build_set(id, set_id, topology, pending->by_local_rank, &built.set);
+    return built;
+  };
+  // The registrations' callbacks answer the clients; they stay on the io thread's side.
+  auto finish = [weak = weak_from_this(), pending, set_id](Built built) {
+    auto self = weak.lock();
+    if (!self) {
+      for (auto& [local_rank, reg] : pending->by_local_rank) {
+        reg.done(Status::aborted("job ended while set " + std::to_string(set_id) + " was being registered"), nullptr);
+      }
+      return;
+    }
+    self->committed(set_id, std::move(built.status), std::move(built.set), std::move(pending->by_local_rank));
+  };
+  // Comparing and planning a set of a million tensors takes a while: off the io thread.
+  if (options_.setup) return options_.setup->run(std::move(build), std::move(finish));
+  finish(build());
+}
+
+void Job::committed(uint32_t set_id, Status status, std::shared_ptr<TensorSet> set,
+                    std::map<int, SetRegistration> regs) {
+  committing_.erase(set_id);
+  if (status.ok() && !failure_.ok()) status = Status::aborted("job " + params().id + " has failed: " + failure_.message());
+  if (!status.ok()) {
+    log_.warning(status.message());
+    for (auto& [local_rank, reg] : regs) reg.done(status, nullptr);
     return;
   }
-  complete_tensor_set(set.get(), params().topology);
   committed_[set_id] = set;
   log_.info("set " + std::to_string(set_id) + " registered locally: " + std::to_string(set->layout.size()) +
             " tensors, " + std::to_string(set->plan.buckets.size()) + " buckets");

@@ -15,10 +15,12 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "daemon/backend/factory.h"
+#include "daemon/control/setup_threads.h"
 #include "daemon/engine/factory.h"
 #include "daemon/job/failure_counts.h"
 #include "daemon/job/progress_board.h"
@@ -74,6 +76,7 @@ struct JobOptions {
   // The job's doorbell, made off the io thread by the join that forms the job; null: the Job
   // makes it (tests).
   std::shared_ptr<JobDoorbell> doorbell;
+  SetupThreads* setup = nullptr;  // checks and plans complete sets; null: inline (tests)
 };
 
 struct MemberInfo {
@@ -156,7 +159,9 @@ class Job : public std::enable_shared_from_this<Job> {
     uint64_t serial = 0;  // tells a stale timer handler from this barrier's own
   };
 
+  // The barrier of `set_id` is complete: checks and plans it off the io thread, then committed().
   void commit(uint32_t set_id);
+  void committed(uint32_t set_id, Status status, std::shared_ptr<TensorSet> set, std::map<int, SetRegistration> regs);
   void expire(uint32_t set_id, uint64_t serial);
   void fail_pending(const Status& status);
   std::string describe_member(int local_rank) const;
@@ -169,6 +174,7 @@ class Job : public std::enable_shared_from_this<Job> {
   std::map<uint32_t, PendingSet> pending_;
   uint64_t next_serial_ = 1;
   std::map<uint32_t, std::shared_ptr<const TensorSet>> committed_;
+  std::set<uint32_t> committing_;  // complete barriers being checked and planned
   Status failure_;
   std::shared_ptr<Worker> worker_;
   std::chrono::steady_clock::time_point formed_ = std::chrono::steady_clock::now();

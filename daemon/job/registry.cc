@@ -114,6 +114,7 @@ Status JobRegistry::join(const control::JoinRequest& request, const MemberInfo& 
     options.failures = options_.failures;
     options.progress = options_.progress;
     options.doorbell = std::move(doorbell);
+    options.setup = options_.setup;
     it = jobs_.emplace(key, std::make_shared<Job>(std::move(options))).first;
   }
   const JobParams& p = it->second->params();

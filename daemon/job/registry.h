@@ -32,6 +32,7 @@ struct RegistryOptions {
   FailureCounts* failures = nullptr;  // outlives the registry; may be null
   ProgressBoard* progress = nullptr;  // outlives the registry; may be null
   LocalLimits limits;  // jobs per user and in all, local world size
+  SetupThreads* setup = nullptr;  // given to the jobs; null: inline (tests)
 };
 
 class JobRegistry {
