@@ -1,6 +1,7 @@
 #include "tests/integration/raw_protocol.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -9,6 +10,7 @@
 #include <cstring>
 #include <thread>
 
+#include "shared/fd_passing.h"
 #include "shared/framing.h"
 #include "shared/version.h"
 
@@ -99,6 +101,40 @@ std::string RawSocket::read_to_end() {
     all.append(buffer, static_cast<size_t>(n));
   }
   return all;
+}
+
+control::Reply RawSocket::read_reply(std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    if (unread_.size() >= kFrameHeaderBytes) {
+      FrameDecoder decoder;
+      decoder.feed(std::span<const std::byte>(reinterpret_cast<const std::byte*>(unread_.data()), unread_.size()));
+      std::optional<std::string> payload;
+      REQUIRE(decoder.next(&payload).ok());
+      if (payload) {
+        unread_.erase(0, kFrameHeaderBytes + payload->size());
+        control::Reply reply;
+        REQUIRE(reply.ParseFromString(*payload));
+        return reply;
+      }
+    }
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    REQUIRE(left.count() > 0);
+    pollfd p{fd_, POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
+    std::vector<std::byte> buffer(1 << 16);
+    Received got;
+    const ssize_t n = receive_with_fds(fd_, buffer, MSG_DONTWAIT, &got);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+    REQUIRE(n > 0);  // the daemon closed the connection without replying
+    unread_.append(reinterpret_cast<const char*>(buffer.data()), static_cast<size_t>(n));
+  }
+}
+
+bool RawSocket::readable() const {
+  if (!unread_.empty()) return true;
+  pollfd p{fd_, POLLIN, 0};
+  return ::poll(&p, 1, 0) > 0;
 }
 
 std::string first_error(const std::string& bytes) {

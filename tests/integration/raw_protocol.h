@@ -47,10 +47,15 @@ class RawSocket {
   void finish_writing();
   // Everything the daemon sends until it closes the connection (bounded by 10 s).
   std::string read_to_end();
+  // The next reply; descriptors sent with it are closed. Fails the test after `timeout`.
+  control::Reply read_reply(std::chrono::milliseconds timeout = std::chrono::seconds(10));
+  // Whether a reply (or the end of the stream) is waiting unread. Never blocks.
+  bool readable() const;
   int fd() const { return fd_; }
 
  private:
   int fd_ = -1;
+  std::string unread_;  // bytes read past the last reply
 };
 
 // The error message of the first reply in `bytes`.

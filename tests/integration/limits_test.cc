@@ -1,0 +1,307 @@
+// Local limits (issue 10, item 3): what one user, client or job may hold in the daemon. Each
+// limit, when hit, refuses the offending request with an error naming the limit and its
+// setting; the daemon and the other clients carry on. Setup work (channels, segments, large
+// registrations) runs off the io thread, and the daemon's memory comes back after it.
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "client/src/connection.h"
+#include "shared/memfd.h"
+#include "shared/version.h"
+#include "tests/integration/harness.h"
+#include "tests/integration/raw_protocol.h"
+
+namespace gradsync::test {
+namespace {
+
+long rss_kib(pid_t pid) {
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stol(line.substr(6));
+  }
+  return -1;
+}
+
+// The control protocol by hand on a RawSocket, so that requests can be pipelined.
+class RawClient {
+ public:
+  explicit RawClient(const std::string& socket) : socket_(socket) {}
+
+  control::Reply hello() {
+    control::Request request;
+    request.mutable_hello()->set_protocol_version(kProtocolVersion);
+    return call(std::move(request));
+  }
+  control::Reply join(const std::string& job, int world, int rank, uint32_t timeout_ms = 0) {
+    control::Request request;
+    auto* j = request.mutable_join();
+    j->set_job_id(job);
+    j->set_rank(rank);
+    j->set_local_rank(rank);
+    j->set_world_size(world);
+    j->set_local_world_size(world);
+    j->set_timeout_ms(timeout_ms);
+    return call(std::move(request));
+  }
+  // A sealed memfd of `bytes` as a segment; the memory stays mapped here.
+  control::Reply segment(size_t bytes) {
+    memory_.push_back(std::make_unique<MappedMemfd>(MappedMemfd::create("test", bytes)));
+    memory_.back()->seal(kSizeSeals);
+    control::Request request;
+    request.mutable_segment()->set_kind(control::HOST_MEMFD);
+    request.mutable_segment()->set_bytes(bytes);
+    request.set_fd_count(1);
+    request.set_id(++id_);
+    socket_.send(frame_of(request), {memory_.back()->fd().get()});
+    return socket_.read_reply();
+  }
+  // `count` float32 tensors of one element each, back to back in segment `segment_id`.
+  static control::Request registration(uint32_t set_id, uint32_t segment_id, size_t count) {
+    control::Request request;
+    auto* r = request.mutable_register_();
+    r->set_set_id(set_id);
+    r->mutable_tensors()->Reserve(static_cast<int>(count));
+    for (size_t i = 0; i < count; ++i) {
+      auto* t = r->add_tensors();
+      t->set_dtype(control::FLOAT32);
+      t->set_numel(1);
+      t->set_segment_id(segment_id);
+      t->set_offset(i * 4);
+    }
+    return request;
+  }
+  void send(control::Request request) {
+    request.set_id(++id_);
+    socket_.send(frame_of(request));
+  }
+  control::Reply call(control::Request request) {
+    send(std::move(request));
+    return socket_.read_reply();
+  }
+  RawSocket& socket() { return socket_; }
+
+ private:
+  RawSocket socket_;
+  uint64_t id_ = 0;
+  std::vector<std::unique_ptr<MappedMemfd>> memory_;
+};
+
+std::string error_of(const control::Reply& reply) { return reply.has_error() ? reply.error().message() : ""; }
+
+// The daemon still serves a one-client job from a new connection.
+void check_still_serving(const TestDaemon& daemon) {
+  auto client = join(daemon.socket(), unique_job("after"), 0, 1);
+  const std::vector<SharedTensor> tensors = {client->allocate(TensorSpec{DType::kFloat32, 4, "dp"})};
+  const TensorSet set = client->register_tensors(tensors, {});
+  tensors[0].as<float>()[0] = 3.0f;
+  CHECK(client->allreduce(set, ReduceOptions{ReduceOp::kSum}).wait(std::chrono::seconds(10)));
+  CHECK(tensors[0].as<float>()[0] == 3.0f);
+}
+
+}  // namespace
+
+TEST_CASE("limits: a user's connections are bounded; the refused one is told the setting, the rest carry on",
+          "[integration][limits]") {
+  TestDaemon daemon({"--max-connections-per-user", "3"});
+  std::vector<std::unique_ptr<RawClient>> held;
+  for (int i = 0; i < 3; ++i) {
+    held.push_back(std::make_unique<RawClient>(daemon.socket()));
+    REQUIRE(error_of(held.back()->hello()).empty());
+  }
+  RawClient fourth(daemon.socket());
+  const std::string refused = error_of(fourth.socket().read_reply());
+  CHECK_THAT(refused, Catch::Contains("limit reached") && Catch::Contains("3 connections") &&
+                          Catch::Contains("gradsyncd --max-connections-per-user 3"));
+  held.pop_back();  // one goes; its place is free once the daemon has noticed
+  bool served = false;
+  for (int attempt = 0; attempt < 50 && !served; ++attempt) {
+    RawClient again(daemon.socket());
+    served = error_of(again.hello()).empty();
+    if (!served) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  CHECK(served);
+  held.clear();
+  check_still_serving(daemon);
+  CHECK(daemon.running());
+}
+
+TEST_CASE("limits: jobs are bounded per user and in all", "[integration][limits]") {
+  SECTION("per user") {
+    TestDaemon daemon({"--max-jobs-per-user", "2"});
+    RawClient a(daemon.socket()), b(daemon.socket()), c(daemon.socket());
+    for (RawClient* client : {&a, &b, &c}) client->hello();
+    const std::string two = unique_job("two");
+    REQUIRE(error_of(a.join(unique_job("one"), 1, 0)).empty());
+    REQUIRE(error_of(b.join(two, 2, 0)).empty());
+    const std::string refused = error_of(c.join(unique_job("three"), 1, 0));
+    CHECK_THAT(refused, Catch::Contains("already has 2 jobs") && Catch::Contains("gradsyncd --max-jobs-per-user 2"));
+    // Joining a job that exists is not a new job.
+    RawClient d(daemon.socket());
+    d.hello();
+    CHECK(error_of(d.join(two, 2, 1)).empty());
+  }
+  SECTION("in all") {
+    TestDaemon daemon({"--max-jobs", "2"});
+    RawClient a(daemon.socket()), b(daemon.socket()), c(daemon.socket());
+    for (RawClient* client : {&a, &b, &c}) client->hello();
+    REQUIRE(error_of(a.join(unique_job("one"), 1, 0)).empty());
+    REQUIRE(error_of(b.join(unique_job("two"), 1, 0)).empty());
+    CHECK_THAT(error_of(c.join(unique_job("three"), 1, 0)),
+               Catch::Contains("already runs 2 jobs") && Catch::Contains("gradsyncd --max-jobs 2"));
+  }
+}
+
+TEST_CASE("limits: a user's registrations waiting for their barrier are bounded", "[integration][limits]") {
+  TestDaemon daemon({"--max-pending-registrations-per-user", "2"});
+  auto owner = std::make_unique<RawClient>(daemon.socket());
+  RawClient& client = *owner;
+  client.hello();
+  // Rank 1 never joins: every set waits for it (up to the 20 s job timeout).
+  REQUIRE(error_of(client.join(unique_job("waiting"), 2, 0, 20'000)).empty());
+  const uint32_t segment = client.segment(4096).segment().segment_id();
+  // Three registrations in a row, without waiting: the first two wait, the third is refused.
+  for (uint32_t set = 1; set <= 3; ++set) client.send(RawClient::registration(set, segment, 4));
+  const control::Reply reply = client.socket().read_reply();
+  CHECK(reply.id() == 6);  // hello 1, join 2, segment 3, sets 1 to 3: 4 to 6
+  CHECK_THAT(error_of(reply), Catch::Contains("2 tensor-set registrations waiting") &&
+                                   Catch::Contains("gradsyncd --max-pending-registrations-per-user 2"));
+  // The user's other clients are refused too while the two wait; once they are gone (their
+  // client left, failing them), registering works again.
+  owner.reset();
+  bool served = false;
+  for (int attempt = 0; attempt < 50 && !served; ++attempt) {
+    try {
+      check_still_serving(daemon);
+      served = true;
+    } catch (const Error& e) {
+      CHECK_THAT(e.status().message(), Catch::Contains("--max-pending-registrations-per-user"));
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  }
+  CHECK(served);
+}
+
+TEST_CASE("limits: segments are bounded per client and per user", "[integration][limits]") {
+  TestDaemon daemon({"--max-segments-per-client", "3", "--max-segments-per-user", "5"});
+  auto a = std::make_unique<RawClient>(daemon.socket());
+  a->hello();
+  for (int i = 0; i < 3; ++i) REQUIRE(error_of(a->segment(4096)).empty());
+  CHECK_THAT(error_of(a->segment(4096)),
+             Catch::Contains("already announced 3 memory segments") && Catch::Contains("--max-segments-per-client 3"));
+  RawClient b(daemon.socket());
+  b.hello();
+  for (int i = 0; i < 2; ++i) REQUIRE(error_of(b.segment(4096)).empty());
+  CHECK_THAT(error_of(b.segment(4096)),
+             Catch::Contains("already holds 5 memory segments") && Catch::Contains("--max-segments-per-user 5"));
+  // A client that goes gives its segments back.
+  a.reset();
+  bool taken = false;
+  for (int attempt = 0; attempt < 50 && !taken; ++attempt) {
+    taken = error_of(b.segment(4096)).empty();
+    if (!taken) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  CHECK(taken);
+  CHECK(daemon.running());
+}
+
+TEST_CASE("limits: registered tensors are bounded per client", "[integration][limits]") {
+  TestDaemon daemon({"--max-tensors-per-client", "10"});
+  RawClient client(daemon.socket());
+  client.hello();
+  REQUIRE(error_of(client.join(unique_job("tensors"), 1, 0)).empty());
+  const uint32_t segment = client.segment(4096).segment().segment_id();
+  CHECK_THAT(error_of(client.call(RawClient::registration(1, segment, 11))),
+             Catch::Contains("would register 11 tensors") && Catch::Contains("--max-tensors-per-client 10"));
+  CHECK(error_of(client.call(RawClient::registration(2, segment, 10))).empty());
+  CHECK_THAT(error_of(client.call(RawClient::registration(3, segment, 1))),
+             Catch::Contains("--max-tensors-per-client 10"));
+  check_still_serving(daemon);
+}
+
+TEST_CASE("limits: the local world size is bounded, and a job's memory grows with the ranks that join, not the "
+          "declared size",
+          "[integration][limits]") {
+  SECTION("bounded") {
+    TestDaemon daemon({"--max-local-world-size", "8"});
+    RawClient client(daemon.socket());
+    client.hello();
+    CHECK_THAT(error_of(client.join(unique_job("wide"), 9, 0)),
+               Catch::Contains("local world size 9") && Catch::Contains("gradsyncd --max-local-world-size 8"));
+    CHECK(error_of(client.join(unique_job("narrow"), 8, 0)).empty());
+  }
+  SECTION("memory") {
+    TestDaemon daemon({"--max-local-world-size", "1024"});
+    check_still_serving(daemon);
+    const long baseline = rss_kib(daemon.pid());
+    std::vector<std::unique_ptr<RawClient>> clients;
+    for (int j = 0; j < 8; ++j) {
+      clients.push_back(std::make_unique<RawClient>(daemon.socket()));
+      clients.back()->hello();
+      REQUIRE(error_of(clients.back()->join(unique_job("declared-1024"), 1024, 0)).empty());
+    }
+    const long joined = rss_kib(daemon.pid());
+    INFO("RSS KiB: baseline " << baseline << ", 8 jobs of local world size 1024, one rank each " << joined);
+    // One client's rings are about 330 KiB: 8 of them, not 8 x 1024.
+    CHECK(mapped_memfds(daemon.pid(), "client-rings") == 8);
+    CHECK(joined - baseline < 32 * 1024);
+  }
+}
+
+TEST_CASE("limits: a registration of a million tensors is checked off the io thread, and the memory comes back",
+          "[integration][limits]") {
+  TestDaemon daemon;
+  check_still_serving(daemon);
+  const long baseline = rss_kib(daemon.pid());
+  constexpr size_t kTensors = 1'000'000;
+  const std::string frame_text = frame_of(RawClient::registration(1, 1, kTensors));
+  INFO("registration frame: " << frame_text.size() << " bytes");
+  long peak = 0;
+  {
+    RawClient big(daemon.socket());
+    big.hello();
+    REQUIRE(error_of(big.join(unique_job("million"), 1, 0)).empty());
+    REQUIRE(big.segment(kTensors * 4).segment().segment_id() == 1);
+    const auto sent_at = std::chrono::steady_clock::now();
+    big.send(RawClient::registration(1, 1, kTensors));
+    // Meanwhile another client joins another job: the io thread serves it at once.
+    const auto join_started = std::chrono::steady_clock::now();
+    RawClient other(daemon.socket());
+    other.hello();
+    REQUIRE(error_of(other.join(unique_job("meanwhile"), 1, 0)).empty());
+    const auto joined = std::chrono::steady_clock::now();
+    const bool big_answered_first = big.socket().readable();
+    const control::Reply reply = big.socket().read_reply(std::chrono::seconds(60));
+    const auto registered = std::chrono::steady_clock::now();
+    peak = rss_kib(daemon.pid());
+    const auto ms = [](auto d) { return std::chrono::duration<double, std::milli>(d).count(); };
+    INFO("another client's hello + join took " << ms(joined - join_started) << " ms; the registration took "
+                                               << ms(registered - sent_at) << " ms");
+    REQUIRE(error_of(reply).empty());
+    CHECK(reply.register_().buckets_size() > 0);
+    CHECK_FALSE(big_answered_first);
+    std::printf("million-tensor registration: %.1f ms; another client's hello + join meanwhile: %.1f ms\n",
+                ms(registered - sent_at), ms(joined - join_started));
+  }
+  // The job ended with its client: its tables are freed and handed back to the system.
+  long after = 0;
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    after = rss_kib(daemon.pid());
+    if (after - baseline < 8 * 1024) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  std::printf("daemon RSS: baseline %ld KiB, after the registration %ld KiB, after the job ended %ld KiB\n", baseline,
+              peak, after);
+  INFO("RSS KiB: baseline " << baseline << ", registered " << peak << ", after " << after);
+  CHECK(after - baseline < 8 * 1024);
+  check_still_serving(daemon);
+}
+
+}  // namespace gradsync::test
