@@ -10,10 +10,10 @@ int main(int argc, char** argv) {
   // glibc raises its mmap and trim thresholds each time a large block is freed (up to 32 and
   // 64 MiB), after which a thread arena keeps that much freed memory for good: one large
   // registration would leave the daemon tens of MB larger. Fixed thresholds keep it returning
-  // memory: blocks from 1 MiB are mapped on their own, and an arena's free top beyond 4 MiB is
+  // memory: blocks from 1 MiB are mapped on their own, and an arena's free top beyond 1 MiB is
   // given back.
   ::mallopt(M_MMAP_THRESHOLD, 1 << 20);
-  ::mallopt(M_TRIM_THRESHOLD, 4 << 20);
+  ::mallopt(M_TRIM_THRESHOLD, 1 << 20);
   gradsync::ParsedConfig parsed = gradsync::parse_daemon_config(argc, argv);
   if (!parsed.config) {
     std::fprintf(parsed.exit_code == 0 ? stdout : stderr, "%s\n", parsed.message.c_str());

@@ -15,6 +15,14 @@ KvStore::~KvStore() {
   expiry_.join();
 }
 
+bool KvStore::peek(const std::string& job, const std::string& key, std::string* value) {
+  std::lock_guard lock(mutex_);
+  std::vector<std::string> values;
+  if (!lookup_locked(job, {key}, &values)) return false;
+  *value = std::move(values[0]);
+  return true;
+}
+
 bool KvStore::lookup_locked(const std::string& job, const std::vector<std::string>& keys,
                             std::vector<std::string>* values) const {
   auto it = jobs_.find(job);

@@ -59,6 +59,9 @@ class KvStore {
   // Adds delta to the counter at key (absent counts as 0) and stores the decimal result.
   Status add(const std::string& job, const std::string& key, int64_t delta, int64_t* result);
 
+  // The value of job/key, if there is one, without waiting or counting as a use.
+  bool peek(const std::string& job, const std::string& key, std::string* value);
+
   // Removes the job's keys that start with `prefix` (every key when empty); the count removed.
   size_t delete_job(const std::string& job, const std::string& prefix = {});
 

@@ -1,5 +1,7 @@
 #include "daemon/peer/peer_auth.h"
 
+#include <random>
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -35,9 +37,21 @@ bool same(const std::string& given, const std::string& expected) {
 
 }  // namespace
 
+std::string PeerAuth::make_instance() {
+  std::random_device random;
+  std::string id;
+  static constexpr char kHex[] = "0123456789abcdef";
+  for (int i = 0; i < 8; ++i) {
+    const uint32_t word = random();
+    for (int b = 0; b < 4; ++b) id += kHex[(word >> (b * 4)) & 15];
+  }
+  return id;
+}
+
 Status PeerAuth::load(const std::string& token_file, const std::string& cert_file, const std::string& key_file,
                       const std::string& ca_file, PeerAuth* out) {
   PeerAuth auth;
+  auth.instance = make_instance();
   if (!token_file.empty()) {
     // Examined and read through one descriptor, not followed through a link, so what was
     // checked is what is read.

@@ -20,6 +20,9 @@ namespace gradsync {
 struct PeerAuth {
   std::string token;                      // empty: no token
   std::string tls_cert, tls_key, tls_ca;  // PEM text; all empty: no TLS
+  // This daemon, to the peers' stores (key_scope.h): random, made by load(), sent with every
+  // call under kInstanceKey.
+  std::string instance;
 
   bool tls() const { return !tls_ca.empty(); }
   bool configured() const { return !token.empty() || tls(); }
@@ -35,6 +38,9 @@ struct PeerAuth {
 
   // The metadata key the token travels under.
   static constexpr char kTokenKey[] = "gradsync-peer-token";
+  static constexpr char kInstanceKey[] = "gradsync-peer-instance";
+  // A new random instance id (32 hex digits).
+  static std::string make_instance();
   // Ok when the call carries the token (or none is configured); UNAUTHENTICATED otherwise.
   grpc::Status check(const grpc::ServerContextBase& context) const;
 };

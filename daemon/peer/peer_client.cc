@@ -22,6 +22,7 @@ class PeerClient::Call {
   Call(PeerClient* client, std::chrono::milliseconds timeout) : client_(client) {
     bound(&context_, timeout);
     if (client_->auth_ && !client_->auth_->token.empty()) context_.AddMetadata(PeerAuth::kTokenKey, client_->auth_->token);
+    context_.AddMetadata(PeerAuth::kInstanceKey, client_->instance_);
     std::lock_guard lock(client_->mutex_);
     refused_ = client_->cancelled_;
     if (refused_.ok()) client_->in_flight_.insert(&context_);
@@ -62,7 +63,8 @@ PeerClient::PeerClient(std::string address, std::shared_ptr<const PeerAuth> auth
     : address_(std::move(address)),
       auth_(std::move(auth)),
       channel_(grpc::CreateChannel(address_, auth_ ? auth_->channel_credentials() : grpc::InsecureChannelCredentials())),
-      stub_(peer::Peer::NewStub(channel_)) {}
+      stub_(peer::Peer::NewStub(channel_)),
+      instance_(auth_ && !auth_->instance.empty() ? auth_->instance : PeerAuth::make_instance()) {}
 
 Status PeerClient::set(const std::string& job, const std::string& key, const std::string& value,
                        std::chrono::milliseconds timeout) {

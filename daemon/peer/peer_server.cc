@@ -42,10 +42,26 @@ Status from_grpc(const grpc::Status& status, const std::string& context) {
   }
 }
 
+namespace {
+
+// The calling daemon's instance id (key_scope.h); empty when the call carries none.
+std::string instance_of(const grpc::ServerContextBase& context) {
+  const auto& metadata = context.client_metadata();
+  auto it = metadata.find(PeerAuth::kInstanceKey);
+  if (it == metadata.end() || it->second.size() > 64) return {};
+  return std::string(it->second.data(), it->second.size());
+}
+
+}  // namespace
+
 grpc::ServerUnaryReactor* PeerService::Set(grpc::CallbackServerContext* context, const peer::SetRequest* request,
                                            peer::SetReply* reply) {
   if (auto* refused = refuse(context)) return refused;
   auto* reactor = context->DefaultReactor();
+  if (Status scoped = scope_.may_set(request->job(), request->key(), instance_of(*context)); !scoped.ok()) {
+    reactor->Finish(to_grpc(scoped));
+    return reactor;
+  }
   if (request->if_absent()) {
     bool stored = false;
     const Status status = store_->set_if_absent(request->job(), request->key(), request->value(), &stored);
@@ -117,8 +133,13 @@ std::string caller_host(const std::string& peer) {
 grpc::ServerUnaryReactor* PeerService::Get(grpc::CallbackServerContext* context, const peer::GetRequest* request,
                                            peer::GetReply* reply) {
   if (auto* refused = refuse(context)) return refused;
-  auto* reactor = new GetReactor(store_);
   std::vector<std::string> keys(request->keys().begin(), request->keys().end());
+  if (Status scoped = scope_.may_get(request->job(), keys, instance_of(*context)); !scoped.ok()) {
+    auto* reactor = context->DefaultReactor();
+    reactor->Finish(to_grpc(scoped));
+    return reactor;
+  }
+  auto* reactor = new GetReactor(store_);
   const auto timeout = std::min(kMaxWait, std::chrono::milliseconds(request->timeout_ms()));
   const uint64_t id = store_->get(
       request->job(), std::move(keys), timeout,
@@ -136,7 +157,8 @@ grpc::ServerUnaryReactor* PeerService::Add(grpc::CallbackServerContext* context,
   if (auto* refused = refuse(context)) return refused;
   auto* reactor = context->DefaultReactor();
   int64_t value = 0;
-  const Status status = store_->add(request->job(), request->key(), request->delta(), &value);
+  Status status = scope_.may_add(request->job(), request->key(), request->delta(), instance_of(*context));
+  if (status.ok()) status = store_->add(request->job(), request->key(), request->delta(), &value);
   reply->set_value(value);
   reactor->Finish(to_grpc(status));
   return reactor;
@@ -146,6 +168,10 @@ grpc::ServerUnaryReactor* PeerService::DeleteJob(grpc::CallbackServerContext* co
                                                  const peer::DeleteJobRequest* request, peer::DeleteJobReply* reply) {
   if (auto* refused = refuse(context)) return refused;
   auto* reactor = context->DefaultReactor();
+  if (Status scoped = scope_.may_delete(request->job(), request->prefix(), instance_of(*context)); !scoped.ok()) {
+    reactor->Finish(to_grpc(scoped));
+    return reactor;
+  }
   reply->set_removed(store_->delete_job(request->job(), request->prefix()));
   reactor->Finish(grpc::Status::OK);
   return reactor;

@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 
+#include "daemon/peer/key_scope.h"
 #include "daemon/peer/kv_store.h"
 #include "daemon/peer/peer_auth.h"
 #include "daemon/util/log.h"
@@ -44,6 +45,7 @@ class PeerService final : public peer::Peer::CallbackService {
   grpc::ServerUnaryReactor* refuse(grpc::CallbackServerContext* context);
 
   KvStore* store_;
+  KeyScope scope_{store_};  // what each caller may do with a job's keys
   ProgressLookup progress_;
   std::shared_ptr<const PeerAuth> auth_;  // never null
 };

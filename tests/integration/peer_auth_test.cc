@@ -180,8 +180,9 @@ TEST_CASE("peer store bounds: a flood of values is refused at the job's limit an
   const std::string value(1 << 20, 'v');
   Status refused;
   int stored = 0;
+  REQUIRE(client.set("0.flood", "g0/node/0", "x", kShort).ok());  // a node of the job may write its keys
   for (; stored < 200; ++stored) {
-    refused = client.set("0.flood", "k" + std::to_string(stored), value, kShort);
+    refused = client.set("0.flood", "g0/group/dp/k" + std::to_string(stored), value, kShort);
     if (!refused.ok()) break;
   }
   INFO(refused.to_string());
@@ -192,16 +193,17 @@ TEST_CASE("peer store bounds: a flood of values is refused at the job's limit an
   const long flooded = rss_kib(daemon.pid());
   CHECK(flooded - baseline > 50 * 1024);
   // Another job is unaffected.
-  REQUIRE(client.set("0.other", "k", "v", kShort).ok());
-  REQUIRE(client.delete_job("0.flood", kShort).ok());
+  REQUIRE(client.set("0.other", "g0/node/0", "v", kShort).ok());
+  REQUIRE(client.delete_job("0.flood", kShort, "g0/").ok());
   const long after = rss_kib(daemon.pid());
   INFO("RSS KiB: baseline " << baseline << ", flooded " << flooded << ", after delete " << after);
   CHECK(after - baseline < 8 * 1024);
   // A get parked for a minute whose caller gives up is freed now, not at its deadline.
   auto waiting = std::make_shared<PeerClient>(address, auth);
+  REQUIRE(waiting->set("0.wait", "g0/node/0", "x", kShort).ok());
   std::thread parked([waiting] {
     std::vector<std::string> values;
-    waiting->get("0.wait", {"never"}, std::chrono::minutes(1), &values);
+    waiting->get("0.wait", {"g0/never"}, std::chrono::minutes(1), &values);
   });
   bool seen = false;
   for (int i = 0; i < 100 && !seen; ++i) {

@@ -27,25 +27,28 @@ TEST_CASE("peer service: set, get, add and ping work over gRPC", "[integration][
   PeerDaemon peer;
   PeerClient client(peer.address());
   REQUIRE(client.ping(kShort).ok());
-  REQUIRE(client.set("job-a", "key", "value", kShort).ok());
+  REQUIRE(client.set("job-a", "g0/node/0", "value", kShort).ok());
   std::vector<std::string> values;
-  REQUIRE(client.get("job-a", {"key"}, kShort, &values).ok());
+  REQUIRE(client.get("job-a", {"g0/node/0"}, kShort, &values).ok());
   CHECK(values == std::vector<std::string>{"value"});
   int64_t counter = 0;
-  REQUIRE(client.add("job-a", "counter", 5, kShort, &counter).ok());
-  REQUIRE(client.add("job-a", "counter", -2, kShort, &counter).ok());
-  CHECK(counter == 3);
+  REQUIRE(client.add("job-a", "incarnations", 1, kShort, &counter).ok());
+  REQUIRE(client.add("job-a", "incarnations", 1, kShort, &counter).ok());
+  CHECK(counter == 2);
+  REQUIRE(client.add("job-a", "g0/ended", 1, kShort, &counter).ok());
+  CHECK(counter == 1);
 }
 
 TEST_CASE("peer service: a get waits until another daemon sets the key", "[integration][peer]") {
   PeerDaemon peer;
   PeerClient waiter(peer.address());
+  REQUIRE(waiter.set("job-b", "g0/node/1", "waiting", kShort).ok());
   std::thread setter([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
-    PeerClient(peer.address()).set("job-b", "late", "here", kShort);
+    PeerClient(peer.address()).set("job-b", "g0/node/0", "here", kShort);
   });
   std::vector<std::string> values;
-  const Status status = waiter.get("job-b", {"late"}, std::chrono::milliseconds(10'000), &values);
+  const Status status = waiter.get("job-b", {"g0/node/0"}, std::chrono::milliseconds(10'000), &values);
   setter.join();
   REQUIRE(status.ok());
   CHECK(values == std::vector<std::string>{"here"});
@@ -54,7 +57,9 @@ TEST_CASE("peer service: a get waits until another daemon sets the key", "[integ
 TEST_CASE("peer service: a get for a key nobody sets times out with a clear error", "[integration][peer]") {
   PeerDaemon peer;
   std::vector<std::string> values;
-  const Status status = PeerClient(peer.address()).get("job-c", {"never"}, std::chrono::milliseconds(300), &values);
+  PeerClient client(peer.address());
+  REQUIRE(client.set("job-c", "g0/node/0", "x", kShort).ok());
+  const Status status = client.get("job-c", {"g0/never"}, std::chrono::milliseconds(300), &values);
   CHECK(status.code() == ErrorCode::kTimeout);
   CHECK_THAT(status.message(), Catch::Contains("never"));
 }
@@ -62,12 +67,16 @@ TEST_CASE("peer service: a get for a key nobody sets times out with a clear erro
 TEST_CASE("peer service: deleting a job removes its keys only", "[integration][peer]") {
   PeerDaemon peer;
   PeerClient client(peer.address());
-  REQUIRE(client.set("job-d", "k", "1", kShort).ok());
-  REQUIRE(client.set("job-e", "k", "2", kShort).ok());
-  REQUIRE(client.delete_job("job-d", kShort).ok());
+  REQUIRE(client.set("job-d", "g0/node/0", "1", kShort).ok());
+  REQUIRE(client.set("job-e", "g0/node/0", "2", kShort).ok());
+  REQUIRE(client.delete_job("job-d", kShort, "g0/").ok());
+  // Node 0 of job-d is free again (its claim went with the keys), and its value is gone.
+  PeerClient other(peer.address());
+  REQUIRE(other.set("job-d", "g0/node/1", "probe", kShort).ok());
   std::vector<std::string> values;
-  CHECK(client.get("job-d", {"k"}, std::chrono::milliseconds(0), &values).code() == ErrorCode::kNotFound);
-  REQUIRE(client.get("job-e", {"k"}, std::chrono::milliseconds(0), &values).ok());
+  CHECK(other.get("job-d", {"g0/node/0"}, std::chrono::milliseconds(0), &values).code() == ErrorCode::kNotFound);
+  CHECK(other.set("job-d", "g0/node/0", "3", kShort).ok());
+  REQUIRE(client.get("job-e", {"g0/node/0"}, std::chrono::milliseconds(0), &values).ok());
   CHECK(values == std::vector<std::string>{"2"});
 }
 
