@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <csignal>
 #include <cstdlib>
+#include <fstream>
 
 #include "shared/version.h"
 
@@ -43,6 +44,14 @@ Daemon::Daemon(DaemonConfig config, std::function<ParsedConfig()> reparse)
     files.rlim_cur = files.rlim_max;
     ::setrlimit(RLIMIT_NOFILE, &files);
   }
+  {
+    // Segments of all users stay within half of the kernel's mappings per process.
+    LocalLimits limits = config_.limits;
+    std::ifstream max_map_count("/proc/sys/vm/max_map_count");
+    uint64_t maps = 0;
+    if (max_map_count >> maps && maps >= 2) limits.segments_total = static_cast<uint32_t>(std::min<uint64_t>(maps / 2, UINT32_MAX));
+    users_ = std::make_shared<UserCounts>(limits);
+  }
   device_engines_ = make_device_engine_factory(config_.nccl_keep_idle);
   backends_ = make_backend_factory(log_, device_engines_.get(),
                                    std::vector<uint32_t>(config_.legacy_ipc_uids.begin(), config_.legacy_ipc_uids.end()));
@@ -72,6 +81,7 @@ Daemon::Daemon(DaemonConfig config, std::function<ParsedConfig()> reparse)
   RegistryOptions registry{&io_, &pool_, log_, config_.default_timeout, config_.max_timeout, {}, reaper_.get()};
   registry.failures = &failures_;
   registry.limits = config_.limits;
+  registry.users = users_;
   registry.setup = &setup_;
   registry.progress = &progress_;
   const std::string host = advertise_host(config_);
@@ -90,7 +100,7 @@ Daemon::Daemon(DaemonConfig config, std::function<ParsedConfig()> reparse)
   registry_ = std::make_unique<JobRegistry>(std::move(registry));
   server_ = std::make_unique<ControlServer>(
       io_, ControlServerOptions{config_.socket_path, config_.allowed_uids, registry_.get(), backends_.get(), log_,
-                                config_.connection_timeout, &setup_, std::make_shared<UserCounts>(config_.limits)});
+                                config_.connection_timeout, &setup_, users_});
   if (config_.admin_address != "none" || !config_.admin_tcp.empty() || !config_.metrics_address.empty()) {
     admin::IoDaemonViewOptions view;
     view.io = &io_;

@@ -97,6 +97,7 @@ std::string ClientHandler::who() const {
 }
 
 void ClientHandler::disconnected(const Status& why) {
+  closed_ = true;
   if (!job_) return;
   // Daemon shutdown is not the client's fault: the others learn the daemon's reason.
   if (why.code() == ErrorCode::kAborted) return leave_job(why);
@@ -136,10 +137,20 @@ admin::ClientInfo ClientHandler::info() const {
 template <class Work, class Then>
 void ClientHandler::offload(Work work, Then then) {
   busy_ = true;
+  // Nothing comes back to a handler that is gone or whose connection closed meanwhile (a join
+  // finishing then would leave a member nobody can remove). A continuation that throws ends
+  // this connection, never the daemon.
   auto back = [alive = alive_, this, then = std::move(then)](auto result) mutable {
-    if (*alive) then(std::move(result));
+    if (!*alive || closed_) return;
+    try {
+      then(std::move(result));
+    } catch (const Error& e) {
+      if (options_.refuse) options_.refuse(e.status());
+    } catch (const std::exception& e) {
+      if (options_.refuse) options_.refuse(Status::internal(std::string("request failed: ") + e.what()));
+    }
   };
-  if (!options_.setup) return back(work());  // tests: inline
+  if (!options_.setup) return back(SetupThreads::guarded(work));  // tests: inline
   options_.setup->run(std::move(work), std::move(back));
 }
 
@@ -180,7 +191,11 @@ void ClientHandler::handle(control::Request request, std::vector<UniqueFd> fds) 
       case control::Request::kHello: status = on_hello(request.hello(), &reply); break;
       case control::Request::kJoin: status = on_join(request.id(), request.join()); break;
       case control::Request::kSegment: status = on_segment(request.id(), request.segment(), std::move(fds)); break;
-      case control::Request::kRegister: status = on_register(request.id(), std::move(request)); break;
+      case control::Request::kRegister: {
+        const uint64_t id = request.id();  // read before the request moves into the call
+        status = on_register(id, std::move(request));
+        break;
+      }
       case control::Request::BODY_NOT_SET: status = Status::invalid_argument("empty or unknown request type"); break;
     }
     if (status.ok() && reply.body_case() == control::Reply::BODY_NOT_SET) return;
@@ -380,6 +395,19 @@ Status check_registration(const control::RegisterRequest& request, const Topolog
 }  // namespace
 
 Status ClientHandler::on_register(uint64_t request_id, control::Request request) {
+  // A refused registration of many tensors is freed off the io thread, like it was decoded.
+  struct FreeOffIo {
+    SetupThreads* setup;
+    control::Request* request;
+    bool keep = false;
+    ~FreeOffIo() {
+      if (keep || !setup || request->register_().tensors_size() < 4096) return;
+      setup->run([r = std::make_shared<control::Request>(std::move(*request))]() mutable {
+        r.reset();
+        return Status();
+      }, [](Status) {});
+    }
+  } free_off_io{options_.setup, &request};
   if (!job_) return Status::invalid_argument("join a job before registering tensors");
   const control::RegisterRequest& body = request.register_();
   if (body.tensors_size() == 0) return Status::invalid_argument("a tensor set needs at least one tensor");
@@ -396,6 +424,7 @@ Status ClientHandler::on_register(uint64_t request_id, control::Request request)
       !status.ok()) {
     return status;
   }
+  free_off_io.keep = true;  // it moves into the check below
   struct Checked {
     Status status;
     SetRegistration reg;

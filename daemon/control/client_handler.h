@@ -45,6 +45,8 @@ struct ClientHandlerOptions {
   ReplySender send;  // must be safe to call after the handler is gone
   // Called on the io thread when a request that made the handler busy() is done.
   std::function<void()> resume;
+  // Ends the connection with an error (a request whose work failed unexpectedly).
+  std::function<void(const Status&)> refuse;
   SetupThreads* setup = nullptr;  // null: the work runs inline (tests)
   std::shared_ptr<UserCounts> users;  // required
 };
@@ -72,6 +74,8 @@ class ClientHandler {
   // Whether the client joined a job (and is in it): a joined trainer may stay quiet on the
   // control socket for as long as it trains.
   bool joined() const { return job_ != nullptr; }
+  // Whether the client's job has failed: it may re-join, but not hold the failed job forever.
+  bool in_failed_job() const { return job_ != nullptr && !job_->failure().ok(); }
 
  private:
   Status on_hello(const control::Hello& hello, control::Reply* reply);
@@ -102,6 +106,7 @@ class ClientHandler {
   // callbacks, which give a failed registration's back.
   std::shared_ptr<uint64_t> tensors_ = std::make_shared<uint64_t>(0);
   bool busy_ = false;
+  bool closed_ = false;  // the connection ended; work still coming back is dropped
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);  // false once destroyed
 };
 

@@ -30,6 +30,9 @@ struct LocalLimits {
   uint32_t segments_per_user = 16384;             // --max-segments-per-user (a mapping each)
   uint64_t tensors_per_client = 1u << 20;         // --max-tensors-per-client
   uint32_t local_world_size = 256;                // --max-local-world-size (at most 1024)
+  // Segments of all users together: half of vm.max_map_count, read at start (not a flag), so
+  // that the daemon's own mappings (rings, stacks, large blocks) always have room.
+  uint32_t segments_total = 32765;
   bool operator==(const LocalLimits&) const = default;
 };
 
@@ -37,7 +40,7 @@ struct LocalLimits {
 // thread, e.g. with a registration callback the worker drops).
 class UserCounts : public std::enable_shared_from_this<UserCounts> {
  public:
-  enum class What { kConnections, kPendingRegistrations, kSegments };
+  enum class What { kConnections, kPendingRegistrations, kSegments, kJobs };
 
   explicit UserCounts(LocalLimits limits) : limits_(limits) {}
   const LocalLimits& limits() const { return limits_; }
@@ -61,8 +64,12 @@ class UserCounts : public std::enable_shared_from_this<UserCounts> {
     uint64_t n_ = 0;
   };
 
+  // The daemon-wide counts' key (no user has this uid).
+  static constexpr uid_t kEveryone = static_cast<uid_t>(-1);
+
   // Takes `n` of `what` for `uid`, or says which limit that would pass (resource_exhausted,
-  // naming the setting).
+  // naming the setting). Segments and jobs count against a daemon-wide limit too
+  // (segments_total, --max-jobs); `ticket` then holds both.
   Status take(What what, uid_t uid, uint64_t n, Ticket* ticket);
 
   // How many `uid` holds now.
@@ -70,6 +77,7 @@ class UserCounts : public std::enable_shared_from_this<UserCounts> {
 
  private:
   void give_back(What what, uid_t uid, uint64_t n);
+  Status take_locked(What what, uid_t uid, uint64_t n);
 
   const LocalLimits limits_;
   mutable std::mutex mutex_;

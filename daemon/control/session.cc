@@ -59,6 +59,9 @@ void Session::start() {
       if (auto self = weak.lock()) self->resume();
     });
   };
+  handler.refuse = [weak](const Status& status) {
+    if (auto self = weak.lock()) self->refuse(status);
+  };
   handler.setup = options_.setup;
   handler.users = options_.users;
   handler_.emplace(std::move(handler));
@@ -127,7 +130,9 @@ void Session::close(const Status& why) {
 }
 
 void Session::resume() {
-  if (closing_ || !handler_ || waiting()) return;
+  if (closing_ || !handler_) return;
+  last_request_ = std::chrono::steady_clock::now();
+  if (waiting()) return;
   // Frames that arrived meanwhile are served now; then the reader goes on.
   const uint64_t begun = frame_begin_;
   if (!serve_frames()) {
@@ -213,11 +218,31 @@ asio::awaitable<void> Session::watch_loop() {
     co_await watch_timer_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
     if (ec || closing_ || !handler_) break;
     const auto now = std::chrono::steady_clock::now();
+    // A request being served off the io thread is the daemon's time, not the client's.
+    if (waiting()) {
+      last_request_ = now;
+      if (frame_started_) frame_started_ = now;
+      continue;
+    }
     if (frame_started_ && now - *frame_started_ > limit) {
       log_.warning("closing connection: a request frame begun " + ms(now - *frame_started_) +
                    " ms ago is still incomplete (gradsyncd --connection-timeout-ms " + std::to_string(limit.count()) + ")");
       refuse(Status::timeout("a request frame was not completed within " + std::to_string(limit.count()) +
                              " ms (gradsyncd --connection-timeout-ms)"));
+      break;
+    }
+    // A member of a failed job that neither leaves nor re-joins would keep the job (its
+    // worker, its memory) alive against the job limits: it gets the same bound.
+    if (!handler_->in_failed_job()) {
+      failed_since_.reset();
+    } else if (!failed_since_) {
+      failed_since_ = now;
+    } else if (now - *failed_since_ > limit) {
+      log_.info("closing connection: its job failed " + ms(now - *failed_since_) +
+                " ms ago and it neither left nor joined again (gradsyncd --connection-timeout-ms " +
+                std::to_string(limit.count()) + ")");
+      refuse(Status::timeout("the job failed and the client neither left nor joined again within " +
+                             std::to_string(limit.count()) + " ms (gradsyncd --connection-timeout-ms)"));
       break;
     }
     if (!handler_->joined() && now - last_request_ > limit) {
@@ -247,17 +272,28 @@ bool Session::serve_frames() {
     if (!payload) return true;
     const uint64_t frame_end = frame_begin_ + kFrameHeaderBytes + payload->size();
     const size_t bytes = payload->size();
+    // Only a joined client's registration is ever this large; anything else is refused before
+    // it costs a parse.
+    if (bytes > kInlineParseBytes && !handler_->joined()) {
+      refuse(Status::invalid_argument("a request of " + std::to_string(bytes) +
+                                      " bytes before joining a job (only a registration may exceed " +
+                                      std::to_string(kInlineParseBytes) + " bytes)"));
+      return false;
+    }
     if (bytes > kInlineParseBytes && options_.setup) {
       parsing_ = true;
       struct Parsed {
-        bool ok = false;
+        Status status;
         control::Request request;
       };
       std::weak_ptr<Session> weak = weak_from_this();
       options_.setup->run(
-          [payload = std::make_shared<std::string>(std::move(*payload))] {
+          [payload = std::make_shared<std::string>(std::move(*payload)), bytes] {
             Parsed parsed;
-            parsed.ok = parsed.request.ParseFromString(*payload);
+            if (!parsed.request.ParseFromString(*payload)) {
+              parsed.status = Status::protocol("malformed request: " + std::to_string(bytes) +
+                                               " bytes do not parse as gradsync.control.Request");
+            }
             return parsed;
           },
           [weak, frame_end, bytes, setup = options_.setup](Parsed parsed) {
@@ -268,13 +304,12 @@ bool Session::serve_frames() {
               self->resumed_.cancel();
               return;
             }
-            if (!parsed.ok) {
-              self->refuse(Status::protocol("malformed request: " + std::to_string(bytes) +
-                                            " bytes do not parse as gradsync.control.Request"));
+            if (!parsed.status.ok()) {
+              self->refuse(parsed.status);
               return;
             }
             if (self->dispatch(std::move(parsed.request), frame_end)) self->resume();
-            setup->trim();
+            if (bytes > kTrimAfterBytes) setup->trim();
           });
       return true;
     }

@@ -105,6 +105,8 @@ class Session : public std::enable_shared_from_this<Session> {
   // (nullopt: none begun).
   std::chrono::steady_clock::time_point last_request_ = std::chrono::steady_clock::now();
   std::optional<std::chrono::steady_clock::time_point> frame_started_;
+  // Since when the client's job has failed while it stays in it (nullopt: not in a failed job).
+  std::optional<std::chrono::steady_clock::time_point> failed_since_;
   bool closing_ = false;         // no more reads; close once the outbox is flushed
   bool parsing_ = false;         // a large frame is being parsed off the io thread
   boost::asio::steady_timer resumed_;  // the reader sleeps on it while waiting()

@@ -10,8 +10,13 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/thread_pool.hpp>
+#include <atomic>
+#include <exception>
 #include <memory>
+#include <type_traits>
 #include <utility>
+
+#include "shared/status.h"
 
 namespace gradsync {
 
@@ -24,23 +29,54 @@ class SetupThreads {
   SetupThreads(const SetupThreads&) = delete;
   SetupThreads& operator=(const SetupThreads&) = delete;
 
-  // Calls work() on a setup thread, then then(result) on the io thread. Neither may throw.
+  // Calls work() on a setup thread, then then(result) on the io thread. work() returns a
+  // default-constructible result with a `status` member: an exception it throws (out of
+  // memory, say) becomes that status, since an exception escaping a pool thread would end the
+  // daemon. then() must not throw.
   template <class Work, class Then>
   void run(Work work, Then then) {
     boost::asio::post(pool_, [io = io_, work = std::move(work), then = std::move(then)]() mutable {
-      auto result = std::make_shared<decltype(work())>(work());
+      auto result = std::make_shared<decltype(work())>(guarded(work));
       boost::asio::post(*io, [then = std::move(then), result]() mutable { then(std::move(*result)); });
     });
   }
 
+  template <class Work>
+  static auto guarded(Work& work) -> decltype(work()) {
+    try {
+      return work();
+    } catch (const Error& e) {
+      return failed<decltype(work())>(e.status());
+    } catch (const std::exception& e) {
+      return failed<decltype(work())>(Status::internal(std::string("setup failed: ") + e.what()));
+    }
+  }
+
   // Hands the heap's free pages back to the system (glibc keeps freed memory in its arenas: a
-  // 16 MiB registration would otherwise leave the daemon that much larger for good).
+  // 16 MiB registration would otherwise leave the daemon that much larger for good). At most
+  // one trim is queued at a time: it walks every arena under its lock.
   void trim() {
-    boost::asio::post(pool_, [] { ::malloc_trim(0); });
+    if (trim_queued_.exchange(true)) return;
+    boost::asio::post(pool_, [this] {
+      trim_queued_ = false;
+      ::malloc_trim(0);
+    });
   }
 
  private:
+  template <class Result>
+  static Result failed(Status status) {
+    if constexpr (std::is_same_v<Result, Status>) {
+      return status;
+    } else {
+      Result result{};
+      result.status = std::move(status);
+      return result;
+    }
+  }
+
   boost::asio::io_context* io_;
+  std::atomic<bool> trim_queued_{false};
   boost::asio::thread_pool pool_;
 };
 

@@ -62,10 +62,12 @@ Job::~Job() {
   fail_pending(ended);
   // The worker owns the rings it drains; it goes to the reaper, which stops it off the io thread.
   // So do the job's sets, so that a large set's memory is freed (and returned, reaper.h) there.
-  options_.reaper->adopt([worker = std::move(worker_), ended, sets = std::move(committed_)]() mutable {
+  options_.reaper->adopt([worker = std::move(worker_), ended, sets = std::move(committed_),
+                          ticket = std::move(options_.ticket)]() mutable {
     worker->stop(ended);
     worker.reset();
     sets.clear();
+    ticket.reset();  // the job no longer counts against the limits
   });
   log_.info("ended");
 }
@@ -306,7 +308,13 @@ void Job::commit(uint32_t set_id) {
       }
       return;
     }
-    self->committed(set_id, std::move(built.status), std::move(built.set), std::move(pending->by_local_rank));
+    try {
+      self->committed(set_id, std::move(built.status), std::move(built.set), std::move(pending->by_local_rank));
+    } catch (const std::exception& e) {
+      // Out of memory, say: the job fails (its clients hear why), the daemon does not.
+      self->fail(Status::internal("job " + self->params().id + ": committing set " + std::to_string(set_id) +
+                                  " failed: " + e.what()));
+    }
   };
   // Comparing and planning a set of a million tensors takes a while: off the io thread.
   if (options_.setup) return options_.setup->run(std::move(build), std::move(finish));

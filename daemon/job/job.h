@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "daemon/backend/factory.h"
+#include "daemon/control/local_limits.h"
 #include "daemon/control/setup_threads.h"
 #include "daemon/engine/factory.h"
 #include "daemon/job/failure_counts.h"
@@ -77,6 +78,8 @@ struct JobOptions {
   // makes it (tests).
   std::shared_ptr<JobDoorbell> doorbell;
   SetupThreads* setup = nullptr;  // checks and plans complete sets; null: inline (tests)
+  // The job's place against the job limits, given back once the reaper retired it.
+  std::shared_ptr<UserCounts::Ticket> ticket;
 };
 
 struct MemberInfo {

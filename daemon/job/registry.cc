@@ -1,6 +1,5 @@
 #include "daemon/job/registry.h"
 
-#include <algorithm>
 
 namespace gradsync {
 
@@ -90,17 +89,12 @@ Status JobRegistry::join(const control::JoinRequest& request, const MemberInfo& 
   }
   if (it == jobs_.end()) {
     if (!refusing_new_.ok()) return refusing_new_;
-    // Each job has a worker thread (two across nodes): jobs are bounded per user and in all.
-    const auto of_user = std::count_if(jobs_.begin(), jobs_.end(), [&](const auto& j) { return j.first.first == key.first; });
-    if (of_user >= static_cast<long>(limits.jobs_per_user)) {
-      return limit_reached("uid " + std::to_string(member.uid) + " already has " + std::to_string(of_user) +
-                               " jobs in this daemon, at most " + std::to_string(limits.jobs_per_user) + " per user",
-                           "max-jobs-per-user", limits.jobs_per_user);
-    }
-    if (jobs_.size() >= limits.jobs) {
-      return limit_reached("this daemon already runs " + std::to_string(jobs_.size()) + " jobs, at most " +
-                               std::to_string(limits.jobs),
-                           "max-jobs", limits.jobs);
+    // Each job has a worker thread (two across nodes): jobs are bounded per user and in all,
+    // counting every Job that exists, not just those in this map (a failed job lives on while
+    // members stay, and until the reaper has retired it).
+    auto ticket = std::make_shared<UserCounts::Ticket>();
+    if (Status status = options_.users->take(UserCounts::What::kJobs, member.uid, 1, ticket.get()); !status.ok()) {
+      return status;
     }
     JobOptions options;
     options.params = params;
@@ -115,6 +109,7 @@ Status JobRegistry::join(const control::JoinRequest& request, const MemberInfo& 
     options.progress = options_.progress;
     options.doorbell = std::move(doorbell);
     options.setup = options_.setup;
+    options.ticket = std::move(ticket);
     it = jobs_.emplace(key, std::make_shared<Job>(std::move(options))).first;
   }
   const JobParams& p = it->second->params();
@@ -133,7 +128,10 @@ Status JobRegistry::join(const control::JoinRequest& request, const MemberInfo& 
     return Status::invalid_argument("inconsistent groups: this client declares different process groups than "
                                     "the other clients of job " + p.id);
   }
-  if (Status status = it->second->admit(member, std::move(channel), fds); !status.ok()) return status;
+  if (Status status = it->second->admit(member, std::move(channel), fds); !status.ok()) {
+    if (it->second->empty()) jobs_.erase(it);  // formed by this join: nobody is in it
+    return status;
+  }
   *job = it->second;
   return Status::ok_status();
 }

@@ -31,13 +31,18 @@ struct RegistryOptions {
   ExecutionSettings execution;
   FailureCounts* failures = nullptr;  // outlives the registry; may be null
   ProgressBoard* progress = nullptr;  // outlives the registry; may be null
-  LocalLimits limits;  // jobs per user and in all, local world size
+  LocalLimits limits;  // local world size (jobs are counted by `users`)
+  // Every job holds a ticket here (per user and daemon-wide) until the reaper has retired it.
+  // Null: a private one with `limits`.
+  std::shared_ptr<UserCounts> users;
   SetupThreads* setup = nullptr;  // given to the jobs; null: inline (tests)
 };
 
 class JobRegistry {
  public:
-  explicit JobRegistry(RegistryOptions options) : options_(std::move(options)) {}
+  explicit JobRegistry(RegistryOptions options) : options_(std::move(options)) {
+    if (!options_.users) options_.users = std::make_shared<UserCounts>(options_.limits);
+  }
 
   // Validates the request, finds or forms its job and admits the member with `channel` as its
   // rings; `doorbell` becomes the job's if this join forms it. Both are made by the caller, off

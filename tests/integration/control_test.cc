@@ -714,9 +714,9 @@ TEST_CASE("hygiene: a client's string echoed in an error or logged is one bounde
   JoinOptions options{job, 0, 4, 0, 2};
   options.rendezvous = rendezvous;
   first->join(options);
-  // The second rank names another rendezvous: 100 KB with a forged log line and a terminal
-  // escape in it.
-  const std::string hostile = "x\n2026-01-01T00:00:00.000Z E gradsyncd: FORGED\x1b[31m" + std::string(100'000, 'y');
+  // The second rank names another rendezvous: 60 KB (a larger request is refused before it is
+  // parsed) with a forged log line and a terminal escape in it.
+  const std::string hostile = "x\n2026-01-01T00:00:00.000Z E gradsyncd: FORGED\x1b[31m" + std::string(60'000, 'y');
   auto second = Client::connect(ConnectOptions{daemon.socket()});
   JoinOptions other{job, 1, 4, 1, 2};
   other.rendezvous = hostile;

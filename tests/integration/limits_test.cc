@@ -142,7 +142,7 @@ TEST_CASE("limits: jobs are bounded per user and in all", "[integration][limits]
     REQUIRE(error_of(a.join(unique_job("one"), 1, 0)).empty());
     REQUIRE(error_of(b.join(two, 2, 0)).empty());
     const std::string refused = error_of(c.join(unique_job("three"), 1, 0));
-    CHECK_THAT(refused, Catch::Contains("already has 2 jobs") && Catch::Contains("gradsyncd --max-jobs-per-user 2"));
+    CHECK_THAT(refused, Catch::Contains("already holds 2 jobs") && Catch::Contains("gradsyncd --max-jobs-per-user 2"));
     // Joining a job that exists is not a new job.
     RawClient d(daemon.socket());
     d.hello();
@@ -155,8 +155,58 @@ TEST_CASE("limits: jobs are bounded per user and in all", "[integration][limits]
     REQUIRE(error_of(a.join(unique_job("one"), 1, 0)).empty());
     REQUIRE(error_of(b.join(unique_job("two"), 1, 0)).empty());
     CHECK_THAT(error_of(c.join(unique_job("three"), 1, 0)),
-               Catch::Contains("already runs 2 jobs") && Catch::Contains("gradsyncd --max-jobs 2"));
+               Catch::Contains("already has 2 jobs") && Catch::Contains("gradsyncd --max-jobs 2"));
   }
+}
+
+TEST_CASE("limits: a failed job whose member stays still counts against the job limits, and that member is "
+          "disconnected after --connection-timeout-ms",
+          "[integration][limits]") {
+  TestDaemon daemon({"--max-jobs-per-user", "2", "--connection-timeout-ms", "1000"});
+  const std::string x = unique_job("x");
+  auto a = std::make_unique<RawClient>(daemon.socket());
+  a->hello();
+  REQUIRE(error_of(a->join(x, 2, 0)).empty());
+  {
+    RawClient b(daemon.socket());
+    b.hello();
+    REQUIRE(error_of(b.join(x, 2, 1)).empty());
+  }  // b leaves: x fails; a stays in it
+  // A new incarnation of x forms beside the failed one, which a keeps alive: two jobs.
+  RawClient c(daemon.socket());
+  c.hello();
+  control::Reply joined;
+  for (int attempt = 0; attempt < 50; ++attempt) {
+    joined = c.join(x, 2, 0);
+    if (error_of(joined).empty()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  REQUIRE(error_of(joined).empty());
+  RawClient d(daemon.socket());
+  d.hello();
+  CHECK_THAT(error_of(d.join(unique_job("y"), 1, 0)),
+             Catch::Contains("already holds 2 jobs") && Catch::Contains("--max-jobs-per-user 2"));
+  // a neither leaves nor re-joins: the daemon closes it, telling it why, and the failed job goes.
+  const control::Reply notice = a->socket().read_reply(std::chrono::seconds(15));
+  CHECK_THAT(error_of(notice), Catch::Contains("the job failed and the client neither left nor joined again"));
+  a.reset();
+  bool formed = false;
+  for (int attempt = 0; attempt < 100 && !formed; ++attempt) {
+    RawClient e(daemon.socket());
+    e.hello();
+    formed = error_of(e.join(unique_job("z"), 1, 0)).empty();
+    if (!formed) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  CHECK(formed);
+}
+
+TEST_CASE("limits: a large request before joining is refused before it is parsed", "[integration][limits]") {
+  TestDaemon daemon;
+  RawClient client(daemon.socket());
+  client.hello();
+  client.send(RawClient::registration(1, 1, 100'000));
+  CHECK_THAT(error_of(client.socket().read_reply()), Catch::Contains("before joining a job"));
+  check_still_serving(daemon);
 }
 
 TEST_CASE("limits: a user's registrations waiting for their barrier are bounded", "[integration][limits]") {
@@ -220,7 +270,9 @@ TEST_CASE("limits: registered tensors are bounded per client", "[integration][li
   const uint32_t segment = client.segment(4096).segment().segment_id();
   CHECK_THAT(error_of(client.call(RawClient::registration(1, segment, 11))),
              Catch::Contains("would register 11 tensors") && Catch::Contains("--max-tensors-per-client 10"));
-  CHECK(error_of(client.call(RawClient::registration(2, segment, 10))).empty());
+  const control::Reply registered = client.call(RawClient::registration(2, segment, 10));
+  CHECK(error_of(registered).empty());
+  CHECK(registered.id() == 5);  // answered by the barrier, to the request that asked (hello 1 ... set 1 is 4)
   CHECK_THAT(error_of(client.call(RawClient::registration(3, segment, 1))),
              Catch::Contains("--max-tensors-per-client 10"));
   check_still_serving(daemon);
@@ -285,6 +337,7 @@ TEST_CASE("limits: a registration of a million tensors is checked off the io thr
     INFO("another client's hello + join took " << ms(joined - join_started) << " ms; the registration took "
                                                << ms(registered - sent_at) << " ms");
     REQUIRE(error_of(reply).empty());
+    CHECK(reply.id() == 4);  // hello, join, segment, then this registration
     CHECK(reply.register_().buckets_size() > 0);
     CHECK_FALSE(big_answered_first);
     std::printf("million-tensor registration: %.1f ms; another client's hello + join meanwhile: %.1f ms\n",

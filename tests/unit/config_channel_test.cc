@@ -16,11 +16,19 @@ TEST_CASE("config channel: numbered changes, a claimed but unpublished one given
           "[config_channel]") {
   PeerServer server(PeerServerOptions{"127.0.0.1:0", Logger(LogLevel::kError), {}, std::make_shared<PeerAuth>(), {}});
   const std::string address = "127.0.0.1:" + std::to_string(server.port());
-  ConfigChannel node0(address, nullptr, "0.job", "g0/", 0, 2);
-  ConfigChannel node1(address, nullptr, "0.job", "g0/", 1, 2);
+  // Each node is a daemon instance that took its node of the generation (key_scope.h).
+  std::vector<std::shared_ptr<PeerAuth>> daemons;
+  for (int n = 0; n < 2; ++n) {
+    daemons.push_back(std::make_shared<PeerAuth>());
+    daemons.back()->instance = PeerAuth::make_instance();
+    REQUIRE(PeerClient(address, daemons.back()).set("0.job", "g0/node/" + std::to_string(n), "", 2s).ok());
+  }
+  ConfigChannel node0(address, daemons[0], "0.job", "g0/", 0, 2);
+  ConfigChannel node1(address, daemons[1], "0.job", "g0/", 1, 2);
 
   // A proposer claims change 1 and dies before publishing it.
   PeerClient crashed(address);
+  REQUIRE(crashed.set("0.job", "g0/node/2", "a third daemon of the job", 2s).ok());  // a node of it
   int64_t claimed = 0;
   REQUIRE(crashed.add("0.job", "g0/cfg/count", 1, 2s, &claimed).ok());
   REQUIRE(claimed == 1);
