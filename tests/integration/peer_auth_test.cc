@@ -284,3 +284,66 @@ TEST_CASE("peer auth: names that only look like loopback, and tokens gRPC cannot
 }
 
 }  // namespace gradsync::test
+
+namespace gradsync::test {
+
+TEST_CASE("peer keys: a daemon with the cluster token but not in the job cannot alter, read or delete its keys; the "
+          "job verifies throughout",
+          "[integration][peer][auth]") {
+  TestCluster cluster(3);  // node 2 takes no part in the job
+  std::string secret;
+  std::getline(std::ifstream(cluster.token_path()), secret);
+  const std::string job = unique_job("scoped");
+  constexpr int kWorld = 4;
+  Latch stepped;
+  std::vector<std::unique_ptr<Latch>> attacked;  // one per rank: a latch wakes one waiter
+  for (int r = 0; r < kWorld; ++r) attacked.push_back(std::make_unique<Latch>());
+  ClientGroup group(kWorld, [&](int rank) {
+    auto client = join_nodes(cluster.node(rank / 2).socket(), job, rank, kWorld, 2, cluster.rendezvous());
+    const TensorSet set =
+        client->register_tensors(client->allocate_flat(std::vector<TensorSpec>{{DType::kFloat32, 1024, "dp"}}), {});
+    const auto values = set.tensor(0).as<float>();
+    for (int step = 0; step < 2; ++step) {
+      for (auto& v : values) v = static_cast<float>(rank + 1 + step);
+      if (!client->allreduce(set, ReduceOptions{ReduceOp::kSum}).wait(20s)) return fail("step timed out");
+      const float want = static_cast<float>(kWorld * (kWorld + 1) / 2 + kWorld * step);
+      for (float v : values) {
+        if (v != want) return fail("wrong sum at step " + std::to_string(step));
+      }
+      if (step == 0) {
+        if (rank == 0) stepped.open();
+        if (!attacked[static_cast<size_t>(rank)]->wait(30s)) return fail("the test never finished its attempts");
+      }
+    }
+    return kOk;
+  });
+  REQUIRE(stepped.wait(60s));
+  // Another member of the cluster: the token, but its own instance, as a daemon of another job.
+  PeerClient stranger(cluster.rendezvous(), token_auth(secret));
+  const std::string store = std::to_string(::getuid()) + "." + job;
+  const auto denied = [](const Status& status, const std::string& text) {
+    INFO(status.to_string());
+    CHECK(status.code() == ErrorCode::kPermissionDenied);
+    CHECK_THAT(status.message(), Catch::Contains(text));
+  };
+  denied(stranger.set(store, "g0/node/1", "1 127.0.0.1:1", kShort), "was already taken by another daemon");
+  denied(stranger.set(store, "g0/set/1/layout/0", "forged", kShort), "holds no node of g0");
+  denied(stranger.set(store, "g0/group/dp/0", "forged", kShort), "holds no node of g0");
+  denied(stranger.set(store, "incarnations", "9", kShort), "not one the formation protocol sets");
+  int64_t value = 0;
+  const Status poisoned = stranger.add(store, "incarnations", 1000, kShort, &value);
+  CHECK(poisoned.code() == ErrorCode::kInvalidArgument);
+  CHECK_THAT(poisoned.message(), Catch::Contains("counters move by 0 or 1"));
+  denied(stranger.add(store, "g0/ended", 1, kShort, &value), "holds no node of g0");
+  denied(stranger.add(store, "g0/anything", 1, kShort, &value), "not a counter of the formation protocol");
+  std::vector<std::string> values;
+  denied(stranger.get(store, {"g0/node/0"}, 0ms, &values), "holds no node of g0");
+  denied(stranger.delete_job(store, kShort, "g0/"), "holds no node of g0");
+  denied(stranger.delete_job(store, kShort), "only a generation's");
+  // Reserved names are nobody's.
+  CHECK(stranger.set(store, "g0/~claim/1", "x", kShort).code() == ErrorCode::kInvalidArgument);
+  for (auto& latch : attacked) latch->open();
+  for (int s : group.wait_all(60s)) CHECK(exit_code(s) == kOk);
+}
+
+}  // namespace gradsync::test

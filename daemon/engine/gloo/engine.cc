@@ -270,7 +270,7 @@ Status make_engine(const EngineSpec& spec, const GlooTransport& transport, std::
     auto device = make_device(transport);
     context = std::make_shared<::gloo::rendezvous::Context>(spec.node, spec.nodes);
     context->setTimeout(spec.timeout);
-    PeerStore store(spec.rendezvous, spec.job, spec.prefix, spec.timeout);
+    PeerStore store(spec.rendezvous, spec.job, spec.prefix, spec.timeout, transport.transport == "tcp");
     context->connectFullMesh(store, device);
   });
   if (!status.ok()) return status;

@@ -1,13 +1,24 @@
 #include "daemon/engine/gloo/store.h"
 
+#include "daemon/engine/gloo/address_scrub.h"
+
 namespace gradsync {
 
 PeerStore::PeerStore(std::shared_ptr<PeerClient> client, std::string job, std::string prefix,
-                     std::chrono::milliseconds timeout)
-    : client_(std::move(client)), job_(std::move(job)), prefix_(std::move(prefix)), timeout_(timeout) {}
+                     std::chrono::milliseconds timeout, bool tcp_addresses)
+    : client_(std::move(client)),
+      job_(std::move(job)),
+      prefix_(std::move(prefix)),
+      timeout_(timeout),
+      tcp_addresses_(tcp_addresses) {}
 
 void PeerStore::set(const std::string& key, const std::vector<char>& data) {
-  throw_if_error(client_->set(job_, prefix_ + key, std::string(data.begin(), data.end()), timeout_));
+  std::vector<char> value = data;
+  // Gloo publishes its pair addresses under the rank's number ("rank_N" holds the hostname).
+  if (tcp_addresses_ && !key.empty() && key.find_first_not_of("0123456789") == std::string::npos) {
+    gloo_engine::scrub_tcp_addresses(&value);
+  }
+  throw_if_error(client_->set(job_, prefix_ + key, std::string(value.begin(), value.end()), timeout_));
 }
 
 std::vector<char> PeerStore::get(const std::string& key) {

@@ -16,7 +16,10 @@ namespace gradsync {
 
 class PeerStore final : public gloo::rendezvous::Store {
  public:
-  PeerStore(std::shared_ptr<PeerClient> client, std::string job, std::string prefix, std::chrono::milliseconds timeout);
+  // `tcp_addresses`: the values are Gloo TCP addresses, whose unused bytes are zeroed before
+  // they are published (address_scrub.h).
+  PeerStore(std::shared_ptr<PeerClient> client, std::string job, std::string prefix, std::chrono::milliseconds timeout,
+            bool tcp_addresses = false);
 
   // Failures throw gradsync::Error; the Gloo engine translates everything at its boundary.
   void set(const std::string& key, const std::vector<char>& data) override;
@@ -29,6 +32,7 @@ class PeerStore final : public gloo::rendezvous::Store {
   std::string job_;
   std::string prefix_;
   std::chrono::milliseconds timeout_;
+  bool tcp_addresses_;
 };
 
 }  // namespace gradsync
