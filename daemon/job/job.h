@@ -24,6 +24,7 @@
 #include "daemon/control/setup_threads.h"
 #include "daemon/engine/factory.h"
 #include "daemon/job/failure_counts.h"
+#include "daemon/job/join_validation.h"
 #include "daemon/job/progress_board.h"
 #include "daemon/job/reaper.h"
 #include "daemon/job/tensor_set.h"
@@ -37,16 +38,6 @@
 #include "shared/status.h"
 
 namespace gradsync {
-
-struct JobParams {
-  std::string id;
-  uid_t uid = 0;  // jobs are keyed by (uid, id): another user's job of the same id is another job
-  int world_size = 0;
-  int local_world_size = 0;
-  std::chrono::milliseconds timeout{30'000};
-  Topology topology;
-  std::string rendezvous;  // node-0 peer service, multi-node jobs only
-};
 
 // How this daemon takes part in multi-node jobs (from its configuration).
 struct ClusterSettings {

@@ -89,9 +89,6 @@ class JobRegistry {
   uint64_t incarnations_ = 0;
 };
 
-// Checks a join request on its own (names, ranges, node layout, groups) and derives the job's
-// parameters; the error names the field.
-Status validate_join(const control::JoinRequest& request, std::chrono::milliseconds default_timeout,
-                     std::chrono::milliseconds max_timeout, JobParams* params);
+
 
 }  // namespace gradsync

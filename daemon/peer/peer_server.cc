@@ -1,5 +1,7 @@
 #include "daemon/peer/peer_server.h"
 
+#include "daemon/peer/peer_requests.h"
+
 #include <atomic>
 #include <mutex>
 
@@ -58,19 +60,7 @@ grpc::ServerUnaryReactor* PeerService::Set(grpc::CallbackServerContext* context,
                                            peer::SetReply* reply) {
   if (auto* refused = refuse(context)) return refused;
   auto* reactor = context->DefaultReactor();
-  if (Status scoped = scope_.may_set(request->job(), request->key(), instance_of(*context)); !scoped.ok()) {
-    reactor->Finish(to_grpc(scoped));
-    return reactor;
-  }
-  if (request->if_absent()) {
-    bool stored = false;
-    const Status status = store_->set_if_absent(request->job(), request->key(), request->value(), &stored);
-    reply->set_stored(stored);
-    reactor->Finish(to_grpc(status));
-    return reactor;
-  }
-  reply->set_stored(true);
-  reactor->Finish(to_grpc(store_->set(request->job(), request->key(), request->value())));
+  reactor->Finish(to_grpc(serve_set(*store_, scope_, *request, instance_of(*context), reply)));
   return reactor;
 }
 
@@ -134,7 +124,7 @@ grpc::ServerUnaryReactor* PeerService::Get(grpc::CallbackServerContext* context,
                                            peer::GetReply* reply) {
   if (auto* refused = refuse(context)) return refused;
   std::vector<std::string> keys(request->keys().begin(), request->keys().end());
-  if (Status scoped = scope_.may_get(request->job(), keys, instance_of(*context)); !scoped.ok()) {
+  if (Status scoped = check_get(scope_, *request, instance_of(*context)); !scoped.ok()) {
     auto* reactor = context->DefaultReactor();
     reactor->Finish(to_grpc(scoped));
     return reactor;
@@ -156,11 +146,7 @@ grpc::ServerUnaryReactor* PeerService::Add(grpc::CallbackServerContext* context,
                                            peer::AddReply* reply) {
   if (auto* refused = refuse(context)) return refused;
   auto* reactor = context->DefaultReactor();
-  int64_t value = 0;
-  Status status = scope_.may_add(request->job(), request->key(), request->delta(), instance_of(*context));
-  if (status.ok()) status = store_->add(request->job(), request->key(), request->delta(), &value);
-  reply->set_value(value);
-  reactor->Finish(to_grpc(status));
+  reactor->Finish(to_grpc(serve_add(*store_, scope_, *request, instance_of(*context), reply)));
   return reactor;
 }
 
@@ -168,12 +154,7 @@ grpc::ServerUnaryReactor* PeerService::DeleteJob(grpc::CallbackServerContext* co
                                                  const peer::DeleteJobRequest* request, peer::DeleteJobReply* reply) {
   if (auto* refused = refuse(context)) return refused;
   auto* reactor = context->DefaultReactor();
-  if (Status scoped = scope_.may_delete(request->job(), request->prefix(), instance_of(*context)); !scoped.ok()) {
-    reactor->Finish(to_grpc(scoped));
-    return reactor;
-  }
-  reply->set_removed(store_->delete_job(request->job(), request->prefix()));
-  reactor->Finish(grpc::Status::OK);
+  reactor->Finish(to_grpc(serve_delete(*store_, scope_, *request, instance_of(*context), reply)));
   return reactor;
 }
 

@@ -1,0 +1,118 @@
+#include "daemon/control/registration_check.h"
+
+#include <algorithm>
+
+#include "shared/dtype.h"
+
+namespace gradsync {
+namespace {
+
+// Resolves one tensor descriptor against the client's segments. The range check is written so
+// that no sum can overflow.
+Status resolve_tensor(size_t index, const control::TensorDesc& desc, const Topology& topology,
+                      const std::map<uint32_t, std::shared_ptr<const MemoryRegion>>& segments,
+                      plan::TensorLayout* layout, std::byte** address, const MemoryRegion** segment) {
+  const std::string name = "tensor " + std::to_string(index) + ": ";
+  const auto dtype = dtype_from_raw(static_cast<uint32_t>(desc.dtype()));
+  if (!dtype) return Status::invalid_argument(name + "unknown dtype " + std::to_string(desc.dtype()));
+  auto it = segments.find(desc.segment_id());
+  if (it == segments.end()) {
+    return Status::invalid_argument(name + "unknown segment " + std::to_string(desc.segment_id()) +
+                                    " (announce segments before registering tensors in them)");
+  }
+  const size_t element = dtype_size(*dtype);
+  const uint64_t size = it->second->size();
+  if (desc.numel() > size / element) {
+    return Status::invalid_argument(name + std::to_string(desc.numel()) + " elements of " +
+                                    std::string(dtype_name(*dtype)) + " do not fit in segment " +
+                                    std::to_string(desc.segment_id()) + " of " + std::to_string(size) + " bytes");
+  }
+  const uint64_t bytes = desc.numel() * element;
+  if (desc.offset() > size - bytes) {
+    return Status::invalid_argument(name + "offset " + std::to_string(desc.offset()) + " + " + std::to_string(bytes) +
+                                    " bytes is out of range for segment " + std::to_string(desc.segment_id()) +
+                                    " of " + std::to_string(size) + " bytes");
+  }
+  if (desc.offset() % element != 0) {
+    return Status::invalid_argument(name + "offset " + std::to_string(desc.offset()) +
+                                    " is not a multiple of the " + std::string(dtype_name(*dtype)) +
+                                    " element size " + std::to_string(element));
+  }
+  const std::string group = desc.group().empty() ? std::string(kDefaultGroup) : desc.group();
+  if (!topology.has_group(group)) {
+    return Status::invalid_argument(name + "process group '" + group +
+                                    "' is not declared; declare it when joining (\"dp\" means all ranks)");
+  }
+  layout->dtype = *dtype;
+  layout->numel = desc.numel();
+  layout->group = group;
+  *address = it->second->base() + desc.offset();
+  *segment = it->second.get();
+  return Status::ok_status();
+}
+
+// Two tensors of one set must not share bytes: the reduction writes each of them.
+}  // namespace
+
+Status check_no_overlap(const std::vector<plan::TensorLayout>& layout, const std::vector<std::byte*>& address) {
+  std::vector<size_t> order(layout.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return address[a] < address[b]; });
+  for (size_t k = 1; k < order.size(); ++k) {
+    const size_t prev = order[k - 1], cur = order[k];
+    const std::byte* prev_end = address[prev] + layout[prev].numel * dtype_size(layout[prev].dtype);
+    if (layout[cur].numel > 0 && layout[prev].numel > 0 && address[cur] < prev_end) {
+      return Status::invalid_argument("tensor " + std::to_string(std::max(prev, cur)) + " overlaps tensor " +
+                                      std::to_string(std::min(prev, cur)) + " in memory");
+    }
+  }
+  return Status::ok_status();
+}
+
+
+// Resolves and checks a whole registration against the client's segments (a snapshot: the
+// client's next request waits for this one). Runs off the io thread.
+Status check_registration(const control::RegisterRequest& request, const Topology& topology, int world_size,
+                          const SegmentMap& segments, ResolvedSet* reg) {
+  reg->set_id = request.set_id();
+  reg->bucket_cap = request.has_bucket_cap() ? request.bucket_cap_bytes() : plan::kDefaultBucketCapBytes;
+  reg->layout.resize(static_cast<size_t>(request.tensors_size()));
+  reg->address.resize(reg->layout.size());
+  std::vector<const MemoryRegion*>& used = reg->used;
+  for (size_t i = 0; i < reg->layout.size(); ++i) {
+    const MemoryRegion* segment = nullptr;
+    if (Status status = resolve_tensor(i, request.tensors(static_cast<int>(i)), topology, segments, &reg->layout[i],
+                                       &reg->address[i], &segment);
+        !status.ok()) {
+      return status;
+    }
+    if (used.empty() || used.back() != segment) used.push_back(segment);
+  }
+  if (Status status = check_no_overlap(reg->layout, reg->address); !status.ok()) return status;
+  if (request.has_gather_output()) {
+    auto it = segments.find(request.gather_segment_id());
+    if (it == segments.end()) {
+      return Status::invalid_argument("allgather output: unknown segment " + std::to_string(request.gather_segment_id()));
+    }
+    uint64_t packed = 0;
+    for (const auto& tensor : reg->layout) packed += tensor.numel * dtype_size(tensor.dtype);
+    const uint64_t world = static_cast<uint64_t>(world_size);
+    const uint64_t size = it->second->size();
+    if (packed > size / world || request.gather_offset() > size - packed * world) {
+      return Status::invalid_argument("allgather output: " + std::to_string(world) + " x " + std::to_string(packed) +
+                                      " bytes at offset " + std::to_string(request.gather_offset()) +
+                                      " do not fit in segment " + std::to_string(request.gather_segment_id()) +
+                                      " of " + std::to_string(size) + " bytes");
+    }
+    reg->gather_output = it->second->base() + request.gather_offset();
+    used.push_back(it->second.get());
+  }
+  std::sort(used.begin(), used.end());
+  used.erase(std::unique(used.begin(), used.end()), used.end());
+  for (const auto& [id, segment] : segments) {
+    if (std::binary_search(used.begin(), used.end(), segment.get())) reg->regions.push_back(segment);
+  }
+  return Status::ok_status();
+}
+
+}  // namespace gradsync

@@ -1,0 +1,40 @@
+#include "daemon/peer/peer_requests.h"
+
+#include <vector>
+
+namespace gradsync {
+
+Status serve_set(KvStore& store, KeyScope& scope, const peer::SetRequest& request, const std::string& instance,
+                 peer::SetReply* reply) {
+  if (Status s = scope.may_set(request.job(), request.key(), instance); !s.ok()) return s;
+  if (request.if_absent()) {
+    bool stored = false;
+    Status status = store.set_if_absent(request.job(), request.key(), request.value(), &stored);
+    reply->set_stored(stored);
+    return status;
+  }
+  reply->set_stored(true);
+  return store.set(request.job(), request.key(), request.value());
+}
+
+Status serve_add(KvStore& store, KeyScope& scope, const peer::AddRequest& request, const std::string& instance,
+                 peer::AddReply* reply) {
+  if (Status s = scope.may_add(request.job(), request.key(), request.delta(), instance); !s.ok()) return s;
+  int64_t value = 0;
+  Status status = store.add(request.job(), request.key(), request.delta(), &value);
+  reply->set_value(value);
+  return status;
+}
+
+Status serve_delete(KvStore& store, KeyScope& scope, const peer::DeleteJobRequest& request,
+                    const std::string& instance, peer::DeleteJobReply* reply) {
+  if (Status s = scope.may_delete(request.job(), request.prefix(), instance); !s.ok()) return s;
+  reply->set_removed(store.delete_job(request.job(), request.prefix()));
+  return Status();
+}
+
+Status check_get(KeyScope& scope, const peer::GetRequest& request, const std::string& instance) {
+  return scope.may_get(request.job(), std::vector<std::string>(request.keys().begin(), request.keys().end()), instance);
+}
+
+}  // namespace gradsync
