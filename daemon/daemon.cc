@@ -76,6 +76,13 @@ Daemon::Daemon(DaemonConfig config, std::function<ParsedConfig()> reparse)
     reply->set_failure(entry->failure);
     return true;
   };
+  // A job this daemon runs bounds the node claims at its own peer store, and, as node 0 of a
+  // job whose rendezvous it is, keeps node 0 for itself (key_scope.h).
+  peer.jobs = [board = &progress_, auth = peer_auth_](const std::string& job) -> std::optional<KeyScope::LocalJob> {
+    const auto shape = board->shape(job);
+    if (!shape) return std::nullopt;
+    return KeyScope::LocalJob{shape->nodes, shape->node == 0 ? auth->instance_for(shape->rendezvous, job) : ""};
+  };
   peer_ = std::make_unique<PeerServer>(std::move(peer));
   reaper_ = std::make_unique<Reaper>();
   RegistryOptions registry{&io_, &pool_, log_, config_.default_timeout, config_.max_timeout, {}, reaper_.get()};

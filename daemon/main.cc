@@ -1,6 +1,8 @@
 // gradsyncd: parse the configuration once, build the Daemon, run it.
 #include <malloc.h>
 
+#include <google/protobuf/stubs/logging.h>
+
 #include <cstdio>
 
 #include "daemon/config.h"
@@ -14,6 +16,10 @@ int main(int argc, char** argv) {
   // given back.
   ::mallopt(M_MMAP_THRESHOLD, 1 << 20);
   ::mallopt(M_TRIM_THRESHOLD, 1 << 20);
+  // protobuf prints its own line to stderr for every string field that is not UTF-8: a hostile
+  // client could fill the journal with them. The daemon's refusal (naming the request) is
+  // logged and answered already.
+  google::protobuf::SetLogHandler(nullptr);
   gradsync::ParsedConfig parsed = gradsync::parse_daemon_config(argc, argv);
   if (!parsed.config) {
     std::fprintf(parsed.exit_code == 0 ? stdout : stderr, "%s\n", parsed.message.c_str());

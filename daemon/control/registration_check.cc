@@ -55,20 +55,30 @@ Status resolve_tensor(size_t index, const control::TensorDesc& desc, const Topol
 }  // namespace
 
 Status check_no_overlap(const std::vector<plan::TensorLayout>& layout, const std::vector<std::byte*>& address) {
-  std::vector<size_t> order(layout.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  // Empty tensors own no bytes. Among the others, in address order, each must start at or
+  // after the furthest end seen so far (not just its neighbour's: a short tensor between two
+  // overlapping ones must not hide them).
+  std::vector<size_t> order;
+  order.reserve(layout.size());
+  for (size_t i = 0; i < layout.size(); ++i) {
+    if (layout[i].numel > 0) order.push_back(i);
+  }
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return address[a] < address[b]; });
-  for (size_t k = 1; k < order.size(); ++k) {
-    const size_t prev = order[k - 1], cur = order[k];
-    const std::byte* prev_end = address[prev] + layout[prev].numel * dtype_size(layout[prev].dtype);
-    if (layout[cur].numel > 0 && layout[prev].numel > 0 && address[cur] < prev_end) {
-      return Status::invalid_argument("tensor " + std::to_string(std::max(prev, cur)) + " overlaps tensor " +
-                                      std::to_string(std::min(prev, cur)) + " in memory");
+  const std::byte* furthest_end = nullptr;
+  size_t furthest = 0;
+  for (size_t cur : order) {
+    if (furthest_end != nullptr && address[cur] < furthest_end) {
+      return Status::invalid_argument("tensor " + std::to_string(std::max(furthest, cur)) + " overlaps tensor " +
+                                      std::to_string(std::min(furthest, cur)) + " in memory");
+    }
+    const std::byte* end = address[cur] + layout[cur].numel * dtype_size(layout[cur].dtype);
+    if (furthest_end == nullptr || end > furthest_end) {
+      furthest_end = end;
+      furthest = cur;
     }
   }
   return Status::ok_status();
 }
-
 
 // Resolves and checks a whole registration against the client's segments (a snapshot: the
 // client's next request waits for this one). Runs off the io thread.

@@ -48,7 +48,10 @@ Job::Job(JobOptions options)
   worker.pool = options_.pool;
   worker.log = log_;
   worker_ = std::make_shared<Worker>(std::move(worker));
-  if (options_.progress && params().topology.nodes > 1) options_.progress->add(store_job(), worker_);
+  if (options_.progress && params().topology.nodes > 1) {
+    options_.progress->add(store_job(), worker_,
+                           ProgressBoard::Shape{params().topology.nodes, params().topology.node, params().rendezvous});
+  }
   log_.info("formed (incarnation " + std::to_string(options_.incarnation) + ", world size " +
             std::to_string(options_.params.world_size) + ", node " + std::to_string(params().topology.node) + " of " +
             std::to_string(params().topology.nodes) + ", timeout " +

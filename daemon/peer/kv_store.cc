@@ -15,6 +15,15 @@ KvStore::~KvStore() {
   expiry_.join();
 }
 
+size_t KvStore::count_prefix(const std::string& job, const std::string& prefix) {
+  std::lock_guard lock(mutex_);
+  auto it = jobs_.find(job);
+  if (it == jobs_.end()) return 0;
+  size_t n = 0;
+  for (auto key = it->second.lower_bound(prefix); key != it->second.end() && key->first.rfind(prefix, 0) == 0; ++key) ++n;
+  return n;
+}
+
 bool KvStore::peek(const std::string& job, const std::string& key, std::string* value) {
   std::lock_guard lock(mutex_);
   std::vector<std::string> values;

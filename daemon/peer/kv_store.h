@@ -62,6 +62,9 @@ class KvStore {
   // The value of job/key, if there is one, without waiting or counting as a use.
   bool peek(const std::string& job, const std::string& key, std::string* value);
 
+  // How many of the job's keys start with `prefix`.
+  size_t count_prefix(const std::string& job, const std::string& prefix);
+
   // Removes the job's keys that start with `prefix` (every key when empty); the count removed.
   size_t delete_job(const std::string& job, const std::string& prefix = {});
 

@@ -1,6 +1,8 @@
 #include "daemon/peer/peer_auth.h"
 
-#include <random>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -37,13 +39,25 @@ bool same(const std::string& given, const std::string& expected) {
 
 }  // namespace
 
-std::string PeerAuth::make_instance() {
-  std::random_device random;
-  std::string id;
+std::string PeerAuth::make_secret() {
+  std::string secret(32, '\0');
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(secret.data()), static_cast<int>(secret.size())) != 1) {
+    throw Error(Status::internal("cannot draw random bytes for the peer instance secret"));
+  }
+  return secret;
+}
+
+std::string PeerAuth::instance_for(const std::string& rendezvous, const std::string& job) const {
+  const std::string message = rendezvous + '\n' + job;
+  unsigned char mac[EVP_MAX_MD_SIZE];
+  unsigned int length = 0;
+  HMAC(EVP_sha256(), instance_secret.data(), static_cast<int>(instance_secret.size()),
+       reinterpret_cast<const unsigned char*>(message.data()), message.size(), mac, &length);
   static constexpr char kHex[] = "0123456789abcdef";
-  for (int i = 0; i < 8; ++i) {
-    const uint32_t word = random();
-    for (int b = 0; b < 4; ++b) id += kHex[(word >> (b * 4)) & 15];
+  std::string id;
+  for (unsigned int i = 0; i < 16 && i < length; ++i) {
+    id += kHex[mac[i] >> 4];
+    id += kHex[mac[i] & 15];
   }
   return id;
 }
@@ -51,7 +65,7 @@ std::string PeerAuth::make_instance() {
 Status PeerAuth::load(const std::string& token_file, const std::string& cert_file, const std::string& key_file,
                       const std::string& ca_file, PeerAuth* out) {
   PeerAuth auth;
-  auth.instance = make_instance();
+  auth.instance_secret = make_secret();
   if (!token_file.empty()) {
     // Examined and read through one descriptor, not followed through a link, so what was
     // checked is what is read.

@@ -20,9 +20,11 @@ namespace gradsync {
 struct PeerAuth {
   std::string token;                      // empty: no token
   std::string tls_cert, tls_key, tls_ca;  // PEM text; all empty: no TLS
-  // This daemon, to the peers' stores (key_scope.h): random, made by load(), sent with every
-  // call under kInstanceKey.
-  std::string instance;
+  // This daemon, to the peers' stores (key_scope.h). A random secret made by load(); each call
+  // about a job carries instance_for(rendezvous, job) under kInstanceKey, so what one
+  // rendezvous learns names this daemon for that job there and nowhere else.
+  std::string instance_secret;
+  std::string instance_for(const std::string& rendezvous, const std::string& job) const;
 
   bool tls() const { return !tls_ca.empty(); }
   bool configured() const { return !token.empty() || tls(); }
@@ -39,8 +41,8 @@ struct PeerAuth {
   // The metadata key the token travels under.
   static constexpr char kTokenKey[] = "gradsync-peer-token";
   static constexpr char kInstanceKey[] = "gradsync-peer-instance";
-  // A new random instance id (32 hex digits).
-  static std::string make_instance();
+  // 32 random bytes, for instance_secret.
+  static std::string make_secret();
   // Ok when the call carries the token (or none is configured); UNAUTHENTICATED otherwise.
   grpc::Status check(const grpc::ServerContextBase& context) const;
 };

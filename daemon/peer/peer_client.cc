@@ -19,10 +19,14 @@ void bound(grpc::ClientContext* context, std::chrono::milliseconds timeout) {
 // of a cancellation in place of gRPC's CANCELLED.
 class PeerClient::Call {
  public:
-  Call(PeerClient* client, std::chrono::milliseconds timeout) : client_(client) {
+  // `job`: the store job the call is about, whose instance id it carries; empty for calls
+  // about no job's keys (ping, progress), which carry none.
+  Call(PeerClient* client, std::chrono::milliseconds timeout, const std::string& job = {}) : client_(client) {
     bound(&context_, timeout);
     if (client_->auth_ && !client_->auth_->token.empty()) context_.AddMetadata(PeerAuth::kTokenKey, client_->auth_->token);
-    context_.AddMetadata(PeerAuth::kInstanceKey, client_->instance_);
+    if (!job.empty()) {
+      context_.AddMetadata(PeerAuth::kInstanceKey, client_->instance_auth_->instance_for(client_->address_, job));
+    }
     std::lock_guard lock(client_->mutex_);
     refused_ = client_->cancelled_;
     if (refused_.ok()) client_->in_flight_.insert(&context_);
@@ -64,7 +68,11 @@ PeerClient::PeerClient(std::string address, std::shared_ptr<const PeerAuth> auth
       auth_(std::move(auth)),
       channel_(grpc::CreateChannel(address_, auth_ ? auth_->channel_credentials() : grpc::InsecureChannelCredentials())),
       stub_(peer::Peer::NewStub(channel_)),
-      instance_(auth_ && !auth_->instance.empty() ? auth_->instance : PeerAuth::make_instance()) {}
+      instance_auth_(auth_ && !auth_->instance_secret.empty() ? auth_ : [] {
+        auto own = std::make_shared<PeerAuth>();
+        own->instance_secret = PeerAuth::make_secret();
+        return std::shared_ptr<const PeerAuth>(std::move(own));
+      }()) {}
 
 Status PeerClient::set(const std::string& job, const std::string& key, const std::string& value,
                        std::chrono::milliseconds timeout) {
@@ -79,7 +87,7 @@ Status PeerClient::set_if_absent(const std::string& job, const std::string& key,
 
 Status PeerClient::put(const std::string& job, const std::string& key, const std::string& value, bool if_absent,
                        std::chrono::milliseconds timeout, bool* stored) {
-  Call call(this, timeout);
+  Call call(this, timeout, job);
   if (!call.refused().ok()) return call.refused();
   peer::SetRequest request;
   request.set_job(job);
@@ -94,7 +102,7 @@ Status PeerClient::put(const std::string& job, const std::string& key, const std
 
 Status PeerClient::get(const std::string& job, const std::vector<std::string>& keys, std::chrono::milliseconds timeout,
                        std::vector<std::string>* values) {
-  Call call(this, timeout + kSlack);
+  Call call(this, timeout + kSlack, job);
   if (!call.refused().ok()) return call.refused();
   peer::GetRequest request;
   request.set_job(job);
@@ -108,7 +116,7 @@ Status PeerClient::get(const std::string& job, const std::vector<std::string>& k
 
 Status PeerClient::add(const std::string& job, const std::string& key, int64_t delta, std::chrono::milliseconds timeout,
                        int64_t* value) {
-  Call call(this, timeout);
+  Call call(this, timeout, job);
   if (!call.refused().ok()) return call.refused();
   peer::AddRequest request;
   request.set_job(job);
@@ -121,7 +129,7 @@ Status PeerClient::add(const std::string& job, const std::string& key, int64_t d
 }
 
 Status PeerClient::delete_job(const std::string& job, std::chrono::milliseconds timeout, const std::string& prefix) {
-  Call call(this, timeout);
+  Call call(this, timeout, job);
   if (!call.refused().ok()) return call.refused();
   peer::DeleteJobRequest request;
   request.set_job(job);

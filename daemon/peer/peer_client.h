@@ -59,9 +59,9 @@ class PeerClient {
   Status cancelled_;                          // guarded by mutex_
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<peer::Peer::Stub> stub_;
-  // Who this client is to the peer's store (key_scope.h): the daemon's instance id, or a
+  // Who this client is to the peer's store (key_scope.h): the daemon's instance secret, or a
   // random one of its own without an auth (tests, tools).
-  std::string instance_;
+  std::shared_ptr<const PeerAuth> instance_auth_;
 };
 
 }  // namespace gradsync

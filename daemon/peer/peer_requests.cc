@@ -6,7 +6,7 @@ namespace gradsync {
 
 Status serve_set(KvStore& store, KeyScope& scope, const peer::SetRequest& request, const std::string& instance,
                  peer::SetReply* reply) {
-  if (Status s = scope.may_set(request.job(), request.key(), instance); !s.ok()) return s;
+  if (Status s = scope.may_set(request.job(), request.key(), request.if_absent(), instance); !s.ok()) return s;
   if (request.if_absent()) {
     bool stored = false;
     Status status = store.set_if_absent(request.job(), request.key(), request.value(), &stored);

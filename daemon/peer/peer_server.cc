@@ -185,7 +185,7 @@ grpc::ServerUnaryReactor* PeerService::refuse(grpc::CallbackServerContext* conte
 }
 
 PeerServer::PeerServer(PeerServerOptions options)
-    : options_(std::move(options)), store_(options_.limits), service_(&store_, options_.progress, options_.auth) {
+    : options_(std::move(options)), store_(options_.limits), service_(&store_, options_.progress, options_.auth, options_.jobs) {
   grpc::ServerBuilder builder;
   // gRPC sets SO_REUSEPORT by default, which would let a second daemon bind the same port and
   // silently take half of the rendezvous traffic. A port in use must be an error instead.

@@ -23,8 +23,9 @@ using ProgressLookup = std::function<bool(const std::string& store_job, peer::Pr
 
 class PeerService final : public peer::Peer::CallbackService {
  public:
-  PeerService(KvStore* store, ProgressLookup progress, std::shared_ptr<const PeerAuth> auth)
-      : store_(store), progress_(std::move(progress)), auth_(std::move(auth)) {}
+  PeerService(KvStore* store, ProgressLookup progress, std::shared_ptr<const PeerAuth> auth,
+              KeyScope::JobLookup jobs = {})
+      : store_(store), scope_(store, std::move(jobs)), progress_(std::move(progress)), auth_(std::move(auth)) {}
 
   grpc::ServerUnaryReactor* Set(grpc::CallbackServerContext* context, const peer::SetRequest* request,
                                 peer::SetReply* reply) override;
@@ -45,7 +46,7 @@ class PeerService final : public peer::Peer::CallbackService {
   grpc::ServerUnaryReactor* refuse(grpc::CallbackServerContext* context);
 
   KvStore* store_;
-  KeyScope scope_{store_};  // what each caller may do with a job's keys
+  KeyScope scope_;  // what each caller may do with a job's keys
   ProgressLookup progress_;
   std::shared_ptr<const PeerAuth> auth_;  // never null
 };
@@ -56,6 +57,8 @@ struct PeerServerOptions {
   ProgressLookup progress;  // may be empty: every job is reported as not found
   std::shared_ptr<const PeerAuth> auth = std::make_shared<PeerAuth>();  // none: loopback only
   KvStore::Limits limits;
+  // The jobs this daemon runs itself, for the key scope's bounds on node claims; may be empty.
+  KeyScope::JobLookup jobs;
 };
 
 class PeerServer {

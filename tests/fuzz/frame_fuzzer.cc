@@ -17,7 +17,7 @@ constexpr uint32_t kMaxBytes = 1 << 16;  // small, so that oversized frames are 
 
 // Every payload the decoder yields from `stream` fed in chunks of `chunk` bytes, and whether it
 // failed.
-std::vector<std::string> decode(std::span<const std::byte> stream, size_t chunk, bool* failed) {
+std::vector<std::string> decode(std::span<const std::byte> stream, size_t chunk, bool* failed, bool* finished) {
   gradsync::FrameDecoder decoder(kMaxBytes);
   std::vector<std::string> payloads;
   *failed = false;
@@ -37,7 +37,7 @@ std::vector<std::string> decode(std::span<const std::byte> stream, size_t chunk,
       payloads.push_back(std::move(*payload));
     }
   }
-  if (!*failed) (void)decoder.finish();
+  *finished = !*failed && decoder.finish().ok();
   return payloads;
 }
 
@@ -47,10 +47,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
   const size_t chunk = static_cast<size_t>(data[0]) + 1;  // the first byte picks the chunking
   const auto stream = std::as_bytes(std::span<const uint8_t>(data + 1, size - 1));
-  bool failed_whole = false, failed_chunked = false;
-  const auto whole = decode(stream, stream.size() + 1, &failed_whole);
-  const auto chunked = decode(stream, chunk, &failed_chunked);
-  if (whole != chunked || failed_whole != failed_chunked) std::abort();
+  bool failed_whole = false, failed_chunked = false, finished_whole = false, finished_chunked = false;
+  const auto whole = decode(stream, stream.size() + 1, &failed_whole, &finished_whole);
+  const auto chunked = decode(stream, chunk, &failed_chunked, &finished_chunked);
+  if (whole != chunked || failed_whole != failed_chunked || finished_whole != finished_chunked) std::abort();
   size_t consumed = 0;
   for (const auto& payload : whole) consumed += gradsync::kFrameHeaderBytes + payload.size();
   if (consumed > stream.size()) std::abort();

@@ -13,6 +13,7 @@
 #include "daemon/job/join_validation.h"
 #include "daemon/util/safe_text.h"
 #include "proto/control.pb.h"
+#include <google/protobuf/stubs/logging.h>
 #include "shared/dtype.h"
 
 namespace gradsync {
@@ -53,6 +54,11 @@ void check_echo(const Status& status) {
 }  // namespace
 }  // namespace gradsync
 
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  google::protobuf::SetLogHandler(nullptr);  // invalid UTF-8 in strings is expected here, not news
+  return 0;
+}
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace gradsync;
   static Fixture fixture;
@@ -82,6 +88,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           inside |= set.address[i] >= region->base() && set.address[i] + bytes <= region->base() + region->size();
         }
         if (!inside) std::abort();
+      }
+      // No two accepted tensors share a byte (pairwise, for sets small enough).
+      if (set.layout.size() <= 64) {
+        for (size_t i = 0; i < set.layout.size(); ++i) {
+          for (size_t j = i + 1; j < set.layout.size(); ++j) {
+            const size_t bi = set.layout[i].numel * dtype_size(set.layout[i].dtype);
+            const size_t bj = set.layout[j].numel * dtype_size(set.layout[j].dtype);
+            if (bi > 0 && bj > 0 && set.address[i] < set.address[j] + bj && set.address[j] < set.address[i] + bi) {
+              std::abort();
+            }
+          }
+        }
       }
     }
   }

@@ -180,6 +180,8 @@ TEST_CASE("peer store bounds: a flood of values is refused at the job's limit an
   const std::string value(1 << 20, 'v');
   Status refused;
   int stored = 0;
+  int64_t counter = 0;
+  for (const char* job : {"0.flood", "0.other", "0.wait"}) REQUIRE(client.add(job, "incarnations", 1, kShort, &counter).ok());
   REQUIRE(client.set("0.flood", "g0/node/0", "x", kShort).ok());  // a node of the job may write its keys
   for (; stored < 200; ++stored) {
     refused = client.set("0.flood", "g0/group/dp/k" + std::to_string(stored), value, kShort);
@@ -194,6 +196,7 @@ TEST_CASE("peer store bounds: a flood of values is refused at the job's limit an
   CHECK(flooded - baseline > 50 * 1024);
   // Another job is unaffected.
   REQUIRE(client.set("0.other", "g0/node/0", "v", kShort).ok());
+  REQUIRE(client.add("0.flood", "g0/ended", 1, kShort, &counter).ok());
   REQUIRE(client.delete_job("0.flood", kShort, "g0/").ok());
   const long after = rss_kib(daemon.pid());
   INFO("RSS KiB: baseline " << baseline << ", flooded " << flooded << ", after delete " << after);
@@ -252,7 +255,10 @@ TEST_CASE("peer store: a generation's keys go when every node ended the job; a j
   const std::string address = "127.0.0.1:" + std::to_string(free_loopback_port());
   TestDaemon daemon({"--peer-listen", address, "--peer-token-file", token.path(), "--peer-key-ttl-s", "1"});
   std::getline(std::ifstream(token.path()), secret);
-  REQUIRE(PeerClient(address, token_auth(secret)).set("0.abandoned", "g0/node/0", "x", kShort).ok());
+  PeerClient abandoning(address, token_auth(secret));
+  int64_t counter = 0;
+  REQUIRE(abandoning.add("0.abandoned", "incarnations", 1, kShort, &counter).ok());
+  REQUIRE(abandoning.set("0.abandoned", "g0/node/0", "x", kShort).ok());
   CHECK_THAT(gradsyncctl(daemon, "status --json").output, Catch::Contains("\"peerStoreJobs\": 1"));
   bool expired = false;
   for (int i = 0; i < 200 && !expired; ++i) {
@@ -327,6 +333,13 @@ TEST_CASE("peer keys: a daemon with the cluster token but not in the job cannot 
     CHECK_THAT(status.message(), Catch::Contains(text));
   };
   denied(stranger.set(store, "g0/node/1", "1 127.0.0.1:1", kShort), "was already taken by another daemon");
+  // No other place either: the rendezvous (node 0's daemon) runs the job and knows its shape.
+  denied(stranger.set(store, "g0/node/0", "1 127.0.0.1:1", kShort), "is the rendezvous daemon's own");
+  denied(stranger.set(store, "g0/node/2", "1 127.0.0.1:1", kShort), "the job has 2 nodes");
+  denied(stranger.set(store, "g1/node/1", "1 127.0.0.1:1", kShort), "that generation has not begun");
+  denied(stranger.set(store, "g9/node/1", "1 127.0.0.1:1", kShort), "that generation has not begun");
+  denied(stranger.set(store, "g0/node/01", "1 127.0.0.1:1", kShort), "holds no node of g0");
+  denied(stranger.set(store, "g0/node/-1", "1 127.0.0.1:1", kShort), "holds no node of g0");
   denied(stranger.set(store, "g0/set/1/layout/0", "forged", kShort), "holds no node of g0");
   denied(stranger.set(store, "g0/group/dp/0", "forged", kShort), "holds no node of g0");
   denied(stranger.set(store, "incarnations", "9", kShort), "not one the formation protocol sets");

@@ -27,14 +27,16 @@ TEST_CASE("peer service: set, get, add and ping work over gRPC", "[integration][
   PeerDaemon peer;
   PeerClient client(peer.address());
   REQUIRE(client.ping(kShort).ok());
+  int64_t counter = 0;
+  // A node is taken in a generation that has begun: incarnations counts them.
+  CHECK(client.set("job-a", "g0/node/0", "early", kShort).code() == ErrorCode::kPermissionDenied);
+  REQUIRE(client.add("job-a", "incarnations", 1, kShort, &counter).ok());
+  REQUIRE(client.add("job-a", "incarnations", 1, kShort, &counter).ok());
+  CHECK(counter == 2);
   REQUIRE(client.set("job-a", "g0/node/0", "value", kShort).ok());
   std::vector<std::string> values;
   REQUIRE(client.get("job-a", {"g0/node/0"}, kShort, &values).ok());
   CHECK(values == std::vector<std::string>{"value"});
-  int64_t counter = 0;
-  REQUIRE(client.add("job-a", "incarnations", 1, kShort, &counter).ok());
-  REQUIRE(client.add("job-a", "incarnations", 1, kShort, &counter).ok());
-  CHECK(counter == 2);
   REQUIRE(client.add("job-a", "g0/ended", 1, kShort, &counter).ok());
   CHECK(counter == 1);
 }
@@ -42,6 +44,8 @@ TEST_CASE("peer service: set, get, add and ping work over gRPC", "[integration][
 TEST_CASE("peer service: a get waits until another daemon sets the key", "[integration][peer]") {
   PeerDaemon peer;
   PeerClient waiter(peer.address());
+  int64_t counter = 0;
+  REQUIRE(waiter.add("job-b", "incarnations", 1, kShort, &counter).ok());
   REQUIRE(waiter.set("job-b", "g0/node/1", "waiting", kShort).ok());
   std::thread setter([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
@@ -58,6 +62,8 @@ TEST_CASE("peer service: a get for a key nobody sets times out with a clear erro
   PeerDaemon peer;
   std::vector<std::string> values;
   PeerClient client(peer.address());
+  int64_t counter = 0;
+  REQUIRE(client.add("job-c", "incarnations", 1, kShort, &counter).ok());
   REQUIRE(client.set("job-c", "g0/node/0", "x", kShort).ok());
   const Status status = client.get("job-c", {"g0/never"}, std::chrono::milliseconds(300), &values);
   CHECK(status.code() == ErrorCode::kTimeout);
@@ -67,8 +73,13 @@ TEST_CASE("peer service: a get for a key nobody sets times out with a clear erro
 TEST_CASE("peer service: deleting a job removes its keys only", "[integration][peer]") {
   PeerDaemon peer;
   PeerClient client(peer.address());
+  int64_t counter = 0;
+  for (const char* job : {"job-d", "job-e"}) REQUIRE(client.add(job, "incarnations", 1, kShort, &counter).ok());
   REQUIRE(client.set("job-d", "g0/node/0", "1", kShort).ok());
   REQUIRE(client.set("job-e", "g0/node/0", "2", kShort).ok());
+  // A generation is deleted only once its nodes have ended.
+  CHECK(client.delete_job("job-d", kShort, "g0/").code() == ErrorCode::kPermissionDenied);
+  REQUIRE(client.add("job-d", "g0/ended", 1, kShort, &counter).ok());
   REQUIRE(client.delete_job("job-d", kShort, "g0/").ok());
   // Node 0 of job-d is free again (its claim went with the keys), and its value is gone.
   PeerClient other(peer.address());

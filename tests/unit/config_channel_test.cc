@@ -18,9 +18,11 @@ TEST_CASE("config channel: numbered changes, a claimed but unpublished one given
   const std::string address = "127.0.0.1:" + std::to_string(server.port());
   // Each node is a daemon instance that took its node of the generation (key_scope.h).
   std::vector<std::shared_ptr<PeerAuth>> daemons;
+  int64_t incarnation = 0;
+  REQUIRE(PeerClient(address).add("0.job", "incarnations", 1, 2s, &incarnation).ok());  // generation 0 began
   for (int n = 0; n < 2; ++n) {
     daemons.push_back(std::make_shared<PeerAuth>());
-    daemons.back()->instance = PeerAuth::make_instance();
+    daemons.back()->instance_secret = PeerAuth::make_secret();
     REQUIRE(PeerClient(address, daemons.back()).set("0.job", "g0/node/" + std::to_string(n), "", 2s).ok());
   }
   ConfigChannel node0(address, daemons[0], "0.job", "g0/", 0, 2);

@@ -15,8 +15,12 @@ PeerStore::PeerStore(std::shared_ptr<PeerClient> client, std::string job, std::s
 void PeerStore::set(const std::string& key, const std::vector<char>& data) {
   std::vector<char> value = data;
   // Gloo publishes its pair addresses under the rank's number ("rank_N" holds the hostname).
-  if (tcp_addresses_ && !key.empty() && key.find_first_not_of("0123456789") == std::string::npos) {
-    gloo_engine::scrub_tcp_addresses(&value);
+  if (tcp_addresses_ && !key.empty() && key.find_first_not_of("0123456789") == std::string::npos &&
+      !gloo_engine::scrub_tcp_addresses(&value)) {
+    // Not the layout this Gloo was built with: publishing it could leak the daemon's memory.
+    throw Error(Status::internal("Gloo published " + std::to_string(value.size()) + " bytes under key " + key +
+                                 " that are not TCP addresses of the layout gradsync scrubs (a different Gloo?); "
+                                 "refusing to publish them"));
   }
   throw_if_error(client_->set(job_, prefix_ + key, std::string(value.begin(), value.end()), timeout_));
 }

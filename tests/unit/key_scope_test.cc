@@ -1,0 +1,102 @@
+// The peer store's key scope (daemon/peer/key_scope.h): who may take a node, write, read, count
+// and delete which keys of a job.
+#include <catch2/catch.hpp>
+
+#include "daemon/peer/key_scope.h"
+
+namespace gradsync {
+namespace {
+
+constexpr char kJob[] = "0.job";
+
+struct Fixture {
+  KvStore store;
+  std::optional<KeyScope::LocalJob> local;
+  KeyScope scope{&store, [this](const std::string&) { return local; }};
+
+  void begin(int count) {
+    int64_t value = 0;
+    for (int i = 0; i < count; ++i) REQUIRE(store.add(kJob, "incarnations", 1, &value).ok());
+  }
+  Status set(const std::string& key, const std::string& who, bool if_absent = false) {
+    Status s = scope.may_set(kJob, key, if_absent, who);
+    if (s.ok()) s = store.set(kJob, key, "v");
+    return s;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("key scope: a node is taken once, in a generation that has begun, by number as written",
+          "[key_scope]") {
+  Fixture f;
+  CHECK(f.set("g0/node/0", "a").code() == ErrorCode::kPermissionDenied);  // nobody counted an incarnation
+  f.begin(2);
+  CHECK(f.set("g0/node/0", "a").ok());
+  CHECK(f.set("g0/node/0", "a").ok());  // the taker again: idempotent
+  CHECK_THAT(f.set("g0/node/0", "b").message(), Catch::Contains("already taken"));
+  CHECK(f.set("g0/node/1", "b").ok());
+  CHECK(f.set("g2/node/0", "c").code() == ErrorCode::kPermissionDenied);  // incarnations 2: g0 and g1 only
+  CHECK(f.set("g00/node/0", "c").code() == ErrorCode::kPermissionDenied);
+  CHECK(f.set("g0/node/01", "c").code() == ErrorCode::kPermissionDenied);
+  CHECK(f.set("g0/node/+1", "c").code() == ErrorCode::kPermissionDenied);
+  CHECK(f.set("g0/node/1/x", "c").code() == ErrorCode::kPermissionDenied);
+  CHECK(f.set("g0/~claim/5", "a").code() == ErrorCode::kInvalidArgument);
+  CHECK(f.scope.may_set(kJob, "g0/node/3", false, "").code() == ErrorCode::kPermissionDenied);  // no instance
+}
+
+TEST_CASE("key scope: where this daemon runs the job, claims stay within its nodes and node 0 is its own",
+          "[key_scope]") {
+  Fixture f;
+  f.local = KeyScope::LocalJob{2, "self"};
+  f.begin(2);
+  CHECK_THAT(f.set("g0/node/0", "stranger").message(), Catch::Contains("rendezvous daemon's own"));
+  CHECK(f.set("g0/node/0", "self").ok());
+  CHECK_THAT(f.set("g0/node/2", "stranger").message(), Catch::Contains("the job has 2 nodes"));
+  CHECK_THAT(f.set("g1/node/1", "stranger").message(), Catch::Contains("has not begun"));  // 2 counts: g0
+  CHECK(f.set("g0/node/1", "peer").ok());
+}
+
+TEST_CASE("key scope: members write their own node's keys, shared keys once, counters by add only",
+          "[key_scope]") {
+  Fixture f;
+  f.begin(1);
+  REQUIRE(f.set("g0/node/0", "a").ok());
+  REQUIRE(f.set("g0/node/1", "b").ok());
+  CHECK(f.set("g0/set/1/layout/0", "a").ok());
+  CHECK_THAT(f.set("g0/set/1/layout/1", "a").message(), Catch::Contains("belongs to node 1"));
+  CHECK_THAT(f.set("g0/set/1/layout/0", "stranger").message(), Catch::Contains("holds no node of g0"));
+  CHECK(f.set("g0/group/dp/0", "a").ok());
+  CHECK_THAT(f.set("g0/group/dp/0", "b").message(), Catch::Contains("already set"));
+  CHECK_THAT(f.set("g0/cfg/1", "a").message(), Catch::Contains("set-if-absent"));
+  CHECK(f.set("g0/cfg/1", "a", true).ok());
+  CHECK_THAT(f.set("g0/ended", "a").message(), Catch::Contains("by add only"));
+  CHECK_THAT(f.set("g0/cfg/count", "a").message(), Catch::Contains("by add only"));
+  CHECK(f.set("g0/anything", "a").code() == ErrorCode::kPermissionDenied);
+  CHECK(f.scope.may_add(kJob, "g0/cfg/count", 1, "b").ok());
+  CHECK(f.scope.may_add(kJob, "g0/cfg/count", 2, "b").code() == ErrorCode::kInvalidArgument);
+  CHECK(f.scope.may_add(kJob, "incarnations", 1, "stranger").ok());
+  CHECK(f.scope.may_add(kJob, "g0/ended", 1, "stranger").code() == ErrorCode::kPermissionDenied);
+  CHECK(f.scope.may_get(kJob, {"g0/node/1"}, "a").ok());
+  CHECK(f.scope.may_get(kJob, {"g0/node/1"}, "stranger").code() == ErrorCode::kPermissionDenied);
+  CHECK(f.scope.may_get(kJob, {"g0/~member/a"}, "a").code() == ErrorCode::kInvalidArgument);
+}
+
+TEST_CASE("key scope: each node counts its end once; a generation is deleted once every node ended",
+          "[key_scope]") {
+  Fixture f;
+  f.begin(1);
+  REQUIRE(f.set("g0/node/0", "a").ok());
+  REQUIRE(f.set("g0/node/1", "b").ok());
+  CHECK(f.scope.may_add(kJob, "g0/ended", 1, "a").ok());
+  CHECK_THAT(f.scope.may_add(kJob, "g0/ended", 1, "a").message(), Catch::Contains("counted its end already"));
+  CHECK(f.scope.may_add(kJob, "g0/ended", 0, "a").ok());  // a read
+  CHECK_THAT(f.scope.may_delete(kJob, "g0/", "a").message(), Catch::Contains("1 of its 2 nodes have ended"));
+  CHECK(f.scope.may_delete(kJob, "g0/", "b").code() == ErrorCode::kPermissionDenied);  // b has not ended
+  CHECK(f.scope.may_add(kJob, "g0/ended", 1, "b").ok());
+  CHECK(f.scope.may_delete(kJob, "g0/", "b").ok());
+  CHECK(f.scope.may_delete(kJob, "g0/", "stranger").code() == ErrorCode::kPermissionDenied);
+  CHECK(f.scope.may_delete(kJob, "", "a").code() == ErrorCode::kPermissionDenied);
+}
+
+}  // namespace gradsync
