@@ -42,15 +42,6 @@ std::string frame_header(uint32_t length) {
   return std::string(reinterpret_cast<const char*>(header.data()), header.size());
 }
 
-// The daemon still serves a normal one-client job.
-void check_still_serving(const TestDaemon& daemon) {
-  auto client = join(daemon.socket(), unique_job("after"), 0, 1);
-  const std::vector<SharedTensor> tensors = {client->allocate(TensorSpec{DType::kFloat32, 4, "dp"})};
-  const TensorSet set = client->register_tensors(tensors, {});
-  tensors[0].as<float>()[0] = 3.0f;
-  CHECK(client->allreduce(set, ReduceOptions{ReduceOp::kSum}).wait(std::chrono::seconds(10)));
-  CHECK(tensors[0].as<float>()[0] == 3.0f);
-}
 
 }  // namespace
 

@@ -11,6 +11,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <catch2/catch.hpp>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
@@ -248,6 +250,24 @@ size_t open_memfds(pid_t pid) {
     if (target.rfind("/memfd:gradsync-", 0) == 0) count++;
   }
   return count;
+}
+
+long rss_kib(pid_t pid) {
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stol(line.substr(6));
+  }
+  return -1;
+}
+
+void check_still_serving(const TestDaemon& daemon) {
+  auto client = join(daemon.socket(), unique_job("after"), 0, 1);
+  const std::vector<SharedTensor> tensors = {client->allocate(TensorSpec{DType::kFloat32, 4, "dp"})};
+  const TensorSet set = client->register_tensors(tensors, {});
+  tensors[0].as<float>()[0] = 3.0f;
+  CHECK(client->allreduce(set, ReduceOptions{ReduceOp::kSum}).wait(std::chrono::seconds(10)));
+  CHECK(tensors[0].as<float>()[0] == 3.0f);
 }
 
 }  // namespace gradsync::test

@@ -138,4 +138,11 @@ size_t mapped_memfds(pid_t pid, const std::string& tag = "");
 // Descriptors of gradsync memfds the process holds open.
 size_t open_memfds(pid_t pid);
 
+// The process's resident memory (VmRSS), in KiB; -1 if it cannot be read.
+long rss_kib(pid_t pid);
+
+// The daemon still serves a one-client job from a new connection: joins, registers and
+// allreduces (CHECKs on the result).
+void check_still_serving(const TestDaemon& daemon);
+
 }  // namespace gradsync::test

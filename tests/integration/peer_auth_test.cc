@@ -150,15 +150,6 @@ TEST_CASE("peer auth: a token file others can read, or a short one, is refused a
 namespace gradsync::test {
 namespace {
 
-long rss_kib(pid_t pid) {
-  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::stol(line.substr(6));
-  }
-  return -1;
-}
-
 std::string status_json(TestDaemon& daemon) { return gradsyncctl(daemon, "status --json").output; }
 
 }  // namespace
