@@ -144,16 +144,5 @@ std::shared_ptr<grpc::ServerCredentials> PeerAuth::server_credentials() const {
   return grpc::SslServerCredentials(ssl);
 }
 
-grpc::Status PeerAuth::check(const grpc::ServerContextBase& context) const {
-  if (token.empty()) return grpc::Status::OK;  // TLS alone, or nothing (loopback only)
-  const auto& metadata = context.client_metadata();
-  auto it = metadata.find(kTokenKey);
-  if (it == metadata.end() || !same(std::string(it->second.data(), it->second.size()), token)) {
-    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                        "the peer service refused the call: it carries no or a wrong cluster token "
-                        "(--peer-token-file must hold the same token on every node)");
-  }
-  return grpc::Status::OK;
-}
 
 }  // namespace gradsync

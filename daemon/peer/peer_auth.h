@@ -1,7 +1,6 @@
 // How daemons prove to each other that they belong to the cluster, on the peer service:
-//   - a cluster token (--peer-token-file, the same file on every node): every call carries it
-//     in its metadata and the service compares it in constant time. It travels in clear text
-//     unless TLS is on too, so it is for networks nobody else can listen on.
+//   - a cluster token (--peer-token-file, the same file on every node): it never travels;
+//     every call carries a proof made with it (token_proof.h), which the service checks.
 //   - mutual TLS (--peer-tls-cert, --peer-tls-key, --peer-tls-ca): the service requires a
 //     client certificate the cluster's CA signed, and clients verify the service's.
 // Either or both. With neither, the peer service listens on loopback only and multi-node jobs
@@ -38,13 +37,9 @@ struct PeerAuth {
   std::shared_ptr<grpc::ChannelCredentials> channel_credentials() const;
   std::shared_ptr<grpc::ServerCredentials> server_credentials() const;
 
-  // The metadata key the token travels under.
-  static constexpr char kTokenKey[] = "gradsync-peer-token";
   static constexpr char kInstanceKey[] = "gradsync-peer-instance";
   // 32 random bytes, for instance_secret.
   static std::string make_secret();
-  // Ok when the call carries the token (or none is configured); UNAUTHENTICATED otherwise.
-  grpc::Status check(const grpc::ServerContextBase& context) const;
 };
 
 }  // namespace gradsync

@@ -1,6 +1,7 @@
 #include "daemon/peer/peer_client.h"
 
 #include "daemon/peer/peer_server.h"
+#include "daemon/peer/token_proof.h"
 
 namespace gradsync {
 namespace {
@@ -23,9 +24,9 @@ class PeerClient::Call {
   // about no job's keys (ping, progress), which carry none.
   Call(PeerClient* client, std::chrono::milliseconds timeout, const std::string& job = {}) : client_(client) {
     bound(&context_, timeout);
-    if (client_->auth_ && !client_->auth_->token.empty()) context_.AddMetadata(PeerAuth::kTokenKey, client_->auth_->token);
     if (!job.empty()) {
-      context_.AddMetadata(PeerAuth::kInstanceKey, client_->instance_auth_->instance_for(client_->address_, job));
+      instance_ = client_->instance_auth_->instance_for(client_->address_, job);
+      context_.AddMetadata(PeerAuth::kInstanceKey, instance_);
     }
     std::lock_guard lock(client_->mutex_);
     refused_ = client_->cancelled_;
@@ -39,6 +40,14 @@ class PeerClient::Call {
   Call& operator=(const Call&) = delete;
 
   grpc::ClientContext* context() { return &context_; }
+
+  // Proves the call with the cluster token, without sending it (token_proof.h). Call once the
+  // request is complete.
+  void sign(std::string_view method, const google::protobuf::Message& request) {
+    if (client_->auth_ && !client_->auth_->token.empty()) {
+      context_.AddMetadata(kProofKey, make_proof(client_->auth_->token, method, instance_, request));
+    }
+  }
   // Not ok when the client was cancelled before the call started.
   const Status& refused() const { return refused_; }
 
@@ -53,6 +62,7 @@ class PeerClient::Call {
  private:
   PeerClient* client_;
   grpc::ClientContext context_;
+  std::string instance_;  // empty for calls about no job
   Status refused_;
 };
 
@@ -95,6 +105,7 @@ Status PeerClient::put(const std::string& job, const std::string& key, const std
   request.set_value(value);
   request.set_if_absent(if_absent);
   peer::SetReply reply;
+  call.sign("Set", request);
   const Status status = call.finish(stub_->Set(call.context(), request, &reply));
   *stored = status.ok() && reply.stored();
   return status;
@@ -109,6 +120,7 @@ Status PeerClient::get(const std::string& job, const std::vector<std::string>& k
   for (const auto& key : keys) request.add_keys(key);
   request.set_timeout_ms(static_cast<uint32_t>(timeout.count()));
   peer::GetReply reply;
+  call.sign("Get", request);
   const Status status = call.finish(stub_->Get(call.context(), request, &reply));
   if (status.ok()) values->assign(reply.values().begin(), reply.values().end());
   return status;
@@ -123,6 +135,7 @@ Status PeerClient::add(const std::string& job, const std::string& key, int64_t d
   request.set_key(key);
   request.set_delta(delta);
   peer::AddReply reply;
+  call.sign("Add", request);
   const Status status = call.finish(stub_->Add(call.context(), request, &reply));
   *value = reply.value();
   return status;
@@ -135,6 +148,7 @@ Status PeerClient::delete_job(const std::string& job, std::chrono::milliseconds 
   request.set_job(job);
   request.set_prefix(prefix);
   peer::DeleteJobReply reply;
+  call.sign("DeleteJob", request);
   return call.finish(stub_->DeleteJob(call.context(), request, &reply));
 }
 
@@ -143,6 +157,7 @@ Status PeerClient::ping(std::chrono::milliseconds timeout) {
   if (!call.refused().ok()) return call.refused();
   peer::PingRequest request;
   peer::PingReply reply;
+  call.sign("Ping", request);
   return call.finish(stub_->Ping(call.context(), request, &reply));
 }
 
@@ -151,6 +166,7 @@ Status PeerClient::progress(const std::string& job, std::chrono::milliseconds ti
   if (!call.refused().ok()) return call.refused();
   peer::ProgressRequest request;
   request.set_job(job);
+  call.sign("Progress", request);
   return call.finish(stub_->Progress(call.context(), request, reply));
 }
 

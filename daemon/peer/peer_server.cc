@@ -58,7 +58,7 @@ std::string instance_of(const grpc::ServerContextBase& context) {
 
 grpc::ServerUnaryReactor* PeerService::Set(grpc::CallbackServerContext* context, const peer::SetRequest* request,
                                            peer::SetReply* reply) {
-  if (auto* refused = refuse(context)) return refused;
+  if (auto* refused = refuse(context, "Set", *request)) return refused;
   auto* reactor = context->DefaultReactor();
   reactor->Finish(to_grpc(serve_set(*store_, scope_, *request, instance_of(*context), reply)));
   return reactor;
@@ -122,7 +122,7 @@ std::string caller_host(const std::string& peer) {
 
 grpc::ServerUnaryReactor* PeerService::Get(grpc::CallbackServerContext* context, const peer::GetRequest* request,
                                            peer::GetReply* reply) {
-  if (auto* refused = refuse(context)) return refused;
+  if (auto* refused = refuse(context, "Get", *request)) return refused;
   std::vector<std::string> keys(request->keys().begin(), request->keys().end());
   if (Status scoped = check_get(scope_, *request, instance_of(*context)); !scoped.ok()) {
     auto* reactor = context->DefaultReactor();
@@ -144,7 +144,7 @@ grpc::ServerUnaryReactor* PeerService::Get(grpc::CallbackServerContext* context,
 
 grpc::ServerUnaryReactor* PeerService::Add(grpc::CallbackServerContext* context, const peer::AddRequest* request,
                                            peer::AddReply* reply) {
-  if (auto* refused = refuse(context)) return refused;
+  if (auto* refused = refuse(context, "Add", *request)) return refused;
   auto* reactor = context->DefaultReactor();
   reactor->Finish(to_grpc(serve_add(*store_, scope_, *request, instance_of(*context), reply)));
   return reactor;
@@ -152,15 +152,15 @@ grpc::ServerUnaryReactor* PeerService::Add(grpc::CallbackServerContext* context,
 
 grpc::ServerUnaryReactor* PeerService::DeleteJob(grpc::CallbackServerContext* context,
                                                  const peer::DeleteJobRequest* request, peer::DeleteJobReply* reply) {
-  if (auto* refused = refuse(context)) return refused;
+  if (auto* refused = refuse(context, "DeleteJob", *request)) return refused;
   auto* reactor = context->DefaultReactor();
   reactor->Finish(to_grpc(serve_delete(*store_, scope_, *request, instance_of(*context), reply)));
   return reactor;
 }
 
-grpc::ServerUnaryReactor* PeerService::Ping(grpc::CallbackServerContext* context, const peer::PingRequest*,
+grpc::ServerUnaryReactor* PeerService::Ping(grpc::CallbackServerContext* context, const peer::PingRequest* request,
                                             peer::PingReply* reply) {
-  if (auto* refused = refuse(context)) return refused;
+  if (auto* refused = refuse(context, "Ping", *request)) return refused;
   auto* reactor = context->DefaultReactor();
   reply->set_daemon_version(kGradsyncVersion);
   reactor->Finish(grpc::Status::OK);
@@ -169,15 +169,16 @@ grpc::ServerUnaryReactor* PeerService::Ping(grpc::CallbackServerContext* context
 
 grpc::ServerUnaryReactor* PeerService::Progress(grpc::CallbackServerContext* context,
                                                 const peer::ProgressRequest* request, peer::ProgressReply* reply) {
-  if (auto* refused = refuse(context)) return refused;
+  if (auto* refused = refuse(context, "Progress", *request)) return refused;
   auto* reactor = context->DefaultReactor();
   reply->set_found(progress_ && progress_(request->job(), reply));
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }
 
-grpc::ServerUnaryReactor* PeerService::refuse(grpc::CallbackServerContext* context) {
-  const grpc::Status status = auth_->check(*context);
+grpc::ServerUnaryReactor* PeerService::refuse(grpc::CallbackServerContext* context, std::string_view method,
+                                              const google::protobuf::Message& request) {
+  const grpc::Status status = proofs_.check(*context, method, instance_of(*context), request);
   if (status.ok()) return nullptr;
   auto* reactor = context->DefaultReactor();
   reactor->Finish(status);

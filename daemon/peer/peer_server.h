@@ -10,6 +10,7 @@
 #include <string>
 
 #include "daemon/peer/key_scope.h"
+#include "daemon/peer/token_proof.h"
 #include "daemon/peer/kv_store.h"
 #include "daemon/peer/peer_auth.h"
 #include "daemon/util/log.h"
@@ -25,7 +26,11 @@ class PeerService final : public peer::Peer::CallbackService {
  public:
   PeerService(KvStore* store, ProgressLookup progress, std::shared_ptr<const PeerAuth> auth,
               KeyScope::JobLookup jobs = {})
-      : store_(store), scope_(store, std::move(jobs)), progress_(std::move(progress)), auth_(std::move(auth)) {}
+      : store_(store),
+        scope_(store, std::move(jobs)),
+        progress_(std::move(progress)),
+        auth_(std::move(auth)),
+        proofs_(auth_->token) {}
 
   grpc::ServerUnaryReactor* Set(grpc::CallbackServerContext* context, const peer::SetRequest* request,
                                 peer::SetReply* reply) override;
@@ -41,14 +46,16 @@ class PeerService final : public peer::Peer::CallbackService {
                                      peer::ProgressReply* reply) override;
 
  private:
-  // Answers an unauthenticated call (UNAUTHENTICATED) and returns its reactor; null when the
-  // call may go on.
-  grpc::ServerUnaryReactor* refuse(grpc::CallbackServerContext* context);
+  // Answers a call without a good proof of the cluster token (UNAUTHENTICATED) and returns its
+  // reactor; null when the call may go on.
+  grpc::ServerUnaryReactor* refuse(grpc::CallbackServerContext* context, std::string_view method,
+                                   const google::protobuf::Message& request);
 
   KvStore* store_;
   KeyScope scope_;  // what each caller may do with a job's keys
   ProgressLookup progress_;
   std::shared_ptr<const PeerAuth> auth_;  // never null
+  ProofChecker proofs_;                   // the token's proofs, and the replay cache
 };
 
 struct PeerServerOptions {

@@ -61,15 +61,17 @@ void verified_job(TestCluster& cluster, int nodes) {
 
 }  // namespace
 
-TEST_CASE("peer auth: with a cluster token, calls without it or with another are refused; the job verifies",
+TEST_CASE("peer auth: with a cluster token, calls without a proof of it or with another's are refused; the job "
+          "verifies",
           "[integration][peer][auth]") {
   TestCluster cluster(3);  // the harness gives every node the same --peer-token-file
   const std::string rendezvous = cluster.rendezvous();
   const Status none = PeerClient(rendezvous).set("0.x", "node/0", "forged", kShort);
   CHECK(none.code() == ErrorCode::kPermissionDenied);
-  CHECK_THAT(none.message(), Catch::Contains("no or a wrong cluster token"));
+  CHECK_THAT(none.message(), Catch::Contains("carries no proof of the cluster token"));
   const Status wrong = PeerClient(rendezvous, token_auth("0123456789abcdef0123456789abcdef")).ping(kShort);
   CHECK(wrong.code() == ErrorCode::kPermissionDenied);
+  CHECK_THAT(wrong.message(), Catch::Contains("does not match this node's cluster token"));
   std::vector<std::string> values;
   CHECK(PeerClient(rendezvous).get("0.x", {"k"}, 0ms, &values).code() == ErrorCode::kPermissionDenied);
   verified_job(cluster, 3);
