@@ -334,7 +334,7 @@ TEST_CASE("limits: a registration of a million tensors is checked off the io thr
   // The job ended with its client: its tables are freed and handed back to the system.
   const auto settled = [&] {
     long rss = 0;
-    for (int attempt = 0; attempt < 60; ++attempt) {
+    for (int attempt = 0; attempt < 200; ++attempt) {  // up to 10 s: the job's retirement, under load
       rss = rss_kib(daemon.pid());
       if (rss - baseline < 8 * 1024) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -356,12 +356,10 @@ TEST_CASE("limits: a registration of a million tensors is checked off the io thr
               baseline, peak, after, after_again);
   INFO("RSS KiB: baseline " << baseline << ", registered " << peak << ", after " << after << ", after a second "
                             << after_again);
-  // Usually all of it comes back. Under load, about one run in three keeps about 60 MiB (one
-  // decoded request's worth) until the next large registration (not understood yet; the README
-  // says so): bounded, and never more than one registration's worth.
-  CHECK(after - baseline < 72 * 1024);
-  CHECK(after_again - baseline < 72 * 1024);
-  CHECK(std::min(after, after_again) - baseline < 8 * 1024);
+  // All of it comes back, each time (gradsyncd keeps one malloc arena: with one per thread,
+  // about one run in three kept ~60 MiB of a decoded request in a setup thread's arena).
+  CHECK(after - baseline < 8 * 1024);
+  CHECK(after_again - baseline < 8 * 1024);
   check_still_serving(daemon);
 }
 
