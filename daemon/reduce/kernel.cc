@@ -4,10 +4,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <type_traits>
 
-#include "daemon/reduce/combine.h"
-#include "shared/half.h"
+#include "daemon/reduce/simd.h"
+#include "shared/dtype.h"
 
 namespace gradsync::reduce {
 namespace {
@@ -50,192 +49,21 @@ std::byte* place_accumulator(std::byte* storage, std::span<const void* const> in
 }
 
 
-// One instantiation per (dtype, combine, scale, rounding) so that the inner loops carry no
-// switch and compile to straight vector code. kRoundEach is the narrow half path: the float32
-// intermediate is rounded back to the half type after every operation. Because float32 has
-// more than 2*11+2 significand bits, a float32 add or divide followed by that rounding gives
-// exactly the correctly rounded half-precision result, so this is true half arithmetic.
-template <typename Codec, Combine kCombine, Scale kScale, bool kRoundEach>
-class BlockReducer {
- public:
-  using Storage = typename Codec::Storage;
-  using Acc = typename Codec::Acc;
-  static constexpr size_t kBlock = kBlockBytes / sizeof(Acc);
-  // Elements per fixed-length inner loop: a whole number of vectors at every width up to
-  // 512 bits, even for uint8.
-  static constexpr size_t kChunk = 64;
-
-  // Integer reducers never scale; converting an arbitrary double to an integer would be UB.
-  explicit BlockReducer(double divisor)
-      : divisor_(kScale == Scale::kNone ? Acc{1} : static_cast<Acc>(divisor)) {}
-
-  void run(std::span<const void* const> inputs, std::span<void* const> outputs,
-           size_t count) const {
-    static_assert(kBlock * sizeof(Storage) % kPage == 0);
-    // 36 KiB of stack (plus a 16 KiB staging block for the half types): no allocation per call.
-    alignas(64) std::byte storage[kBlock * sizeof(Acc) + kPage];
-    Acc* acc = reinterpret_cast<Acc*>(place_accumulator(storage, inputs, outputs));
-    for (size_t begin = 0; begin < count; begin += kBlock) {
-      const size_t len = std::min(kBlock, count - begin);
-      reduce_block(acc, inputs, outputs, begin, len);
-    }
-  }
-
- private:
-  static Acc round_to_storage(Acc value) {
-    if constexpr (kRoundEach) {
-      return Codec::load(Codec::store(value));
-    } else {
-      return value;
-    }
-  }
-
-  // Division is a true divide (not a multiply by the reciprocal) so that, e.g., x / 3 is
-  // correctly rounded.
-  static Acc prescale(Acc value, Acc divisor) {
-    if constexpr (kScale == Scale::kBefore) {
-      return round_to_storage(value / divisor);
-    } else {
-      return value;
-    }
-  }
-
-  static Acc postscale(Acc value, Acc divisor) {
-    if constexpr (kScale == Scale::kAfter) {
-      return round_to_storage(value / divisor);
-    } else {
-      return value;
-    }
-  }
-
-  template <bool kFirst, bool kLast>
-  static void step(Acc* __restrict acc, const Storage* __restrict in, size_t i, Acc divisor) {
-    const Acc value = prescale(Codec::load(in[i]), divisor);
-    Acc result;
-    if constexpr (kFirst) {
-      result = value;
-    } else {
-      result = round_to_storage(combine<kCombine>(acc[i], value));
-    }
-    acc[i] = kLast ? postscale(result, divisor) : result;
-  }
-
-  // acc[i] = in[i] (kFirst) or acc[i] (+) in[i], with the post-divide fused into the pass over
-  // the last input so the accumulator is not swept once more.
-  //
-  // Vectorization at -O2 hinges on two things. GCC's -O2 cost model ("very-cheap") only
-  // vectorizes a loop that needs no scalar epilogue, so the bulk runs as fixed-length chunks
-  // and the rest element by element; both do the same IEEE operations per element, so the
-  // split changes no result bit. And it will not add runtime alias checks, so the no-alias
-  // promise must reach the loop: `__restrict` on parameters is only honoured while this stays
-  // a function of its own, hence noinline (one call per input per block costs nothing).
-  template <bool kFirst, bool kLast>
-  [[gnu::noinline]] static void accumulate(Acc* __restrict acc, const Storage* __restrict in,
-                                           size_t len, Acc divisor) {
-    size_t i = 0;
-    for (; i + kChunk <= len; i += kChunk) {
-      for (size_t j = i; j < i + kChunk; ++j) step<kFirst, kLast>(acc, in, j, divisor);
-    }
-    for (; i < len; ++i) step<kFirst, kLast>(acc, in, i, divisor);
-  }
-
-  // Rounds the accumulator to the storage type; noinline for the same reason as accumulate.
-  [[gnu::noinline]] static void narrow(Storage* __restrict staged, const Acc* __restrict acc,
-                                       size_t len) {
-    size_t i = 0;
-    for (; i + kChunk <= len; i += kChunk) {
-      for (size_t j = i; j < i + kChunk; ++j) staged[j] = Codec::store(acc[j]);
-    }
-    for (; i < len; ++i) staged[i] = Codec::store(acc[i]);
-  }
-
-  void reduce_block(Acc* acc, std::span<const void* const> inputs,
-                    std::span<void* const> outputs, size_t begin, size_t len) const {
-    const size_t n = inputs.size();
-    auto input = [&](size_t k) { return static_cast<const Storage*>(inputs[k]) + begin; };
-
-    if (n == 1) {
-      accumulate<true, true>(acc, input(0), len, divisor_);
-    } else {
-      accumulate<true, false>(acc, input(0), len, divisor_);
-      for (size_t k = 1; k + 1 < n; ++k) accumulate<false, false>(acc, input(k), len, divisor_);
-      accumulate<false, true>(acc, input(n - 1), len, divisor_);
-    }
-
-    if constexpr (std::is_same_v<Acc, Storage>) {
-      for (void* out : outputs) {
-        std::memcpy(static_cast<Storage*>(out) + begin, acc, len * sizeof(Storage));
-      }
-    } else {
-      // Rounded once into a staging block, then copied, so that several outputs do not pay for
-      // the conversion again.
-      alignas(64) Storage staged[kBlock];
-      narrow(staged, acc, len);
-      for (void* out : outputs) {
-        std::memcpy(static_cast<Storage*>(out) + begin, staged, len * sizeof(Storage));
-      }
-    }
-  }
-
-  Acc divisor_;
-};
-
-template <typename Codec, Combine kCombine, Scale kScale, bool kRoundEach = false>
-void run_reducer(const KernelArgs& args, std::span<const void* const> inputs,
-                 std::span<void* const> outputs, size_t count) {
-  BlockReducer<Codec, kCombine, kScale, kRoundEach>(args.divisor).run(inputs, outputs, count);
-}
-
-template <typename Codec, Scale kScale, bool kRoundEach>
-void run_sum(const KernelArgs& args, std::span<const void* const> inputs,
-             std::span<void* const> outputs, size_t count) {
-  run_reducer<Codec, Combine::kSum, kScale, kRoundEach>(args, inputs, outputs, count);
-}
-
-// Scaling is only instantiated for floating types; validate_kernel_args rejects it elsewhere.
-template <typename Codec, bool kRoundEach = false>
-void dispatch_floating(const KernelArgs& args, std::span<const void* const> inputs,
-                       std::span<void* const> outputs, size_t count) {
-  switch (args.combine) {
-    case Combine::kSum:
-      switch (args.scale) {
-        case Scale::kNone:
-          return run_sum<Codec, Scale::kNone, kRoundEach>(args, inputs, outputs, count);
-        case Scale::kBefore:
-          return run_sum<Codec, Scale::kBefore, kRoundEach>(args, inputs, outputs, count);
-        case Scale::kAfter:
-          return run_sum<Codec, Scale::kAfter, kRoundEach>(args, inputs, outputs, count);
-      }
-      return;
-    // min/max pick one of the inputs, so narrow and wide accumulation agree; no rounding needed.
-    case Combine::kMin:
-      return run_reducer<Codec, Combine::kMin, Scale::kNone>(args, inputs, outputs, count);
-    case Combine::kMax:
-      return run_reducer<Codec, Combine::kMax, Scale::kNone>(args, inputs, outputs, count);
-  }
-}
-
-template <typename Codec>
-void dispatch_half(const KernelArgs& args, std::span<const void* const> inputs,
+// Reduces `count` elements block by block: all inputs are folded into an L1-sized block
+// (simd.h's loop; the half types rounded to their dtype on the way), which is then copied to
+// every output. The block holds kBlockBytes of the widest type (8 bytes) plus kPage of slack
+// for its placement: 36 KiB of stack, no allocation per call.
+void reduce_blocks(const KernelArgs& args, std::span<const void* const> inputs,
                    std::span<void* const> outputs, size_t count) {
-  if (args.wide_accumulate) {
-    dispatch_floating<Codec, false>(args, inputs, outputs, count);
-  } else {
-    dispatch_floating<Codec, true>(args, inputs, outputs, count);
-  }
-}
-
-template <typename T>
-void dispatch_integer(const KernelArgs& args, std::span<const void* const> inputs,
-                      std::span<void* const> outputs, size_t count) {
-  using Codec = SameCodec<T>;
-  switch (args.combine) {
-    case Combine::kSum:
-      return run_reducer<Codec, Combine::kSum, Scale::kNone>(args, inputs, outputs, count);
-    case Combine::kMin:
-      return run_reducer<Codec, Combine::kMin, Scale::kNone>(args, inputs, outputs, count);
-    case Combine::kMax:
-      return run_reducer<Codec, Combine::kMax, Scale::kNone>(args, inputs, outputs, count);
+  const size_t size = dtype_size(args.dtype);
+  // A whole number of pages of every buffer per block, so one placement serves every block.
+  const size_t block = kBlockBytes / size;
+  alignas(64) std::byte storage[kBlockBytes + kPage];
+  void* result = place_accumulator(storage, inputs, outputs);
+  for (size_t begin = 0; begin < count; begin += block) {
+    const size_t len = std::min(block, count - begin);
+    simd::fold_narrow(args, inputs, begin, len, result);
+    for (void* out : outputs) std::memcpy(static_cast<std::byte*>(out) + begin * size, result, len * size);
   }
 }
 
@@ -287,22 +115,7 @@ void reduce(const KernelArgs& args, std::span<const void* const> inputs,
             std::span<void* const> outputs, size_t count) {
   // With no inputs there is no result to write.
   if (inputs.empty() || count == 0) return;
-  switch (args.dtype) {
-    case DType::kFloat32:
-      return dispatch_floating<SameCodec<float>>(args, inputs, outputs, count);
-    case DType::kFloat64:
-      return dispatch_floating<SameCodec<double>>(args, inputs, outputs, count);
-    case DType::kFloat16:
-      return dispatch_half<Float16Codec>(args, inputs, outputs, count);
-    case DType::kBFloat16:
-      return dispatch_half<BFloat16Codec>(args, inputs, outputs, count);
-    case DType::kInt32:
-      return dispatch_integer<int32_t>(args, inputs, outputs, count);
-    case DType::kInt64:
-      return dispatch_integer<int64_t>(args, inputs, outputs, count);
-    case DType::kUInt8:
-      return dispatch_integer<uint8_t>(args, inputs, outputs, count);
-  }
+  reduce_blocks(args, inputs, outputs, count);
 }
 
 std::string_view validate_kernel_args(const KernelArgs& args) {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "daemon/reduce/combine.h"
+#include "daemon/reduce/simd.h"
 #include "shared/half.h"
 
 namespace gradsync::reduce {
@@ -19,25 +20,9 @@ typename Codec::Acc rounded(typename Codec::Acc v, bool round_each) {
   return round_each ? Codec::load(Codec::store(v)) : v;
 }
 
-// The half types accumulate in float32, which kernel.h's reduce() cannot hand out, so they get
-// their own loops; flags are template parameters so the loops carry no branches.
-template <class Codec, Combine kCombine, bool kBefore, bool kRound>
-void accumulate_half(const KernelArgs& args, std::span<const void* const> inputs, float* acc, size_t count) {
-  using Storage = typename Codec::Storage;
-  const float divisor = kBefore ? static_cast<float>(args.divisor) : 1.0f;
-  auto value = [&](const Storage* in, size_t i) {
-    const float v = Codec::load(in[i]);
-    if constexpr (kBefore) return rounded<Codec>(v / divisor, kRound);
-    return v;
-  };
-  const auto* first = static_cast<const Storage*>(inputs[0]);
-  for (size_t i = 0; i < count; ++i) acc[i] = value(first, i);
-  for (size_t k = 1; k < inputs.size(); ++k) {
-    const auto* in = static_cast<const Storage*>(inputs[k]);
-    for (size_t i = 0; i < count; ++i) acc[i] = rounded<Codec>(combine<kCombine>(acc[i], value(in, i)), kRound);
-  }
-}
-
+// The half types accumulate in float32, which kernel.h's reduce() cannot hand out; simd.h's
+// fold() can (accumulate), and finish_half rounds; flags are template parameters so the loops
+// carry no branches.
 template <class Codec, bool kAfter, bool kRound>
 void finish_half(const KernelArgs& args, const float* acc, std::span<void* const> outputs, size_t count) {
   using Storage = typename Codec::Storage;
@@ -51,24 +36,6 @@ void finish_half(const KernelArgs& args, const float* acc, std::span<void* const
       staged[i] = Codec::store(kAfter ? rounded<Codec>(v / divisor, kRound) : v);
     }
     for (void* out : outputs) std::memcpy(static_cast<Storage*>(out) + begin, staged, len * sizeof(Storage));
-  }
-}
-
-template <class Codec>
-void accumulate_half_dispatch(const KernelArgs& args, std::span<const void* const> inputs, void* acc, size_t count) {
-  auto* out = static_cast<float*>(acc);
-  const bool before = args.scale == Scale::kBefore;
-  const bool round = !args.wide_accumulate;
-  switch (args.combine) {
-    case Combine::kSum:
-      if (before) {
-        return round ? accumulate_half<Codec, Combine::kSum, true, true>(args, inputs, out, count)
-                     : accumulate_half<Codec, Combine::kSum, true, false>(args, inputs, out, count);
-      }
-      return round ? accumulate_half<Codec, Combine::kSum, false, true>(args, inputs, out, count)
-                   : accumulate_half<Codec, Combine::kSum, false, false>(args, inputs, out, count);
-    case Combine::kMin: return accumulate_half<Codec, Combine::kMin, false, false>(args, inputs, out, count);
-    case Combine::kMax: return accumulate_half<Codec, Combine::kMax, false, false>(args, inputs, out, count);
   }
 }
 
@@ -112,12 +79,13 @@ DType accumulation_dtype(DType dtype) { return dtype_is_half(dtype) ? DType::kFl
 
 void accumulate(const KernelArgs& args, std::span<const void* const> inputs, void* acc, size_t count) {
   if (inputs.empty() || count == 0) return;
-  if (args.dtype == DType::kFloat16) return accumulate_half_dispatch<Float16Codec>(args, inputs, acc, count);
-  if (args.dtype == DType::kBFloat16) return accumulate_half_dispatch<BFloat16Codec>(args, inputs, acc, count);
-  // Every other dtype accumulates in itself, so kernel.h's blocked, vectorized reduce() is the
-  // accumulate stage as long as the post-divide is left for finish().
+  // The post-divide is left for finish().
   KernelArgs stage = args;
   if (stage.scale == Scale::kAfter) stage.scale = Scale::kNone;
+  // The half types accumulate in float32: simd.h's fold() hands that out. Every other dtype
+  // accumulates in itself, so kernel.h's blocked reduce() is the accumulate stage (its blocks
+  // also make in-place calls safe, which fold() alone is not).
+  if (dtype_is_half(args.dtype)) return simd::fold(stage, inputs, 0, count, acc);
   void* const out = acc;
   reduce(stage, inputs, std::span<void* const>(&out, 1), count);
 }

@@ -1,0 +1,305 @@
+// Highway's foreach_target.h includes this file once per SIMD level (HWY_TARGET), each time
+// compiling the code between the markers into namespace HWY_NAMESPACE with that level's
+// instructions; the exported functions at the end pick one at run time (HWY_DYNAMIC_DISPATCH).
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "daemon/reduce/simd.cc"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+
+#include <hwy/highway.h>
+
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <type_traits>
+
+#include "daemon/reduce/combine.h"
+#include "daemon/reduce/simd.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace gradsync::reduce::simd::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// float16 in vectors only with exact hardware conversions: F16C (x86 AVX2 and up) or Arm's
+// fcvt. Highway's emulation on older x86 levels truncates instead of rounding to nearest even.
+#if (HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2) || HWY_ARCH_ARM
+constexpr bool kVectorFloat16 = true;
+#else
+constexpr bool kVectorFloat16 = false;
+#endif
+
+// Vector loads and stores of one dtype in its accumulation type, mirroring combine.h's scalar
+// codec (`Scalar`). kVector false: the dtype runs scalar on this target.
+template <typename T>
+struct SameLanes {
+  using Scalar = SameCodec<T>;
+  using D = hn::ScalableTag<T>;
+  static constexpr bool kVector = true;
+  static hn::Vec<D> load(D d, const T* p) { return hn::LoadU(d, p); }
+  static void store(D d, hn::Vec<D> v, T* p) { hn::StoreU(v, d, p); }
+  static hn::Vec<D> round(hn::Vec<D> v) { return v; }
+};
+
+struct Float16Lanes {
+  using Scalar = Float16Codec;
+  using D = hn::ScalableTag<float>;
+  using DH = hn::Rebind<hwy::float16_t, D>;
+  static constexpr bool kVector = kVectorFloat16;
+  static hn::Vec<D> load(D d, const uint16_t* p) {
+    return hn::PromoteTo(d, hn::LoadU(DH(), reinterpret_cast<const hwy::float16_t*>(p)));
+  }
+  static void store(D, hn::Vec<D> v, uint16_t* p) {
+    hn::StoreU(hn::DemoteTo(DH(), v), DH(), reinterpret_cast<hwy::float16_t*>(p));
+  }
+  static hn::Vec<D> round(hn::Vec<D> v) { return hn::PromoteTo(D(), hn::DemoteTo(DH(), v)); }
+};
+
+// bfloat16 is the top half of a float32, so the conversions are shifts; Highway 1.0's own
+// DemoteTo truncates, so rounding (to nearest even) and NaN quieting are spelled out as in
+// shared/half.h.
+struct BFloat16Lanes {
+  using Scalar = BFloat16Codec;
+  using D = hn::ScalableTag<float>;
+  using DU = hn::RebindToUnsigned<D>;
+  using DI = hn::RebindToSigned<D>;
+  using DU16 = hn::Rebind<uint16_t, D>;
+  static constexpr bool kVector = true;
+
+  static hn::Vec<D> load(D d, const uint16_t* p) {
+    const auto bits = hn::ShiftLeft<16>(hn::PromoteTo(DU(), hn::LoadU(DU16(), p)));
+    return hn::BitCast(d, quiet_if_nan(bits));
+  }
+  static void store(D, hn::Vec<D> v, uint16_t* p) {
+    hn::StoreU(hn::DemoteTo(DU16(), hn::BitCast(DI(), to_bits(v))), DU16(), p);
+  }
+  static hn::Vec<D> round(hn::Vec<D> v) {
+    return hn::BitCast(D(), quiet_if_nan(hn::ShiftLeft<16>(to_bits(v))));
+  }
+
+ private:
+  // A NaN (magnitude above infinity's bits; compared as signed, which the magnitude fits) gets
+  // its quiet bit.
+  static hn::Vec<DU> quiet_if_nan(hn::Vec<DU> bits) {
+    const auto magnitude = hn::BitCast(DI(), hn::And(bits, hn::Set(DU(), 0x7fffffffu)));
+    const auto nan = hn::RebindMask(DU(), hn::Gt(magnitude, hn::Set(DI(), 0x7f800000)));
+    return hn::IfThenElse(nan, hn::Or(bits, hn::Set(DU(), 0x00400000u)), bits);
+  }
+  // The bfloat16 bits of v in the low 16 bits of each lane.
+  static hn::Vec<DU> to_bits(hn::Vec<D> v) {
+    const auto bits = hn::BitCast(DU(), v);
+    const auto high = hn::ShiftRight<16>(bits);
+    const auto rounded =
+        hn::ShiftRight<16>(hn::Add(hn::Add(bits, hn::Set(DU(), 0x7fffu)), hn::And(high, hn::Set(DU(), 1u))));
+    const auto magnitude = hn::BitCast(DI(), hn::And(bits, hn::Set(DU(), 0x7fffffffu)));
+    const auto nan = hn::RebindMask(DU(), hn::Gt(magnitude, hn::Set(DI(), 0x7f800000)));
+    return hn::IfThenElse(nan, hn::Or(high, hn::Set(DU(), 0x0040u)), rounded);
+  }
+};
+
+// The part of the inputs one call reduces, elements [offset, offset + count) of each, and
+// whether the result is stored in the accumulation type or narrowed to the dtype.
+struct Span {
+  std::span<const void* const> inputs;
+  size_t offset;
+  size_t count;
+  bool narrow_out;
+};
+
+template <Combine kCombine, class V>
+V combine_lanes(V acc, V value) {
+  if constexpr (kCombine == Combine::kSum) {
+    return hn::Add(acc, value);  // integer lanes wrap, as wrapping_add does
+  } else if constexpr (!hwy::IsFloat<hn::TFromV<V>>()) {
+    return kCombine == Combine::kMin ? hn::Min(acc, value) : hn::Max(acc, value);
+  } else {
+    // combine.h's rule: a NaN value wins, and on ties (-0 against +0) the earlier acc stays.
+    // (IsNaN, not Ne(value, value): Highway's Ne is an ordered compare, false for NaNs.)
+    const auto take = kCombine == Combine::kMin ? hn::Lt(value, acc) : hn::Gt(value, acc);
+    return hn::IfThenElse(hn::Or(take, hn::IsNaN(value)), value, acc);
+  }
+}
+
+// All inputs of one range in one pass: each vector of the result is combined in registers,
+// input by input in order, and stored once. The per-element steps are the scalar kernel's, in
+// lanes; the tail shorter than a vector runs the scalar steps, which do the same operations.
+template <class Lanes, Combine kCombine, Scale kScale, bool kRoundEach>
+class Folder {
+  using Scalar = typename Lanes::Scalar;
+  using Storage = typename Scalar::Storage;
+  using Acc = typename Scalar::Acc;
+
+ public:
+  // Out: Acc (the accumulation type) or Storage (the result rounded to the dtype, stored as
+  // narrow() would).
+  template <typename Out>
+  static void run(Out* HWY_RESTRICT out, std::span<const void* const> inputs, size_t offset, size_t count,
+                  Acc divisor) {
+    const size_t n = inputs.size();
+    const auto input = [&](size_t k) { return static_cast<const Storage*>(inputs[k]) + offset; };
+    size_t i = 0;
+    if constexpr (Lanes::kVector) {
+      const typename Lanes::D d;
+      const size_t lanes = hn::Lanes(d);
+      const auto div = hn::Set(d, divisor);
+      for (; i + lanes <= count; i += lanes) {
+        auto result = prescale(Lanes::load(d, input(0) + i), div);
+        for (size_t k = 1; k < n; ++k) {
+          result = round(combine_lanes<kCombine>(result, prescale(Lanes::load(d, input(k) + i), div)));
+        }
+        if constexpr (kScale == Scale::kAfter) result = round(hn::Div(result, div));
+        if constexpr (std::is_same_v<Out, Acc>) {
+          hn::StoreU(result, d, out + i);
+        } else {
+          Lanes::store(d, result, out + i);
+        }
+      }
+    }
+    for (; i < count; ++i) {
+      Acc result = prescale_scalar(Scalar::load(input(0)[i]), divisor);
+      for (size_t k = 1; k < n; ++k) {
+        result = round_scalar(combine<kCombine>(result, prescale_scalar(Scalar::load(input(k)[i]), divisor)));
+      }
+      if constexpr (kScale == Scale::kAfter) result = round_scalar(result / divisor);
+      if constexpr (std::is_same_v<Out, Acc>) {
+        out[i] = result;
+      } else {
+        out[i] = Scalar::store(result);
+      }
+    }
+  }
+
+ private:
+  template <class V>
+  static V round(V v) {
+    if constexpr (kRoundEach) return Lanes::round(v);
+    return v;
+  }
+  template <class V>
+  static V prescale(V v, V div) {
+    if constexpr (kScale == Scale::kBefore) return round(hn::Div(v, div));
+    return v;
+  }
+  static Acc round_scalar(Acc v) {
+    if constexpr (kRoundEach) return Scalar::load(Scalar::store(v));
+    return v;
+  }
+  static Acc prescale_scalar(Acc v, Acc divisor) {
+    if constexpr (kScale == Scale::kBefore) return round_scalar(v / divisor);
+    return v;
+  }
+};
+
+// Runtime choices -> one instantiation. Integer dtypes never scale (validate_kernel_args);
+// min and max never scale or round, as a pick of one input needs neither.
+template <class Lanes, Combine kCombine, Scale kScale, bool kRoundEach>
+void fold_pass(const Span& in, void* out, double divisor) {
+  using Acc = typename Lanes::Scalar::Acc;
+  using Storage = typename Lanes::Scalar::Storage;
+  const Acc div = kScale == Scale::kNone ? Acc{1} : static_cast<Acc>(divisor);
+  using Folder = Folder<Lanes, kCombine, kScale, kRoundEach>;
+  if (in.narrow_out) return Folder::run(static_cast<Storage*>(out), in.inputs, in.offset, in.count, div);
+  Folder::run(static_cast<Acc*>(out), in.inputs, in.offset, in.count, div);
+}
+
+template <class Lanes, bool kRoundEach>
+void fold_floating(const KernelArgs& args, const Span& in, void* out) {
+  switch (args.combine) {
+    case Combine::kSum:
+      switch (args.scale) {
+        case Scale::kNone: return fold_pass<Lanes, Combine::kSum, Scale::kNone, kRoundEach>(in, out, 1);
+        case Scale::kBefore:
+          return fold_pass<Lanes, Combine::kSum, Scale::kBefore, kRoundEach>(in, out, args.divisor);
+        case Scale::kAfter:
+          return fold_pass<Lanes, Combine::kSum, Scale::kAfter, kRoundEach>(in, out, args.divisor);
+      }
+      return;
+    case Combine::kMin: return fold_pass<Lanes, Combine::kMin, Scale::kNone, false>(in, out, 1);
+    case Combine::kMax: return fold_pass<Lanes, Combine::kMax, Scale::kNone, false>(in, out, 1);
+  }
+}
+
+template <class Lanes>
+void fold_half(const KernelArgs& args, const Span& in, void* out) {
+  if (args.wide_accumulate) return fold_floating<Lanes, false>(args, in, out);
+  fold_floating<Lanes, true>(args, in, out);
+}
+
+template <typename T>
+void fold_integer(const KernelArgs& args, const Span& in, void* out) {
+  switch (args.combine) {
+    case Combine::kSum: return fold_pass<SameLanes<T>, Combine::kSum, Scale::kNone, false>(in, out, 1);
+    case Combine::kMin: return fold_pass<SameLanes<T>, Combine::kMin, Scale::kNone, false>(in, out, 1);
+    case Combine::kMax: return fold_pass<SameLanes<T>, Combine::kMax, Scale::kNone, false>(in, out, 1);
+  }
+}
+
+void Fold(const KernelArgs& args, std::span<const void* const> inputs, size_t offset, size_t count, void* out,
+          bool narrow_out) {
+  const Span in{inputs, offset, count, narrow_out};
+  switch (args.dtype) {
+    case DType::kFloat32: return fold_floating<SameLanes<float>, false>(args, in, out);
+    case DType::kFloat64: return fold_floating<SameLanes<double>, false>(args, in, out);
+    case DType::kFloat16: return fold_half<Float16Lanes>(args, in, out);
+    case DType::kBFloat16: return fold_half<BFloat16Lanes>(args, in, out);
+    case DType::kInt32: return fold_integer<int32_t>(args, in, out);
+    case DType::kInt64: return fold_integer<int64_t>(args, in, out);
+    case DType::kUInt8: return fold_integer<uint8_t>(args, in, out);
+  }
+}
+
+template <class Lanes>
+void narrow_half(void* out, const void* acc, size_t count) {
+  auto* o = static_cast<uint16_t*>(out);
+  const auto* a = static_cast<const float*>(acc);
+  size_t i = 0;
+  if constexpr (Lanes::kVector) {
+    const typename Lanes::D d;
+    const size_t n = hn::Lanes(d);
+    for (; i + n <= count; i += n) Lanes::store(d, hn::LoadU(d, a + i), o + i);
+  }
+  for (; i < count; ++i) o[i] = Lanes::Scalar::store(a[i]);
+}
+
+void Narrow(DType dtype, void* out, const void* acc, size_t count) {
+  switch (dtype) {
+    case DType::kFloat16: return narrow_half<Float16Lanes>(out, acc, count);
+    case DType::kBFloat16: return narrow_half<BFloat16Lanes>(out, acc, count);
+    default: std::memcpy(out, acc, count * dtype_size(dtype));
+  }
+}
+
+const char* TargetName() { return hwy::TargetName(HWY_TARGET); }
+
+}  // namespace gradsync::reduce::simd::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace gradsync::reduce::simd {
+
+HWY_EXPORT(Fold);
+HWY_EXPORT(Narrow);
+HWY_EXPORT(TargetName);
+
+void fold(const KernelArgs& args, std::span<const void* const> inputs, size_t offset, size_t count, void* acc) {
+  if (count == 0 || inputs.empty()) return;
+  HWY_DYNAMIC_DISPATCH(Fold)(args, inputs, offset, count, acc, false);
+}
+
+void fold_narrow(const KernelArgs& args, std::span<const void* const> inputs, size_t offset, size_t count,
+                 void* out) {
+  if (count == 0 || inputs.empty()) return;
+  HWY_DYNAMIC_DISPATCH(Fold)(args, inputs, offset, count, out, true);
+}
+
+void narrow(DType dtype, void* out, const void* acc, size_t count) {
+  if (count == 0) return;
+  HWY_DYNAMIC_DISPATCH(Narrow)(dtype, out, acc, count);
+}
+
+const char* target_name() { return HWY_DYNAMIC_DISPATCH(TargetName)(); }
+
+std::vector<int64_t> supported_targets() { return hwy::SupportedAndGeneratedTargets(); }
+
+void pin_target_for_test(int64_t target) { hwy::SetSupportedTargetsForTest(target); }
+
+}  // namespace gradsync::reduce::simd
+#endif  // HWY_ONCE

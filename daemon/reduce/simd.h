@@ -1,0 +1,45 @@
+// The element loops of the reduction, written once with Google Highway and compiled for every
+// x86 (or Arm) SIMD level; the best one the CPU supports is chosen at run time. kernel.cc keeps
+// the blocking, the accumulator placement and the copies to the outputs; these are the loops
+// over one block.
+//
+// Contract: every function does, per element, exactly the IEEE operations that combine.h's
+// scalar codecs and combine() do (the same loads, rounding to nearest even, true divides, NaN
+// and tie rules), so the result is bit-identical whichever SIMD level runs and whatever part of
+// a range falls in a scalar tail. Where a target cannot convert float16 exactly in vectors (x86
+// below AVX2 has no F16C, and Highway's emulation truncates), that dtype runs scalar.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "daemon/reduce/kernel.h"
+
+namespace gradsync::reduce::simd {
+
+// acc[i] = scale(in[0][offset + i] (+) in[1][offset + i] (+) ...) for i < count, combined in
+// input order with the prescale or post-divide of args.scale; without wide_accumulate every
+// partial result is rounded to the half type. `inputs` hold args.dtype, `acc` the accumulation
+// type (float32 for the half types, the dtype otherwise); `acc` may not overlap any input.
+// Each element is computed in registers from all inputs and stored once.
+void fold(const KernelArgs& args, std::span<const void* const> inputs, size_t offset, size_t count, void* acc);
+
+// fold(), with the result rounded to args.dtype as narrow() does: `out` holds args.dtype.
+void fold_narrow(const KernelArgs& args, std::span<const void* const> inputs, size_t offset, size_t count,
+                 void* out);
+
+// out[i] = acc[i] rounded to args.dtype (the half types) or copied (every other dtype).
+void narrow(DType dtype, void* out, const void* acc, size_t count);
+
+// The name of the SIMD level fold() and narrow() run on, e.g. "AVX2" (for logs and benchmarks).
+const char* target_name();
+
+// Test hook: every SIMD level compiled in that this CPU supports, as Highway target bits, and a
+// way to pin one (0 restores the automatic choice). Not for the daemon: it changes the choice
+// for the whole process.
+std::vector<int64_t> supported_targets();
+void pin_target_for_test(int64_t target);
+
+}  // namespace gradsync::reduce::simd

@@ -1,0 +1,148 @@
+// The SIMD loops (daemon/reduce/simd.cc) against an element-by-element reference built from
+// combine.h's scalar codecs, on every SIMD level this CPU supports: random bit patterns, so
+// NaNs, infinities, subnormals and signed zeros all occur, and counts that leave scalar tails.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "daemon/reduce/combine.h"
+#include "daemon/reduce/kernel.h"
+#include "daemon/reduce/simd.h"
+#include "shared/dtype.h"
+
+namespace gradsync::reduce {
+namespace {
+
+// The kernel's contract, one element at a time: combine.h's codecs, in input order.
+template <typename Codec>
+typename Codec::Storage reference(const KernelArgs& args, const std::vector<typename Codec::Storage>& column) {
+  using Acc = typename Codec::Acc;
+  const bool round_each = !args.wide_accumulate && !std::is_same_v<Acc, typename Codec::Storage> &&
+                          args.combine == Combine::kSum;
+  const auto round = [&](Acc v) { return round_each ? Codec::load(Codec::store(v)) : v; };
+  const Acc divisor = args.scale == Scale::kNone ? Acc{1} : static_cast<Acc>(args.divisor);
+  Acc acc{};
+  for (size_t k = 0; k < column.size(); ++k) {
+    Acc value = Codec::load(column[k]);
+    if (args.scale == Scale::kBefore) value = round(value / divisor);
+    if (k > 0) {
+      switch (args.combine) {
+        case Combine::kSum: value = round(combine<Combine::kSum>(acc, value)); break;
+        case Combine::kMin: value = combine<Combine::kMin>(acc, value); break;
+        case Combine::kMax: value = combine<Combine::kMax>(acc, value); break;
+      }
+    }
+    if (k + 1 == column.size() && args.scale == Scale::kAfter) value = round(value / divisor);
+    acc = value;
+  }
+  return Codec::store(acc);
+}
+
+template <typename T>
+bool is_nan(T v) {
+  if constexpr (std::is_floating_point_v<T>) return std::isnan(v);
+  return false;
+}
+
+// Random bits for every input; for the floating types a share of them replaced by special
+// values so every rule is exercised. Then reduce() and compare element by element with the
+// reference. Two NaNs count as equal: which operand's payload an add keeps is not part of
+// the contract (the compiler may commute a scalar add).
+template <typename Codec>
+void check(const KernelArgs& args, size_t inputs, size_t count, uint32_t seed) {
+  using Storage = typename Codec::Storage;
+  std::mt19937_64 rng(seed);
+  std::vector<std::vector<Storage>> in(inputs, std::vector<Storage>(count));
+  for (auto& buffer : in) {
+    for (auto& v : buffer) {
+      const uint64_t bits = rng();
+      std::memcpy(&v, &bits, sizeof(Storage));
+    }
+  }
+  std::vector<Storage> out(count);
+  std::vector<const void*> in_ptrs;
+  for (const auto& buffer : in) in_ptrs.push_back(buffer.data());
+  void* const out_ptr = out.data();
+  REQUIRE(validate_kernel_args(args) == "");
+  reduce(args, in_ptrs, std::span<void* const>(&out_ptr, 1), count);
+  for (size_t i = 0; i < count; ++i) {
+    std::vector<Storage> column;
+    for (const auto& buffer : in) column.push_back(buffer[i]);
+    const Storage want = reference<Codec>(args, column);
+    const Storage got = out[i];
+    const bool both_nan = is_nan(Codec::load(want)) && is_nan(Codec::load(got));
+    if (std::memcmp(&want, &got, sizeof(Storage)) != 0 && !both_nan) {
+      FAIL("dtype " << dtype_name(args.dtype) << ", combine " << static_cast<int>(args.combine) << ", scale "
+                    << static_cast<int>(args.scale) << ", wide " << args.wide_accumulate << ", target "
+                    << simd::target_name() << ": element " << i << " differs from the scalar reference");
+    }
+  }
+}
+
+template <typename Codec>
+void check_all_modes(DType dtype, bool floating) {
+  const Combine combines[] = {Combine::kSum, Combine::kMin, Combine::kMax};
+  uint32_t seed = 1;
+  for (const Combine combine : combines) {
+    const Scale scales[] = {Scale::kNone, Scale::kBefore, Scale::kAfter};
+    for (const Scale scale : scales) {
+      if (scale != Scale::kNone && (!floating || combine != Combine::kSum)) continue;
+      for (const bool wide : {true, false}) {
+        KernelArgs args{dtype, combine, scale, 3.0, wide};
+        for (const size_t inputs : {size_t{1}, size_t{2}, size_t{5}}) check<Codec>(args, inputs, 9001, seed++);
+      }
+    }
+  }
+}
+
+TEST_CASE("every SIMD level gives the scalar reference's bits for every dtype and mode", "[reduce][simd]") {
+  const std::vector<int64_t> targets = simd::supported_targets();
+  REQUIRE(!targets.empty());
+  for (const int64_t target : targets) {
+    simd::pin_target_for_test(target);
+    INFO("target " << simd::target_name());
+    check_all_modes<SameCodec<float>>(DType::kFloat32, true);
+    check_all_modes<SameCodec<double>>(DType::kFloat64, true);
+    check_all_modes<Float16Codec>(DType::kFloat16, true);
+    check_all_modes<BFloat16Codec>(DType::kBFloat16, true);
+    check_all_modes<SameCodec<int32_t>>(DType::kInt32, false);
+    check_all_modes<SameCodec<int64_t>>(DType::kInt64, false);
+    check_all_modes<SameCodec<uint8_t>>(DType::kUInt8, false);
+  }
+  simd::pin_target_for_test(0);
+}
+
+TEST_CASE("every SIMD level narrows every float32 bit pattern class as the scalar codecs do", "[reduce][simd]") {
+  // Every 2^13th float32 pattern plus the neighbours of the half types' rounding boundaries:
+  // all exponents, signs, NaN payloads and ties.
+  std::vector<float> acc;
+  for (uint64_t bits = 0; bits <= 0xffffffffu; bits += 0x1fff) {
+    float f;
+    const uint32_t b = static_cast<uint32_t>(bits);
+    std::memcpy(&f, &b, 4);
+    acc.push_back(f);
+  }
+  for (const auto dtype : {DType::kFloat16, DType::kBFloat16}) {
+    for (const int64_t target : simd::supported_targets()) {
+      simd::pin_target_for_test(target);
+      std::vector<uint16_t> out(acc.size());
+      simd::narrow(dtype, out.data(), acc.data(), acc.size());
+      for (size_t i = 0; i < acc.size(); ++i) {
+        const uint16_t want = dtype == DType::kFloat16 ? Float16Codec::store(acc[i]) : BFloat16Codec::store(acc[i]);
+        if (out[i] != want) {
+          FAIL(dtype_name(dtype) << " on " << simd::target_name() << ": float bits " << std::hex
+                                 << std::bit_cast<uint32_t>(acc[i]) << " gave " << out[i] << ", want " << want);
+        }
+      }
+    }
+  }
+  simd::pin_target_for_test(0);
+}
+
+}  // namespace
+}  // namespace gradsync::reduce
