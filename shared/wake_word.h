@@ -1,6 +1,6 @@
 // A wake-up word in shared memory: one process publishes something and notifies, another
 // waits until a predicate over the published data holds. No wake-up is lost:
-//   notifier: publish data; seq += 1; if (waiters > 0) futex_wake(seq)
+//   notifier: publish data; if (waiters > 0) { seq += 1; futex_wake(seq) }
 //   waiter:   s = seq; if ready() return; waiters += 1; if (!ready()) futex_wait(seq == s)
 // All four steps use sequentially consistent atomics, so either the waiter sees the data or
 // the notifier sees the waiter (or seq has moved and futex_wait returns at once).
@@ -19,13 +19,28 @@
 
 namespace gradsync {
 
+// A spin-wait hint: lets the sibling hyperthread run and saves power while polling.
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
 struct WakeRef {
   std::atomic<uint32_t>* seq = nullptr;
   std::atomic<uint32_t>* waiters = nullptr;
 
+  // Without a waiter nothing is written: a notifier on a hot path (one mark_ready per tensor)
+  // does not bounce the word's cache line to the awake waiter. Still no lost wake-up: if the
+  // notifier reads waiters == 0, the waiter's increment comes later in the total order of
+  // seq_cst operations, so its ready() check after it sees what was published.
   void notify() const {
-    seq->fetch_add(1);
-    if (waiters->load() > 0) futex_wake_all(seq);
+    if (waiters->load() > 0) {
+      seq->fetch_add(1);
+      futex_wake_all(seq);
+    }
   }
 
   // Waits until ready() or the deadline. Spins `spin` times first, which helps only when the
@@ -36,6 +51,7 @@ struct WakeRef {
   bool wait_until(Ready&& ready, std::chrono::steady_clock::time_point deadline, int spin = 0) const {
     for (int i = 0; i < spin; ++i) {
       if (ready()) return true;
+      cpu_relax();
     }
     for (;;) {
       const uint32_t seen = seq->load();

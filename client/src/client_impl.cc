@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <optional>
 
 #include "shared/version.h"
 
@@ -407,8 +408,11 @@ void ClientImpl::fill_reduce(SubmitEntry* entry, const ReduceOptions& options) c
 }
 
 void ClientImpl::push(const SubmitEntry& entry) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout_;
+  // The clock is read only when the ring is full: a push is on mark_ready's per-tensor path.
+  std::optional<std::chrono::steady_clock::time_point> deadline_storage;
   while (!submit_->try_push(entry)) {
+    if (!deadline_storage) deadline_storage = std::chrono::steady_clock::now() + timeout_;
+    const auto deadline = *deadline_storage;
     throw_if_error(completions_->job_failure());
     // The daemon drains the ring continuously; a full ring means it is busy or stuck.
     const bool space = submit_->space().wait_until([&] { return !submit_->full(); },

@@ -73,6 +73,7 @@ void Completions::drain_locked() {
         whole = Status(static_cast<ErrorCode>(entry.code), std::string(entry.message, length));
       }
       failure_ = whole;
+      failed_.store(true, std::memory_order_release);
     }
     if (entry.code != 0) first_failed_ = std::min(first_failed_, entry.op_seq);
     pending_.erase(entry.op_seq);
@@ -82,6 +83,7 @@ void Completions::drain_locked() {
 
 void Completions::fail_all_locked(const Status& status) {
   if (failure_.ok()) failure_ = status;
+  failed_.store(true, std::memory_order_release);
   if (!pending_.empty()) first_failed_ = std::min(first_failed_, *pending_.begin());
   pending_.clear();
 }
@@ -143,6 +145,12 @@ void Completions::wait_below(size_t limit, std::chrono::steady_clock::time_point
 }
 
 Status Completions::job_failure() {
+  // mark_ready asks this once per tensor: without a recorded failure, a published one or an
+  // undrained completion, the answer is ok without taking the lock.
+  if (!failed_.load(std::memory_order_acquire) && !has_entries() &&
+      channel_->daemon()->failure_code.load(std::memory_order_acquire) == 0) {
+    return Status();
+  }
   std::lock_guard lock(mutex_);
   drain_locked();
   return failure_;

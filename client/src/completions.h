@@ -4,6 +4,7 @@
 // Thread-safe: Work handles may be waited on from several threads.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -74,6 +75,7 @@ class Completions {
   // succeeded: the outcome of any completed operation, however old, without a table.
   uint64_t first_failed_ = UINT64_MAX;  // guarded by mutex_
   Status failure_;                      // guarded by mutex_
+  std::atomic<bool> failed_{false};     // failure_ is set (read without the lock)
   std::chrono::steady_clock::time_point next_liveness_check_;
 };
 

@@ -202,6 +202,7 @@ class Worker {
   // The executor's account of the bucket in flight (one at a time, so one is reused).
   std::shared_ptr<BucketTimings> timings_ = std::make_shared<BucketTimings>();
   std::optional<Flight> flight_;
+  std::chrono::steady_clock::time_point last_work_;  // worker thread only: last consumed entry
   std::atomic<uint64_t> completed_ops_{0};
   std::atomic<size_t> pending_ops_{0};
   std::atomic<uint64_t> current_seq_{0};

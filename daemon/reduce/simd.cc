@@ -37,6 +37,7 @@ struct SameLanes {
   static hn::Vec<D> load(D d, const T* p) { return hn::LoadU(d, p); }
   static void store(D d, hn::Vec<D> v, T* p) { hn::StoreU(v, d, p); }
   static hn::Vec<D> round(hn::Vec<D> v) { return v; }
+  static hn::Vec<D> finish(hn::Vec<D> v) { return v; }
 };
 
 struct Float16Lanes {
@@ -51,6 +52,7 @@ struct Float16Lanes {
     hn::StoreU(hn::DemoteTo(DH(), v), DH(), reinterpret_cast<hwy::float16_t*>(p));
   }
   static hn::Vec<D> round(hn::Vec<D> v) { return hn::PromoteTo(D(), hn::DemoteTo(DH(), v)); }
+  static hn::Vec<D> finish(hn::Vec<D> v) { return v; }  // F16C's widening already quiets
 };
 
 // bfloat16 is the top half of a float32, so the conversions are shifts; Highway 1.0's own
@@ -64,10 +66,13 @@ struct BFloat16Lanes {
   using DU16 = hn::Rebind<uint16_t, D>;
   static constexpr bool kVector = true;
 
+  // Loaded NaNs keep a signaling bit pattern: every way out quiets them (arithmetic does,
+  // store() and round() do, finish() does for a float32 result), giving the scalar codec's
+  // bits, without the cost of quieting every element of every input.
   static hn::Vec<D> load(D d, const uint16_t* p) {
-    const auto bits = hn::ShiftLeft<16>(hn::PromoteTo(DU(), hn::LoadU(DU16(), p)));
-    return hn::BitCast(d, quiet_if_nan(bits));
+    return hn::BitCast(d, hn::ShiftLeft<16>(hn::PromoteTo(DU(), hn::LoadU(DU16(), p))));
   }
+  static hn::Vec<D> finish(hn::Vec<D> v) { return hn::BitCast(D(), quiet_if_nan(hn::BitCast(DU(), v))); }
   static void store(D, hn::Vec<D> v, uint16_t* p) {
     hn::StoreU(hn::DemoteTo(DU16(), hn::BitCast(DI(), to_bits(v))), DU16(), p);
   }
@@ -147,7 +152,7 @@ class Folder {
         }
         if constexpr (kScale == Scale::kAfter) result = round(hn::Div(result, div));
         if constexpr (std::is_same_v<Out, Acc>) {
-          hn::StoreU(result, d, out + i);
+          hn::StoreU(Lanes::finish(result), d, out + i);
         } else {
           Lanes::store(d, result, out + i);
         }
@@ -267,6 +272,68 @@ void Narrow(DType dtype, void* out, const void* acc, size_t count) {
   }
 }
 
+// Round for combine_pair: nothing is rounded.
+struct Unrounded {
+  static constexpr bool kVector = true;
+};
+
+// out = a (+) b in the accumulation type, each result rounded through `Round` (a half type's
+// lanes) or not (Unrounded). Element i is loaded from both before out[i] is stored, so out
+// may alias a or b.
+template <class Lanes, Combine kCombine, class Round>
+void combine_pair(void* out, const void* a, const void* b, size_t count) {
+  using Acc = typename Lanes::Scalar::Acc;
+  auto* o = static_cast<Acc*>(out);
+  const auto* x = static_cast<const Acc*>(a);
+  const auto* y = static_cast<const Acc*>(b);
+  size_t i = 0;
+  constexpr bool kRound = !std::is_same_v<Round, Unrounded>;
+  if constexpr (Round::kVector) {
+    const typename Lanes::D d;
+    const size_t lanes = hn::Lanes(d);
+    for (; i + lanes <= count; i += lanes) {
+      auto r = combine_lanes<kCombine>(hn::LoadU(d, x + i), hn::LoadU(d, y + i));
+      if constexpr (kRound) r = Round::round(r);
+      hn::StoreU(r, d, o + i);
+    }
+  }
+  for (; i < count; ++i) {
+    Acc r = combine<kCombine>(x[i], y[i]);
+    if constexpr (kRound) r = Round::Scalar::load(Round::Scalar::store(r));
+    o[i] = r;
+  }
+}
+
+template <class Lanes, class Round>
+void combine_pair_of(Combine combine, void* out, const void* a, const void* b, size_t count) {
+  switch (combine) {
+    case Combine::kSum: return combine_pair<Lanes, Combine::kSum, Round>(out, a, b, count);
+    case Combine::kMin: return combine_pair<Lanes, Combine::kMin, Round>(out, a, b, count);
+    case Combine::kMax: return combine_pair<Lanes, Combine::kMax, Round>(out, a, b, count);
+  }
+}
+
+void CombinePair(const PairArgs& args, void* out, const void* a, const void* b, size_t count) {
+  // min and max pick one of two representable values: nothing to round.
+  const bool round = args.combine == Combine::kSum;
+  switch (args.round_to) {
+    case DType::kFloat16:
+      if (round) return combine_pair_of<SameLanes<float>, Float16Lanes>(args.combine, out, a, b, count);
+      break;
+    case DType::kBFloat16:
+      if (round) return combine_pair_of<SameLanes<float>, BFloat16Lanes>(args.combine, out, a, b, count);
+      break;
+    default: break;
+  }
+  switch (args.acc) {
+    case DType::kFloat64: return combine_pair_of<SameLanes<double>, Unrounded>(args.combine, out, a, b, count);
+    case DType::kInt32: return combine_pair_of<SameLanes<int32_t>, Unrounded>(args.combine, out, a, b, count);
+    case DType::kInt64: return combine_pair_of<SameLanes<int64_t>, Unrounded>(args.combine, out, a, b, count);
+    case DType::kUInt8: return combine_pair_of<SameLanes<uint8_t>, Unrounded>(args.combine, out, a, b, count);
+    default: return combine_pair_of<SameLanes<float>, Unrounded>(args.combine, out, a, b, count);
+  }
+}
+
 const char* TargetName() { return hwy::TargetName(HWY_TARGET); }
 
 }  // namespace gradsync::reduce::simd::HWY_NAMESPACE
@@ -278,6 +345,12 @@ namespace gradsync::reduce::simd {
 HWY_EXPORT(Fold);
 HWY_EXPORT(Narrow);
 HWY_EXPORT(TargetName);
+HWY_EXPORT(CombinePair);
+
+void combine_pair(const PairArgs& args, void* out, const void* a, const void* b, size_t count) {
+  if (count == 0) return;
+  HWY_DYNAMIC_DISPATCH(CombinePair)(args, out, a, b, count);
+}
 
 void fold(const KernelArgs& args, std::span<const void* const> inputs, size_t offset, size_t count, void* acc) {
   if (count == 0 || inputs.empty()) return;

@@ -33,6 +33,17 @@ void fold_narrow(const KernelArgs& args, std::span<const void* const> inputs, si
 // out[i] = acc[i] rounded to args.dtype (the half types) or copied (every other dtype).
 void narrow(DType dtype, void* out, const void* acc, size_t count);
 
+// The cross-node combine (staged.h's combiner): out[i] = a[i] (+) b[i] over `count` elements of
+// the accumulation type `acc` (float32, float64, int32, int64 or uint8). With round_to float16
+// or bfloat16 (narrow accumulation), every sum is rounded to it, as the scalar codec does;
+// round_to = acc rounds nothing. `out` may alias `a` or `b`.
+struct PairArgs {
+  DType acc = DType::kFloat32;
+  Combine combine = Combine::kSum;
+  DType round_to = DType::kFloat32;
+};
+void combine_pair(const PairArgs& args, void* out, const void* a, const void* b, size_t count);
+
 // The name of the SIMD level fold() and narrow() run on, e.g. "AVX2" (for logs and benchmarks).
 const char* target_name();
 

@@ -1,6 +1,7 @@
 // The SIMD loops (daemon/reduce/simd.cc) against an element-by-element reference built from
 // combine.h's scalar codecs, on every SIMD level this CPU supports: random bit patterns, so
 // NaNs, infinities, subnormals and signed zeros all occur, and counts that leave scalar tails.
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -140,6 +141,96 @@ TEST_CASE("every SIMD level narrows every float32 bit pattern class as the scala
         }
       }
     }
+  }
+  simd::pin_target_for_test(0);
+}
+
+TEST_CASE("every SIMD level folds half inputs into float32 as the scalar codecs do, NaNs quiet", "[reduce][simd]") {
+  std::mt19937_64 rng(11);
+  constexpr size_t kCount = 4099;
+  std::vector<std::vector<uint16_t>> in(3, std::vector<uint16_t>(kCount));
+  for (auto& buffer : in) {
+    for (auto& v : buffer) v = static_cast<uint16_t>(rng());
+  }
+  const std::vector<const void*> pointers = {in[0].data(), in[1].data(), in[2].data()};
+  for (const auto dtype : {DType::kFloat16, DType::kBFloat16}) {
+    for (const Combine combine : {Combine::kSum, Combine::kMin, Combine::kMax}) {
+      for (const size_t inputs : {size_t{1}, size_t{3}}) {
+        for (const int64_t target : simd::supported_targets()) {
+          simd::pin_target_for_test(target);
+          const KernelArgs args{dtype, combine, Scale::kNone, 1.0, true};
+          std::vector<float> got(kCount);
+          simd::fold(args, std::span<const void* const>(pointers.data(), inputs), 0, kCount, got.data());
+          for (size_t i = 0; i < kCount; ++i) {
+            std::vector<uint16_t> column;
+            for (size_t k = 0; k < inputs; ++k) column.push_back(in[k][i]);
+            // The reference in float32: the codec's loads and combine, in order.
+            const auto load = [&](uint16_t v) { return dtype == DType::kFloat16 ? Float16Codec::load(v) : BFloat16Codec::load(v); };
+            float want = load(column[0]);
+            for (size_t k = 1; k < column.size(); ++k) {
+              const float v = load(column[k]);
+              want = combine == Combine::kSum ? want + v
+                     : combine == Combine::kMin ? reduce::combine<Combine::kMin>(want, v)
+                                                : reduce::combine<Combine::kMax>(want, v);
+            }
+            const uint32_t want_bits = std::bit_cast<uint32_t>(want), got_bits = std::bit_cast<uint32_t>(got[i]);
+            const bool nan = std::isnan(want) && std::isnan(got[i]);
+            if (nan ? (got_bits & 0x00400000u) == 0 : want_bits != got_bits) {
+              FAIL(dtype_name(dtype) << " on " << simd::target_name() << ", combine " << static_cast<int>(combine)
+                                     << ", " << inputs << " inputs: element " << i << " got bits " << std::hex
+                                     << got_bits << ", want " << want_bits);
+            }
+          }
+        }
+      }
+    }
+  }
+  simd::pin_target_for_test(0);
+}
+
+// combine_pair against combine.h on random bits, in place (out aliases a) as Gloo calls it.
+template <typename Acc, typename RoundCodec = void>
+void check_pair(DType acc, DType round_to) {
+  std::mt19937_64 rng(static_cast<uint64_t>(acc) * 31 + static_cast<uint64_t>(round_to));
+  constexpr size_t kCount = 1037;
+  for (const Combine combine : {Combine::kSum, Combine::kMin, Combine::kMax}) {
+    std::vector<Acc> a(kCount), b(kCount);
+    for (size_t i = 0; i < kCount; ++i) {
+      uint64_t bits[2] = {rng(), rng()};
+      std::memcpy(&a[i], &bits[0], sizeof(Acc));
+      std::memcpy(&b[i], &bits[1], sizeof(Acc));
+    }
+    std::vector<Acc> want(kCount);
+    for (size_t i = 0; i < kCount; ++i) {
+      Acc r = combine == Combine::kSum ? reduce::combine<Combine::kSum>(a[i], b[i])
+              : combine == Combine::kMin ? reduce::combine<Combine::kMin>(a[i], b[i])
+                                         : reduce::combine<Combine::kMax>(a[i], b[i]);
+      if constexpr (!std::is_void_v<RoundCodec>) {
+        if (combine == Combine::kSum) r = RoundCodec::load(RoundCodec::store(r));
+      }
+      want[i] = r;
+    }
+    simd::combine_pair(simd::PairArgs{acc, combine, round_to}, a.data(), a.data(), b.data(), kCount);
+    for (size_t i = 0; i < kCount; ++i) {
+      const bool both_nan = is_nan(want[i]) && is_nan(a[i]);
+      if (std::memcmp(&want[i], &a[i], sizeof(Acc)) != 0 && !both_nan) {
+        FAIL("combine_pair " << dtype_name(acc) << " rounded to " << dtype_name(round_to) << ", combine "
+                             << static_cast<int>(combine) << " on " << simd::target_name() << ": element " << i);
+      }
+    }
+  }
+}
+
+TEST_CASE("every SIMD level's cross-node combine matches the scalar combine, in place", "[reduce][simd]") {
+  for (const int64_t target : simd::supported_targets()) {
+    simd::pin_target_for_test(target);
+    check_pair<float>(DType::kFloat32, DType::kFloat32);
+    check_pair<double>(DType::kFloat64, DType::kFloat64);
+    check_pair<int32_t>(DType::kInt32, DType::kInt32);
+    check_pair<int64_t>(DType::kInt64, DType::kInt64);
+    check_pair<uint8_t>(DType::kUInt8, DType::kUInt8);
+    check_pair<float, Float16Codec>(DType::kFloat32, DType::kFloat16);
+    check_pair<float, BFloat16Codec>(DType::kFloat32, DType::kBFloat16);
   }
   simd::pin_target_for_test(0);
 }

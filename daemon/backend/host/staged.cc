@@ -51,24 +51,19 @@ void finish_half_dispatch(const KernelArgs& args, const void* acc, std::span<voi
   finish_half<Codec, false, false>(args, in, outputs, count);
 }
 
-template <class Acc, Combine kCombine, class RoundCodec>
+// The engine's combine function is a plain function pointer, so each (dtype, combine,
+// rounding) gets an instantiation that forwards to simd.h's vector loop.
+template <DType kAcc, Combine kCombine, DType kRoundTo>
 void combine_buffers(void* out, const void* a, const void* b, size_t n) {
-  auto* o = static_cast<Acc*>(out);
-  const auto* x = static_cast<const Acc*>(a);
-  const auto* y = static_cast<const Acc*>(b);
-  for (size_t i = 0; i < n; ++i) {
-    Acc v = combine<kCombine>(x[i], y[i]);
-    if constexpr (!std::is_void_v<RoundCodec>) v = RoundCodec::load(RoundCodec::store(v));
-    o[i] = v;
-  }
+  simd::combine_pair(simd::PairArgs{kAcc, kCombine, kRoundTo}, out, a, b, n);
 }
 
-template <class Acc, class RoundCodec = void>
+template <DType kAcc, DType kRoundTo = kAcc>
 CombinerFn pick(Combine c) {
   switch (c) {
-    case Combine::kSum: return &combine_buffers<Acc, Combine::kSum, RoundCodec>;
-    case Combine::kMin: return &combine_buffers<Acc, Combine::kMin, RoundCodec>;
-    case Combine::kMax: return &combine_buffers<Acc, Combine::kMax, RoundCodec>;
+    case Combine::kSum: return &combine_buffers<kAcc, Combine::kSum, kRoundTo>;
+    case Combine::kMin: return &combine_buffers<kAcc, Combine::kMin, kRoundTo>;
+    case Combine::kMax: return &combine_buffers<kAcc, Combine::kMax, kRoundTo>;
   }
   return nullptr;
 }
@@ -104,13 +99,15 @@ void finish(const KernelArgs& args, const void* acc, std::span<void* const> outp
 
 CombinerFn combiner(const KernelArgs& args) {
   switch (args.dtype) {
-    case DType::kFloat32: return pick<float>(args.combine);
-    case DType::kFloat64: return pick<double>(args.combine);
-    case DType::kFloat16: return args.wide_accumulate ? pick<float>(args.combine) : pick<float, Float16Codec>(args.combine);
-    case DType::kBFloat16: return args.wide_accumulate ? pick<float>(args.combine) : pick<float, BFloat16Codec>(args.combine);
-    case DType::kInt32: return pick<int32_t>(args.combine);
-    case DType::kInt64: return pick<int64_t>(args.combine);
-    case DType::kUInt8: return pick<uint8_t>(args.combine);
+    case DType::kFloat32: return pick<DType::kFloat32>(args.combine);
+    case DType::kFloat64: return pick<DType::kFloat64>(args.combine);
+    case DType::kFloat16:
+      return args.wide_accumulate ? pick<DType::kFloat32>(args.combine) : pick<DType::kFloat32, DType::kFloat16>(args.combine);
+    case DType::kBFloat16:
+      return args.wide_accumulate ? pick<DType::kFloat32>(args.combine) : pick<DType::kFloat32, DType::kBFloat16>(args.combine);
+    case DType::kInt32: return pick<DType::kInt32>(args.combine);
+    case DType::kInt64: return pick<DType::kInt64>(args.combine);
+    case DType::kUInt8: return pick<DType::kUInt8>(args.combine);
   }
   return nullptr;
 }

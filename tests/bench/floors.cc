@@ -1,0 +1,231 @@
+#include "tests/bench/floors.h"
+
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gloo/allreduce.h>
+#include <gloo/math.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/file_store.h>
+#include <gloo/transport/tcp/device.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "client/tools/process.h"
+#include "daemon/engine/gloo/engine.h"
+#include "shared/futex.h"
+
+namespace gradsync::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double ms_since(Clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+}
+
+// Samples printed by a child as "sample <value>" lines in `file`.
+std::vector<double> read_samples(const std::string& file) {
+  std::ifstream in(file);
+  std::vector<double> samples;
+  std::string word;
+  double value;
+  while (in >> word) {
+    if (word == "sample" && in >> value) samples.push_back(value);
+  }
+  return samples;
+}
+
+// acc[i] = in[0][i] + ... + in[n-1][i], each element summed in registers across all inputs
+// and stored once (fixed 16-element chunks, which -O3 vectorizes; this file is built with it).
+[[gnu::noinline]] void sum_into(float* __restrict acc, const float* const* in, size_t n, size_t begin, size_t len) {
+  constexpr size_t kChunk = 16;
+  size_t i = 0;
+  for (; i + kChunk <= len; i += kChunk) {
+    float sum[kChunk];
+    for (size_t j = 0; j < kChunk; ++j) sum[j] = in[0][begin + i + j];
+    for (size_t c = 1; c < n; ++c) {
+      const float* __restrict x = in[c] + begin + i;
+      for (size_t j = 0; j < kChunk; ++j) sum[j] += x[j];
+    }
+    for (size_t j = 0; j < kChunk; ++j) acc[i + j] = sum[j];
+  }
+  for (; i < len; ++i) {
+    float sum = in[0][begin + i];
+    for (size_t c = 1; c < n; ++c) sum += in[c][begin + i];
+    acc[i] = sum;
+  }
+}
+
+}  // namespace
+
+Measurement memory_floor(int clients, size_t bytes_per_client, int threads, int runs) {
+  const size_t n = bytes_per_client / sizeof(float);
+  std::vector<std::vector<float>> buffers(static_cast<size_t>(clients), std::vector<float>(n));
+  for (size_t c = 0; c < buffers.size(); ++c) {
+    for (size_t i = 0; i < n; ++i) buffers[c][i] = static_cast<float>((i + c) % 7);
+  }
+  // The least an in-place all-reduce can do, in the kernel's shape without its generality: per
+  // L1-sized block, read every buffer once, summing in registers, then copy the block into
+  // every buffer. Plain float loops, vectorized by the compiler.
+  std::vector<const float*> inputs;
+  for (const auto& buffer : buffers) inputs.push_back(buffer.data());
+  auto pass = [&] {
+    std::vector<std::thread> workers;
+    for (int t = 0; t < threads; ++t) {
+      workers.emplace_back([&, t] {
+        constexpr size_t kBlock = 8192;
+        std::vector<float> acc(kBlock);
+        const size_t lo = n * static_cast<size_t>(t) / static_cast<size_t>(threads);
+        const size_t hi = n * static_cast<size_t>(t + 1) / static_cast<size_t>(threads);
+        for (size_t b = lo; b < hi; b += kBlock) {
+          const size_t len = std::min(hi, b + kBlock) - b;
+          sum_into(acc.data(), inputs.data(), inputs.size(), b, len);
+          for (auto& buffer : buffers) std::memcpy(buffer.data() + b, acc.data(), len * sizeof(float));
+        }
+      });
+    }
+    for (auto& w : workers) w.join();
+  };
+  pass();  // fault the pages in
+  std::vector<double> ms;
+  for (int r = 0; r < runs; ++r) {
+    const auto start = Clock::now();
+    pass();
+    ms.push_back(ms_since(start));
+  }
+  return measured(std::move(ms));
+}
+
+Wakeup wakeup_floor(int rounds) {
+  Wakeup result;
+  // Futex ping-pong between this process and a forked child over one shared word: odd values
+  // are pings, even values pongs.
+  void* shared = ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (shared == MAP_FAILED) {
+    result.futex_us = missing("mmap of the shared futex word failed");
+  } else {
+    auto* word = new (shared) std::atomic<uint32_t>(0);
+    const pid_t child = ::fork();
+    if (child == 0) {
+      for (uint32_t v = 1; v < 2 * static_cast<uint32_t>(rounds) + 200; v += 2) {
+        while (word->load() != v) futex_wait(word, v - 1, std::chrono::seconds(5));
+        word->store(v + 1);
+        futex_wake_all(word);
+      }
+      ::_exit(0);
+    }
+    std::vector<double> us;
+    for (uint32_t v = 1; v < 2 * static_cast<uint32_t>(rounds) + 200; v += 2) {
+      const auto start = Clock::now();
+      word->store(v);
+      futex_wake_all(word);
+      while (word->load() != v + 1) futex_wait(word, v, std::chrono::seconds(5));
+      if (v > 200) us.push_back(ms_since(start) * 1000);  // after 100 warm-up rounds
+    }
+    int status = 0;
+    ::waitpid(child, &status, 0);
+    ::munmap(shared, 4096);
+    result.futex_us = exited_ok(status) ? measured(std::move(us)) : missing("the futex partner " + describe_wait_status(status));
+  }
+  // The same over two pipes.
+  int ping[2], pong[2];
+  if (::pipe(ping) != 0 || ::pipe(pong) != 0) {
+    result.pipe_us = missing("pipe() failed");
+    return result;
+  }
+  const pid_t child = ::fork();
+  if (child == 0) {
+    // Only the ends it uses, so the parent closing its write end ends the loop.
+    ::close(ping[1]);
+    ::close(pong[0]);
+    char byte;
+    while (::read(ping[0], &byte, 1) == 1) {
+      if (::write(pong[1], &byte, 1) != 1) break;
+    }
+    ::_exit(0);
+  }
+  ::close(ping[0]);
+  ::close(pong[1]);
+  std::vector<double> us;
+  char byte = 'x';
+  bool failed = false;
+  for (int r = 0; r < rounds + 100 && !failed; ++r) {
+    const auto start = Clock::now();
+    failed = ::write(ping[1], &byte, 1) != 1 || ::read(pong[0], &byte, 1) != 1;
+    if (r >= 100) us.push_back(ms_since(start) * 1000);
+  }
+  for (int fd : {ping[1], pong[0]}) ::close(fd);
+  ::waitpid(child, nullptr, 0);
+  result.pipe_us = failed ? missing("the pipe partner stopped answering") : measured(std::move(us));
+  return result;
+}
+
+Measurement gloo_alone(const std::string& self, int processes, size_t bytes, int steps) {
+  char pattern[] = "/tmp/gradsync-bench-gloo-XXXXXX";
+  if (!::mkdtemp(pattern)) return missing("mkdtemp for the Gloo store failed");
+  const std::string dir = pattern;
+  const std::string out = dir + "/rank0.out";
+  std::vector<ChildProcess> ranks;
+  for (int r = 0; r < processes; ++r) {
+    ranks.emplace_back(std::vector<std::string>{self, "--role", "gloo-floor", "--store", dir + "/store", "--rank",
+                                                std::to_string(r), "--size", std::to_string(processes), "--bytes",
+                                                std::to_string(bytes), "--steps", std::to_string(steps)},
+                       r == 0 ? out : std::string());
+  }
+  std::string failure;
+  for (auto& rank : ranks) {
+    const int status = rank.wait_for(std::chrono::minutes(5));
+    if (!exited_ok(status) && failure.empty()) {
+      failure = status == -1 ? "a Gloo rank did not finish in 5 minutes" : "a Gloo rank " + describe_wait_status(status);
+    }
+  }
+  std::vector<double> samples = read_samples(out);
+  std::error_code ignored;
+  std::filesystem::remove_all(dir, ignored);
+  if (!failure.empty()) return missing(failure);
+  return samples.empty() ? missing("the Gloo ranks printed no samples") : measured(std::move(samples));
+}
+
+int run_gloo_rank(const std::string& store_dir, int rank, int size, size_t bytes, int steps) {
+  try {
+    std::filesystem::create_directories(store_dir);
+    ::gloo::rendezvous::FileStore store(store_dir);
+    ::gloo::transport::tcp::attr attr;
+    attr.hostname = "127.0.0.1";
+    auto device = ::gloo::transport::tcp::CreateDevice(attr);
+    auto context = std::make_shared<::gloo::rendezvous::Context>(rank, size);
+    context->setTimeout(std::chrono::seconds(120));
+    context->connectFullMesh(store, device);
+    std::vector<float> data(bytes / sizeof(float), 1.0f);
+    for (int s = 0; s < steps + 2; ++s) {
+      const auto start = Clock::now();
+      ::gloo::AllreduceOptions opts(context);
+      opts.setInput(data.data(), data.size());
+      opts.setOutput(data.data(), data.size());
+      opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&::gloo::sum<float>));
+      // The algorithm gradsync's Gloo engine picks for this size (daemon/engine/gloo/engine.h).
+      opts.setAlgorithm(bytes < gloo_engine::kBcubeBelowBytes ? ::gloo::AllreduceOptions::Algorithm::BCUBE
+                                                 : ::gloo::AllreduceOptions::Algorithm::RING);
+      ::gloo::allreduce(opts);
+      if (rank == 0 && s >= 2) std::printf("sample %.4f\n", ms_since(start));
+    }
+    std::fflush(stdout);
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gloo floor rank %d: %s\n", rank, e.what());
+    return 1;
+  }
+}
+
+}  // namespace gradsync::bench

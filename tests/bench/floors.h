@@ -1,0 +1,34 @@
+// The physical floors the benchmark measures gradsync against, in the same run, with code in
+// the project (no outside files):
+//   memory_floor   an in-place N-way reduction done directly on private memory by T threads:
+//                  read N*S bytes, write N*S bytes, the least any shared-memory all-reduce moves
+//   wakeup         a cross-process round trip through a futex in shared memory, and through a
+//                  pipe: the least a daemon-mediated operation waits
+//   gloo_alone     Gloo's allreduce between P processes on loopback with the algorithm gradsync's
+//                  engine picks for that size, without gradsync: the cross-node stage alone
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "tests/bench/report.h"
+
+namespace gradsync::bench {
+
+// Milliseconds per pass, one sample per run.
+Measurement memory_floor(int clients, size_t bytes_per_client, int threads, int runs);
+
+struct Wakeup {
+  Measurement futex_us;  // one sample per round trip
+  Measurement pipe_us;
+};
+Wakeup wakeup_floor(int rounds);
+
+// Milliseconds per allreduce of `bytes` of float32 between `processes` processes (children
+// running this binary with --role gloo-floor), one sample per step of rank 0.
+Measurement gloo_alone(const std::string& self, int processes, size_t bytes, int steps);
+
+// The child side of gloo_alone: one rank. Rank 0 prints "sample <ms>" per timed step.
+int run_gloo_rank(const std::string& store_dir, int rank, int size, size_t bytes, int steps);
+
+}  // namespace gradsync::bench

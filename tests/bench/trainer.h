@@ -1,0 +1,37 @@
+// The benchmark's trainer processes: real clients of a real gradsyncd, run as children of the
+// bench (this binary with --role trainer). Rank 0 prints what it measured as lines
+// "sample <us>" (one per timed step) and, in mark mode, "mark <us>" (the time spent in
+// mark_ready per tensor, one per step), which the bench reads back.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace gradsync::bench {
+
+struct TrainerArgs {
+  std::string socket;
+  std::string job;
+  std::string rendezvous;   // empty on one node
+  int rank = 0;
+  int world = 1;
+  int local_rank = 0;
+  int local_world = 1;
+  // flat:BYTES, resnet50, resnet50-flat, small:N:ELEMENTS, small-flat:N:ELEMENTS
+  std::string layout = "flat:104857600";
+  std::string dtype = "float32";  // float32, float16 or bfloat16 (flat layouts only)
+  std::string mode = "step";      // step: allreduce(set) per step; mark: deferred + mark_ready each tensor
+  int steps = 10;
+  int warmup = 2;
+  bool barrier = true;            // line the ranks up before every timed step
+};
+
+// The arguments after the binary that make a child run `args`.
+std::vector<std::string> trainer_argv(const TrainerArgs& args);
+
+// Parses one trainer flag at argv[i] (advancing i past its value); false when it is not one.
+bool parse_trainer_flag(int argc, char** argv, int& i, TrainerArgs& args);
+
+int run_trainer(const TrainerArgs& args);
+
+}  // namespace gradsync::bench
