@@ -1,7 +1,7 @@
 // A wake-up word in shared memory: one process publishes something and notifies, another
 // waits until a predicate over the published data holds. No wake-up is lost:
-//   notifier: publish data; if (waiters > 0) { seq += 1; futex_wake(seq) }
-//   waiter:   s = seq; if ready() return; waiters += 1; if (!ready()) futex_wait(seq == s)
+//   notifier: publish data; fence; if (waiters > 0) { seq += 1; futex_wake(seq) }
+//   waiter:   s = seq; if ready() return; waiters += 1; fence; if (!ready()) futex_wait(seq == s)
 // All four steps use sequentially consistent atomics, so either the waiter sees the data or
 // the notifier sees the waiter (or seq has moved and futex_wait returns at once).
 // The notifier pays a futex syscall only when somebody sleeps.
@@ -33,10 +33,14 @@ struct WakeRef {
   std::atomic<uint32_t>* waiters = nullptr;
 
   // Without a waiter nothing is written: a notifier on a hot path (one mark_ready per tensor)
-  // does not bounce the word's cache line to the awake waiter. Still no lost wake-up: if the
-  // notifier reads waiters == 0, the waiter's increment comes later in the total order of
-  // seq_cst operations, so its ready() check after it sees what was published.
+  // does not bounce the word's cache line to the awake waiter. Still no lost wake-up, thanks to
+  // the two fences: callers publish with plain release stores (a ring's tail), which a CPU may
+  // let a later load overtake (x86 store-to-load reordering), so the publish is fenced before
+  // `waiters` is read, as the waiter's increment is fenced before it re-checks ready(). Then
+  // either the notifier sees the waiter or the waiter sees the publication. (The unconditional
+  // seq.fetch_add this replaced was a locked instruction, which fenced as a side effect.)
   void notify() const {
+    std::atomic_thread_fence(std::memory_order_seq_cst);
     if (waiters->load() > 0) {
       seq->fetch_add(1);
       futex_wake_all(seq);
@@ -59,6 +63,7 @@ struct WakeRef {
       const auto now = std::chrono::steady_clock::now();
       if (now >= deadline) return false;
       waiters->fetch_add(1);
+      std::atomic_thread_fence(std::memory_order_seq_cst);
       if (!ready()) futex_wait(seq, seen, deadline - now);
       waiters->fetch_sub(1);
     }

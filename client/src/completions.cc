@@ -146,7 +146,9 @@ void Completions::wait_below(size_t limit, std::chrono::steady_clock::time_point
 
 Status Completions::job_failure() {
   // mark_ready asks this once per tensor: without a recorded failure, a published one or an
-  // undrained completion, the answer is ok without taking the lock.
+  // undrained completion, the answer is ok without taking the lock. Sound because the daemon
+  // publishes a job's failure_code before it posts the failed completions (Worker::shut_down):
+  // if another thread already drained a failed entry, failure_code is visible here too.
   if (!failed_.load(std::memory_order_acquire) && !has_entries() &&
       channel_->daemon()->failure_code.load(std::memory_order_acquire) == 0) {
     return Status();

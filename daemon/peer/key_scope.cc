@@ -75,11 +75,16 @@ Status KeyScope::claim(const std::string& job, const std::string& generation, ui
   if (lookup_) {
     if (const auto local = lookup_(job)) {
       // Every node counts each incarnation once: generation N begins with count N * nodes + 1.
+      // Both bounds come from this daemon's node count (world size / its local world size): a
+      // claimant that counts differently most likely runs another local world size, which is
+      // then the cause worth naming.
+      const std::string cause = "; this daemon's part of the job has " + std::to_string(local->nodes) +
+                                " nodes: if the job has another node count, the nodes' local world sizes differ";
       if (local->nodes > 0 && number > (incarnations - 1) / static_cast<uint64_t>(local->nodes)) {
-        return Status::permission_denied(where + ": that generation has not begun (incarnations " + count + ")");
+        return Status::permission_denied(where + ": that generation has not begun (incarnations " + count + ")" + cause);
       }
       if (node >= local->nodes) {
-        return Status::permission_denied(where + ": the job has " + std::to_string(local->nodes) + " nodes");
+        return Status::permission_denied(where + ": the job has " + std::to_string(local->nodes) + " nodes" + cause);
       }
       if (node == 0 && !local->node0_instance.empty() && instance != local->node0_instance) {
         return Status::permission_denied(where + " is the rendezvous daemon's own");

@@ -51,8 +51,8 @@ std::byte* place_accumulator(std::byte* storage, std::span<const void* const> in
 
 // Reduces `count` elements block by block: all inputs are folded into an L1-sized block
 // (simd.h's loop; the half types rounded to their dtype on the way), which is then copied to
-// every output. The block holds kBlockBytes of the widest type (8 bytes) plus kPage of slack
-// for its placement: 36 KiB of stack, no allocation per call.
+// every output. The block is kBlockBytes (32 KiB: 4096 doubles, 8192 floats, 16384 halves)
+// plus kPage of slack for its placement: 36 KiB of stack, no allocation per call.
 void reduce_blocks(const KernelArgs& args, std::span<const void* const> inputs,
                    std::span<void* const> outputs, size_t count) {
   const size_t size = dtype_size(args.dtype);

@@ -8,6 +8,7 @@
 #include <hwy/highway.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <span>
 #include <type_traits>
@@ -19,9 +20,11 @@ HWY_BEFORE_NAMESPACE();
 namespace gradsync::reduce::simd::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-// float16 in vectors only with exact hardware conversions: F16C (x86 AVX2 and up) or Arm's
-// fcvt. Highway's emulation on older x86 levels truncates instead of rounding to nearest even.
-#if (HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2) || HWY_ARCH_ARM
+// float16 in vectors only with exact hardware conversions: F16C (x86 AVX2 and up) or AArch64's
+// fcvt. Highway's emulation (older x86 levels, EMU128) truncates instead of rounding to nearest
+// even.
+#if (HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2 && !defined(HWY_DISABLE_F16C)) || \
+    (HWY_ARCH_ARM_A64 && HWY_TARGET != HWY_EMU128 && HWY_TARGET != HWY_SCALAR)
 constexpr bool kVectorFloat16 = true;
 #else
 constexpr bool kVectorFloat16 = false;
@@ -216,10 +219,13 @@ void fold_floating(const KernelArgs& args, const Span& in, void* out) {
         case Scale::kAfter:
           return fold_pass<Lanes, Combine::kSum, Scale::kAfter, kRoundEach>(in, out, args.divisor);
       }
-      return;
+      break;
     case Combine::kMin: return fold_pass<Lanes, Combine::kMin, Scale::kNone, false>(in, out, 1);
     case Combine::kMax: return fold_pass<Lanes, Combine::kMax, Scale::kNone, false>(in, out, 1);
   }
+  // validate_kernel_args() admits nothing else; writing nothing would let the kernel copy an
+  // unwritten block into the outputs.
+  std::abort();
 }
 
 template <class Lanes>
@@ -235,6 +241,7 @@ void fold_integer(const KernelArgs& args, const Span& in, void* out) {
     case Combine::kMin: return fold_pass<SameLanes<T>, Combine::kMin, Scale::kNone, false>(in, out, 1);
     case Combine::kMax: return fold_pass<SameLanes<T>, Combine::kMax, Scale::kNone, false>(in, out, 1);
   }
+  std::abort();  // as in fold_floating
 }
 
 void Fold(const KernelArgs& args, std::span<const void* const> inputs, size_t offset, size_t count, void* out,
@@ -249,6 +256,7 @@ void Fold(const KernelArgs& args, std::span<const void* const> inputs, size_t of
     case DType::kInt64: return fold_integer<int64_t>(args, in, out);
     case DType::kUInt8: return fold_integer<uint8_t>(args, in, out);
   }
+  std::abort();  // as in fold_floating
 }
 
 template <class Lanes>

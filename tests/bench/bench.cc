@@ -10,9 +10,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <initializer_list>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -84,6 +87,17 @@ std::vector<double> read_values(const std::string& file, const std::string& key)
   return values;
 }
 
+// The last few hundred bytes of a file, on one line, for a note.
+std::string tail_of(const std::string& file) {
+  std::ifstream in(file);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (text.size() > 300) text = text.substr(text.size() - 300);
+  for (char& c : text) {
+    if (c == '\n' || static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7f) c = ' ';
+  }
+  return text.empty() ? "nothing" : "'" + text + "'";
+}
+
 // Daemons for one scenario: one, or `nodes` of them on loopback with node 0's peer service as
 // the rendezvous and a shared cluster token.
 class Daemons {
@@ -137,9 +151,15 @@ JobSamples run_job(Daemons& daemons, int nodes, int per_node, TrainerArgs shape)
   }
   JobSamples result;
   const pid_t daemon = daemons.at(0).process().pid();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(10);
   for (bool done = false; !done;) {
     done = true;
     for (auto& t : trainers) done &= t.wait_for(std::chrono::milliseconds(0)) != -1;
+    if (!done && std::chrono::steady_clock::now() > deadline) {
+      for (auto& t : trainers) t.signal(SIGKILL);
+      result.step = missing(shape.job + " did not finish in 10 minutes; rank 0 printed: " + tail_of(out));
+      return result;
+    }
     const long anon = rss_anon_kib(daemon);
     result.rss_peak_kib = std::max(result.rss_peak_kib, anon);
     if (result.rss_warm_kib < 0 && !read_values(out, "sample").empty()) result.rss_warm_kib = anon;
@@ -149,7 +169,7 @@ JobSamples run_job(Daemons& daemons, int nodes, int per_node, TrainerArgs shape)
   for (auto& t : trainers) {
     const int status = t.wait_for(std::chrono::seconds(0));
     if (!exited_ok(status)) {
-      result.step = missing("a trainer of " + shape.job + " " + describe_wait_status(status) + " (rank 0's output: " + out + ")");
+      result.step = missing("a trainer of " + shape.job + " " + describe_wait_status(status) + "; rank 0 printed: " + tail_of(out));
       return result;
     }
   }
@@ -163,6 +183,12 @@ Measurement scaled(Measurement m, double factor) {
   return m;
 }
 
+// Nearest-rank 99th percentile of sorted samples.
+double p99_of(const std::vector<double>& sorted) {
+  const size_t rank = static_cast<size_t>(std::ceil(0.99 * static_cast<double>(sorted.size())));
+  return sorted[std::max<size_t>(rank, 1) - 1];
+}
+
 // torch gloo between `world` processes, in milliseconds per step; skipped without torch.
 Measurement torch_peer(const BenchOptions& o, bool torch_ok, int world, size_t bytes, int steps) {
   if (o.skip_peer) return skipped("--skip-peer");
@@ -170,7 +196,8 @@ Measurement torch_peer(const BenchOptions& o, bool torch_ok, int world, size_t b
     const std::string why = o.python + " cannot import torch";
     return o.python_given ? missing(why) : skipped(why);
   }
-  const std::string command = o.python + " " + executable_directory() + "/gradsync_torch_peer.py " +
+  // Bounded: a rank that cannot rendezvous would otherwise wait for torch's 30-minute default.
+  const std::string command = "timeout -k 5 600 '" + o.python + "' '" + executable_directory() + "/gradsync_torch_peer.py' " +
                               std::to_string(world) + " " + std::to_string(bytes) + " " + std::to_string(steps) + " 2>&1";
   std::string output;
   int status = -1;
@@ -191,6 +218,14 @@ Measurement torch_peer(const BenchOptions& o, bool torch_ok, int world, size_t b
   return samples.empty() ? missing("`" + command + "` printed no samples") : measured(std::move(samples));
 }
 
+// "0.147 us in mark_ready" (the client's own time per tensor, median over the steps).
+std::string in_mark_ready(const Measurement& mark) {
+  if (!mark.ok()) return "";
+  char text[96];
+  std::snprintf(text, sizeof(text), "; %.3g us in mark_ready (%.3g-%.3g)", mark.median(), mark.min(), mark.max());
+  return text;
+}
+
 std::string per_tensor(const Measurement& with, const Measurement& without, size_t tensors, const char* what) {
   if (!with.ok() || !without.ok()) return "";
   char text[96];
@@ -203,7 +238,8 @@ int run_bench(const BenchOptions& o) {
   std::printf("gradsync-bench: %u CPUs, daemon with %d reduce threads, reduction loops on %s\n",
               std::thread::hardware_concurrency(), o.threads, reduce::simd::target_name());
   std::fflush(stdout);
-  const bool torch_ok = !o.skip_peer && std::system((o.python + " -c 'import torch' >/dev/null 2>&1").c_str()) == 0;
+  const bool torch_ok =
+      !o.skip_peer && std::system(("'" + o.python + "' -c 'import torch' >/dev/null 2>&1").c_str()) == 0;
   const Measurement not_run = skipped("--floors-only");
   const Measurement na = skipped("n/a");
   std::vector<Row> rows;
@@ -215,7 +251,14 @@ int run_bench(const BenchOptions& o) {
   big.steps = o.steps;
   JobSamples f32, f16, bf16, resnet, resnet_flat, small, small_flat, eight, mark161, mark10k, latency;
   std::string memory_line, idle_line;
-  if (!o.floors_only) {
+  // A scenario that throws (a daemon that does not come up, a process that cannot start) marks
+  // its remaining rows missing, with why; the rest of the run goes on.
+  auto stopped = [](std::initializer_list<JobSamples*> jobs, const std::string& why) {
+    for (JobSamples* j : jobs) {
+      if (!j->step.ok() && j->step.note.empty()) j->step = missing(why);
+    }
+  };
+  if (!o.floors_only) try {
     Daemons one(o, 1);
     const pid_t pid = one.at(0).process().pid();
     const long idle_kib = rss_anon_kib(pid);
@@ -252,7 +295,10 @@ int run_bench(const BenchOptions& o) {
                   "idle %ld KiB; 4 x 100 MiB float32 job: after warm-up %ld KiB, peak %ld KiB, at the end %ld KiB",
                   idle_kib, f32.rss_warm_kib, f32.rss_peak_kib, f32.rss_end_kib);
     memory_line = text;
-    if (o.idle_seconds > 0) {
+    if (o.idle_seconds > 0 && one.at(0).process().wait_for(std::chrono::milliseconds(0)) != -1) {
+      idle_line = "not measured: the daemon had exited";
+      daemons_ok = false;
+    } else if (o.idle_seconds > 0) {
       const double before = cpu_ms(pid);
       std::this_thread::sleep_for(std::chrono::seconds(o.idle_seconds));
       const double used = cpu_ms(pid) - before;
@@ -261,15 +307,24 @@ int run_bench(const BenchOptions& o) {
       idle_line = text;
     }
     daemons_ok &= one.terminate_all();
+  } catch (const std::exception& e) {
+    stopped({&f32, &f16, &bf16, &resnet, &resnet_flat, &small, &small_flat, &eight, &mark161, &mark10k, &latency},
+            std::string("the one-node scenario stopped: ") + e.what());
   }
   JobSamples two_by_two, four_by_one;
-  if (!o.floors_only) {
+  if (!o.floors_only) try {
     Daemons two(o, 2);
     two_by_two = run_job(two, 2, 2, big);
     daemons_ok &= two.terminate_all();
+  } catch (const std::exception& e) {
+    stopped({&two_by_two}, std::string("the 2-node scenario stopped: ") + e.what());
+  }
+  if (!o.floors_only) try {
     Daemons four(o, 4);
     four_by_one = run_job(four, 4, 1, big);
     daemons_ok &= four.terminate_all();
+  } catch (const std::exception& e) {
+    stopped({&four_by_one}, std::string("the 4-node scenario stopped: ") + e.what());
   }
   auto ms = [&](const JobSamples& j) { return o.floors_only ? not_run : scaled(j.step, 1e-3); };
   auto us = [&](const JobSamples& j) { return o.floors_only ? not_run : j.step; };
@@ -294,17 +349,15 @@ int run_bench(const BenchOptions& o) {
                   per_tensor(us(small), us(small_flat), 10000, "(daemon and client overhead)")});
   rows.push_back({"4 clients x 161 tensors, mark_ready each, per step", "ms", ms(mark161), ms(resnet),
                   "allreduce of the whole set", na,
-                  per_tensor(us(mark161), us(resnet), 161, "over allreduce") +
-                      (mark161.mark.ok() ? "; " + std::to_string(mark161.mark.median()).substr(0, 5) + " us in mark_ready" : "")});
+                  per_tensor(us(mark161), us(resnet), 161, "over allreduce") + in_mark_ready(mark161.mark)});
   rows.push_back({"4 clients x 10,000 tensors, mark_ready each, per step", "ms", ms(mark10k), ms(small),
                   "allreduce of the whole set", na,
-                  per_tensor(us(mark10k), us(small), 10000, "over allreduce") +
-                      (mark10k.mark.ok() ? "; " + std::to_string(mark10k.mark.median()).substr(0, 5) + " us in mark_ready" : "")});
+                  per_tensor(us(mark10k), us(small), 10000, "over allreduce") + in_mark_ready(mark10k.mark)});
   rows.push_back({"8 clients x 100 MiB float32, per step", "ms", ms(eight), floor8, "memory floor, " + threads, na, ""});
   rows.push_back({"2 nodes x 2 clients x 100 MiB float32 (loopback), per step", "ms", ms(two_by_two), gloo2,
-                  "Gloo alone, 2 processes, ring", peer4, ""});
+                  "Gloo alone, 2 processes, 16 MiB slices, ring", peer4, ""});
   rows.push_back({"4 nodes x 1 client x 100 MiB float32 (loopback), per step", "ms", ms(four_by_one), gloo4,
-                  "Gloo alone, 4 processes, ring", na, ""});
+                  "Gloo alone, 4 processes, 16 MiB slices, ring", peer4, ""});
   std::string p99;
   if (latency.step.ok() && wake.futex_us.ok()) {
     Measurement sorted = latency.step;
@@ -313,7 +366,7 @@ int run_bench(const BenchOptions& o) {
     std::sort(fs.samples.begin(), fs.samples.end());
     char text[128];
     std::snprintf(text, sizeof(text), "p99 %.1f us (futex round trip p99 %.1f us; pipe median %.1f us)",
-                  sorted.samples[sorted.samples.size() * 99 / 100], fs.samples[fs.samples.size() * 99 / 100],
+                  p99_of(sorted.samples), p99_of(fs.samples),
                   wake.pipe_us.ok() ? wake.pipe_us.median() : -1.0);
     p99 = text;
   }

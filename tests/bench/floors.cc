@@ -1,6 +1,7 @@
 #include "tests/bench/floors.h"
 
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -12,16 +13,19 @@
 
 #include <algorithm>
 #include <atomic>
+#include <csignal>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <sstream>
 #include <thread>
 #include <vector>
 
 #include "client/tools/process.h"
+#include "daemon/backend/host/cross_node.h"
 #include "daemon/engine/gloo/engine.h"
 #include "shared/futex.h"
 
@@ -48,7 +52,9 @@ std::vector<double> read_samples(const std::string& file) {
 
 // acc[i] = in[0][i] + ... + in[n-1][i], each element summed in registers across all inputs
 // and stored once (fixed 16-element chunks, which -O3 vectorizes; this file is built with it).
-[[gnu::noinline]] void sum_into(float* __restrict acc, const float* const* in, size_t n, size_t begin, size_t len) {
+// Compiled for AVX2 and the baseline, picked at load time: the floor gets the vector width the
+// daemon's runtime-dispatched loops get.
+[[gnu::noinline, gnu::target_clones("avx2", "default")]] void sum_into(float* __restrict acc, const float* const* in, size_t n, size_t begin, size_t len) {
   constexpr size_t kChunk = 16;
   size_t i = 0;
   for (; i + kChunk <= len; i += kChunk) {
@@ -67,19 +73,42 @@ std::vector<double> read_samples(const std::string& file) {
   }
 }
 
+// `count` floats of shared anonymous memory, unmapped on destruction.
+class SharedFloats {
+ public:
+  explicit SharedFloats(size_t count) : bytes_(count * sizeof(float)) {
+    void* p = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    data_ = p == MAP_FAILED ? nullptr : static_cast<float*>(p);
+  }
+  ~SharedFloats() {
+    if (data_) ::munmap(data_, bytes_);
+  }
+  SharedFloats(const SharedFloats&) = delete;
+  SharedFloats& operator=(const SharedFloats&) = delete;
+  float* data() const { return data_; }
+
+ private:
+  size_t bytes_;
+  float* data_ = nullptr;
+};
+
 }  // namespace
 
 Measurement memory_floor(int clients, size_t bytes_per_client, int threads, int runs) {
   const size_t n = bytes_per_client / sizeof(float);
-  std::vector<std::vector<float>> buffers(static_cast<size_t>(clients), std::vector<float>(n));
-  for (size_t c = 0; c < buffers.size(); ++c) {
-    for (size_t i = 0; i < n; ++i) buffers[c][i] = static_cast<float>((i + c) % 7);
+  // Shared memory, like the trainers' segments (and so no transparent huge pages either).
+  std::vector<std::unique_ptr<SharedFloats>> owners;
+  std::vector<float*> buffers;
+  for (int c = 0; c < clients; ++c) {
+    owners.push_back(std::make_unique<SharedFloats>(n));
+    if (!owners.back()->data()) return missing("mmap of the memory floor's shared buffers failed");
+    buffers.push_back(owners.back()->data());
+    for (size_t i = 0; i < n; ++i) buffers.back()[i] = static_cast<float>((i + static_cast<size_t>(c)) % 7);
   }
   // The least an in-place all-reduce can do, in the kernel's shape without its generality: per
   // L1-sized block, read every buffer once, summing in registers, then copy the block into
   // every buffer. Plain float loops, vectorized by the compiler.
-  std::vector<const float*> inputs;
-  for (const auto& buffer : buffers) inputs.push_back(buffer.data());
+  std::vector<const float*> inputs(buffers.begin(), buffers.end());
   auto pass = [&] {
     std::vector<std::thread> workers;
     for (int t = 0; t < threads; ++t) {
@@ -91,7 +120,7 @@ Measurement memory_floor(int clients, size_t bytes_per_client, int threads, int 
         for (size_t b = lo; b < hi; b += kBlock) {
           const size_t len = std::min(hi, b + kBlock) - b;
           sum_into(acc.data(), inputs.data(), inputs.size(), b, len);
-          for (auto& buffer : buffers) std::memcpy(buffer.data() + b, acc.data(), len * sizeof(float));
+          for (float* buffer : buffers) std::memcpy(buffer + b, acc.data(), len * sizeof(float));
         }
       });
     }
@@ -116,23 +145,36 @@ Wakeup wakeup_floor(int rounds) {
     result.futex_us = missing("mmap of the shared futex word failed");
   } else {
     auto* word = new (shared) std::atomic<uint32_t>(0);
+    // Both sides give up after 30 s without an answer; the child also dies with the bench.
+    const auto give_up = [] { return Clock::now() + std::chrono::seconds(30); };
     const pid_t child = ::fork();
     if (child == 0) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
       for (uint32_t v = 1; v < 2 * static_cast<uint32_t>(rounds) + 200; v += 2) {
-        while (word->load() != v) futex_wait(word, v - 1, std::chrono::seconds(5));
+        const auto deadline = give_up();
+        while (word->load() != v) {
+          if (Clock::now() > deadline) ::_exit(1);
+          futex_wait(word, v - 1, std::chrono::milliseconds(100));
+        }
         word->store(v + 1);
         futex_wake_all(word);
       }
       ::_exit(0);
     }
     std::vector<double> us;
-    for (uint32_t v = 1; v < 2 * static_cast<uint32_t>(rounds) + 200; v += 2) {
+    bool answered = true;
+    for (uint32_t v = 1; answered && v < 2 * static_cast<uint32_t>(rounds) + 200; v += 2) {
       const auto start = Clock::now();
+      const auto deadline = give_up();
       word->store(v);
       futex_wake_all(word);
-      while (word->load() != v + 1) futex_wait(word, v, std::chrono::seconds(5));
+      while (answered && word->load() != v + 1) {
+        answered = Clock::now() < deadline;
+        futex_wait(word, v, std::chrono::milliseconds(100));
+      }
       if (v > 200) us.push_back(ms_since(start) * 1000);  // after 100 warm-up rounds
     }
+    if (!answered) ::kill(child, SIGKILL);
     int status = 0;
     ::waitpid(child, &status, 0);
     ::munmap(shared, 4096);
@@ -146,6 +188,7 @@ Wakeup wakeup_floor(int rounds) {
   }
   const pid_t child = ::fork();
   if (child == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     // Only the ends it uses, so the parent closing its write end ends the loop.
     ::close(ping[1]);
     ::close(pong[0]);
@@ -184,10 +227,12 @@ Measurement gloo_alone(const std::string& self, int processes, size_t bytes, int
                        r == 0 ? out : std::string());
   }
   std::string failure;
+  const auto deadline = Clock::now() + std::chrono::minutes(5);
   for (auto& rank : ranks) {
-    const int status = rank.wait_for(std::chrono::minutes(5));
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    const int status = rank.wait_for(std::max(left, std::chrono::milliseconds(0)));
     if (!exited_ok(status) && failure.empty()) {
-      failure = status == -1 ? "a Gloo rank did not finish in 5 minutes" : "a Gloo rank " + describe_wait_status(status);
+      failure = status == -1 ? "the Gloo ranks did not finish in 5 minutes" : "a Gloo rank " + describe_wait_status(status);
     }
   }
   std::vector<double> samples = read_samples(out);
@@ -208,16 +253,23 @@ int run_gloo_rank(const std::string& store_dir, int rank, int size, size_t bytes
     context->setTimeout(std::chrono::seconds(120));
     context->connectFullMesh(store, device);
     std::vector<float> data(bytes / sizeof(float), 1.0f);
+    // What gradsync's daemons run between nodes for such a buffer: one Gloo allreduce per
+    // host::kSliceBytes slice, each with the algorithm the Gloo engine picks for its size
+    // (daemon/engine/gloo/engine.h), one after another, without the local stages.
+    const size_t slice = host::kSliceBytes / sizeof(float);
     for (int s = 0; s < steps + 2; ++s) {
       const auto start = Clock::now();
-      ::gloo::AllreduceOptions opts(context);
-      opts.setInput(data.data(), data.size());
-      opts.setOutput(data.data(), data.size());
-      opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&::gloo::sum<float>));
-      // The algorithm gradsync's Gloo engine picks for this size (daemon/engine/gloo/engine.h).
-      opts.setAlgorithm(bytes < gloo_engine::kBcubeBelowBytes ? ::gloo::AllreduceOptions::Algorithm::BCUBE
-                                                 : ::gloo::AllreduceOptions::Algorithm::RING);
-      ::gloo::allreduce(opts);
+      for (size_t first = 0; first < data.size(); first += slice) {
+        const size_t count = std::min(slice, data.size() - first);
+        ::gloo::AllreduceOptions opts(context);
+        opts.setInput(data.data() + first, count);
+        opts.setOutput(data.data() + first, count);
+        opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&::gloo::sum<float>));
+        opts.setAlgorithm(count * sizeof(float) < gloo_engine::kBcubeBelowBytes
+                              ? ::gloo::AllreduceOptions::Algorithm::BCUBE
+                              : ::gloo::AllreduceOptions::Algorithm::RING);
+        ::gloo::allreduce(opts);
+      }
       if (rank == 0 && s >= 2) std::printf("sample %.4f\n", ms_since(start));
     }
     std::fflush(stdout);

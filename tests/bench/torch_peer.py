@@ -20,6 +20,7 @@ import torch.multiprocessing as mp
 def rank_main(rank, world, numel, steps, port):
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
+    torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     data = torch.ones(numel, dtype=torch.float32)
     barrier = numel * 4 >= (1 << 20)
@@ -43,7 +44,6 @@ def main():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    torch.set_num_threads(1)
     mp.spawn(rank_main, args=(world, nbytes // 4, steps, port), nprocs=world, join=True)
 
 

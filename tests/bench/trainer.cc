@@ -95,6 +95,8 @@ bool parse_trainer_flag(int argc, char** argv, int& i, TrainerArgs& a) {
 }
 
 int run_trainer(const TrainerArgs& a) {
+  // Line by line: the bench reads the samples while the job runs (to see it warmed up).
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   auto client = Client::connect(ConnectOptions{a.socket, "gradsync-bench"});
   JoinOptions join{a.job, a.rank, a.world, a.local_rank, a.local_world, std::chrono::milliseconds(0)};
   join.rendezvous = a.rendezvous;

@@ -54,6 +54,8 @@ TEST_CASE("key scope: where this daemon runs the job, claims stay within its nod
   CHECK(f.set("g0/node/0", "self").ok());
   CHECK_THAT(f.set("g0/node/2", "stranger").message(), Catch::Contains("the job has 2 nodes"));
   CHECK_THAT(f.set("g1/node/1", "stranger").message(), Catch::Contains("has not begun"));  // 2 counts: g0
+  // Refusals derived from this daemon's node count name the likely cause: another local world size.
+  CHECK_THAT(f.set("g0/node/2", "stranger").message(), Catch::Contains("local world sizes differ"));
   CHECK(f.set("g0/node/1", "peer").ok());
 }
 

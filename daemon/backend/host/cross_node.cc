@@ -102,7 +102,6 @@ ReduceSpec spec_of(const reduce::KernelArgs& args) {
 // memory is the node buffer, so nothing is staged in the daemon. The bucket is cut into slices
 // and pipelined: while the engine carries slice k between nodes (on its own thread), the pool
 // accumulates slice k + 1 and finishes slice k - 1, so the network and memory stages overlap.
-constexpr uint64_t kSliceBytes = 16 << 20;
 
 Status allreduce_in_place(const BucketCall& c, ThreadPool& pool) {
   const TensorSet& set = *c.set;
