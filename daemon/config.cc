@@ -121,7 +121,10 @@ ParsedConfig parse_daemon_config(int argc, const char* const* argv) {
       ("gloo-iface", po::value(&config.gloo_iface), "tcp: network interface for Gloo (default: the advertised host)")
       ("gloo-ib-device", po::value(&config.gloo_ib_device), "ibverbs: device name, e.g. mlx5_0")
       ("gloo-ib-port", po::value(&config.gloo_ib_port)->default_value(1), "ibverbs: port")
-      ("gloo-ib-index", po::value(&config.gloo_ib_index)->default_value(0), "ibverbs: GID index");
+      ("gloo-ib-index", po::value(&config.gloo_ib_index)->default_value(0), "ibverbs: GID index")
+      ("gloo-slice-bytes", po::value(&config.gloo_slice_bytes)->default_value(config.gloo_slice_bytes),
+       "an allreduce larger than this crosses nodes as Gloo calls of this size, each overlapped with the "
+       "local reduction of the next; smaller overlaps more, but each call has a fixed cost (4096 to 2^40)");
 
   po::options_description all;
   all.add(general).add(settings);
@@ -298,6 +301,10 @@ ParsedConfig parse_daemon_config(int argc, const char* const* argv) {
   }
   if (config.gloo_transport == "ibverbs" && config.gloo_ib_device.empty()) {
     return fail("--gloo-transport ibverbs needs --gloo-ib-device");
+  }
+  if (config.gloo_slice_bytes < kMinSliceBytes || config.gloo_slice_bytes > kMaxSliceBytes) {
+    return fail("--gloo-slice-bytes must be between " + std::to_string(kMinSliceBytes) + " and " +
+                std::to_string(kMaxSliceBytes) + ", not " + std::to_string(config.gloo_slice_bytes));
   }
   result.config = config;
   return result;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "daemon/control/local_limits.h"
+#include "daemon/engine/engine.h"
 #include "daemon/util/log.h"
 
 namespace gradsync {
@@ -78,9 +79,13 @@ struct DaemonConfig {
   std::string gloo_ib_device;          // ibverbs: device name
   int gloo_ib_port = 1;
   int gloo_ib_index = 0;
+  // An allreduce larger than this crosses nodes in Gloo calls of this size (engine.h).
+  uint64_t gloo_slice_bytes = kDefaultSliceBytes;
 };
 
 inline constexpr int kDefaultPeerPort = 29590;
+inline constexpr uint64_t kMinSliceBytes = 4096;
+inline constexpr uint64_t kMaxSliceBytes = 1ull << 40;
 
 // Outcome of parsing: either a config, or text to print and an exit code (--help, --version,
 // or an error naming the bad option).

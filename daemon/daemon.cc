@@ -100,6 +100,7 @@ Daemon::Daemon(DaemonConfig config, std::function<ParsedConfig()> reparse)
   gloo.ib_device = config_.gloo_ib_device;
   gloo.ib_port = config_.gloo_ib_port;
   gloo.ib_index = config_.gloo_ib_index;
+  gloo.slice_bytes = config_.gloo_slice_bytes;
   engines_ = make_engine_factory(gloo);
   registry.cluster.engines = engines_.get();
   registry.cluster.auth = peer_auth_;

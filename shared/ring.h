@@ -50,6 +50,11 @@ struct SpscRing {
 
 enum class PopResult { kOk, kEmpty, kCorrupt };
 
+// The two sides read each other's index only when their own last copy of it runs out: the
+// producer re-reads the head when the ring looks full, the consumer re-reads the tail when it
+// has consumed everything it last saw. On the per-tensor path (one mark_ready per tensor) this
+// keeps the other side's cache line from moving between cores for every entry.
+
 // The producer's view. Publishing does not wake anybody: the caller notifies the consumer's
 // WakeWord (which may be shared by several rings) after a batch of pushes.
 template <class Ring>
@@ -57,7 +62,8 @@ class RingWriter {
  public:
   using Data = typename Ring::Data;
   explicit RingWriter(Ring* ring) : RingWriter(&ring->data, &ring->cursor) {}
-  RingWriter(Data* data, RingCursor* cursor) : data_(data), cursor_(cursor), tail_(data->tail.load()) {}
+  RingWriter(Data* data, RingCursor* cursor)
+      : data_(data), cursor_(cursor), tail_(data->tail.load()), head_seen_(cursor->head.load()) {}
 
   // False when the ring is full (or the consumer's index is corrupt, which looks the same).
   bool try_push(const typename Ring::EntryType& entry) {
@@ -67,41 +73,65 @@ class RingWriter {
     return true;
   }
 
-  bool full() const { return tail_ - cursor_->head.load(std::memory_order_acquire) >= Ring::capacity; }
+  bool full() {
+    if (tail_ - head_seen_ < Ring::capacity) return false;
+    head_seen_ = cursor_->head.load(std::memory_order_acquire);
+    return tail_ - head_seen_ >= Ring::capacity;
+  }
   WakeWord& space() { return cursor_->space; }
 
  private:
   Data* data_;
   RingCursor* cursor_;
   uint64_t tail_;
+  uint64_t head_seen_;  // the consumer's head when last read; the true one is never behind it
 };
 
 // The consumer's view; it reads the data half and writes only the cursor.
+//
+// It publishes its head (and wakes a producer waiting for space) at once when it pops from a
+// ring it found full, when it has consumed every entry it saw, and otherwise every
+// kPublishEvery entries: a producer waiting on a full ring hears of the first free slot, and
+// one that keeps pushing into a busy ring never waits for space that was already freed for more
+// than kPublishEvery entries.
 template <class Ring>
 class RingReader {
  public:
   using Data = typename Ring::Data;
+  static constexpr uint64_t kPublishEvery = 64;
+
   explicit RingReader(Ring* ring) : RingReader(&ring->data, &ring->cursor) {}
-  RingReader(const Data* data, RingCursor* cursor) : data_(data), cursor_(cursor), head_(cursor->head.load()) {}
+  RingReader(const Data* data, RingCursor* cursor)
+      : data_(data), cursor_(cursor), head_(cursor->head.load()), published_(head_), tail_seen_(head_) {}
 
   // Copies the next entry out of shared memory before the caller validates it, so the producer
   // cannot change it between check and use. kCorrupt when the producer's index is impossible.
   PopResult try_pop(typename Ring::EntryType* out) {
-    const uint64_t tail = data_->tail.load(std::memory_order_acquire);
-    if (tail == head_) return PopResult::kEmpty;
-    if (tail - head_ > Ring::capacity) return PopResult::kCorrupt;
+    if (tail_seen_ == head_) {
+      const uint64_t tail = data_->tail.load(std::memory_order_acquire);
+      if (tail == head_) return PopResult::kEmpty;
+      if (tail - head_ > Ring::capacity) return PopResult::kCorrupt;
+      tail_seen_ = tail;
+    }
+    const bool was_full = tail_seen_ - head_ == Ring::capacity;
     std::memcpy(out, &data_->entries[head_ & (Ring::capacity - 1)], sizeof(*out));
-    cursor_->head.store(++head_, std::memory_order_release);
-    cursor_->space.notify();
+    ++head_;
+    if (was_full || head_ == tail_seen_ || head_ - published_ >= kPublishEvery) {
+      cursor_->head.store(head_, std::memory_order_release);
+      published_ = head_;
+      cursor_->space.notify();
+    }
     return PopResult::kOk;
   }
 
-  bool empty() const { return data_->tail.load(std::memory_order_acquire) == head_; }
+  bool empty() const { return tail_seen_ == head_ && data_->tail.load(std::memory_order_acquire) == head_; }
 
  private:
   const Data* data_;
   RingCursor* cursor_;
   uint64_t head_;
+  uint64_t published_;  // the head as the producer can see it
+  uint64_t tail_seen_;  // the producer's tail when last read (validated)
 };
 
 }  // namespace gradsync

@@ -12,8 +12,9 @@ namespace {
 // the control socket, so it is off the per-step path unless a wait is already long.
 constexpr auto kLivenessInterval = std::chrono::milliseconds(100);
 
-// Spinning helps only when the daemon runs on another idle core; keep it short.
-constexpr int kSpin = 200;
+// How a waiting client polls before it sleeps (wake_word.h): a short spin for a daemon on
+// another idle core, then yields for one that shares the client's core.
+constexpr Polling kPolling{200, 50};
 
 }  // namespace
 
@@ -123,7 +124,7 @@ bool Completions::wait(uint64_t seq, std::chrono::steady_clock::time_point deadl
     const auto slice = std::min(deadline, now + kLivenessInterval);
     completion_ready().wait_until(
         [&] { return has_entries() || channel_->daemon()->failure_code.load(std::memory_order_acquire) != 0; }, slice,
-        kSpin);
+        kPolling);
   }
 }
 

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 
 #include "daemon/reduce/kernel.h"
@@ -36,12 +37,21 @@ struct ReduceSpec {
 
 using EngineDone = std::function<void(const Status&)>;
 
+// The host path cuts an allreduce larger than this into engine calls of this size and overlaps
+// each call with the local stages of the next and previous slices (host/cross_node.h). Each Gloo
+// call has a fixed cost (its ring fills and drains: about 3 ms at 16 MiB on loopback, measured),
+// and the overlap pays only where cores are left over from the network, so the default is
+// large; README "Across nodes: slice size and algorithm" has the measurements.
+inline constexpr uint64_t kDefaultSliceBytes = 64ull << 20;
+
 class CollectiveEngine {
  public:
   virtual ~CollectiveEngine() = default;  // aborts what is in flight, then waits for it
 
   virtual int node() const = 0;   // this daemon's index among the group's nodes
   virtual int nodes() const = 0;  // how many nodes the group spans
+  // The size of the slices a large allreduce is carried in (see kDefaultSliceBytes).
+  virtual uint64_t slice_bytes() const { return kDefaultSliceBytes; }
 
   // In place over `count` accumulation-type elements.
   virtual void allreduce(void* data, size_t count, const ReduceSpec& spec, EngineDone done) = 0;

@@ -40,6 +40,7 @@ struct GlooTransport {
   std::string ib_device;               // ibverbs: device name, e.g. mlx5_0
   int ib_port = 1;
   int ib_index = 0;
+  uint64_t slice_bytes = kDefaultSliceBytes;  // --gloo-slice-bytes (engine.h)
 };
 
 std::unique_ptr<EngineFactory> make_engine_factory(const GlooTransport& gloo);

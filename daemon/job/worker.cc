@@ -13,13 +13,13 @@ namespace {
 // over the doorbell's waiter count and a wake-up is lost.
 constexpr auto kWakeSlice = std::chrono::milliseconds(200);
 
-// The worker polls its rings up to kPollChecks times (each a pause and a look at every
-// client's ring, tens of ns) before sleeping, but only within kPollAfterWork of its last work:
-// a few microseconds, so a trainer marking tensors ready one by one does not pay a futex
-// wake-up per tensor, and an idle daemon never spins. Longer polls (1000 checks) cost the
-// 2-client 4 KiB round trip on a 2-core machine, where the polling worker holds a core the
-// clients need.
-constexpr int kPollChecks = 100;
+// The worker polls its rings before sleeping (wake_word.h's Polling: 100 looks at every
+// client's ring, each after a pause, then 50 each after a sched_yield), but only within
+// kPollAfterWork of its last work: tens of microseconds, so a trainer marking tensors ready one
+// by one does not pay a futex wake-up per tensor, and an idle daemon never spins. Longer
+// pause-polling (1000 checks) cost the 2-client 4 KiB round trip on a 2-core machine, where the
+// polling worker held a core the clients needed; a yield hands the core over instead.
+constexpr Polling kPollAfterWorkFor{100, 50};
 constexpr auto kPollAfterWork = std::chrono::milliseconds(1);
 
 reduce::KernelArgs kernel_args(const OpDesc& desc, DType dtype, int group_size) {
@@ -249,7 +249,7 @@ void Worker::run() {
     // worker is waiting for, or a slice. Shortly after work, poll a little first: a trainer
     // marking tensors ready one by one, or the next small step, then arrives without a futex
     // wake-up per entry; an idle worker does not poll at all.
-    const int spin = now - last_work_ < kPollAfterWork ? kPollChecks : 0;
+    const Polling polling = now - last_work_ < kPollAfterWork ? kPollAfterWorkFor : Polling{};
     auto deadline = now + kWakeSlice;
     if (flight_) {
       deadline = std::min(deadline, execution_deadline());
@@ -264,7 +264,7 @@ void Worker::run() {
           }
           return false;
         },
-        deadline, spin);
+        deadline, polling);
   }
   shut_down(failure());
 }

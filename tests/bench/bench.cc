@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -16,16 +17,19 @@
 #include <cstdlib>
 #include <fstream>
 #include <initializer_list>
+#include <numeric>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "client/tools/process.h"
+#include "daemon/engine/engine.h"
 #include "daemon/reduce/simd.h"
 #include "gradsync/client.h"
 #include "tests/bench/floors.h"
 #include "tests/bench/report.h"
+#include "tests/bench/supervise.h"
 #include "tests/bench/trainer.h"
 
 namespace gradsync::bench {
@@ -41,11 +45,20 @@ struct BenchOptions {
   int steps = 10;         // timed steps of the large rows
   int rounds = 2000;      // round trips of the 4 KiB row
   int runs = 9;           // runs of the memory floor
+  int repeat = 1;         // runs of every gradsync job and Gloo floor, pooled
   int idle_seconds = 60;  // how long the daemon's idle CPU time is measured (0: not measured)
+  uint64_t slice_bytes = kDefaultSliceBytes;  // the daemons' --gloo-slice-bytes, and the Gloo floor's
   bool python_given = false;  // --python named: a Python without torch is then missing, not skipped
   bool skip_peer = false;
   bool floors_only = false;
+  std::vector<std::string> only;  // --only: the rows to measure (kRowKeys); empty: all
+
+  bool wants(const std::string& key) const { return only.empty() || std::find(only.begin(), only.end(), key) != only.end(); }
 };
+
+// The names --only takes, one per row (or pair of rows) of the table.
+constexpr const char* kRowKeys[] = {"float32", "float16", "bfloat16", "resnet50", "small", "mark161",
+                                    "mark10k", "eight",   "2x2",      "4x1",      "latency"};
 
 // The daemon's anonymous resident memory (heap, stacks, staging; not the clients' segments).
 long rss_anon_kib(pid_t pid) {
@@ -74,6 +87,7 @@ struct JobSamples {
   Measurement step;     // us per step
   Measurement mark;     // us per tensor spent in mark_ready (mark mode)
   long rss_warm_kib = -1, rss_peak_kib = -1, rss_end_kib = -1;
+  double daemon_cpu_ms_per_step = -1;  // all the scenario's daemons together, after warm-up
 };
 
 std::vector<double> read_values(const std::string& file, const std::string& key) {
@@ -103,7 +117,8 @@ std::string tail_of(const std::string& file) {
 class Daemons {
  public:
   Daemons(const BenchOptions& o, int nodes) {
-    std::vector<std::string> common = {"--log-level", "error", "--reduce-threads", std::to_string(o.threads)};
+    std::vector<std::string> common = {"--log-level", "error", "--reduce-threads", std::to_string(o.threads),
+                                       "--gloo-slice-bytes", std::to_string(o.slice_bytes)};
     if (nodes > 1) {
       token_ = std::make_unique<ClusterToken>();
       common.insert(common.end(), {"--peer-token-file", token_->path()});
@@ -117,6 +132,12 @@ class Daemons {
   }
   DaemonProcess& at(int n) { return *daemons_[static_cast<size_t>(n)]; }
   const std::string& rendezvous() const { return rendezvous_; }
+  // CPU time (user and system) of all of them together, in milliseconds.
+  double cpu_ms() const {
+    double total = 0;
+    for (const auto& d : daemons_) total += bench::cpu_ms(d->process().pid());
+    return total;
+  }
   bool terminate_all() {
     bool ok = true;
     for (auto& d : daemons_) ok &= exited_ok(d->terminate());
@@ -131,7 +152,7 @@ class Daemons {
 
 // One gradsync job: `nodes` x `per_node` trainers, all with `shape` (socket, job and ranks
 // filled in here). The first daemon's memory is sampled while it runs.
-JobSamples run_job(Daemons& daemons, int nodes, int per_node, TrainerArgs shape) {
+JobSamples run_job_once(Daemons& daemons, int nodes, int per_node, TrainerArgs shape) {
   static int counter = 0;
   const std::string self = executable_directory() + "/gradsync-bench";
   const std::string out = daemons.at(0).directory() + "/job" + std::to_string(counter) + ".out";
@@ -151,6 +172,9 @@ JobSamples run_job(Daemons& daemons, int nodes, int per_node, TrainerArgs shape)
   }
   JobSamples result;
   const pid_t daemon = daemons.at(0).process().pid();
+  // The daemons' CPU time from the first timed step rank 0 reports to the last.
+  double cpu_at_warm = 0;
+  size_t samples_at_warm = 0;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(10);
   for (bool done = false; !done;) {
     done = true;
@@ -162,10 +186,17 @@ JobSamples run_job(Daemons& daemons, int nodes, int per_node, TrainerArgs shape)
     }
     const long anon = rss_anon_kib(daemon);
     result.rss_peak_kib = std::max(result.rss_peak_kib, anon);
-    if (result.rss_warm_kib < 0 && !read_values(out, "sample").empty()) result.rss_warm_kib = anon;
+    if (result.rss_warm_kib < 0) {
+      samples_at_warm = read_values(out, "sample").size();
+      if (samples_at_warm > 0) {
+        result.rss_warm_kib = anon;
+        cpu_at_warm = daemons.cpu_ms();
+      }
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   result.rss_end_kib = rss_anon_kib(daemon);
+  const double cpu_at_end = daemons.cpu_ms();
   for (auto& t : trainers) {
     const int status = t.wait_for(std::chrono::seconds(0));
     if (!exited_ok(status)) {
@@ -174,8 +205,32 @@ JobSamples run_job(Daemons& daemons, int nodes, int per_node, TrainerArgs shape)
     }
   }
   result.step = measured(read_values(out, "sample"));
+  if (samples_at_warm > 0 && result.step.samples.size() > samples_at_warm) {
+    result.daemon_cpu_ms_per_step =
+        (cpu_at_end - cpu_at_warm) / static_cast<double>(result.step.samples.size() - samples_at_warm);
+  }
   if (shape.mode == "mark") result.mark = measured(read_values(out, "mark"));
   return result;
+}
+
+// The job `repeat` times, one after another, its samples pooled: the cells' medians and ranges
+// are then over every timed step of every run. Memory figures are the first run's (warm-up) and
+// the largest (peak); a failed run makes the whole measurement missing.
+JobSamples run_job(Daemons& daemons, int nodes, int per_node, const TrainerArgs& shape, int repeat) {
+  JobSamples all = run_job_once(daemons, nodes, per_node, shape);
+  std::vector<double> cpu;  // per run
+  if (all.daemon_cpu_ms_per_step >= 0) cpu.push_back(all.daemon_cpu_ms_per_step);
+  for (int r = 1; r < repeat && all.step.ok(); ++r) {
+    JobSamples more = run_job_once(daemons, nodes, per_node, shape);
+    if (!more.step.ok()) return more;
+    all.step.samples.insert(all.step.samples.end(), more.step.samples.begin(), more.step.samples.end());
+    all.mark.samples.insert(all.mark.samples.end(), more.mark.samples.begin(), more.mark.samples.end());
+    all.rss_peak_kib = std::max(all.rss_peak_kib, more.rss_peak_kib);
+    all.rss_end_kib = more.rss_end_kib;
+    if (more.daemon_cpu_ms_per_step >= 0) cpu.push_back(more.daemon_cpu_ms_per_step);
+  }
+  if (!cpu.empty()) all.daemon_cpu_ms_per_step = std::accumulate(cpu.begin(), cpu.end(), 0.0) / static_cast<double>(cpu.size());
+  return all;
 }
 
 Measurement scaled(Measurement m, double factor) {
@@ -226,6 +281,15 @@ std::string in_mark_ready(const Measurement& mark) {
   return text;
 }
 
+// "CPU per step: daemons 190 ms, Gloo alone 130 ms (2 CPUs)": on a machine with few cores the
+// rows across nodes are bound by the CPU time all processes need together, not by Gloo's time.
+std::string cpu_per_step(const JobSamples& job, const GlooFloor& gloo) {
+  if (job.daemon_cpu_ms_per_step < 0 && gloo.cpu_ms_per_step < 0) return "";
+  auto cell = [](double ms) { return ms < 0 ? std::string("?") : std::to_string(static_cast<long>(std::lround(ms))) + " ms"; };
+  return "CPU per step: the daemons " + cell(job.daemon_cpu_ms_per_step) + ", the Gloo-alone ranks " +
+         cell(gloo.cpu_ms_per_step) + " (" + std::to_string(std::thread::hardware_concurrency()) + " CPUs)";
+}
+
 std::string per_tensor(const Measurement& with, const Measurement& without, size_t tensors, const char* what) {
   if (!with.ok() || !without.ok()) return "";
   char text[96];
@@ -249,48 +313,71 @@ int run_bench(const BenchOptions& o) {
   // One node.
   TrainerArgs big;
   big.steps = o.steps;
-  JobSamples f32, f16, bf16, resnet, resnet_flat, small, small_flat, eight, mark161, mark10k, latency;
+  // A job not selected by --only is printed as skipped.
+  JobSamples unselected;
+  unselected.step = skipped("not in --only");
+  auto want = [&](std::initializer_list<const char*> keys) {
+    return std::any_of(keys.begin(), keys.end(), [&](const char* k) { return o.wants(k); });
+  };
+  JobSamples f32 = unselected, f16 = unselected, bf16 = unselected, resnet = unselected, resnet_flat = unselected,
+             small = unselected, small_flat = unselected, eight = unselected, mark161 = unselected,
+             mark10k = unselected, latency = unselected;
   std::string memory_line, idle_line;
   // A scenario that throws (a daemon that does not come up, a process that cannot start) marks
   // its remaining rows missing, with why; the rest of the run goes on.
   auto stopped = [](std::initializer_list<JobSamples*> jobs, const std::string& why) {
     for (JobSamples* j : jobs) {
-      if (!j->step.ok() && j->step.note.empty()) j->step = missing(why);
+      if (!j->step.ok() && !j->step.skipped && j->step.note.empty()) j->step = missing(why);
     }
   };
-  if (!o.floors_only) try {
+  const bool one_node = want({"float32", "float16", "bfloat16", "resnet50", "small", "mark161", "mark10k", "eight", "latency"});
+  if (!o.floors_only && one_node) try {
+    // Every job that will run starts as "not measured" until it has run (a scenario that stops
+    // then marks it missing).
+    for (auto [job, selected] : std::initializer_list<std::pair<JobSamples*, bool>>{{&f32, want({"float32"})}, {&f16, want({"float16"})}, {&bf16, want({"bfloat16"})},
+                                 {&resnet, want({"resnet50", "mark161"})}, {&resnet_flat, want({"resnet50"})},
+                                 {&small, want({"small", "mark10k"})}, {&small_flat, want({"small"})},
+                                 {&mark161, want({"mark161"})}, {&mark10k, want({"mark10k"})}, {&eight, want({"eight"})},
+                                 {&latency, want({"latency"})}}) {
+      if (selected) *job = JobSamples{};
+    }
     Daemons one(o, 1);
     const pid_t pid = one.at(0).process().pid();
     const long idle_kib = rss_anon_kib(pid);
-    // One 4-client job of `big`'s shape with another layout, dtype or mode.
-    auto four = [&](const std::string& layout, const std::string& dtype, const std::string& mode) {
+    // One 4-client job of `big`'s shape with another layout, dtype or mode, when selected.
+    auto four = [&](JobSamples* into, const std::string& layout, const std::string& dtype, const std::string& mode) {
+      if (into->step.skipped) return;
       TrainerArgs a = big;
       a.layout = layout;
       a.dtype = dtype;
       a.mode = mode;
-      return run_job(one, 1, 4, a);
+      *into = run_job(one, 1, 4, a, o.repeat);
     };
-    f32 = run_job(one, 1, 4, big);
-    f16 = four(big.layout, "float16", "step");
-    bf16 = four(big.layout, "bfloat16", "step");
-    resnet = four("resnet50", "float32", "step");
-    mark161 = four("resnet50", "float32", "mark");
-    resnet_flat = four("resnet50-flat", "float32", "step");
-    small = four("small:10000:256", "float32", "step");
-    mark10k = four("small:10000:256", "float32", "mark");
-    small_flat = four("small-flat:10000:256", "float32", "step");
-    eight = run_job(one, 1, 8, big);
-    TrainerArgs l;
-    l.layout = "flat:4096";
-    l.steps = o.rounds;
-    l.warmup = 200;
-    l.barrier = false;
-    latency = run_job(one, 1, 2, l);
+    four(&f32, big.layout, big.dtype, "step");
+    four(&f16, big.layout, "float16", "step");
+    four(&bf16, big.layout, "bfloat16", "step");
+    four(&resnet, "resnet50", "float32", "step");
+    four(&mark161, "resnet50", "float32", "mark");
+    four(&resnet_flat, "resnet50-flat", "float32", "step");
+    four(&small, "small:10000:256", "float32", "step");
+    four(&mark10k, "small:10000:256", "float32", "mark");
+    four(&small_flat, "small-flat:10000:256", "float32", "step");
+    if (!eight.step.skipped) eight = run_job(one, 1, 8, big, o.repeat);
+    if (!latency.step.skipped) {
+      TrainerArgs l;
+      l.layout = "flat:4096";
+      l.steps = o.rounds;
+      l.warmup = 200;
+      l.barrier = false;
+      latency = run_job(one, 1, 2, l, o.repeat);
+    }
     char text[256];
-    std::snprintf(text, sizeof(text),
-                  "idle %ld KiB; 4 x 100 MiB float32 job: after warm-up %ld KiB, peak %ld KiB, at the end %ld KiB",
-                  idle_kib, f32.rss_warm_kib, f32.rss_peak_kib, f32.rss_end_kib);
-    memory_line = text;
+    if (!f32.step.skipped) {
+      std::snprintf(text, sizeof(text),
+                    "idle %ld KiB; 4 x 100 MiB float32 job: after warm-up %ld KiB, peak %ld KiB, at the end %ld KiB",
+                    idle_kib, f32.rss_warm_kib, f32.rss_peak_kib, f32.rss_end_kib);
+      memory_line = text;
+    }
     if (o.idle_seconds > 0 && one.at(0).process().wait_for(std::chrono::milliseconds(0)) != -1) {
       idle_line = "not measured: the daemon had exited";
       daemons_ok = false;
@@ -307,17 +394,19 @@ int run_bench(const BenchOptions& o) {
     stopped({&f32, &f16, &bf16, &resnet, &resnet_flat, &small, &small_flat, &eight, &mark161, &mark10k, &latency},
             std::string("the one-node scenario stopped: ") + e.what());
   }
-  JobSamples two_by_two, four_by_one;
-  if (!o.floors_only) try {
+  JobSamples two_by_two = unselected, four_by_one = unselected;
+  if (!o.floors_only && want({"2x2"})) try {
+    two_by_two = JobSamples{};
     Daemons two(o, 2);
-    two_by_two = run_job(two, 2, 2, big);
+    two_by_two = run_job(two, 2, 2, big, o.repeat);
     daemons_ok &= two.terminate_all();
   } catch (const std::exception& e) {
     stopped({&two_by_two}, std::string("the 2-node scenario stopped: ") + e.what());
   }
-  if (!o.floors_only) try {
+  if (!o.floors_only && want({"4x1"})) try {
+    four_by_one = JobSamples{};
     Daemons four(o, 4);
-    four_by_one = run_job(four, 4, 1, big);
+    four_by_one = run_job(four, 4, 1, big, o.repeat);
     daemons_ok &= four.terminate_all();
   } catch (const std::exception& e) {
     stopped({&four_by_one}, std::string("the 4-node scenario stopped: ") + e.what());
@@ -327,13 +416,33 @@ int run_bench(const BenchOptions& o) {
 
   // Floors and peers, after gradsync so that nothing of theirs runs alongside it.
   const std::string threads = std::to_string(o.threads) + " threads";
-  const Measurement floor4 = memory_floor(4, 100 * kMiB, o.threads, o.runs);
-  const Measurement floor8 = memory_floor(8, 100 * kMiB, o.threads, o.runs);
-  const Wakeup wake = wakeup_floor(o.rounds);
-  const Measurement gloo2 = gloo_alone(self, 2, 100 * kMiB, o.steps);
-  const Measurement gloo4 = gloo_alone(self, 4, 100 * kMiB, o.steps);
-  const Measurement peer4 = torch_peer(o, torch_ok, 4, 100 * kMiB, o.steps);
-  const Measurement peer_small = scaled(torch_peer(o, torch_ok, 2, 4096, o.rounds), 1e3);
+  // Each only for a row that --only selected.
+  const Measurement not_selected = skipped("not in --only");
+  const Measurement floor4 =
+      want({"float32", "float16", "bfloat16"}) ? memory_floor(4, 100 * kMiB, o.threads, o.runs) : not_selected;
+  const Measurement floor8 = want({"eight"}) ? memory_floor(8, 100 * kMiB, o.threads, o.runs) : not_selected;
+  const Wakeup wake = want({"latency"}) ? wakeup_floor(o.rounds) : Wakeup{not_selected, not_selected};
+  // Gloo alone `repeat` times, pooled like the gradsync jobs.
+  auto gloo_floor = [&](int processes) {
+    GlooFloor all = gloo_alone(self, processes, 100 * kMiB, o.slice_bytes, o.steps);
+    double cpu_sum = all.cpu_ms_per_step;
+    for (int r = 1; r < o.repeat && all.ms.ok(); ++r) {
+      GlooFloor more = gloo_alone(self, processes, 100 * kMiB, o.slice_bytes, o.steps);
+      if (!more.ms.ok()) return more;
+      all.ms.samples.insert(all.ms.samples.end(), more.ms.samples.begin(), more.ms.samples.end());
+      cpu_sum = cpu_sum < 0 || more.cpu_ms_per_step < 0 ? -1 : cpu_sum + more.cpu_ms_per_step;
+    }
+    all.cpu_ms_per_step = cpu_sum < 0 ? -1 : cpu_sum / o.repeat;
+    return all;
+  };
+  const GlooFloor gloo2 = want({"2x2"}) ? gloo_floor(2) : GlooFloor{not_selected};
+  const GlooFloor gloo4 = want({"4x1"}) ? gloo_floor(4) : GlooFloor{not_selected};
+  char slices[96];
+  std::snprintf(slices, sizeof(slices), "%.4g MiB slices", static_cast<double>(o.slice_bytes) / kMiB);
+  const Measurement peer4 =
+      want({"float32", "2x2", "4x1"}) ? torch_peer(o, torch_ok, 4, 100 * kMiB, o.steps) : not_selected;
+  const Measurement peer_small =
+      want({"latency"}) ? scaled(torch_peer(o, torch_ok, 2, 4096, o.rounds), 1e3) : not_selected;
 
   rows.push_back({"4 clients x 100 MiB float32, per step", "ms", ms(f32), floor4, "memory floor, " + threads, peer4, ""});
   rows.push_back({"4 clients x 100 MiB float16, per step", "ms", ms(f16), floor4, "memory floor, same bytes", na, ""});
@@ -350,10 +459,10 @@ int run_bench(const BenchOptions& o) {
                   "allreduce of the whole set", na,
                   per_tensor(us(mark10k), us(small), 10000, "over allreduce") + in_mark_ready(mark10k.mark)});
   rows.push_back({"8 clients x 100 MiB float32, per step", "ms", ms(eight), floor8, "memory floor, " + threads, na, ""});
-  rows.push_back({"2 nodes x 2 clients x 100 MiB float32 (loopback), per step", "ms", ms(two_by_two), gloo2,
-                  "Gloo alone, 2 processes, 16 MiB slices, ring", peer4, ""});
-  rows.push_back({"4 nodes x 1 client x 100 MiB float32 (loopback), per step", "ms", ms(four_by_one), gloo4,
-                  "Gloo alone, 4 processes, 16 MiB slices, ring", peer4, ""});
+  rows.push_back({"2 nodes x 2 clients x 100 MiB float32 (loopback), per step", "ms", ms(two_by_two), gloo2.ms,
+                  std::string("Gloo alone, 2 processes, ") + slices + ", ring", peer4, cpu_per_step(two_by_two, gloo2)});
+  rows.push_back({"4 nodes x 1 client x 100 MiB float32 (loopback), per step", "ms", ms(four_by_one), gloo4.ms,
+                  std::string("Gloo alone, 4 processes, ") + slices + ", ring", peer4, cpu_per_step(four_by_one, gloo4)});
   std::string p99;
   if (latency.step.ok() && wake.futex_us.ok()) {
     Measurement sorted = latency.step;
@@ -391,9 +500,38 @@ int run_bench(const BenchOptions& o) {
   return status;
 }
 
+// --slice-bytes: what gradsyncd's --gloo-slice-bytes takes.
+uint64_t slice_bytes(const std::string& text) {
+  char* end = nullptr;
+  const unsigned long long value = std::strtoull(text.c_str(), &end, 10);
+  if (text.empty() || !std::isdigit(static_cast<unsigned char>(text[0])) || *end != '\0' || value < 4096 ||
+      value > (1ull << 40)) {
+    throw std::invalid_argument("--slice-bytes must be a number of bytes from 4096 to 2^40, not '" + text + "'");
+  }
+  return value;
+}
+
+// "2x2,latency" -> {"2x2", "latency"}; an unknown name is an error that lists the known ones.
+std::vector<std::string> parse_only(const std::string& list) {
+  std::vector<std::string> keys;
+  std::istringstream in(list);
+  for (std::string key; std::getline(in, key, ',');) {
+    if (std::find_if(std::begin(kRowKeys), std::end(kRowKeys), [&](const char* k) { return key == k; }) ==
+        std::end(kRowKeys)) {
+      std::string known;
+      for (const char* k : kRowKeys) known += (known.empty() ? "" : ", ") + std::string(k);
+      throw std::invalid_argument("--only: unknown row '" + key + "' (one or more of " + known + ", comma-separated)");
+    }
+    keys.push_back(key);
+  }
+  if (keys.empty()) throw std::invalid_argument("--only needs at least one row name");
+  return keys;
+}
+
 constexpr const char* kHelp =
-    "Usage: gradsync-bench [--threads N] [--steps S] [--rounds R] [--runs K] [--idle-seconds T]\n"
-    "                      [--skip-peer] [--floors-only] [--json FILE] [--python PATH] [--daemon PATH]\n"
+    "Usage: gradsync-bench [--threads N] [--steps S] [--rounds R] [--runs K] [--repeat N] [--idle-seconds T]\n"
+    "                      [--skip-peer] [--floors-only] [--only ROWS] [--slice-bytes N] [--json FILE]\n"
+    "                      [--python PATH] [--daemon PATH]\n"
     "Measures gradsync on this machine next to its floors and the torch gloo peer, all in one run,\n"
     "and prints medians with min-max and ratios. Needs nothing outside the build: the floors are\n"
     "the project's own code (an in-place N-way reduction on private memory, a cross-process futex\n"
@@ -402,9 +540,16 @@ constexpr const char* kHelp =
     "  --steps S         timed steps of each large row (default 10)\n"
     "  --rounds R        4 KiB round trips (default 2000)\n"
     "  --runs K          memory-floor runs (default 9)\n"
+    "  --repeat N        run every gradsync job and Gloo floor N times, pooling their steps\n"
+    "                    (default 1)\n"
     "  --idle-seconds T  measure the daemon's CPU time over T idle seconds (default 60; 0: skip)\n"
     "  --skip-peer       do not run the torch peer (printed as skipped)\n"
     "  --floors-only     do not run gradsync, only the floors and the peer\n"
+    "  --slice-bytes N   the daemons' --gloo-slice-bytes, and the slices of the Gloo floor (default\n"
+    "                    64 MiB): measure the slice size for your nodes\n"
+    "  --only ROWS       measure only these rows, comma-separated (the others print as skipped):\n"
+    "                    float32, float16, bfloat16, resnet50, small, mark161, mark10k, eight,\n"
+    "                    2x2, 4x1, latency\n"
     "  --json FILE       also write the table to FILE as JSON\n"
     "  --python PATH     the Python with torch for the peer (default /usr/bin/python3; without\n"
     "                    torch the peer is printed as skipped)\n"
@@ -443,6 +588,7 @@ int main(int argc, char** argv) {
       else if (arg == "--rank") rank = std::atoi(next().c_str());
       else if (arg == "--size") size = std::atoi(next().c_str());
       else if (arg == "--bytes") bytes = std::strtoull(next().c_str(), nullptr, 10);
+      else if (arg == "--slice-bytes") o.slice_bytes = slice_bytes(next());
       else if (arg == "--daemon") o.daemon = next();
       else if (arg == "--python") o.python = next(), o.python_given = true;
       else if (arg == "--json") o.json = next();
@@ -450,15 +596,17 @@ int main(int argc, char** argv) {
       else if (arg == "--steps") positive(&o.steps), trainer.steps = o.steps;
       else if (arg == "--rounds") positive(&o.rounds);
       else if (arg == "--runs") positive(&o.runs);
+      else if (arg == "--repeat") positive(&o.repeat);
       else if (arg == "--idle-seconds") positive(&o.idle_seconds);
       else if (arg == "--skip-peer") o.skip_peer = true;
       else if (arg == "--floors-only") o.floors_only = true;
+      else if (arg == "--only") o.only = parse_only(next());
       else throw std::invalid_argument("unknown argument '" + arg + "' (see --help)");
     }
     if (role == "trainer") return run_trainer(trainer);
-    if (role == "gloo-floor") return run_gloo_rank(store, rank, size, bytes, o.steps);
+    if (role == "gloo-floor") return run_gloo_rank(store, rank, size, bytes, o.slice_bytes, o.steps);
     if (!role.empty()) throw std::invalid_argument("unknown --role '" + role + "'");
-    return run_bench(o);
+    return run_supervised([&] { return run_bench(o); });
   } catch (const std::invalid_argument& e) {
     std::fprintf(stderr, "gradsync-bench: %s\n", e.what());
     return 2;

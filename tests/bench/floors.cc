@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <gloo/allreduce.h>
@@ -25,7 +26,6 @@
 #include <vector>
 
 #include "client/tools/process.h"
-#include "daemon/backend/host/cross_node.h"
 #include "daemon/engine/gloo/engine.h"
 #include "shared/futex.h"
 
@@ -38,16 +38,23 @@ double ms_since(Clock::time_point start) {
   return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
 }
 
-// Samples printed by a child as "sample <value>" lines in `file`.
-std::vector<double> read_samples(const std::string& file) {
+// Values printed by a child as "<key> <value>" lines in `file`.
+std::vector<double> read_samples(const std::string& file, const std::string& key = "sample") {
   std::ifstream in(file);
   std::vector<double> samples;
   std::string word;
   double value;
   while (in >> word) {
-    if (word == "sample" && in >> value) samples.push_back(value);
+    if (word == key && in >> value) samples.push_back(value);
   }
   return samples;
+}
+
+// This process's CPU time (all threads, user and system), in milliseconds.
+double process_cpu_ms() {
+  timespec t{};
+  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) * 1e3 + static_cast<double>(t.tv_nsec) * 1e-6;
 }
 
 // acc[i] = in[0][i] + ... + in[n-1][i], each element summed in registers across all inputs
@@ -214,17 +221,18 @@ Wakeup wakeup_floor(int rounds) {
   return result;
 }
 
-Measurement gloo_alone(const std::string& self, int processes, size_t bytes, int steps) {
+GlooFloor gloo_alone(const std::string& self, int processes, size_t bytes, size_t slice, int steps) {
   char pattern[] = "/tmp/gradsync-bench-gloo-XXXXXX";
-  if (!::mkdtemp(pattern)) return missing("mkdtemp for the Gloo store failed");
+  if (!::mkdtemp(pattern)) return {missing("mkdtemp for the Gloo store failed")};
   const std::string dir = pattern;
-  const std::string out = dir + "/rank0.out";
+  auto out_of = [&](int r) { return dir + "/rank" + std::to_string(r) + ".out"; };
   std::vector<ChildProcess> ranks;
   for (int r = 0; r < processes; ++r) {
     ranks.emplace_back(std::vector<std::string>{self, "--role", "gloo-floor", "--store", dir + "/store", "--rank",
                                                 std::to_string(r), "--size", std::to_string(processes), "--bytes",
-                                                std::to_string(bytes), "--steps", std::to_string(steps)},
-                       r == 0 ? out : std::string());
+                                                std::to_string(bytes), "--slice-bytes", std::to_string(slice),
+                                                "--steps", std::to_string(steps)},
+                       out_of(r));
   }
   std::string failure;
   const auto deadline = Clock::now() + std::chrono::minutes(5);
@@ -235,14 +243,20 @@ Measurement gloo_alone(const std::string& self, int processes, size_t bytes, int
       failure = status == -1 ? "the Gloo ranks did not finish in 5 minutes" : "a Gloo rank " + describe_wait_status(status);
     }
   }
-  std::vector<double> samples = read_samples(out);
+  std::vector<double> samples = read_samples(out_of(0), "sample");
+  double cpu = 0;
+  for (int r = 0; r < processes; ++r) {
+    const std::vector<double> mine = read_samples(out_of(r), "cpu");
+    cpu = mine.empty() || cpu < 0 ? -1 : cpu + mine.front();
+  }
   std::error_code ignored;
   std::filesystem::remove_all(dir, ignored);
-  if (!failure.empty()) return missing(failure);
-  return samples.empty() ? missing("the Gloo ranks printed no samples") : measured(std::move(samples));
+  if (!failure.empty()) return {missing(failure)};
+  if (samples.empty()) return {missing("the Gloo ranks printed no samples")};
+  return {measured(std::move(samples)), cpu};
 }
 
-int run_gloo_rank(const std::string& store_dir, int rank, int size, size_t bytes, int steps) {
+int run_gloo_rank(const std::string& store_dir, int rank, int size, size_t bytes, size_t slice_bytes, int steps) {
   try {
     std::filesystem::create_directories(store_dir);
     ::gloo::rendezvous::FileStore store(store_dir);
@@ -254,10 +268,12 @@ int run_gloo_rank(const std::string& store_dir, int rank, int size, size_t bytes
     context->connectFullMesh(store, device);
     std::vector<float> data(bytes / sizeof(float), 1.0f);
     // What gradsync's daemons run between nodes for such a buffer: one Gloo allreduce per
-    // host::kSliceBytes slice, each with the algorithm the Gloo engine picks for its size
-    // (daemon/engine/gloo/engine.h), one after another, without the local stages.
-    const size_t slice = host::kSliceBytes / sizeof(float);
+    // slice (the daemons' --gloo-slice-bytes), each with the algorithm the Gloo engine picks
+    // for its size (daemon/engine/gloo/engine.h), one after another, without the local stages.
+    const size_t slice = std::max<size_t>(1, slice_bytes / sizeof(float));
+    double cpu_start = 0;
     for (int s = 0; s < steps + 2; ++s) {
+      if (s == 2) cpu_start = process_cpu_ms();
       const auto start = Clock::now();
       for (size_t first = 0; first < data.size(); first += slice) {
         const size_t count = std::min(slice, data.size() - first);
@@ -272,6 +288,7 @@ int run_gloo_rank(const std::string& store_dir, int rank, int size, size_t bytes
       }
       if (rank == 0 && s >= 2) std::printf("sample %.4f\n", ms_since(start));
     }
+    std::printf("cpu %.4f\n", (process_cpu_ms() - cpu_start) / std::max(steps, 1));
     std::fflush(stdout);
     return 0;
   } catch (const std::exception& e) {

@@ -4,8 +4,8 @@
 //                  read N*S bytes, write N*S bytes, the least any shared-memory all-reduce moves
 //   wakeup         a cross-process round trip through a futex in shared memory, and through a
 //                  pipe: the least a daemon-mediated operation waits
-//   gloo_alone     Gloo's allreduce between P processes on loopback with the algorithm gradsync's
-//                  engine picks for that size, without gradsync: the cross-node stage alone
+//   gloo_alone     Gloo's allreduce between P processes on loopback in the slices and with the
+//                  algorithm gradsync's engine uses, without gradsync: the cross-node stage alone
 #pragma once
 
 #include <cstddef>
@@ -25,10 +25,16 @@ struct Wakeup {
 Wakeup wakeup_floor(int rounds);
 
 // Milliseconds per allreduce of `bytes` of float32 between `processes` processes (children
-// running this binary with --role gloo-floor), one sample per step of rank 0.
-Measurement gloo_alone(const std::string& self, int processes, size_t bytes, int steps);
+// running this binary with --role gloo-floor), in Gloo calls of `slice` bytes, one sample per
+// step of rank 0; and the CPU time all ranks together used per timed step (negative if unknown).
+struct GlooFloor {
+  Measurement ms;
+  double cpu_ms_per_step = -1;
+};
+GlooFloor gloo_alone(const std::string& self, int processes, size_t bytes, size_t slice, int steps);
 
-// The child side of gloo_alone: one rank. Rank 0 prints "sample <ms>" per timed step.
-int run_gloo_rank(const std::string& store_dir, int rank, int size, size_t bytes, int steps);
+// The child side of gloo_alone: one rank. Rank 0 prints "sample <ms>" per timed step; every rank
+// prints "cpu <ms>", its own CPU time per timed step.
+int run_gloo_rank(const std::string& store_dir, int rank, int size, size_t bytes, size_t slice, int steps);
 
 }  // namespace gradsync::bench

@@ -191,6 +191,8 @@ TEST_CASE("multi-node: every operation and dtype is bit-exact across 3 daemons x
   for (int status : statuses) CHECK(exit_code(status) == kOk);
 }
 
+// The "pair" group has one rank on each of two nodes: a lone local participant per node, whose
+// node buffer is its own tensor (the in-place path skips the local stages it does not need).
 TEST_CASE("multi-node: a named group over a subset reduces only among its ranks", "[integration][multinode]") {
   TestCluster cluster(kNodes);
   const std::string job = unique_job("nodes-groups");
@@ -203,9 +205,11 @@ TEST_CASE("multi-node: a named group over a subset reduces only among its ranks"
                                                {DType::kFloat32, 1000, "local"}};
         const std::vector<SharedTensor> tensors = client.allocate_flat(specs);
         const TensorSet set = client.register_tensors(tensors, {});
+        const ReduceOptions modes[] = {{ReduceOp::kSum}, {ReduceOp::kAvg}, {ReduceOp::kAvg, Scaling::kBefore}};
         for (int step = 0; step < 3; ++step) {
+          const ReduceOptions& options = modes[step];
           for (uint64_t t = 0; t < 3; ++t) fill_exact(tensors[t], rank, t, step);
-          if (!client.allreduce(set, ReduceOptions{ReduceOp::kSum}).wait(std::chrono::seconds(60))) {
+          if (!client.allreduce(set, options).wait(std::chrono::seconds(60))) {
             return fail("allreduce timed out");
           }
           const std::vector<std::vector<int>> members = {all_ranks(), {1, 4}, {2, 3}};
@@ -213,9 +217,12 @@ TEST_CASE("multi-node: a named group over a subset reduces only among its ranks"
             const auto& m = members[t];
             const bool member = std::find(m.begin(), m.end(), rank) != m.end();
             for (uint64_t i = 0; i < tensors[t].numel(); ++i) {
-              const auto want = expected(DType::kFloat32, ReduceOptions{ReduceOp::kSum}, member ? m : std::vector<int>{rank},
-                                         t, i, step);
-              if (int c = check(tensors[t], i, want, "group tensor " + std::to_string(t)); c != kOk) return c;
+              // Off the group a rank keeps its input (the average over itself alone).
+              const auto want = expected(DType::kFloat32, options, member ? m : std::vector<int>{rank}, t, i, step);
+              if (int c = check(tensors[t], i, want, "group tensor " + std::to_string(t) + " in step " + std::to_string(step));
+                  c != kOk) {
+                return c;
+              }
             }
           }
         }
@@ -223,6 +230,59 @@ TEST_CASE("multi-node: a named group over a subset reduces only among its ranks"
       },
       groups);
   for (int status : statuses) CHECK(exit_code(status) == kOk);
+}
+
+// With --gloo-slice-bytes far below the bucket, a bucket crosses nodes as many engine calls,
+// each overlapped with the local stages of its neighbours (host/cross_node.cc), for a group with
+// two local participants per node and for one with a lone participant per node.
+TEST_CASE("multi-node: buckets larger than --gloo-slice-bytes cross in pipelined slices, bit-exact",
+          "[integration][multinode]") {
+  TestCluster cluster(kNodes, {"--gloo-slice-bytes", "65536"});
+  const std::string job = unique_job("nodes-slices");
+  const std::vector<GroupSpec> groups = {{"pair", {1, 4}}};
+  const auto statuses = run_job(
+      cluster, job,
+      [&](int rank, Client& client) {
+        // 1 MiB and 600 KiB of float32 (16 and 10 slices), and an odd size that ends mid-slice.
+        const std::vector<TensorSpec> specs = {{DType::kFloat32, 262'144, "dp"},
+                                               {DType::kFloat32, 153'601, "pair"},
+                                               {DType::kFloat64, 40'000, "dp"}};
+        const std::vector<SharedTensor> tensors = client.allocate_flat(specs);
+        const TensorSet set = client.register_tensors(tensors, RegisterOptions{0, false});
+        const ReduceOptions modes[] = {{ReduceOp::kSum}, {ReduceOp::kAvg}, {ReduceOp::kAvg, Scaling::kBefore},
+                                       {ReduceOp::kMax}};
+        for (int step = 0; step < 4; ++step) {
+          const ReduceOptions& options = modes[step];
+          for (uint64_t t = 0; t < tensors.size(); ++t) fill_exact(tensors[t], rank, t, step);
+          if (!client.allreduce(set, options).wait(std::chrono::seconds(60))) return fail("allreduce timed out");
+          const std::vector<std::vector<int>> members = {all_ranks(), {1, 4}, all_ranks()};
+          for (uint64_t t = 0; t < tensors.size(); ++t) {
+            const auto& m = members[t];
+            const bool member = std::find(m.begin(), m.end(), rank) != m.end();
+            for (uint64_t i = 0; i < tensors[t].numel(); ++i) {
+              const auto want = expected(tensors[t].dtype(), options, member ? m : std::vector<int>{rank}, t, i, step);
+              if (int c = check(tensors[t], i, want, "tensor " + std::to_string(t) + " in step " + std::to_string(step));
+                  c != kOk) {
+                return c;
+              }
+            }
+          }
+        }
+        return kOk;
+      },
+      groups);
+  for (int status : statuses) CHECK(exit_code(status) == kOk);
+}
+
+TEST_CASE("multi-node: a --gloo-slice-bytes out of range is refused at start, naming the range", "[integration][multinode]") {
+  for (const char* bad : {"100", "0", "2000000000000"}) {
+    CAPTURE(bad);
+    const CommandRun run = run_command(std::string(GRADSYNCD_BINARY) + " --socket /tmp/gradsync-slices-" +
+                                       std::to_string(::getpid()) + "/g.sock --gloo-slice-bytes " + bad + " 2>&1");
+    CHECK(run.code == 2);
+    CHECK_THAT(run.output, Catch::Contains("--gloo-slice-bytes must be between 4096 and 1099511627776, not " +
+                                           std::string(bad)));
+  }
 }
 
 TEST_CASE("multi-node: different layouts on different nodes fail the job everywhere, naming the ranks",

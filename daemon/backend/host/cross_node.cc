@@ -99,9 +99,10 @@ ReduceSpec spec_of(const reduce::KernelArgs& args) {
 }
 
 // The common case of a flat float32/float64/integer gradient buffer: the first participant's
-// memory is the node buffer, so nothing is staged in the daemon. The bucket is cut into slices
-// and pipelined: while the engine carries slice k between nodes (on its own thread), the pool
-// accumulates slice k + 1 and finishes slice k - 1, so the network and memory stages overlap.
+// memory is the node buffer, so nothing is staged in the daemon. A bucket larger than the
+// engine's slice_bytes() is cut into slices and pipelined: while the engine carries slice k
+// between nodes (on its own thread), the pool accumulates slice k + 1 and finishes slice k - 1,
+// so the network and memory stages overlap.
 
 Status allreduce_in_place(const BucketCall& c, ThreadPool& pool) {
   const TensorSet& set = *c.set;
@@ -109,7 +110,7 @@ Status allreduce_in_place(const BucketCall& c, ThreadPool& pool) {
   const BucketRun& run = set.runs[c.bucket][0];
   const size_t element = dtype_size(c.args.dtype);
   const uint64_t elements = set.bucket_elements[c.bucket];
-  const uint64_t slice = std::max<uint64_t>(1, kSliceBytes / element);
+  const uint64_t slice = std::max<uint64_t>(1, c.engine->slice_bytes() / element);
   const size_t slices = static_cast<size_t>((elements + slice - 1) / slice);
   std::byte* node_buffer = run.address[members[0]];
   const ReduceSpec spec = spec_of(c.args);
@@ -123,7 +124,11 @@ Status allreduce_in_place(const BucketCall& c, ThreadPool& pool) {
       body(begin, std::min(per, first + count - begin));
     });
   };
+  // With one local participant the node buffer already holds the node's sum: accumulating is
+  // a copy onto itself unless it applies the prescale, and finishing is one unless it divides.
+  const bool lone = members.size() == 1;
   auto accumulate = [&](size_t k) {
+    if (lone && c.args.scale != reduce::Scale::kBefore) return;
     PhaseTimer timer(local_time(c));
     chunks_of(k, [&](uint64_t first, uint64_t count) {
       std::vector<const void*> inputs;
@@ -132,6 +137,7 @@ Status allreduce_in_place(const BucketCall& c, ThreadPool& pool) {
     });
   };
   auto finish = [&](size_t k) {
+    if (lone && c.args.scale != reduce::Scale::kAfter) return;
     PhaseTimer timer(local_time(c));
     chunks_of(k, [&](uint64_t first, uint64_t count) {
       std::vector<void*> outputs;

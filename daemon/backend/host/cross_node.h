@@ -14,10 +14,6 @@
 
 namespace gradsync::host {
 
-// A flat bucket of float32/float64/integers crosses nodes in slices of this size, pipelined:
-// while the engine carries slice k, the reduce threads accumulate k + 1 and finish k - 1.
-inline constexpr uint64_t kSliceBytes = 16 << 20;
-
 // Reused across buckets and steps; grows to the largest bucket and then stays.
 struct NodeBuffers {
   std::vector<std::byte> work;

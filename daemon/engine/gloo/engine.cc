@@ -125,7 +125,8 @@ struct EngineState {
 // which the thread keeps alive; the engine does not wait for it when it is destroyed.
 class GlooEngine final : public CollectiveEngine {
  public:
-  GlooEngine(const EngineSpec& spec, std::shared_ptr<::gloo::Context> context) : state_(std::make_shared<EngineState>()) {
+  GlooEngine(const EngineSpec& spec, std::shared_ptr<::gloo::Context> context, uint64_t slice_bytes)
+      : state_(std::make_shared<EngineState>()), slice_bytes_(slice_bytes) {
     state_->spec = spec;
     state_->context = std::move(context);
     std::thread([state = state_] { state->run(); }).detach();
@@ -142,6 +143,7 @@ class GlooEngine final : public CollectiveEngine {
 
   int node() const override { return state_->spec.node; }
   int nodes() const override { return state_->spec.nodes; }
+  uint64_t slice_bytes() const override { return slice_bytes_; }
 
   void allreduce(void* data, size_t count, const ReduceSpec& spec, EngineDone done) override {
     post("allreduce", std::move(done), [context = state_->context, timeout = state_->spec.timeout, data, count, spec] {
@@ -240,6 +242,7 @@ class GlooEngine final : public CollectiveEngine {
   }
 
   std::shared_ptr<EngineState> state_;
+  uint64_t slice_bytes_;
 };
 
 std::shared_ptr<::gloo::transport::Device> make_device(const GlooTransport& options) {
@@ -274,7 +277,7 @@ Status make_engine(const EngineSpec& spec, const GlooTransport& transport, std::
     context->connectFullMesh(store, device);
   });
   if (!status.ok()) return status;
-  *out = std::make_unique<GlooEngine>(spec, std::move(context));
+  *out = std::make_unique<GlooEngine>(spec, std::move(context), transport.slice_bytes);
   return Status();
 }
 
