@@ -64,8 +64,9 @@ TestCluster::TestCluster(int nodes, std::vector<std::string> args) : args_(std::
   }
 }
 
-void TestCluster::restart(int n) {
+void TestCluster::restart(int n, const std::vector<std::string>& extra) {
   std::vector<std::string> node_args = args_;
+  node_args.insert(node_args.end(), extra.begin(), extra.end());
   node_args.insert(node_args.end(), {"--peer-listen", n == 0 ? rendezvous_ : "127.0.0.1:0"});
   daemons_.at(static_cast<size_t>(n)) = std::make_unique<TestDaemon>(node_args);
 }

@@ -48,8 +48,8 @@ class TestCluster {
   TestDaemon& node(int n) { return *daemons_.at(static_cast<size_t>(n)); }
   const std::string& rendezvous() const { return rendezvous_; }
   const std::string& token_path() const { return token_.path(); }  // the nodes' --peer-token-file
-  // Replaces node n's daemon with a fresh one (after it was killed).
-  void restart(int n);
+  // Replaces node n's daemon with a fresh one (after it was killed), with `extra` flags added.
+  void restart(int n, const std::vector<std::string>& extra = {});
 
  private:
   std::vector<std::string> args_;

@@ -274,6 +274,28 @@ TEST_CASE("multi-node: buckets larger than --gloo-slice-bytes cross in pipelined
   for (int status : statuses) CHECK(exit_code(status) == kOk);
 }
 
+TEST_CASE("multi-node: nodes with different --gloo-slice-bytes fail the job, naming both sizes", "[integration][multinode]") {
+  TestCluster cluster(kNodes);
+  cluster.restart(2, {"--gloo-slice-bytes", "65536"});
+  const std::string job = unique_job("nodes-slice-mismatch");
+  const auto statuses = run_job(cluster, job, [&](int rank, Client& client) {
+    const std::vector<TensorSpec> specs = {{DType::kFloat32, 100'000, "dp"}};
+    const std::vector<SharedTensor> tensors = client.allocate_flat(specs);
+    const TensorSet set = client.register_tensors(tensors, {});
+    try {
+      client.allreduce(set, ReduceOptions{ReduceOp::kSum}).wait(std::chrono::seconds(60));
+      return fail("rank " + std::to_string(rank) + ": the allreduce succeeded");
+    } catch (const Error& e) {
+      const std::string text = e.what();
+      if (text.find("--gloo-slice-bytes") == std::string::npos || text.find("every node of a job must use the same") == std::string::npos) {
+        return fail("rank " + std::to_string(rank) + ": unexpected error: " + text);
+      }
+    }
+    return kOk;
+  });
+  for (int status : statuses) CHECK(exit_code(status) == kOk);
+}
+
 TEST_CASE("multi-node: a --gloo-slice-bytes out of range is refused at start, naming the range", "[integration][multinode]") {
   for (const char* bad : {"100", "0", "2000000000000"}) {
     CAPTURE(bad);

@@ -44,6 +44,7 @@ struct Header {
   uint32_t scaling = 0;
   double divisor = 0;
   uint64_t elements = 0;
+  uint64_t slice_bytes = 0;  // the engine's: nodes that slice differently would mismatch Gloo calls
 };
 
 Header header_of(const BucketCall& c) {
@@ -57,6 +58,7 @@ Header header_of(const BucketCall& c) {
   h.scaling = static_cast<uint32_t>(c.desc.scaling);
   h.divisor = c.desc.divisor;
   h.elements = c.set->bucket_elements[c.bucket];
+  h.slice_bytes = c.engine->slice_bytes();
   return h;
 }
 
@@ -73,7 +75,8 @@ std::string describe(const Header& h) {
 
 bool same(const Header& a, const Header& b) {
   return a.seq == b.seq && a.kind == b.kind && a.set == b.set && a.bucket == b.bucket && a.reduce_op == b.reduce_op &&
-         a.root == b.root && a.scaling == b.scaling && a.divisor == b.divisor && a.elements == b.elements;
+         a.root == b.root && a.scaling == b.scaling && a.divisor == b.divisor && a.elements == b.elements &&
+         a.slice_bytes == b.slice_bytes;
 }
 
 // The node's index within the group's nodes, for a global rank.
@@ -319,6 +322,12 @@ Status check_sequence(const BucketCall& c) {
   }
   const std::vector<int> nodes = c.topology->nodes_of(c.set->plan.buckets[c.bucket].group);
   for (size_t n = 0; n < all.size(); ++n) {
+    if (all[n].slice_bytes != mine.slice_bytes) {
+      return Status::invalid_argument("node " + std::to_string(c.topology->node) + " runs with --gloo-slice-bytes " +
+                                      std::to_string(mine.slice_bytes) + ", node " + std::to_string(nodes[n]) +
+                                      " with " + std::to_string(all[n].slice_bytes) +
+                                      ": every node of a job must use the same");
+    }
     if (!same(all[n], mine)) {
       return Status::layout_mismatch("sequence mismatch: node " + std::to_string(c.topology->node) + " is at " +
                                      describe(mine) + ", node " + std::to_string(nodes[n]) + " is at " +
