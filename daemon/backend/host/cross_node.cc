@@ -44,7 +44,7 @@ struct Header {
   uint32_t scaling = 0;
   double divisor = 0;
   uint64_t elements = 0;
-  uint64_t slice_bytes = 0;  // the engine's: nodes that slice differently would mismatch Gloo calls
+  uint64_t slice_bytes = 0;  // the engine's: nodes that slice differently would make different calls
 };
 
 Header header_of(const BucketCall& c) {
@@ -208,7 +208,15 @@ Status allreduce_or_reduce(const BucketCall& c, ThreadPool& pool, NodeBuffers& b
     status = timed_engine_call(c, [&](EngineDone done) { c.engine->reduce(acc, elements, spec, root_node, std::move(done)); });
     if (root / c.topology->local_world_size == c.topology->node) root_local = root % c.topology->local_world_size;
   } else {
-    status = timed_engine_call(c, [&](EngineDone done) { c.engine->allreduce(acc, elements, spec, std::move(done)); });
+    // Another node may hold this bucket contiguously and take allreduce_in_place, which makes
+    // one engine call per slice: make the same calls, or the nodes' Gloo calls would not match.
+    // (Only the accumulation type equal to the dtype takes that path, so the slices agree.)
+    const uint64_t slice = std::max<uint64_t>(1, c.engine->slice_bytes() / acc_size);
+    for (uint64_t first = 0; first < elements && status.ok(); first += slice) {
+      status = timed_engine_call(c, [&](EngineDone done) {
+        c.engine->allreduce(acc + first * acc_size, std::min(slice, elements - first), spec, std::move(done));
+      });
+    }
   }
   if (!status.ok()) return status;
   if (to_root && root_local < 0) return Status();
