@@ -250,7 +250,8 @@ void Daemon::reload() {
        "peer-token-file/peer-tls-*", false);
   note(next.peer_advertise_host != config_.peer_advertise_host, "peer-advertise", false);
   note(next.gloo_transport != config_.gloo_transport || next.gloo_iface != config_.gloo_iface ||
-           next.gloo_ib_device != config_.gloo_ib_device,
+           next.gloo_ib_device != config_.gloo_ib_device || next.gloo_ib_port != config_.gloo_ib_port ||
+           next.gloo_ib_index != config_.gloo_ib_index || next.gloo_slice_bytes != config_.gloo_slice_bytes,
        "gloo-*", false);
   note(next.legacy_ipc_uids != config_.legacy_ipc_uids, "legacy-ipc-uid", false);
   note(next.nccl_keep_idle != config_.nccl_keep_idle, "nccl-keep-idle-s", false);

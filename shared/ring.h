@@ -91,9 +91,10 @@ class RingWriter {
 //
 // It publishes its head (and wakes a producer waiting for space) at once when it pops from a
 // ring it found full, when it has consumed every entry it saw, and otherwise every
-// kPublishEvery entries: a producer waiting on a full ring hears of the first free slot, and
-// one that keeps pushing into a busy ring never waits for space that was already freed for more
-// than kPublishEvery entries.
+// kPublishEvery entries: a producer waiting for space is told of it at most kPublishEvery pops
+// after it was freed. (It may fill the ring after the consumer last read the tail, so the
+// first free slot is not always published at once.) Every consumer drains until kEmpty, or
+// comes back to it, so nothing it consumed stays unpublished while it sleeps.
 template <class Ring>
 class RingReader {
  public:

@@ -70,7 +70,8 @@ struct WakeRef {
       if (ready()) return true;
       cpu_relax();
     }
-    for (int i = 0; i < polling.yields; ++i) {
+    // A yield may give up a whole time slice on a busy machine: mind the deadline.
+    for (int i = 0; i < polling.yields && std::chrono::steady_clock::now() < deadline; ++i) {
       if (ready()) return true;
       sched_yield();
     }

@@ -107,7 +107,8 @@ Status IoDaemonView::status(DaemonStatus* out) {
               {"peer-auth", c.peer_tls_ca.empty() ? (c.peer_token_file.empty() ? "none (loopback only, single-node jobs)"
                                                                                 : "cluster token")
                                                   : (c.peer_token_file.empty() ? "mutual TLS" : "mutual TLS and cluster token")},
-              {"gloo-transport", c.gloo_transport}};
+              {"gloo-transport", c.gloo_transport},
+              {"gloo-slice-bytes", std::to_string(c.gloo_slice_bytes)}};
   std::pair<uint32_t, uint32_t> counts{0, 0};
   if (Status st = on_io(options_.io, options_.answer_within,
                         [this] {

@@ -74,7 +74,9 @@ long rss_anon_kib(pid_t pid) {
 double cpu_ms(pid_t pid) {
   std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
   std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
-  std::istringstream fields(text.substr(text.rfind(')') + 2));
+  const size_t close = text.rfind(')');
+  if (close == std::string::npos || close + 2 > text.size()) return 0;  // gone: counts nothing
+  std::istringstream fields(text.substr(close + 2));
   std::string field;
   double ticks = 0;
   for (int i = 3; i <= 15 && fields >> field; ++i) {
@@ -252,7 +254,9 @@ Measurement torch_peer(const BenchOptions& o, bool torch_ok, int world, size_t b
     return o.python_given ? missing(why) : skipped(why);
   }
   // Bounded: a rank that cannot rendezvous would otherwise wait for torch's 30-minute default.
-  const std::string command = "timeout -k 5 600 '" + o.python + "' '" + executable_directory() + "/gradsync_torch_peer.py' " +
+  // --foreground: the peer stays in the bench's process group, which the supervisor
+  // (supervise.h) stops when the bench is interrupted.
+  const std::string command = "timeout --foreground -k 5 600 '" + o.python + "' '" + executable_directory() + "/gradsync_torch_peer.py' " +
                               std::to_string(world) + " " + std::to_string(bytes) + " " + std::to_string(steps) + " 2>&1";
   std::string output;
   int status = -1;

@@ -7,7 +7,9 @@ average does) STEPS times after 2 warm-up steps; rank 0 prints "sample <ms>" per
 tensors line the ranks up with a barrier before each timed step, as the gradsync trainers do;
 small ones run back to back, as gradsync's latency trainers do.
 """
+import ctypes
 import os
+import signal
 import socket
 import sys
 import time
@@ -18,6 +20,9 @@ import torch.multiprocessing as mp
 
 
 def rank_main(rank, world, numel, steps, port):
+    # A rank ends with the parent that spawned it (killed by the bench's timeout or its
+    # supervisor) instead of running on alone. 1 is PR_SET_PDEATHSIG.
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)
