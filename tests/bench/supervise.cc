@@ -13,25 +13,36 @@
 namespace gradsync::bench {
 namespace {
 
-// Reaps every child that has exited (orphans of the bench's group come here: this process is
-// their subreaper); true once the bench itself is among them, with its wait status.
-bool reap(pid_t bench, int* bench_status) {
+// Signals whose default action ends a process and that someone may send an interrupted bench
+// (the terminal's SIGINT and SIGQUIT included): each stops the bench's whole group.
+constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM};
+
+// How long the group has to shut down after SIGTERM (daemons end their jobs) before SIGKILL.
+constexpr long kGraceMs = 5000;
+
+// The bench child and how it ended.
+struct Bench {
+  pid_t pid = -1;
+  int status = 0;
   bool ended = false;
+};
+
+// Reaps every child that has exited (orphans of the bench's group come here: this process is
+// their subreaper), noting the bench's end when it is among them.
+void reap(Bench* bench) {
   int status = 0;
   for (pid_t p; (p = ::waitpid(-1, &status, WNOHANG)) > 0;) {
-    if (p == bench) {
-      *bench_status = status;
-      ended = true;
+    if (p == bench->pid) {
+      bench->status = status;
+      bench->ended = true;
     }
   }
-  return ended;
 }
 
-// True while any process of the group is left (exited ones are reaped first).
-bool group_alive(pid_t group) {
-  int ignored;
-  reap(-1, &ignored);
-  return ::kill(-group, 0) == 0 || errno != ESRCH;
+// True while any process of the bench's group is left (exited ones are reaped first).
+bool group_alive(Bench* bench) {
+  reap(bench);
+  return ::kill(-bench->pid, 0) == 0 || errno != ESRCH;
 }
 
 // Waits up to `ms` for one of `signals`; returns it, or 0.
@@ -40,6 +51,22 @@ int wait_signal(const sigset_t& signals, long ms) {
   siginfo_t info;
   const int signo = ::sigtimedwait(&signals, &info, &timeout);
   return signo > 0 ? signo : 0;
+}
+
+// SIGTERM to what is left of the group, up to kGraceMs for it to go (a stop signal meanwhile:
+// no more waiting), then SIGKILL. A stop signal that came is noted in *caught.
+void stop_group(Bench* bench, const sigset_t& stops, int* caught) {
+  if (!group_alive(bench)) return;
+  ::kill(-bench->pid, SIGTERM);
+  for (long waited = 0; waited < kGraceMs && group_alive(bench); waited += 100) {
+    if (const int signo = wait_signal(stops, 100)) {
+      if (!*caught) *caught = signo;
+      break;
+    }
+  }
+  if (!group_alive(bench)) return;
+  ::kill(-bench->pid, SIGKILL);
+  for (int i = 0; i < 500 && group_alive(bench); ++i) ::usleep(10'000);
 }
 
 // Dies of `signo` as if this process had not caught it, so that a calling shell sees the
@@ -61,10 +88,13 @@ int run_supervised(const std::function<int()>& body) {
   // background job of a non-interactive shell), which must not stop the bench either.
   sigset_t stops;
   sigemptyset(&stops);
-  for (int s : {SIGINT, SIGTERM, SIGHUP}) {
+  for (int s : kStopSignals) {
     struct sigaction current {};
     if (::sigaction(s, nullptr, &current) == 0 && current.sa_handler != SIG_IGN) sigaddset(&stops, s);
   }
+  // An inherited SIGCHLD ignore would make the kernel reap children unseen (here and in the
+  // bench, which waits for its trainers): undo it for both.
+  ::signal(SIGCHLD, SIG_DFL);
   sigset_t handled = stops;
   sigaddset(&handled, SIGCHLD);
   // Blocked before the fork, so that a signal that comes early is not lost: this process takes
@@ -94,37 +124,30 @@ int run_supervised(const std::function<int()>& body) {
     std::_Exit(status);
   }
   ::setpgid(child, child);  // also here: a signal may come before the child has run
-  int caught = 0;           // the first stop signal this process got
-  int status = 0;
-  for (;;) {
+  Bench bench{child};
+  int caught = 0;  // the first stop signal this process got
+  // Until the bench ends; after a stop signal, at most kGraceMs more (a bench that ignores
+  // SIGTERM, or is stopped, must not keep this process waiting forever).
+  for (long waited = 0; !bench.ended && (!caught || waited < kGraceMs);) {
     siginfo_t info;
-    const int signo = ::sigwaitinfo(&handled, &info);
-    if (signo < 0) continue;  // EINTR
+    const int signo = caught ? wait_signal(handled, 100) : ::sigwaitinfo(&handled, &info);
+    if (caught) waited += 100;
+    if (signo <= 0) continue;  // EINTR, or a slice of the grace period
     if (signo == SIGCHLD) {
-      if (reap(child, &status)) break;
+      reap(&bench);
       continue;
     }
-    // SIGTERM for the first (gradsyncd reloads its configuration on SIGHUP, and shuts down
+    // SIGTERM for the first (gradsyncd reloads its configuration on SIGHUP and shuts down
     // cleanly on SIGTERM), SIGKILL for a second one.
-    ::kill(-child, caught ? SIGKILL : SIGTERM);
+    if (group_alive(&bench)) ::kill(-child, caught ? SIGKILL : SIGTERM);
     if (!caught) caught = signo;
   }
-  // A bench that returns has ended its children. One that a signal ended (forwarded or not:
-  // a crash, the OOM killer) leaves the rest of its group: ask it to stop, give the daemons
-  // five seconds to shut down cleanly (a further stop signal: no more waiting), then SIGKILL.
-  if (caught || WIFSIGNALED(status)) {
-    if (!caught) ::kill(-child, SIGTERM);
-    for (int i = 0; i < 50 && group_alive(child); ++i) {
-      const int signo = wait_signal(stops, 100);
-      if (signo == 0) continue;
-      if (!caught) caught = signo;
-      break;
-    }
-    ::kill(-child, SIGKILL);
-    for (int i = 0; i < 500 && group_alive(child); ++i) ::usleep(10'000);
-  }
+  // Whatever of the group is left (daemons shutting down, or anything the bench started and
+  // did not end: a crash, the OOM killer, a torch rank that outlived its parent) is stopped.
+  stop_group(&bench, stops, &caught);
   if (caught) die_of(caught);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  if (!bench.ended) return 128 + SIGKILL;
+  return WIFEXITED(bench.status) ? WEXITSTATUS(bench.status) : 128 + WTERMSIG(bench.status);
 }
 
 }  // namespace gradsync::bench

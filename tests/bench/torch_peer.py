@@ -19,10 +19,13 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
-def rank_main(rank, world, numel, steps, port):
+def rank_main(rank, world, numel, steps, port, parent):
     # A rank ends with the parent that spawned it (killed by the bench's timeout or its
-    # supervisor) instead of running on alone. 1 is PR_SET_PDEATHSIG.
+    # supervisor) instead of running on alone. 1 is PR_SET_PDEATHSIG; a parent that died
+    # before this line ran is caught by the check after it.
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
+    if os.getppid() != parent:
+        os._exit(1)
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)
@@ -49,7 +52,7 @@ def main():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(rank_main, args=(world, nbytes // 4, steps, port), nprocs=world, join=True)
+    mp.spawn(rank_main, args=(world, nbytes // 4, steps, port, os.getpid()), nprocs=world, join=True)
 
 
 if __name__ == "__main__":

@@ -319,13 +319,25 @@ TEST_CASE("multi-node: nodes with different --gloo-slice-bytes fail the job, nam
       return fail("rank " + std::to_string(rank) + ": the allreduce succeeded");
     } catch (const Error& e) {
       const std::string text = e.what();
-      if (text.find("--gloo-slice-bytes") == std::string::npos || text.find("every node of a job must use the same") == std::string::npos) {
+      if (text.find("--gloo-slice-bytes") == std::string::npos || text.find("every node of a job must use the same") == std::string::npos ||
+          text.find("65536") == std::string::npos || text.find("67108864") == std::string::npos) {
         return fail("rank " + std::to_string(rank) + ": unexpected error: " + text);
       }
     }
     return kOk;
   });
   for (int status : statuses) CHECK(exit_code(status) == kOk);
+}
+
+TEST_CASE("multi-node: the daemon's status shows the --gloo-slice-bytes in effect", "[integration][multinode]") {
+  TestDaemon daemon({"--gloo-slice-bytes", "65536"});
+  const CommandRun status = gradsyncctl(daemon, "status");
+  INFO(status.output);
+  CHECK(status.code == 0);
+  const size_t at = status.output.find("gloo-slice-bytes");
+  REQUIRE(at != std::string::npos);
+  const std::string line = status.output.substr(at, status.output.find('\n', at) - at);
+  CHECK_THAT(line, Catch::Contains("65536"));
 }
 
 TEST_CASE("multi-node: a --gloo-slice-bytes out of range is refused at start, naming the range", "[integration][multinode]") {

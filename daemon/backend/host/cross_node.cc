@@ -210,8 +210,9 @@ Status allreduce_or_reduce(const BucketCall& c, ThreadPool& pool, NodeBuffers& b
   } else {
     // Another node may hold this bucket contiguously and take allreduce_in_place, which makes
     // one engine call per slice: make the same calls, or the nodes' Gloo calls would not match.
-    // (Only the accumulation type equal to the dtype takes that path, so the slices agree.)
-    const uint64_t slice = std::max<uint64_t>(1, c.engine->slice_bytes() / acc_size);
+    // Only a dtype that accumulates in itself takes that path (so the slices agree); the half
+    // types are staged on every node and cross in one call.
+    const uint64_t slice = acc_type == c.args.dtype ? std::max<uint64_t>(1, c.engine->slice_bytes() / acc_size) : elements;
     for (uint64_t first = 0; first < elements && status.ok(); first += slice) {
       status = timed_engine_call(c, [&](EngineDone done) {
         c.engine->allreduce(acc + first * acc_size, std::min(slice, elements - first), spec, std::move(done));
@@ -331,7 +332,7 @@ Status check_sequence(const BucketCall& c) {
   const std::vector<int> nodes = c.topology->nodes_of(c.set->plan.buckets[c.bucket].group);
   for (size_t n = 0; n < all.size(); ++n) {
     if (all[n].slice_bytes != mine.slice_bytes) {
-      return Status::invalid_argument("node " + std::to_string(c.topology->node) + " runs with --gloo-slice-bytes " +
+      return Status::layout_mismatch("node " + std::to_string(c.topology->node) + " runs with --gloo-slice-bytes " +
                                       std::to_string(mine.slice_bytes) + ", node " + std::to_string(nodes[n]) +
                                       " with " + std::to_string(all[n].slice_bytes) +
                                       ": every node of a job must use the same");
