@@ -430,7 +430,7 @@ void ClientImpl::ready_on_device(uint32_t set_id, uint64_t seq, void* stream) {
   if (it != set_events_.end()) throw_if_error(it->second->record_ready(seq, stream));
 }
 
-Work ClientImpl::submit(const SubmitEntry& original) {
+Work ClientImpl::submit(const SubmitEntry& original, uint64_t bytes) {
   throw_if_error(completions_->job_failure());
   auto events = set_events_.find(original.set_id);
   const bool device = events != set_events_.end();
@@ -444,7 +444,7 @@ Work ClientImpl::submit(const SubmitEntry& original) {
   // failure here consumes no sequence number.
   if (entry.flags & kSubmitAllReady) ready_on_device(entry.set_id, entry.op_seq, stream_);
   next_seq_++;
-  completions_->expect(entry.op_seq);
+  completions_->expect(entry.op_seq, bytes <= Completions::kLatencyBoundBytes);
   push(entry);
   return Work(completions_, entry.op_seq, device ? events->second : nullptr);
 }
@@ -452,14 +452,14 @@ Work ClientImpl::submit(const SubmitEntry& original) {
 Work ClientImpl::allreduce(const TensorSet& set, const ReduceOptions& options) {
   SubmitEntry entry = op_entry(OpKind::kAllreduce, set);
   fill_reduce(&entry, options);
-  return submit(entry);
+  return submit(entry, set.packed_bytes_);
 }
 
 Work ClientImpl::allreduce_deferred(const TensorSet& set, const ReduceOptions& options) {
   SubmitEntry entry = op_entry(OpKind::kAllreduce, set);
   fill_reduce(&entry, options);
   entry.flags &= ~kSubmitAllReady;
-  Work work = submit(entry);
+  Work work = submit(entry, set.packed_bytes_);
   deferred_[set.id()] = Deferred{work.seq(), std::vector<bool>(set.size(), false), set.size()};
   return work;
 }
@@ -493,14 +493,14 @@ void ClientImpl::mark_ready(const TensorSet& set, uint32_t tensor_index, void* s
 Work ClientImpl::broadcast(const TensorSet& set, int root) {
   SubmitEntry entry = op_entry(OpKind::kBroadcast, set);
   entry.root = root;
-  return submit(entry);
+  return submit(entry, set.packed_bytes_);
 }
 
 Work ClientImpl::reduce(const TensorSet& set, int root, const ReduceOptions& options) {
   SubmitEntry entry = op_entry(OpKind::kReduce, set);
   fill_reduce(&entry, options);
   entry.root = root;
-  return submit(entry);
+  return submit(entry, set.packed_bytes_);
 }
 
 Work ClientImpl::allgather(const TensorSet& set) {
@@ -509,7 +509,7 @@ Work ClientImpl::allgather(const TensorSet& set) {
     throw Error(Status::invalid_argument("set " + std::to_string(set.id()) +
                                          " was registered without RegisterOptions::allgather"));
   }
-  return submit(entry);
+  return submit(entry, set.packed_bytes_);
 }
 
 SharedTensor TensorSet::gathered(int rank, size_t i) const {

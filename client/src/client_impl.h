@@ -60,7 +60,8 @@ class ClientImpl final : public Client {
   void require_set(const TensorSet& set) const;
   SubmitEntry op_entry(OpKind kind, const TensorSet& set) const;
   void fill_reduce(SubmitEntry* entry, const ReduceOptions& options) const;
-  Work submit(const SubmitEntry& entry);
+  // `bytes`: the set's, for how the wait polls (Completions::expect).
+  Work submit(const SubmitEntry& entry, uint64_t bytes);
   void push(const SubmitEntry& entry);
 
   std::shared_ptr<Connection> connection_;

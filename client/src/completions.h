@@ -37,7 +37,10 @@ class Completions {
   Completions(std::shared_ptr<JobChannel> channel, std::function<Status()> daemon_gone);
 
   // Records that operation `seq` was submitted and awaits a completion. Sequence numbers grow.
-  void expect(uint64_t seq);
+  // `latency_bound`: a small operation (kLatencyBoundBytes or less), which completes within
+  // microseconds, so a wait for it polls longer before it sleeps.
+  void expect(uint64_t seq, bool latency_bound = false);
+  static constexpr uint64_t kLatencyBoundBytes = 64 << 10;
 
   // Operations submitted and not yet completed.
   size_t pending() const;
@@ -70,6 +73,7 @@ class Completions {
   mutable std::mutex mutex_;
   RingReader<CompletionRing> reader_;  // guarded by mutex_
   std::set<uint64_t> pending_;         // guarded by mutex_; submitted, not yet completed
+  std::set<uint64_t> latency_bound_;   // guarded by mutex_; the pending ones that are small
   // Operations complete in sequence order and the first error of a job sticks, so every
   // operation from the first failed one on failed with failure_, and every earlier one
   // succeeded: the outcome of any completed operation, however old, without a table.

@@ -19,7 +19,7 @@ constexpr auto kWakeSlice = std::chrono::milliseconds(200);
 // by one does not pay a futex wake-up per tensor, and an idle daemon never spins. Longer
 // pause-polling (1000 checks) cost the 2-client 4 KiB round trip on a 2-core machine, where the
 // polling worker held a core the clients needed; a yield hands the core over instead.
-constexpr Polling kPollAfterWorkFor{100, 50};
+constexpr Polling kPollAfterWorkFor{20, 100};
 constexpr auto kPollAfterWork = std::chrono::milliseconds(1);
 
 reduce::KernelArgs kernel_args(const OpDesc& desc, DType dtype, int group_size) {
