@@ -35,7 +35,7 @@ inline void cpu_relax() {
 // sched_yield(), which catch it when it does not: the core goes to whoever is runnable (the other
 // side, on a machine with fewer free cores than busy processes) and a futex sleep and wake-up
 // are saved either way. Measured on the 2-vCPU benchmark machine, 2 clients x 4 KiB: p50 about
-// 24 us without the yields, about 21 us with 50 (README "Where the time goes").
+// 24 us without yields, 12-17 us with them (README "Where the time goes").
 struct Polling {
   int pauses = 0;
   int yields = 0;

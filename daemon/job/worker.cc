@@ -13,8 +13,8 @@ namespace {
 // over the doorbell's waiter count and a wake-up is lost.
 constexpr auto kWakeSlice = std::chrono::milliseconds(200);
 
-// The worker polls its rings before sleeping (wake_word.h's Polling: 100 looks at every
-// client's ring, each after a pause, then 50 each after a sched_yield), but only within
+// The worker polls its rings before sleeping (wake_word.h's Polling: 20 looks at every
+// client's ring, each after a pause, then 100 each after a sched_yield), but only within
 // kPollAfterWork of its last work: tens of microseconds, so a trainer marking tensors ready one
 // by one does not pay a futex wake-up per tensor, and an idle daemon never spins. Longer
 // pause-polling (1000 checks) cost the 2-client 4 KiB round trip on a 2-core machine, where the
