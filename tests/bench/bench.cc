@@ -398,23 +398,21 @@ int run_bench(const BenchOptions& o) {
     stopped({&f32, &f16, &bf16, &resnet, &resnet_flat, &small, &small_flat, &eight, &mark161, &mark10k, &latency},
             std::string("the one-node scenario stopped: ") + e.what());
   }
-  JobSamples two_by_two = unselected, four_by_one = unselected;
-  if (!o.floors_only && want({"2x2"})) try {
-    two_by_two = JobSamples{};
-    Daemons two(o, 2);
-    two_by_two = run_job(two, 2, 2, big, o.repeat);
-    daemons_ok &= two.terminate_all();
-  } catch (const std::exception& e) {
-    stopped({&two_by_two}, std::string("the 2-node scenario stopped: ") + e.what());
-  }
-  if (!o.floors_only && want({"4x1"})) try {
-    four_by_one = JobSamples{};
-    Daemons four(o, 4);
-    four_by_one = run_job(four, 4, 1, big, o.repeat);
-    daemons_ok &= four.terminate_all();
-  } catch (const std::exception& e) {
-    stopped({&four_by_one}, std::string("the 4-node scenario stopped: ") + e.what());
-  }
+  // A multi-node row: `nodes` daemons on loopback, `per_node` trainers each, when selected.
+  auto across_nodes = [&](const char* key, int nodes, int per_node) {
+    if (o.floors_only || !want({key})) return unselected;
+    JobSamples job;
+    try {
+      Daemons daemons(o, nodes);
+      job = run_job(daemons, nodes, per_node, big, o.repeat);
+      daemons_ok &= daemons.terminate_all();
+    } catch (const std::exception& e) {
+      stopped({&job}, "the " + std::to_string(nodes) + "-node scenario stopped: " + e.what());
+    }
+    return job;
+  };
+  const JobSamples two_by_two = across_nodes("2x2", 2, 2);
+  const JobSamples four_by_one = across_nodes("4x1", 4, 1);
   auto ms = [&](const JobSamples& j) { return o.floors_only ? not_run : scaled(j.step, 1e-3); };
   auto us = [&](const JobSamples& j) { return o.floors_only ? not_run : j.step; };
 
