@@ -312,9 +312,13 @@ TEST_CASE("admin: inflight names the other node that holds a job: waiting for it
   CommandRun waiting;
   for (int i = 0; i < 200; ++i) {
     // Until node 0 itself is at operation 2 (it may still be finishing operation 1, which
-    // node 1 has passed) and names node 1 as behind.
+    // node 1 has passed) and node 1 has rank 2's submission of it (until then node 1 is
+    // still "idle, 1 operations done").
     waiting = gradsyncctl(cluster.node(0), "inflight " + job);
-    if (waiting.output.find("is not reached by") != std::string::npos) break;
+    if (waiting.output.find("is not reached by") != std::string::npos &&
+        waiting.output.find("at operation 2") != std::string::npos) {
+      break;
+    }
     std::this_thread::sleep_for(50ms);
   }
   INFO(waiting.output);
