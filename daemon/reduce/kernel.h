@@ -32,6 +32,10 @@ struct KernelArgs {
   // float16/bfloat16 only: accumulate (and divide) in float32 and round to nearest even once
   // at the end. When false, every partial result is rounded back to the half type.
   bool wide_accumulate = true;
+  // How outputs that are not also inputs are written: set for results far larger than the
+  // cache, which nobody reads before they leave it (simd::stream_copy). Outputs that are
+  // inputs (in place) were just read, so their lines are cached and are written normally.
+  bool stream_outputs = false;
 };
 
 // Reduces `count` elements. `inputs` (at least one; none writes nothing) and `outputs` hold one

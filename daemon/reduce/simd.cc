@@ -5,8 +5,10 @@
 #define HWY_TARGET_INCLUDE "daemon/reduce/simd.cc"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 
+#include <hwy/cache_control.h>
 #include <hwy/highway.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -342,6 +344,20 @@ void CombinePair(const PairArgs& args, void* out, const void* a, const void* b, 
   }
 }
 
+void StreamCopy(void* dst, const void* src, size_t bytes) {
+  const hn::ScalableTag<uint8_t> d;
+  const size_t lanes = hn::Lanes(d);
+  auto* out = static_cast<uint8_t*>(dst);
+  const auto* in = static_cast<const uint8_t*>(src);
+  // Plain copies up to the first aligned vector of dst and after the last one.
+  const size_t head = std::min(bytes, (lanes - reinterpret_cast<uintptr_t>(out) % lanes) % lanes);
+  std::memcpy(out, in, head);
+  size_t i = head;
+  for (; i + lanes <= bytes; i += lanes) hn::Stream(hn::LoadU(d, in + i), d, out + i);
+  std::memcpy(out + i, in + i, bytes - i);
+  hwy::FlushStream();
+}
+
 const char* TargetName() { return hwy::TargetName(HWY_TARGET); }
 
 }  // namespace gradsync::reduce::simd::HWY_NAMESPACE
@@ -354,6 +370,12 @@ HWY_EXPORT(Fold);
 HWY_EXPORT(Narrow);
 HWY_EXPORT(TargetName);
 HWY_EXPORT(CombinePair);
+HWY_EXPORT(StreamCopy);
+
+void stream_copy(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  HWY_DYNAMIC_DISPATCH(StreamCopy)(dst, src, bytes);
+}
 
 void combine_pair(const PairArgs& args, void* out, const void* a, const void* b, size_t count) {
   if (count == 0) return;

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include <sys/mman.h>
+
 #include <catch2/catch.hpp>
 
 #include "shared/dtype.h"
@@ -430,6 +432,62 @@ TEST_CASE("the result is written to every output, and a single input is scaled t
       buffers.outputs(1, 3), kOddCount);
   for (size_t out = 1; out < 4; ++out) {
     CHECK(first_difference(buffers, out, [&](size_t i) { return buffers.get(0, i) / 2; }) == "");
+  }
+}
+
+// stream_outputs changes how an output that is not an input is written, never what: one
+// in-place output (buffer 0, also an input) and two others, one of them at an odd element
+// offset so its streaming stores start unaligned, get exactly the bytes of normal stores.
+TEST_CASE("streamed outputs hold exactly the bytes of normal stores, beside an in-place one", "[reduce]") {
+  for (DType dtype : kAllDTypes) {
+    DYNAMIC_SECTION(dtype_name(dtype)) {
+      const size_t count = kOddCount - 1;
+      Buffers plain = exact_inputs(dtype, 2, 2, kOddCount);
+      Buffers streamed = plain;
+      KernelArgs args{.dtype = dtype};
+      if (dtype_is_floating(dtype)) {
+        args.scale = Scale::kAfter;
+        args.divisor = 4.0;
+      }
+      auto outputs_of = [](Buffers& b) {
+        std::vector<void*> out = b.outputs(0, 1);
+        out.push_back(b.outputs(2, 1)[0]);
+        out.push_back(b.outputs(3, 1, 1)[0]);
+        return out;
+      };
+      run(args, plain.inputs(0, 2), outputs_of(plain), count);
+      args.stream_outputs = true;
+      run(args, streamed.inputs(0, 2), outputs_of(streamed), count);
+      for (size_t b = 0; b < 4; ++b) {
+        INFO("buffer " << b);
+        CHECK(plain.raw(b) == streamed.raw(b));
+      }
+      const Buffers original = exact_inputs(dtype, 2, 0, kOddCount);
+      CHECK(first_difference(streamed, 2, [&](size_t i) {
+              if (i >= count) return 0.0;  // beyond the reduced range: untouched zeros
+              const double sum = original.get(0, i) + original.get(1, i);
+              return args.scale == Scale::kAfter ? sum / 4 : sum;
+            }) == "");
+    }
+  }
+}
+
+// A single input that is also the only output, with nothing to scale, already holds the
+// result: the kernel must not store to it at all (the cross-node fan-out of a sum, whose
+// node buffer is the first rank's tensor). Read-only memory makes any store fault.
+TEST_CASE("an unscaled single input that is its own output is not written", "[reduce]") {
+  for (DType dtype : {DType::kFloat32, DType::kFloat64, DType::kInt32, DType::kInt64, DType::kUInt8}) {
+    const size_t bytes = 1 << 20;
+    void* page = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    REQUIRE(page != MAP_FAILED);
+    std::memset(page, 0x11, bytes);
+    REQUIRE(::mprotect(page, bytes, PROT_READ) == 0);
+    const size_t count = bytes / dtype_size(dtype);
+    for (const Combine combine : {Combine::kSum, Combine::kMin, Combine::kMax}) {
+      run({.dtype = dtype, .combine = combine}, {page}, {page}, count);
+    }
+    CHECK(static_cast<const unsigned char*>(page)[bytes - 1] == 0x11);
+    ::munmap(page, bytes);
   }
 }
 

@@ -254,5 +254,32 @@ TEST_CASE("every SIMD level's cross-node combine matches the scalar combine, in 
   simd::pin_target_for_test(0);
 }
 
+// stream_copy writes the vector-aligned middle with streaming stores and the ends with memcpy:
+// every start alignment and every length around a vector's width must copy exactly the bytes
+// asked for, and not one byte before or after.
+TEST_CASE("every SIMD level's stream_copy copies exactly, at every alignment and length", "[reduce][simd]") {
+  std::vector<uint8_t> source(4096 + 256);
+  for (size_t i = 0; i < source.size(); ++i) source[i] = static_cast<uint8_t>(i * 131 + 7);
+  for (const int64_t target : simd::supported_targets()) {
+    simd::pin_target_for_test(target);
+    for (size_t offset = 0; offset < 64; offset += 3) {
+      for (const size_t length : {size_t{0}, size_t{1}, size_t{31}, size_t{32}, size_t{33}, size_t{64}, size_t{95},
+                                  size_t{1000}, size_t{4096}}) {
+        std::vector<uint8_t> out(source.size() + 128, 0xee);
+        simd::stream_copy(out.data() + 64 + offset, source.data() + offset, length);
+        for (size_t i = 0; i < out.size(); ++i) {
+          const bool inside = i >= 64 + offset && i < 64 + offset + length;
+          const uint8_t want = inside ? source[i - 64] : uint8_t{0xee};
+          if (out[i] != want) {
+            FAIL("target " << simd::target_name() << ", offset " << offset << ", length " << length << ": byte "
+                           << i << (inside ? " was not copied" : " outside the copy was written"));
+          }
+        }
+      }
+    }
+  }
+  simd::pin_target_for_test(0);
+}
+
 }  // namespace
 }  // namespace gradsync::reduce

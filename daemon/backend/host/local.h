@@ -18,6 +18,13 @@ namespace gradsync::host {
 // the work (the 4 KiB latency path). Used by the one-node and the cross-node execution.
 inline constexpr uint64_t kMinBytesPerTask = 256 << 10;
 
+// From this many bytes of results per output, results that go to memory the stage did not
+// read are written with streaming stores (KernelArgs::stream_outputs): more than fits in a
+// typical last-level cache beside everything else, so nobody would read them from the cache,
+// and a normal store would first read every line it writes. Measured here, the 1-in-2-out
+// fan-out of 100 MiB: 32-44 ms with normal stores, 30-36 ms streaming.
+inline constexpr uint64_t kStreamResultsFromBytes = 16 << 20;
+
 // Results land in every client's tensors.
 void execute_allreduce(const TensorSet& set, size_t bucket, const reduce::KernelArgs& args, ThreadPool& pool);
 

@@ -35,7 +35,14 @@ void finish_half(const KernelArgs& args, const float* acc, std::span<void* const
       const float v = acc[begin + i];
       staged[i] = Codec::store(kAfter ? rounded<Codec>(v / divisor, kRound) : v);
     }
-    for (void* out : outputs) std::memcpy(static_cast<Storage*>(out) + begin, staged, len * sizeof(Storage));
+    for (void* out : outputs) {
+      // acc is the daemon's own buffer, so no output is an input.
+      if (args.stream_outputs) {
+        simd::stream_copy(static_cast<Storage*>(out) + begin, staged, len * sizeof(Storage));
+      } else {
+        std::memcpy(static_cast<Storage*>(out) + begin, staged, len * sizeof(Storage));
+      }
+    }
   }
 }
 
