@@ -287,10 +287,10 @@ std::string in_mark_ready(const Measurement& mark) {
 
 // "CPU per step: daemons 190 ms, Gloo alone 130 ms (2 CPUs)": on a machine with few cores the
 // rows across nodes are bound by the CPU time all processes need together, not by Gloo's time.
-std::string cpu_per_step(const JobSamples& job, const GlooFloor& gloo) {
+std::string cpu_per_step(const JobSamples& job, const GlooFloor& gloo, const char* floor = "the Gloo-alone ranks") {
   if (job.daemon_cpu_ms_per_step < 0 && gloo.cpu_ms_per_step < 0) return "";
   auto cell = [](double ms) { return ms < 0 ? std::string("?") : std::to_string(static_cast<long>(std::lround(ms))) + " ms"; };
-  return "CPU per step: the daemons " + cell(job.daemon_cpu_ms_per_step) + ", the Gloo-alone ranks " +
+  return "CPU per step: the daemons " + cell(job.daemon_cpu_ms_per_step) + ", " + floor + " " +
          cell(gloo.cpu_ms_per_step) + " (" + std::to_string(std::thread::hardware_concurrency()) + " CPUs)";
 }
 
@@ -425,11 +425,11 @@ int run_bench(const BenchOptions& o) {
   const Measurement floor8 = want({"eight"}) ? memory_floor(8, 100 * kMiB, o.threads, o.runs) : not_selected;
   const Wakeup wake = want({"latency"}) ? wakeup_floor(o.rounds) : Wakeup{not_selected, not_selected};
   // Gloo alone `repeat` times, pooled like the gradsync jobs.
-  auto gloo_floor = [&](int processes) {
-    GlooFloor all = gloo_alone(self, processes, 100 * kMiB, o.slice_bytes, o.steps);
+  auto gloo_floor = [&](int processes, LocalWork local = {}) {
+    GlooFloor all = gloo_alone(self, processes, 100 * kMiB, o.slice_bytes, o.steps, local);
     double cpu_sum = all.cpu_ms_per_step;
     for (int r = 1; r < o.repeat && all.ms.ok(); ++r) {
-      GlooFloor more = gloo_alone(self, processes, 100 * kMiB, o.slice_bytes, o.steps);
+      GlooFloor more = gloo_alone(self, processes, 100 * kMiB, o.slice_bytes, o.steps, local);
       if (!more.ms.ok()) return more;
       all.ms.samples.insert(all.ms.samples.end(), more.ms.samples.begin(), more.ms.samples.end());
       cpu_sum = cpu_sum < 0 || more.cpu_ms_per_step < 0 ? -1 : cpu_sum + more.cpu_ms_per_step;
@@ -438,6 +438,8 @@ int run_bench(const BenchOptions& o) {
     return all;
   };
   const GlooFloor gloo2 = want({"2x2"}) ? gloo_floor(2) : GlooFloor{not_selected};
+  // The same, each rank also doing its node's least local work (2 clients' buffers) at once.
+  const GlooFloor gloo2_local = want({"2x2"}) ? gloo_floor(2, LocalWork{2, o.threads}) : GlooFloor{not_selected};
   const GlooFloor gloo4 = want({"4x1"}) ? gloo_floor(4) : GlooFloor{not_selected};
   char slices[96];
   std::snprintf(slices, sizeof(slices), "%.4g MiB slices", static_cast<double>(o.slice_bytes) / kMiB);
@@ -463,6 +465,11 @@ int run_bench(const BenchOptions& o) {
   rows.push_back({"8 clients x 100 MiB float32, per step", "ms", ms(eight), floor8, "memory floor, " + threads, na, ""});
   rows.push_back({"2 nodes x 2 clients x 100 MiB float32 (loopback), per step", "ms", ms(two_by_two), gloo2.ms,
                   std::string("Gloo alone, 2 processes, ") + slices + ", ring", peer4, cpu_per_step(two_by_two, gloo2)});
+  rows.push_back({"2 nodes x 2 clients x 100 MiB float32 (loopback), per step, on shared CPUs", "ms", ms(two_by_two),
+                  gloo2_local.ms,
+                  "Gloo alone as above, each process also reducing 2 x 100 MiB in place on " + threads +
+                      " at the same time (the memory floor): the nodes share these CPUs",
+                  na, cpu_per_step(two_by_two, gloo2_local, "the floor's ranks")});
   rows.push_back({"4 nodes x 1 client x 100 MiB float32 (loopback), per step", "ms", ms(four_by_one), gloo4.ms,
                   std::string("Gloo alone, 4 processes, ") + slices + ", ring", peer4, cpu_per_step(four_by_one, gloo4)});
   std::string p99;
@@ -537,7 +544,8 @@ constexpr const char* kHelp =
     "Measures gradsync on this machine next to its floors and the torch gloo peer, all in one run,\n"
     "and prints medians with min-max and ratios. Needs nothing outside the build: the floors are\n"
     "the project's own code (an in-place N-way reduction on private memory, a cross-process futex\n"
-    "and pipe round trip, Gloo alone between the same number of processes).\n"
+    "and pipe round trip, Gloo alone between the same number of processes, and for 2x2 also Gloo\n"
+    "alone with each process doing a node's least local work beside it, on the same CPUs).\n"
     "  --threads N       daemon reduce threads and memory-floor threads (default 2)\n"
     "  --steps S         timed steps of each large row (default 10)\n"
     "  --rounds R        4 KiB round trips (default 2000)\n"
@@ -551,7 +559,8 @@ constexpr const char* kHelp =
     "                    64 MiB): measure the slice size for your nodes\n"
     "  --only ROWS       measure only these rows, comma-separated (the others print as skipped):\n"
     "                    float32, float16, bfloat16, resnet50, small, mark161, mark10k, eight,\n"
-    "                    2x2, 4x1, latency\n"
+    "                    2x2 (two rows: against Gloo alone and against the shared-CPU floor),\n"
+    "                    4x1, latency\n"
     "  --json FILE       also write the table to FILE as JSON\n"
     "  --python PATH     the Python with torch for the peer (default /usr/bin/python3; without\n"
     "                    torch the peer is printed as skipped)\n"
@@ -568,6 +577,7 @@ int main(int argc, char** argv) {
   std::string role, store;
   int rank = 0, size = 0;
   size_t bytes = 0;
+  LocalWork local;  // --role gloo-floor: the node's local work beside Gloo
   TrainerArgs trainer;
   try {
     for (int i = 1; i < argc; ++i) {
@@ -590,6 +600,7 @@ int main(int argc, char** argv) {
       else if (arg == "--rank") rank = std::atoi(next().c_str());
       else if (arg == "--size") size = std::atoi(next().c_str());
       else if (arg == "--bytes") bytes = std::strtoull(next().c_str(), nullptr, 10);
+      else if (arg == "--local-clients") local.clients = std::atoi(next().c_str());
       else if (arg == "--slice-bytes") o.slice_bytes = slice_bytes(next());
       else if (arg == "--daemon") o.daemon = next();
       else if (arg == "--python") o.python = next(), o.python_given = true;
@@ -606,7 +617,8 @@ int main(int argc, char** argv) {
       else throw std::invalid_argument("unknown argument '" + arg + "' (see --help)");
     }
     if (role == "trainer") return run_trainer(trainer);
-    if (role == "gloo-floor") return run_gloo_rank(store, rank, size, bytes, o.slice_bytes, o.steps);
+    local.threads = o.threads;
+    if (role == "gloo-floor") return run_gloo_rank(store, rank, size, bytes, o.slice_bytes, o.steps, local);
     if (!role.empty()) throw std::invalid_argument("unknown --role '" + role + "'");
     return run_supervised([&] { return run_bench(o); });
   } catch (const std::invalid_argument& e) {

@@ -22,6 +22,7 @@
 #include <fstream>
 #include <memory>
 #include <sstream>
+#include <stdexcept>
 #include <thread>
 #include <vector>
 
@@ -99,45 +100,59 @@ class SharedFloats {
   float* data_ = nullptr;
 };
 
-}  // namespace
-
-Measurement memory_floor(int clients, size_t bytes_per_client, int threads, int runs) {
-  const size_t n = bytes_per_client / sizeof(float);
-  // Shared memory, like the trainers' segments (and so no transparent huge pages either).
-  std::vector<std::unique_ptr<SharedFloats>> owners;
-  std::vector<float*> buffers;
-  for (int c = 0; c < clients; ++c) {
-    owners.push_back(std::make_unique<SharedFloats>(n));
-    if (!owners.back()->data()) return missing("mmap of the memory floor's shared buffers failed");
-    buffers.push_back(owners.back()->data());
-    for (size_t i = 0; i < n; ++i) buffers.back()[i] = static_cast<float>((i + static_cast<size_t>(c)) % 7);
+// The least an in-place all-reduce of `clients` buffers can do, in the kernel's shape without
+// its generality: per L1-sized block, read every buffer once, summing in registers, then copy
+// the block into every buffer. Plain float loops, vectorized by the compiler. Shared memory,
+// like the trainers' segments (and so no transparent huge pages either).
+class InPlaceReduction {
+ public:
+  InPlaceReduction(int clients, size_t bytes_per_client) : n_(bytes_per_client / sizeof(float)) {
+    for (int c = 0; c < clients; ++c) {
+      owners_.push_back(std::make_unique<SharedFloats>(n_));
+      if (!owners_.back()->data()) return;
+      buffers_.push_back(owners_.back()->data());
+      for (size_t i = 0; i < n_; ++i) buffers_.back()[i] = static_cast<float>((i + static_cast<size_t>(c)) % 7);
+    }
+    inputs_.assign(buffers_.begin(), buffers_.end());
   }
-  // The least an in-place all-reduce can do, in the kernel's shape without its generality: per
-  // L1-sized block, read every buffer once, summing in registers, then copy the block into
-  // every buffer. Plain float loops, vectorized by the compiler.
-  std::vector<const float*> inputs(buffers.begin(), buffers.end());
-  auto pass = [&] {
+  bool ok() const { return buffers_.size() == owners_.size() && !buffers_.empty(); }
+
+  // One pass over every buffer on `threads` threads, each its own share of the elements.
+  void pass(int threads) {
     std::vector<std::thread> workers;
     for (int t = 0; t < threads; ++t) {
-      workers.emplace_back([&, t] {
+      workers.emplace_back([this, t, threads] {
         constexpr size_t kBlock = 8192;
         std::vector<float> acc(kBlock);
-        const size_t lo = n * static_cast<size_t>(t) / static_cast<size_t>(threads);
-        const size_t hi = n * static_cast<size_t>(t + 1) / static_cast<size_t>(threads);
+        const size_t lo = n_ * static_cast<size_t>(t) / static_cast<size_t>(threads);
+        const size_t hi = n_ * static_cast<size_t>(t + 1) / static_cast<size_t>(threads);
         for (size_t b = lo; b < hi; b += kBlock) {
           const size_t len = std::min(hi, b + kBlock) - b;
-          sum_into(acc.data(), inputs.data(), inputs.size(), b, len);
-          for (float* buffer : buffers) std::memcpy(buffer + b, acc.data(), len * sizeof(float));
+          sum_into(acc.data(), inputs_.data(), inputs_.size(), b, len);
+          for (float* buffer : buffers_) std::memcpy(buffer + b, acc.data(), len * sizeof(float));
         }
       });
     }
     for (auto& w : workers) w.join();
-  };
-  pass();  // fault the pages in
+  }
+
+ private:
+  size_t n_;
+  std::vector<std::unique_ptr<SharedFloats>> owners_;
+  std::vector<float*> buffers_;
+  std::vector<const float*> inputs_;
+};
+
+}  // namespace
+
+Measurement memory_floor(int clients, size_t bytes_per_client, int threads, int runs) {
+  InPlaceReduction reduction(clients, bytes_per_client);
+  if (!reduction.ok()) return missing("mmap of the memory floor's shared buffers failed");
+  reduction.pass(threads);  // fault the pages in
   std::vector<double> ms;
   for (int r = 0; r < runs; ++r) {
     const auto start = Clock::now();
-    pass();
+    reduction.pass(threads);
     ms.push_back(ms_since(start));
   }
   return measured(std::move(ms));
@@ -221,7 +236,8 @@ Wakeup wakeup_floor(int rounds) {
   return result;
 }
 
-GlooFloor gloo_alone(const std::string& self, int processes, size_t bytes, size_t slice, int steps) {
+GlooFloor gloo_alone(const std::string& self, int processes, size_t bytes, size_t slice, int steps,
+                     const LocalWork& local) {
   char pattern[] = "/tmp/gradsync-bench-gloo-XXXXXX";
   if (!::mkdtemp(pattern)) return {missing("mkdtemp for the Gloo store failed")};
   const std::string dir = pattern;
@@ -231,7 +247,8 @@ GlooFloor gloo_alone(const std::string& self, int processes, size_t bytes, size_
     ranks.emplace_back(std::vector<std::string>{self, "--role", "gloo-floor", "--store", dir + "/store", "--rank",
                                                 std::to_string(r), "--size", std::to_string(processes), "--bytes",
                                                 std::to_string(bytes), "--slice-bytes", std::to_string(slice),
-                                                "--steps", std::to_string(steps)},
+                                                "--steps", std::to_string(steps), "--local-clients",
+                                                std::to_string(local.clients), "--threads", std::to_string(local.threads)},
                        out_of(r));
   }
   std::string failure;
@@ -256,8 +273,15 @@ GlooFloor gloo_alone(const std::string& self, int processes, size_t bytes, size_
   return {measured(std::move(samples)), cpu};
 }
 
-int run_gloo_rank(const std::string& store_dir, int rank, int size, size_t bytes, size_t slice_bytes, int steps) {
+int run_gloo_rank(const std::string& store_dir, int rank, int size, size_t bytes, size_t slice_bytes, int steps,
+                  const LocalWork& local) {
   try {
+    std::unique_ptr<InPlaceReduction> node_work;
+    if (local.clients > 0) {
+      node_work = std::make_unique<InPlaceReduction>(local.clients, bytes);
+      if (!node_work->ok()) throw std::runtime_error("mmap of the local buffers failed");
+      node_work->pass(local.threads);  // fault the pages in
+    }
     std::filesystem::create_directories(store_dir);
     ::gloo::rendezvous::FileStore store(store_dir);
     ::gloo::transport::tcp::attr attr;
@@ -275,6 +299,9 @@ int run_gloo_rank(const std::string& store_dir, int rank, int size, size_t bytes
     for (int s = 0; s < steps + 2; ++s) {
       if (s == 2) cpu_start = process_cpu_ms();
       const auto start = Clock::now();
+      // The local work runs beside the Gloo calls, as a perfect overlap would run it.
+      std::thread beside;
+      if (node_work) beside = std::thread([&] { node_work->pass(local.threads); });
       for (size_t first = 0; first < data.size(); first += slice) {
         const size_t count = std::min(slice, data.size() - first);
         ::gloo::AllreduceOptions opts(context);
@@ -286,6 +313,7 @@ int run_gloo_rank(const std::string& store_dir, int rank, int size, size_t bytes
                               : ::gloo::AllreduceOptions::Algorithm::RING);
         ::gloo::allreduce(opts);
       }
+      if (beside.joinable()) beside.join();
       if (rank == 0 && s >= 2) std::printf("sample %.4f\n", ms_since(start));
     }
     std::printf("cpu %.4f\n", (process_cpu_ms() - cpu_start) / std::max(steps, 1));

@@ -5,7 +5,9 @@
 //   wakeup         a cross-process round trip through a futex in shared memory, and through a
 //                  pipe: the least a daemon-mediated operation waits
 //   gloo_alone     Gloo's allreduce between P processes on loopback in the slices and with the
-//                  algorithm gradsync's engine uses, without gradsync: the cross-node stage alone
+//                  algorithm gradsync's engine uses, without gradsync: the cross-node stage alone;
+//                  optionally with each process also doing the least local work of a node (the
+//                  memory floor over its clients' buffers) at the same time, on the same CPUs
 #pragma once
 
 #include <cstddef>
@@ -31,10 +33,23 @@ struct GlooFloor {
   Measurement ms;
   double cpu_ms_per_step = -1;
 };
-GlooFloor gloo_alone(const std::string& self, int processes, size_t bytes, size_t slice, int steps);
+//
+// With local.clients > 0 each rank is a whole node's floor: during every step it also runs the
+// memory floor's in-place reduction over `clients` buffers of `bytes` on `threads` threads,
+// beside its Gloo calls, and the step ends when both have. Where the nodes share this machine's
+// CPUs (loopback), that is the least a hierarchical allreduce (local reduce, Gloo between nodes,
+// local fan-out) can take here: the network stage and the least local memory traffic, perfectly
+// overlapped.
+struct LocalWork {
+  int clients = 0;
+  int threads = 1;
+};
+GlooFloor gloo_alone(const std::string& self, int processes, size_t bytes, size_t slice, int steps,
+                     const LocalWork& local = {});
 
 // The child side of gloo_alone: one rank. Rank 0 prints "sample <ms>" per timed step; every rank
 // prints "cpu <ms>", its own CPU time per timed step.
-int run_gloo_rank(const std::string& store_dir, int rank, int size, size_t bytes, size_t slice, int steps);
+int run_gloo_rank(const std::string& store_dir, int rank, int size, size_t bytes, size_t slice, int steps,
+                  const LocalWork& local);
 
 }  // namespace gradsync::bench
