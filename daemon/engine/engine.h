@@ -19,7 +19,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
-#include <vector>
 
 #include "daemon/reduce/kernel.h"
 #include "shared/dtype.h"
@@ -56,15 +55,6 @@ class CollectiveEngine {
 
   // In place over `count` accumulation-type elements.
   virtual void allreduce(void* data, size_t count, const ReduceSpec& spec, EngineDone done) = 0;
-
-  // out = the sum (or min, max) over every node of inputs[0] (+) inputs[1] (+) ..., the node's
-  // local contributions combined in input order; each holds `count` accumulation-type
-  // elements, and `out` may be inputs[0] (and is the only buffer written). An engine that can
-  // combine the local inputs piece by piece as its collective reaches each piece (Gloo: each
-  // segment just before it is sent or combined, while it is in cache) overrides this; the
-  // default combines them all first, on the calling thread, and then calls allreduce().
-  virtual void allreduce_inputs(std::vector<const void*> inputs, void* out, size_t count, const ReduceSpec& spec,
-                                EngineDone done);
 
   // In place; on the root node `data` is the input, elsewhere the output.
   virtual void broadcast(void* data, size_t bytes, int root_node, EngineDone done) = 0;

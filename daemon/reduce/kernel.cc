@@ -80,6 +80,7 @@ void reduce_blocks(const KernelArgs& args, std::span<const void* const> inputs,
       }
     }
   }
+  if (args.stream_outputs) simd::stream_fence();  // before the caller publishes the results
 }
 
 // Messages are static because validate_kernel_args returns a string_view.

@@ -355,7 +355,6 @@ void StreamCopy(void* dst, const void* src, size_t bytes) {
   size_t i = head;
   for (; i + lanes <= bytes; i += lanes) hn::Stream(hn::LoadU(d, in + i), d, out + i);
   std::memcpy(out + i, in + i, bytes - i);
-  hwy::FlushStream();
 }
 
 const char* TargetName() { return hwy::TargetName(HWY_TARGET); }
@@ -376,6 +375,8 @@ void stream_copy(void* dst, const void* src, size_t bytes) {
   if (bytes == 0) return;
   HWY_DYNAMIC_DISPATCH(StreamCopy)(dst, src, bytes);
 }
+
+void stream_fence() { hwy::FlushStream(); }
 
 void combine_pair(const PairArgs& args, void* out, const void* a, const void* b, size_t count) {
   if (count == 0) return;

@@ -47,9 +47,11 @@ void combine_pair(const PairArgs& args, void* out, const void* a, const void* b,
 // memcpy(dst, src, bytes), with streaming (non-temporal) stores for the part of dst that is
 // vector-aligned: each line is written once, without first being read into the cache, which
 // halves the memory traffic of writing a result that nobody reads before it leaves the cache.
-// Ends with a store fence, so the bytes are ordered before the caller's later stores (such as
-// the release that publishes them); plain memcpy where the target has no such stores.
+// Streaming stores are weakly ordered: the thread that made them must call stream_fence()
+// before anything that publishes the bytes (a release store, a mutex, a completion), so a
+// caller copying many blocks fences once at the end rather than after every block.
 void stream_copy(void* dst, const void* src, size_t bytes);
+void stream_fence();
 
 // The name of the SIMD level fold() and narrow() run on, e.g. "AVX2" (for logs and benchmarks).
 const char* target_name();

@@ -119,7 +119,7 @@ class InPlaceReduction {
 
   // One pass over every buffer on `threads` threads, each its own share of the elements.
   void pass(int threads) {
-    std::vector<std::thread> workers;
+    std::vector<std::jthread> workers;  // joined however this returns
     for (int t = 0; t < threads; ++t) {
       workers.emplace_back([this, t, threads] {
         constexpr size_t kBlock = 8192;
@@ -133,7 +133,6 @@ class InPlaceReduction {
         }
       });
     }
-    for (auto& w : workers) w.join();
   }
 
  private:
@@ -300,13 +299,12 @@ int run_gloo_rank(const std::string& store_dir, int rank, int size, size_t bytes
       if (s == 2) cpu_start = process_cpu_ms();
       const auto start = Clock::now();
       // The local work runs beside the Gloo calls, as a perfect overlap would run it.
-      std::thread beside;
-      if (node_work) beside = std::thread([&] { node_work->pass(local.threads); });
+      std::jthread beside;  // joined on every way out of the step, a Gloo exception included
+      if (node_work) beside = std::jthread([&] { node_work->pass(local.threads); });
       for (size_t first = 0; first < data.size(); first += slice) {
         const size_t count = std::min(slice, data.size() - first);
         ::gloo::AllreduceOptions opts(context);
-        opts.setInput(data.data() + first, count);
-        opts.setOutput(data.data() + first, count);
+        opts.setOutput(data.data() + first, count);  // in place, as the engine calls it
         opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&::gloo::sum<float>));
         opts.setAlgorithm(count * sizeof(float) < gloo_engine::kBcubeBelowBytes
                               ? ::gloo::AllreduceOptions::Algorithm::BCUBE

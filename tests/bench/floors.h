@@ -37,9 +37,11 @@ struct GlooFloor {
 // With local.clients > 0 each rank is a whole node's floor: during every step it also runs the
 // memory floor's in-place reduction over `clients` buffers of `bytes` on `threads` threads,
 // beside its Gloo calls, and the step ends when both have. Where the nodes share this machine's
-// CPUs (loopback), that is the least a hierarchical allreduce (local reduce, Gloo between nodes,
-// local fan-out) can take here: the network stage and the least local memory traffic, perfectly
-// overlapped.
+// CPUs (loopback), that is about the least a hierarchical allreduce (local reduce, Gloo between
+// nodes, local fan-out) can take here: the network stage and the least local memory traffic,
+// each as measured alone, perfectly overlapped. Not a strict bound: Gloo works on a buffer of
+// its own here, so an implementation that fused the stages (Gloo sending sums still in cache)
+// could move a little less.
 struct LocalWork {
   int clients = 0;
   int threads = 1;

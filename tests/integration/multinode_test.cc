@@ -274,17 +274,18 @@ TEST_CASE("multi-node: buckets larger than --gloo-slice-bytes cross in pipelined
   for (int status : statuses) CHECK(exit_code(status) == kOk);
 }
 
-// A flat bucket above Gloo's ring threshold with two ranks per node: the engine combines the
-// two ranks' tensors itself, segment by segment as its ring reaches them (engine.h:
-// allreduce_inputs), in one call at the default slice size; the prescaled average takes the
-// path where the pool accumulates first. Every mode, bit-exact.
-TEST_CASE("multi-node: a flat bucket on Gloo's ring, its local inputs combined by the engine, is bit-exact",
+// Flat buckets with two ranks per node, in slices of 1 MiB, which Gloo carries with its ring
+// (bcube only below 256 KiB): the pipelined in-place path with the ring, and a bucket of more
+// than 16 MiB, whose fan-out writes the other rank's results with streaming stores
+// (kStreamResultsFromBytes). Every mode, bit-exact.
+TEST_CASE("multi-node: flat buckets in ring-sized slices, one fanned out with streaming stores, are bit-exact",
           "[integration][multinode]") {
-  TestCluster cluster(kNodes);
-  const std::string job = unique_job("nodes-ring-inputs");
+  TestCluster cluster(kNodes, {"--gloo-slice-bytes", "1048576"});
+  const std::string job = unique_job("nodes-ring-slices");
   const auto statuses = run_job(cluster, job, [&](int rank, Client& client) {
-    // 1.2 MiB of float32 and 1.6 MiB of int64 (ring), an odd size so the ring's chunks are uneven.
-    const std::vector<TensorSpec> specs = {{DType::kFloat32, 300'001, "dp"}, {DType::kInt64, 200'003, "dp"}};
+    // 16 MiB and 4 bytes of float32 (17 slices, the last of 4 bytes) and 1.6 MiB of int64 (two
+    // slices, the second below the ring threshold); odd sizes, so the ring's chunks are uneven.
+    const std::vector<TensorSpec> specs = {{DType::kFloat32, 4'194'305, "dp"}, {DType::kInt64, 200'003, "dp"}};
     std::vector<SharedTensor> tensors;
     std::vector<TensorSet> sets;
     for (const TensorSpec& spec : specs) {

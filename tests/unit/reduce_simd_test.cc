@@ -267,6 +267,7 @@ TEST_CASE("every SIMD level's stream_copy copies exactly, at every alignment and
                                   size_t{1000}, size_t{4096}}) {
         std::vector<uint8_t> out(source.size() + 128, 0xee);
         simd::stream_copy(out.data() + 64 + offset, source.data() + offset, length);
+        simd::stream_fence();
         for (size_t i = 0; i < out.size(); ++i) {
           const bool inside = i >= 64 + offset && i < 64 + offset + length;
           const uint8_t want = inside ? source[i - 64] : uint8_t{0xee};

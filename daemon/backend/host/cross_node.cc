@@ -104,12 +104,8 @@ ReduceSpec spec_of(const reduce::KernelArgs& args) {
 // The common case of a flat float32/float64/integer gradient buffer: the first participant's
 // memory is the node buffer, so nothing is staged in the daemon. A bucket larger than the
 // engine's slice_bytes() is cut into slices and pipelined: while the engine carries slice k
-// between nodes (on its own thread), the pool finishes slice k - 1 (divides and fans out), so
-// the network and memory stages overlap. The engine combines the local inputs itself, piece by
-// piece as its collective reaches them, so each piece is summed while in cache and beside the
-// network instead of in a pass of its own (a pass over the node buffer less; on this 2-CPU
-// machine the 2 x 2 step changed within its noise); with a prescale, which the engine cannot apply,
-// the pool accumulates slice k + 1 during slice k instead.
+// between nodes (on its own thread), the pool accumulates slice k + 1 and finishes slice k - 1,
+// so the network and memory stages overlap.
 
 Status allreduce_in_place(const BucketCall& c, ThreadPool& pool) {
   const TensorSet& set = *c.set;
@@ -154,34 +150,27 @@ Status allreduce_in_place(const BucketCall& c, ThreadPool& pool) {
       reduce::finish(fan_out, node_buffer + first * element, outputs, count);
     });
   };
-  const bool engine_combines = !lone && c.args.scale != reduce::Scale::kBefore;
   // The engine carries slice k on its own (persistent) thread while this one prepares the next.
   auto carry = [&](size_t k) {
-    const uint64_t first = k * slice, count = std::min(slice, elements - first);
+    const uint64_t first = k * slice;
     auto done = std::make_shared<std::promise<Status>>();
     std::future<Status> carried = done->get_future();
     // Each slice's collective is timed from its start to its answer (on the engine's thread);
     // it overlaps the local work on the next and previous slices.
     const auto started = std::chrono::steady_clock::now();
     std::chrono::nanoseconds* into = collective_time(c);
-    EngineDone answer = [done, started, into](const Status& status) {
-      if (into) *into += std::chrono::steady_clock::now() - started;
-      done->set_value(status);
-    };
-    if (engine_combines) {
-      std::vector<const void*> inputs;
-      for (uint32_t m : members) inputs.push_back(run.address[m] + first * element);
-      c.engine->allreduce_inputs(std::move(inputs), node_buffer + first * element, count, spec, std::move(answer));
-    } else {
-      c.engine->allreduce(node_buffer + first * element, count, spec, std::move(answer));
-    }
+    c.engine->allreduce(node_buffer + first * element, std::min(slice, elements - first), spec,
+                        [done, started, into](const Status& status) {
+                          if (into) *into += std::chrono::steady_clock::now() - started;
+                          done->set_value(status);
+                        });
     return carried;
   };
 
-  if (!engine_combines) accumulate(0);
+  accumulate(0);
   for (size_t k = 0; k < slices; ++k) {
     std::future<Status> carried = carry(k);
-    if (k + 1 < slices && !engine_combines) accumulate(k + 1);
+    if (k + 1 < slices) accumulate(k + 1);
     if (k > 0) finish(k - 1);
     if (Status s = carried.get(); !s.ok()) return s;
   }

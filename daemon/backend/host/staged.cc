@@ -44,6 +44,7 @@ void finish_half(const KernelArgs& args, const float* acc, std::span<void* const
       }
     }
   }
+  if (args.stream_outputs) simd::stream_fence();  // before the caller publishes the results
 }
 
 template <class Codec>

@@ -146,33 +146,20 @@ class GlooEngine final : public CollectiveEngine {
   uint64_t slice_bytes() const override { return slice_bytes_; }
 
   void allreduce(void* data, size_t count, const ReduceSpec& spec, EngineDone done) override {
-    allreduce_inputs({}, data, count, spec, std::move(done));
-  }
-
-  // Gloo's ring combines the local inputs segment by segment, just before it sends a segment or
-  // combines the neighbour's into it, so each is reduced while in cache and beside the network.
-  void allreduce_inputs(std::vector<const void*> inputs, void* out, size_t count, const ReduceSpec& spec,
-                        EngineDone done) override {
-    post("allreduce", std::move(done),
-         [context = state_->context, timeout = state_->spec.timeout, inputs = std::move(inputs), out, count, spec] {
-           with_type(reduce::accumulation_dtype(spec.element), [&](auto* typed) {
-             using T = std::remove_pointer_t<decltype(typed)>;
-             ::gloo::AllreduceOptions opts(context);
-             if (inputs.empty()) {
-               opts.setInput(static_cast<T*>(out), count);
-             } else {
-               std::vector<T*> typed_inputs;
-               for (const void* in : inputs) typed_inputs.push_back(static_cast<T*>(const_cast<void*>(in)));
-               opts.setInputs(typed_inputs, count);
-             }
-             opts.setOutput(static_cast<T*>(out), count);
-             opts.setReduceFunction(combine_of(spec));
-             opts.setAlgorithm(count * sizeof(T) < kBcubeBelowBytes ? ::gloo::AllreduceOptions::Algorithm::BCUBE
-                                                                     : ::gloo::AllreduceOptions::Algorithm::RING);
-             opts.setTimeout(timeout);
-             ::gloo::allreduce(opts);
-           });
-         });
+    post("allreduce", std::move(done), [context = state_->context, timeout = state_->spec.timeout, data, count, spec] {
+      with_type(reduce::accumulation_dtype(spec.element), [&](auto* typed) {
+        using T = std::remove_pointer_t<decltype(typed)>;
+        ::gloo::AllreduceOptions opts(context);
+        // Output only: Gloo then reduces in place. Given the same buffer as its input too, it
+        // would memcpy every segment onto itself first, a pass over the data for nothing.
+        opts.setOutput(static_cast<T*>(data), count);
+        opts.setReduceFunction(combine_of(spec));
+        opts.setAlgorithm(count * sizeof(T) < kBcubeBelowBytes ? ::gloo::AllreduceOptions::Algorithm::BCUBE
+                                                                : ::gloo::AllreduceOptions::Algorithm::RING);
+        opts.setTimeout(timeout);
+        ::gloo::allreduce(opts);
+      });
+    });
   }
 
   void broadcast(void* data, size_t bytes, int root_node, EngineDone done) override {
