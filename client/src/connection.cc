@@ -61,7 +61,15 @@ void Connection::write_all(const std::string& bytes, std::span<const int> fds) {
     const ssize_t n = send_with_fds(fd_, std::as_bytes(std::span<const char>(bytes.data() + done, bytes.size() - done)),
                                     done == 0 ? fds : std::span<const int>(), 0);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) throw Error(Status::peer_lost("lost the connection to gradsyncd at " + path_ + ": " + std::strerror(errno)));
+    if (n <= 0) {
+      const int err = errno;
+      // The daemon speaks unprompted only right before it closes: a refusal (a user it does
+      // not allow, a connection over the user's limit) or a shutdown notice. A write that lost
+      // the race with that close leaves the notice in the receive queue, and it says why
+      // where "broken pipe" does not.
+      if (std::optional<Status> notice = parting_notice()) throw Error(*notice);
+      throw Error(Status::peer_lost("lost the connection to gradsyncd at " + path_ + ": " + std::strerror(err)));
+    }
     done += static_cast<size_t>(n);
   }
 }

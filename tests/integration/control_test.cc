@@ -490,6 +490,19 @@ TEST_CASE("connect: a user outside the allow-list is refused", "[integration][co
                "is not allowed");
 }
 
+// The refusal races the client's first write: the daemon refuses at accept and closes, and a
+// client still writing gets a broken pipe. A hello of 4 MiB, far more than the socket buffers
+// hold, loses that race every time; the client must still report the daemon's reason.
+TEST_CASE("connect: a refused user whose write loses the race with the close still hears why",
+          "[integration][control]") {
+  TestDaemon daemon({"--allow-uid", std::to_string(::geteuid() + 12345)});
+  Connection raw(daemon.socket(), std::nullopt);
+  control::Request hello;
+  hello.mutable_hello()->set_protocol_version(kProtocolVersion);
+  hello.mutable_hello()->set_client_name(std::string(4 << 20, 'x'));
+  expect_error([&] { raw.call(hello, std::chrono::seconds(5)); }, ErrorCode::kPermissionDenied, "is not allowed");
+}
+
 TEST_CASE("ring: an unknown operation from a hostile client fails its job with a clear error", "[integration][control]") {
   TestDaemon daemon;
   Connection raw(daemon.socket(), std::nullopt);
