@@ -249,10 +249,13 @@ void Daemon::reload() {
            next.peer_tls_key != config_.peer_tls_key || next.peer_tls_ca != config_.peer_tls_ca,
        "peer-token-file/peer-tls-*", false);
   note(next.peer_advertise_host != config_.peer_advertise_host, "peer-advertise", false);
-  note(next.gloo_transport != config_.gloo_transport || next.gloo_iface != config_.gloo_iface ||
-           next.gloo_ib_device != config_.gloo_ib_device || next.gloo_ib_port != config_.gloo_ib_port ||
-           next.gloo_ib_index != config_.gloo_ib_index || next.gloo_slice_bytes != config_.gloo_slice_bytes,
-       "gloo-*", false);
+  // Each by its own name: the operator should see which one will not apply until a restart.
+  note(next.gloo_transport != config_.gloo_transport, "gloo-transport", false);
+  note(next.gloo_iface != config_.gloo_iface, "gloo-iface", false);
+  note(next.gloo_ib_device != config_.gloo_ib_device, "gloo-ib-device", false);
+  note(next.gloo_ib_port != config_.gloo_ib_port, "gloo-ib-port", false);
+  note(next.gloo_ib_index != config_.gloo_ib_index, "gloo-ib-index", false);
+  note(next.gloo_slice_bytes != config_.gloo_slice_bytes, "gloo-slice-bytes", false);
   note(next.legacy_ipc_uids != config_.legacy_ipc_uids, "legacy-ipc-uid", false);
   note(next.nccl_keep_idle != config_.nccl_keep_idle, "nccl-keep-idle-s", false);
   log_.set_level(next.log_level);

@@ -54,17 +54,20 @@ TEST_CASE("reload: SIGHUP applies a valid configuration file and rejects an inva
   CHECK(mode(daemon.socket()) == 0600);  // its own user and root only
   CHECK(mode(admin_socket(daemon)) == 0600);
 
-  write_file(file, "timeout-ms = 1234\nallow-uid = [4242, 0]\nreduce_threads = 1\n");
+  write_file(file, "timeout-ms = 1234\nallow-uid = [4242, 0]\nreduce_threads = 1\ngloo-slice-bytes = 1048576\n");
   daemon.process().signal(SIGHUP);
   REQUIRE(logged(daemon, "SIGHUP: configuration reloaded; applied: timeout-ms, allow-uid"));
   CHECK(logged(daemon, "SIGHUP: reduce-threads changed in the configuration; it takes effect when gradsyncd restarts"));
+  // Every node of a job must slice alike, so a running daemon keeps the size it started with.
+  CHECK(logged(daemon, "SIGHUP: gloo-slice-bytes changed in the configuration; it takes effect when gradsyncd restarts"));
   // Other users are admitted now: both sockets open to them, as if started with --allow-uid.
   CHECK(mode(daemon.socket()) == 0666);
   CHECK(mode(admin_socket(daemon)) == 0666);
   std::string status = status_of(daemon);
   INFO(status);
   CHECK_THAT(status, Catch::Contains("timeout-ms            1234") && Catch::Contains("allow-uid             4242,0") &&
-                         Catch::Contains("reduce-threads        2"));  // still the running value
+                         Catch::Contains("reduce-threads        2") &&  // still the running values
+                         Catch::Contains("gloo-slice-bytes      67108864"));
   // A job formed now gets the new bound (the daemon reports it at join).
   auto client = join(daemon.socket(), unique_job("reload"), 0, 1);
   CHECK(client->job_timeout() == 1234ms);
