@@ -63,15 +63,32 @@ void Connection::write_all(const std::string& bytes, std::span<const int> fds) {
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
       const int err = errno;
-      // The daemon speaks unprompted only right before it closes: a refusal (a user it does
-      // not allow, a connection over the user's limit) or a shutdown notice. A write that lost
-      // the race with that close leaves the notice in the receive queue, and it says why
-      // where "broken pipe" does not.
-      if (std::optional<Status> notice = parting_notice()) throw Error(*notice);
+      if (std::optional<Status> notice = notice_after_failed_write()) throw Error(*notice);
       throw Error(Status::peer_lost("lost the connection to gradsyncd at " + path_ + ": " + std::strerror(err)));
     }
     done += static_cast<size_t>(n);
   }
+}
+
+// The daemon speaks unprompted only right before it closes: a refusal (a user it does not
+// allow, a connection over the user's limit) or a shutdown notice. It stops receiving first,
+// which is what failed our write, and writes the notice after, then closes; so the notice may
+// already be decoded (read with an earlier reply), be waiting on the socket, or be on its way.
+// Waiting for the daemon's close (bounded: the connection is lost either way) lets it arrive;
+// the notice says why, where "broken pipe" does not.
+std::optional<Status> Connection::notice_after_failed_write() {
+  for (;;) {
+    std::optional<std::string> payload;
+    if (!decoder_.next(&payload).ok() || !payload) break;
+    control::Reply reply;
+    if (reply.ParseFromString(*payload) && reply.id() == 0 && reply.has_error() && reply.error().code() != 0) {
+      return Status(static_cast<ErrorCode>(reply.error().code()), reply.error().message());
+    }
+  }
+  constexpr int kCloseWaitMs = 1000;
+  pollfd p{fd_, POLLRDHUP, 0};
+  ::poll(&p, 1, kCloseWaitMs);
+  return parting_notice();
 }
 
 control::Reply Connection::call(control::Request request, std::chrono::milliseconds timeout, std::span<const int> fds,

@@ -49,6 +49,8 @@ class Connection {
 
  private:
   void write_all(const std::string& bytes, std::span<const int> fds);
+  // Why the daemon dropped us, after a write to it failed: its parting notice, if it sent one.
+  std::optional<Status> notice_after_failed_write();
 
   std::string path_;
   int fd_ = -1;
