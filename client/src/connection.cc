@@ -11,6 +11,22 @@
 #include "shared/fd_passing.h"
 
 namespace gradsync {
+namespace {
+
+// The first complete frame in `frames` that is a parting notice (an error reply with id 0),
+// consuming the frames before it.
+std::optional<Status> first_notice(FrameDecoder& frames) {
+  for (;;) {
+    std::optional<std::string> payload;
+    if (!frames.next(&payload).ok() || !payload) return std::nullopt;
+    control::Reply reply;
+    if (reply.ParseFromString(*payload) && reply.id() == 0 && reply.has_error() && reply.error().code() != 0) {
+      return Status(static_cast<ErrorCode>(reply.error().code()), reply.error().message());
+    }
+  }
+}
+
+}  // namespace
 
 Connection::Connection(const std::string& socket_path, std::optional<uid_t> daemon_uid) : path_(socket_path) {
   sockaddr_un address{};
@@ -77,14 +93,7 @@ void Connection::write_all(const std::string& bytes, std::span<const int> fds) {
 // Waiting for the daemon's close (bounded: the connection is lost either way) lets it arrive;
 // the notice says why, where "broken pipe" does not.
 std::optional<Status> Connection::notice_after_failed_write() {
-  for (;;) {
-    std::optional<std::string> payload;
-    if (!decoder_.next(&payload).ok() || !payload) break;
-    control::Reply reply;
-    if (reply.ParseFromString(*payload) && reply.id() == 0 && reply.has_error() && reply.error().code() != 0) {
-      return Status(static_cast<ErrorCode>(reply.error().code()), reply.error().message());
-    }
-  }
+  if (std::optional<Status> notice = first_notice(decoder_)) return notice;
   constexpr int kCloseWaitMs = 1000;
   pollfd p{fd_, POLLRDHUP, 0};
   ::poll(&p, 1, kCloseWaitMs);
@@ -158,14 +167,7 @@ std::optional<Status> Connection::parting_notice() const {
   if (n <= 0) return std::nullopt;
   FrameDecoder frames;
   frames.feed(std::span<const std::byte>(buffer.data(), static_cast<size_t>(n)));
-  for (;;) {
-    std::optional<std::string> payload;
-    if (!frames.next(&payload).ok() || !payload) return std::nullopt;
-    control::Reply reply;
-    if (reply.ParseFromString(*payload) && reply.id() == 0 && reply.has_error() && reply.error().code() != 0) {
-      return Status(static_cast<ErrorCode>(reply.error().code()), reply.error().message());
-    }
-  }
+  return first_notice(frames);
 }
 
 }  // namespace gradsync

@@ -97,6 +97,13 @@ Status timed_engine_call(const BucketCall& c, const std::function<void(EngineDon
   return run_engine_call(start);
 }
 
+// The finishing stage's arguments: results of a bucket past the cache are streamed out.
+reduce::KernelArgs fan_out_args(const BucketCall& c, uint64_t bucket_bytes) {
+  reduce::KernelArgs args = c.args;
+  args.stream_outputs = bucket_bytes >= kStreamResultsFromBytes;
+  return args;
+}
+
 ReduceSpec spec_of(const reduce::KernelArgs& args) {
   return ReduceSpec{args.combine, args.dtype, args.wide_accumulate};
 }
@@ -139,8 +146,7 @@ Status allreduce_in_place(const BucketCall& c, ThreadPool& pool) {
       reduce::accumulate(c.args, inputs, node_buffer + first * element, count);
     });
   };
-  reduce::KernelArgs fan_out = c.args;
-  fan_out.stream_outputs = elements * element >= kStreamResultsFromBytes;
+  const reduce::KernelArgs fan_out = fan_out_args(c, elements * element);
   auto finish = [&](size_t k) {
     if (lone && c.args.scale != reduce::Scale::kAfter) return;
     PhaseTimer timer(local_time(c));
@@ -223,8 +229,7 @@ Status allreduce_or_reduce(const BucketCall& c, ThreadPool& pool, NodeBuffers& b
   }
   if (!status.ok()) return status;
   if (to_root && root_local < 0) return Status();
-  reduce::KernelArgs fan_out = c.args;
-  fan_out.stream_outputs = elements * element >= kStreamResultsFromBytes;
+  const reduce::KernelArgs fan_out = fan_out_args(c, elements * element);
   PhaseTimer timer(local_time(c));
   pool.parallel_for(pieces.size(), [&](size_t i) {
     const Piece& p = pieces[i];
