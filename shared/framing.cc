@@ -74,7 +74,19 @@ Status FrameDecoder::next(std::optional<std::string>* payload) {
   // Control frames are few and small, so moving the remainder to the front is cheaper than
   // the bookkeeping of a read offset.
   buffer_.erase(0, kFrameHeaderBytes + size);
+  if (buffer_.capacity() > kDecoderKeepBytes && buffer_.size() <= kDecoderKeepBytes) buffer_.shrink_to_fit();
   return Status::ok_status();
+}
+
+std::optional<uint32_t> FrameDecoder::announced_bytes() const {
+  if (!failed_.ok() || buffer_.size() < kFrameHeaderBytes) return std::nullopt;
+  return read_le32(reinterpret_cast<const std::byte*>(buffer_.data()));
+}
+
+size_t FrameDecoder::release() {
+  const size_t held = buffer_.capacity();
+  std::string().swap(buffer_);
+  return held;
 }
 
 Status FrameDecoder::finish() const {

@@ -17,6 +17,9 @@ namespace gradsync {
 
 inline constexpr size_t kFrameHeaderBytes = 4;
 inline constexpr uint32_t kMaxFrameBytes = 16u << 20;  // a registration of ~500k tensors
+// A decoder keeps at most this much buffer between frames; a larger frame's memory is given
+// back once the frame is handed out, not held for the life of the connection.
+inline constexpr size_t kDecoderKeepBytes = 1u << 20;
 
 std::array<std::byte, kFrameHeaderBytes> encode_frame_header(uint32_t payload_bytes);
 
@@ -43,6 +46,17 @@ class FrameDecoder {
   // Call at end of stream: ok when no partial frame is buffered, otherwise a kProtocol error
   // "truncated frame: expected N payload bytes, got M before end of stream".
   Status finish() const;
+
+  // Drops whatever is buffered and frees the buffer (the connection is closing); returns the
+  // bytes the buffer held, so that the caller can hand a large amount back to the system.
+  size_t release();
+
+  // The payload length the next frame's header announces, once its four bytes are in (the
+  // frame itself may still be arriving); nullopt before that.
+  std::optional<uint32_t> announced_bytes() const;
+
+  // The bytes the buffer holds now, used or not.
+  size_t held_bytes() const { return buffer_.capacity(); }
 
  private:
   uint32_t max_bytes_;

@@ -16,6 +16,11 @@ namespace {
 
 // Descriptors a connection may hold unclaimed (a frame still arriving); more is an attack.
 constexpr size_t kMaxHeldFds = 4 * kMaxFdsPerMessage;
+// Frames up to this size are parsed on the io thread; larger ones (a registration of many
+// tensors) on a setup thread, so that no client's request stalls the others.
+constexpr size_t kInlineParseBytes = 64u << 10;
+// After a request this large its memory goes back to the system.
+constexpr size_t kTrimAfterBytes = 1u << 20;
 
 const char* request_name(const control::Request& request) {
   switch (request.body_case()) {
@@ -124,6 +129,9 @@ void Session::close(const Status& why) {
   if (handler_) handler_->disconnected(why);
   boost::system::error_code ignored;
   socket_.shutdown(Socket::shutdown_receive, ignored);
+  // Nothing more is read: a frame cut off by the close (up to 16 MiB) goes back to the system
+  // now, not to glibc's free lists when the last coroutine lets go of the session.
+  if (decoder_.release() > kTrimAfterBytes && options_.setup) options_.setup->trim();
   outbox_ready_.cancel();
   watch_timer_.cancel();
   resumed_.cancel();
@@ -255,12 +263,6 @@ asio::awaitable<void> Session::watch_loop() {
   }
 }
 
-// Frames up to this size are parsed on the io thread; larger ones (a registration of many
-// tensors) on a setup thread, so that no client's request stalls the others.
-constexpr size_t kInlineParseBytes = 64u << 10;
-// After a request this large its memory goes back to the system.
-constexpr size_t kTrimAfterBytes = 1u << 20;
-
 bool Session::serve_frames() {
   for (;;) {
     if (waiting()) return true;  // resume() goes on
@@ -269,17 +271,17 @@ bool Session::serve_frames() {
       refuse(status);
       return false;
     }
-    if (!payload) return true;
-    const uint64_t frame_end = frame_begin_ + kFrameHeaderBytes + payload->size();
-    const size_t bytes = payload->size();
-    // Only a joined client's registration is ever this large; anything else is refused before
-    // it costs a parse.
+    // Only a joined client's registration is ever this large; anything else is refused as soon
+    // as its header announces it, before the daemon buffers (up to 16 MiB) or parses it.
+    const size_t bytes = payload ? payload->size() : decoder_.announced_bytes().value_or(0);
     if (bytes > kInlineParseBytes && !handler_->joined()) {
       refuse(Status::invalid_argument("a request of " + std::to_string(bytes) +
                                       " bytes before joining a job (only a registration may exceed " +
                                       std::to_string(kInlineParseBytes) + " bytes)"));
       return false;
     }
+    if (!payload) return true;
+    const uint64_t frame_end = frame_begin_ + kFrameHeaderBytes + bytes;
     if (bytes > kInlineParseBytes && options_.setup) {
       parsing_ = true;
       struct Parsed {
@@ -288,25 +290,32 @@ bool Session::serve_frames() {
       };
       std::weak_ptr<Session> weak = weak_from_this();
       options_.setup->run(
-          [payload = std::make_shared<std::string>(std::move(*payload)), bytes] {
+          [payload = std::make_shared<std::string>(std::move(*payload)), bytes]() mutable {
             Parsed parsed;
             if (!parsed.request.ParseFromString(*payload)) {
               parsed.status = Status::protocol("malformed request: " + std::to_string(bytes) +
                                                " bytes do not parse as gradsync.control.Request");
             }
+            payload.reset();  // freed now, before the trim below can run, not with this lambda
             return parsed;
           },
           [weak, frame_end, bytes, setup = options_.setup](Parsed parsed) {
+            // A request nobody serves is freed before the trim (a million tensors are ~100 MB
+            // of small allocations), whichever way this ends.
+            const auto drop = [&] {
+              control::Request().Swap(&parsed.request);
+              if (bytes > kTrimAfterBytes) setup->trim();
+            };
             auto self = weak.lock();
-            if (!self) return;
+            if (!self) return drop();
             self->parsing_ = false;
             if (self->closing_ || !self->handler_) {
               self->resumed_.cancel();
-              return;
+              return drop();
             }
             if (!parsed.status.ok()) {
               self->refuse(parsed.status);
-              return;
+              return drop();
             }
             if (self->dispatch(std::move(parsed.request), frame_end)) self->resume();
             if (bytes > kTrimAfterBytes) setup->trim();

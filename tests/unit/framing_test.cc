@@ -178,6 +178,49 @@ TEST_CASE("finish is ok on an empty stream", "[framing]") {
   CHECK(decoder.finish().ok());
 }
 
+TEST_CASE("a large frame's buffer is given back once the frame is taken; release frees the rest", "[framing]") {
+  FrameDecoder decoder;
+  const std::string big(4u << 20, 'b');
+  decoder.feed(bytes_of(encode_frame(big) + encode_frame("next").substr(0, 6)));
+  REQUIRE(decoder.held_bytes() >= big.size());
+  std::optional<std::string> payload;
+  REQUIRE(decoder.next(&payload).ok());
+  REQUIRE(payload);
+  CHECK(*payload == big);
+  CHECK(decoder.held_bytes() <= kDecoderKeepBytes);
+  // The partial frame behind it survives the shrink.
+  decoder.feed(bytes_of(encode_frame("next").substr(6)));
+  REQUIRE(decoder.next(&payload).ok());
+  REQUIRE(payload);
+  CHECK(*payload == "next");
+  // A small frame's buffer is kept: no reallocation per frame.
+  decoder.feed(bytes_of(encode_frame(std::string(100'000, 's'))));
+  REQUIRE(decoder.next(&payload).ok());
+  CHECK(decoder.held_bytes() >= 100'000);
+  // release() frees a partial frame (a connection closing mid-frame).
+  decoder.feed(bytes_of(encode_frame(big).substr(0, big.size() / 2)));
+  CHECK(decoder.release() >= big.size() / 2);
+  CHECK(decoder.held_bytes() < 100);
+  CHECK(decoder.finish().ok());
+}
+
+TEST_CASE("announced_bytes reads the next frame's header before its payload is in", "[framing]") {
+  FrameDecoder decoder;
+  CHECK_FALSE(decoder.announced_bytes());
+  const std::string frame = encode_frame(std::string(70'000, 'a'));
+  decoder.feed(bytes_of(frame.substr(0, 3)));
+  CHECK_FALSE(decoder.announced_bytes());  // three of the header's four bytes
+  decoder.feed(bytes_of(frame.substr(3, 10)));
+  REQUIRE(decoder.announced_bytes());
+  CHECK(*decoder.announced_bytes() == 70'000);
+  // An oversized announcement fails the decoder; nothing is announced after that.
+  FrameDecoder failed;
+  failed.feed(bytes_of(header_of(kMaxFrameBytes + 1)));
+  std::optional<std::string> payload;
+  CHECK_FALSE(failed.next(&payload).ok());
+  CHECK_FALSE(failed.announced_bytes());
+}
+
 TEST_CASE("encode_frame refuses a payload over the limit", "[framing]") {
   const std::string payload(size_t{kMaxFrameBytes} + 1, 'z');
   try {
