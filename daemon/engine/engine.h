@@ -14,11 +14,17 @@
 //     second, not at the engine's timeout) and every later call fails with the same reason.
 //   - Foreign errors are translated once, inside the implementation. After the first error the
 //     engine is unusable and every later call fails with that error.
+//   - An engine keeps each call's Done, and whatever it captures, until its library has left
+//     the call, even when it answered the call earlier (an abort answers a call whose library
+//     thread may still be inside it: the Gloo engine waits at most 500 ms). Callers capture
+//     the owners of the call's buffers in Done, so that such a thread never writes into memory
+//     that was freed, unmapped or handed to the next call.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 
 #include "daemon/reduce/kernel.h"
 #include "shared/dtype.h"
@@ -71,7 +77,9 @@ class CollectiveEngine {
 };
 
 // Runs one engine call and waits for its Done: for callers that have nothing else to do
-// meanwhile. Bounded because every engine call is (by its timeout, or by abort()).
-Status run_engine_call(const std::function<void(EngineDone)>& call);
+// meanwhile. Bounded because every engine call is (by its timeout, or by abort()). `owners`
+// (the call's buffers' owners) rides in the Done, so the engine holds it until its library has
+// left the call.
+Status run_engine_call(const std::function<void(EngineDone)>& call, std::shared_ptr<const void> owners = nullptr);
 
 }  // namespace gradsync

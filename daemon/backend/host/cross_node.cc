@@ -91,10 +91,24 @@ std::chrono::nanoseconds* collective_time(const BucketCall& c) {
   return c.timings ? &c.timings->collective : nullptr;
 }
 
+// What a bucket's engine calls read and write lives in the set's regions (the clients'
+// tensors) and in the node buffers. The calls' Done holds both (engine.h), so that a library
+// thread still inside a call that an abort answered early never writes into a tensor whose
+// mapping was released, nor into buffers freed or reused by the next bucket.
+struct CallOwners {
+  std::shared_ptr<const TensorSet> set;
+  std::shared_ptr<NodeBuffers> buffers;
+};
+
+std::shared_ptr<const CallOwners> owners_of(const BucketCall& c, const std::shared_ptr<NodeBuffers>& buffers) {
+  return std::make_shared<const CallOwners>(CallOwners{c.set, buffers});
+}
+
 // An engine call, timed as collective time.
-Status timed_engine_call(const BucketCall& c, const std::function<void(EngineDone)>& start) {
+Status timed_engine_call(const BucketCall& c, std::shared_ptr<const CallOwners> owners,
+                         const std::function<void(EngineDone)>& start) {
   PhaseTimer timer(collective_time(c));
-  return run_engine_call(start);
+  return run_engine_call(start, std::move(owners));
 }
 
 // The finishing stage's arguments: results of a bucket past the cache are streamed out.
@@ -166,7 +180,7 @@ Status allreduce_in_place(const BucketCall& c, ThreadPool& pool) {
     const auto started = std::chrono::steady_clock::now();
     std::chrono::nanoseconds* into = collective_time(c);
     c.engine->allreduce(node_buffer + first * element, std::min(slice, elements - first), spec,
-                        [done, started, into](const Status& status) {
+                        [done, started, into, set = c.set](const Status& status) {
                           if (into) *into += std::chrono::steady_clock::now() - started;
                           done->set_value(status);
                         });
@@ -184,7 +198,8 @@ Status allreduce_in_place(const BucketCall& c, ThreadPool& pool) {
   return Status();
 }
 
-Status allreduce_or_reduce(const BucketCall& c, ThreadPool& pool, NodeBuffers& buffers, bool to_root) {
+Status allreduce_or_reduce(const BucketCall& c, ThreadPool& pool, const std::shared_ptr<NodeBuffers>& buffers,
+                           bool to_root) {
   const TensorSet& set = *c.set;
   if (!to_root && set.canonical_run[c.bucket] && reduce::accumulation_dtype(c.args.dtype) == c.args.dtype) {
     return allreduce_in_place(c, pool);
@@ -194,8 +209,9 @@ Status allreduce_or_reduce(const BucketCall& c, ThreadPool& pool, NodeBuffers& b
   const size_t acc_size = dtype_size(acc_type);
   const size_t element = dtype_size(c.args.dtype);
   const uint64_t elements = set.bucket_elements[c.bucket];
-  buffers.work.resize(elements * acc_size);
-  std::byte* acc = buffers.work.data();
+  buffers->work.resize(elements * acc_size);
+  std::byte* acc = buffers->work.data();
+  const auto owners = owners_of(c, buffers);
   const std::vector<Piece> pieces = pieces_of(set, c.bucket, pool.size());
   {
     PhaseTimer timer(local_time(c));
@@ -213,7 +229,8 @@ Status allreduce_or_reduce(const BucketCall& c, ThreadPool& pool, NodeBuffers& b
   if (to_root) {
     const int root = c.desc.root;
     const int root_node = group_node_of(*c.topology, group, root);
-    status = timed_engine_call(c, [&](EngineDone done) { c.engine->reduce(acc, elements, spec, root_node, std::move(done)); });
+    status = timed_engine_call(c, owners,
+                               [&](EngineDone done) { c.engine->reduce(acc, elements, spec, root_node, std::move(done)); });
     if (root / c.topology->local_world_size == c.topology->node) root_local = root % c.topology->local_world_size;
   } else {
     // Another node may hold this bucket contiguously and take allreduce_in_place, which makes
@@ -222,7 +239,7 @@ Status allreduce_or_reduce(const BucketCall& c, ThreadPool& pool, NodeBuffers& b
     // types are staged on every node and cross in one call.
     const uint64_t slice = acc_type == c.args.dtype ? std::max<uint64_t>(1, c.engine->slice_bytes() / acc_size) : elements;
     for (uint64_t first = 0; first < elements && status.ok(); first += slice) {
-      status = timed_engine_call(c, [&](EngineDone done) {
+      status = timed_engine_call(c, owners, [&](EngineDone done) {
         c.engine->allreduce(acc + first * acc_size, std::min(slice, elements - first), spec, std::move(done));
       });
     }
@@ -244,7 +261,7 @@ Status allreduce_or_reduce(const BucketCall& c, ThreadPool& pool, NodeBuffers& b
   return Status();
 }
 
-Status broadcast(const BucketCall& c, NodeBuffers& buffers) {
+Status broadcast(const BucketCall& c, const std::shared_ptr<NodeBuffers>& buffers) {
   const TensorSet& set = *c.set;
   const plan::Bucket& bucket = set.plan.buckets[c.bucket];
   const size_t element = dtype_size(bucket.dtype);
@@ -252,8 +269,8 @@ Status broadcast(const BucketCall& c, NodeBuffers& buffers) {
   const int root = c.desc.root;
   const bool root_here = root / c.topology->local_world_size == c.topology->node;
   const uint32_t root_local = static_cast<uint32_t>(root % c.topology->local_world_size);
-  buffers.work.resize(bytes);
-  std::byte* buffer = buffers.work.data();
+  buffers->work.resize(bytes);
+  std::byte* buffer = buffers->work.data();
   if (root_here) {
     PhaseTimer timer(local_time(c));
     for (uint32_t t : bucket.tensors) {
@@ -261,7 +278,8 @@ Status broadcast(const BucketCall& c, NodeBuffers& buffers) {
     }
   }
   const int root_node = group_node_of(*c.topology, bucket.group, root);
-  if (Status s = timed_engine_call(c, [&](EngineDone done) { c.engine->broadcast(buffer, bytes, root_node, std::move(done)); });
+  if (Status s = timed_engine_call(c, owners_of(c, buffers),
+                                   [&](EngineDone done) { c.engine->broadcast(buffer, bytes, root_node, std::move(done)); });
       !s.ok()) {
     return s;
   }
@@ -275,7 +293,8 @@ Status broadcast(const BucketCall& c, NodeBuffers& buffers) {
   return Status();
 }
 
-Status allgather(const BucketCall& c, NodeBuffers& buffers) {
+Status allgather(const BucketCall& c, const std::shared_ptr<NodeBuffers>& owned) {
+  NodeBuffers& buffers = *owned;
   const TensorSet& set = *c.set;
   const Topology& topo = *c.topology;
   const plan::Bucket& bucket = set.plan.buckets[c.bucket];
@@ -303,7 +322,7 @@ Status allgather(const BucketCall& c, NodeBuffers& buffers) {
       }
   }
   }
-  if (Status s = timed_engine_call(c, [&](EngineDone done) {
+  if (Status s = timed_engine_call(c, owners_of(c, owned), [&](EngineDone done) {
         c.engine->allgather(buffers.work.data(), members.size() * bytes, buffers.gathered.data(), std::move(done));
       });
       !s.ok()) {
@@ -331,10 +350,19 @@ Status allgather(const BucketCall& c, NodeBuffers& buffers) {
 }  // namespace
 
 Status check_sequence(const BucketCall& c) {
-  const Header mine = header_of(c);
-  std::vector<Header> all(static_cast<size_t>(c.engine->nodes()));
+  // On the heap and held by the call's Done, like a bucket's buffers (engine.h).
+  struct Exchange {
+    Header mine;
+    std::vector<Header> all;
+  };
+  auto exchange = std::make_shared<Exchange>(Exchange{header_of(c), std::vector<Header>(static_cast<size_t>(c.engine->nodes()))});
+  const Header& mine = exchange->mine;
+  const std::vector<Header>& all = exchange->all;
   if (Status s = run_engine_call(
-          [&](EngineDone done) { c.engine->allgather(&mine, sizeof(Header), all.data(), std::move(done)); });
+          [&](EngineDone done) {
+            c.engine->allgather(&exchange->mine, sizeof(Header), exchange->all.data(), std::move(done));
+          },
+          exchange);
       !s.ok()) {
     return s;
   }
@@ -355,7 +383,10 @@ Status check_sequence(const BucketCall& c) {
   return Status();
 }
 
-Status execute_across_nodes(const BucketCall& c, ThreadPool& pool, NodeBuffers& buffers) {
+Status execute_across_nodes(const BucketCall& c, ThreadPool& pool, std::shared_ptr<NodeBuffers>& buffers) {
+  // Only engine calls share the buffers, and only release them: a count above one means a call
+  // answered early still holds them, and may still write into them.
+  if (!buffers || buffers.use_count() > 1) buffers = std::make_shared<NodeBuffers>();
   switch (c.desc.kind) {
     case OpKind::kAllreduce: return allreduce_or_reduce(c, pool, buffers, false);
     case OpKind::kReduce: return allreduce_or_reduce(c, pool, buffers, true);

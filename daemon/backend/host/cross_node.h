@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "daemon/backend/executor.h"
@@ -14,7 +15,8 @@
 
 namespace gradsync::host {
 
-// Reused across buckets and steps; grows to the largest bucket and then stays.
+// Reused across buckets and steps; grows to the largest bucket and then stays. Shared with the
+// engine calls that use it, which hold it until their library has left them (engine.h).
 struct NodeBuffers {
   std::vector<std::byte> work;
   std::vector<std::byte> gathered;
@@ -24,6 +26,8 @@ struct NodeBuffers {
 // when they disagree, rather than mixing unrelated data.
 Status check_sequence(const BucketCall& call);
 
-Status execute_across_nodes(const BucketCall& call, ThreadPool& pool, NodeBuffers& buffers);
+// `buffers` is the caller's slot: when an engine call that was answered early (aborted) still
+// holds the buffers in it, this bucket leaves them to that call and puts new ones in the slot.
+Status execute_across_nodes(const BucketCall& call, ThreadPool& pool, std::shared_ptr<NodeBuffers>& buffers);
 
 }  // namespace gradsync::host

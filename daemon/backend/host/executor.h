@@ -40,7 +40,7 @@ class HostExecutor final : public BucketExecutor {
 
   ThreadPool* pool_;
   Logger log_;
-  NodeBuffers buffers_;  // cross-node thread only
+  std::shared_ptr<NodeBuffers> buffers_;  // cross-node thread only
 
   mutable std::mutex mutex_;
   std::condition_variable wake_;

@@ -9,7 +9,8 @@
 // Abort: Gloo (2022) cannot interrupt a call blocked on a stuck peer. abort() closes every pair
 // of the mesh (so no byte moves in or out of the caller's buffers any more) and answers the
 // call at once; the blocked Gloo call ends at its own timeout on the engine's thread, which
-// keeps Gloo's state alive and is not waited for (engine.cc).
+// keeps Gloo's state alive and is not waited for (engine.cc). Until then the thread also keeps
+// the call's Done, and with it the owners of the call's buffers (engine.h).
 #pragma once
 
 #include <memory>

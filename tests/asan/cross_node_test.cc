@@ -1,0 +1,193 @@
+// The host cross-node path against an engine whose library thread is still inside a call after
+// abort() answered it (a Gloo thread descheduled past the engine's 500 ms wait, mid-combine):
+// what the call writes into, a client's tensor or the node buffers, must stay allocated and
+// mapped until the engine lets go of the call, and must not be handed to the next bucket.
+// Built with AddressSanitizer (with cross_node.cc), which also catches a late write into freed
+// memory that no assertion here could see.
+#include "daemon/backend/host/cross_node.h"
+
+#include <catch2/catch.hpp>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <future>
+#include <memory>
+#include <mutex>
+
+#include "daemon/backend/host/staged.h"
+#include "daemon/job/tensor_set.h"
+#include "daemon/job/topology.h"
+
+namespace gradsync::host {
+namespace {
+
+// Answers an abort at once but keeps the call, as the Gloo engine does with a call its thread
+// has not left; leave() is that thread finally coming out: it writes into the call's buffer
+// (the late combine step) and lets go of the call's Done.
+class LingeringEngine final : public CollectiveEngine {
+ public:
+  int node() const override { return 0; }
+  int nodes() const override { return 2; }
+
+  void allreduce(void* data, size_t count, const ReduceSpec& spec, EngineDone done) override {
+    hold(data, count * dtype_size(reduce::accumulation_dtype(spec.element)), std::move(done));
+  }
+  void broadcast(void* data, size_t bytes, int, EngineDone done) override { hold(data, bytes, std::move(done)); }
+  void allgather(const void*, size_t bytes, void* out, EngineDone done) override {
+    hold(out, bytes * 2, std::move(done));
+  }
+  void reduce(void* data, size_t count, const ReduceSpec& spec, int, EngineDone done) override {
+    hold(data, count * dtype_size(reduce::accumulation_dtype(spec.element)), std::move(done));
+  }
+
+  void abort(const Status& why) override {
+    EngineDone answer;
+    {
+      std::lock_guard lock(mutex_);
+      if (!aborted_.ok()) return;
+      aborted_ = why;
+      answer = held_.done;  // a copy: the call itself is kept
+    }
+    if (answer) answer(why);
+  }
+
+  bool wait_called(std::chrono::milliseconds timeout) {
+    std::unique_lock lock(mutex_);
+    return called_.wait_for(lock, timeout, [&] { return held_.done != nullptr; });
+  }
+
+  // The library thread comes out of the call: one late write, then the call is let go.
+  void leave() {
+    Held left;
+    {
+      std::lock_guard lock(mutex_);
+      left = std::move(held_);
+      held_ = Held{};
+    }
+    if (left.data) std::memset(left.data, 0xee, left.bytes);
+  }
+
+ private:
+  struct Held {
+    void* data = nullptr;
+    size_t bytes = 0;
+    EngineDone done;
+  };
+
+  void hold(void* data, size_t bytes, EngineDone done) {
+    std::unique_lock lock(mutex_);
+    if (!aborted_.ok()) {
+      const Status why = aborted_;
+      lock.unlock();
+      return done(why);  // later calls fail at once and are not kept
+    }
+    held_ = Held{data, bytes, std::move(done)};
+    called_.notify_all();
+  }
+
+  std::mutex mutex_;
+  std::condition_variable called_;
+  Status aborted_;  // guarded by mutex_
+  Held held_;       // guarded by mutex_
+};
+
+// Host memory standing in for a client's mapped segment; records when it is released.
+class WatchedRegion final : public MemoryRegion {
+ public:
+  WatchedRegion(size_t bytes, std::shared_ptr<std::atomic<bool>> released)
+      : bytes_(bytes), released_(std::move(released)) {}
+  ~WatchedRegion() override { *released_ = true; }
+  MemoryKind kind() const override { return MemoryKind::kHostMemfd; }
+  size_t size() const override { return bytes_.size(); }
+  std::byte* base() const override { return const_cast<std::byte*>(bytes_.data()); }
+
+ private:
+  std::vector<std::byte> bytes_;
+  std::shared_ptr<std::atomic<bool>> released_;
+};
+
+// One rank on node 0 of two, one tensor of `numel` elements in its own region.
+struct OneBucket {
+  OneBucket(DType dtype, uint64_t numel) {
+    REQUIRE(make_topology(2, 1, 0, 0, {}, &topology).ok());
+    auto set = std::make_shared<TensorSet>();
+    set->layout.push_back(plan::TensorLayout{dtype, numel, "dp"});
+    set->bucket_cap = numel * dtype_size(dtype);
+    auto region = std::make_shared<WatchedRegion>(numel * dtype_size(dtype), released);
+    set->address.push_back({region->base()});
+    set->regions.push_back(std::move(region));
+    complete_tensor_set(set.get(), topology);
+    REQUIRE(set->plan.buckets.size() == 1);
+    call.seq = 1;
+    call.desc.kind = OpKind::kAllreduce;
+    call.set = std::move(set);
+    call.topology = &topology;
+    call.engine = &engine;
+    call.args.dtype = dtype;
+  }
+
+  // Runs the bucket on another thread, aborts the engine once it is inside its call, and
+  // returns the answer.
+  Status run_and_abort(ThreadPool& pool, std::shared_ptr<NodeBuffers>& buffers) {
+    auto answer = std::async(std::launch::async, [&] { return execute_across_nodes(call, pool, buffers); });
+    REQUIRE(engine.wait_called(std::chrono::seconds(10)));
+    engine.abort(Status::aborted("job failed: test"));
+    return answer.get();
+  }
+
+  Topology topology;
+  LingeringEngine engine;
+  BucketCall call;
+  std::shared_ptr<std::atomic<bool>> released = std::make_shared<std::atomic<bool>>(false);
+};
+
+TEST_CASE("cross-node: a client's tensor stays mapped while an aborted engine call has not left the library",
+          "[cross_node]") {
+  // float32, one flat tensor: the engine works in the client's memory itself (in place).
+  OneBucket b(DType::kFloat32, 4096);
+  REQUIRE(b.call.set->canonical_run[0]);
+  ThreadPool pool(1);
+  auto buffers = std::make_shared<NodeBuffers>();
+  const Status answer = b.run_and_abort(pool, buffers);
+  CHECK(answer.code() == ErrorCode::kAborted);
+  // The job lets go of the set, as a failed job does: its regions must outlive the call.
+  b.call.set.reset();
+  CHECK_FALSE(*b.released);
+  b.engine.leave();  // the late write lands in memory that is still there
+  CHECK(*b.released);
+}
+
+TEST_CASE("cross-node: node buffers an aborted engine call still holds are not reused by the next bucket",
+          "[cross_node]") {
+  // float16 accumulates in float32: the engine works in the node buffers (staged).
+  OneBucket b(DType::kFloat16, 4096);
+  ThreadPool pool(1);
+  auto buffers = std::make_shared<NodeBuffers>();
+  const Status answer = b.run_and_abort(pool, buffers);
+  CHECK(answer.code() == ErrorCode::kAborted);
+  const std::weak_ptr<NodeBuffers> held = buffers;
+  const NodeBuffers* before = buffers.get();
+  // The next bucket (its engine call fails at once) gets buffers of its own.
+  CHECK(execute_across_nodes(b.call, pool, buffers).code() == ErrorCode::kAborted);
+  CHECK(buffers.get() != before);
+  CHECK_FALSE(held.expired());
+  b.engine.leave();
+  CHECK(held.expired());
+  // With nothing holding them, the same buffers serve bucket after bucket.
+  const NodeBuffers* now = buffers.get();
+  CHECK(execute_across_nodes(b.call, pool, buffers).code() == ErrorCode::kAborted);
+  CHECK(buffers.get() == now);
+}
+
+TEST_CASE("cross-node: the sequence check's exchange buffers outlive an aborted engine call", "[cross_node]") {
+  OneBucket b(DType::kFloat32, 16);
+  auto answer = std::async(std::launch::async, [&] { return check_sequence(b.call); });
+  REQUIRE(b.engine.wait_called(std::chrono::seconds(10)));
+  b.engine.abort(Status::aborted("job failed: test"));
+  CHECK(answer.get().code() == ErrorCode::kAborted);
+  b.engine.leave();  // writes both nodes' headers into the exchange: AddressSanitizer checks it
+}
+
+}  // namespace
+}  // namespace gradsync::host
