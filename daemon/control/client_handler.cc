@@ -293,10 +293,7 @@ Status ClientHandler::on_register(uint64_t request_id, control::Request request)
     bool keep = false;
     ~FreeOffIo() {
       if (keep || !setup || request->register_().tensors_size() < 4096) return;
-      setup->run([r = std::make_shared<control::Request>(std::move(*request))]() mutable {
-        r.reset();
-        return Status();
-      }, [](Status) {});
+      setup->dispose(std::make_shared<control::Request>(std::move(*request)), true);
     }
   } free_off_io{options_.setup, &request};
   if (!job_) return Status::invalid_argument("join a job before registering tensors");

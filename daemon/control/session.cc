@@ -300,11 +300,10 @@ bool Session::serve_frames() {
             return parsed;
           },
           [weak, frame_end, bytes, setup = options_.setup](Parsed parsed) {
-            // A request nobody serves is freed before the trim (a million tensors are ~100 MB
-            // of small allocations), whichever way this ends.
+            // A request nobody serves is freed off the io thread, then trimmed (a million
+            // tensors are ~100 MB of small allocations), whichever way this ends.
             const auto drop = [&] {
-              control::Request().Swap(&parsed.request);
-              if (bytes > kTrimAfterBytes) setup->trim();
+              setup->dispose(std::make_shared<control::Request>(std::move(parsed.request)), bytes > kTrimAfterBytes);
             };
             auto self = weak.lock();
             if (!self) return drop();

@@ -131,9 +131,11 @@ struct OneBucket {
   // returns the answer.
   Status run_and_abort(ThreadPool& pool, std::shared_ptr<NodeBuffers>& buffers) {
     auto answer = std::async(std::launch::async, [&] { return execute_across_nodes(call, pool, buffers); });
-    REQUIRE(engine.wait_called(std::chrono::seconds(10)));
-    engine.abort(Status::aborted("job failed: test"));
-    return answer.get();
+    const bool called = engine.wait_called(std::chrono::seconds(10));
+    engine.abort(Status::aborted("job failed: test"));  // also ends a bucket that never called
+    const Status status = answer.get();
+    REQUIRE(called);
+    return status;
   }
 
   Topology topology;
@@ -151,8 +153,11 @@ TEST_CASE("cross-node: a client's tensor stays mapped while an aborted engine ca
   auto buffers = std::make_shared<NodeBuffers>();
   const Status answer = b.run_and_abort(pool, buffers);
   CHECK(answer.code() == ErrorCode::kAborted);
-  // The job lets go of the set, as a failed job does: its regions must outlive the call.
+  // The job lets go of the set, as a failed job does: the region the call writes into must
+  // outlive the call; the set's tables need not.
+  const std::weak_ptr<const TensorSet> set = b.call.set;
   b.call.set.reset();
+  CHECK(set.expired());
   CHECK_FALSE(*b.released);
   b.engine.leave();  // the late write lands in memory that is still there
   CHECK(*b.released);
@@ -178,14 +183,18 @@ TEST_CASE("cross-node: node buffers an aborted engine call still holds are not r
   const NodeBuffers* now = buffers.get();
   CHECK(execute_across_nodes(b.call, pool, buffers).code() == ErrorCode::kAborted);
   CHECK(buffers.get() == now);
+  // The calls worked in the node buffers only: they never pinned the client's memory.
+  b.call.set.reset();
+  CHECK(*b.released);
 }
 
 TEST_CASE("cross-node: the sequence check's exchange buffers outlive an aborted engine call", "[cross_node]") {
   OneBucket b(DType::kFloat32, 16);
   auto answer = std::async(std::launch::async, [&] { return check_sequence(b.call); });
-  REQUIRE(b.engine.wait_called(std::chrono::seconds(10)));
+  const bool called = b.engine.wait_called(std::chrono::seconds(10));
   b.engine.abort(Status::aborted("job failed: test"));
   CHECK(answer.get().code() == ErrorCode::kAborted);
+  REQUIRE(called);
   b.engine.leave();  // writes both nodes' headers into the exchange: AddressSanitizer checks it
 }
 

@@ -331,6 +331,14 @@ TEST_CASE("limits: a large request's buffers are not kept, while its client stay
   const long while_connected = settled_rss(daemon, baseline);
   INFO("RSS KiB while the client that sent it stays connected: " << while_connected);
   CHECK(while_connected - baseline < 8 * 1024);
+  // One over the per-client tensor limit is refused before it is checked; its decoded request
+  // (~100 MB of small blocks) is freed off the io thread and handed back to the system too.
+  stays.socket().send(frame_of(RawClient::registration(1, 1, 1'100'000)));
+  REQUIRE_THAT(error_of(stays.socket().read_reply(std::chrono::seconds(60))),
+               Catch::Contains("max-tensors-per-client"));
+  const long after_limit = settled_rss(daemon, baseline);
+  INFO("RSS KiB after a registration over the tensor limit: " << after_limit);
+  CHECK(after_limit - baseline < 8 * 1024);
   // A client that dies with all but the last byte of a 12 MB frame sent: the session ends as
   // a truncated frame, and what it buffered goes back to the system.
   // Its job has a second rank that stays, so no job's retirement hands memory back on the
@@ -349,9 +357,9 @@ TEST_CASE("limits: a large request's buffers are not kept, while its client stay
   const long after_death = settled_rss(daemon, baseline);
   INFO("RSS KiB after a client died mid-frame: " << after_death);
   CHECK(after_death - baseline < 8 * 1024);
-  std::printf("daemon RSS: baseline %ld KiB; a 12 MB request refused, its client connected: %ld KiB; a client died "
-              "mid-frame: %ld KiB\n",
-              baseline, while_connected, after_death);
+  std::printf("daemon RSS: baseline %ld KiB; a 12 MB request refused, its client connected: %ld KiB; one over the "
+              "tensor limit: %ld KiB; a client died mid-frame: %ld KiB\n",
+              baseline, while_connected, after_limit, after_death);
   check_still_serving(daemon);
 }
 

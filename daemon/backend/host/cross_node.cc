@@ -1,6 +1,7 @@
 #include "daemon/backend/host/cross_node.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <functional>
 #include <future>
@@ -91,24 +92,23 @@ std::chrono::nanoseconds* collective_time(const BucketCall& c) {
   return c.timings ? &c.timings->collective : nullptr;
 }
 
-// What a bucket's engine calls read and write lives in the set's regions (the clients'
-// tensors) and in the node buffers. The calls' Done holds both (engine.h), so that a library
-// thread still inside a call that an abort answered early never writes into a tensor whose
-// mapping was released, nor into buffers freed or reused by the next bucket.
-struct CallOwners {
-  std::shared_ptr<const TensorSet> set;
-  std::shared_ptr<NodeBuffers> buffers;
-};
-
-std::shared_ptr<const CallOwners> owners_of(const BucketCall& c, const std::shared_ptr<NodeBuffers>& buffers) {
-  return std::make_shared<const CallOwners>(CallOwners{c.set, buffers});
+// What an engine call reads and writes lives in the node buffers (staged paths) or in the
+// first participant's mapped region (in place). The call's Done holds just that (engine.h), so
+// that a library thread still inside a call that an abort answered early never writes into a
+// mapping that was released, nor into buffers freed or reused by the next bucket; and a call
+// blocked on a silent peer until Gloo's timeout pins no more than that.
+std::shared_ptr<const MemoryRegion> region_holding(const TensorSet& set, const std::byte* address) {
+  for (const auto& region : set.regions) {
+    if (address >= region->base() && address < region->base() + region->size()) return region;
+  }
+  return nullptr;  // not reached: every address of a set was checked against its region
 }
 
-// An engine call, timed as collective time.
-Status timed_engine_call(const BucketCall& c, std::shared_ptr<const CallOwners> owners,
+// An engine call whose buffers live in the node buffers, timed as collective time.
+Status timed_engine_call(const BucketCall& c, std::shared_ptr<NodeBuffers> buffers,
                          const std::function<void(EngineDone)>& start) {
   PhaseTimer timer(collective_time(c));
-  return run_engine_call(start, std::move(owners));
+  return run_engine_call(start, std::move(buffers));
 }
 
 // The finishing stage's arguments: results of a bucket past the cache are streamed out.
@@ -180,7 +180,7 @@ Status allreduce_in_place(const BucketCall& c, ThreadPool& pool) {
     const auto started = std::chrono::steady_clock::now();
     std::chrono::nanoseconds* into = collective_time(c);
     c.engine->allreduce(node_buffer + first * element, std::min(slice, elements - first), spec,
-                        [done, started, into, set = c.set](const Status& status) {
+                        [done, started, into, region = region_holding(set, node_buffer)](const Status& status) {
                           if (into) *into += std::chrono::steady_clock::now() - started;
                           done->set_value(status);
                         });
@@ -211,7 +211,6 @@ Status allreduce_or_reduce(const BucketCall& c, ThreadPool& pool, const std::sha
   const uint64_t elements = set.bucket_elements[c.bucket];
   buffers->work.resize(elements * acc_size);
   std::byte* acc = buffers->work.data();
-  const auto owners = owners_of(c, buffers);
   const std::vector<Piece> pieces = pieces_of(set, c.bucket, pool.size());
   {
     PhaseTimer timer(local_time(c));
@@ -229,7 +228,7 @@ Status allreduce_or_reduce(const BucketCall& c, ThreadPool& pool, const std::sha
   if (to_root) {
     const int root = c.desc.root;
     const int root_node = group_node_of(*c.topology, group, root);
-    status = timed_engine_call(c, owners,
+    status = timed_engine_call(c, buffers,
                                [&](EngineDone done) { c.engine->reduce(acc, elements, spec, root_node, std::move(done)); });
     if (root / c.topology->local_world_size == c.topology->node) root_local = root % c.topology->local_world_size;
   } else {
@@ -239,7 +238,7 @@ Status allreduce_or_reduce(const BucketCall& c, ThreadPool& pool, const std::sha
     // types are staged on every node and cross in one call.
     const uint64_t slice = acc_type == c.args.dtype ? std::max<uint64_t>(1, c.engine->slice_bytes() / acc_size) : elements;
     for (uint64_t first = 0; first < elements && status.ok(); first += slice) {
-      status = timed_engine_call(c, owners, [&](EngineDone done) {
+      status = timed_engine_call(c, buffers, [&](EngineDone done) {
         c.engine->allreduce(acc + first * acc_size, std::min(slice, elements - first), spec, std::move(done));
       });
     }
@@ -278,7 +277,7 @@ Status broadcast(const BucketCall& c, const std::shared_ptr<NodeBuffers>& buffer
     }
   }
   const int root_node = group_node_of(*c.topology, bucket.group, root);
-  if (Status s = timed_engine_call(c, owners_of(c, buffers),
+  if (Status s = timed_engine_call(c, buffers,
                                    [&](EngineDone done) { c.engine->broadcast(buffer, bytes, root_node, std::move(done)); });
       !s.ok()) {
     return s;
@@ -322,7 +321,7 @@ Status allgather(const BucketCall& c, const std::shared_ptr<NodeBuffers>& owned)
       }
   }
   }
-  if (Status s = timed_engine_call(c, owners_of(c, owned), [&](EngineDone done) {
+  if (Status s = timed_engine_call(c, owned, [&](EngineDone done) {
         c.engine->allgather(buffers.work.data(), members.size() * bytes, buffers.gathered.data(), std::move(done));
       });
       !s.ok()) {
@@ -385,8 +384,10 @@ Status check_sequence(const BucketCall& c) {
 
 Status execute_across_nodes(const BucketCall& c, ThreadPool& pool, std::shared_ptr<NodeBuffers>& buffers) {
   // Only engine calls share the buffers, and only release them: a count above one means a call
-  // answered early still holds them, and may still write into them.
+  // answered early still holds them, and may still write into them. Seeing one, the fence
+  // orders that call's last writes (before its release of the count) before this bucket's use.
   if (!buffers || buffers.use_count() > 1) buffers = std::make_shared<NodeBuffers>();
+  std::atomic_thread_fence(std::memory_order_acquire);
   switch (c.desc.kind) {
     case OpKind::kAllreduce: return allreduce_or_reduce(c, pool, buffers, false);
     case OpKind::kReduce: return allreduce_or_reduce(c, pool, buffers, true);

@@ -235,9 +235,17 @@ class GlooEngine final : public CollectiveEngine {
 
  private:
   void post(const char* what, EngineDone done, std::function<void()> body) {
+    Status aborted;
     {
       std::lock_guard lock(state_->mutex);
-      state_->calls.push_back(EngineState::Call{what, std::move(done), std::move(body)});
+      aborted = state_->aborted;
+      if (aborted.ok()) state_->calls.push_back(EngineState::Call{what, std::move(done), std::move(body)});
+    }
+    if (!aborted.ok()) {
+      // Not queued behind a call that lingers in Gloo until its timeout: a call after an abort
+      // fails at once (engine.h), answered on a thread of the engine as every call is.
+      std::thread([done = std::move(done), aborted] { done(aborted); }).detach();
+      return;
     }
     state_->wake.notify_all();
   }
@@ -269,12 +277,17 @@ std::shared_ptr<::gloo::transport::Device> make_device(const GlooTransport& opti
 }  // namespace
 
 Status make_engine(const EngineSpec& spec, const GlooTransport& transport, std::unique_ptr<CollectiveEngine>* out) {
+  PeerStore store(spec.rendezvous, spec.job, spec.prefix, spec.timeout, transport.transport == "tcp");
+  return make_engine(spec, transport, store, out);
+}
+
+Status make_engine(const EngineSpec& spec, const GlooTransport& transport, ::gloo::rendezvous::Store& store,
+                   std::unique_ptr<CollectiveEngine>* out) {
   std::shared_ptr<::gloo::rendezvous::Context> context;
   const Status status = translate("forming the Gloo mesh of job " + spec.job + " (" + spec.prefix + ")", [&] {
     auto device = make_device(transport);
     context = std::make_shared<::gloo::rendezvous::Context>(spec.node, spec.nodes);
     context->setTimeout(spec.timeout);
-    PeerStore store(spec.rendezvous, spec.job, spec.prefix, spec.timeout, transport.transport == "tcp");
     context->connectFullMesh(store, device);
   });
   if (!status.ok()) return status;

@@ -13,6 +13,8 @@
 // the call's Done, and with it the owners of the call's buffers (engine.h).
 #pragma once
 
+#include <gloo/rendezvous/store.h>
+
 #include <memory>
 
 #include "daemon/engine/engine.h"
@@ -22,7 +24,12 @@ namespace gradsync::gloo_engine {
 
 inline constexpr size_t kBcubeBelowBytes = 256 << 10;
 
-// Connects the full mesh; blocks up to spec.timeout.
+// Connects the full mesh through the job's peer service; blocks up to spec.timeout.
 Status make_engine(const EngineSpec& spec, const GlooTransport& transport, std::unique_ptr<CollectiveEngine>* out);
+
+// The same through any Gloo store (tests connect engines in one process with a HashStore);
+// spec.rendezvous is not used.
+Status make_engine(const EngineSpec& spec, const GlooTransport& transport, ::gloo::rendezvous::Store& store,
+                   std::unique_ptr<CollectiveEngine>* out);
 
 }  // namespace gradsync::gloo_engine
