@@ -293,7 +293,8 @@ Status ClientHandler::on_register(uint64_t request_id, control::Request request)
     bool keep = false;
     ~FreeOffIo() {
       if (keep || !setup || request->register_().tensors_size() < 4096) return;
-      setup->dispose(std::make_shared<control::Request>(std::move(*request)), true);
+      const bool large = request->ByteSizeLong() > (1u << 20);
+      setup->dispose(std::make_shared<control::Request>(std::move(*request)), large);
     }
   } free_off_io{options_.setup, &request};
   if (!job_) return Status::invalid_argument("join a job before registering tensors");

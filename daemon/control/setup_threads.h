@@ -52,15 +52,14 @@ class SetupThreads {
     }
   }
 
-  // Frees `what` on a setup thread, then (when `trim_after`) hands the heap's free pages back to
-  // the system in the same job, so that the trim cannot run before the free: a decoded request
-  // of a million tensors is ~100 MB of small blocks and tens of ms to free, which the io thread
-  // must not spend.
+  // Frees `what` on a setup thread, then (when `trim_after`) queues a trim(), so that the trim
+  // cannot run before the free: a decoded request of a million tensors is ~100 MB of small
+  // blocks and tens of ms to free, which the io thread must not spend.
   template <class T>
   void dispose(std::shared_ptr<T> what, bool trim_after) {
-    boost::asio::post(pool_, [what = std::move(what), trim_after]() mutable {
+    boost::asio::post(pool_, [this, what = std::move(what), trim_after]() mutable {
       what.reset();
-      if (trim_after) ::malloc_trim(0);
+      if (trim_after) trim();
     });
   }
 

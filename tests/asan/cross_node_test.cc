@@ -6,6 +6,8 @@
 // memory that no assertion here could see.
 #include "daemon/backend/host/cross_node.h"
 
+#include <sanitizer/asan_interface.h>
+
 #include <catch2/catch.hpp>
 #include <atomic>
 #include <chrono>
@@ -107,6 +109,27 @@ class WatchedRegion final : public MemoryRegion {
   std::shared_ptr<std::atomic<bool>> released_;
 };
 
+// A segment mapped right after another: a view of part of one allocation. Its release poisons
+// the view, as an unmap would make it fault.
+class AdjacentRegion final : public MemoryRegion {
+ public:
+  AdjacentRegion(std::shared_ptr<std::vector<std::byte>> backing, size_t offset, size_t bytes,
+                 std::shared_ptr<std::atomic<bool>> released)
+      : backing_(std::move(backing)), offset_(offset), bytes_(bytes), released_(std::move(released)) {}
+  ~AdjacentRegion() override {
+    *released_ = true;
+    ASAN_POISON_MEMORY_REGION(base(), bytes_);
+  }
+  MemoryKind kind() const override { return MemoryKind::kHostMemfd; }
+  size_t size() const override { return bytes_; }
+  std::byte* base() const override { return backing_->data() + offset_; }
+
+ private:
+  std::shared_ptr<std::vector<std::byte>> backing_;
+  size_t offset_, bytes_;
+  std::shared_ptr<std::atomic<bool>> released_;
+};
+
 // One rank on node 0 of two, one tensor of `numel` elements in its own region.
 struct OneBucket {
   OneBucket(DType dtype, uint64_t numel) {
@@ -161,6 +184,49 @@ TEST_CASE("cross-node: a client's tensor stays mapped while an aborted engine ca
   CHECK_FALSE(*b.released);
   b.engine.leave();  // the late write lands in memory that is still there
   CHECK(*b.released);
+}
+
+TEST_CASE("cross-node: every segment of an in-place run stays mapped while an aborted call has not left",
+          "[cross_node]") {
+  // Two float32 tensors in two segments mapped side by side: one contiguous run, in place.
+  constexpr size_t kBytes = 4096 * 4;
+  auto backing = std::make_shared<std::vector<std::byte>>(2 * kBytes);
+  auto first_released = std::make_shared<std::atomic<bool>>(false);
+  auto second_released = std::make_shared<std::atomic<bool>>(false);
+  Topology topology;
+  REQUIRE(make_topology(2, 1, 0, 0, {}, &topology).ok());
+  auto set = std::make_shared<TensorSet>();
+  set->layout = {plan::TensorLayout{DType::kFloat32, 4096, "dp"}, plan::TensorLayout{DType::kFloat32, 4096, "dp"}};
+  set->bucket_cap = 2 * kBytes;
+  auto first = std::make_shared<AdjacentRegion>(backing, 0, kBytes, first_released);
+  auto second = std::make_shared<AdjacentRegion>(backing, kBytes, kBytes, second_released);
+  set->address.push_back({first->base(), second->base()});
+  set->regions = {first, second};
+  first.reset();
+  second.reset();
+  complete_tensor_set(set.get(), topology);
+  REQUIRE(set->plan.buckets.size() == 1);
+  REQUIRE(set->canonical_run[0]);
+  LingeringEngine engine;
+  BucketCall call;
+  call.seq = 1;
+  call.desc.kind = OpKind::kAllreduce;
+  call.set = std::move(set);
+  call.topology = &topology;
+  call.engine = &engine;
+  ThreadPool pool(1);
+  auto buffers = std::make_shared<NodeBuffers>();
+  auto answer = std::async(std::launch::async, [&] { return execute_across_nodes(call, pool, buffers); });
+  const bool called = engine.wait_called(std::chrono::seconds(10));
+  engine.abort(Status::aborted("job failed: test"));
+  CHECK(answer.get().code() == ErrorCode::kAborted);
+  REQUIRE(called);
+  call.set.reset();
+  CHECK_FALSE(*first_released);
+  CHECK_FALSE(*second_released);  // the late write reaches into the second segment too
+  engine.leave();
+  CHECK(*first_released);
+  CHECK(*second_released);
 }
 
 TEST_CASE("cross-node: node buffers an aborted engine call still holds are not reused by the next bucket",

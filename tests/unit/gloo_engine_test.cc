@@ -34,7 +34,8 @@ std::future<Status> allreduce(CollectiveEngine& engine, const std::shared_ptr<st
   return future;
 }
 
-TEST_CASE("gloo engine: a call after an abort fails at once, not behind a call that lingers in Gloo", "[gloo]") {
+TEST_CASE("gloo engine: calls queued at an abort or made after it fail at once, not behind a call lingering in Gloo",
+          "[gloo]") {
   // Gloo's own timeout is long, so a call that waited for the lingering one would be seen.
   constexpr auto kGlooTimeout = 20s;
   ::gloo::rendezvous::HashStore store;
@@ -47,10 +48,21 @@ TEST_CASE("gloo engine: a call after an abort fails at once, not behind a call t
   // Node 1 never calls: node 0's allreduce blocks in Gloo, waiting for it.
   auto data = std::make_shared<std::vector<float>>(1 << 16, 1.0f);
   std::future<Status> first = allreduce(*engine0, data);
+  // A second call queues behind it.
+  std::future<Status> queued = allreduce(*engine0, data);
   CHECK(first.wait_for(200ms) == std::future_status::timeout);
+  CHECK(queued.wait_for(0ms) == std::future_status::timeout);
+  const auto aborted_at = std::chrono::steady_clock::now();
   engine0->abort(Status::aborted("job failed: test"));
   REQUIRE(first.wait_for(5s) == std::future_status::ready);
   CHECK(first.get().code() == ErrorCode::kAborted);
+  // It was answered only after the engine's 500 ms wait for it to leave Gloo: it lingers there.
+  CHECK(std::chrono::steady_clock::now() - aborted_at >= 400ms);
+  // The queued call never entered Gloo: it is answered with the abort, not after the call
+  // that lingers there.
+  REQUIRE(queued.wait_for(5s) == std::future_status::ready);
+  CHECK(queued.get().code() == ErrorCode::kAborted);
+  CHECK(std::chrono::steady_clock::now() - aborted_at < 2s);
 
   // The blocked Gloo call is still in Gloo (until its 20 s timeout); the next call is answered
   // at once with the abort's reason.

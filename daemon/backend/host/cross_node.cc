@@ -93,15 +93,20 @@ std::chrono::nanoseconds* collective_time(const BucketCall& c) {
 }
 
 // What an engine call reads and writes lives in the node buffers (staged paths) or in the
-// first participant's mapped region (in place). The call's Done holds just that (engine.h), so
+// first participant's mapped memory (in place). The call's Done holds just that (engine.h), so
 // that a library thread still inside a call that an abort answered early never writes into a
 // mapping that was released, nor into buffers freed or reused by the next bucket; and a call
 // blocked on a silent peer until Gloo's timeout pins no more than that.
-std::shared_ptr<const MemoryRegion> region_holding(const TensorSet& set, const std::byte* address) {
+using Regions = std::vector<std::shared_ptr<const MemoryRegion>>;
+
+// Every region of the set that overlaps [begin, end): a run is contiguous in the daemon's
+// address space, but its tensors may lie in several segments mapped side by side.
+std::shared_ptr<const Regions> regions_overlapping(const TensorSet& set, const std::byte* begin, const std::byte* end) {
+  auto found = std::make_shared<Regions>();
   for (const auto& region : set.regions) {
-    if (address >= region->base() && address < region->base() + region->size()) return region;
+    if (region->base() < end && begin < region->base() + region->size()) found->push_back(region);
   }
-  return nullptr;  // not reached: every address of a set was checked against its region
+  return found;
 }
 
 // An engine call whose buffers live in the node buffers, timed as collective time.
@@ -171,6 +176,7 @@ Status allreduce_in_place(const BucketCall& c, ThreadPool& pool) {
     });
   };
   // The engine carries slice k on its own (persistent) thread while this one prepares the next.
+  const auto pinned = regions_overlapping(set, node_buffer, node_buffer + elements * element);
   auto carry = [&](size_t k) {
     const uint64_t first = k * slice;
     auto done = std::make_shared<std::promise<Status>>();
@@ -180,7 +186,7 @@ Status allreduce_in_place(const BucketCall& c, ThreadPool& pool) {
     const auto started = std::chrono::steady_clock::now();
     std::chrono::nanoseconds* into = collective_time(c);
     c.engine->allreduce(node_buffer + first * element, std::min(slice, elements - first), spec,
-                        [done, started, into, region = region_holding(set, node_buffer)](const Status& status) {
+                        [done, started, into, pinned](const Status& status) {
                           if (into) *into += std::chrono::steady_clock::now() - started;
                           done->set_value(status);
                         });

@@ -14,6 +14,7 @@
 #include <condition_variable>
 #include <deque>
 #include <mutex>
+#include <system_error>
 #include <thread>
 
 #include "daemon/engine/gloo/store.h"
@@ -204,12 +205,18 @@ class GlooEngine final : public CollectiveEngine {
   void abort(const Status& why) override {
     std::shared_ptr<std::atomic<bool>> in_flight;
     EngineDone done;
+    std::deque<EngineState::Call> queued;
+    Status reason;
     {
       std::lock_guard lock(state_->mutex);
       if (!state_->aborted.ok()) return;
       state_->aborted = why.ok() ? Status::aborted("aborted") : why;
+      reason = state_->aborted;
       in_flight = state_->in_flight;
       done = state_->in_flight_done;
+      // Calls that never started are answered with the abort too, not after the call in
+      // Gloo, which may linger there until its timeout.
+      queued.swap(state_->calls);
     }
     // Close every pair before answering: from then on Gloo moves no byte in or out of the
     // caller's buffers, so the caller may release them as soon as it has the answer.
@@ -217,23 +224,40 @@ class GlooEngine final : public CollectiveEngine {
       if (n == state_->spec.node) continue;
       if (auto& pair = state_->context->getPair(n)) pair->close();
     }
-    if (in_flight && done) {
+    if ((in_flight && done) || !queued.empty()) {
       // A call that is moving data fails at its next send on a closed pair, within
       // milliseconds; only one blocked on a silent peer stays. Wait for the former, so that no
       // combine step can touch the buffers after the caller has its answer; wait off the
       // caller's thread, because abort() must not block (the caller may be the io thread).
-      std::thread([state = state_, in_flight, done = std::move(done)] {
-        {
-          std::unique_lock lock(state->mutex);
-          state->wake.wait_for(lock, kLeaveGlooWait, [&] { return state->in_flight != in_flight; });
+      // The queued calls are answered after it, in the order they were made.
+      answer_elsewhere([state = state_, in_flight, done = std::move(done), queued = std::move(queued), reason]() mutable {
+        if (in_flight && done) {
+          {
+            std::unique_lock lock(state->mutex);
+            state->wake.wait_for(lock, kLeaveGlooWait, [&] { return state->in_flight != in_flight; });
+          }
+          if (!in_flight->exchange(true)) done(reason);
         }
-        if (!in_flight->exchange(true)) done(state->aborted);
-      }).detach();
+        for (auto& call : queued) call.done(reason);
+      });
     }
     state_->wake.notify_all();
   }
 
  private:
+  // Runs `answer` on a thread of its own; inline when no thread can be started (the answer
+  // must come, and an exception here would end the daemon; abort() may then block for up to
+  // kLeaveGlooWait).
+  template <class Answer>
+  static void answer_elsewhere(Answer answer) {
+    auto shared = std::make_shared<Answer>(std::move(answer));
+    try {
+      std::thread([shared] { (*shared)(); }).detach();
+    } catch (const std::system_error&) {
+      (*shared)();
+    }
+  }
+
   void post(const char* what, EngineDone done, std::function<void()> body) {
     Status aborted;
     {
@@ -244,7 +268,7 @@ class GlooEngine final : public CollectiveEngine {
     if (!aborted.ok()) {
       // Not queued behind a call that lingers in Gloo until its timeout: a call after an abort
       // fails at once (engine.h), answered on a thread of the engine as every call is.
-      std::thread([done = std::move(done), aborted] { done(aborted); }).detach();
+      answer_elsewhere([done = std::move(done), aborted] { done(aborted); });
       return;
     }
     state_->wake.notify_all();
