@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <thread>
@@ -111,9 +112,16 @@ bool socket_accepts(const std::string& path) {
 
 }  // namespace
 
+std::string temp_pattern(const std::string& name) {
+  const char* dir = std::getenv("TMPDIR");
+  return std::string(dir && *dir ? dir : "/tmp") + "/" + name;
+}
+
 DaemonProcess::DaemonProcess(const Options& options) {
-  char pattern[] = "/tmp/gradsync-XXXXXX";
-  if (!::mkdtemp(pattern)) throw Error(Status::internal(std::string("mkdtemp failed: ") + std::strerror(errno)));
+  std::string pattern = temp_pattern("gradsync-XXXXXX");
+  if (!::mkdtemp(pattern.data())) {
+    throw Error(Status::internal("mkdtemp of " + pattern + " failed: " + std::strerror(errno)));
+  }
   directory_ = pattern;
   socket_path_ = directory_ + "/gradsync.sock";
   std::vector<std::string> argv = {options.binary, "--socket", socket_path_};
@@ -140,9 +148,9 @@ int DaemonProcess::terminate(std::chrono::milliseconds timeout) {
 }
 
 ClusterToken::ClusterToken() {
-  char pattern[] = "/tmp/gradsync-token-XXXXXX";
-  const int fd = ::mkstemp(pattern);  // mode 0600
-  if (fd < 0) throw Error(Status::internal(std::string("mkstemp failed: ") + std::strerror(errno)));
+  std::string pattern = temp_pattern("gradsync-token-XXXXXX");
+  const int fd = ::mkstemp(pattern.data());  // mode 0600
+  if (fd < 0) throw Error(Status::internal("mkstemp of " + pattern + " failed: " + std::strerror(errno)));
   path_ = pattern;
   unsigned char bytes[32];
   std::FILE* random = std::fopen("/dev/urandom", "rb");

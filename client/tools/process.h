@@ -73,6 +73,10 @@ class DaemonProcess {
 // Directory of the running executable, to find sibling binaries (gradsyncd next to the demo).
 std::string executable_directory();
 
+// A mkdtemp/mkstemp pattern for `name` ("gradsync-XXXXXX") in $TMPDIR, or in /tmp when that is
+// unset or empty.
+std::string temp_pattern(const std::string& name);
+
 // A free TCP port on 127.0.0.1 (bound and released; another process could take it meanwhile).
 int free_loopback_port();
 

@@ -237,8 +237,8 @@ Wakeup wakeup_floor(int rounds) {
 
 GlooFloor gloo_alone(const std::string& self, int processes, size_t bytes, size_t slice, int steps,
                      const LocalWork& local) {
-  char pattern[] = "/tmp/gradsync-bench-gloo-XXXXXX";
-  if (!::mkdtemp(pattern)) return {missing("mkdtemp for the Gloo store failed")};
+  std::string pattern = temp_pattern("gradsync-bench-gloo-XXXXXX");
+  if (!::mkdtemp(pattern.data())) return {missing("mkdtemp for the Gloo store failed")};
   const std::string dir = pattern;
   auto out_of = [&](int r) { return dir + "/rank" + std::to_string(r) + ".out"; };
   std::vector<ChildProcess> ranks;

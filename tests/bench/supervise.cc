@@ -9,6 +9,11 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <system_error>
+
+#include "client/tools/process.h"
 
 namespace gradsync::bench {
 namespace {
@@ -69,6 +74,27 @@ void stop_group(Bench* bench, const sigset_t& stops, int* caught) {
   for (int i = 0; i < 500 && group_alive(bench); ++i) ::usleep(10'000);
 }
 
+// The bench's own group ends when its supervisor is killed outright (SIGKILL), which can
+// forward nothing: the kernel sends the bench this signal then (PR_SET_PDEATHSIG), and the
+// bench sends SIGTERM to its whole group, itself, its daemons and its trainers included, as
+// the supervisor would have. (Daemons then end their jobs and exit; nobody is left to SIGKILL
+// one that would not.)
+void stop_own_group(int) { ::kill(0, SIGTERM); }
+
+// Removes a directory and what is in it when it goes (the supervisor's, not the bench's: the
+// child leaves with _Exit and never runs it).
+struct ScratchDirectory {
+  std::string path;
+  ~ScratchDirectory() { remove(); }
+  // Now, for a path that leaves without unwinding (die_of()).
+  void remove() {
+    if (path.empty()) return;
+    std::error_code ignored;
+    std::filesystem::remove_all(path, ignored);
+    path.clear();
+  }
+};
+
 // Dies of `signo` as if this process had not caught it, so that a calling shell sees the
 // interruption (a loop stops on Ctrl-C).
 [[noreturn]] void die_of(int signo) {
@@ -104,6 +130,12 @@ int run_supervised(const std::function<int()>& body) {
   // Descendants whose parent dies (a daemon whose bench was killed) become this process's
   // children, so it can wait for them and reap them.
   ::prctl(PR_SET_CHILD_SUBREAPER, 1);
+  // Everything the bench's group creates in the temporary directory (daemon sockets, the
+  // cluster token, the Gloo floor's store) goes into one private directory, which this process
+  // removes once the group is gone: processes killed by a stop signal remove nothing.
+  std::string scratch = temp_pattern("gradsync-bench-XXXXXX");
+  if (!::mkdtemp(scratch.data())) scratch.clear();
+  ScratchDirectory cleanup{scratch};
   std::fflush(nullptr);  // nothing buffered is written twice
   const pid_t self = ::getpid();
   const pid_t child = ::fork();
@@ -114,11 +146,19 @@ int run_supervised(const std::function<int()>& body) {
   }
   if (child == 0) {
     ::setpgid(0, 0);
-    // A supervisor killed outright (SIGKILL) cannot forward anything: end the bench then too.
-    // (Its daemons then stay: nothing can stop them without the supervisor.)
-    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    // A supervisor killed outright (SIGKILL) cannot forward anything: stop_own_group() then.
+    const int orphaned = SIGRTMIN;
+    struct sigaction on_orphaned {};
+    on_orphaned.sa_handler = stop_own_group;
+    ::sigaction(orphaned, &on_orphaned, nullptr);
+    sigset_t unblock;
+    sigemptyset(&unblock);
+    sigaddset(&unblock, orphaned);
+    ::prctl(PR_SET_PDEATHSIG, orphaned);
     sigprocmask(SIG_SETMASK, &previous, nullptr);
+    sigprocmask(SIG_UNBLOCK, &unblock, nullptr);
     if (::getppid() != self) std::_Exit(128 + SIGTERM);  // the supervisor is already gone
+    if (!scratch.empty()) ::setenv("TMPDIR", scratch.c_str(), 1);
     const int status = body();
     std::fflush(nullptr);
     std::_Exit(status);
@@ -145,7 +185,10 @@ int run_supervised(const std::function<int()>& body) {
   // Whatever of the group is left (daemons shutting down, or anything the bench started and
   // did not end: a crash, the OOM killer, a torch rank that outlived its parent) is stopped.
   stop_group(&bench, stops, &caught);
-  if (caught) die_of(caught);
+  if (caught) {
+    cleanup.remove();  // die_of() does not return: no destructor runs after it
+    die_of(caught);
+  }
   if (!bench.ended) return 128 + SIGKILL;
   return WIFEXITED(bench.status) ? WEXITSTATUS(bench.status) : 128 + WTERMSIG(bench.status);
 }

@@ -1,15 +1,18 @@
 """The benchmark's supervisor (tests/bench/supervise.cc), against the real gradsync-bench:
 a stop signal to the bench ends every process it started, and the bench dies of that signal.
 
-    python3 supervise_test.py BENCH SIGNAL   (SIGNAL: INT, QUIT, HUP or TERM)
+    python3 supervise_test.py BENCH SIGNAL   (SIGNAL: INT, QUIT, HUP, TERM or KILL)
 
 Exits 0 when, after SIGNAL reached the bench while its daemons ran, the bench died of SIGNAL
-(not a plain exit status) and nothing of its process group was left within 10 seconds.
+(not a plain exit status) and nothing of its process group was left within 10 seconds. With
+KILL the supervisor can forward nothing: the bench's own group must stop itself.
 """
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 
@@ -35,8 +38,11 @@ def group_members(pgid):
 def main():
     bench, name = sys.argv[1], sys.argv[2]
     signo = getattr(signal, "SIG" + name)
+    # A temporary directory of its own: what the bench's group leaves there is seen.
+    tmpdir = tempfile.mkdtemp(prefix="gradsync-supervise-test-")
     proc = subprocess.Popen([bench, "--only", "2x2", "--steps", "200", "--skip-peer", "--idle-seconds", "0"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=dict(os.environ, TMPDIR=tmpdir))
     # The bench proper is the supervisor's child and leads its own group; wait for its daemons.
     deadline = time.monotonic() + 30
     group = None
@@ -57,8 +63,12 @@ def main():
             break
         time.sleep(0.1)
         left = group_members(group)
-    print(f"bench ended with {status} (want {-signo}); left in its group: {left}")
-    sys.exit(0 if status == -signo and not left else 1)
+    # The supervisor removes its private directory; a supervisor killed outright cannot.
+    files = [os.path.join(d, f) for d, _, fs in os.walk(tmpdir) for f in fs] + os.listdir(tmpdir)
+    shutil.rmtree(tmpdir, ignore_errors=True)
+    files_ok = signo == signal.SIGKILL or not files
+    print(f"bench ended with {status} (want {-signo}); left in its group: {left}; left in TMPDIR: {files}")
+    sys.exit(0 if status == -signo and not left and files_ok else 1)
 
 
 if __name__ == "__main__":
