@@ -113,7 +113,7 @@ bool socket_accepts(const std::string& path) {
 }  // namespace
 
 std::string temp_pattern(const std::string& name) {
-  const char* dir = std::getenv("TMPDIR");
+  const char* dir = std::getenv(kScratchVariable);
   return std::string(dir && *dir ? dir : "/tmp") + "/" + name;
 }
 

@@ -73,8 +73,14 @@ class DaemonProcess {
 // Directory of the running executable, to find sibling binaries (gradsyncd next to the demo).
 std::string executable_directory();
 
-// A mkdtemp/mkstemp pattern for `name` ("gradsync-XXXXXX") in $TMPDIR, or in /tmp when that is
-// unset or empty.
+// The environment variable naming a private folder for the temporary files of this process
+// and its children (the benchmark's supervisor sets it for the bench's process group, and
+// removes the folder afterwards). Unset: /tmp.
+inline constexpr const char* kScratchVariable = "GRADSYNC_SCRATCH_DIR";
+
+// A mkdtemp/mkstemp pattern for `name` ("gradsync-XXXXXX") in $GRADSYNC_SCRATCH_DIR, or in
+// /tmp. Not $TMPDIR: a daemon's socket goes there, and its path must stay short (108 bytes)
+// and in folders gradsyncd's checks accept.
 std::string temp_pattern(const std::string& name);
 
 // A free TCP port on 127.0.0.1 (bound and released; another process could take it meanwhile).

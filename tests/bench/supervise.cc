@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <string>
 #include <system_error>
+#include <exception>
 
 #include "client/tools/process.h"
 
@@ -79,7 +80,15 @@ void stop_group(Bench* bench, const sigset_t& stops, int* caught) {
 // bench sends SIGTERM to its whole group, itself, its daemons and its trainers included, as
 // the supervisor would have. (Daemons then end their jobs and exit; nobody is left to SIGKILL
 // one that would not.)
-void stop_own_group(int) { ::kill(0, SIGTERM); }
+void stop_own_group(int) {
+  // SIGTERM must end this process too, whatever it inherited (ignored, or blocked).
+  ::signal(SIGTERM, SIG_DFL);
+  sigset_t term;
+  sigemptyset(&term);
+  sigaddset(&term, SIGTERM);
+  sigprocmask(SIG_UNBLOCK, &term, nullptr);
+  ::kill(0, SIGTERM);
+}
 
 // Removes a directory and what is in it when it goes (the supervisor's, not the bench's: the
 // child leaves with _Exit and never runs it).
@@ -132,9 +141,14 @@ int run_supervised(const std::function<int()>& body) {
   ::prctl(PR_SET_CHILD_SUBREAPER, 1);
   // Everything the bench's group creates in the temporary directory (daemon sockets, the
   // cluster token, the Gloo floor's store) goes into one private directory, which this process
-  // removes once the group is gone: processes killed by a stop signal remove nothing.
-  std::string scratch = temp_pattern("gradsync-bench-XXXXXX");
-  if (!::mkdtemp(scratch.data())) scratch.clear();
+  // removes once the group is gone: processes killed by a stop signal remove nothing. It is in
+  // /tmp, not $TMPDIR: a daemon's socket path must stay short (108 bytes) and in folders that
+  // gradsyncd's checks accept.
+  std::string scratch = "/tmp/gradsync-bench-XXXXXX";
+  if (!::mkdtemp(scratch.data())) {
+    std::perror("gradsync-bench: mkdtemp /tmp/gradsync-bench-XXXXXX (its files go into /tmp itself)");
+    scratch.clear();
+  }
   ScratchDirectory cleanup{scratch};
   std::fflush(nullptr);  // nothing buffered is written twice
   const pid_t self = ::getpid();
@@ -145,21 +159,31 @@ int run_supervised(const std::function<int()>& body) {
     return body();
   }
   if (child == 0) {
-    ::setpgid(0, 0);
-    // A supervisor killed outright (SIGKILL) cannot forward anything: stop_own_group() then.
+    cleanup.path.clear();  // the supervisor's to remove, once the whole group is gone
+    // A supervisor killed outright (SIGKILL) cannot forward anything: stop_own_group() then,
+    // which signals this process's group (only once it is a group of its own).
     const int orphaned = SIGRTMIN;
-    struct sigaction on_orphaned {};
-    on_orphaned.sa_handler = stop_own_group;
-    ::sigaction(orphaned, &on_orphaned, nullptr);
+    if (::setpgid(0, 0) == 0) {
+      struct sigaction on_orphaned {};
+      on_orphaned.sa_handler = stop_own_group;
+      ::sigaction(orphaned, &on_orphaned, nullptr);
+      ::prctl(PR_SET_PDEATHSIG, orphaned);
+    } else {
+      ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    }
     sigset_t unblock;
     sigemptyset(&unblock);
     sigaddset(&unblock, orphaned);
-    ::prctl(PR_SET_PDEATHSIG, orphaned);
     sigprocmask(SIG_SETMASK, &previous, nullptr);
     sigprocmask(SIG_UNBLOCK, &unblock, nullptr);
     if (::getppid() != self) std::_Exit(128 + SIGTERM);  // the supervisor is already gone
-    if (!scratch.empty()) ::setenv("TMPDIR", scratch.c_str(), 1);
-    const int status = body();
+    if (!scratch.empty()) ::setenv(kScratchVariable, scratch.c_str(), 1);
+    int status = 1;
+    try {
+      status = body();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "gradsync-bench: %s\n", e.what());
+    }
     std::fflush(nullptr);
     std::_Exit(status);
   }
