@@ -2,6 +2,8 @@
 // per-job counters and histograms in the text exposition format, failures by code once a
 // trainer is killed, and 404 for anything but /metrics.
 #include <catch2/catch.hpp>
+#include <filesystem>
+#include <system_error>
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -43,9 +45,11 @@ std::string metrics_url(const TestDaemon& daemon) {
 TEST_CASE("metrics: a bad --metrics address is refused, naming it", "[integration][metrics]") {
   for (const std::string& address : {std::string("127.0.0.1:70000"), std::string("127.0.0.1:abc"),
                                      std::string("nonsense"), std::string("999.1.1.1:80")}) {
-    const CommandRun run = run_command(std::string(GRADSYNCD_BINARY) + " --socket /tmp/gradsync-metrics-bad-" +
-                                       std::to_string(::getpid()) + "/gradsync.sock --admin none --peer-listen 127.0.0.1:0" +
-                                       " --metrics " + address);
+    const std::string folder = "/tmp/gradsync-metrics-bad-" + std::to_string(::getpid());
+    const CommandRun run = run_command(std::string(GRADSYNCD_BINARY) + " --socket " + folder +
+                                       "/gradsync.sock --admin none --peer-listen 127.0.0.1:0" + " --metrics " + address);
+    std::error_code ignored;
+    std::filesystem::remove_all(folder, ignored);  // the daemon made it for its socket
     INFO(run.output);
     CHECK(run.code == 1);
     CHECK_THAT(run.output, Catch::Contains("--metrics"));

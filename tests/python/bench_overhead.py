@@ -56,7 +56,7 @@ def main():
         cpp = float(out.split("cpp_mark_ready_us=")[1].split()[0])
         py = python_us(daemon.socket, args.tensors, args.steps)
     finally:
-        daemon.stop()
+        daemon.close()
     print(f"| per tensor marked ready ({args.tensors} tensors, median of {args.steps} steps) | Python {py:.2f} us | "
           f"C++ {cpp:.2f} us | Python layer adds {py - cpp:.2f} us (target <= 5 us) |")
     print(f"python_mark_ready_us={py:.3f} cpp_mark_ready_us={cpp:.3f} python_overhead_us={py - cpp:.3f}")

@@ -21,6 +21,6 @@ def pytest_sessionfinish(session, exitstatus):
 def daemon():
     d = Daemon()
     yield d
-    d.stop()
+    d.close()
 
 

@@ -6,6 +6,7 @@ GRADSYNCD_BINARY=build/bin/gradsyncd. Trainers are separate processes (workers/)
 torchrun: the tests never share a client between ranks.
 """
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -61,6 +62,11 @@ class Daemon:
                 self.process.wait(10)
             except subprocess.TimeoutExpired:
                 self.kill()
+
+    def close(self):
+        """stop(), then removes the daemon's folder (its socket and log): nothing is left in /tmp."""
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def run_ranks(script, world, daemon, args=(), timeout=240, env=None, job=None):

@@ -46,8 +46,8 @@ def test_rendezvous_from_master_addr_alone():
         assert_all_ok(results, node0)
         assert all("ok rank" in out for _, out in results), results
     finally:
-        node0.stop()
-        node1.stop()
+        node0.close()
+        node1.close()
         shutil.rmtree(token_dir, ignore_errors=True)
 
 

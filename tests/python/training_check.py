@@ -65,9 +65,10 @@ def main():
     device = "cuda" if "--cuda" in sys.argv else "cpu"  # --cpu (the default) or --cuda
     daemon = Daemon()
     try:
-        print("training:", compare(daemon, tempfile.mkdtemp(prefix="gradsync-train-"), device))
+        with tempfile.TemporaryDirectory(prefix="gradsync-train-") as scratch:
+            print("training:", compare(daemon, scratch, device))
     finally:
-        daemon.stop()
+        daemon.close()
 
 
 if __name__ == "__main__":
