@@ -130,16 +130,28 @@ class AdjacentRegion final : public MemoryRegion {
   std::shared_ptr<std::atomic<bool>> released_;
 };
 
-// One rank on node 0 of two, one tensor of `numel` elements in its own region.
+// One rank on node 0 of two, and one bucket of its tensors.
 struct OneBucket {
+  // One tensor of `numel` elements in a region of its own (its release sets *released).
   OneBucket(DType dtype, uint64_t numel) {
+    build(dtype, {std::make_shared<WatchedRegion>(numel * dtype_size(dtype), released)});
+  }
+  // One tensor filling each region, in order: regions side by side make one contiguous run.
+  OneBucket(DType dtype, std::vector<std::shared_ptr<const MemoryRegion>> regions) {
+    build(dtype, std::move(regions));
+  }
+
+  void build(DType dtype, std::vector<std::shared_ptr<const MemoryRegion>> regions) {
     REQUIRE(make_topology(2, 1, 0, 0, {}, &topology).ok());
     auto set = std::make_shared<TensorSet>();
-    set->layout.push_back(plan::TensorLayout{dtype, numel, "dp"});
-    set->bucket_cap = numel * dtype_size(dtype);
-    auto region = std::make_shared<WatchedRegion>(numel * dtype_size(dtype), released);
-    set->address.push_back({region->base()});
-    set->regions.push_back(std::move(region));
+    std::vector<std::byte*> addresses;
+    for (const auto& region : regions) {
+      set->layout.push_back(plan::TensorLayout{dtype, region->size() / dtype_size(dtype), "dp"});
+      set->bucket_cap += region->size();
+      addresses.push_back(region->base());
+    }
+    set->address.push_back(std::move(addresses));
+    set->regions = std::move(regions);
     complete_tensor_set(set.get(), topology);
     REQUIRE(set->plan.buckets.size() == 1);
     call.seq = 1;
@@ -193,38 +205,16 @@ TEST_CASE("cross-node: every segment of an in-place run stays mapped while an ab
   auto backing = std::make_shared<std::vector<std::byte>>(2 * kBytes);
   auto first_released = std::make_shared<std::atomic<bool>>(false);
   auto second_released = std::make_shared<std::atomic<bool>>(false);
-  Topology topology;
-  REQUIRE(make_topology(2, 1, 0, 0, {}, &topology).ok());
-  auto set = std::make_shared<TensorSet>();
-  set->layout = {plan::TensorLayout{DType::kFloat32, 4096, "dp"}, plan::TensorLayout{DType::kFloat32, 4096, "dp"}};
-  set->bucket_cap = 2 * kBytes;
-  auto first = std::make_shared<AdjacentRegion>(backing, 0, kBytes, first_released);
-  auto second = std::make_shared<AdjacentRegion>(backing, kBytes, kBytes, second_released);
-  set->address.push_back({first->base(), second->base()});
-  set->regions = {first, second};
-  first.reset();
-  second.reset();
-  complete_tensor_set(set.get(), topology);
-  REQUIRE(set->plan.buckets.size() == 1);
-  REQUIRE(set->canonical_run[0]);
-  LingeringEngine engine;
-  BucketCall call;
-  call.seq = 1;
-  call.desc.kind = OpKind::kAllreduce;
-  call.set = std::move(set);
-  call.topology = &topology;
-  call.engine = &engine;
+  OneBucket b(DType::kFloat32, {std::make_shared<AdjacentRegion>(backing, 0, kBytes, first_released),
+                                std::make_shared<AdjacentRegion>(backing, kBytes, kBytes, second_released)});
+  REQUIRE(b.call.set->canonical_run[0]);
   ThreadPool pool(1);
   auto buffers = std::make_shared<NodeBuffers>();
-  auto answer = std::async(std::launch::async, [&] { return execute_across_nodes(call, pool, buffers); });
-  const bool called = engine.wait_called(std::chrono::seconds(10));
-  engine.abort(Status::aborted("job failed: test"));
-  CHECK(answer.get().code() == ErrorCode::kAborted);
-  REQUIRE(called);
-  call.set.reset();
+  CHECK(b.run_and_abort(pool, buffers).code() == ErrorCode::kAborted);
+  b.call.set.reset();
   CHECK_FALSE(*first_released);
   CHECK_FALSE(*second_released);  // the late write reaches into the second segment too
-  engine.leave();
+  b.engine.leave();
   CHECK(*first_released);
   CHECK(*second_released);
 }
