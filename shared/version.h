@@ -10,7 +10,15 @@
 
 namespace gradsync {
 
-inline constexpr const char* kGradsyncVersion = "0.2.0";
+inline constexpr const char* kGradsyncVersion = "0.2.1";
 inline constexpr uint32_t kProtocolVersion = 3;
+
+// The cross-node protocol: what the daemons of one job say to each other (the node record at
+// formation, the sequence-check header, the engine calls each bucket makes, the store keys).
+// Every node of a job must speak the same one; formation refuses a node that speaks another,
+// naming both versions. Bump it with any change to those.
+//   0: (not stated) gradsyncd before 0.2.1
+//   1: the node record states it; the header carries the slice size
+inline constexpr uint32_t kCrossNodeProtocol = 1;
 
 }  // namespace gradsync

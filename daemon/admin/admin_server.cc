@@ -98,7 +98,7 @@ std::string AdminServer::read_pem(const std::string& file, const char* flag) {
 }
 
 void AdminServer::open_unix_socket() {
-  if (Status status = check_socket_folder(path_, "admin socket"); !status.ok()) throw Error(status);
+  if (Status status = check_socket_folder(path_, "admin socket", folders_); !status.ok()) throw Error(status);
   sockaddr_un address{};
   if (path_.empty() || path_.size() >= sizeof address.sun_path) {
     throw Error(Status::invalid_argument("--admin: the socket path '" + path_ + "' is empty or too long"));

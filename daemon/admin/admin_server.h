@@ -25,6 +25,7 @@
 #include "daemon/admin/admin_service.h"
 #include "daemon/admin/view.h"
 #include "daemon/control/peer_credentials.h"
+#include "daemon/control/socket_path.h"
 #include "daemon/util/log.h"
 #include "shared/status.h"
 
@@ -85,6 +86,8 @@ class AdminServer {
   std::string read_pem(const std::string& file, const char* flag);
 
   AdminServerOptions options_;
+  // Removed after the socket (the destructor's body), also when the constructor throws.
+  CreatedFolders folders_;
   std::string path_;  // empty: no Unix socket
   int tcp_port_ = 0;
   int listen_fd_ = -1;

@@ -20,8 +20,8 @@ namespace {
 
 // A socket file left by a crashed daemon is removed; one a live daemon serves is not. The folder
 // must be safe first (socket_path.h), or the "stale socket" could be anyone's.
-void claim_socket_path(asio::io_context& io, const std::string& path) {
-  if (Status status = check_socket_folder(path, "control socket"); !status.ok()) throw Error(status);
+void claim_socket_path(asio::io_context& io, const std::string& path, CreatedFolders& created) {
+  if (Status status = check_socket_folder(path, "control socket", created); !status.ok()) throw Error(status);
   struct stat st {};
   if (::lstat(path.c_str(), &st) != 0) return;
   if (!S_ISSOCK(st.st_mode)) {
@@ -38,7 +38,7 @@ void claim_socket_path(asio::io_context& io, const std::string& path) {
 
 ControlServer::ControlServer(asio::io_context& io, ControlServerOptions options)
     : options_(std::move(options)), acceptor_(io) {
-  claim_socket_path(io, options_.socket_path);
+  claim_socket_path(io, options_.socket_path, folders_);
   // The allow-list is what authenticates; the file mode only keeps strangers from even trying.
   Status status;
   const int fd = bind_unix_socket(options_.socket_path, options_.allowed_uids.empty() ? 0600 : 0666,
@@ -48,6 +48,7 @@ ControlServer::ControlServer(asio::io_context& io, ControlServerOptions options)
   acceptor_.assign(Protocol(), fd, ec);
   if (ec) {
     ::close(fd);
+    ::unlink(options_.socket_path.c_str());
     throw Error(Status::internal("cannot listen on " + options_.socket_path + ": " + ec.message()));
   }
   options_.log.info("listening on " + options_.socket_path);

@@ -1,6 +1,7 @@
 // The control server: accepts clients on the Unix socket, authenticates them with SO_PEERCRED
 // against the allow-list, and starts a Session for each. Owns the socket file: refuses to start
-// when another daemon serves it, replaces a stale one, and removes it on destruction.
+// when another daemon serves it, replaces a stale one, and removes it on destruction, with the
+// folders it created for it.
 #pragma once
 
 #include <sys/types.h>
@@ -13,6 +14,7 @@
 #include "daemon/backend/factory.h"
 #include "daemon/control/local_limits.h"
 #include "daemon/control/setup_threads.h"
+#include "daemon/control/socket_path.h"
 #include "daemon/job/registry.h"
 #include "daemon/util/log.h"
 
@@ -53,6 +55,8 @@ class ControlServer {
   bool allowed(uid_t uid) const;
 
   ControlServerOptions options_;
+  // Removed after the socket (the destructor's body), also when the constructor throws.
+  CreatedFolders folders_;
   boost::asio::local::stream_protocol::acceptor acceptor_;
   std::vector<std::weak_ptr<class Session>> sessions_;  // for shutdown; expired ones are pruned
 };

@@ -21,7 +21,13 @@ std::string octal(mode_t mode) {
 
 }  // namespace
 
-Status check_socket_folder(const std::string& socket_path, const std::string& what) {
+CreatedFolders::~CreatedFolders() {
+  // rmdir removes only an empty folder, and a folder that another process has since filled,
+  // or replaced with its own, is not emptied: failures are expected and left alone.
+  for (auto it = folders_.rbegin(); it != folders_.rend(); ++it) ::rmdir(it->c_str());
+}
+
+Status check_socket_folder(const std::string& socket_path, const std::string& what, CreatedFolders& created) {
   std::error_code error;
   std::filesystem::path folder = std::filesystem::absolute(socket_path, error).parent_path();
   if (error) return Status::invalid_argument(what + " " + socket_path + ": " + error.message());
@@ -36,6 +42,7 @@ Status check_socket_folder(const std::string& socket_path, const std::string& wh
       if (errno == EEXIST) continue;
       return Status::invalid_argument(what + ": cannot create folder " + it->string() + ": " + std::strerror(errno));
     }
+    created.add(*it);
     // 0755 whatever the umask (the unit's is 0077): other users' trainers must reach the socket.
     ::chmod(it->c_str(), 0755);
   }

@@ -6,6 +6,7 @@
 
 #include "daemon/job/config_channel.h"
 #include "daemon/plan/layout.h"
+#include "shared/version.h"
 
 namespace gradsync {
 namespace {
@@ -63,7 +64,10 @@ Status PeerCluster::form() {
                                      ": " + status.message());
   }
   prefix_ = "g" + std::to_string((joined - 1) / t.nodes) + "/";
-  const std::string mine = std::to_string(t.local_world_size) + " " + options_.advertise;
+  // "<local world size> <address> <cross-node protocol> <gradsyncd version>"; a daemon before
+  // the protocol was stated wrote the first two only.
+  const std::string mine = std::to_string(t.local_world_size) + " " + options_.advertise + " " +
+                           std::to_string(kCrossNodeProtocol) + " " + kGradsyncVersion;
   if (status = rendezvous_->set(store, key("node/" + std::to_string(t.node)), mine, options_.timeout); !status.ok()) {
     return status;
   }
@@ -80,8 +84,21 @@ Status PeerCluster::form() {
     }
     std::istringstream in(values[0]);
     int locals = 0;
-    std::string address;
+    std::string address, version;
+    uint32_t protocol = 0;
     in >> locals >> address;
+    if (!(in >> protocol >> version)) protocol = 0;
+    // First: a node of another protocol may mean something else by the rest of its record.
+    if (protocol != kCrossNodeProtocol) {
+      const std::string theirs = protocol == 0 ? std::string("a gradsyncd older than 0.2.1 (cross-node protocol not stated)")
+                                               : "gradsyncd " + version.substr(0, 64) + " (cross-node protocol " +
+                                                     std::to_string(protocol) + ")";
+      return Status::invalid_argument("job " + job + ": node " + std::to_string(n) + " (gradsyncd at " + address +
+                                      ") runs " + theirs + ", node " + std::to_string(t.node) + " runs gradsyncd " +
+                                      kGradsyncVersion + " (cross-node protocol " +
+                                      std::to_string(kCrossNodeProtocol) +
+                                      "): every node of a job must run a gradsyncd of the same cross-node protocol");
+    }
     if (locals != t.local_world_size) {
       return Status::invalid_argument("job " + job + ": local world sizes differ: node " + std::to_string(t.node) +
                                       " has " + std::to_string(t.local_world_size) + " ranks, node " +

@@ -48,9 +48,11 @@ TEST_CASE("metrics: a bad --metrics address is refused, naming it", "[integratio
     const std::string folder = "/tmp/gradsync-metrics-bad-" + std::to_string(::getpid());
     const CommandRun run = run_command(std::string(GRADSYNCD_BINARY) + " --socket " + folder +
                                        "/gradsync.sock --admin none --peer-listen 127.0.0.1:0" + " --metrics " + address);
-    std::error_code ignored;
-    std::filesystem::remove_all(folder, ignored);  // the daemon made it for its socket
     INFO(run.output);
+    // The daemon made the folder for its socket, and removes it when it cannot start.
+    CHECK_FALSE(std::filesystem::exists(folder));
+    std::error_code ignored;
+    std::filesystem::remove_all(folder, ignored);
     CHECK(run.code == 1);
     CHECK_THAT(run.output, Catch::Contains("--metrics"));
   }

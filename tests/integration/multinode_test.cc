@@ -11,8 +11,12 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <thread>
 
+#include "daemon/peer/peer_auth.h"
+#include "daemon/peer/peer_client.h"
+#include "shared/version.h"
 #include "tests/integration/harness.h"
 #include "tests/integration/values.h"
 
@@ -486,6 +490,44 @@ TEST_CASE("multi-node: nodes with different local world sizes are refused, namin
     return kOk;
   });
   for (int status : group.wait_all(std::chrono::seconds(60))) CHECK(exit_code(status) == kOk);
+}
+
+TEST_CASE("multi-node: a node of another cross-node protocol is refused at formation, naming both versions",
+          "[integration][multinode]") {
+  TestCluster cluster(2, {"--timeout-ms", "5000"});
+  std::string secret;
+  std::getline(std::ifstream(cluster.token_path()), secret);
+  auto auth = std::make_shared<PeerAuth>();
+  auth->token = secret;
+  // Node 1 is a peer client holding the cluster token that writes the node record another
+  // gradsyncd would: one from before the protocol was stated, and one of a newer protocol.
+  const std::pair<std::string, std::string> records[] = {
+      {"2 127.0.0.1:1", "node 1 (gradsyncd at 127.0.0.1:1) runs a gradsyncd older than 0.2.1 (cross-node protocol not stated)"},
+      {"2 127.0.0.1:1 99 9.9.9", "node 1 (gradsyncd at 127.0.0.1:1) runs gradsyncd 9.9.9 (cross-node protocol 99)"}};
+  for (const auto& [record, expected] : records) {
+    const std::string job = unique_job("nodes-versions");
+    const std::string store = std::to_string(::getuid()) + "." + job;
+    PeerClient other(cluster.rendezvous(), auth);
+    int64_t joined = 0;
+    REQUIRE(other.add(store, "incarnations", 1, std::chrono::seconds(5), &joined).ok());
+    REQUIRE(other.set(store, "g0/node/1", record, std::chrono::seconds(5)).ok());
+    ClientGroup group(2, [&, expected = expected](int rank) {
+      auto client = join_nodes(cluster.node(0).socket(), job, rank, 4, 2, cluster.rendezvous());
+      try {
+        client->register_tensors(client->allocate_flat(std::vector<TensorSpec>{{DType::kFloat32, 8, "dp"}}), {});
+        return fail("registration should have failed");
+      } catch (const Error& e) {
+        const std::string text = e.what();
+        if (text.find(expected) == std::string::npos ||
+            text.find("node 0 runs gradsyncd " + std::string(kGradsyncVersion) + " (cross-node protocol " +
+                      std::to_string(kCrossNodeProtocol) + ")") == std::string::npos) {
+          return fail("wrong error: " + text);
+        }
+      }
+      return kOk;
+    });
+    for (int status : group.wait_all(std::chrono::seconds(60))) CHECK(exit_code(status) == kOk);
+  }
 }
 
 namespace {

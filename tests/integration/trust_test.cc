@@ -14,6 +14,7 @@
 #include <csignal>
 #include <filesystem>
 #include <cstring>
+#include <fstream>
 #include <thread>
 
 #include "client/tools/process.h"
@@ -285,6 +286,8 @@ TEST_CASE("trust: gradsyncd refuses socket folders another user could write or s
   run = start(base + "/ok/gradsync.sock", "unix:" + open + "/admin.sock");
   CHECK(run.code == 1);
   CHECK_THAT(run.output, Catch::Contains("admin socket " + open + "/admin.sock: folder " + open));
+  // The control socket's folder it had made for that start is gone with it.
+  CHECK_FALSE(std::filesystem::exists(base + "/ok"));
   // A folder that does not exist is created, gradsyncd's and 0755 (whatever the umask), and serves.
   const std::string fresh = base + "/made/by/gradsyncd";
   const mode_t umask_before = ::umask(0077);  // the unit's UMask
@@ -304,6 +307,22 @@ TEST_CASE("trust: gradsyncd refuses socket folders another user could write or s
   CHECK((info.st_mode & 0777) == 0600);
   daemon.signal(SIGTERM);
   CHECK(exit_code(daemon.wait_for(std::chrono::seconds(10))) == 0);
+  // Stopping removes the sockets and every folder it made, and nothing above them.
+  CHECK_FALSE(std::filesystem::exists(base + "/made"));
+  CHECK(std::filesystem::exists(base));
+  // A folder it made that holds something else at the end is left, with what it holds.
+  const std::string kept = base + "/kept/here";
+  ChildProcess second({GRADSYNCD_BINARY, "--socket", kept + "/gradsync.sock", "--admin", "none", "--peer-listen",
+                       "127.0.0.1:0"});
+  for (int i = 0; i < 200 && !std::filesystem::exists(kept + "/gradsync.sock"); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  REQUIRE(std::filesystem::exists(kept + "/gradsync.sock"));
+  std::ofstream(kept + "/notes.txt") << "an operator's file\n";
+  second.signal(SIGTERM);
+  CHECK(exit_code(second.wait_for(std::chrono::seconds(10))) == 0);
+  CHECK(std::filesystem::exists(kept + "/notes.txt"));
+  CHECK_FALSE(std::filesystem::exists(kept + "/gradsync.sock"));
   std::filesystem::remove_all(base);
 }
 
