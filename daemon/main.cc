@@ -37,5 +37,9 @@ int main(int argc, char** argv) {
   } catch (const gradsync::Error& e) {
     std::fprintf(stderr, "gradsyncd: %s\n", e.what());
     return 1;
+  } catch (const std::exception& e) {
+    // Caught so that the stack unwinds: the sockets and the folders made for them go.
+    std::fprintf(stderr, "gradsyncd: internal error: %s\n", e.what());
+    return 1;
   }
 }

@@ -89,6 +89,7 @@ class AdminServer {
   // Removed after the socket (the destructor's body), also when the constructor throws.
   CreatedFolders folders_;
   std::string path_;  // empty: no Unix socket
+  PathIdentity socket_file_;  // the socket bound at path_; removed only while it is still that one
   int tcp_port_ = 0;
   int listen_fd_ = -1;
   int wake_fd_ = -1;  // an eventfd that ends accept_loop

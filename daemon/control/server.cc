@@ -44,6 +44,7 @@ ControlServer::ControlServer(asio::io_context& io, ControlServerOptions options)
   const int fd = bind_unix_socket(options_.socket_path, options_.allowed_uids.empty() ? 0600 : 0666,
                                   asio::socket_base::max_listen_connections, false, &status);
   if (fd < 0) throw Error(Status::internal("cannot listen on " + options_.socket_path + ": " + status.message()));
+  socket_file_ = PathIdentity::of(options_.socket_path);
   boost::system::error_code ec;
   acceptor_.assign(Protocol(), fd, ec);
   if (ec) {
@@ -56,7 +57,7 @@ ControlServer::ControlServer(asio::io_context& io, ControlServerOptions options)
 
 ControlServer::~ControlServer() {
   stop(Status::aborted("gradsyncd is shutting down"));
-  ::unlink(options_.socket_path.c_str());
+  remove_if_still(options_.socket_path, socket_file_);
 }
 
 void ControlServer::set_allowed_uids(std::vector<uid_t> uids) {

@@ -57,6 +57,7 @@ class ControlServer {
   ControlServerOptions options_;
   // Removed after the socket (the destructor's body), also when the constructor throws.
   CreatedFolders folders_;
+  PathIdentity socket_file_;  // the socket bound here; removed only while it is still that one
   boost::asio::local::stream_protocol::acceptor acceptor_;
   std::vector<std::weak_ptr<class Session>> sessions_;  // for shutdown; expired ones are pruned
 };

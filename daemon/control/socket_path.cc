@@ -21,34 +21,43 @@ std::string octal(mode_t mode) {
 
 }  // namespace
 
-CreatedFolders::~CreatedFolders() {
-  // rmdir removes only an empty folder, and a folder that another process has since filled,
-  // or replaced with its own, is not emptied: failures are expected and left alone.
-  for (auto it = folders_.rbegin(); it != folders_.rend(); ++it) ::rmdir(it->c_str());
+PathIdentity PathIdentity::of(const std::string& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) return PathIdentity{};
+  return PathIdentity{st.st_dev, st.st_ino, true};
 }
 
-Status check_socket_folder(const std::string& socket_path, const std::string& what, CreatedFolders& created) {
-  std::error_code error;
-  std::filesystem::path folder = std::filesystem::absolute(socket_path, error).parent_path();
-  if (error) return Status::invalid_argument(what + " " + socket_path + ": " + error.message());
-  // Create what is missing, each folder 0755 and ours.
-  std::vector<std::filesystem::path> missing;
-  for (auto p = folder; !p.empty() && !std::filesystem::exists(p, error); p = p.parent_path()) {
-    missing.push_back(p);
-    if (p == p.root_path()) break;
+bool PathIdentity::still_at(const std::string& path) const {
+  const PathIdentity now = of(path);
+  return valid && now.valid && now.device == device && now.inode == inode;
+}
+
+void remove_if_still(const std::string& path, const PathIdentity& identity) {
+  if (identity.still_at(path)) ::unlink(path.c_str());
+}
+
+void CreatedFolders::add(std::filesystem::path folder) {
+  const PathIdentity identity = PathIdentity::of(folder);
+  if (identity.valid) folders_.push_back({std::move(folder), identity});
+}
+
+CreatedFolders::~CreatedFolders() {
+  // Deepest first. A folder that is no longer the one made here (removed and made again by
+  // someone else) is left; rmdir leaves one that holds anything.
+  for (auto it = folders_.rbegin(); it != folders_.rend(); ++it) {
+    if (it->second.still_at(it->first)) ::rmdir(it->first.c_str());
   }
-  for (auto it = missing.rbegin(); it != missing.rend(); ++it) {
-    if (::mkdir(it->c_str(), 0755) != 0) {
-      if (errno == EEXIST) continue;
-      return Status::invalid_argument(what + ": cannot create folder " + it->string() + ": " + std::strerror(errno));
-    }
-    created.add(*it);
-    // 0755 whatever the umask (the unit's is 0077): other users' trainers must reach the socket.
-    ::chmod(it->c_str(), 0755);
-  }
+}
+
+namespace {
+
+// Walks from `start` up to the root, refusing a folder that is not root's or ours, or that
+// others can write (`start` itself: at all; above it: unless sticky, like /tmp).
+Status check_chain(const std::filesystem::path& start, bool start_is_direct, const std::string& socket_path,
+                   const std::string& what) {
   const uid_t self = ::geteuid();
-  bool direct = true;
-  for (auto p = folder;; p = p.parent_path()) {
+  bool direct = start_is_direct;
+  for (auto p = start;; p = p.parent_path()) {
     struct stat st {};
     if (::stat(p.c_str(), &st) != 0) {
       return Status::invalid_argument(what + ": cannot examine folder " + p.string() + ": " + std::strerror(errno));
@@ -72,6 +81,34 @@ Status check_socket_folder(const std::string& socket_path, const std::string& wh
     if (p == p.root_path() || p.parent_path() == p) break;
   }
   return Status();
+}
+
+}  // namespace
+
+Status check_socket_folder(const std::string& socket_path, const std::string& what, CreatedFolders& created) {
+  std::error_code error;
+  std::filesystem::path folder = std::filesystem::absolute(socket_path, error).parent_path();
+  if (error) return Status::invalid_argument(what + " " + socket_path + ": " + error.message());
+  std::vector<std::filesystem::path> missing;
+  for (auto p = folder; !p.empty() && !std::filesystem::exists(p, error); p = p.parent_path()) {
+    missing.push_back(p);
+    if (p == p.root_path()) break;
+  }
+  // Nothing is made under a folder that is not safe: another user could swap what was made.
+  if (!missing.empty()) {
+    if (Status s = check_chain(missing.back().parent_path(), false, socket_path, what); !s.ok()) return s;
+  }
+  // Create what is missing, each folder 0755 and ours.
+  for (auto it = missing.rbegin(); it != missing.rend(); ++it) {
+    if (::mkdir(it->c_str(), 0755) != 0) {
+      if (errno == EEXIST) continue;
+      return Status::invalid_argument(what + ": cannot create folder " + it->string() + ": " + std::strerror(errno));
+    }
+    created.add(*it);
+    // 0755 whatever the umask (the unit's is 0077): other users' trainers must reach the socket.
+    ::chmod(it->c_str(), 0755);
+  }
+  return check_chain(folder, true, socket_path, what);
 }
 
 int bind_unix_socket(const std::string& path, mode_t mode, int backlog, bool nonblocking, Status* status) {

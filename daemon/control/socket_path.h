@@ -13,16 +13,33 @@
 
 #include <filesystem>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "shared/status.h"
 
 namespace gradsync {
 
+// A file or folder as it was when recorded (device and inode, not following a final symlink):
+// what gradsyncd made is removed only while it is still the same one, never what another
+// process has put at the path since (a daemon started on the same path while this one stops).
+struct PathIdentity {
+  dev_t device = 0;
+  ino_t inode = 0;
+  bool valid = false;
+
+  static PathIdentity of(const std::string& path);
+  bool still_at(const std::string& path) const;
+};
+
+// Unlinks `path` if it is still `identity` (a socket this daemon bound).
+void remove_if_still(const std::string& path, const PathIdentity& identity);
+
 // The folders check_socket_folder() created for a socket. When this goes (the daemon stops, or
-// fails to start after making them), each is removed, deepest first, if it is empty: gradsyncd
-// leaves behind no folder it made, and never removes anything it did not make or that holds
-// something (another socket, a file someone put there).
+// fails to start after making them), each is removed, deepest first, if it is empty and still
+// the folder made here: gradsyncd leaves behind no folder it made, and removes nothing it did
+// not make or that holds something (another socket, a file someone put there). A daemon that
+// is killed (SIGKILL, a crash) leaves them.
 class CreatedFolders {
  public:
   CreatedFolders() = default;
@@ -30,15 +47,16 @@ class CreatedFolders {
   CreatedFolders(const CreatedFolders&) = delete;
   CreatedFolders& operator=(const CreatedFolders&) = delete;
 
-  void add(std::filesystem::path folder) { folders_.push_back(std::move(folder)); }
+  void add(std::filesystem::path folder);
 
  private:
-  std::vector<std::filesystem::path> folders_;  // outermost first
+  std::vector<std::pair<std::filesystem::path, PathIdentity>> folders_;  // outermost first
 };
 
 // Checks (and creates, if missing) the folder of `socket_path`; the error names the folder,
 // its owner or mode, and what to do. `what` names the socket in messages ("control socket").
-// Folders it creates are added to `created`.
+// Missing folders are made only under a folder that passes the same checks, and are added to
+// `created`.
 Status check_socket_folder(const std::string& socket_path, const std::string& what, CreatedFolders& created);
 
 // A listening Unix socket at `path` with `mode`, created without a window in which it has

@@ -7,9 +7,16 @@
 
 #include "daemon/job/peer_cluster.h"
 #include "daemon/plan/layout.h"
+#include "daemon/util/safe_text.h"
 #include "shared/channel_layout.h"
 
 namespace gradsync {
+
+namespace {
+// What the admin service shows of a job's failure (GetStatus, gradsyncctl status).
+constexpr size_t kMaxLastErrorBytes = 2048;
+}  // namespace
+
 Job::Job(JobOptions options)
     : options_(std::move(options)),
       log_(options_.log.with("job=" + options_.params.id + " uid=" + std::to_string(options_.params.uid))),
@@ -128,7 +135,9 @@ admin::JobInfo Job::info() const {
   info.incarnation = incarnation();
   const Status why = failure();
   info.state = why.ok() ? "running" : "failed";
-  info.last_error = why.ok() ? "" : why.to_string();
+  // Failures can quote text from clients and other nodes: shown by gradsyncctl and sent in
+  // protobuf strings, it must be printable UTF-8 (safe_text.h).
+  info.last_error = why.ok() ? "" : safe_text(why.to_string(), kMaxLastErrorBytes);
   info.world_size = p.world_size;
   info.local_world_size = p.local_world_size;
   info.node = p.topology.node;

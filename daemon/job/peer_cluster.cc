@@ -5,8 +5,8 @@
 #include <sstream>
 
 #include "daemon/job/config_channel.h"
+#include "daemon/job/node_record.h"
 #include "daemon/plan/layout.h"
-#include "shared/version.h"
 
 namespace gradsync {
 namespace {
@@ -64,10 +64,8 @@ Status PeerCluster::form() {
                                      ": " + status.message());
   }
   prefix_ = "g" + std::to_string((joined - 1) / t.nodes) + "/";
-  // "<local world size> <address> <cross-node protocol> <gradsyncd version>"; a daemon before
-  // the protocol was stated wrote the first two only.
-  const std::string mine = std::to_string(t.local_world_size) + " " + options_.advertise + " " +
-                           std::to_string(kCrossNodeProtocol) + " " + kGradsyncVersion;
+  const NodeRecord me = NodeRecord::mine(t.local_world_size, options_.advertise);
+  const std::string mine = me.encode();
   if (status = rendezvous_->set(store, key("node/" + std::to_string(t.node)), mine, options_.timeout); !status.ok()) {
     return status;
   }
@@ -82,29 +80,24 @@ Status PeerCluster::form() {
                                        " did not join within " + std::to_string(options_.timeout.count()) +
                                        " ms: " + status.message());
     }
-    std::istringstream in(values[0]);
-    int locals = 0;
-    std::string address, version;
-    uint32_t protocol = 0;
-    in >> locals >> address;
-    if (!(in >> protocol >> version)) protocol = 0;
-    // First: a node of another protocol may mean something else by the rest of its record.
-    if (protocol != kCrossNodeProtocol) {
-      const std::string theirs = protocol == 0 ? std::string("a gradsyncd older than 0.2.1 (cross-node protocol not stated)")
-                                               : "gradsyncd " + version.substr(0, 64) + " (cross-node protocol " +
-                                                     std::to_string(protocol) + ")";
-      return Status::invalid_argument("job " + job + ": node " + std::to_string(n) + " (gradsyncd at " + address +
-                                      ") runs " + theirs + ", node " + std::to_string(t.node) + " runs gradsyncd " +
-                                      kGradsyncVersion + " (cross-node protocol " +
-                                      std::to_string(kCrossNodeProtocol) +
-                                      "): every node of a job must run a gradsyncd of the same cross-node protocol");
+    const std::optional<NodeRecord> theirs = NodeRecord::parse(values[0]);
+    if (!theirs) {
+      return Status::protocol("job " + job + ": node " + std::to_string(n) +
+                              " published a formation record that this gradsyncd cannot read: not one a gradsyncd writes");
     }
-    if (locals != t.local_world_size) {
+    // First: a node of another protocol may mean something else by the rest of its record.
+    if (theirs->protocol != me.protocol) {
+      return Status::invalid_argument("job " + job + ": node " + std::to_string(n) + " (gradsyncd at " +
+                                      theirs->address + ") runs " + theirs->describe_version() + ", node " +
+                                      std::to_string(t.node) + " runs " + me.describe_version() +
+                                      ": every node of a job must run a gradsyncd of the same cross-node protocol");
+    }
+    if (theirs->local_world_size != t.local_world_size) {
       return Status::invalid_argument("job " + job + ": local world sizes differ: node " + std::to_string(t.node) +
                                       " has " + std::to_string(t.local_world_size) + " ranks, node " +
-                                      std::to_string(n) + " has " + std::to_string(locals));
+                                      std::to_string(n) + " has " + std::to_string(theirs->local_world_size));
     }
-    addresses_.push_back(address);
+    addresses_.push_back(theirs->address);
   }
   formed_ = true;
   options_.log.info("formed across " + std::to_string(t.nodes) + " nodes as node " + std::to_string(t.node) +

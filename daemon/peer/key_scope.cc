@@ -111,8 +111,8 @@ Status KeyScope::may_set(const std::string& job, const std::string& key, bool if
                                      " is not one the formation protocol sets");
   }
   if (instance.empty()) {
-    return Status::permission_denied("peer call without a daemon instance id; every node must run the same "
-                                     "gradsyncd version");
+    return Status::permission_denied("peer call without a daemon instance id; every node must run a "
+                                     "gradsyncd of the same cross-node protocol");
   }
   int node = 0;
   if (rest.rfind("node/", 0) == 0 && trailing_node(rest, &node) && rest == "node/" + std::to_string(node)) {

@@ -74,7 +74,7 @@ grpc::Status ProofChecker::check(const grpc::ServerContextBase& context, std::st
   auto it = metadata.find(kProofKey);
   if (it == metadata.end()) {
     return refused("it carries no proof of the cluster token (--peer-token-file must be given to every node's "
-                   "gradsyncd, of the same version)");
+                   "gradsyncd, of the same cross-node protocol)");
   }
   return check_value(std::string_view(it->second.data(), it->second.size()), method, instance, request,
                      std::chrono::system_clock::now());

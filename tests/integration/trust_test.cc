@@ -6,7 +6,9 @@
 #include <grp.h>
 #include <pwd.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -276,6 +278,11 @@ TEST_CASE("trust: gradsyncd refuses socket folders another user could write or s
   run = start("/tmp/gradsync-direct-" + std::to_string(::getpid()) + ".sock");
   CHECK(run.code == 1);
   CHECK_THAT(run.output, Catch::Contains("folder /tmp (mode 1777) can be written by other users"));
+  // Nothing is made under such a folder (the other user could swap what was made).
+  run = start(theirs + "/new/gradsync.sock");
+  CHECK(run.code == 1);
+  CHECK_THAT(run.output, Catch::Contains("folder " + theirs + " belongs to uid " + std::to_string(user.uid)));
+  CHECK_FALSE(std::filesystem::exists(theirs + "/new"));
   // Root's folder inside the other user's: they could rename it away and put their own there.
   const std::string nested = theirs + "/inner";
   REQUIRE(::mkdir(nested.c_str(), 0755) == 0);
@@ -293,7 +300,10 @@ TEST_CASE("trust: gradsyncd refuses socket folders another user could write or s
   const mode_t umask_before = ::umask(0077);  // the unit's UMask
   ChildProcess daemon({GRADSYNCD_BINARY, "--socket", fresh + "/gradsync.sock", "--peer-listen", "127.0.0.1:0"});
   ::umask(umask_before);
-  for (int i = 0; i < 200 && !std::filesystem::exists(fresh + "/gradsync.sock"); ++i) {
+  // The admin socket is bound after the control socket: wait for both.
+  for (int i = 0; i < 200 && !(std::filesystem::exists(fresh + "/gradsync.sock") &&
+                               std::filesystem::exists(fresh + "/admin.sock"));
+       ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(25));
   }
   REQUIRE(std::filesystem::exists(fresh + "/gradsync.sock"));
@@ -323,6 +333,27 @@ TEST_CASE("trust: gradsyncd refuses socket folders another user could write or s
   CHECK(exit_code(second.wait_for(std::chrono::seconds(10))) == 0);
   CHECK(std::filesystem::exists(kept + "/notes.txt"));
   CHECK_FALSE(std::filesystem::exists(kept + "/gradsync.sock"));
+  // A stopping daemon removes its own socket and folder, not those of a daemon that took the
+  // path meanwhile (its socket no longer answered, so the newcomer replaced it as stale).
+  const std::string taken = base + "/taken";
+  ChildProcess stopping({GRADSYNCD_BINARY, "--socket", taken + "/gradsync.sock", "--admin", "none", "--peer-listen",
+                         "127.0.0.1:0"});
+  for (int i = 0; i < 200 && !std::filesystem::exists(taken + "/gradsync.sock"); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  REQUIRE(std::filesystem::exists(taken + "/gradsync.sock"));
+  REQUIRE(::unlink((taken + "/gradsync.sock").c_str()) == 0);
+  const int newcomer = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(newcomer >= 0);
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  std::strncpy(address.sun_path, (taken + "/gradsync.sock").c_str(), sizeof address.sun_path - 1);
+  REQUIRE(::bind(newcomer, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0);
+  REQUIRE(::listen(newcomer, 1) == 0);
+  stopping.signal(SIGTERM);
+  CHECK(exit_code(stopping.wait_for(std::chrono::seconds(10))) == 0);
+  CHECK(std::filesystem::is_socket(taken + "/gradsync.sock"));
+  ::close(newcomer);
   std::filesystem::remove_all(base);
 }
 
