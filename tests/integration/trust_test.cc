@@ -12,12 +12,14 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <filesystem>
 #include <cstring>
 #include <fstream>
 #include <thread>
+#include <vector>
 
 #include "client/tools/process.h"
 #include "tests/integration/harness.h"
@@ -248,6 +250,19 @@ TEST_CASE("trust: a client refuses a daemon of another user unless told to trust
 
 namespace gradsync::test {
 
+namespace {
+
+// Waits (up to 5 s) until every path exists; the daemon binds its sockets once it is ready.
+bool wait_for_paths(const std::vector<std::string>& paths) {
+  const auto all = [&] {
+    return std::all_of(paths.begin(), paths.end(), [](const std::string& p) { return std::filesystem::exists(p); });
+  };
+  for (int i = 0; i < 200 && !all(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  return all();
+}
+
+}  // namespace
+
 TEST_CASE("trust: gradsyncd refuses socket folders another user could write or swap, and creates missing ones 0755",
           "[integration][trust]") {
   const TestUser user = test_user();
@@ -301,12 +316,7 @@ TEST_CASE("trust: gradsyncd refuses socket folders another user could write or s
   ChildProcess daemon({GRADSYNCD_BINARY, "--socket", fresh + "/gradsync.sock", "--peer-listen", "127.0.0.1:0"});
   ::umask(umask_before);
   // The admin socket is bound after the control socket: wait for both.
-  for (int i = 0; i < 200 && !(std::filesystem::exists(fresh + "/gradsync.sock") &&
-                               std::filesystem::exists(fresh + "/admin.sock"));
-       ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(25));
-  }
-  REQUIRE(std::filesystem::exists(fresh + "/gradsync.sock"));
+  REQUIRE(wait_for_paths({fresh + "/gradsync.sock", fresh + "/admin.sock"}));
   struct stat info {};
   REQUIRE(::stat(fresh.c_str(), &info) == 0);
   CHECK((info.st_mode & 07777) == 0755);
@@ -320,14 +330,19 @@ TEST_CASE("trust: gradsyncd refuses socket folders another user could write or s
   // Stopping removes the sockets and every folder it made, and nothing above them.
   CHECK_FALSE(std::filesystem::exists(base + "/made"));
   CHECK(std::filesystem::exists(base));
+  std::filesystem::remove_all(base);
+}
+
+TEST_CASE("trust: a stopping gradsyncd leaves a folder it made that holds a file, and a newcomer's socket",
+          "[integration][trust]") {
+  char pattern[] = "/tmp/gradsync-folders-XXXXXX";
+  REQUIRE(::mkdtemp(pattern));
+  const std::string base = pattern;
   // A folder it made that holds something else at the end is left, with what it holds.
   const std::string kept = base + "/kept/here";
   ChildProcess second({GRADSYNCD_BINARY, "--socket", kept + "/gradsync.sock", "--admin", "none", "--peer-listen",
                        "127.0.0.1:0"});
-  for (int i = 0; i < 200 && !std::filesystem::exists(kept + "/gradsync.sock"); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(25));
-  }
-  REQUIRE(std::filesystem::exists(kept + "/gradsync.sock"));
+  REQUIRE(wait_for_paths({kept + "/gradsync.sock"}));
   std::ofstream(kept + "/notes.txt") << "an operator's file\n";
   second.signal(SIGTERM);
   CHECK(exit_code(second.wait_for(std::chrono::seconds(10))) == 0);
@@ -338,10 +353,7 @@ TEST_CASE("trust: gradsyncd refuses socket folders another user could write or s
   const std::string taken = base + "/taken";
   ChildProcess stopping({GRADSYNCD_BINARY, "--socket", taken + "/gradsync.sock", "--admin", "none", "--peer-listen",
                          "127.0.0.1:0"});
-  for (int i = 0; i < 200 && !std::filesystem::exists(taken + "/gradsync.sock"); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(25));
-  }
-  REQUIRE(std::filesystem::exists(taken + "/gradsync.sock"));
+  REQUIRE(wait_for_paths({taken + "/gradsync.sock"}));
   REQUIRE(::unlink((taken + "/gradsync.sock").c_str()) == 0);
   const int newcomer = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   REQUIRE(newcomer >= 0);
