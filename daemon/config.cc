@@ -4,6 +4,7 @@
 #include <netinet/in.h>
 
 #include <boost/program_options.hpp>
+#include <algorithm>
 #include <sstream>
 #include <thread>
 
@@ -269,6 +270,13 @@ ParsedConfig parse_daemon_config(int argc, const char* const* argv) {
   if (peer_key_ttl_s == 0 || peer_key_ttl_s > 30 * 86'400) return fail("--peer-key-ttl-s must be from 1 to 2592000 (30 days)");
   config.peer_key_ttl = std::chrono::seconds(peer_key_ttl_s);
   config.nccl_keep_idle = std::chrono::seconds(nccl_keep_s);
+  // Other nodes read it from this node's formation record (node_record.h): one printable word.
+  const std::string& advertise = config.peer_advertise_host;
+  if (advertise.size() > 255 ||
+      std::any_of(advertise.begin(), advertise.end(), [](char c) { return c <= ' ' || c >= 0x7f; })) {
+    return fail("--peer-advertise must be a host name or address (printable ASCII, no spaces, at most 255 "
+                "bytes), not '" + advertise.substr(0, 64) + (advertise.size() > 64 ? "...'" : "'"));
+  }
   const bool peer_auth = !config.peer_token_file.empty() || !config.peer_tls_ca.empty();
   if (config.peer_listen.empty()) config.peer_listen = peer_auth ? "0.0.0.0:29590" : "127.0.0.1:29590";
   const auto colon = config.peer_listen.rfind(':');

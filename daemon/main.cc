@@ -4,6 +4,8 @@
 #include <google/protobuf/stubs/logging.h>
 
 #include <cstdio>
+#include <exception>
+#include <optional>
 
 #include "daemon/config.h"
 #include "daemon/daemon.h"
@@ -30,16 +32,24 @@ int main(int argc, char** argv) {
     std::fprintf(parsed.exit_code == 0 ? stdout : stderr, "%s\n", parsed.message.c_str());
     return parsed.exit_code;
   }
+  // Starting: any failure, a gradsync::Error or not (a thread that cannot be started), is
+  // reported and unwinds, so that the sockets and the folders made for them go. Running: an
+  // exception that is not a gradsync::Error is a defect, and aborts with its core dump.
+  std::optional<gradsync::Daemon> daemon;
   try {
     // SIGHUP reads the same flags and configuration file again.
-    gradsync::Daemon daemon(*parsed.config, [argc, argv] { return gradsync::parse_daemon_config(argc, argv); });
-    return daemon.run();
+    daemon.emplace(*parsed.config, [argc, argv] { return gradsync::parse_daemon_config(argc, argv); });
   } catch (const gradsync::Error& e) {
     std::fprintf(stderr, "gradsyncd: %s\n", e.what());
     return 1;
   } catch (const std::exception& e) {
-    // Caught so that the stack unwinds: the sockets and the folders made for them go.
-    std::fprintf(stderr, "gradsyncd: internal error: %s\n", e.what());
+    std::fprintf(stderr, "gradsyncd: cannot start: %s\n", e.what());
+    return 1;
+  }
+  try {
+    return daemon->run();
+  } catch (const gradsync::Error& e) {
+    std::fprintf(stderr, "gradsyncd: %s\n", e.what());
     return 1;
   }
 }

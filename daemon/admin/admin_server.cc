@@ -125,7 +125,7 @@ void AdminServer::open_unix_socket() {
   Status status;
   listen_fd_ = bind_unix_socket(path_, options_.others_allowed ? 0666 : 0600, 64, true, &status);
   if (listen_fd_ < 0) throw Error(Status::internal("admin socket " + status.message()));
-  socket_file_ = PathIdentity::of(path_);
+  socket_file_.bound(path_);
   wake_fd_ = ::eventfd(0, EFD_CLOEXEC);
   if (wake_fd_ < 0) {
     const Status status = fail(path_, "eventfd");
@@ -135,10 +135,10 @@ void AdminServer::open_unix_socket() {
 }
 
 void AdminServer::close_unix_socket() {
+  socket_file_.remove();  // while it still listens (owned_paths.h)
   if (listen_fd_ >= 0) ::close(listen_fd_);
   if (wake_fd_ >= 0) ::close(wake_fd_);
   listen_fd_ = wake_fd_ = -1;
-  if (!path_.empty()) remove_if_still(path_, socket_file_);
 }
 
 AdminServer::~AdminServer() {

@@ -25,7 +25,7 @@
 #include "daemon/admin/admin_service.h"
 #include "daemon/admin/view.h"
 #include "daemon/control/peer_credentials.h"
-#include "daemon/control/socket_path.h"
+#include "daemon/control/owned_paths.h"
 #include "daemon/util/log.h"
 #include "shared/status.h"
 
@@ -89,7 +89,7 @@ class AdminServer {
   // Removed after the socket (the destructor's body), also when the constructor throws.
   CreatedFolders folders_;
   std::string path_;  // empty: no Unix socket
-  PathIdentity socket_file_;  // the socket bound at path_; removed only while it is still that one
+  SocketFile socket_file_;  // the socket bound at path_; removed by close_unix_socket()
   int tcp_port_ = 0;
   int listen_fd_ = -1;
   int wake_fd_ = -1;  // an eventfd that ends accept_loop

@@ -44,21 +44,18 @@ ControlServer::ControlServer(asio::io_context& io, ControlServerOptions options)
   const int fd = bind_unix_socket(options_.socket_path, options_.allowed_uids.empty() ? 0600 : 0666,
                                   asio::socket_base::max_listen_connections, false, &status);
   if (fd < 0) throw Error(Status::internal("cannot listen on " + options_.socket_path + ": " + status.message()));
-  socket_file_ = PathIdentity::of(options_.socket_path);
+  socket_file_.bound(options_.socket_path);
   boost::system::error_code ec;
   acceptor_.assign(Protocol(), fd, ec);
   if (ec) {
+    socket_file_.remove();
     ::close(fd);
-    ::unlink(options_.socket_path.c_str());
     throw Error(Status::internal("cannot listen on " + options_.socket_path + ": " + ec.message()));
   }
   options_.log.info("listening on " + options_.socket_path);
 }
 
-ControlServer::~ControlServer() {
-  stop(Status::aborted("gradsyncd is shutting down"));
-  remove_if_still(options_.socket_path, socket_file_);
-}
+ControlServer::~ControlServer() { stop(Status::aborted("gradsyncd is shutting down")); }
 
 void ControlServer::set_allowed_uids(std::vector<uid_t> uids) {
   options_.allowed_uids = std::move(uids);
@@ -80,6 +77,8 @@ void ControlServer::start() {
 }
 
 void ControlServer::stop(const Status& why) {
+  // The name goes first, while the socket still listens (owned_paths.h).
+  socket_file_.remove();
   boost::system::error_code ignored;
   acceptor_.close(ignored);
   for (auto& weak : sessions_) {

@@ -14,7 +14,7 @@
 #include "daemon/backend/factory.h"
 #include "daemon/control/local_limits.h"
 #include "daemon/control/setup_threads.h"
-#include "daemon/control/socket_path.h"
+#include "daemon/control/owned_paths.h"
 #include "daemon/job/registry.h"
 #include "daemon/util/log.h"
 
@@ -57,8 +57,8 @@ class ControlServer {
   ControlServerOptions options_;
   // Removed after the socket (the destructor's body), also when the constructor throws.
   CreatedFolders folders_;
-  PathIdentity socket_file_;  // the socket bound here; removed only while it is still that one
   boost::asio::local::stream_protocol::acceptor acceptor_;
+  SocketFile socket_file_;  // removed by stop(), before the acceptor closes
   std::vector<std::weak_ptr<class Session>> sessions_;  // for shutdown; expired ones are pruned
 };
 

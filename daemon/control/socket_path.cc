@@ -21,34 +21,6 @@ std::string octal(mode_t mode) {
 
 }  // namespace
 
-PathIdentity PathIdentity::of(const std::string& path) {
-  struct stat st {};
-  if (::lstat(path.c_str(), &st) != 0) return PathIdentity{};
-  return PathIdentity{st.st_dev, st.st_ino, true};
-}
-
-bool PathIdentity::still_at(const std::string& path) const {
-  const PathIdentity now = of(path);
-  return valid && now.valid && now.device == device && now.inode == inode;
-}
-
-void remove_if_still(const std::string& path, const PathIdentity& identity) {
-  if (identity.still_at(path)) ::unlink(path.c_str());
-}
-
-void CreatedFolders::add(std::filesystem::path folder) {
-  const PathIdentity identity = PathIdentity::of(folder);
-  if (identity.valid) folders_.push_back({std::move(folder), identity});
-}
-
-CreatedFolders::~CreatedFolders() {
-  // Deepest first. A folder that is no longer the one made here (removed and made again by
-  // someone else) is left; rmdir leaves one that holds anything.
-  for (auto it = folders_.rbegin(); it != folders_.rend(); ++it) {
-    if (it->second.still_at(it->first)) ::rmdir(it->first.c_str());
-  }
-}
-
 namespace {
 
 // Walks from `start` up to the root, refusing a folder that is not root's or ours, or that
@@ -87,8 +59,15 @@ Status check_chain(const std::filesystem::path& start, bool start_is_direct, con
 
 Status check_socket_folder(const std::string& socket_path, const std::string& what, CreatedFolders& created) {
   std::error_code error;
-  std::filesystem::path folder = std::filesystem::absolute(socket_path, error).parent_path();
+  const std::filesystem::path absolute = std::filesystem::absolute(socket_path, error);
   if (error) return Status::invalid_argument(what + " " + socket_path + ": " + error.message());
+  for (const auto& part : absolute) {
+    if (part == "..") {
+      return Status::invalid_argument(what + " " + socket_path +
+                                      ": a path with '..' in it is refused; give the folder's own path");
+    }
+  }
+  const std::filesystem::path folder = absolute.parent_path();
   std::vector<std::filesystem::path> missing;
   for (auto p = folder; !p.empty() && !std::filesystem::exists(p, error); p = p.parent_path()) {
     missing.push_back(p);

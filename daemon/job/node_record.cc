@@ -57,15 +57,24 @@ std::string NodeRecord::encode() const {
 
 std::optional<NodeRecord> NodeRecord::parse(std::string_view text) {
   const std::vector<std::string_view> fields = fields_of(text);
-  if (fields.size() != 2 && fields.size() != 4) return std::nullopt;
   NodeRecord record;
+  if (fields.size() >= 4) {
+    // The protocol first: a node of another protocol may mean something else by the rest, and
+    // may have more fields; all it must state is its protocol and version (node_record.h).
+    if (!parse_decimal(fields[2], &record.protocol) || record.protocol == 0) return std::nullopt;
+    if (!version_text(fields[3])) return std::nullopt;
+    record.version = fields[3];
+    if (record.protocol != kCrossNodeProtocol) {
+      record.address = printable(fields[1], kMaxAddressBytes) ? std::string(fields[1]) : "(unreadable)";
+      return record;
+    }
+    if (fields.size() != 4) return std::nullopt;
+  } else if (fields.size() != 2) {
+    return std::nullopt;  // before 0.2.1: exactly two fields, and the protocol is not stated
+  }
   if (!parse_decimal(fields[0], &record.local_world_size) || record.local_world_size < 1) return std::nullopt;
   if (!printable(fields[1], kMaxAddressBytes)) return std::nullopt;
   record.address = fields[1];
-  if (fields.size() == 2) return record;  // before 0.2.1: the protocol is not stated
-  if (!parse_decimal(fields[2], &record.protocol) || record.protocol == 0) return std::nullopt;
-  if (!version_text(fields[3])) return std::nullopt;
-  record.version = fields[3];
   return record;
 }
 

@@ -2,8 +2,9 @@
 // about itself before the job forms, and checks of every other node's.
 //
 // Text form: "<local world size> <peer address> <cross-node protocol> <gradsyncd version>",
-// space-separated. gradsyncd before 0.2.1 wrote the first two fields only. Every later protocol
-// must keep these four fields in this order, so that any two versions can tell each other apart.
+// space-separated. gradsyncd before 0.2.1 wrote the first two fields only. A later protocol may
+// change the first two or add fields after the fourth, but must keep the protocol third and the
+// version fourth, so that any two versions can name each other.
 //
 // A record comes from another daemon (any holder of the cluster token), so parse() accepts only
 // what a gradsyncd writes: it is shown in errors that reach logs, clients and the admin service.
@@ -25,7 +26,8 @@ struct NodeRecord {
   // This daemon's record.
   static NodeRecord mine(int local_world_size, std::string address);
   std::string encode() const;
-  // std::nullopt for anything a gradsyncd would not have written.
+  // std::nullopt for anything a gradsyncd would not have written. A record of another protocol
+  // carries only its protocol, version and (when printable) address.
   static std::optional<NodeRecord> parse(std::string_view text);
   // "gradsyncd 0.2.1 (cross-node protocol 1)", or, not stated, "a gradsyncd older than 0.2.1
   // (cross-node protocol not stated)".

@@ -66,6 +66,12 @@ Status PeerCluster::form() {
   prefix_ = "g" + std::to_string((joined - 1) / t.nodes) + "/";
   const NodeRecord me = NodeRecord::mine(t.local_world_size, options_.advertise);
   const std::string mine = me.encode();
+  // Said here, naming this node, rather than by every node as a record it cannot read.
+  if (!NodeRecord::parse(mine)) {
+    return Status::invalid_argument("job " + job + ": this node's peer address '" + options_.advertise +
+                                    "' cannot be published: give gradsyncd a --peer-advertise host of printable "
+                                    "ASCII without spaces");
+  }
   if (status = rendezvous_->set(store, key("node/" + std::to_string(t.node)), mine, options_.timeout); !status.ok()) {
     return status;
   }

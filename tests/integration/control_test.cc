@@ -585,6 +585,11 @@ TEST_CASE("gradsyncd: an unknown flag or bad value exits 2 naming it", "[integra
   const auto [scheme_code, scheme_output] = run_daemon_command({"--admin", "unix-abstract:x"});
   CHECK(scheme_code == 2);
   CHECK_THAT(scheme_output, Catch::Contains("--admin must be unix:PATH, none or HOST:PORT, not 'unix-abstract:x'"));
+  // Other nodes read the advertised host from this node's formation record: one printable word.
+  const auto [advertise_code, advertise_output] = run_daemon_command({"--peer-advertise", "node 1"});
+  CHECK(advertise_code == 2);
+  CHECK_THAT(advertise_output, Catch::Contains("--peer-advertise must be a host name or address (printable ASCII, "
+                                               "no spaces, at most 255 bytes), not 'node 1'"));
 }
 
 TEST_CASE("gradsyncd: settings come from a TOML config file; flags win; bad files are errors naming the line",

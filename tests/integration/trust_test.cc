@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "client/tools/process.h"
+#include "shared/unique_fd.h"
 #include "tests/integration/harness.h"
 #include "tests/integration/users.h"
 #include "tests/integration/raw_protocol.h"
@@ -252,13 +253,27 @@ namespace gradsync::test {
 
 namespace {
 
-// Waits (up to 5 s) until every path exists; the daemon binds its sockets once it is ready.
+// Waits (up to 20 s: a loaded machine) until every path exists, such as a daemon's sockets.
 bool wait_for_paths(const std::vector<std::string>& paths) {
   const auto all = [&] {
     return std::all_of(paths.begin(), paths.end(), [](const std::string& p) { return std::filesystem::exists(p); });
   };
-  for (int i = 0; i < 200 && !all(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  for (int i = 0; i < 800 && !all(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(25));
   return all();
+}
+
+sockaddr_un unix_address(const std::string& path) {
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  std::strncpy(address.sun_path, path.c_str(), sizeof address.sun_path - 1);
+  return address;
+}
+
+// A connect to `path`: 0, or the errno.
+int connect_error(const std::string& path) {
+  const UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  const sockaddr_un address = unix_address(path);
+  return ::connect(fd.get(), reinterpret_cast<const sockaddr*>(&address), sizeof address) == 0 ? 0 : errno;
 }
 
 }  // namespace
@@ -293,6 +308,11 @@ TEST_CASE("trust: gradsyncd refuses socket folders another user could write or s
   run = start("/tmp/gradsync-direct-" + std::to_string(::getpid()) + ".sock");
   CHECK(run.code == 1);
   CHECK_THAT(run.output, Catch::Contains("folder /tmp (mode 1777) can be written by other users"));
+  // A path with ".." is refused before anything is made: what it names depends on symlinks.
+  run = start(base + "/up/../gradsync.sock");
+  CHECK(run.code == 1);
+  CHECK_THAT(run.output, Catch::Contains("a path with '..' in it is refused"));
+  CHECK_FALSE(std::filesystem::exists(base + "/up"));
   // Nothing is made under such a folder (the other user could swap what was made).
   run = start(theirs + "/new/gradsync.sock");
   CHECK(run.code == 1);
@@ -333,7 +353,7 @@ TEST_CASE("trust: gradsyncd refuses socket folders another user could write or s
   std::filesystem::remove_all(base);
 }
 
-TEST_CASE("trust: a stopping gradsyncd leaves a folder it made that holds a file, and a newcomer's socket",
+TEST_CASE("trust: a stopping gradsyncd leaves a folder it made that holds a file, and a newcomer's socket, and removes its own while it listens",
           "[integration][trust]") {
   char pattern[] = "/tmp/gradsync-folders-XXXXXX";
   REQUIRE(::mkdtemp(pattern));
@@ -355,17 +375,29 @@ TEST_CASE("trust: a stopping gradsyncd leaves a folder it made that holds a file
                          "127.0.0.1:0"});
   REQUIRE(wait_for_paths({taken + "/gradsync.sock"}));
   REQUIRE(::unlink((taken + "/gradsync.sock").c_str()) == 0);
-  const int newcomer = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  REQUIRE(newcomer >= 0);
-  sockaddr_un address{};
-  address.sun_family = AF_UNIX;
-  std::strncpy(address.sun_path, (taken + "/gradsync.sock").c_str(), sizeof address.sun_path - 1);
-  REQUIRE(::bind(newcomer, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0);
-  REQUIRE(::listen(newcomer, 1) == 0);
+  const UniqueFd newcomer(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  REQUIRE(newcomer);
+  const sockaddr_un address = unix_address(taken + "/gradsync.sock");
+  REQUIRE(::bind(newcomer.get(), reinterpret_cast<const sockaddr*>(&address), sizeof address) == 0);
+  REQUIRE(::listen(newcomer.get(), 1) == 0);
   stopping.signal(SIGTERM);
   CHECK(exit_code(stopping.wait_for(std::chrono::seconds(10))) == 0);
   CHECK(std::filesystem::is_socket(taken + "/gradsync.sock"));
-  ::close(newcomer);
+  // While stopping, the socket's name goes before it stops listening: nobody ever finds a
+  // socket there that refuses, which a daemon starting on the path would take for stale and
+  // replace while this one could still remove it.
+  const std::string order = base + "/order/gradsync.sock";
+  ChildProcess third({GRADSYNCD_BINARY, "--socket", order, "--admin", "none", "--peer-listen", "127.0.0.1:0"});
+  REQUIRE(wait_for_paths({order}));
+  third.signal(SIGTERM);
+  int refusals = 0, tries = 0;
+  while (third.wait_for(std::chrono::milliseconds(0)) == -1) {
+    refusals += connect_error(order) == ECONNREFUSED;
+    ++tries;
+  }
+  INFO(tries << " connects while it stopped");
+  CHECK(refusals == 0);
+  CHECK_FALSE(std::filesystem::exists(order));
   std::filesystem::remove_all(base);
 }
 
