@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "daemon/config_file.h"
+#include "daemon/util/safe_text.h"
 #include "shared/version.h"
 
 namespace gradsync {
@@ -275,7 +276,7 @@ ParsedConfig parse_daemon_config(int argc, const char* const* argv) {
   if (advertise.size() > 255 ||
       std::any_of(advertise.begin(), advertise.end(), [](char c) { return c <= ' ' || c >= 0x7f; })) {
     return fail("--peer-advertise must be a host name or address (printable ASCII, no spaces, at most 255 "
-                "bytes), not '" + advertise.substr(0, 64) + (advertise.size() > 64 ? "...'" : "'"));
+                "bytes), not '" + safe_text(advertise, 64) + "'");
   }
   const bool peer_auth = !config.peer_token_file.empty() || !config.peer_tls_ca.empty();
   if (config.peer_listen.empty()) config.peer_listen = peer_auth ? "0.0.0.0:29590" : "127.0.0.1:29590";

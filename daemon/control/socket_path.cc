@@ -29,8 +29,18 @@ Status check_chain(const std::filesystem::path& start, bool start_is_direct, con
                    const std::string& what) {
   const uid_t self = ::geteuid();
   bool direct = start_is_direct;
+  bool through_link = false;
   for (auto p = start;; p = p.parent_path()) {
     struct stat st {};
+    // A symlink on the way is as good as its owner: another user's could be pointed elsewhere.
+    if (::lstat(p.c_str(), &st) == 0 && S_ISLNK(st.st_mode)) {
+      if (st.st_uid != 0 && st.st_uid != self) {
+        return Status::permission_denied(what + " " + socket_path + ": " + p.string() + " is a symlink of uid " +
+                                         std::to_string(st.st_uid) + ", who could point it elsewhere; use a " +
+                                         "folder gradsyncd owns, such as /run/gradsync");
+      }
+      through_link = true;
+    }
     if (::stat(p.c_str(), &st) != 0) {
       return Status::invalid_argument(what + ": cannot examine folder " + p.string() + ": " + std::strerror(errno));
     }
@@ -52,7 +62,12 @@ Status check_chain(const std::filesystem::path& start, bool start_is_direct, con
     direct = false;
     if (p == p.root_path() || p.parent_path() == p) break;
   }
-  return Status();
+  if (!through_link) return Status();
+  // Through a symlink: the folders the path really names must pass too.
+  std::error_code error;
+  const std::filesystem::path real = std::filesystem::canonical(start, error);
+  if (error) return Status::invalid_argument(what + ": cannot resolve " + start.string() + ": " + error.message());
+  return check_chain(real, start_is_direct, socket_path, what);
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include "daemon/job/config_channel.h"
 #include "daemon/job/node_record.h"
 #include "daemon/plan/layout.h"
+#include "daemon/util/safe_text.h"
 
 namespace gradsync {
 namespace {
@@ -68,7 +69,7 @@ Status PeerCluster::form() {
   const std::string mine = me.encode();
   // Said here, naming this node, rather than by every node as a record it cannot read.
   if (!NodeRecord::parse(mine)) {
-    return Status::invalid_argument("job " + job + ": this node's peer address '" + options_.advertise +
+    return Status::invalid_argument("job " + job + ": this node's peer address '" + safe_text(options_.advertise, 300) +
                                     "' cannot be published: give gradsyncd a --peer-advertise host of printable "
                                     "ASCII without spaces");
   }

@@ -324,6 +324,21 @@ TEST_CASE("trust: gradsyncd refuses socket folders another user could write or s
   run = start(nested + "/gradsync.sock");
   CHECK(run.code == 1);
   CHECK_THAT(run.output, Catch::Contains("belongs to uid " + std::to_string(user.uid)));
+  // A symlink on the way is as good as its owner, and the folders it leads to must pass too.
+  const std::string target = base + "/target";
+  REQUIRE(::mkdir(target.c_str(), 0755) == 0);
+  const std::string their_link = base + "/their-link";
+  REQUIRE(::symlink(target.c_str(), their_link.c_str()) == 0);
+  REQUIRE(::lchown(their_link.c_str(), user.uid, user.gid) == 0);
+  run = start(their_link + "/gradsync.sock");
+  CHECK(run.code == 1);
+  CHECK_THAT(run.output, Catch::Contains(their_link + " is a symlink of uid " + std::to_string(user.uid)));
+  // Root's link to root's folder inside the other user's, who could swap that folder.
+  const std::string to_nested = base + "/to-nested";
+  REQUIRE(::symlink(nested.c_str(), to_nested.c_str()) == 0);
+  run = start(to_nested + "/gradsync.sock");
+  CHECK(run.code == 1);
+  CHECK_THAT(run.output, Catch::Contains("folder " + theirs + " belongs to uid " + std::to_string(user.uid)));
   // The admin socket is held to the same rule.
   run = start(base + "/ok/gradsync.sock", "unix:" + open + "/admin.sock");
   CHECK(run.code == 1);
@@ -350,6 +365,14 @@ TEST_CASE("trust: gradsyncd refuses socket folders another user could write or s
   // Stopping removes the sockets and every folder it made, and nothing above them.
   CHECK_FALSE(std::filesystem::exists(base + "/made"));
   CHECK(std::filesystem::exists(base));
+  // Through a symlink of root's to a safe folder (as /var/run leads to /run), it serves.
+  const std::string our_link = base + "/our-link";
+  REQUIRE(::symlink(target.c_str(), our_link.c_str()) == 0);
+  ChildProcess linked({GRADSYNCD_BINARY, "--socket", our_link + "/gradsync.sock", "--admin", "none", "--peer-listen",
+                       "127.0.0.1:0"});
+  REQUIRE(wait_for_paths({target + "/gradsync.sock"}));
+  linked.signal(SIGTERM);
+  CHECK(exit_code(linked.wait_for(std::chrono::seconds(10))) == 0);
   std::filesystem::remove_all(base);
 }
 
@@ -383,19 +406,33 @@ TEST_CASE("trust: a stopping gradsyncd leaves a folder it made that holds a file
   stopping.signal(SIGTERM);
   CHECK(exit_code(stopping.wait_for(std::chrono::seconds(10))) == 0);
   CHECK(std::filesystem::is_socket(taken + "/gradsync.sock"));
-  // While stopping, the socket's name goes before it stops listening: nobody ever finds a
-  // socket there that refuses, which a daemon starting on the path would take for stale and
-  // replace while this one could still remove it.
+  std::filesystem::remove_all(base);
+}
+
+TEST_CASE("trust: a stopping gradsyncd removes its socket's name while the socket still listens",
+          "[integration][trust]") {
+  // Else a daemon starting on the path would find a socket that refuses, take it for stale and
+  // replace it while this one could still remove it. A connect that refused while the name was
+  // still there shows the wrong order (one that found the name just before it went and the
+  // socket just after it closed does not count: the name was gone already).
+  char pattern[] = "/tmp/gradsync-order-XXXXXX";
+  REQUIRE(::mkdtemp(pattern));
+  const std::string base = pattern;
   const std::string order = base + "/order/gradsync.sock";
-  ChildProcess third({GRADSYNCD_BINARY, "--socket", order, "--admin", "none", "--peer-listen", "127.0.0.1:0"});
+  ChildProcess daemon({GRADSYNCD_BINARY, "--socket", order, "--admin", "none", "--peer-listen", "127.0.0.1:0"});
   REQUIRE(wait_for_paths({order}));
-  third.signal(SIGTERM);
-  int refusals = 0, tries = 0;
-  while (third.wait_for(std::chrono::milliseconds(0)) == -1) {
-    refusals += connect_error(order) == ECONNREFUSED;
+  daemon.signal(SIGTERM);
+  int refusals = 0, tries = 0, status = -1;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while ((status = daemon.wait_for(std::chrono::milliseconds(0))) == -1 && std::chrono::steady_clock::now() < deadline) {
+    if (connect_error(order) == ECONNREFUSED && std::filesystem::exists(order)) ++refusals;
     ++tries;
+    std::this_thread::yield();
   }
+  if (status == -1) status = daemon.wait_for(std::chrono::seconds(10));
   INFO(tries << " connects while it stopped");
+  CHECK(exited_ok(status));
+  CHECK(tries > 0);
   CHECK(refusals == 0);
   CHECK_FALSE(std::filesystem::exists(order));
   std::filesystem::remove_all(base);
