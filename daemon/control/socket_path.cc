@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <vector>
 
@@ -23,26 +24,23 @@ std::string octal(mode_t mode) {
 
 namespace {
 
-// Walks from `start` up to the root, refusing a folder that is not root's or ours, or that
-// others can write (`start` itself: at all; above it: unless sticky, like /tmp).
+constexpr int kMaxLinkHops = 40;  // as the kernel's own limit (ELOOP)
+
+// Walks from `start`, a path without symlinks, up to the root, refusing a folder that is not
+// root's or ours, or that others can write (`start` itself: at all; above it: unless sticky,
+// like /tmp). A symlink found here appeared after the path was resolved: refused.
 Status check_chain(const std::filesystem::path& start, bool start_is_direct, const std::string& socket_path,
                    const std::string& what) {
   const uid_t self = ::geteuid();
   bool direct = start_is_direct;
-  bool through_link = false;
   for (auto p = start;; p = p.parent_path()) {
     struct stat st {};
-    // A symlink on the way is as good as its owner: another user's could be pointed elsewhere.
-    if (::lstat(p.c_str(), &st) == 0 && S_ISLNK(st.st_mode)) {
-      if (st.st_uid != 0 && st.st_uid != self) {
-        return Status::permission_denied(what + " " + socket_path + ": " + p.string() + " is a symlink of uid " +
-                                         std::to_string(st.st_uid) + ", who could point it elsewhere; use a " +
-                                         "folder gradsyncd owns, such as /run/gradsync");
-      }
-      through_link = true;
-    }
-    if (::stat(p.c_str(), &st) != 0) {
+    if (::lstat(p.c_str(), &st) != 0) {
       return Status::invalid_argument(what + ": cannot examine folder " + p.string() + ": " + std::strerror(errno));
+    }
+    if (S_ISLNK(st.st_mode)) {
+      return Status::permission_denied(what + " " + socket_path + ": " + p.string() +
+                                       " became a symlink while it was checked");
     }
     if (!S_ISDIR(st.st_mode)) return Status::invalid_argument(what + ": " + p.string() + " is not a folder");
     if (st.st_uid != 0 && st.st_uid != self) {
@@ -62,12 +60,58 @@ Status check_chain(const std::filesystem::path& start, bool start_is_direct, con
     direct = false;
     if (p == p.root_path() || p.parent_path() == p) break;
   }
-  if (!through_link) return Status();
-  // Through a symlink: the folders the path really names must pass too.
-  std::error_code error;
-  const std::filesystem::path real = std::filesystem::canonical(start, error);
-  if (error) return Status::invalid_argument(what + ": cannot resolve " + start.string() + ": " + error.message());
-  return check_chain(real, start_is_direct, socket_path, what);
+  return Status();
+}
+
+// Resolves the absolute `path` one component at a time, as the kernel does, into a path
+// without symlinks (*real; a missing tail is kept as written). Every symlink on the way, also
+// one a link leads to, must be root's or ours and lie in a folder that passes check_chain:
+// else whoever owns it, or can replace it, could point the socket's folder elsewhere.
+Status resolve_links(const std::filesystem::path& path, const std::string& socket_path, const std::string& what,
+                     std::filesystem::path* real) {
+  const uid_t self = ::geteuid();
+  const std::filesystem::path written = path.relative_path();
+  std::deque<std::filesystem::path> pending(written.begin(), written.end());
+  std::filesystem::path current = path.root_path();
+  int hops = 0;
+  while (!pending.empty()) {
+    const std::filesystem::path part = pending.front();
+    pending.pop_front();
+    if (part.empty() || part == ".") continue;
+    if (part == "..") {  // `current` holds no link, so its parent is what ".." names
+      current = current.parent_path();
+      continue;
+    }
+    const std::filesystem::path next = current / part;
+    struct stat st {};
+    if (::lstat(next.c_str(), &st) != 0) {
+      // Missing from here on: it is created (check_socket_folder), not resolved.
+      for (current = next; !pending.empty(); pending.pop_front()) current /= pending.front();
+      break;
+    }
+    if (!S_ISLNK(st.st_mode)) {
+      current = next;
+      continue;
+    }
+    if (st.st_uid != 0 && st.st_uid != self) {
+      return Status::permission_denied(what + " " + socket_path + ": " + next.string() + " is a symlink of uid " +
+                                       std::to_string(st.st_uid) + ", who could point it elsewhere; use a " +
+                                       "folder gradsyncd owns, such as /run/gradsync");
+    }
+    if (Status s = check_chain(current, false, socket_path, what); !s.ok()) return s;
+    if (++hops > kMaxLinkHops) {
+      return Status::invalid_argument(what + " " + socket_path + ": more than " + std::to_string(kMaxLinkHops) +
+                                      " symlinks on the way");
+    }
+    std::error_code error;
+    const std::filesystem::path target = std::filesystem::read_symlink(next, error);
+    if (error) return Status::invalid_argument(what + ": cannot read symlink " + next.string() + ": " + error.message());
+    const std::filesystem::path relative = target.relative_path();
+    pending.insert(pending.begin(), relative.begin(), relative.end());
+    if (target.is_absolute()) current = target.root_path();
+  }
+  *real = current;
+  return Status();
 }
 
 }  // namespace
@@ -82,7 +126,8 @@ Status check_socket_folder(const std::string& socket_path, const std::string& wh
                                       ": a path with '..' in it is refused; give the folder's own path");
     }
   }
-  const std::filesystem::path folder = absolute.parent_path();
+  std::filesystem::path folder;
+  if (Status s = resolve_links(absolute.parent_path(), socket_path, what, &folder); !s.ok()) return s;
   std::vector<std::filesystem::path> missing;
   for (auto p = folder; !p.empty() && !std::filesystem::exists(p, error); p = p.parent_path()) {
     missing.push_back(p);
@@ -92,11 +137,16 @@ Status check_socket_folder(const std::string& socket_path, const std::string& wh
   if (!missing.empty()) {
     if (Status s = check_chain(missing.back().parent_path(), false, socket_path, what); !s.ok()) return s;
   }
-  // Create what is missing, each folder 0755 and ours.
+  // Create what is missing, each folder 0755 and ours. One that appears meanwhile is not
+  // followed into: only a folder (checked below) may take the place of one that was missing.
   for (auto it = missing.rbegin(); it != missing.rend(); ++it) {
     if (::mkdir(it->c_str(), 0755) != 0) {
-      if (errno == EEXIST) continue;
-      return Status::invalid_argument(what + ": cannot create folder " + it->string() + ": " + std::strerror(errno));
+      const int failure = errno;
+      struct stat st {};
+      if (failure == EEXIST && ::lstat(it->c_str(), &st) == 0 && S_ISDIR(st.st_mode)) continue;
+      return Status::invalid_argument(what + ": cannot create folder " + it->string() + ": " +
+                                      (failure == EEXIST ? std::string("something else appeared there")
+                                                         : std::string(std::strerror(failure))));
     }
     created.add(*it);
     // 0755 whatever the umask (the unit's is 0077): other users' trainers must reach the socket.

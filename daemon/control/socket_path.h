@@ -2,9 +2,10 @@
 // user can squat it or swap it: the socket's folder must belong to gradsyncd's user or root and
 // be writable by nobody else, and so must every folder above it, except that a folder above may
 // be world-writable with the sticky bit (like /tmp), which keeps others from renaming what is
-// not theirs. A folder that does not exist is created, owned by gradsyncd, mode 0755, under a
-// folder that passes these checks; a path with ".." in it is refused (what it names depends on
-// symlinks the checks would not see).
+// not theirs. Symlinks on the way (and those they lead to) must be root's or gradsyncd's, in
+// folders that pass the same checks, and the checks apply to the folders they lead to. A folder
+// that does not exist is created, owned by gradsyncd, mode 0755, under a folder that passes
+// these checks; a path with ".." in it is refused.
 //
 // The socket itself gets its mode before it has a name: bind_unix_socket() sets the socket's
 // mode with fchmod, which Linux gives the file that bind() creates, so the socket is never more

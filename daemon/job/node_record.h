@@ -4,8 +4,8 @@
 // Text form: "<local world size> <peer address> <cross-node protocol> <gradsyncd version>",
 // space-separated. gradsyncd before 0.2.1 wrote the first two fields only. A later protocol may
 // change the first two or add fields after the fourth, but must keep the protocol third (decimal,
-// at most 10 digits) and the version fourth ([0-9A-Za-z.+-], 1 to 32 bytes), so that any two
-// versions can name each other.
+// at most 10 digits, within 32 bits, not 0) and the version fourth ([0-9A-Za-z.+-], 1 to 32
+// bytes), so that any two versions can name each other.
 //
 // A record comes from another daemon (any holder of the cluster token), so parse() accepts only
 // what a gradsyncd writes: it is shown in errors that reach logs, clients and the admin service.
