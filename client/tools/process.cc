@@ -117,13 +117,19 @@ std::string temp_pattern(const std::string& name) {
   return std::string(dir && *dir ? dir : "/tmp") + "/" + name;
 }
 
-DaemonProcess::DaemonProcess(const Options& options) {
-  std::string pattern = temp_pattern("gradsync-XXXXXX");
-  if (!::mkdtemp(pattern.data())) {
-    throw Error(Status::internal("mkdtemp of " + pattern + " failed: " + std::strerror(errno)));
+TempFolder::TempFolder(const std::string& name) : path_(temp_pattern(name)) {
+  if (!::mkdtemp(path_.data())) {
+    throw Error(Status::internal("mkdtemp of " + path_ + " failed: " + std::strerror(errno)));
   }
-  directory_ = pattern;
-  socket_path_ = directory_ + "/gradsync.sock";
+}
+
+TempFolder::~TempFolder() {
+  std::error_code ignored;
+  std::filesystem::remove_all(path_, ignored);
+}
+
+DaemonProcess::DaemonProcess(const Options& options) : directory_("gradsync-XXXXXX") {
+  socket_path_ = directory_.path() + "/gradsync.sock";
   std::vector<std::string> argv = {options.binary, "--socket", socket_path_};
   argv.insert(argv.end(), options.extra_args.begin(), options.extra_args.end());
   process_ = ChildProcess(argv, options.log_file);
@@ -137,9 +143,7 @@ DaemonProcess::DaemonProcess(const Options& options) {
 }
 
 DaemonProcess::~DaemonProcess() {
-  process_ = ChildProcess();  // kills it if still running
-  std::error_code ignored;
-  std::filesystem::remove_all(directory_, ignored);
+  process_ = ChildProcess();  // kills it if still running, before its folder goes
 }
 
 int DaemonProcess::terminate(std::chrono::milliseconds timeout) {

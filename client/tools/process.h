@@ -44,7 +44,23 @@ std::string describe_wait_status(int status);
 // True when the wait status is a normal exit with code 0.
 bool exited_ok(int status);
 
-// A gradsyncd started on a fresh socket in a private temporary directory, removed afterwards.
+// A private temporary folder made from `name` ("gradsync-XXXXXX", see temp_pattern), removed
+// with what it holds when this goes. Throws Error when it cannot be made.
+class TempFolder {
+ public:
+  explicit TempFolder(const std::string& name);
+  ~TempFolder();
+  TempFolder(const TempFolder&) = delete;
+  TempFolder& operator=(const TempFolder&) = delete;
+
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// A gradsyncd started on a fresh socket in a private temporary directory, removed afterwards
+// (also when it does not come up).
 class DaemonProcess {
  public:
   struct Options {
@@ -58,14 +74,14 @@ class DaemonProcess {
   ~DaemonProcess();
 
   const std::string& socket_path() const { return socket_path_; }
-  const std::string& directory() const { return directory_; }
+  const std::string& directory() const { return directory_.path(); }
   ChildProcess& process() { return process_; }
 
   // Sends SIGTERM and waits for a clean exit; returns the wait status.
   int terminate(std::chrono::milliseconds timeout = std::chrono::seconds(10));
 
  private:
-  std::string directory_;
+  TempFolder directory_;  // before process_: removed after the daemon is gone
   std::string socket_path_;
   ChildProcess process_;
 };

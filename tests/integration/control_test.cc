@@ -9,6 +9,7 @@
 
 #include <regex>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -590,6 +591,23 @@ TEST_CASE("gradsyncd: an unknown flag or bad value exits 2 naming it", "[integra
   CHECK(advertise_code == 2);
   CHECK_THAT(advertise_output, Catch::Contains("--peer-advertise must be a host name or address (printable ASCII, "
                                                "no spaces, at most 255 bytes), not 'node 1'"));
+}
+
+TEST_CASE("harness: a daemon that does not come up is reported with its log, and its folder is removed",
+          "[integration][daemon]") {
+  std::string message;
+  try {
+    TestDaemon daemon({"--metrics", "nonsense"});
+    FAIL("the daemon came up");
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  INFO(message);
+  CHECK_THAT(message, Catch::Contains("did not come up") && Catch::Contains("its log:") &&
+                          Catch::Contains("--metrics"));
+  std::smatch folder;
+  REQUIRE(std::regex_search(message, folder, std::regex(R"(did not come up on (\S+)/gradsync\.sock)")));
+  CHECK_FALSE(std::filesystem::exists(folder[1].str()));
 }
 
 TEST_CASE("gradsyncd: settings come from a TOML config file; flags win; bad files are errors naming the line",

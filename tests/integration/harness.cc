@@ -37,8 +37,16 @@ TestDaemon::TestDaemon(std::vector<std::string> args) {
   // bundle on a lent machine).
   const char* binary = std::getenv("GRADSYNCD_BINARY");
   if (binary && *binary) std::fprintf(stderr, "harness: gradsyncd from $GRADSYNCD_BINARY: %s\n", binary);
-  process_ = std::make_unique<DaemonProcess>(
-      DaemonProcess::Options{binary && *binary ? binary : GRADSYNCD_BINARY, std::move(args), log_path_});
+  try {
+    process_ = std::make_unique<DaemonProcess>(
+        DaemonProcess::Options{binary && *binary ? binary : GRADSYNCD_BINARY, std::move(args), log_path_});
+  } catch (const Error& e) {
+    // The destructor will not run: say why from the daemon's own log, then remove it.
+    std::string tail = log();
+    if (tail.size() > 2000) tail = "..." + tail.substr(tail.size() - 2000);
+    ::unlink(log_path_.c_str());
+    throw Error(Status(e.status().code(), e.status().message() + "; its log:\n" + tail));
+  }
 }
 
 TestDaemon::~TestDaemon() {
