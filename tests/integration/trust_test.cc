@@ -262,14 +262,12 @@ bool wait_for_paths(const std::vector<std::string>& paths) {
   return all();
 }
 
-// A temporary folder of the test's, removed however the test case ends.
-struct RemovedAtEnd {
-  std::string path;
-  ~RemovedAtEnd() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path, ignored);
-  }
-};
+// A gradsyncd serving `socket` (no admin socket), once the socket is there.
+ChildProcess serving_at(const std::string& socket) {
+  ChildProcess daemon({GRADSYNCD_BINARY, "--socket", socket, "--admin", "none", "--peer-listen", "127.0.0.1:0"});
+  REQUIRE(wait_for_paths({socket}));
+  return daemon;
+}
 
 sockaddr_un unix_address(const std::string& path) {
   sockaddr_un address{};
@@ -290,10 +288,8 @@ int connect_error(const std::string& path) {
 TEST_CASE("trust: gradsyncd refuses socket folders another user could write or swap, and creates missing ones 0755",
           "[integration][trust]") {
   const TestUser user = test_user();
-  char pattern[] = "/tmp/gradsync-folders-XXXXXX";
-  REQUIRE(::mkdtemp(pattern));
-  const RemovedAtEnd scratch{pattern};
-  const std::string base = pattern;  // root's, 0700
+  const TempFolder scratch("gradsync-folders-XXXXXX");  // removed however the test case ends
+  const std::string base = scratch.path();  // root's, 0700
   REQUIRE(::chmod(base.c_str(), 0755) == 0);
   // Each of these must be refused: bounded, so that one that starts fails instead of hanging.
   const auto start = [&](const std::string& socket, const std::string& admin = {}) {
@@ -385,26 +381,19 @@ TEST_CASE("trust: gradsyncd refuses socket folders another user could write or s
   // Through a symlink of root's to a safe folder (as /var/run leads to /run), it serves.
   const std::string our_link = base + "/our-link";
   REQUIRE(::symlink(target.c_str(), our_link.c_str()) == 0);
-  ChildProcess linked({GRADSYNCD_BINARY, "--socket", our_link + "/gradsync.sock", "--admin", "none", "--peer-listen",
-                       "127.0.0.1:0"});
-  REQUIRE(wait_for_paths({target + "/gradsync.sock"}));
+  ChildProcess linked = serving_at(our_link + "/gradsync.sock");
   linked.signal(SIGTERM);
   CHECK(exit_code(linked.wait_for(std::chrono::seconds(10))) == 0);
   CHECK_FALSE(std::filesystem::exists(target + "/gradsync.sock"));
-  std::filesystem::remove_all(base);
 }
 
-TEST_CASE("trust: a stopping gradsyncd leaves a folder it made that holds a file, and a newcomer's socket, and removes its own while it listens",
+TEST_CASE("trust: a stopping gradsyncd leaves a folder it made that holds a file, and a newcomer's socket",
           "[integration][trust]") {
-  char pattern[] = "/tmp/gradsync-folders-XXXXXX";
-  REQUIRE(::mkdtemp(pattern));
-  const RemovedAtEnd scratch{pattern};
-  const std::string base = pattern;
+  const TempFolder scratch("gradsync-folders-XXXXXX");  // removed however the test case ends
+  const std::string base = scratch.path();
   // A folder it made that holds something else at the end is left, with what it holds.
   const std::string kept = base + "/kept/here";
-  ChildProcess second({GRADSYNCD_BINARY, "--socket", kept + "/gradsync.sock", "--admin", "none", "--peer-listen",
-                       "127.0.0.1:0"});
-  REQUIRE(wait_for_paths({kept + "/gradsync.sock"}));
+  ChildProcess second = serving_at(kept + "/gradsync.sock");
   std::ofstream(kept + "/notes.txt") << "an operator's file\n";
   second.signal(SIGTERM);
   CHECK(exit_code(second.wait_for(std::chrono::seconds(10))) == 0);
@@ -413,9 +402,7 @@ TEST_CASE("trust: a stopping gradsyncd leaves a folder it made that holds a file
   // A stopping daemon removes its own socket and folder, not those of a daemon that took the
   // path meanwhile (its socket no longer answered, so the newcomer replaced it as stale).
   const std::string taken = base + "/taken";
-  ChildProcess stopping({GRADSYNCD_BINARY, "--socket", taken + "/gradsync.sock", "--admin", "none", "--peer-listen",
-                         "127.0.0.1:0"});
-  REQUIRE(wait_for_paths({taken + "/gradsync.sock"}));
+  ChildProcess stopping = serving_at(taken + "/gradsync.sock");
   REQUIRE(::unlink((taken + "/gradsync.sock").c_str()) == 0);
   const UniqueFd newcomer(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   REQUIRE(newcomer);
@@ -425,7 +412,6 @@ TEST_CASE("trust: a stopping gradsyncd leaves a folder it made that holds a file
   stopping.signal(SIGTERM);
   CHECK(exit_code(stopping.wait_for(std::chrono::seconds(10))) == 0);
   CHECK(std::filesystem::is_socket(taken + "/gradsync.sock"));
-  std::filesystem::remove_all(base);
 }
 
 TEST_CASE("trust: a stopping gradsyncd removes its socket's name while the socket still listens",
@@ -434,13 +420,10 @@ TEST_CASE("trust: a stopping gradsyncd removes its socket's name while the socke
   // replace it while this one could still remove it. A connect that refused while the name was
   // still there shows the wrong order (one that found the name just before it went and the
   // socket just after it closed does not count: the name was gone already).
-  char pattern[] = "/tmp/gradsync-order-XXXXXX";
-  REQUIRE(::mkdtemp(pattern));
-  const RemovedAtEnd scratch{pattern};
-  const std::string base = pattern;
+  const TempFolder scratch("gradsync-order-XXXXXX");  // removed however the test case ends
+  const std::string base = scratch.path();
   const std::string order = base + "/order/gradsync.sock";
-  ChildProcess daemon({GRADSYNCD_BINARY, "--socket", order, "--admin", "none", "--peer-listen", "127.0.0.1:0"});
-  REQUIRE(wait_for_paths({order}));
+  ChildProcess daemon = serving_at(order);
   daemon.signal(SIGTERM);
   int refusals = 0, tries = 0, status = -1;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
@@ -455,7 +438,6 @@ TEST_CASE("trust: a stopping gradsyncd removes its socket's name while the socke
   if (tries == 0) WARN("the daemon stopped before a single connect: the order was not observed");
   CHECK(refusals == 0);
   CHECK_FALSE(std::filesystem::exists(order));
-  std::filesystem::remove_all(base);
 }
 
 }  // namespace gradsync::test
