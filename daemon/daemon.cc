@@ -53,8 +53,20 @@ Daemon::Daemon(DaemonConfig config, std::function<ParsedConfig()> reparse)
     users_ = std::make_shared<UserCounts>(limits);
   }
   device_engines_ = make_device_engine_factory(config_.nccl_keep_idle);
-  backends_ = make_backend_factory(log_, device_engines_.get(),
-                                   std::vector<uint32_t>(config_.legacy_ipc_uids.begin(), config_.legacy_ipc_uids.end()));
+  backends_ = make_backend_factory(
+      log_, device_engines_.get(),
+      std::vector<uint32_t>(config_.legacy_ipc_uids.begin(), config_.legacy_ipc_uids.end()),
+      // Any thread: the executor that met the error. The jobs on that GPU have failed already;
+      // the rest drain as at SIGTERM, and the exit status asks systemd for a restart.
+      [this](int device, const Status& why) {
+        boost::asio::post(io_, [this, device, why] {
+          if (exit_code_ != 0) return;
+          exit_code_ = kExitGpuLost;
+          log_.error("GPU " + std::to_string(device) + ": " + why.message() + ". gradsyncd drains and exits with status " +
+                     std::to_string(kExitGpuLost) + " so that systemd restarts it (Restart=on-failure)");
+          if (!stopping_) drain();
+        });
+      });
   {
     PeerAuth auth;
     if (Status s = PeerAuth::load(config_.peer_token_file, config_.peer_tls_cert, config_.peer_tls_key,
@@ -333,7 +345,7 @@ int Daemon::run() {
     });
   }
   io_.run();
-  return 0;
+  return exit_code_;
 }
 
 }  // namespace gradsync

@@ -31,8 +31,13 @@ class Daemon {
   explicit Daemon(DaemonConfig config, std::function<ParsedConfig()> reparse = {});
   ~Daemon();
 
-  // Serves until a stop signal or stop(); returns the process exit code.
+  // Serves until a stop signal or stop(); returns the process exit code: 0, or kExitGpuLost.
   int run();
+
+  // The exit status after a sticky CUDA error broke the daemon's context on a GPU: only a new
+  // process recovers, so the daemon drains and exits with it, and systemd restarts it
+  // (Restart=on-failure). EX_TEMPFAIL.
+  static constexpr int kExitGpuLost = 75;
   void stop();
 
  private:
@@ -64,6 +69,7 @@ class Daemon {
   SystemdNotifier systemd_;
   boost::asio::steady_timer watchdog_timer_{io_};
   bool stopping_ = false;  // STOPPING=1 was sent (drain() or stop())
+  int exit_code_ = 0;      // io thread only; kExitGpuLost after a sticky CUDA error
   bool stopped_ = false;   // stop() ran (the destructor calls it again)
   // SIGTERM: refuses joins, lets the operations already submitted finish (bounded), then stop().
   void drain();

@@ -8,6 +8,7 @@
 #include "daemon/backend/host/memory.h"
 #include "daemon/backend/cuda/events.h"
 #include "daemon/backend/cuda/executor.h"
+#include "daemon/backend/cuda/gpu_watch.h"
 #include "daemon/backend/cuda/ipc_cache.h"
 #include "daemon/backend/cuda/launcher.h"
 #include "daemon/backend/cuda/memory.h"
@@ -45,13 +46,14 @@ class Backends final : public BackendFactory {
   // when it can (and null otherwise).
   Backends(std::string device_problem, std::unique_ptr<cuda::DeviceApi> devices,
            std::unique_ptr<cuda::KernelLauncher> kernels, DeviceEngineFactory* device_engines,
-           std::vector<uint32_t> legacy_ipc_uids, Logger log)
+           std::vector<uint32_t> legacy_ipc_uids, Logger log, GpuLostHandler on_gpu_lost)
       : device_problem_(std::move(device_problem)),
         devices_(std::move(devices)),
         kernels_(std::move(kernels)),
         device_engines_(device_engines),
         legacy_ipc_uids_(legacy_ipc_uids.begin(), legacy_ipc_uids.end()),
-        log_(std::move(log)) {
+        log_(std::move(log)),
+        gpus_(std::move(on_gpu_lost)) {
     if (devices_) ipc_ = std::make_unique<cuda::IpcMemoryCache>(devices_.get());
   }
 
@@ -117,14 +119,21 @@ class Backends final : public BackendFactory {
   }
   std::string devices() const override { return devices_ ? device_summary_ : device_problem_; }
 
-  Status make_executor(MemoryKind kind, ThreadPool* pool, const Logger& log,
+  Status make_executor(MemoryKind kind, const ExecutorContext& context,
                        std::unique_ptr<BucketExecutor>* out) override {
     switch (kind) {
-      case MemoryKind::kHostMemfd: *out = std::make_unique<host::HostExecutor>(pool, log); return Status();
+      case MemoryKind::kHostMemfd:
+        *out = std::make_unique<host::HostExecutor>(context.pool, context.log);
+        return Status();
       case MemoryKind::kCudaVmm:
       case MemoryKind::kCudaLegacyIpc:
         if (!devices_ || !kernels_) break;
-        *out = std::make_unique<cuda::CudaExecutor>(devices_.get(), kernels_.get(), device_engines_, log);
+        *out = std::make_unique<cuda::CudaExecutor>(cuda::CudaExecutorOptions{.api = devices_.get(),
+                                                                              .kernels = kernels_.get(),
+                                                                              .engines = device_engines_,
+                                                                              .gpus = &gpus_,
+                                                                              .log = context.log,
+                                                                              .fail_job = context.fail_job});
         return Status();
     }
     return Status::not_supported("no executor for " + std::string(memory_kind_name(kind)) + " memory");
@@ -141,6 +150,7 @@ class Backends final : public BackendFactory {
   DeviceEngineFactory* device_engines_;
   const std::set<uint32_t> legacy_ipc_uids_;
   Logger log_;
+  cuda::GpuWatch gpus_;  // outlives the executors, which subscribe to it
 };
 
 }  // namespace
@@ -155,25 +165,28 @@ std::string_view memory_kind_name(MemoryKind kind) {
 }
 
 std::unique_ptr<BackendFactory> make_backend_factory(const Logger& log, DeviceEngineFactory* device_engines,
-                                                     std::vector<uint32_t> legacy_ipc_uids) {
+                                                     std::vector<uint32_t> legacy_ipc_uids,
+                                                     GpuLostHandler on_gpu_lost) {
 #if GRADSYNC_HAVE_CUDA
   std::string summary;
   const Status probe = cuda::probe_devices(&summary);
   if (probe.ok()) {
     log.info("CUDA: " + summary);
     auto backends = std::make_unique<Backends>("", cuda::make_cuda_device_api(), cuda::make_cuda_kernel_launcher(),
-                                               device_engines, std::move(legacy_ipc_uids), log);
+                                               device_engines, std::move(legacy_ipc_uids), log,
+                                               std::move(on_gpu_lost));
     backends->describe_devices(summary);
     return backends;
   }
   log.info("CUDA: no usable GPU (" + probe.message() + "); serving host memory only");
   return std::make_unique<Backends>("no usable GPU here (" + probe.message() + ")", nullptr, nullptr, nullptr,
-                                    std::move(legacy_ipc_uids), log);
+                                    std::move(legacy_ipc_uids), log, nullptr);
 #else
   log.info("CUDA: built without the CUDA backend (GRADSYNC_CUDA=OFF or no nvcc/NCCL at build time); serving host memory only");
   (void)device_engines;
+  (void)on_gpu_lost;
   return std::make_unique<Backends>("this gradsyncd was built without the CUDA backend", nullptr, nullptr, nullptr,
-                                    std::move(legacy_ipc_uids), log);
+                                    std::move(legacy_ipc_uids), log, nullptr);
 #endif
 }
 

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -30,6 +31,19 @@ struct MemoryImport {
   uint32_t uid = 0;         // the client's user (SO_PEERCRED): legacy IPC is taken from trusted users only
 };
 
+// What a job gives the executors it gets from the factory.
+struct ExecutorContext {
+  ThreadPool* pool = nullptr;  // the daemon's reduction pool (host work); outlives the executor
+  Logger log;                  // names the job
+  // Fails the job from any thread, for a failure an executor finds after it answered a bucket
+  // (device work queued on a GPU that failed there). Must not block.
+  std::function<void(const Status&)> fail_job;
+};
+
+// Called once, the first time a sticky CUDA error breaks the daemon's context on a GPU (the
+// jobs on that GPU have been failed already): the daemon exits to be restarted.
+using GpuLostHandler = std::function<void(int device, const Status& why)>;
+
 class BackendFactory {
  public:
   virtual ~BackendFactory() = default;
@@ -41,9 +55,8 @@ class BackendFactory {
   // Creates a client's event rings for a device set on `device` (the GPU of its tensors).
   virtual Status create_events(int device, std::shared_ptr<const ClientEvents>* out) = 0;
 
-  // An executor for buckets of sets whose memory is of `kind`, for one job. `pool` is the
-  // daemon's reduction pool (host work) and outlives the executor; `log` names the job.
-  virtual Status make_executor(MemoryKind kind, ThreadPool* pool, const Logger& log,
+  // An executor for buckets of sets whose memory is of `kind`, for one job.
+  virtual Status make_executor(MemoryKind kind, const ExecutorContext& context,
                                std::unique_ptr<BucketExecutor>* out) = 0;
 
   // For the admin service: the memory kinds served, and the GPUs found (or why there are none).
@@ -56,7 +69,9 @@ class BackendFactory {
 // `device_engines` (null without NCCL) makes the NCCL engines of device sets; it outlives the
 // factory.
 // `legacy_ipc_uids`: the users whose legacy CUDA IPC handles are taken (--legacy-ipc-uid).
+// `on_gpu_lost`: see GpuLostHandler; may be empty.
 std::unique_ptr<BackendFactory> make_backend_factory(const Logger& log, DeviceEngineFactory* device_engines,
-                                                     std::vector<uint32_t> legacy_ipc_uids = {});
+                                                     std::vector<uint32_t> legacy_ipc_uids = {},
+                                                     GpuLostHandler on_gpu_lost = {});
 
 }  // namespace gradsync

@@ -1,136 +1,11 @@
 // The CUDA executor on the host: its tables, launches and ordering, with host memory standing in
 // for device memory and the kernels' functors run on the host (fake_device.h). Three clients
 // share "GPU 0"; every operation it supports is checked bit for bit against the host reduction.
-#include <catch2/catch.hpp>
-
-#include <algorithm>
-#include <cstring>
-#include <optional>
-#include <random>
-#include <vector>
-
-#include "daemon/backend/cuda/events.h"
-#include "daemon/backend/cuda/executor.h"
-#include "daemon/backend/host/staged.h"
-#include "fake_device.h"
-#include "tests/unit/reduce_cases.h"
+#include "cuda_fixture.h"
 
 namespace gradsync::cuda {
-namespace {
 
-using reduce::cases::Bytes;
-using testing::FakeDeviceRegion;
-using testing::HostBackedDeviceApi;
-using testing::HostKernelLauncher;
-
-constexpr int kClients = 3;
-
-struct Fixture {
-  // `flat`: each client's tensors packed back to back in registration order, as
-  // allocate_device_flat lays them out (so every bucket is one canonical run: zero-copy).
-  explicit Fixture(DType dtype, std::vector<int> device_of_client = {0, 0, 0}, bool with_gather = false,
-                   bool flat = false)
-      : dtype(dtype) {
-    REQUIRE(make_topology(kClients, kClients, 0, 0, {}, &topology).ok());
-    auto s = std::make_shared<TensorSet>();
-    s->id = 0;
-    // Odd sizes, with a cap that puts several tensors in one bucket and leaves others alone.
-    for (uint64_t numel : {37, 4096, 1, 9000, 515}) s->layout.push_back(plan::TensorLayout{dtype, numel, "dp"});
-    s->bucket_cap = 8192 * dtype_size(dtype);
-    std::mt19937_64 rng(7);
-    for (int c = 0; c < kClients; ++c) {
-      uint64_t total = 0;
-      for (const auto& t : s->layout) total += t.numel;
-      memory.emplace_back(total * dtype_size(dtype) + 64 * s->layout.size());
-      reduce::cases::fill_random(dtype, memory.back(), memory.back().size() / dtype_size(dtype),
-                                 reduce::cases::Nans::kExcluded, rng);
-      std::vector<std::byte*> addresses;
-      size_t at = 0;
-      for (const auto& t : s->layout) {
-        addresses.push_back(memory.back().data() + at);
-        at += flat ? t.numel * dtype_size(dtype) : (t.numel * dtype_size(dtype) + 63) / 64 * 64;
-      }
-      s->address.push_back(addresses);
-      s->regions.push_back(std::make_shared<FakeDeviceRegion>(memory.back().data(), memory.back().size(),
-                                                              device_of_client[static_cast<size_t>(c)]));
-      if (with_gather) {
-        // Every rank's tensors, packed, rank-major; filled with a marker to show what was written.
-        gathered.emplace_back(kClients * total * dtype_size(dtype), std::byte{0x5a});
-        s->gather_output.push_back(gathered.back().data());
-        s->regions.push_back(std::make_shared<FakeDeviceRegion>(gathered.back().data(), gathered.back().size(),
-                                                                device_of_client[static_cast<size_t>(c)]));
-      }
-    }
-    s->memory_kind = MemoryKind::kCudaVmm;
-    complete_tensor_set(s.get(), topology);
-    REQUIRE(s->plan.buckets.size() >= 2);
-    set = s;
-    original = memory;
-  }
-
-  // Runs every bucket of the operation through the executor, in order.
-  Status run(CudaExecutor& executor, OpKind kind, const reduce::KernelArgs& args, int root = 0) {
-    for (size_t b = 0; b < set->plan.buckets.size(); ++b) {
-      BucketCall one = call(kind, 1, b, root);
-      one.args = args;
-      Status answer = Status::internal("not answered");
-      executor.launch(one, [&](const Status& s) { answer = s; });
-      if (!answer.ok()) return answer;
-    }
-    return Status();
-  }
-
-  // One bucket of an operation on this fixture's set.
-  BucketCall call(OpKind kind, uint64_t seq, size_t bucket = 0, int root = 0) const {
-    BucketCall c;
-    c.seq = seq;
-    c.desc.kind = kind;
-    c.desc.root = root;
-    c.set = set;
-    c.bucket = bucket;
-    c.topology = &topology;
-    return c;
-  }
-
-  // Tensor t of client c, as it is now.
-  Bytes tensor(int c, size_t t) const {
-    const std::byte* at = set->address[static_cast<size_t>(c)][t];
-    return Bytes(at, at + set->layout[t].numel * dtype_size(dtype));
-  }
-  Bytes original_tensor(int c, size_t t) const {
-    const size_t offset = static_cast<size_t>(set->address[static_cast<size_t>(c)][t] - memory[static_cast<size_t>(c)].data());
-    const std::byte* at = original[static_cast<size_t>(c)].data() + offset;
-    return Bytes(at, at + set->layout[t].numel * dtype_size(dtype));
-  }
-  Bytes reduced(const reduce::KernelArgs& args, size_t t) const {
-    std::vector<Bytes> inputs;
-    std::vector<const void*> pointers;
-    for (int c = 0; c < kClients; ++c) inputs.push_back(original_tensor(c, t));
-    for (const Bytes& b : inputs) pointers.push_back(b.data());
-    Bytes out(set->layout[t].numel * dtype_size(dtype));
-    void* const o = out.data();
-    reduce::reduce(args, pointers, std::span<void* const>(&o, 1), set->layout[t].numel);
-    return out;
-  }
-
-  // What allgather left in client c's output for tensor t of `rank`.
-  Bytes gathered_tensor(int c, int rank, size_t t) const {
-    const std::byte* at = set->gather_output[static_cast<size_t>(c)] + static_cast<uint64_t>(rank) * set->packed_bytes +
-                          set->packed_offset[t];
-    return Bytes(at, at + set->layout[t].numel * dtype_size(dtype));
-  }
-
-  DType dtype;
-  Topology topology;
-  std::vector<Bytes> memory;
-  std::vector<Bytes> gathered;
-  std::vector<Bytes> original;
-  std::shared_ptr<const TensorSet> set;
-  HostBackedDeviceApi api;
-  HostKernelLauncher kernels;
-};
-
-}  // namespace
+using namespace testing;  // the fixture, the fake device and engines (cuda_fixture.h)
 
 TEST_CASE("cuda executor: allreduce over clients sharing a GPU equals reduce(), every dtype and argument set",
           "[cuda][executor]") {
@@ -138,7 +13,7 @@ TEST_CASE("cuda executor: allreduce over clients sharing a GPU equals reduce(), 
     for (const reduce::KernelArgs& args : reduce::cases::valid_args(dtype)) {
       Fixture f(dtype);
       {
-        CudaExecutor executor(&f.api, &f.kernels, nullptr, Logger(LogLevel::kError));
+        CudaExecutor executor(options_for(f, nullptr));
         INFO(reduce::cases::describe(args));
         REQUIRE(f.run(executor, OpKind::kAllreduce, args).ok());
         for (size_t t = 0; t < f.set->layout.size(); ++t) {
@@ -159,7 +34,7 @@ TEST_CASE("cuda executor: allreduce over clients sharing a GPU equals reduce(), 
 
 TEST_CASE("cuda executor: tables are built once and reused every step", "[cuda][executor]") {
   Fixture f(DType::kFloat32);
-  CudaExecutor executor(&f.api, &f.kernels, nullptr, Logger(LogLevel::kError));
+  CudaExecutor executor(options_for(f, nullptr));
   REQUIRE(f.run(executor, OpKind::kAllreduce, reduce::KernelArgs{}).ok());
   const int uploads = f.api.uploads;
   CHECK(uploads == 4 * static_cast<int>(f.set->plan.buckets.size()));  // gather and scatter: segments, items
@@ -171,7 +46,7 @@ TEST_CASE("cuda executor: reduce lands in the root only; broadcast copies the ro
           "[cuda][executor]") {
   for (DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kInt64}) {
     Fixture f(dtype);
-    CudaExecutor executor(&f.api, &f.kernels, nullptr, Logger(LogLevel::kError));
+    CudaExecutor executor(options_for(f, nullptr));
     const reduce::KernelArgs sum{.dtype = dtype};
     REQUIRE(f.run(executor, OpKind::kReduce, sum, 1).ok());
     for (size_t t = 0; t < f.set->layout.size(); ++t) {
@@ -198,7 +73,7 @@ TEST_CASE("cuda executor: reduce lands in the root only; broadcast copies the ro
 
 TEST_CASE("cuda executor: what it cannot do is refused, naming it", "[cuda][executor]") {
   Fixture split(DType::kFloat32, {0, 1, 0});
-  CudaExecutor executor(&split.api, &split.kernels, nullptr, Logger(LogLevel::kError));
+  CudaExecutor executor(options_for(split, nullptr));
   // Two GPUs need an NCCL engine; a daemon without one says so at admission.
   LocalRendezvous local;
   const Status across_gpus = executor.admit(*split.set, SetAdmission{"j", &local, &split.topology});
@@ -206,7 +81,7 @@ TEST_CASE("cuda executor: what it cannot do is refused, naming it", "[cuda][exec
   CHECK_THAT(across_gpus.message(), Catch::Contains("job j set 0 group 'dp' spans 2 GPUs here and 1 nodes; this "
                                                     "gradsyncd has no NCCL engine"));
   Fixture f(DType::kFloat32);
-  CudaExecutor second(&f.api, &f.kernels, nullptr, Logger(LogLevel::kError));
+  CudaExecutor second(options_for(f, nullptr));
   REQUIRE(second.admit(*f.set, SetAdmission{"j", &local, &f.topology}).ok());  // one GPU: no engine needed
   // The worker refuses allgather on a set without outputs first; the executor double-checks.
   CHECK(f.run(second, OpKind::kAllgather, reduce::KernelArgs{}).message() ==
@@ -216,136 +91,6 @@ TEST_CASE("cuda executor: what it cannot do is refused, naming it", "[cuda][exec
   CHECK(f.kernels.gathers == 0);  // nothing was launched for refused or aborted buckets
 }
 
-namespace {
-
-// NCCL over "GPU" buffers in host memory, one node: what the executor hands a device engine,
-// done on the host the way NCCL would (rank order: GPU 0's buffer first). Answers watch() only
-// when finish() is called, so tests see that the executor waits for it.
-class HostDeviceEngine final : public DeviceCollectiveEngine {
- public:
-  explicit HostDeviceEngine(DeviceEngineSpec spec) : spec(std::move(spec)) {}
-  Status connect(Rendezvous*) override { return connect_error; }
-  bool reused() const override { return false; }
-  int ranks() const override { return static_cast<int>(spec.devices.size()); }
-  std::span<const int> devices() const override { return spec.devices; }
-  int rank_of(int node, int local_rank) const override {
-    return node == 0 ? spec.slot_of_local_rank[static_cast<size_t>(local_rank)] : -1;
-  }
-  Status allreduce(std::span<const DeviceBuffer> buffers, size_t count, const ReduceSpec& s) override {
-    calls.push_back("allreduce");
-    if (!fail_calls.ok()) return fail_calls;
-    combine(buffers, count, s, -1);
-    return Status();
-  }
-  Status broadcast(std::span<const DeviceBuffer> buffers, size_t bytes, int root) override {
-    calls.push_back("broadcast from " + std::to_string(root));
-    for (const auto& b : buffers) {
-      if (b.data != buffers[static_cast<size_t>(root)].data) std::memcpy(b.data, buffers[static_cast<size_t>(root)].data, bytes);
-    }
-    return Status();
-  }
-  Status reduce(std::span<const DeviceBuffer> buffers, size_t count, const ReduceSpec& s, int root) override {
-    calls.push_back("reduce to " + std::to_string(root));
-    combine(buffers, count, s, root);
-    return Status();
-  }
-  Status allgather(std::span<const DeviceBuffer>, std::span<const DeviceBuffer>, size_t) override {
-    return Status::not_supported("fake");
-  }
-  Status reduce_scatter(std::span<const DeviceBuffer>, std::span<const DeviceBuffer>, size_t,
-                        const ReduceSpec&) override {
-    return Status::not_supported("fake");
-  }
-  Status register_buffer(int, void*, size_t, bool* registered) override {
-    *registered = false;
-    return Status();
-  }
-  void watch(std::string what, std::function<Status(bool*)> poll, std::chrono::milliseconds,
-             EngineDone done) override {
-    watched.push_back(what);
-    pending_poll = std::move(poll);
-    pending_done = std::move(done);
-  }
-  void abort(const Status& why) override {
-    if (aborted.ok()) aborted = why;
-  }
-  void abandon() override { *abandoned = true; }
-  // Answers the watched bucket: its poll must say the GPUs are through.
-  bool finish() {
-    if (!pending_done) return false;
-    bool done = false;
-    if (!pending_poll(&done).ok() || !done) return false;
-    auto answer = std::move(pending_done);
-    pending_done = nullptr;
-    answer(aborted);
-    return true;
-  }
-
-  DeviceEngineSpec spec;
-  Status connect_error;
-  Status fail_calls;
-  Status aborted;
-  std::shared_ptr<bool> abandoned = std::make_shared<bool>(false);  // outlives the (leaked) engine
-  std::vector<std::string> calls;
-  std::vector<std::string> watched;
-  std::function<Status(bool*)> pending_poll;
-  EngineDone pending_done;
-
- private:
-  // In the accumulation type, GPU 0's buffer first; into every buffer, or the root's only.
-  static void combine(std::span<const DeviceBuffer> buffers, size_t count, const ReduceSpec& s, int root) {
-    const DType acc = reduce::accumulation_dtype(s.element);
-    std::vector<Bytes> copies;
-    std::vector<const void*> inputs;
-    for (const auto& b : buffers) {
-      const auto* at = static_cast<const std::byte*>(b.data);
-      copies.emplace_back(at, at + count * dtype_size(acc));
-    }
-    for (const Bytes& c : copies) inputs.push_back(c.data());
-    std::vector<void*> outputs;
-    for (size_t i = 0; i < buffers.size(); ++i) {
-      if (root < 0 || static_cast<int>(i) == root) outputs.push_back(buffers[i].data);
-    }
-    reduce::reduce(reduce::KernelArgs{.dtype = acc, .combine = s.op}, inputs, outputs, count);
-  }
-};
-
-class HostDeviceEngines final : public DeviceEngineFactory {
- public:
-  Status make(const DeviceEngineSpec& spec, std::unique_ptr<DeviceCollectiveEngine>* out) override {
-    auto engine = std::make_unique<HostDeviceEngine>(spec);
-    engine->fail_calls = fail_calls;
-    made.push_back(engine.get());
-    *out = std::move(engine);
-    return Status();
-  }
-  Status fail_calls;
-  std::vector<HostDeviceEngine*> made;  // owned by the executor
-};
-
-// Runs every bucket, finishing each through the engine when it is watched.
-Status run_across(Fixture& f, CudaExecutor& executor, HostDeviceEngines& engines, OpKind kind,
-                  const reduce::KernelArgs& args, int root = 0) {
-  for (size_t b = 0; b < f.set->plan.buckets.size(); ++b) {
-    BucketCall call = f.call(kind, 1, b, root);
-    call.args = args;
-    std::optional<Status> answer;
-    executor.launch(call, [&](const Status& s) { answer = s; });
-    if (!answer) {
-      // Not before the GPUs are through: the done events say so.
-      f.api.events_pending = true;
-      CHECK_FALSE(engines.made.front()->finish());
-      CHECK_FALSE(answer.has_value());
-      f.api.events_pending = false;
-      REQUIRE(engines.made.front()->finish());
-    }
-    REQUIRE(answer.has_value());
-    if (!answer->ok()) return *answer;
-  }
-  return Status();
-}
-
-}  // namespace
 
 TEST_CASE("cuda executor: clients on two GPUs go through the device engine and equal reduce() bit for bit",
           "[cuda][executor][nccl]") {
@@ -357,7 +102,7 @@ TEST_CASE("cuda executor: clients on two GPUs go through the device engine and e
       Fixture f(dtype, {0, 0, 1});
       HostDeviceEngines engines;
       {
-        CudaExecutor executor(&f.api, &f.kernels, &engines, Logger(LogLevel::kError));
+        CudaExecutor executor(options_for(f, &engines));
         LocalRendezvous local;
         REQUIRE(executor.admit(*f.set, SetAdmission{"j", &local, &f.topology}).ok());
         REQUIRE(engines.made.size() == 1);
@@ -395,7 +140,7 @@ TEST_CASE("cuda executor: reduce and broadcast across GPUs reach the right root"
   for (DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kInt64}) {
     Fixture f(dtype, {0, 0, 1});
     HostDeviceEngines engines;
-    CudaExecutor executor(&f.api, &f.kernels, &engines, Logger(LogLevel::kError));
+    CudaExecutor executor(options_for(f, &engines));
     LocalRendezvous local;
     REQUIRE(executor.admit(*f.set, SetAdmission{"j", &local, &f.topology}).ok());
     const reduce::KernelArgs sum{.dtype = dtype};
@@ -424,7 +169,7 @@ TEST_CASE("cuda executor: a failing device engine fails the bucket, drained and 
   Fixture f(DType::kFloat32, {0, 1, 1});
   HostDeviceEngines engines;
   engines.fail_calls = Status::peer_lost("ncclAllReduce failed: remote process exited");
-  CudaExecutor executor(&f.api, &f.kernels, &engines, Logger(LogLevel::kError));
+  CudaExecutor executor(options_for(f, &engines));
   LocalRendezvous local;
   REQUIRE(executor.admit(*f.set, SetAdmission{"j", &local, &f.topology}).ok());
   const Status failed = run_across(f, executor, engines, OpKind::kAllreduce, reduce::KernelArgs{});
@@ -440,7 +185,7 @@ TEST_CASE("cuda executor: a bucket the watchdog fails is drained before its erro
           "[cuda][executor][nccl]") {
   Fixture f(DType::kFloat32, {0, 1, 1});
   HostDeviceEngines engines;
-  CudaExecutor executor(&f.api, &f.kernels, &engines, Logger(LogLevel::kError));
+  CudaExecutor executor(options_for(f, &engines));
   LocalRendezvous local;
   REQUIRE(executor.admit(*f.set, SetAdmission{"j", &local, &f.topology}).ok());
   BucketCall call = f.call(OpKind::kAllreduce, 1);
@@ -469,7 +214,7 @@ TEST_CASE("cuda executor: a client whose tensors of one set sit on two GPUs is r
   set->address[0][0] = f.memory[2].data();
   f.set = set;
   HostDeviceEngines engines;
-  CudaExecutor executor(&f.api, &f.kernels, &engines, Logger(LogLevel::kError));
+  CudaExecutor executor(options_for(f, &engines));
   LocalRendezvous local;
   const Status refused = executor.admit(*f.set, SetAdmission{"j", &local, &f.topology});
   CHECK(refused.code() == ErrorCode::kInvalidArgument);
@@ -496,7 +241,7 @@ TEST_CASE("cuda executor: device order through the clients' event rings, answere
   }
   f.set = set;
   {
-    CudaExecutor executor(&f.api, &f.kernels, nullptr, Logger(LogLevel::kError));
+    CudaExecutor executor(options_for(f, nullptr));
     const reduce::KernelArgs sum{};
     REQUIRE(f.run(executor, OpKind::kAllreduce, sum).ok());  // operation seq 1: slot 1
     for (size_t t = 0; t < f.set->layout.size(); ++t) {
@@ -537,7 +282,7 @@ TEST_CASE("cuda executor: allgather on one GPU and across two puts every rank's 
     for (DType dtype : {DType::kFloat16, DType::kFloat32, DType::kInt64}) {
       Fixture f(dtype, gpus, /*with_gather=*/true);
       HostDeviceEngines engines;
-      CudaExecutor executor(&f.api, &f.kernels, &engines, Logger(LogLevel::kError));
+      CudaExecutor executor(options_for(f, &engines));
       LocalRendezvous local;
       REQUIRE(executor.admit(*f.set, SetAdmission{"j", &local, &f.topology}).ok());
       const bool across = gpus[1] != gpus[0];
@@ -572,7 +317,7 @@ TEST_CASE("cuda executor: one flat client per GPU is reduced in place, zero-copy
       Fixture f(dtype, {0, 1, 2}, /*with_gather=*/false, /*flat=*/true);
       for (size_t b = 0; b < f.set->plan.buckets.size(); ++b) REQUIRE(f.set->canonical_run[b]);
       HostDeviceEngines engines;
-      CudaExecutor executor(&f.api, &f.kernels, &engines, Logger(LogLevel::kError));
+      CudaExecutor executor(options_for(f, &engines));
       LocalRendezvous local;
       REQUIRE(executor.admit(*f.set, SetAdmission{"j", &local, &f.topology}).ok());
       REQUIRE(run_across(f, executor, engines, OpKind::kAllreduce, args).ok());
@@ -599,28 +344,13 @@ TEST_CASE("cuda executor: one flat client per GPU is reduced in place, zero-copy
   }
 }
 
-namespace {
-
-// A fixture whose clients registered event rings, as the daemon makes them.
-void add_event_rings(Fixture& f) {
-  auto set = std::make_shared<TensorSet>(*f.set);
-  for (int c = 0; c < kClients; ++c) {
-    std::unique_ptr<EventRing> ready, done;
-    REQUIRE(EventRing::create(&f.api, 0, &ready).ok());
-    REQUIRE(EventRing::create(&f.api, 0, &done).ok());
-    set->events.push_back(std::make_shared<ClientEventRings>(0, std::move(ready), std::move(done)));
-  }
-  f.set = set;
-}
-
-}  // namespace
 
 TEST_CASE("cuda executor: a client's ready event that never fires is named within the execution bound, with "
           "nothing queued behind it; a lost drain frees nothing",
           "[cuda][executor][events]") {
   Fixture f(DType::kFloat32);
   add_event_rings(f);
-  CudaExecutor executor(&f.api, &f.kernels, nullptr, Logger(LogLevel::kError));
+  CudaExecutor executor(options_for(f, nullptr));
   LocalRendezvous local;
   SetAdmission admission{"j", &local, &f.topology};
   admission.execution_timeout = std::chrono::milliseconds(100);
@@ -659,7 +389,7 @@ TEST_CASE("cuda executor: a multi-GPU bucket stuck on a client is answered witho
   engines.fail_calls = Status::peer_lost("ncclAllReduce failed: remote process exited");
   std::shared_ptr<bool> abandoned;
   {
-    CudaExecutor executor(&f.api, &f.kernels, &engines, Logger(LogLevel::kError));
+    CudaExecutor executor(options_for(f, &engines));
     LocalRendezvous local;
     SetAdmission admission{"j", &local, &f.topology};
     admission.execution_timeout = std::chrono::milliseconds(50);
@@ -683,7 +413,7 @@ TEST_CASE("cuda executor: after a lost drain the destructor frees nothing", "[cu
   Fixture f(DType::kFloat32);
   add_event_rings(f);
   {
-    CudaExecutor executor(&f.api, &f.kernels, nullptr, Logger(LogLevel::kError));
+    CudaExecutor executor(options_for(f, nullptr));
     REQUIRE(f.run(executor, OpKind::kAllreduce, reduce::KernelArgs{}).ok());
     f.api.events_pending = true;
     REQUIRE_FALSE(executor.quiesce(std::chrono::steady_clock::now() + std::chrono::milliseconds(20)));
@@ -703,7 +433,7 @@ TEST_CASE("cuda executor: the key a communicator is kept under names the user, t
   const auto key_for = [](const std::string& owner_job) {
     Fixture f(DType::kFloat32, {0, 0, 1});
     HostDeviceEngines engines;
-    CudaExecutor executor(&f.api, &f.kernels, &engines, Logger(LogLevel::kError));
+    CudaExecutor executor(options_for(f, &engines));
     LocalRendezvous local;
     SetAdmission admission{"resnet", &local, &f.topology};
     admission.owner_job = owner_job;

@@ -37,17 +37,30 @@ class FakeDeviceApi final : public DeviceApi {
     }
     return Status::not_found("no GPU with the client's UUID is visible to gradsyncd (it sees 2)");
   }
-  Status import_vmm(int device, int fd, size_t bytes, void** address, uint64_t* handle) override {
+  // The allocation behind descriptor `fd` lives on GPU located_on[fd], or on the GPU the client
+  // named when the map has no entry.
+  Status import_vmm(int device, int fd, uint64_t* handle, int* located) override {
     if (fail_import) return Status::internal("cuMemImportFromShareableHandle failed with CUDA driver error 1");
+    *handle = static_cast<uint64_t>(fd) + 1000;
+    *located = located_on.count(fd) ? located_on[fd] : device;
+    imported_handles.insert(*handle);
+    return Status();
+  }
+  Status release_vmm_handle(int, uint64_t handle) override {
+    CHECK(imported_handles.erase(handle) == 1);
+    return Status();
+  }
+  Status map_vmm(int device, uint64_t handle, size_t bytes, void** address) override {
+    CHECK(imported_handles.count(handle) == 1);
     *address = reinterpret_cast<void*>(0x100000 * (++vmm_imports) + device);
-    *handle = static_cast<uint64_t>(fd);
     mapped_vmm[*address] = bytes;
     return Status();
   }
-  Status release_vmm(int, void* address, size_t bytes, uint64_t) override {
+  Status release_vmm(int, void* address, size_t bytes, uint64_t handle) override {
     CHECK(mapped_vmm.count(address) == 1);
     CHECK(mapped_vmm[address] == bytes);
     mapped_vmm.erase(address);
+    CHECK(imported_handles.erase(handle) == 1);
     return Status();
   }
   Status allocation_size(int, void*, size_t* bytes) override {
@@ -56,12 +69,13 @@ class FakeDeviceApi final : public DeviceApi {
   }
   // Not used by the cache, the rings or the import.
   Status make_current(int) override { return Status::not_supported("fake"); }
-  Status allocate(int, size_t, void**) override { return Status::not_supported("fake"); }
-  Status free(int, void*) override { return Status::not_supported("fake"); }
-  Status upload(int, void*, const void*, size_t) override { return Status::not_supported("fake"); }
+  Status allocate(int, size_t, void*, void**) override { return Status::not_supported("fake"); }
+  Status free(int, void*, void*) override { return Status::not_supported("fake"); }
+  Status upload(int, void*, const void*, size_t, void*) override { return Status::not_supported("fake"); }
   Status create_stream(int, void**) override { return Status::not_supported("fake"); }
   Status destroy_stream(int, void*) override { return Status::not_supported("fake"); }
-  Status synchronize(void*) override { return Status::not_supported("fake"); }
+  Status synchronize(int, void*) override { return Status::not_supported("fake"); }
+  Status health(int) override { return Status(); }
   Status create_event(int, void**) override { return Status::not_supported("fake"); }
   Status query_event(int, void*, bool*) override { return Status::not_supported("fake"); }
   Status open_ipc_memory(int device, const IpcHandle& h, void** base) override {
@@ -87,12 +101,12 @@ class FakeDeviceApi final : public DeviceApi {
     CHECK(open_events.erase(event) == 1);
     return Status();
   }
-  Status stream_wait_event(void* stream, void* event) override {
+  Status stream_wait_event(int, void* stream, void* event) override {
     calls.push_back("wait " + std::to_string(reinterpret_cast<uintptr_t>(event)) + " on " +
                     std::to_string(reinterpret_cast<uintptr_t>(stream)));
     return Status();
   }
-  Status record_event(void* event, void* stream) override {
+  Status record_event(int, void* event, void* stream) override {
     calls.push_back("record " + std::to_string(reinterpret_cast<uintptr_t>(event)) + " on " +
                     std::to_string(reinterpret_cast<uintptr_t>(stream)));
     return Status();
@@ -103,6 +117,8 @@ class FakeDeviceApi final : public DeviceApi {
   int events_made = 0;
   bool fail_import = false;
   int vmm_imports = 0;
+  std::map<int, int> located_on;     // fd -> the GPU its allocation lives on
+  std::set<uint64_t> imported_handles;  // imported, not released yet
   std::map<void*, size_t> mapped_vmm;
   size_t allocation_bytes = 1 << 20;
   int memory_opens = 0;
@@ -212,6 +228,7 @@ TEST_CASE("device memory: a VMM segment is mapped on the GPU its UUID names, and
   CHECK(api.mapped_vmm.size() == 1);
   region.reset();
   CHECK(api.mapped_vmm.empty());
+  CHECK(api.imported_handles.empty());
 }
 
 TEST_CASE("device memory: an unknown GPU or a failed import is refused, naming it", "[cuda][memory]") {
@@ -225,6 +242,24 @@ TEST_CASE("device memory: an unknown GPU or a failed import is refused, naming i
         "CUDA VMM segment on device 0: cuMemImportFromShareableHandle failed with CUDA driver error 1");
   CHECK_FALSE(region);
   CHECK(api.mapped_vmm.empty());
+}
+
+TEST_CASE("device memory: a VMM allocation on another GPU than the one the client named is refused, and released",
+          "[cuda][memory]") {
+  // A client names GPU 1 by UUID but passes an allocation that lives on GPU 0: mapping it would
+  // reach GPU 0's memory through peer access and launch on the wrong GPU's streams.
+  FakeDeviceApi api;
+  IpcMemoryCache ipc(&api);
+  std::shared_ptr<MemoryRegion> region;
+  MemoryImport what = device_import(MemoryKind::kCudaVmm, 1, 2 << 20);
+  api.located_on[what.fd.get()] = 0;
+  const Status status = import_device_memory(&api, &ipc, std::move(what), &region);
+  CHECK(status.code() == ErrorCode::kInvalidArgument);
+  CHECK(status.message() == "CUDA VMM segment on device 1: the allocation lives on GPU 0, not on the GPU whose "
+                            "UUID the client named");
+  CHECK_FALSE(region);
+  CHECK(api.mapped_vmm.empty());
+  CHECK(api.imported_handles.empty());  // the import was released
 }
 
 TEST_CASE("device memory: legacy IPC pieces share one opening and must lie inside their allocation",

@@ -185,7 +185,7 @@ class FakeBackends final : public BackendFactory {
   }
   std::vector<std::string> memory_kinds() const override { return {"host memfd"}; }
   std::string devices() const override { return "fake"; }
-  Status make_executor(MemoryKind, ThreadPool*, const Logger&, std::unique_ptr<BucketExecutor>* out) override {
+  Status make_executor(MemoryKind, const ExecutorContext&, std::unique_ptr<BucketExecutor>* out) override {
     *out = std::make_unique<FakeExecutor>(log_);
     return Status();
   }

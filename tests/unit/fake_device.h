@@ -8,6 +8,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -17,51 +19,85 @@
 
 namespace gradsync::cuda::testing {
 
+// GPU semantics the containment tests rely on: a stream that waits on a client event marked
+// `never_fires` is blocked for good; an event recorded on a blocked stream is never through; a
+// synchronisation of a blocked stream would hang (counted, not waited). Every object remembers
+// its device, and a call that names another device is counted in wrong_device_calls. A device
+// put in `broken` fails every later call on it, as a sticky error does, and health() says why.
+// Thread-safe: two executors (two jobs on one GPU) may share it.
 class HostBackedDeviceApi final : public DeviceApi {
  public:
   ~HostBackedDeviceApi() override {
     for (auto& [p, bytes] : allocations) std::free(p);
   }
   Status device_of_uuid(const std::string&, int*) override { return Status::not_supported("fake"); }
-  Status import_vmm(int, int, size_t, void**, uint64_t*) override { return Status::not_supported("fake"); }
+  Status import_vmm(int, int, uint64_t*, int*) override { return Status::not_supported("fake"); }
+  Status release_vmm_handle(int, uint64_t) override { return Status::not_supported("fake"); }
+  Status map_vmm(int, uint64_t, size_t, void**) override { return Status::not_supported("fake"); }
   Status release_vmm(int, void*, size_t, uint64_t) override { return Status::not_supported("fake"); }
   Status allocation_size(int, void*, size_t*) override { return Status::not_supported("fake"); }
   Status open_ipc_memory(int, const IpcHandle&, void**) override { return Status::not_supported("fake"); }
   Status close_ipc_memory(int, void*) override { return Status::not_supported("fake"); }
   // Interprocess events are named "<name_prefix>.<n>", n counting from 0 per prefix: a test that
   // sets the prefix to "r0" before creating client 0's ready ring sees slot 5 as "r0.5".
-  Status create_ipc_event(int, void** event, IpcHandle* handle) override {
+  Status create_ipc_event(int device, void** event, IpcHandle* handle) override {
+    std::lock_guard lock(mutex_);
+    if (Status s = gate(device); !s.ok()) return s;
     if (name_prefix != last_prefix_) {
       last_prefix_ = name_prefix;
       made_with_prefix_ = 0;
     }
     names.push_back(name_prefix + "." + std::to_string(made_with_prefix_++));
     *event = reinterpret_cast<void*>(names.size());  // 1-based index into names
+    device_of_[*event] = device;
     handle->fill(static_cast<unsigned char>(names.size()));
     ++events;
     return Status();
   }
   // Events of the daemon's own: the fake's work is done when it is enqueued, so a query says
-  // done unless a test holds the events back (a GPU still busy).
-  Status create_event(int, void** event) override {
-    *event = reinterpret_cast<void*>(0x1000 + ++events);
+  // done unless a test holds the events back (a GPU still busy) or the event was recorded on a
+  // blocked stream.
+  Status create_event(int device, void** event) override {
+    std::lock_guard lock(mutex_);
+    if (Status s = gate(device); !s.ok()) return s;
+    *event = reinterpret_cast<void*>(0x100000 + ++own_events_made_);
+    device_of_[*event] = device;
+    ++events;
     return Status();
   }
-  Status destroy_event(int, void*) override {
+  Status destroy_event(int device, void* event) override {
+    std::lock_guard lock(mutex_);
+    check_device(device, event);
     --events;
     return Status();
   }
-  Status query_event(int, void*, bool* done) override {
-    *done = !events_pending.load();
+  Status query_event(int device, void* event, bool* done) override {
+    std::lock_guard lock(mutex_);
+    if (Status s = gate(device); !s.ok()) return s;
+    check_device(device, event);
+    *done = !events_pending.load() && !never_done_.count(event);
     return Status();
   }
-  Status stream_wait_event(void*, void* event) override {
+  Status stream_wait_event(int device, void* stream, void* event) override {
+    std::lock_guard lock(mutex_);
+    if (Status s = gate(device); !s.ok()) return s;
+    check_device(device, stream);
     if (trace) trace->push_back("wait " + name_of(event));
+    if (never_fires.count(name_of(event)) || never_done_.count(event)) blocked_.insert(stream);
     return Status();
   }
-  Status record_event(void* event, void*) override {
+  Status record_event(int device, void* event, void* stream) override {
+    std::lock_guard lock(mutex_);
+    if (Status s = gate(device); !s.ok()) return s;
+    check_device(device, stream);
+    check_device(device, event);
     ++records;
     if (trace) trace->push_back("record " + name_of(event));
+    if (blocked_.count(stream)) {
+      never_done_.insert(event);
+    } else {
+      never_done_.erase(event);
+    }
     return Status();
   }
   std::string name_of(void* event) const {
@@ -69,36 +105,65 @@ class HostBackedDeviceApi final : public DeviceApi {
     return index >= 1 && index <= names.size() ? names[index - 1] : "own";
   }
 
-  Status make_current(int) override { return Status(); }
-  Status allocate(int, size_t bytes, void** memory) override {
+  Status make_current(int device) override {
+    std::lock_guard lock(mutex_);
+    return gate(device);
+  }
+  Status allocate(int device, size_t bytes, void* stream, void** memory) override {
+    std::lock_guard lock(mutex_);
+    if (Status s = gate(device); !s.ok()) return s;
+    check_device(device, stream);
     *memory = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
     allocations[*memory] = bytes;
     return Status();
   }
-  Status free(int, void* memory) override {
+  Status free(int device, void* memory, void* stream) override {
+    std::lock_guard lock(mutex_);
+    check_device(device, stream);
     if (allocations.erase(memory) != 1) return Status::internal("freeing memory that was not allocated");
     std::free(memory);
     return Status();
   }
-  Status upload(int, void* to, const void* from, size_t bytes) override {
+  Status upload(int device, void* to, const void* from, size_t bytes, void* stream) override {
+    std::lock_guard lock(mutex_);
+    if (Status s = gate(device); !s.ok()) return s;
+    check_device(device, stream);
     ++uploads;
     std::memcpy(to, from, bytes);
     return Status();
   }
-  Status create_stream(int, void** stream) override {
-    *stream = reinterpret_cast<void*>(++streams);
+  Status create_stream(int device, void** stream) override {
+    std::lock_guard lock(mutex_);
+    if (Status s = gate(device); !s.ok()) return s;
+    *stream = reinterpret_cast<void*>(0x200000 + ++streams_made_);
+    device_of_[*stream] = device;
+    ++streams;
     return Status();
   }
-  Status destroy_stream(int, void*) override {
+  Status destroy_stream(int device, void* stream) override {
+    std::lock_guard lock(mutex_);
+    check_device(device, stream);
     --streams;
     return Status();
   }
-  // With events_pending the GPU is stuck: a real synchronisation would never return, so the
-  // fake counts it as one that hung.
-  Status synchronize(void*) override {
+  // With events_pending, or on a blocked stream, the GPU is stuck: a real synchronisation would
+  // never return, so the fake counts it as one that hung.
+  Status synchronize(int device, void* stream) override {
+    std::lock_guard lock(mutex_);
+    check_device(device, stream);
     ++synchronizations;
-    if (events_pending.load()) ++stuck_synchronizations;
-    return Status();
+    if (events_pending.load() || blocked_.count(stream)) ++stuck_synchronizations;
+    return gate(device);
+  }
+  Status health(int device) override {
+    std::lock_guard lock(mutex_);
+    auto it = broken.find(device);
+    return it == broken.end() ? Status() : it->second;
+  }
+  // A sticky error on `device` from now on.
+  void break_device(int device, const std::string& cuda_error) {
+    std::lock_guard lock(mutex_);
+    broken[device] = Status::internal("GPU " + std::to_string(device) + " is unusable: " + cuda_error);
   }
 
   std::map<void*, size_t> allocations;
@@ -106,6 +171,8 @@ class HostBackedDeviceApi final : public DeviceApi {
   std::string name_prefix = "ev";
   std::vector<std::string>* trace = nullptr;    // waits, records and launches, in order
   std::atomic<bool> events_pending{false};
+  std::set<std::string> never_fires;            // client events (by name) whose record never completes
+  std::map<int, Status> broken;                 // devices a sticky error broke
   int events = 0;
   int records = 0;
   std::string last_prefix_;
@@ -114,6 +181,23 @@ class HostBackedDeviceApi final : public DeviceApi {
   int streams = 0;
   int synchronizations = 0;
   int stuck_synchronizations = 0;
+  std::atomic<int> wrong_device_calls{0};
+
+ private:
+  Status gate(int device) const {
+    auto it = broken.find(device);
+    return it == broken.end() ? Status() : Status::internal("cudaErrorIllegalAddress: an illegal memory access was encountered");
+  }
+  void check_device(int device, void* object) {
+    auto it = device_of_.find(object);
+    if (it != device_of_.end() && it->second != device) ++wrong_device_calls;
+  }
+  std::mutex mutex_;
+  std::map<void*, int> device_of_;  // streams and events
+  std::set<void*> blocked_;         // streams waiting for good
+  std::set<void*> never_done_;      // events recorded on a blocked stream
+  int own_events_made_ = 0;
+  int streams_made_ = 0;
 };
 
 class HostKernelLauncher final : public KernelLauncher {

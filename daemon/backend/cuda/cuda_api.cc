@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <string>
 
@@ -15,6 +16,27 @@ namespace {
 Status check(cudaError_t error, const char* what) {
   if (error == cudaSuccess) return Status();
   return Status::internal(std::string(what) + ": " + cudaGetErrorString(error));
+}
+
+// Errors that leave the context unusable for every later call (CUDA runtime API, "sticky"
+// errors: a kernel that faulted). cudaErrorLaunchTimeout and the ECC error are sticky too.
+bool sticky(cudaError_t error) {
+  switch (error) {
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchFailure:
+    case cudaErrorHardwareStackError:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorLaunchTimeout:
+    case cudaErrorECCUncorrectable:
+    case cudaErrorAssert:
+    case cudaErrorContextIsDestroyed:
+      return true;
+    default:
+      return false;
+  }
 }
 
 // The device this thread made current through make_current(), or -1. (cudaGetDevice says 0
@@ -54,6 +76,7 @@ struct DriverCalls {
   decltype(&::cuMemRelease) release = nullptr;
   decltype(&::cuMemGetAddressRange) address_range = nullptr;
   decltype(&::cuMemGetAllocationGranularity) granularity = nullptr;
+  decltype(&::cuMemGetAllocationPropertiesFromHandle) properties = nullptr;
   Status status;
 };
 
@@ -69,6 +92,25 @@ Status fetch(const char* symbol, void** slot) {
 Status driver_check(CUresult result, const char* what) {
   if (result == CUDA_SUCCESS) return Status();
   return Status::internal(std::string(what) + " failed with CUDA driver error " + std::to_string(static_cast<int>(result)));
+}
+
+bool driver_sticky(CUresult result) {
+  switch (result) {
+    case CUDA_ERROR_ILLEGAL_ADDRESS:
+    case CUDA_ERROR_LAUNCH_FAILED:
+    case CUDA_ERROR_HARDWARE_STACK_ERROR:
+    case CUDA_ERROR_ILLEGAL_INSTRUCTION:
+    case CUDA_ERROR_MISALIGNED_ADDRESS:
+    case CUDA_ERROR_INVALID_ADDRESS_SPACE:
+    case CUDA_ERROR_INVALID_PC:
+    case CUDA_ERROR_LAUNCH_TIMEOUT:
+    case CUDA_ERROR_ECC_UNCORRECTABLE:
+    case CUDA_ERROR_ASSERT:
+    case CUDA_ERROR_CONTEXT_IS_DESTROYED:
+      return true;
+    default:
+      return false;
+  }
 }
 
 class CudaDeviceApi final : public DeviceApi {
@@ -88,60 +130,81 @@ class CudaDeviceApi final : public DeviceApi {
                              "; check CUDA_VISIBLE_DEVICES of the daemon's service)");
   }
 
-  Status import_vmm(int device, int fd, size_t bytes, void** address, uint64_t* handle) override {
+  Status import_vmm(int device, int fd, uint64_t* handle, int* located) override {
     const DriverCalls& d = driver();
     if (!d.status.ok()) return d.status;
     DeviceScope scope(device);
     if (!scope.status().ok()) return scope.status();
     CUmemGenericAllocationHandle imported = 0;
-    if (Status s = driver_check(d.import(&imported, reinterpret_cast<void*>(static_cast<intptr_t>(fd)),
-                                         CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
-                                "cuMemImportFromShareableHandle");
+    if (Status s = driver_call(device, d.import(&imported, reinterpret_cast<void*>(static_cast<intptr_t>(fd)),
+                                                CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+                               "cuMemImportFromShareableHandle");
         !s.ok()) {
       return s;
     }
+    CUmemAllocationProp prop{};
+    if (Status s = driver_call(device, d.properties(&prop, imported), "cuMemGetAllocationPropertiesFromHandle");
+        !s.ok()) {
+      d.release(imported);
+      return s;
+    }
+    *located = prop.location.type == CU_MEM_LOCATION_TYPE_DEVICE ? prop.location.id : -1;
+    *handle = imported;
+    return Status();
+  }
+
+  Status release_vmm_handle(int device, uint64_t handle) override {
+    const DriverCalls& d = driver();
+    if (!d.status.ok()) return d.status;
+    DeviceScope scope(device);
+    return driver_call(device, d.release(handle), "cuMemRelease");
+  }
+
+  Status map_vmm(int device, uint64_t handle, size_t bytes, void** address) override {
+    const DriverCalls& d = driver();
+    if (!d.status.ok()) return d.status;
+    DeviceScope scope(device);
+    if (!scope.status().ok()) return scope.status();
     CUmemAllocationProp prop{};
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     prop.location.id = device;
     size_t granularity = 0;
     CUdeviceptr mapped = 0;
-    Status s = driver_check(d.granularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
-                            "cuMemGetAllocationGranularity");
+    Status s = driver_call(device, d.granularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+                           "cuMemGetAllocationGranularity");
     if (s.ok() && bytes % granularity != 0) {
       s = Status::invalid_argument(std::to_string(bytes) + " bytes is not a multiple of the allocation granularity (" +
                                    std::to_string(granularity) + ")");
     }
-    if (s.ok()) s = driver_check(d.reserve(&mapped, bytes, granularity, 0, 0), "cuMemAddressReserve");
+    if (s.ok()) s = driver_call(device, d.reserve(&mapped, bytes, granularity, 0, 0), "cuMemAddressReserve");
     if (s.ok()) {
-      s = driver_check(d.map(mapped, bytes, 0, imported, 0), "cuMemMap");
+      s = driver_call(device, d.map(mapped, bytes, 0, handle, 0), "cuMemMap");
       if (!s.ok()) d.free(mapped, bytes);
     }
     if (s.ok()) {
       CUmemAccessDesc access{};
       access.location = prop.location;
       access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-      s = driver_check(d.set_access(mapped, bytes, &access, 1), "cuMemSetAccess");
+      s = driver_call(device, d.set_access(mapped, bytes, &access, 1), "cuMemSetAccess");
       if (!s.ok()) {
         d.unmap(mapped, bytes);
         d.free(mapped, bytes);
       }
     }
-    if (!s.ok()) {
-      d.release(imported);
-      return s;
-    }
+    if (!s.ok()) return s;
     *address = reinterpret_cast<void*>(mapped);
-    *handle = imported;
     return Status();
   }
 
+  // The caller unmaps only once nothing queued on its job's streams can touch the memory
+  // (the executor holds a bucket's set until its GPU work is through).
   Status release_vmm(int device, void* address, size_t bytes, uint64_t handle) override {
     const DriverCalls& d = driver();
     if (!d.status.ok()) return d.status;
     DeviceScope scope(device);
     const auto p = reinterpret_cast<CUdeviceptr>(address);
-    Status s = driver_check(d.unmap(p, bytes), "cuMemUnmap");
+    Status s = driver_call(device, d.unmap(p, bytes), "cuMemUnmap");
     d.free(p, bytes);
     d.release(handle);
     return s;
@@ -152,7 +215,8 @@ class CudaDeviceApi final : public DeviceApi {
     if (!d.status.ok()) return d.status;
     DeviceScope scope(device);
     CUdeviceptr start = 0;
-    return driver_check(d.address_range(&start, bytes, reinterpret_cast<CUdeviceptr>(base)), "cuMemGetAddressRange");
+    return driver_call(device, d.address_range(&start, bytes, reinterpret_cast<CUdeviceptr>(base)),
+                       "cuMemGetAddressRange");
   }
 
   Status open_ipc_memory(int device, const IpcHandle& handle, void** base) override {
@@ -161,7 +225,7 @@ class CudaDeviceApi final : public DeviceApi {
     cudaIpcMemHandle_t h;
     static_assert(sizeof(h) == sizeof(IpcHandle));
     std::memcpy(&h, handle.data(), sizeof(h));
-    if (Status s = check(cudaIpcOpenMemHandle(base, h, cudaIpcMemLazyEnablePeerAccess), "cudaIpcOpenMemHandle");
+    if (Status s = call(device, cudaIpcOpenMemHandle(base, h, cudaIpcMemLazyEnablePeerAccess), "cudaIpcOpenMemHandle");
         !s.ok()) {
       return s;
     }
@@ -180,18 +244,18 @@ class CudaDeviceApi final : public DeviceApi {
   Status close_ipc_memory(int device, void* base) override {
     DeviceScope scope(device);
     if (!scope.status().ok()) return scope.status();
-    return check(cudaIpcCloseMemHandle(base), "cudaIpcCloseMemHandle");
+    return call(device, cudaIpcCloseMemHandle(base), "cudaIpcCloseMemHandle");
   }
   Status create_ipc_event(int device, void** event, IpcHandle* handle) override {
     DeviceScope scope(device);
     if (!scope.status().ok()) return scope.status();
     cudaEvent_t created = nullptr;
-    Status s = check(cudaEventCreateWithFlags(&created, cudaEventInterprocess | cudaEventDisableTiming),
+    Status s = call(device, cudaEventCreateWithFlags(&created, cudaEventInterprocess | cudaEventDisableTiming),
                      "cudaEventCreateWithFlags (interprocess)");
     if (!s.ok()) return s;
     cudaIpcEventHandle_t h;
     static_assert(sizeof(h) == sizeof(IpcHandle));
-    if (s = check(cudaIpcGetEventHandle(&h, created), "cudaIpcGetEventHandle"); !s.ok()) {
+    if (s = call(device, cudaIpcGetEventHandle(&h, created), "cudaIpcGetEventHandle"); !s.ok()) {
       cudaEventDestroy(created);
       return s;
     }
@@ -202,13 +266,13 @@ class CudaDeviceApi final : public DeviceApi {
   Status destroy_event(int device, void* event) override {
     DeviceScope scope(device);
     if (!scope.status().ok()) return scope.status();
-    return check(cudaEventDestroy(static_cast<cudaEvent_t>(event)), "cudaEventDestroy");
+    return call(device, cudaEventDestroy(static_cast<cudaEvent_t>(event)), "cudaEventDestroy");
   }
   Status create_event(int device, void** event) override {
     DeviceScope scope(device);
     if (!scope.status().ok()) return scope.status();
     cudaEvent_t created = nullptr;
-    Status s = check(cudaEventCreateWithFlags(&created, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    Status s = call(device, cudaEventCreateWithFlags(&created, cudaEventDisableTiming), "cudaEventCreateWithFlags");
     *event = created;
     return s;
   }
@@ -218,58 +282,91 @@ class CudaDeviceApi final : public DeviceApi {
     const cudaError_t result = cudaEventQuery(static_cast<cudaEvent_t>(event));
     *done = result == cudaSuccess;
     if (result == cudaSuccess || result == cudaErrorNotReady) return Status();
-    return check(result, "cudaEventQuery");
+    return call(device, result, "cudaEventQuery");
   }
   Status make_current(int device) override {
-    Status s = check(cudaSetDevice(device), "cudaSetDevice");
+    Status s = call(device, cudaSetDevice(device), "cudaSetDevice");
     if (s.ok()) chosen_device = device;
     return s;
   }
 
-  Status allocate(int device, size_t bytes, void** memory) override {
+  Status allocate(int device, size_t bytes, void* stream, void** memory) override {
     DeviceScope scope(device);
     if (!scope.status().ok()) return scope.status();
-    return check(cudaMalloc(memory, bytes), "cudaMalloc");
+    return call(device, cudaMallocAsync(memory, bytes, static_cast<cudaStream_t>(stream)), "cudaMallocAsync");
   }
-  Status free(int device, void* memory) override {
+  Status free(int device, void* memory, void* stream) override {
     DeviceScope scope(device);
     if (!scope.status().ok()) return scope.status();
-    return check(cudaFree(memory), "cudaFree");
+    return call(device, cudaFreeAsync(memory, static_cast<cudaStream_t>(stream)), "cudaFreeAsync");
   }
-  Status upload(int device, void* to, const void* from, size_t bytes) override {
+  Status upload(int device, void* to, const void* from, size_t bytes, void* stream) override {
     DeviceScope scope(device);
     if (!scope.status().ok()) return scope.status();
-    // A cudaMemcpy from pageable memory may return before the DMA is done, and the executor's
-    // non-blocking stream would not wait for it: copy on the legacy stream and wait for it.
-    if (Status s = check(cudaMemcpyAsync(to, from, bytes, cudaMemcpyHostToDevice, 0), "cudaMemcpyAsync"); !s.ok()) return s;
-    return check(cudaStreamSynchronize(0), "cudaStreamSynchronize");
+    // From pageable memory the runtime stages the bytes before it returns, so `from` may go;
+    // the copy itself runs in the stream's order, after the allocation it writes into.
+    return call(device, cudaMemcpyAsync(to, from, bytes, cudaMemcpyHostToDevice, static_cast<cudaStream_t>(stream)),
+                "cudaMemcpyAsync");
   }
   Status create_stream(int device, void** stream) override {
     DeviceScope scope(device);
     if (!scope.status().ok()) return scope.status();
     cudaStream_t created = nullptr;
-    Status s = check(cudaStreamCreateWithFlags(&created, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    Status s = call(device, cudaStreamCreateWithFlags(&created, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
     *stream = created;
     return s;
   }
   Status destroy_stream(int device, void* stream) override {
     DeviceScope scope(device);
     if (!scope.status().ok()) return scope.status();
-    return check(cudaStreamDestroy(static_cast<cudaStream_t>(stream)), "cudaStreamDestroy");
+    return call(device, cudaStreamDestroy(static_cast<cudaStream_t>(stream)), "cudaStreamDestroy");
   }
-  Status synchronize(void* stream) override {
-    return check(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "cudaStreamSynchronize");
+  Status synchronize(int device, void* stream) override {
+    DeviceScope scope(device);
+    if (!scope.status().ok()) return scope.status();
+    return call(device, cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "cudaStreamSynchronize");
   }
 
-  Status stream_wait_event(void* stream, void* event) override {
-    return check(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(event), 0),
-                 "cudaStreamWaitEvent");
+  Status stream_wait_event(int device, void* stream, void* event) override {
+    DeviceScope scope(device);
+    if (!scope.status().ok()) return scope.status();
+    return call(device, cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(event), 0),
+                "cudaStreamWaitEvent");
   }
-  Status record_event(void* event, void* stream) override {
-    return check(cudaEventRecord(static_cast<cudaEvent_t>(event), static_cast<cudaStream_t>(stream)), "cudaEventRecord");
+  Status record_event(int device, void* event, void* stream) override {
+    DeviceScope scope(device);
+    if (!scope.status().ok()) return scope.status();
+    return call(device, cudaEventRecord(static_cast<cudaEvent_t>(event), static_cast<cudaStream_t>(stream)),
+                "cudaEventRecord");
+  }
+
+  Status health(int device) override {
+    std::lock_guard lock(broken_mutex_);
+    auto it = broken_.find(device);
+    return it == broken_.end() ? Status() : it->second;
   }
 
  private:
+  // A failed call's error; a sticky one also becomes the device's health for good.
+  Status call(int device, cudaError_t error, const char* what) {
+    if (error == cudaSuccess) return Status();
+    const Status status = check(error, what);
+    if (sticky(error)) mark_broken(device, status);
+    return status;
+  }
+  Status driver_call(int device, CUresult result, const char* what) {
+    if (result == CUDA_SUCCESS) return Status();
+    const Status status = driver_check(result, what);
+    if (driver_sticky(result)) mark_broken(device, status);
+    return status;
+  }
+  void mark_broken(int device, const Status& why) {
+    std::lock_guard lock(broken_mutex_);
+    broken_.emplace(device, Status::internal("GPU " + std::to_string(device) +
+                                             " is unusable: a sticky CUDA error broke gradsyncd's context on it (" +
+                                             why.message() + "); only a restart of gradsyncd recovers it"));
+  }
+
   const DriverCalls& driver() {
     std::call_once(fetched_, [&] {
       Status& s = calls_.status;
@@ -282,12 +379,17 @@ class CudaDeviceApi final : public DeviceApi {
       if (s.ok()) s = fetch("cuMemRelease", reinterpret_cast<void**>(&calls_.release));
       if (s.ok()) s = fetch("cuMemGetAddressRange", reinterpret_cast<void**>(&calls_.address_range));
       if (s.ok()) s = fetch("cuMemGetAllocationGranularity", reinterpret_cast<void**>(&calls_.granularity));
+      if (s.ok()) {
+        s = fetch("cuMemGetAllocationPropertiesFromHandle", reinterpret_cast<void**>(&calls_.properties));
+      }
     });
     return calls_;
   }
 
   std::once_flag fetched_;
   DriverCalls calls_;
+  std::mutex broken_mutex_;
+  std::map<int, Status> broken_;  // guarded by broken_mutex_: devices a sticky error broke
 };
 
 }  // namespace

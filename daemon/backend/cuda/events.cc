@@ -23,10 +23,10 @@ EventRing::~EventRing() {
   for (void* event : events_) (void)api_->destroy_event(device_, event);
 }
 
-Status EventRing::wait(uint64_t seq, void* stream) const { return api_->stream_wait_event(stream, events_[slot(seq)]); }
+Status EventRing::wait(uint64_t seq, void* stream) const { return api_->stream_wait_event(device_, stream, events_[slot(seq)]); }
 
 Status EventRing::query(uint64_t seq, bool* done) const { return api_->query_event(device_, events_[slot(seq)], done); }
 
-Status EventRing::record(uint64_t seq, void* stream) const { return api_->record_event(events_[slot(seq)], stream); }
+Status EventRing::record(uint64_t seq, void* stream) const { return api_->record_event(device_, events_[slot(seq)], stream); }
 
 }  // namespace gradsync::cuda

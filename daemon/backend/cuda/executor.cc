@@ -4,11 +4,11 @@
 
 #include <algorithm>
 #include <set>
-#include <thread>
 
 #include "daemon/backend/cuda/events.h"
 #include "daemon/backend/cuda/work_items.h"
 #include "daemon/backend/host/staged.h"
+#include "shared/backoff.h"
 
 namespace gradsync::cuda {
 namespace {
@@ -25,10 +25,20 @@ const char* kind_name(OpKind kind) {
 
 }  // namespace
 
-CudaExecutor::CudaExecutor(DeviceApi* api, KernelLauncher* kernels, DeviceEngineFactory* engines, Logger log)
-    : api_(api), kernels_(kernels), engine_factory_(engines), log_(std::move(log)) {}
+CudaExecutor::CudaExecutor(CudaExecutorOptions options)
+    : api_(options.api),
+      kernels_(options.kernels),
+      engine_factory_(options.engines),
+      gpus_(options.gpus),
+      log_(std::move(options.log)),
+      fail_job_(std::move(options.fail_job)) {
+  if (gpus_) {
+    gpu_subscription_ = gpus_->subscribe([this](int device, const Status& why) { gpu_broken(device, why); });
+  }
+}
 
 CudaExecutor::~CudaExecutor() {
+  gpu_subscription_.reset();  // no listener call reaches a half-destroyed executor
   if (lost_) {
     // GPU work may still use all of it, NCCL's buffers included: leaked on purpose (quiesce()).
     std::lock_guard lock(mutex_);
@@ -44,15 +54,20 @@ CudaExecutor::~CudaExecutor() {
   }
   for (auto& [key, engine] : engines) engine->abort(Status::aborted("the job's CUDA executor was closed"));
   engines.clear();
+  // Each stream holds only this executor's kernels and NCCL's aborted work (the main stream
+  // never waits on a client's event that is not through): its synchronisation is bounded, and
+  // it is the stream's, never the device's.
   for (auto& [device, state] : devices_) {
-    if (state.stream) (void)api_->synchronize(state.stream);
+    if (state.stream) (void)api_->synchronize(device, state.stream);
   }
+  // Freed in the stream's order, so no device synchronisation here either.
   for (auto& [key, entry] : tables_) {
-    (void)api_->free(entry.first, entry.second.segments);
-    (void)api_->free(entry.first, entry.second.items);
+    void* stream = devices_.at(entry.first).stream;
+    (void)api_->free(entry.first, entry.second.segments, stream);
+    (void)api_->free(entry.first, entry.second.items, stream);
   }
   for (auto& [device, state] : devices_) {
-    if (state.bucket_buffer) (void)api_->free(device, state.bucket_buffer);
+    if (state.bucket_buffer) (void)api_->free(device, state.bucket_buffer, state.stream);
     if (state.done_event) (void)api_->destroy_event(device, state.done_event);
     for (const Queued& q : state.queued) (void)api_->destroy_event(device, q.event);
     for (void* e : state.spare_events) (void)api_->destroy_event(device, e);
@@ -62,42 +77,70 @@ CudaExecutor::~CudaExecutor() {
   }
 }
 
+Status CudaExecutor::on_device(int device, const Status& status) {
+  if (status.ok()) return status;
+  const Status health = api_->health(device);
+  if (health.ok()) return status;
+  if (gpus_) gpus_->report(device, health);
+  return health;
+}
+
+void CudaExecutor::gpu_broken(int device, const Status& why) {
+  {
+    std::lock_guard lock(mutex_);
+    if (!used_devices_.count(device)) return;
+  }
+  abort(why);
+  if (fail_job_) fail_job_(why);
+}
+
 bool CudaExecutor::quiesce(std::chrono::steady_clock::time_point deadline) {
   if (lost_) return false;
   for (auto& [device, state] : devices_) {
     if (!state.stream) continue;
     // Anything but a clean "through" counts as not drained: a failed CUDA call says nothing
-    // about what the GPU may still touch.
+    // about what the GPU may still touch. (The side stream touches no client memory: it only
+    // waits on clients' events and records pins; one given up stays given up.)
     bool ok = state.done_event || api_->create_event(device, &state.done_event).ok();
-    ok = ok && api_->record_event(state.done_event, state.stream).ok();
+    ok = ok && api_->record_event(device, state.done_event, state.stream).ok();
+    Backoff backoff({.max_sleep = std::chrono::microseconds(1000)});
     for (;;) {
       bool done = false;
-      if (ok) ok = api_->query_event(device, state.done_event, &done).ok();
+      if (ok) {
+        const Status polled = api_->query_event(device, state.done_event, &done);
+        ok = polled.ok();
+        if (!ok) (void)on_device(device, polled);
+      }
       if (ok && done) break;
       if (!ok || std::chrono::steady_clock::now() >= deadline) {
         lost_ = true;
-        log_.error("GPU " + std::to_string(device) + ": the daemon's stream did not drain in time (a client's ready "
-                   "event that never fires?); the job's GPU resources and client memory stay allocated until "
-                   "gradsyncd restarts");
+        log_.error("GPU " + std::to_string(device) + ": the daemon's stream did not drain in time (an NCCL "
+                   "collective or a kernel that does not end?); the job's GPU resources and client memory stay "
+                   "allocated until gradsyncd restarts");
         return false;
       }
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      backoff.pause();
     }
     for (const Queued& q : state.queued) state.spare_events.push_back(q.event);
-    state.queued.clear();
+    state.queued.clear();  // and with them the sets they held
   }
   return true;
 }
 
 Status CudaExecutor::retire(int device, bool room_for_one) {
   Device& state = devices_.at(device);
+  Backoff backoff;
   for (;;) {
     while (!state.queued.empty()) {
+      const Queued& head = state.queued.front();
+      // A multi-GPU bucket's event is the watchdog's until it answered.
+      if (head.watched && head.watched->load() == kWatching) break;
       bool done = false;
-      if (Status s = api_->query_event(device, state.queued.front().event, &done); !s.ok()) return s;
+      if (Status s = api_->query_event(device, head.event, &done); !s.ok()) return on_device(device, s);
       if (!done) break;
-      state.spare_events.push_back(state.queued.front().event);
-      state.queued.pop_front();
+      state.spare_events.push_back(head.event);
+      state.queued.pop_front();  // the bucket's set may go now: the GPU is through it
+      backoff.reset();
     }
     if (!room_for_one || state.queued.size() < kMaxQueued) return Status();
     if (Status why = aborted(); !why.ok()) return why;  // the job is failing: no more waiting
@@ -105,11 +148,31 @@ Status CudaExecutor::retire(int device, bool room_for_one) {
     if (std::chrono::steady_clock::now() - oldest.since > execution_timeout_) {
       return Status::timeout(oldest.what + " on GPU " + std::to_string(device) + " was queued " +
                              std::to_string(execution_timeout_.count()) +
-                             " ms ago (the execution bound) and has not run: its stream waits on a client's ready "
-                             "event that was never reached (a trainer's stream stuck or dead?)");
+                             " ms ago (the execution bound) and has not finished on the GPU");
     }
-    std::this_thread::sleep_for(std::chrono::microseconds(50));
+    backoff.pause();
   }
+}
+
+Status CudaExecutor::enqueue_answered(const BucketCall& call, int device, const std::string& what,
+                                      std::shared_ptr<std::atomic<int>> watched, void** event) {
+  Device& state = devices_.at(device);
+  Queued q{nullptr, std::chrono::steady_clock::now(), what, call.set, std::move(watched)};
+  Status status;
+  if (!state.spare_events.empty()) {
+    q.event = state.spare_events.back();
+    state.spare_events.pop_back();
+  } else {
+    status = api_->create_event(device, &q.event);
+  }
+  if (status.ok()) status = api_->record_event(device, q.event, state.stream);
+  if (!status.ok()) {
+    if (q.event) state.spare_events.push_back(q.event);
+    return on_device(device, status);
+  }
+  *event = q.event;
+  state.queued.push_back(std::move(q));
+  return Status();
 }
 
 bool CudaExecutor::device_ordered(const BucketCall& call) {
@@ -146,16 +209,17 @@ Status CudaExecutor::pin_ready(const BucketCall& call, int device) {
     if (Status s = rings->ready().wait(call.seq, state.side_stream); !s.ok()) {
       return Status(s.code(), "waiting for local rank " + std::to_string(c) + "'s ready event: " + s.message());
     }
-    if (Status s = api_->record_event(pin, state.side_stream); !s.ok()) return s;
+    if (Status s = api_->record_event(device, pin, state.side_stream); !s.ok()) return on_device(device, s);
     pins.emplace_back(c, pin);
   }
   if (pins.empty()) return Status();
   // The pins are polled from the host, with the execution bound and the job's abort, before
   // anything is queued behind them on the main stream.
   const auto since = std::chrono::steady_clock::now();
+  Backoff backoff;
   for (;;) {
     bool done = false;
-    if (Status s = api_->query_event(device, pins.back().second, &done); !s.ok()) return s;
+    if (Status s = api_->query_event(device, pins.back().second, &done); !s.ok()) return on_device(device, s);
     if (done) break;
     Status stop = aborted();
     if (stop.ok() && std::chrono::steady_clock::now() - since > execution_timeout_) {
@@ -174,16 +238,20 @@ Status CudaExecutor::pin_ready(const BucketCall& call, int device) {
                              " ms (the execution bound)");
     }
     if (!stop.ok()) {
-      // The side stream may wait forever: give it and its pins up, and start fresh ones.
+      // The side stream may wait forever: give it and its pins up (destroying a stream with
+      // work queued returns at once, and its resources go when that work ends, if ever), and
+      // start fresh ones. Nothing else waits on it, and no call here synchronises the device,
+      // so it stalls nobody.
+      (void)api_->destroy_stream(device, state.side_stream);
       state.side_stream = nullptr;
       state.pins.clear();
       return stop;
     }
-    std::this_thread::sleep_for(std::chrono::microseconds(5));
+    backoff.pause();
   }
   // Through: the main stream's wait on the last pin is already satisfied; it keeps the order
   // explicit on the GPU as well.
-  return api_->stream_wait_event(state.stream, pins.back().second);
+  return on_device(device, api_->stream_wait_event(device, state.stream, pins.back().second));
 }
 
 Status CudaExecutor::order(const BucketCall& call, int device, bool ready) {
@@ -357,27 +425,26 @@ Status CudaExecutor::device_of(const TensorSet& set, size_t bucket, int* device)
 }
 
 Status CudaExecutor::device_state(int device, size_t bucket_bytes, Device** out) {
+  if (gpus_) {
+    if (Status broken = gpus_->broken(device); !broken.ok()) return broken;
+  }
   Device& state = devices_[device];
   if (!state.stream) {
-    if (Status s = api_->create_stream(device, &state.stream); !s.ok()) return s;
+    {
+      std::lock_guard lock(mutex_);
+      used_devices_.insert(device);
+    }
+    if (Status s = api_->create_stream(device, &state.stream); !s.ok()) return on_device(device, s);
   }
   if (state.bucket_bytes < bucket_bytes) {
-    // Buckets answered at enqueue may still use the old buffer: let them finish first (and a
-    // cudaFree would wait for the whole device anyway, without a bound).
-    while (!state.queued.empty()) {
-      if (Status s = retire(device, false); !s.ok()) return s;
-      if (state.queued.empty()) break;
-      if (Status why = aborted(); !why.ok()) return why;
-      if (std::chrono::steady_clock::now() - state.queued.front().since > execution_timeout_) {
-        return Status::timeout("GPU " + std::to_string(device) + ": " + state.queued.front().what +
-                               " has not run within the execution bound; its stream waits on a client's ready event");
-      }
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
-    }
-    if (state.bucket_buffer) (void)api_->free(device, state.bucket_buffer);
+    // In the stream's order: buckets queued before still use the old buffer, and the free
+    // waits for them on the GPU, not here (a cudaFree would wait for the whole device).
+    if (state.bucket_buffer) (void)api_->free(device, state.bucket_buffer, state.stream);
     state.bucket_buffer = nullptr;
     state.bucket_bytes = 0;
-    if (Status s = api_->allocate(device, bucket_bytes, &state.bucket_buffer); !s.ok()) return s;
+    if (Status s = api_->allocate(device, bucket_bytes, state.stream, &state.bucket_buffer); !s.ok()) {
+      return on_device(device, s);
+    }
     state.bucket_bytes = bucket_bytes;
   }
   *out = &state;
@@ -424,14 +491,22 @@ Status CudaExecutor::table(const BucketCall& call, int device, Side side, int on
   Table table;
   table.item_count = items.size();
   table.clients = static_cast<uint32_t>(clients.size());
-  Status status = api_->allocate(device, std::max<size_t>(1, segments.size()) * sizeof(Segment), &table.segments);
-  if (status.ok()) status = api_->allocate(device, std::max<size_t>(1, items.size()) * sizeof(WorkItem), &table.items);
-  if (status.ok()) status = api_->upload(device, table.segments, segments.data(), segments.size() * sizeof(Segment));
-  if (status.ok()) status = api_->upload(device, table.items, items.data(), items.size() * sizeof(WorkItem));
+  // On the GPU's stream, like everything else: no device synchronisation (device_state() made
+  // the stream before any table is asked for).
+  void* stream = devices_.at(device).stream;
+  Status status =
+      api_->allocate(device, std::max<size_t>(1, segments.size()) * sizeof(Segment), stream, &table.segments);
+  if (status.ok()) {
+    status = api_->allocate(device, std::max<size_t>(1, items.size()) * sizeof(WorkItem), stream, &table.items);
+  }
+  if (status.ok()) {
+    status = api_->upload(device, table.segments, segments.data(), segments.size() * sizeof(Segment), stream);
+  }
+  if (status.ok()) status = api_->upload(device, table.items, items.data(), items.size() * sizeof(WorkItem), stream);
   if (!status.ok()) {
-    if (table.segments) (void)api_->free(device, table.segments);
-    if (table.items) (void)api_->free(device, table.items);
-    return status;
+    if (table.segments) (void)api_->free(device, table.segments, stream);
+    if (table.items) (void)api_->free(device, table.items, stream);
+    return on_device(device, status);
   }
   auto [it, inserted] = tables_.emplace(key, std::make_pair(device, table));
   *out = &it->second.second;
@@ -512,7 +587,7 @@ Status CudaExecutor::run_single(const BucketCall& call) {
   const bool copy = call.desc.kind == OpKind::kBroadcast || call.desc.kind == OpKind::kAllgather;
   const size_t acc = copy ? dtype_size(dtype) : dtype_size(reduce::accumulation_dtype(dtype));
   // Kernels launch on the device's stream from this thread.
-  if (Status s = api_->make_current(device); !s.ok()) return s;
+  if (Status s = api_->make_current(device); !s.ok()) return on_device(device, s);
   Device* state = nullptr;
   if (Status s = device_state(device, std::max<size_t>(1, set.bucket_elements[b] * acc), &state); !s.ok()) return s;
   // Device-ordered buckets are answered at enqueue: bound how many wait on the GPU.
@@ -551,32 +626,18 @@ Status CudaExecutor::run_single(const BucketCall& call) {
     if (status.ok()) status = enqueue(call, device, Side::kScatter, launches, args);
   }
   if (status.ok()) status = record_done(call, device);
+  status = on_device(device, status);
   // Device-ordered: the clients' streams wait on the done events, and quiesce() drains the
   // stream before a failed job lets go of client memory. The bucket joins the device's queue,
-  // so a stream that stops moving is noticed within the execution bound.
+  // holding its set, so a stream that stops moving is noticed within the execution bound.
   if (device_ordered(call)) {
-    // A failure fails the job, whose worker drains the stream within a bound (quiesce()): a
-    // synchronisation here could wait forever on a client's ready event.
-    if (!status.ok()) {
-      return Status(status.code(), where + " on GPU " + std::to_string(device) + ": " + status.message());
-    }
-    Queued q{nullptr, std::chrono::steady_clock::now(), where};
-    if (!state->spare_events.empty()) {
-      q.event = state->spare_events.back();
-      state->spare_events.pop_back();
-    } else {
-      status = api_->create_event(device, &q.event);
-    }
-    if (status.ok()) status = api_->record_event(q.event, state->stream);
-    if (status.ok()) {
-      state->queued.push_back(q);
-      return Status();
-    }
-    if (q.event) state->spare_events.push_back(q.event);
-    return Status(status.code(), where + " on GPU " + std::to_string(device) + ": " + status.message());
+    void* event = nullptr;
+    if (status.ok()) status = enqueue_answered(call, device, where, nullptr, &event);
+    if (!status.ok()) return Status(status.code(), where + " on GPU " + std::to_string(device) + ": " + status.message());
+    return Status();
   }
   // Otherwise nothing that was enqueued may still touch client memory once the answer is out.
-  const Status synchronized = api_->synchronize(state->stream);
+  const Status synchronized = on_device(device, api_->synchronize(device, state->stream));
   if (status.ok()) status = synchronized;
   if (!status.ok()) return Status(status.code(), where + " on GPU " + std::to_string(device) + ": " + status.message());
   return Status();
@@ -607,15 +668,21 @@ void CudaExecutor::run_across(const BucketCall& call, DeviceCollectiveEngine* en
   reduce::KernelArgs args = call.args;
   if (copy) args = reduce::KernelArgs{.dtype = DType::kUInt8};
 
-  // Every local GPU: its stream, bucket buffer and done event.
+  // Every local GPU: its stream and bucket buffer, and room in its queue when the bucket will
+  // be answered at enqueue.
+  const bool ordered = device_ordered(call);
   std::vector<DeviceBuffer> buffers;
   Status status;
   for (int device : engine->devices()) {
     Device* state = nullptr;
-    status = api_->make_current(device);
+    status = on_device(device, api_->make_current(device));
     if (status.ok()) status = device_state(device, std::max<size_t>(1, bytes), &state);
-    if (status.ok() && !state->done_event) status = api_->create_event(device, &state->done_event);
-    if (!status.ok()) break;
+    if (status.ok() && !ordered && !state->done_event) status = api_->create_event(device, &state->done_event);
+    if (status.ok() && ordered) status = retire(device, true);
+    if (!status.ok()) {
+      status = on_device(device, status);
+      break;
+    }
     buffers.push_back(DeviceBuffer{device, state->bucket_buffer, state->stream});
   }
   // Zero-copy: NCCL in the clients' own flat runs; the kernels only scale, in place.
@@ -687,54 +754,77 @@ void CudaExecutor::run_across(const BucketCall& call, DeviceCollectiveEngine* en
       case OpKind::kAllgather: break;
     }
   }
+  // After the collective: the scatter, the clients' done events, and this executor's own event
+  // per GPU, which the watchdog follows.
+  auto watched = ordered ? std::make_shared<std::atomic<int>>(kWatching) : nullptr;
+  std::vector<std::pair<int, void*>> events;  // (device, event after the bucket)
   for (size_t i = 0; i < buffers.size() && status.ok(); ++i) {
-    status = api_->make_current(buffers[i].device);
+    const int device = buffers[i].device;
+    status = api_->make_current(device);
     if (status.ok() && !allgather) {
-      status = enqueue(call, buffers[i].device, Side::kScatter, launches_on(buffers[i].device), args,
-                       direct ? buffers[i].data : nullptr);
+      status = enqueue(call, device, Side::kScatter, launches_on(device), args, direct ? buffers[i].data : nullptr);
     }
-    if (status.ok()) status = record_done(call, buffers[i].device);
-    if (status.ok()) status = api_->record_event(devices_.at(buffers[i].device).done_event, buffers[i].stream);
+    if (status.ok()) status = record_done(call, device);
+    void* event = devices_.at(device).done_event;
+    if (status.ok() && ordered) status = enqueue_answered(call, device, where, watched, &event);
+    if (status.ok() && !ordered) status = api_->record_event(device, event, buffers[i].stream);
+    if (status.ok()) events.emplace_back(device, event);
+    status = on_device(device, status);
   }
-  std::vector<void*> streams;
-  std::vector<std::pair<int, void*>> events;  // (device, done event)
-  for (const DeviceBuffer& buffer : buffers) {
-    streams.push_back(buffer.stream);
-    events.emplace_back(buffer.device, devices_.at(buffer.device).done_event);
-  }
+  std::vector<std::pair<int, void*>> streams;  // (device, stream)
+  for (const DeviceBuffer& buffer : buffers) streams.emplace_back(buffer.device, buffer.stream);
   DeviceApi* api = api_;
-  const bool ordered = device_ordered(call);
+  GpuWatch* gpus = gpus_;
   if (!status.ok()) {
     // This rank will not do its part: abort the engine, whether or not its collective was
     // enqueued (the peers' collectives fail fast instead of at their timeout, and one enqueued
     // here returns), then drain before answering.
     const Status error(status.code(), where + ": " + status.message(), status.where());
+    if (watched) watched->store(kFailed);  // nobody watches what was queued of it
     engine->abort(error);
-    // A device-ordered stream may wait on a client's ready event that never fires: the failing
-    // job's drain (quiesce(), bounded) deals with it. Others hold only our kernels and NCCL's
-    // aborted ones, so they drain.
+    // Device-ordered: the failing job's drain (quiesce(), bounded) deals with the streams.
+    // Others hold only our kernels and NCCL's aborted ones, so they drain.
     if (!ordered) {
-      for (void* stream : streams) (void)api->synchronize(stream);
+      for (const auto& [device, stream] : streams) (void)api->synchronize(device, stream);
     }
     return done(error);
   }
-  engine->watch(
-      where,
-      [api, events](bool* finished) {
-        for (const auto& [device, event] : events) {
-          if (Status s = api->query_event(device, event, finished); !s.ok() || !*finished) return s;
+  // A query that fails with a sticky error names the broken GPU (and reports it) rather than
+  // the raw CUDA error.
+  auto poll = [api, gpus, events](bool* finished) {
+    for (const auto& [device, event] : events) {
+      Status s = api->query_event(device, event, finished);
+      if (!s.ok()) {
+        if (Status health = api->health(device); !health.ok()) {
+          if (gpus) gpus->report(device, health);
+          return health;
         }
-        return Status();
-      },
-      watch_timeout_,
-      [api, streams, ordered, done = std::move(done)](const Status& answer) {
-        // The communicators were aborted before an error is answered, so the streams drain,
-        // unless they wait on a client's ready event (then quiesce() bounds it, as above).
-        if (!answer.ok() && !ordered) {
-          for (void* stream : streams) (void)api->synchronize(stream);
-        }
-        done(answer);
-      });
+        return s;
+      }
+      if (!*finished) return s;
+    }
+    return Status();
+  };
+  if (ordered) {
+    // Answered now: the clients' streams wait on the done events, and up to kMaxQueued buckets
+    // per GPU are in flight. The watchdog follows each one; a failure fails the job from its
+    // thread (after aborting the communicators), and the worker's drain bounds the rest.
+    engine->watch(where, std::move(poll), watch_timeout_,
+                  [watched, fail = fail_job_](const Status& answer) {
+                    watched->store(answer.ok() ? kThrough : kFailed);
+                    if (!answer.ok() && fail) fail(answer);
+                  });
+    return done(Status());
+  }
+  engine->watch(where, std::move(poll), watch_timeout_,
+                [api, streams, done = std::move(done)](const Status& answer) {
+                  // The communicators were aborted before an error is answered, so the streams
+                  // drain.
+                  if (!answer.ok()) {
+                    for (const auto& [device, stream] : streams) (void)api->synchronize(device, stream);
+                  }
+                  done(answer);
+                });
 }
 
 }  // namespace gradsync::cuda

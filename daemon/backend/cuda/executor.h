@@ -9,11 +9,21 @@
 // kind of launch) and reused every step; each GPU's bucket buffer grows to the largest bucket.
 //
 // Answers:
-//   - one GPU in all: enqueue, synchronise the stream, answer on the caller's thread;
-//   - several: enqueue on every local GPU, record a done event on each, and let the engine's
-//     watchdog answer when all are through, or fail the bucket (aborting the communicators) on
-//     an NCCL error, the job timeout or abort(). Before an error is answered the streams are
-//     drained, so no kernel touches client memory once the job learns of the failure.
+//   - device-ordered sets (the clients registered event rings), one GPU or several: answered
+//     once the bucket is queued; its done events carry the order to the clients, so up to
+//     kMaxQueued buckets per GPU are in flight at once. Each queued bucket holds its set, so no
+//     client memory is unmapped while GPU work may touch it. Across GPUs the engine's watchdog
+//     follows each bucket's event and, on an NCCL error or a hang, fails the job
+//     asynchronously (`fail_job`), after aborting the communicators;
+//   - other sets (tests, tools): one GPU: enqueue, synchronise the stream, answer; several:
+//     the engine's watchdog answers when all GPUs are through, or with the error, after
+//     draining the streams.
+//
+// Containment (one job's GPU work must never stall another job's on the same GPU):
+//   - nothing here synchronises a device: memory is allocated and freed in stream order;
+//   - the clients' ready events are waited on only by a side stream, and polled from the host
+//     with a bound; the main stream waits only on pins that are already through;
+//   - a sticky CUDA error is reported to the GpuWatch, which fails every job on that GPU.
 //
 // Zero-copy: when every local GPU holds one participant of an allreduce bucket and the
 // participants registered flat buffers, NCCL reduces in their memory directly (zero_copy()).
@@ -35,13 +45,18 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <atomic>
+#include <functional>
 #include <mutex>
+#include <set>
 #include <span>
 #include <string>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "daemon/backend/cuda/device_api.h"
+#include "daemon/backend/cuda/gpu_watch.h"
 #include "daemon/backend/cuda/launcher.h"
 #include "daemon/backend/executor.h"
 #include "daemon/engine/device_engine.h"
@@ -49,11 +64,23 @@
 
 namespace gradsync::cuda {
 
+struct CudaExecutorOptions {
+  DeviceApi* api = nullptr;
+  KernelLauncher* kernels = nullptr;
+  // Makes the NCCL engines; null in a daemon without NCCL, which then refuses groups that span
+  // GPUs.
+  DeviceEngineFactory* engines = nullptr;
+  // Where sticky CUDA errors are reported and heard of; null: not watched (tests).
+  GpuWatch* gpus = nullptr;
+  Logger log;
+  // Fails the job from any thread, for failures found after a bucket was answered (a queued
+  // bucket that failed on the GPU). Must not block; may be empty (tests).
+  std::function<void(const Status&)> fail_job;
+};
+
 class CudaExecutor final : public BucketExecutor {
  public:
-  // `engines` makes the NCCL engines; null in a daemon without NCCL, which then refuses groups
-  // that span GPUs.
-  CudaExecutor(DeviceApi* api, KernelLauncher* kernels, DeviceEngineFactory* engines, Logger log);
+  explicit CudaExecutor(CudaExecutorOptions options);
   ~CudaExecutor() override;  // ends the engines (answering what is in flight), then frees
   CudaExecutor(const CudaExecutor&) = delete;
   CudaExecutor& operator=(const CudaExecutor&) = delete;
@@ -80,18 +107,25 @@ class CudaExecutor final : public BucketExecutor {
   // (set id, bucket, side, GPU, the one client of a root-only launch or -1, the root it skips
   // or -1, whether it counts bytes rather than elements)
   using TableKey = std::tuple<uint32_t, size_t, Side, int, int, int, bool>;
+  // How the engine's watchdog has answered a queued multi-GPU bucket.
+  enum Watched : int { kWatching = 0, kThrough = 1, kFailed = 2 };
   struct Queued {
     void* event = nullptr;  // recorded after the bucket's last kernel
     std::chrono::steady_clock::time_point since;
     std::string what;
+    // Keeps the clients' memory mapped until the GPU is through the bucket.
+    std::shared_ptr<const TensorSet> set;
+    // Multi-GPU buckets: set by the watchdog's answer; the event is reused only after it, since
+    // the watchdog polls it. Null for one-GPU buckets.
+    std::shared_ptr<std::atomic<int>> watched;
   };
   struct Device {
     void* stream = nullptr;
     void* bucket_buffer = nullptr;
     size_t bucket_bytes = 0;
-    void* done_event = nullptr;  // recorded after a multi-GPU bucket's last kernel
-    // One-GPU buckets answered at enqueue, oldest first, at most kMaxQueued: a client whose
-    // ready event never fires stalls the stream, and this is how the executor notices.
+    void* done_event = nullptr;  // recorded after a bucket's last kernel (unordered sets, quiesce)
+    // Buckets answered at enqueue, oldest first, at most kMaxQueued: how the executor bounds
+    // the work ahead of the GPU and notices a stream that stopped moving.
     std::deque<Queued> queued;
     std::vector<void*> spare_events;
     // pin_ready(): the stream that waits on clients' ready events, and the daemon's events that
@@ -104,6 +138,15 @@ class CudaExecutor final : public BucketExecutor {
   // Retires finished buckets of `device`'s queue; with `room_for_one`, waits (polling) until the
   // queue has room, failing when its oldest bucket is older than the execution bound.
   Status retire(int device, bool room_for_one);
+  // Queues a device-ordered bucket on `device` (an event recorded after its work); `watched`
+  // as in Queued. *event is the event recorded.
+  Status enqueue_answered(const BucketCall& call, int device, const std::string& what,
+                          std::shared_ptr<std::atomic<int>> watched, void** event);
+  // A failed device call: when the GPU's context is broken for good (a sticky error), the
+  // GpuWatch hears of it and the answer says so; otherwise `status` as it is.
+  Status on_device(int device, const Status& status);
+  // The GpuWatch's listener: a GPU broke; this executor fails if it has work there.
+  void gpu_broken(int device, const Status& why);
   // Which launches a bucket makes on one GPU.
   struct Launches {
     int only = -1;          // gather from this local rank only (a broadcast's root)
@@ -160,9 +203,12 @@ class CudaExecutor final : public BucketExecutor {
   DeviceApi* api_;
   KernelLauncher* kernels_;
   DeviceEngineFactory* engine_factory_;
+  GpuWatch* gpus_;
   Logger log_;
+  std::function<void(const Status&)> fail_job_;
   std::mutex mutex_;
   Status aborted_;  // guarded by mutex_
+  std::set<int> used_devices_;  // guarded by mutex_: GPUs this executor has work on
   // Made on the worker thread; abort() reaches them under mutex_.
   std::map<std::pair<uint32_t, std::string>, std::unique_ptr<DeviceCollectiveEngine>> engines_;
   // Caller's thread only (the worker launches one bucket at a time).
@@ -171,6 +217,8 @@ class CudaExecutor final : public BucketExecutor {
   std::chrono::milliseconds watch_timeout_{30'000};    // the job timeout, from admit()
   std::chrono::milliseconds execution_timeout_{600'000};  // from admit()
   bool lost_ = false;  // quiesce() timed out: GPU work may still use everything; free nothing
+  // Last: it goes first, ending the listener's calls before anything it reaches goes.
+  GpuWatch::Subscription gpu_subscription_;
 };
 
 }  // namespace gradsync::cuda

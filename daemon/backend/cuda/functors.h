@@ -19,8 +19,8 @@
 // makes clients sharing a GPU agree with the host path.
 //
 // Vector access: an item whose addresses are all 16-byte aligned moves its storage-type
-// elements 16 bytes at a time; any other item goes element by element. Results do not depend
-// on which path ran.
+// elements, and the accumulator's stretch for them, 16 bytes per load or store; any other item
+// goes element by element. Results do not depend on which path ran.
 #pragma once
 
 #include <cstddef>
@@ -99,30 +99,60 @@ inline constexpr size_t kVectorBytes = 16;
 
 GRADSYNC_HD inline bool aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % kVectorBytes == 0; }
 
-// 16 bytes, as one vector load or store on the device.
-struct alignas(16) Vector {
-  unsigned char bytes[kVectorBytes];
-};
+// `kBytes` (a multiple of 16) between memory and registers, 16 bytes per access: on the device
+// one ld.global.cg.v4.u32 / st.global.cg.v4.u32 each (a plain 16-byte struct copy compiles to
+// narrower accesses, seen in the sm_90 PTX; tests/gpu/check_ptx.py checks the kernels). The
+// .cg forms cache in L2 only: every byte is touched once per launch, and a zero-copy scaling
+// pass reads and writes the same memory, which rules out the non-coherent read-only path.
+template <size_t kBytes>
+GRADSYNC_HD inline void load_bytes(const void* from, void* to) {
+  static_assert(kBytes % kVectorBytes == 0);
+#if defined(__CUDA_ARCH__)
+  for (size_t i = 0; i < kBytes / kVectorBytes; ++i) {
+    const uint4 v = __ldcg(static_cast<const uint4*>(from) + i);
+    memcpy(static_cast<unsigned char*>(to) + i * kVectorBytes, &v, kVectorBytes);
+  }
+#else
+  memcpy(to, from, kBytes);
+#endif
+}
 
+template <size_t kBytes>
+GRADSYNC_HD inline void store_bytes(void* to, const void* from) {
+  static_assert(kBytes % kVectorBytes == 0);
+#if defined(__CUDA_ARCH__)
+  for (size_t i = 0; i < kBytes / kVectorBytes; ++i) {
+    uint4 v;
+    memcpy(&v, static_cast<const unsigned char*>(from) + i * kVectorBytes, kVectorBytes);
+    __stcg(static_cast<uint4*>(to) + i, v);
+  }
+#else
+  memcpy(to, from, kBytes);
+#endif
+}
+
+// One 16-byte vector of storage-type elements.
 template <typename T>
 GRADSYNC_HD inline void load_vector(const T* from, T (&to)[kVectorBytes / sizeof(T)]) {
-  const Vector v = *reinterpret_cast<const Vector*>(from);
-  memcpy(to, v.bytes, kVectorBytes);
+  load_bytes<kVectorBytes>(from, to);
 }
 
 template <typename T>
 GRADSYNC_HD inline void store_vector(T* to, const T (&from)[kVectorBytes / sizeof(T)]) {
-#if defined(__CUDA_ARCH__)
-  // A plain 16-byte struct store compiles to four narrower stores (seen in the sm_90 PTX);
-  // __stcg of a uint4 is one st.global.cg.v4.u32.
-  uint4 v;
-  memcpy(&v, from, kVectorBytes);
-  __stcg(reinterpret_cast<uint4*>(to), v);
-#else
-  Vector v;
-  memcpy(v.bytes, from, kVectorBytes);
-  *reinterpret_cast<Vector*>(to) = v;
-#endif
+  store_bytes<kVectorBytes>(to, from);
+}
+
+// The accumulator's stretch for one storage vector: kWidth elements of the accumulation type
+// (16 bytes for float32, float64 and the integers; 32 for the half types, which accumulate in
+// float32), moved as whole 16-byte vectors.
+template <typename Acc, uint32_t kWidth>
+GRADSYNC_HD inline void load_acc(const Acc* from, Acc (&to)[kWidth]) {
+  load_bytes<sizeof(Acc) * kWidth>(from, to);
+}
+
+template <typename Acc, uint32_t kWidth>
+GRADSYNC_HD inline void store_acc(Acc* to, const Acc (&from)[kWidth]) {
+  store_bytes<sizeof(Acc) * kWidth>(to, from);
 }
 
 // Whether an item moves 16 bytes at a time: the bucket buffer's stretch and every client's
@@ -186,7 +216,7 @@ struct GatherItem {
         result[e] = A::round(reduce::combine<kCombine>(result[e], A::prescale(Codec::load(in[e]), divisor)));
       }
     }
-    for (uint32_t e = 0; e < kWidth; ++e) acc[k + e] = result[e];
+    detail::store_acc<Acc, kWidth>(acc + k, result);
   }
 };
 
@@ -205,8 +235,10 @@ struct ScatterItem {
     if (detail::vector_path<Storage, Acc, kWidth>(acc, s, w, t.clients)) {
       const uint64_t vectors = w.count / kWidth;
       for (uint64_t v = lane; v < vectors; v += lanes) {
+        Acc in[kWidth];
+        detail::load_acc<Acc, kWidth>(acc + v * kWidth, in);
         Storage out[kWidth];
-        for (uint32_t e = 0; e < kWidth; ++e) out[e] = Codec::store(A::postscale(acc[v * kWidth + e], divisor));
+        for (uint32_t e = 0; e < kWidth; ++e) out[e] = Codec::store(A::postscale(in[e], divisor));
         for (uint32_t c = 0; c < t.clients; ++c) detail::store_vector(target(s, c, w) + v * kWidth, out);
       }
       i = vectors * kWidth;

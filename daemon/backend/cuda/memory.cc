@@ -51,10 +51,25 @@ Status import_device_memory(DeviceApi* api, IpcMemoryCache* ipc, MemoryImport wh
     return Status(status.code(), kind + " segment: " + status.message());
   }
   if (what.kind == MemoryKind::kCudaVmm) {
-    void* address = nullptr;
+    const std::string where = kind + " segment on device " + std::to_string(device);
     uint64_t handle = 0;
-    if (Status status = api->import_vmm(device, what.fd.get(), what.bytes, &address, &handle); !status.ok()) {
-      return Status(status.code(), kind + " segment on device " + std::to_string(device) + ": " + status.message());
+    int located = -1;
+    if (Status status = api->import_vmm(device, what.fd.get(), &handle, &located); !status.ok()) {
+      return Status(status.code(), where + ": " + status.message());
+    }
+    // The client names the GPU by UUID; the allocation says where it lives. Mapping memory of
+    // another GPU would reach it through peer access, and the executor would launch on the
+    // wrong GPU's streams: refused.
+    if (located != device) {
+      (void)api->release_vmm_handle(device, handle);
+      return Status::invalid_argument(where + ": the allocation lives on " +
+                                      (located < 0 ? std::string("no GPU") : "GPU " + std::to_string(located)) +
+                                      ", not on the GPU whose UUID the client named");
+    }
+    void* address = nullptr;
+    if (Status status = api->map_vmm(device, handle, what.bytes, &address); !status.ok()) {
+      (void)api->release_vmm_handle(device, handle);
+      return Status(status.code(), where + ": " + status.message());
     }
     // The descriptor closes when `what` goes; the import holds the allocation from here on.
     *out = std::make_shared<VmmRegion>(api, device, address, what.bytes, handle);

@@ -1,0 +1,50 @@
+#include "daemon/backend/cuda/gpu_watch.h"
+
+#include <algorithm>
+#include <vector>
+
+namespace gradsync::cuda {
+
+void GpuWatch::Subscription::reset() {
+  if (!link_) return;
+  std::lock_guard lock(link_->mutex);
+  link_->listener = nullptr;
+  link_.reset();
+}
+
+GpuWatch::Subscription GpuWatch::subscribe(OnBroken listener) {
+  Subscription subscription;
+  subscription.link_ = std::make_shared<Subscription::Link>();
+  subscription.link_->listener = std::move(listener);
+  std::lock_guard lock(mutex_);
+  std::erase_if(listeners_, [](const auto& weak) { return weak.expired(); });
+  listeners_.push_back(subscription.link_);
+  return subscription;
+}
+
+void GpuWatch::report(int device, const Status& why) {
+  std::vector<std::shared_ptr<Subscription::Link>> links;
+  bool tell_daemon = false;
+  {
+    std::lock_guard lock(mutex_);
+    if (!broken_.emplace(device, why).second) return;
+    for (const auto& weak : listeners_) {
+      if (auto link = weak.lock()) links.push_back(std::move(link));
+    }
+    tell_daemon = !told_daemon_;
+    told_daemon_ = true;
+  }
+  for (const auto& link : links) {
+    std::lock_guard lock(link->mutex);
+    if (link->listener) link->listener(device, why);
+  }
+  if (tell_daemon && on_first_broken_) on_first_broken_(device, why);
+}
+
+Status GpuWatch::broken(int device) const {
+  std::lock_guard lock(mutex_);
+  auto it = broken_.find(device);
+  return it == broken_.end() ? Status() : it->second;
+}
+
+}  // namespace gradsync::cuda
