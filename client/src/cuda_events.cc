@@ -1,8 +1,8 @@
 #include "client/src/cuda_events.h"
 
 #include <cstring>
-#include <thread>
 
+#include "shared/backoff.h"
 #include "shared/channel_layout.h"
 
 namespace gradsync {
@@ -88,9 +88,10 @@ class CudaDeviceEvents final : public DeviceEvents {
     *done = false;
     Pushed pushed(this);
     if (!pushed.status.ok()) return pushed.status;
-    // Spin first: a small bucket is through in microseconds, and a sleep costs more than that
-    // (timer slack), so it would set the round trip.
-    const auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(100);
+    // Spin, then yield, then sleep (with 1 us timer slack for the wait, the trainer's thread's
+    // own put back after): a small bucket is through in microseconds, and a sleep with the
+    // default 50 us slack would set the round trip.
+    Backoff backoff;
     for (;;) {
       const CUresult r = d_->event_query(done_[slot(seq)]);
       if (r == CUDA_SUCCESS) {
@@ -100,7 +101,7 @@ class CudaDeviceEvents final : public DeviceEvents {
       if (r != CUDA_ERROR_NOT_READY) return d_->check(r, "cuEventQuery (done)");
       const auto now = std::chrono::steady_clock::now();
       if (now >= deadline) return Status();
-      if (now >= spin_until) std::this_thread::sleep_for(std::chrono::microseconds(20));
+      backoff.pause();
     }
   }
 

@@ -109,6 +109,27 @@ class Backends final : public BackendFactory {
 
   void describe_devices(std::string summary) { device_summary_ = std::move(summary); }
 
+  // At start, before any job: every kernel into every GPU's context (a lazy load later could
+  // synchronise a context other jobs' streams share). This makes the daemon's context on each
+  // visible GPU now; CUDA_VISIBLE_DEVICES in the unit limits which.
+  void preload_kernels(int devices) {
+    for (int device = 0; device < devices; ++device) {
+      const auto started = std::chrono::steady_clock::now();
+      int loaded = 0;
+      Status status = devices_->make_current(device);
+      if (status.ok()) status = kernels_->preload(&loaded);
+      if (!status.ok()) {
+        log_.error("CUDA: GPU " + std::to_string(device) + ": " + status.message() +
+                   "; its first launches will load kernels lazily");
+        continue;
+      }
+      const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
+      char line[128];
+      std::snprintf(line, sizeof line, "CUDA: GPU %d: %d kernels loaded in preload_ms=%.1f", device, loaded, ms);
+      log_.info(line);
+    }
+  }
+
   std::vector<std::string> memory_kinds() const override {
     std::vector<std::string> kinds{std::string(memory_kind_name(MemoryKind::kHostMemfd))};
     if (devices_) {
@@ -169,13 +190,15 @@ std::unique_ptr<BackendFactory> make_backend_factory(const Logger& log, DeviceEn
                                                      GpuLostHandler on_gpu_lost) {
 #if GRADSYNC_HAVE_CUDA
   std::string summary;
-  const Status probe = cuda::probe_devices(&summary);
+  int count = 0;
+  const Status probe = cuda::probe_devices(&summary, &count);
   if (probe.ok()) {
     log.info("CUDA: " + summary);
     auto backends = std::make_unique<Backends>("", cuda::make_cuda_device_api(), cuda::make_cuda_kernel_launcher(),
                                                device_engines, std::move(legacy_ipc_uids), log,
                                                std::move(on_gpu_lost));
     backends->describe_devices(summary);
+    backends->preload_kernels(count);
     return backends;
   }
   log.info("CUDA: no usable GPU (" + probe.message() + "); serving host memory only");

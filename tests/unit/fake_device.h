@@ -223,6 +223,10 @@ class HostKernelLauncher final : public KernelLauncher {
     });
     return Status();
   }
+  Status preload(int* loaded) override {
+    *loaded = 0;
+    return Status();
+  }
   int gathers = 0;
   int scatters = 0;
   std::vector<std::string>* trace = nullptr;

@@ -6,12 +6,13 @@
 
 namespace gradsync::cuda {
 
-Status probe_devices(std::string* summary) {
+Status probe_devices(std::string* summary, int* devices) {
   int count = 0;
   if (const cudaError_t error = cudaGetDeviceCount(&count); error != cudaSuccess) {
     return Status::not_supported(std::string("the CUDA driver says: ") + cudaGetErrorString(error));
   }
   if (count == 0) return Status::not_supported("the CUDA driver sees no device");
+  *devices = count;
   *summary = std::to_string(count) + (count == 1 ? " device:" : " devices:");
   for (int d = 0; d < count; ++d) {
     cudaDeviceProp props{};

@@ -8,8 +8,8 @@
 
 namespace gradsync::cuda {
 
-// Ok with a one-line summary ("1 device: NVIDIA H200, sm_90, 139.8 GiB") when the driver works
-// and sees at least one device; otherwise the driver's reason.
-Status probe_devices(std::string* summary);
+// Ok with a one-line summary ("1 device: NVIDIA H200, sm_90, 139.8 GiB") and the number of
+// devices when the driver works and sees at least one; otherwise the driver's reason.
+Status probe_devices(std::string* summary, int* count);
 
 }  // namespace gradsync::cuda

@@ -38,7 +38,42 @@ typename Codec::Acc divisor_of(const reduce::KernelArgs& args) {
   return kScale == reduce::Scale::kNone ? Acc{1} : static_cast<Acc>(args.divisor);
 }
 
+template <typename Functor>
+Status load(int* loaded) {
+  cudaFuncAttributes attributes{};
+  if (const cudaError_t error = cudaFuncGetAttributes(&attributes, run_items<Functor>); error != cudaSuccess) {
+    return Status::internal(std::string("loading a kernel failed: ") + cudaGetErrorString(error));
+  }
+  ++*loaded;
+  return Status();
+}
+
 }  // namespace
+
+Status preload_kernels(int* loaded) {
+  *loaded = 0;
+  // Every combination dispatch() can select, through dispatch() itself, so the kernels loaded
+  // are exactly the ones launch_gather and launch_scatter launch (some twice: harmless).
+  for (DType dtype : {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16, DType::kInt32,
+                      DType::kInt64, DType::kUInt8}) {
+    for (reduce::Combine combine : {reduce::Combine::kSum, reduce::Combine::kMin, reduce::Combine::kMax}) {
+      for (reduce::Scale scale : {reduce::Scale::kNone, reduce::Scale::kBefore, reduce::Scale::kAfter}) {
+        for (bool wide : {true, false}) {
+          const reduce::KernelArgs args{.dtype = dtype, .combine = combine, .scale = scale, .wide_accumulate = wide};
+          const Status status =
+              dispatch(args, [&]<typename Codec, reduce::Combine kCombine, reduce::Scale kScale, bool kRound>() {
+                constexpr reduce::Scale kAfter = kCombine == reduce::Combine::kSum ? kScale : reduce::Scale::kNone;
+                Status s = load<GatherItem<Codec, kCombine, kScale, kRound>>(loaded);
+                if (s.ok()) s = load<ScatterItem<Codec, kAfter, kRound>>(loaded);
+                return s;
+              });
+          if (!status.ok()) return status;
+        }
+      }
+    }
+  }
+  return Status();
+}
 
 Status launch_gather(const reduce::KernelArgs& args, const BucketTable& table, void* stream) {
   return dispatch(args, [&]<typename Codec, reduce::Combine kCombine, reduce::Scale kScale, bool kRound>() {

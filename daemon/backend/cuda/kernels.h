@@ -15,4 +15,10 @@ namespace gradsync::cuda {
 Status launch_gather(const reduce::KernelArgs& args, const BucketTable& table, void* stream);
 Status launch_scatter(const reduce::KernelArgs& args, const BucketTable& table, void* stream);
 
+// Loads every gather and scatter kernel into the current device's context (cudaFuncGetAttributes
+// on each), so that no first launch loads a module later: CUDA 12.2+ loads lazily by default,
+// and a load may synchronise the context, which would wait on every job's streams. *loaded
+// counts the kernels.
+Status preload_kernels(int* loaded);
+
 }  // namespace gradsync::cuda

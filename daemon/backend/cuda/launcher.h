@@ -16,6 +16,9 @@ class KernelLauncher {
   virtual ~KernelLauncher() = default;
   virtual Status gather(const reduce::KernelArgs& args, const BucketTable& table, void* stream) = 0;
   virtual Status scatter(const reduce::KernelArgs& args, const BucketTable& table, void* stream) = 0;
+  // Loads every kernel into the current device's context (kernels.h), before any job runs
+  // there; *loaded counts them.
+  virtual Status preload(int* loaded) = 0;
 };
 
 // kernels.h; only in builds with the CUDA backend.

@@ -2,9 +2,9 @@
 
 #include <algorithm>
 #include <optional>
-#include <thread>
 
 #include "daemon/backend/host/staged.h"  // reduce::accumulation_dtype
+#include "shared/backoff.h"
 
 namespace gradsync::nccl {
 
@@ -145,6 +145,9 @@ void NcclEngine::abort_locked() {
 Status NcclEngine::wait_ready(const std::string& what, std::chrono::milliseconds timeout,
                               std::chrono::microseconds poll) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
+  // A group call NCCL left in progress is usually enqueued within microseconds: spin, yield,
+  // then sleep up to `poll` (communicator creation polls every 10 ms, as PyTorch does).
+  Backoff backoff({.max_sleep = poll});
   for (;;) {
     bool pending = false;
     {
@@ -166,7 +169,7 @@ Status NcclEngine::wait_ready(const std::string& what, std::chrono::milliseconds
     if (std::chrono::steady_clock::now() >= deadline) {
       return Status::timeout(what + " did not finish within " + std::to_string(timeout.count()) + " ms");
     }
-    std::this_thread::sleep_for(poll);
+    backoff.pause();
   }
 }
 

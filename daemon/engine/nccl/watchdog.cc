@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <vector>
 
+#include "shared/backoff.h"
+
 namespace gradsync::nccl {
 
 Watchdog::Watchdog(WatchedComms* comms, std::chrono::milliseconds poll, std::chrono::microseconds completion_poll)
@@ -71,12 +73,20 @@ void Watchdog::fail_all(const Status& why, std::unique_lock<std::mutex>& lock) {
 }
 
 void Watchdog::run() {
+  // Every timed wait of this thread is a poll: without this, each would last 50 us more.
+  set_thread_timer_slack(kPollingTimerSlack);
+  // While anything is in flight the head is polled after 2 us, then 4, 8, ... up to
+  // completion_poll_, and from 2 us again once something finished or was added: a small bucket
+  // is answered microseconds after the GPU is through it, and a long one costs few polls.
+  constexpr std::chrono::microseconds kFirstCompletionWait{2};
+  std::chrono::microseconds completion_wait = std::min(kFirstCompletionWait, completion_poll_);
   std::unique_lock lock(mutex_);
   for (;;) {
     // Wakes for a stop, or for an abort not acted on yet; otherwise polls. (A predicate that
     // stayed true after the abort was handled would spin holding the lock.)
-    const std::chrono::microseconds period = in_flight_.empty() ? std::chrono::microseconds(poll_) : completion_poll_;
+    const std::chrono::microseconds period = in_flight_.empty() ? std::chrono::microseconds(poll_) : completion_wait;
     wake_.wait_for(lock, period, [&] { return stopping_ || kicked_ || (!abort_requested_.ok() && failure_.ok()); });
+    if (kicked_) completion_wait = std::min(kFirstCompletionWait, completion_poll_);
     kicked_ = false;
     if (!abort_requested_.ok() && failure_.ok()) fail_all(abort_requested_, lock);
     if (!failure_.ok() && !in_flight_.empty()) fail_all(failure_, lock);  // watched during an abort
@@ -121,6 +131,9 @@ void Watchdog::run() {
       lock.unlock();
       for (auto& done : finished) done(Status());
       lock.lock();
+      completion_wait = std::min(kFirstCompletionWait, completion_poll_);
+    } else {
+      completion_wait = std::min(completion_wait * 2, completion_poll_);
     }
     if (stopping_ && (in_flight_.empty() || !failure_.ok())) {
       if (!in_flight_.empty()) fail_all(failure_, lock);
