@@ -34,7 +34,9 @@ for b in "${binaries[@]}"; do
     [[ -e "$out/lib/$name" ]] || objcopy --strip-debug "$path" "$out/lib/$name"
   done
 done
-cp "$here/run.sh" "$here/torch_flatten.py" "$out/"
+# run.sh, and what it runs: the torch peer, and the wrapper that keeps every test daemon's log.
+cp "$here/run.sh" "$here/torch_flatten.py" "$here/gradsyncd-logged.sh" "$out/"
+chmod +x "$out/run.sh" "$out/gradsyncd-logged.sh"
 # The Python package with its C API library (found beside it; its own libraries come from
 # lib/ through its RPATH, $ORIGIN/../../lib), and the CUDA training check with its workers.
 pylib="$build/python/gradsync/libgradsync_client.so"
@@ -71,7 +73,7 @@ done < <(LD_LIBRARY_PATH="$out/lib" ldd "$out/python/gradsync/libgradsync_client
          grep -Ev "$system" || true)
 size=$(du -sb "$out" | cut -f1)
 echo "bundle: $out, $((size / 1024 / 1024)) MiB of at most 64 MiB"
-ls -l "$out/bin" "$out/lib" | awk 'NF > 5 {print "  " $NF, $5}'
+find "$out/bin" "$out/lib" -maxdepth 1 -type f -printf '  %f %s\n'
 if (( size > limit )); then
   echo "bundle.sh: the bundle is $size bytes, over the device tool's limit of $limit" >&2
   exit 1

@@ -109,3 +109,32 @@ backward(model, rank + 1)
 buffer.wait(30)
 expect("no_grad", model.weight.grad, [1.5] * 4)
 print("ok no_grad", flush=True)
+
+# Which hook marks parameters ready: the test checks it against the torch version.
+model = linear()
+buffer = GradBuffer(model.parameters(), client)
+if getattr(model.weight, "_post_accumulate_grad_hooks", None):
+    path = "post-accumulate-grad"
+elif buffer._accumulators:
+    path = "grad-accumulator"
+else:
+    path = "none"
+print(f"hook path {path}", flush=True)
+
+# A dropped GradBuffer's hooks go with it (a post-accumulate-grad hook lives on the parameter,
+# PyTorch 2.1+): a new GradBuffer over the same parameters is the only one marking them, so
+# no gradient is taken back into the old buffer, and no step sees it "produced twice".
+model = linear()
+old = GradBuffer(model.parameters(), client)
+old.zero_grad()
+backward(model, rank + 1)
+old.wait(30)
+del old  # no remove_hooks(), no gc.collect(): dropped the way a training script drops it
+buffer = GradBuffer(model.parameters(), client)
+for step in range(3):
+    buffer.zero_grad()
+    backward(model, rank + 1 + step)
+    buffer.wait(30)
+    expect(f"rebuilt step {step}", model.weight.grad, [1.5 + step] * 4)
+assert buffer.staging_copies == 0 and model.weight.grad.data_ptr() == buffer.grads[0].data_ptr(), buffer.staging_copies
+print("ok rebuilt", flush=True)

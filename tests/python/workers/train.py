@@ -62,7 +62,12 @@ def main():
     module = net.module if isinstance(net, DDP) else net
     torch.save({k: v.detach().cpu() for k, v in module.state_dict().items()}, f"{out}_{rank}.pt")
     if client is not None:
-        extra = f" buffer copies {buffer.staging_copies}" if mode == "gradbuffer" else ""
+        extra = ""
+        if mode == "gradbuffer":
+            # Which hook marked the parameters ready (training_check.py checks it against torch's version).
+            post = getattr(next(net.parameters()), "_post_accumulate_grad_hooks", None)
+            path = "post-accumulate-grad" if post else "grad-accumulator" if buffer._accumulators else "none"
+            extra = f" buffer copies {buffer.staging_copies} hook path {path}"
         print(f"rank {rank} {mode}: loss {loss.item():.6f} staging copies {client.staging_copies - before}{extra}")
     if mode in ("gloo", "hook"):
         dist.destroy_process_group()

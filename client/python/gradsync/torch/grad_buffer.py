@@ -13,6 +13,7 @@ local rank marked all of its tensors, while backward still runs. wait() ends the
 import contextlib
 import ctypes
 import warnings
+import weakref
 
 import torch
 
@@ -34,6 +35,8 @@ class GradBuffer:
     param.grad from the buffer (the hook then copies it back, and counts a staging copy).
     Parameters whose gradient was not produced in a step are reduced with the value in the
     buffer (zero after zero_grad()), like DDP's find_unused_parameters.
+    The hooks go with the GradBuffer: once it is dropped (or after remove_hooks()), a new
+    GradBuffer over the same parameters is the only one that sees their gradients.
     """
 
     def __init__(self, params, client, dtype=None, bucket_bytes=None, op="avg", group=None):
@@ -77,13 +80,21 @@ class GradBuffer:
         with torch.enable_grad():  # the accumulators exist only where autograd records
             for i, p in enumerate(self._order):
                 self._hook(i, p)
+        # The hooks go with the GradBuffer, on every PyTorch: a post-accumulate-grad hook lives
+        # on the parameter, and would outlive a dropped GradBuffer (and its memory), marking its
+        # old set and taking param.grad back from the next GradBuffer of the same parameters.
+        weakref.finalize(self, _remove, self._hooks, self._accumulators)
 
     def _hook(self, i, p):
+        me = weakref.ref(self)  # the hooks must not keep the GradBuffer alive
+
         def ready(*_):
-            self._ready(i)
+            buffer = me()
+            if buffer is not None:
+                buffer._ready(i)
 
         if hasattr(p, "register_post_accumulate_grad_hook"):
-            self._hooks.append(p.register_post_accumulate_grad_hook(lambda param: ready()))
+            self._hooks.append(p.register_post_accumulate_grad_hook(ready))
         else:
             accumulator = p.expand_as(p).grad_fn.next_functions[0][0]
             self._accumulators.append(accumulator)
@@ -163,7 +174,12 @@ class GradBuffer:
         self._marked = [False] * len(self._order)
 
     def remove_hooks(self):
-        for h in self._hooks:
-            h.remove()
-        self._hooks.clear()
-        self._accumulators.clear()
+        """Stops marking parameters ready (also done when the GradBuffer is garbage collected)."""
+        _remove(self._hooks, self._accumulators)
+
+
+def _remove(hooks, accumulators):
+    for h in hooks:
+        h.remove()
+    hooks.clear()
+    accumulators.clear()
