@@ -39,6 +39,9 @@ struct DeviceBuffer {
   int device = -1;
   void* data = nullptr;
   void* stream = nullptr;  // the daemon's stream on that device (cudaStream_t)
+  // Out of place: the collective reads its input here and writes `data`; null: in place.
+  // (NCCL treats an in-place collective of a single rank as a no-op.)
+  const void* source = nullptr;
 };
 
 class DeviceCollectiveEngine {
@@ -56,11 +59,12 @@ class DeviceCollectiveEngine {
   virtual std::span<const int> devices() const = 0;
   virtual int rank_of(int node, int local_rank) const = 0;
 
-  // `count` elements of reduce::accumulation_dtype(spec.element), in place.
+  // `count` elements of reduce::accumulation_dtype(spec.element), into each buffer's data, from
+  // its source (or in place).
   virtual Status allreduce(std::span<const DeviceBuffer> buffers, size_t count, const ReduceSpec& spec) = 0;
-  // In place; root's buffer is the input.
+  // Root's buffer is the input (its source, or its data).
   virtual Status broadcast(std::span<const DeviceBuffer> buffers, size_t bytes, int root) = 0;
-  // In place; the result is meaningful on root's buffer only.
+  // As allreduce; the result is meaningful on root's buffer only.
   virtual Status reduce(std::span<const DeviceBuffer> buffers, size_t count, const ReduceSpec& spec, int root) = 0;
   // Each rank's `bytes` of `in` land at rank * bytes in every `out`.
   virtual Status allgather(std::span<const DeviceBuffer> in, std::span<const DeviceBuffer> out, size_t bytes) = 0;

@@ -14,7 +14,20 @@ __global__ void busy(float* data, size_t elements, int rounds) {
   }
 }
 
+__global__ void spin(unsigned long long nanoseconds) {
+  unsigned long long start = 0, now = 0;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < nanoseconds);
+}
+
 }  // namespace
+
+bool launch_spin(int milliseconds, void* stream) {
+  spin<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(static_cast<unsigned long long>(milliseconds) * 1'000'000ull);
+  return cudaGetLastError() == cudaSuccess;
+}
 
 bool launch_busy(float* data, size_t elements, int rounds, void* stream) {
   int sms = 0;

@@ -10,4 +10,8 @@ namespace gradsync::bench {
 // FMAs per element. Returns false when the launch failed.
 bool launch_busy(float* data, size_t elements, int rounds, void* stream);
 
+// Enqueues one block that spins on the GPU for `milliseconds` (by the GPU's global timer), so
+// that whatever is queued behind it on `stream` waits that long with a kernel in flight.
+bool launch_spin(int milliseconds, void* stream);
+
 }  // namespace gradsync::bench

@@ -21,25 +21,33 @@ using namespace std::chrono_literals;
 
 // Records every call; communicators are small integers. Each communicator leaves
 // "in progress" after `polls_until_ready` state() calls, unless it is told to hang or fail.
-// It counts calls made before load() succeeded and calls that overlapped another thread's
-// (the engine must make every call under calls_mutex()); tests check both stay zero.
+// It counts calls made before load() succeeded and calls on a communicator that overlapped
+// another thread's call on the same communicator (an engine makes every call on its own under
+// its mutex); tests check both stay zero. Calls on different engines' communicators may overlap.
 class FakeNccl final : public NcclApi {
  public:
   Status load() override {
     loaded = load_error.ok();
     return load_error;
   }
-  std::mutex& calls_mutex() override { return calls_lock; }
 
-  // Marks one call: inside NCCL, as the engine sees it.
+  // Marks one call: inside NCCL on `comm` (null: on none), as the engine sees it.
   struct Inside {
-    explicit Inside(FakeNccl* f) : f(f) {
-      if (f->inside.fetch_add(1) != 0) f->overlaps.fetch_add(1);
+    explicit Inside(FakeNccl* f, void* comm = nullptr) : f(f), comm(comm) {
+      {
+        std::lock_guard lock(f->inside_mutex);
+        if (comm && f->inside[comm]++ != 0) f->overlaps.fetch_add(1);
+      }
       if (!f->loaded.load()) f->unloaded_calls.fetch_add(1);
       std::this_thread::yield();  // widens the window for an overlap to show
     }
-    ~Inside() { f->inside.fetch_sub(1); }
+    ~Inside() {
+      if (!comm) return;
+      std::lock_guard lock(f->inside_mutex);
+      f->inside[comm]--;
+    }
     FakeNccl* f;
+    void* comm;
   };
 
   Status unique_id(UniqueId* id) override {
@@ -60,7 +68,7 @@ class FakeNccl final : public NcclApi {
     return Status();
   }
   CommState state(void* comm, Status* error) override {
-    Inside in(this);
+    Inside in(this, comm);
     std::lock_guard lock(mutex);
     Comm& c = comms.at(handle_of(comm));
     if (c.aborted) {
@@ -79,7 +87,12 @@ class FakeNccl final : public NcclApi {
     return CommState::kReady;
   }
   void abort(void* comm) override {
-    Inside in(this);
+    Inside in(this, comm);
+    {
+      // A test may hold aborts inside "NCCL" (ncclCommAbort can take seconds).
+      std::unique_lock lock(abort_gate_mutex);
+      abort_gate.wait(lock, [&] { return !hold_aborts; });
+    }
     std::lock_guard lock(mutex);
     Comm& c = comms.at(handle_of(comm));
     CHECK_FALSE(c.aborted);  // once per communicator
@@ -102,7 +115,7 @@ class FakeNccl final : public NcclApi {
   }
   Status all_reduce(const void* send, void* recv, size_t count, DType dtype, reduce::Combine op, void* comm,
                     void*) override {
-    Inside in(this);
+    Inside in(this, comm);
     std::lock_guard lock(mutex);
     calls.push_back("allreduce " + std::to_string(count) + " " + std::string(dtype_name(dtype)) + " op " +
                     std::to_string(static_cast<int>(op)) + " rank " + std::to_string(comms.at(handle_of(comm)).rank) +
@@ -110,41 +123,41 @@ class FakeNccl final : public NcclApi {
     return Status();
   }
   Status broadcast(const void*, void*, size_t count, DType, int root, void* comm, void*) override {
-    Inside in(this);
+    Inside in(this, comm);
     std::lock_guard lock(mutex);
     calls.push_back("broadcast " + std::to_string(count) + " from " + std::to_string(root) + " rank " +
                     std::to_string(comms.at(handle_of(comm)).rank));
     return Status();
   }
   Status reduce(const void*, void*, size_t count, DType, reduce::Combine, int root, void* comm, void*) override {
-    Inside in(this);
+    Inside in(this, comm);
     std::lock_guard lock(mutex);
     calls.push_back("reduce " + std::to_string(count) + " to " + std::to_string(root) + " rank " +
                     std::to_string(comms.at(handle_of(comm)).rank));
     return Status();
   }
   Status all_gather(const void*, void*, size_t count, DType, void* comm, void*) override {
-    Inside in(this);
+    Inside in(this, comm);
     std::lock_guard lock(mutex);
     calls.push_back("allgather " + std::to_string(count) + " rank " + std::to_string(comms.at(handle_of(comm)).rank));
     return Status();
   }
   Status reduce_scatter(const void*, void*, size_t count, DType, reduce::Combine, void* comm, void*) override {
-    Inside in(this);
+    Inside in(this, comm);
     std::lock_guard lock(mutex);
     calls.push_back("reduce-scatter " + std::to_string(count) + " rank " +
                     std::to_string(comms.at(handle_of(comm)).rank));
     return Status();
   }
-  Status register_buffer(void*, void*, size_t, void** handle) override {
-    Inside in(this);
+  Status register_buffer(void* comm, void*, size_t, void** handle) override {
+    Inside in(this, comm);
     std::lock_guard lock(mutex);
     ++registrations;
     *handle = reinterpret_cast<void*>(0x99);
     return Status();
   }
-  Status deregister_buffer(void*, void*) override {
-    Inside in(this);
+  Status deregister_buffer(void* comm, void*) override {
+    Inside in(this, comm);
     std::lock_guard lock(mutex);
     ++deregistrations;
     return Status();
@@ -159,9 +172,9 @@ class FakeNccl final : public NcclApi {
     bool aborted = false;
     bool broken = false;  // an asynchronous error of this communicator only
   };
-  std::mutex calls_lock;  // the engine's
   std::mutex mutex;       // the fake's own data
-  std::atomic<int> inside{0};
+  std::mutex inside_mutex;
+  std::map<void*, int> inside;  // calls inside, per communicator
   std::atomic<int> overlaps{0};
   std::atomic<int> unloaded_calls{0};
   std::atomic<bool> loaded{false};
@@ -176,6 +189,16 @@ class FakeNccl final : public NcclApi {
   int polls_until_ready = 2;
   int fail_init_rank = -1;
   std::atomic<bool> hang{false};
+  std::mutex abort_gate_mutex;
+  std::condition_variable abort_gate;
+  bool hold_aborts = false;  // under abort_gate_mutex
+  void release_aborts() {
+    {
+      std::lock_guard lock(abort_gate_mutex);
+      hold_aborts = false;
+    }
+    abort_gate.notify_all();
+  }
   Status async_error;
   Status fail_group_end;
 };
@@ -854,6 +877,50 @@ TEST_CASE("nccl engine: an abort while agreeing on re-join makes no unique id an
   CHECK(nccl.ids_made == ids);
   CHECK(nccl.aborts == 2);  // the kept ones, which nobody will re-join now
   CHECK(park.size() == 0);
+}
+
+}  // namespace gradsync::nccl
+
+namespace gradsync::nccl {
+
+TEST_CASE("nccl engine: one job's communicator abort, still inside NCCL, does not hold up another job's collectives",
+          "[nccl][engine][containment]") {
+  FakeNccl nccl;
+  LocalRendezvous local_a, local_b;
+  NcclEngine job_a(&nccl, spec_of({0, 1}, {0, 1}), fast());
+  DeviceEngineSpec spec_b = spec_of({0, 1}, {0, 1});
+  spec_b.what = "job k set 1 group 'dp'";
+  NcclEngine job_b(&nccl, spec_b, fast());
+  REQUIRE(job_a.connect(&local_a).ok());
+  REQUIRE(job_b.connect(&local_b).ok());
+  {
+    std::lock_guard lock(nccl.abort_gate_mutex);
+    nccl.hold_aborts = true;  // ncclCommAbort takes its time (proxy threads, network teardown)
+  }
+  // Job A fails with a collective in flight: its watchdog aborts its communicators, and the
+  // abort stays inside NCCL.
+  REQUIRE(job_a.allreduce(buffers_for(job_a), 1, ReduceSpec{}).ok());
+  auto answered = std::make_shared<std::promise<Status>>();
+  auto a_answer = answered->get_future();
+  job_a.watch(
+      "allreduce bucket 0",
+      [](bool* done) {
+        *done = false;
+        return Status();
+      },
+      60'000ms, [answered](const Status& s) { answered->set_value(s); });
+  job_a.abort(Status::aborted("job j failed: rank 1 left"));
+  std::this_thread::sleep_for(50ms);  // the watchdog is inside the abort by now
+  // Job B's collective on the same GPUs goes through meanwhile.
+  auto b_call = std::async(std::launch::async, [&] { return job_b.allreduce(buffers_for(job_b), 1, ReduceSpec{}); });
+  const bool b_through = b_call.wait_for(1s) == std::future_status::ready;
+  CHECK(b_through);
+  CHECK(a_answer.wait_for(0ms) == std::future_status::timeout);  // A's abort is still inside NCCL
+  nccl.release_aborts();
+  CHECK(b_call.get().ok());
+  REQUIRE(a_answer.wait_for(2s) == std::future_status::ready);
+  CHECK(a_answer.get().message() == "job j failed: rank 1 left");
+  CHECK(nccl.overlaps == 0);  // no communicator was entered from two threads at once
 }
 
 }  // namespace gradsync::nccl

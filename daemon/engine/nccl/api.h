@@ -7,16 +7,18 @@
 // leave work in progress. A call's Status is its immediate result (ok covers ncclInProgress);
 // state() is how the engine learns when a communicator left ncclInProgress, or failed.
 //
-// Threads: NCCL is not safe to enter from two threads at once for communicators on one device,
-// and ncclCommGetAsyncError completes group jobs without a lock (NCCL 2.28, init.cc), so every
-// call, on every communicator of the daemon, is made under calls_mutex(), one per api (the
-// daemon has one). A group is issued under one hold of it, from start to end.
+// Threads: a communicator is never entered from two threads at once, and ncclCommGetAsyncError
+// completes a non-blocking group's jobs without a lock (NCCL 2.28, init.cc), so each engine
+// makes every call on its communicators under its own mutex, a group from start to end under
+// one hold. Engines do not share a lock: one job's ncclCommAbort (which may take seconds) must
+// not hold up another job's collectives, as PyTorch's ProcessGroupNCCL aborts one group's
+// communicator from its watchdog thread while other groups' threads issue theirs. Parked
+// communicators (park.h) are idle and belong to the park alone.
 #pragma once
 
 #include <array>
 #include <cstddef>
 #include <memory>
-#include <mutex>
 
 #include "daemon/reduce/kernel.h"
 #include "shared/dtype.h"
@@ -35,7 +37,6 @@ class NcclApi {
   // Loads NCCL, once; every node calls it before anything else, so a node without a usable
   // NCCL fails cleanly rather than in its first call. The other calls need it to have succeeded.
   virtual Status load() = 0;
-  virtual std::mutex& calls_mutex() = 0;
 
   virtual Status unique_id(UniqueId* id) = 0;
   // ncclCommInitRankConfig, non-blocking, with `device` current for the call.

@@ -7,9 +7,14 @@
 #include "shared/backoff.h"
 
 namespace gradsync::nccl {
+namespace {
+
+const void* input_of(const DeviceBuffer& buffer) { return buffer.source ? buffer.source : buffer.data; }
+
+}  // namespace
 
 NcclEngine::NcclEngine(NcclApi* api, DeviceEngineSpec spec, EngineTiming timing, CommPark* park)
-    : api_(api), spec_(std::move(spec)), timing_(timing), calls_(api->calls_mutex()), park_(park) {}
+    : api_(api), spec_(std::move(spec)), timing_(timing), park_(park) {}
 
 NcclEngine::~NcclEngine() {
   std::unique_ptr<Watchdog> watchdog;
@@ -272,14 +277,16 @@ Status NcclEngine::group_call(const std::string& what, std::span<const DeviceBuf
 Status NcclEngine::allreduce(std::span<const DeviceBuffer> buffers, size_t count, const ReduceSpec& spec) {
   const DType dtype = reduce::accumulation_dtype(spec.element);
   return group_call("allreduce of " + std::to_string(count) + " elements", buffers, [&](size_t i) {
-    return api_->all_reduce(buffers[i].data, buffers[i].data, count, dtype, spec.op, comms_[i], buffers[i].stream);
+    return api_->all_reduce(input_of(buffers[i]), buffers[i].data, count, dtype, spec.op, comms_[i],
+                            buffers[i].stream);
   });
 }
 
 Status NcclEngine::broadcast(std::span<const DeviceBuffer> buffers, size_t bytes, int root) {
   if (root < 0 || root >= plan_.ranks) return Status::internal(spec_.what + ": broadcast root " + std::to_string(root));
   return group_call("broadcast of " + std::to_string(bytes) + " bytes", buffers, [&](size_t i) {
-    return api_->broadcast(buffers[i].data, buffers[i].data, bytes, DType::kUInt8, root, comms_[i], buffers[i].stream);
+    return api_->broadcast(input_of(buffers[i]), buffers[i].data, bytes, DType::kUInt8, root, comms_[i],
+                           buffers[i].stream);
   });
 }
 
@@ -287,7 +294,8 @@ Status NcclEngine::reduce(std::span<const DeviceBuffer> buffers, size_t count, c
   if (root < 0 || root >= plan_.ranks) return Status::internal(spec_.what + ": reduce root " + std::to_string(root));
   const DType dtype = reduce::accumulation_dtype(spec.element);
   return group_call("reduce of " + std::to_string(count) + " elements", buffers, [&](size_t i) {
-    return api_->reduce(buffers[i].data, buffers[i].data, count, dtype, spec.op, root, comms_[i], buffers[i].stream);
+    return api_->reduce(input_of(buffers[i]), buffers[i].data, count, dtype, spec.op, root, comms_[i],
+                        buffers[i].stream);
   });
 }
 

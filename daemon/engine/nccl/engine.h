@@ -19,9 +19,10 @@
 //             abort() therefore aborts the communicators of this node alone only when work
 //             may be in flight; those that span nodes it always aborts, so peers waiting in a
 //             collective this node will not issue fail at once rather than at their timeout.
-// Every NCCL call, ncclCommGetAsyncError included, is made under the api's one mutex
-// (api.h), which all engines of the daemon share; waits for "in progress" poll under it and
-// sleep outside it, so no engine holds NCCL for another's timeout.
+// Every NCCL call on this engine's communicators, ncclCommGetAsyncError and ncclCommAbort
+// included, is made under the engine's own mutex (api.h); waits for "in progress" poll under it
+// and sleep outside it. No lock is shared with another engine, so one job's abort never holds
+// up another job's collectives.
 #pragma once
 
 #include <atomic>
@@ -105,7 +106,7 @@ class NcclEngine final : public DeviceCollectiveEngine, private WatchedComms {
   const DeviceEngineSpec spec_;
   const EngineTiming timing_;
   RankPlan plan_;                 // set by connect(), then read-only
-  std::mutex& calls_;             // the api's: every NCCL call of the daemon
+  std::mutex calls_;              // every NCCL call on comms_
   CommPark* park_;                // may be null
   std::vector<void*> comms_;      // one per spec_.devices entry; set once by connect()
   UniqueId id_{};                 // what comms_ were made with; set by connect()

@@ -68,7 +68,6 @@ class RealNccl final : public NcclApi {
   RealNccl() = default;
   ~RealNccl() override = default;  // the library stays loaded: communicators may outlive us briefly
 
-  std::mutex& calls_mutex() override { return calls_; }
 
   Status unique_id(UniqueId* id) override {
     if (Status s = load(); !s.ok()) return s;
@@ -160,8 +159,8 @@ class RealNccl final : public NcclApi {
   Status check(ncclResult_t result, ncclComm_t comm, const std::string& what) {
     if (result == ncclSuccess || result == ncclInProgress) return Status();
     std::string text = what + " failed: " + nccl_.error_string(result);
-    // NCCL keeps one last-error text per process; the engine holds calls_mutex() around every
-    // call, so it belongs to this call.
+    // NCCL's last-error text is the calling thread's (thread-local in NCCL), read right after
+    // the call on the same thread, so it belongs to this call.
     if (const char* last = nccl_.last_error(comm); last && *last) text += " (NCCL's last error: " + std::string(last) + ")";
     if (result == ncclInvalidArgument || result == ncclInvalidUsage) return Status::invalid_argument(text);
     if (result == ncclRemoteError || result == ncclSystemError) return Status::peer_lost(text);
@@ -207,7 +206,6 @@ class RealNccl final : public NcclApi {
     return load_status_;
   }
 
-  std::mutex calls_;
   std::once_flag loaded_;
   void* library_ = nullptr;
   Status load_status_;

@@ -16,11 +16,10 @@ CommPark::~CommPark() {
   }
   wake_.notify_all();
   if (sweeper_.joinable()) sweeper_.join();
-  std::lock_guard calls(api_->calls_mutex());
-  for (ParkedComms& entry : entries) abort_locked(entry);
+  for (ParkedComms& entry : entries) abort_entry(entry);
 }
 
-void CommPark::abort_locked(ParkedComms& entry) {
+void CommPark::abort_entry(ParkedComms& entry) {
   for (void* comm : entry.comms) {
     if (comm) api_->abort(comm);
   }
@@ -51,10 +50,7 @@ void CommPark::run() {
     sweep(&expired);
     if (expired.empty()) continue;
     lock.unlock();
-    {
-      std::lock_guard calls(api_->calls_mutex());
-      for (ParkedComms& e : expired) abort_locked(e);
-    }
+    for (ParkedComms& e : expired) abort_entry(e);
     lock.lock();
   }
 }
@@ -85,7 +81,7 @@ void CommPark::park_locked(ParkedComms entry) {
     }
   }
   wake_.notify_all();  // the sweeper learns of the new expiry
-  for (ParkedComms& e : gone) abort_locked(e);  // the caller holds the calls mutex
+  for (ParkedComms& e : gone) abort_entry(e);
 }
 
 std::optional<ParkedComms> CommPark::take(const std::string& key) {
@@ -102,17 +98,11 @@ std::optional<ParkedComms> CommPark::take(const std::string& key) {
       }
     }
   }
-  if (!expired.empty()) {
-    std::lock_guard calls(api_->calls_mutex());
-    for (ParkedComms& e : expired) abort_locked(e);
-  }
+  for (ParkedComms& e : expired) abort_entry(e);
   return found;
 }
 
-void CommPark::discard(ParkedComms entry) {
-  std::lock_guard calls(api_->calls_mutex());
-  abort_locked(entry);
-}
+void CommPark::discard(ParkedComms entry) { abort_entry(entry); }
 
 size_t CommPark::size() const {
   std::lock_guard lock(mutex_);

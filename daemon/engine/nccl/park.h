@@ -46,8 +46,9 @@ class CommPark {
   CommPark& operator=(const CommPark&) = delete;
 
   bool enabled() const { return keep_.count() > 0 && capacity_ > 0; }
-  // Keeps `entry` (the caller holds the api's calls mutex, and hands the communicators over:
-  // their registrations already ended). When disabled, or beyond the capacity, the oldest go.
+  // Keeps `entry`: the caller (an engine, under its own calls mutex) hands the communicators
+  // over, idle, their registrations already ended. When disabled, or beyond the capacity, the
+  // oldest go.
   void park_locked(ParkedComms entry);
   // Takes the entry under `key`, if any is still fresh. Expired entries are aborted here.
   std::optional<ParkedComms> take(const std::string& key);
@@ -57,8 +58,9 @@ class CommPark {
   size_t size() const;
 
  private:
-  // Aborts the communicators; the caller holds the api's calls mutex.
-  void abort_locked(ParkedComms& entry);
+  // Aborts the communicators. A parked entry is the park's alone, and idle: no other thread
+  // can be inside NCCL on them, so no lock is needed.
+  void abort_entry(ParkedComms& entry);
   // Removes expired entries into *out; under mutex_.
   void sweep(std::vector<ParkedComms>* out);
   // The sweeper thread: aborts entries as they expire.
