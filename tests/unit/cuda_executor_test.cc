@@ -426,9 +426,10 @@ TEST_CASE("cuda executor: after a lost drain the destructor frees nothing", "[cu
 
 namespace gradsync::cuda {
 
-// What a communicator may be kept under (nccl/park.h): the owner and job, the set and the
-// group; the same in every generation of the job, another for another user's job of that id.
-TEST_CASE("cuda executor: the key a communicator is kept under names the user, the job, the set and the group",
+// What a communicator may be kept under (nccl/park.h): the owner and job, and the group (the
+// engine adds its GPUs and slots); the same in every generation of the job, another for another
+// user's job of that id. Not the set: every set of the layout shares the communicator.
+TEST_CASE("cuda executor: the key a communicator is kept under names the user, the job and the group",
           "[cuda][executor][nccl][rejoin]") {
   const auto key_for = [](const std::string& owner_job) {
     Fixture f(DType::kFloat32, {0, 0, 1});
@@ -442,10 +443,94 @@ TEST_CASE("cuda executor: the key a communicator is kept under names the user, t
     return engines.made[0]->spec.reuse_key;
   };
   const std::string mine = key_for("1000.resnet");
-  CHECK(mine == "11:1000.resnet/10:nccl/s0/dp");
+  CHECK(mine == "11:1000.resnet/2:dp");
   CHECK(key_for("1000.resnet") == mine);      // the job's next generation
   CHECK(key_for("1001.resnet") != mine);      // another user's job of the same id
-  CHECK(key_for("1000.resnet/1") != mine);    // names cannot run into each other
+  CHECK(key_for("1000.resnet/2:dp") != mine);  // names cannot run into each other
+}
+
+TEST_CASE("cuda executor: a DDP job's 25 sets on the same GPUs share one NCCL communicator",
+          "[cuda][executor][nccl]") {
+  // DDP's comm hook registers one set per DDP bucket (about 25 for ResNet-50); each used to get
+  // its own communicator per GPU.
+  Fixture f(DType::kFloat32, {0, 0, 1});
+  add_event_rings(f);
+  HostDeviceEngines engines;
+  CudaExecutor executor(options_for(f, &engines));
+  LocalRendezvous local;
+  SetAdmission admission{"ddp", &local, &f.topology};
+  admission.owner_job = "1000.ddp";
+  std::vector<std::shared_ptr<TensorSet>> sets;
+  for (uint32_t id = 0; id < 25; ++id) {
+    auto set = std::make_shared<TensorSet>(*f.set);
+    set->id = id;
+    sets.push_back(set);
+    REQUIRE(executor.admit(*set, admission).ok());
+  }
+  CHECK(engines.made.size() == 1);  // one communicator for both GPUs of the group, not 25
+  // Buckets of any set go through it.
+  for (uint32_t id : {0u, 7u, 24u}) {
+    BucketCall call = f.call(OpKind::kAllreduce, 1);
+    call.set = sets[id];
+    std::optional<Status> answer;
+    executor.launch(call, [&](const Status& s) { answer = s; });
+    REQUIRE(answer.has_value());
+    CHECK(answer->ok());
+  }
+  CHECK(engines.made[0]->calls.size() == 3);
+  // A set whose clients sit on other GPUs (another layout) gets its own.
+  Fixture other(DType::kFloat32, {1, 1, 0});
+  auto moved = std::make_shared<TensorSet>(*other.set);
+  moved->id = 25;
+  REQUIRE(executor.admit(*moved, admission).ok());
+  CHECK(engines.made.size() == 2);
+}
+
+namespace {
+
+// Node 0 of a two-node job whose node 1 offers what the test says in every exchange whose name
+// ends with "/share", and echoes node 0's offer in any other.
+class TwoNodes final : public Rendezvous {
+ public:
+  int node() const override { return 0; }
+  int nodes() const override { return 2; }
+  Status exchange(const std::string& name, const std::string& mine, std::vector<std::string>* all) override {
+    names.push_back(name);
+    const bool share = name.size() >= 6 && name.compare(name.size() - 6, 6, "/share") == 0;
+    *all = {mine, share ? node1_offers : mine};
+    return Status();
+  }
+  std::string node1_offers;
+  std::vector<std::string> names;
+};
+
+}  // namespace
+
+TEST_CASE("cuda executor: across nodes a communicator is shared only when every node offers the same one",
+          "[cuda][executor][nccl]") {
+  Fixture f(DType::kFloat32, {0, 0, 1});
+  HostDeviceEngines engines;
+  CudaExecutor executor(options_for(f, &engines));
+  TwoNodes nodes;
+  SetAdmission admission{"j", &nodes, &f.topology};
+  REQUIRE(executor.admit(*f.set, admission).ok());
+  REQUIRE(engines.made.size() == 1);
+  const std::string first = engines.made[0]->spec.name;
+  CHECK(first == "nccl/s0/2:dp");
+  // Node 1 shares it too: so does this node.
+  auto second = std::make_shared<TensorSet>(*f.set);
+  second->id = 1;
+  nodes.node1_offers = first;
+  REQUIRE(executor.admit(*second, admission).ok());
+  CHECK(engines.made.size() == 1);
+  CHECK(nodes.names.back() == "nccl/s1/2:dp/share");
+  // Node 1's GPUs of the group changed (it offers none): everybody makes a fresh one.
+  auto third = std::make_shared<TensorSet>(*f.set);
+  third->id = 2;
+  nodes.node1_offers = "-";
+  REQUIRE(executor.admit(*third, admission).ok());
+  REQUIRE(engines.made.size() == 2);
+  CHECK(engines.made[1]->spec.name == "nccl/s2/2:dp");
 }
 
 }  // namespace gradsync::cuda

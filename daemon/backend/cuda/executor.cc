@@ -47,10 +47,11 @@ CudaExecutor::~CudaExecutor() {
   }
   // The engines first: each answers its bucket in flight (draining the streams) after aborting
   // its communicators, so nothing below is freed under a running kernel.
-  std::map<std::pair<uint32_t, std::string>, std::unique_ptr<DeviceCollectiveEngine>> engines;
+  std::map<std::string, std::unique_ptr<DeviceCollectiveEngine>> engines;
   {
     std::lock_guard lock(mutex_);
     engines.swap(engines_);
+    engine_by_set_.clear();
   }
   for (auto& [key, engine] : engines) engine->abort(Status::aborted("the job's CUDA executor was closed"));
   engines.clear();
@@ -336,19 +337,30 @@ Status CudaExecutor::admit(const TensorSet& set, const SetAdmission& admission) 
     }
     DeviceEngineSpec spec;
     spec.what = what;
-    spec.name = "nccl/s" + std::to_string(set.id) + "/" + group;
+    // Length-prefixed, so that no group name can make another's.
+    spec.name = "nccl/s" + std::to_string(set.id) + "/" + std::to_string(group.size()) + ":" + group;
     spec.devices = devices;
     spec.slot_of_local_rank.assign(static_cast<size_t>(admission.topology->local_world_size), -1);
     for (const auto& [c, d] : gpu_of) {
       spec.slot_of_local_rank[c] = static_cast<int>(std::find(devices.begin(), devices.end(), d) - devices.begin());
     }
     spec.timeout = admission.timeout;
-    // The owner, the job, the set's id and the group name the engine in every generation of
-    // the job (a restarted trainer registers the same sets); each part is length-prefixed, so
-    // no job or group name can make another's key.
+    if (engine_of(set.id, group)) continue;  // admitted before
+    // One communicator per (job, group, GPU layout), shared by every set of that layout: a DDP
+    // job registers one set per DDP bucket, and a communicator each would multiply NCCL's
+    // buffers and bootstrap by the bucket count.
+    bool shared = false;
+    if (Status status = share_engine(set, group, spec, admission, &shared); !status.ok() || shared) {
+      if (!status.ok()) return status;
+      continue;
+    }
+    // The owner, the job and the group name the engine in every generation of the job (a
+    // restarted trainer registers the same sets, and its first set of a layout makes the
+    // engine again); the engine adds its GPUs and slots (nccl/park.h). Length-prefixed, so no
+    // job or group name can make another's key.
     if (!admission.owner_job.empty()) {
       spec.reuse_key = std::to_string(admission.owner_job.size()) + ":" + admission.owner_job + "/" +
-                       std::to_string(spec.name.size()) + ":" + spec.name;
+                       std::to_string(group.size()) + ":" + group;
     }
     std::unique_ptr<DeviceCollectiveEngine> made;
     if (Status status = engine_factory_->make(spec, &made); !status.ok()) return status;
@@ -356,8 +368,9 @@ Status CudaExecutor::admit(const TensorSet& set, const SetAdmission& admission) 
     {
       std::lock_guard lock(mutex_);
       if (!aborted_.ok()) return aborted_;
-      if (engines_.count({set.id, group})) continue;
-      engines_.emplace(std::make_pair(set.id, group), std::move(made));
+      engine_by_set_[{set.id, group}] = engine;
+      layouts_[layout_key(group, spec)] = spec.name;
+      engines_.emplace(spec.name, std::move(made));
     }
     const auto started = std::chrono::steady_clock::now();
     if (Status status = engine->connect(admission.rendezvous); !status.ok()) return status;
@@ -395,8 +408,54 @@ void CudaExecutor::register_regions(const TensorSet& set, DeviceCollectiveEngine
 
 DeviceCollectiveEngine* CudaExecutor::engine_of(uint32_t set, const std::string& group) {
   std::lock_guard lock(mutex_);
-  auto it = engines_.find({set, group});
-  return it == engines_.end() ? nullptr : it->second.get();
+  auto it = engine_by_set_.find({set, group});
+  return it == engine_by_set_.end() ? nullptr : it->second;
+}
+
+std::string CudaExecutor::layout_key(const std::string& group, const DeviceEngineSpec& spec) {
+  std::string key = std::to_string(group.size()) + ":" + group + "|gpus";
+  for (int d : spec.devices) key += " " + std::to_string(d);
+  key += "|slots";
+  for (int s : spec.slot_of_local_rank) key += " " + std::to_string(s);
+  return key;
+}
+
+Status CudaExecutor::share_engine(const TensorSet& set, const std::string& group, const DeviceEngineSpec& spec,
+                                  const SetAdmission& admission, bool* shared) {
+  *shared = false;
+  std::string mine = "-";
+  DeviceCollectiveEngine* engine = nullptr;
+  {
+    std::lock_guard lock(mutex_);
+    if (!aborted_.ok()) return aborted_;
+    if (auto it = layouts_.find(layout_key(group, spec)); it != layouts_.end()) {
+      mine = it->second;
+      engine = engines_.at(it->second).get();
+    }
+  }
+  // Every node offers the engine it would share (by its name, which names the set that made it,
+  // so it is the same on every node that made it then), and shares only if all offer the same:
+  // a node whose GPUs of the group changed makes a fresh one, and so then does everybody.
+  // A single-node job has nobody to ask.
+  std::vector<std::string> offers{mine};
+  if (admission.rendezvous->nodes() > 1) {
+    if (Status status = admission.rendezvous->exchange(spec.name + "/share", mine, &offers); !status.ok()) {
+      return Status(status.code(), spec.what + ": agreeing on a communicator to share: " + status.message(),
+                    status.where());
+    }
+  }
+  if (!engine || std::any_of(offers.begin(), offers.end(), [&](const std::string& o) { return o != mine; })) {
+    return Status();
+  }
+  {
+    std::lock_guard lock(mutex_);
+    engine_by_set_[{set.id, group}] = engine;
+  }
+  log_.info(spec.what + ": shares the NCCL communicator of " + std::to_string(engine->ranks()) + " GPUs made for " +
+            mine);
+  if (engine->ranks() > 1) register_regions(set, *engine, spec.what);
+  *shared = true;
+  return Status();
 }
 
 void CudaExecutor::launch(BucketCall call, BucketDone done) {

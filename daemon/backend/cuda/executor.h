@@ -1,7 +1,8 @@
 // The CUDA executor: buckets of sets in device memory. Clients that share a GPU are combined by
 // this executor's kernels (in rank order, bit-identical to the host path); a group that spans
-// several GPUs, here or on other nodes, goes through one NCCL communicator per (set, group),
-// made at admission (DESIGN.md decision 6). Per bucket, on the daemon's stream of each GPU:
+// several GPUs, here or on other nodes, goes through one NCCL communicator per (job, group, GPU
+// layout), made at the admission of the first set of that layout and shared by every later one
+// when every node agrees (DESIGN.md decision 6). Per bucket, on the daemon's stream of each GPU:
 //   allreduce  gather (the GPU's participants) -> [NCCL allreduce] -> scatter (all of them)
 //   reduce     gather -> [NCCL reduce to the root's GPU] -> scatter (the root only)
 //   broadcast  gather (the root alone: a copy) -> [NCCL broadcast] -> scatter (all but the root)
@@ -196,6 +197,13 @@ class CudaExecutor final : public BucketExecutor {
   Status table(const BucketCall& call, int device, Side side, int only, bool skip_root, bool bytes,
                const Table** out);
   DeviceCollectiveEngine* engine_of(uint32_t set, const std::string& group);
+  // What makes two sets' communicators interchangeable on this node: the group, this node's GPUs
+  // of it and each local rank's slot among them.
+  static std::string layout_key(const std::string& group, const DeviceEngineSpec& spec);
+  // admit(): when this node has an engine of the same layout and every node says the same, the
+  // set uses it (*shared); otherwise the caller makes one.
+  Status share_engine(const TensorSet& set, const std::string& group, const DeviceEngineSpec& spec,
+                      const SetAdmission& admission, bool* shared);
   Status aborted();  // the abort's reason, ok while not aborted
   // Offers the set's VMM regions on the engine's GPUs to NCCL, logging whether it took each.
   void register_regions(const TensorSet& set, DeviceCollectiveEngine& engine, const std::string& what);
@@ -209,8 +217,12 @@ class CudaExecutor final : public BucketExecutor {
   std::mutex mutex_;
   Status aborted_;  // guarded by mutex_
   std::set<int> used_devices_;  // guarded by mutex_: GPUs this executor has work on
-  // Made on the worker thread; abort() reaches them under mutex_.
-  std::map<std::pair<uint32_t, std::string>, std::unique_ptr<DeviceCollectiveEngine>> engines_;
+  // Made on the worker thread; abort() reaches them under mutex_. One per (group, layout), by
+  // its name; every set's (set, group) points at its engine, and each layout at the name of
+  // the engine its sets share.
+  std::map<std::string, std::unique_ptr<DeviceCollectiveEngine>> engines_;
+  std::map<std::pair<uint32_t, std::string>, DeviceCollectiveEngine*> engine_by_set_;
+  std::map<std::string, std::string> layouts_;
   // Caller's thread only (the worker launches one bucket at a time).
   std::map<int, Device> devices_;
   std::map<TableKey, std::pair<int, Table>> tables_;  // with the device they live on
