@@ -102,3 +102,18 @@ TEST_CASE("gpu: gather and scatter kernels equal reduce(), bit for bit", "[gpu][
 }
 
 }  // namespace gradsync::cuda
+
+namespace gradsync::cuda {
+
+// What gradsyncd does for every GPU at start: every gather and scatter kernel loaded, none left
+// for a lazy load at a first launch (which may synchronise the context).
+TEST_CASE("gpu: every kernel is loaded up front", "[gpu][kernels]") {
+  REQUIRE(cudaSetDevice(0) == cudaSuccess);
+  int loaded = 0;
+  const Status status = preload_kernels(&loaded);
+  INFO(status.message());
+  REQUIRE(status.ok());
+  CHECK(loaded == 60);  // the gather and scatter kernels tests/gpu/check_ptx.py counts in the PTX
+}
+
+}  // namespace gradsync::cuda

@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <set>
 #include <string>
 
 namespace gradsync::cuda {
@@ -39,21 +40,22 @@ typename Codec::Acc divisor_of(const reduce::KernelArgs& args) {
 }
 
 template <typename Functor>
-Status load(int* loaded) {
+Status load(std::set<const void*>* loaded) {
+  const void* kernel = reinterpret_cast<const void*>(&run_items<Functor>);
+  if (!loaded->insert(kernel).second) return Status();  // selected by another combination too
   cudaFuncAttributes attributes{};
-  if (const cudaError_t error = cudaFuncGetAttributes(&attributes, run_items<Functor>); error != cudaSuccess) {
+  if (const cudaError_t error = cudaFuncGetAttributes(&attributes, kernel); error != cudaSuccess) {
     return Status::internal(std::string("loading a kernel failed: ") + cudaGetErrorString(error));
   }
-  ++*loaded;
   return Status();
 }
 
 }  // namespace
 
-Status preload_kernels(int* loaded) {
-  *loaded = 0;
+Status preload_kernels(int* count) {
+  std::set<const void*> loaded;
   // Every combination dispatch() can select, through dispatch() itself, so the kernels loaded
-  // are exactly the ones launch_gather and launch_scatter launch (some twice: harmless).
+  // are exactly the ones launch_gather and launch_scatter launch.
   for (DType dtype : {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16, DType::kInt32,
                       DType::kInt64, DType::kUInt8}) {
     for (reduce::Combine combine : {reduce::Combine::kSum, reduce::Combine::kMin, reduce::Combine::kMax}) {
@@ -63,8 +65,8 @@ Status preload_kernels(int* loaded) {
           const Status status =
               dispatch(args, [&]<typename Codec, reduce::Combine kCombine, reduce::Scale kScale, bool kRound>() {
                 constexpr reduce::Scale kAfter = kCombine == reduce::Combine::kSum ? kScale : reduce::Scale::kNone;
-                Status s = load<GatherItem<Codec, kCombine, kScale, kRound>>(loaded);
-                if (s.ok()) s = load<ScatterItem<Codec, kAfter, kRound>>(loaded);
+                Status s = load<GatherItem<Codec, kCombine, kScale, kRound>>(&loaded);
+                if (s.ok()) s = load<ScatterItem<Codec, kAfter, kRound>>(&loaded);
                 return s;
               });
           if (!status.ok()) return status;
@@ -72,6 +74,7 @@ Status preload_kernels(int* loaded) {
       }
     }
   }
+  *count = static_cast<int>(loaded.size());
   return Status();
 }
 
