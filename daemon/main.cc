@@ -4,6 +4,7 @@
 #include <google/protobuf/stubs/logging.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <optional>
 
@@ -47,7 +48,15 @@ int main(int argc, char** argv) {
     return 1;
   }
   try {
-    return daemon->run();
+    const int status = daemon->run();
+    if (status == gradsync::Daemon::kExitGpuLost) {
+      // The CUDA context on a GPU is broken: tearing down NCCL and CUDA there could hang, and
+      // the restart is what recovers it. The jobs were failed and the rest drained already.
+      std::fflush(stdout);
+      std::fflush(stderr);
+      std::_Exit(status);
+    }
+    return status;
   } catch (const gradsync::Error& e) {
     std::fprintf(stderr, "gradsyncd: %s\n", e.what());
     return 1;

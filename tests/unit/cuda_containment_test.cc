@@ -79,7 +79,10 @@ TEST_CASE("containment: a job whose client's ready event never fires does not de
   CHECK(b.kernels.gathers == 10 * static_cast<int>(b.set->plan.buckets.size()));
   CHECK(a_answer.code() == ErrorCode::kTimeout);
   CHECK_THAT(a_answer.message(), Catch::Contains("local rank 0 announced its tensors of operation 1 ready"));
-  // Nothing any job did waited on the stuck stream, and every call named its object's device.
+  // No stream ever waited on a client's event (a killed client's record never runs, and the
+  // wait would stay in the shared context for good), nothing synchronised a stuck stream, and
+  // every call named its object's device.
+  CHECK(gpu.client_event_waits == 0);
   CHECK(gpu.stuck_synchronizations == 0);
   CHECK(gpu.wrong_device_calls == 0);
   // A fails; its drain is bounded and does not wait on the side stream it gave up.

@@ -75,7 +75,10 @@ class HostBackedDeviceApi final : public DeviceApi {
     std::lock_guard lock(mutex_);
     if (Status s = gate(device); !s.ok()) return s;
     check_device(device, event);
-    *done = !events_pending.load() && !never_done_.count(event);
+    const std::string name = name_of(event);
+    *done = !events_pending.load() && !never_done_.count(event) && !never_fires.count(name);
+    // Queries of clients' events are traced (the daemon's own are polled any number of times).
+    if (trace && name != "own") trace->push_back("query " + name + (*done ? "" : " (not yet)"));
     return Status();
   }
   Status stream_wait_event(int device, void* stream, void* event) override {
@@ -83,6 +86,7 @@ class HostBackedDeviceApi final : public DeviceApi {
     if (Status s = gate(device); !s.ok()) return s;
     check_device(device, stream);
     if (trace) trace->push_back("wait " + name_of(event));
+    if (name_of(event) != "own") ++client_event_waits;
     if (never_fires.count(name_of(event)) || never_done_.count(event)) blocked_.insert(stream);
     return Status();
   }
@@ -182,6 +186,7 @@ class HostBackedDeviceApi final : public DeviceApi {
   int synchronizations = 0;
   int stuck_synchronizations = 0;
   std::atomic<int> wrong_device_calls{0};
+  std::atomic<int> client_event_waits{0};  // streams made to wait on a client's event
 
  private:
   Status gate(int device) const {

@@ -91,6 +91,8 @@ class FakeNccl final : public NcclApi {
     {
       // A test may hold aborts inside "NCCL" (ncclCommAbort can take seconds).
       std::unique_lock lock(abort_gate_mutex);
+      ++aborts_entered;
+      abort_gate.notify_all();
       abort_gate.wait(lock, [&] { return !hold_aborts; });
     }
     std::lock_guard lock(mutex);
@@ -192,6 +194,12 @@ class FakeNccl final : public NcclApi {
   std::mutex abort_gate_mutex;
   std::condition_variable abort_gate;
   bool hold_aborts = false;  // under abort_gate_mutex
+  int aborts_entered = 0;     // under abort_gate_mutex
+  // Waits until an abort is inside "NCCL".
+  bool abort_entered(std::chrono::milliseconds within) {
+    std::unique_lock lock(abort_gate_mutex);
+    return abort_gate.wait_for(lock, within, [&] { return aborts_entered > 0; });
+  }
   void release_aborts() {
     {
       std::lock_guard lock(abort_gate_mutex);
@@ -910,7 +918,7 @@ TEST_CASE("nccl engine: one job's communicator abort, still inside NCCL, does no
       },
       60'000ms, [answered](const Status& s) { answered->set_value(s); });
   job_a.abort(Status::aborted("job j failed: rank 1 left"));
-  std::this_thread::sleep_for(50ms);  // the watchdog is inside the abort by now
+  REQUIRE(nccl.abort_entered(2s));  // A's watchdog is inside ncclCommAbort
   // Job B's collective on the same GPUs goes through meanwhile.
   auto b_call = std::async(std::launch::async, [&] { return job_b.allreduce(buffers_for(job_b), 1, ReduceSpec{}); });
   const bool b_through = b_call.wait_for(1s) == std::future_status::ready;

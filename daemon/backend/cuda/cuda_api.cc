@@ -3,10 +3,12 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <cstring>
 #include <map>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "daemon/backend/cuda/device_api.h"
 
@@ -33,6 +35,8 @@ bool sticky(cudaError_t error) {
     case cudaErrorECCUncorrectable:
     case cudaErrorAssert:
     case cudaErrorContextIsDestroyed:
+    case cudaErrorNvlinkUncorrectable:
+    case cudaErrorExternalDevice:
       return true;
     default:
       return false;
@@ -107,6 +111,8 @@ bool driver_sticky(CUresult result) {
     case CUDA_ERROR_ECC_UNCORRECTABLE:
     case CUDA_ERROR_ASSERT:
     case CUDA_ERROR_CONTEXT_IS_DESTROYED:
+    case CUDA_ERROR_NVLINK_UNCORRECTABLE:
+    case CUDA_ERROR_EXTERNAL_DEVICE:
       return true;
     default:
       return false;
@@ -183,10 +189,23 @@ class CudaDeviceApi final : public DeviceApi {
       if (!s.ok()) d.free(mapped, bytes);
     }
     if (s.ok()) {
-      CUmemAccessDesc access{};
-      access.location = prop.location;
-      access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-      s = driver_call(device, d.set_access(mapped, bytes, &access, 1), "cuMemSetAccess");
+      // This GPU, and every GPU that can reach it: NCCL's P2P transport may read or write a
+      // peer's registered buffer directly when one process drives both GPUs.
+      std::vector<CUmemAccessDesc> access(1);
+      access[0].location = prop.location;
+      access[0].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+      int count = 0;
+      (void)cudaGetDeviceCount(&count);
+      for (int peer = 0; peer < count; ++peer) {
+        int reachable = 0;
+        if (peer == device || cudaDeviceCanAccessPeer(&reachable, peer, device) != cudaSuccess || !reachable) continue;
+        CUmemAccessDesc more{};
+        more.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        more.location.id = peer;
+        more.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+        access.push_back(more);
+      }
+      s = driver_call(device, d.set_access(mapped, bytes, access.data(), access.size()), "cuMemSetAccess");
       if (!s.ok()) {
         d.unmap(mapped, bytes);
         d.free(mapped, bytes);
@@ -281,6 +300,9 @@ class CudaDeviceApi final : public DeviceApi {
     if (!scope.status().ok()) return scope.status();
     const cudaError_t result = cudaEventQuery(static_cast<cudaEvent_t>(event));
     *done = result == cudaSuccess;
+    // The runtime keeps "not ready" as the thread's last error too, and the next kernel
+    // launch's cudaGetLastError would report it as a launch failure: clear it (PyTorch does).
+    if (result == cudaErrorNotReady) (void)cudaGetLastError();
     if (result == cudaSuccess || result == cudaErrorNotReady) return Status();
     return call(device, result, "cudaEventQuery");
   }
@@ -293,7 +315,10 @@ class CudaDeviceApi final : public DeviceApi {
   Status allocate(int device, size_t bytes, void* stream, void** memory) override {
     DeviceScope scope(device);
     if (!scope.status().ok()) return scope.status();
-    return call(device, cudaMallocAsync(memory, bytes, static_cast<cudaStream_t>(stream)), "cudaMallocAsync");
+    cudaMemPool_t pool = nullptr;
+    if (Status s = pool_of(device, &pool); !s.ok()) return s;
+    return call(device, cudaMallocFromPoolAsync(memory, bytes, pool, static_cast<cudaStream_t>(stream)),
+                "cudaMallocFromPoolAsync");
   }
   Status free(int device, void* memory, void* stream) override {
     DeviceScope scope(device);
@@ -340,13 +365,71 @@ class CudaDeviceApi final : public DeviceApi {
                 "cudaEventRecord");
   }
 
+  // Also probes: a sticky error first seen outside this api (a kernel launch, inside NCCL)
+  // fails every later call, cudaMemGetInfo included, which neither waits nor launches.
   Status health(int device) override {
+    {
+      std::lock_guard lock(broken_mutex_);
+      if (auto it = broken_.find(device); it != broken_.end()) return it->second;
+    }
+    DeviceScope scope(device);
+    size_t free_bytes = 0, total_bytes = 0;
+    (void)call(device, cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
     std::lock_guard lock(broken_mutex_);
     auto it = broken_.find(device);
     return it == broken_.end() ? Status() : it->second;
   }
 
  private:
+  // The daemon's own memory pool on `device`, made on first use. Not the device's default
+  // pool: with its defaults, a cudaMallocAsync of one job may be handed memory another job
+  // freed on its stream, with a dependency on that stream's work (a hung collective), and it
+  // gives memory back at every synchronisation. Here: no reuse behind another stream's
+  // dependencies, nothing given back (the pool holds bucket buffers and tables, which jobs keep
+  // for their life), and every GPU that can reach it may (NCCL's P2P may read a peer's buffer
+  // directly when one process drives both GPUs).
+  Status pool_of(int device, cudaMemPool_t* out) {
+    std::lock_guard lock(pools_mutex_);
+    if (auto it = pools_.find(device); it != pools_.end()) {
+      *out = it->second;
+      return Status();
+    }
+    cudaMemPoolProps props{};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = device;
+    cudaMemPool_t pool = nullptr;
+    if (Status s = call(device, cudaMemPoolCreate(&pool, &props), "cudaMemPoolCreate"); !s.ok()) return s;
+    int no = 0;
+    uint64_t keep = UINT64_MAX;
+    Status s = call(device, cudaMemPoolSetAttribute(pool, cudaMemPoolReuseAllowInternalDependencies, &no),
+                    "cudaMemPoolSetAttribute");
+    if (s.ok()) {
+      s = call(device, cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep),
+               "cudaMemPoolSetAttribute");
+    }
+    if (s.ok()) {
+      int count = 0;
+      (void)cudaGetDeviceCount(&count);
+      for (int peer = 0; peer < count; ++peer) {
+        int reachable = 0;
+        if (peer == device || cudaDeviceCanAccessPeer(&reachable, peer, device) != cudaSuccess || !reachable) continue;
+        cudaMemAccessDesc access{};
+        access.location.type = cudaMemLocationTypeDevice;
+        access.location.id = peer;
+        access.flags = cudaMemAccessFlagsProtReadWrite;
+        if (cudaMemPoolSetAccess(pool, &access, 1) != cudaSuccess) (void)cudaGetLastError();
+      }
+    }
+    if (!s.ok()) {
+      cudaMemPoolDestroy(pool);
+      return s;
+    }
+    pools_.emplace(device, pool);
+    *out = pool;
+    return Status();
+  }
+
   // A failed call's error; a sticky one also becomes the device's health for good.
   Status call(int device, cudaError_t error, const char* what) {
     if (error == cudaSuccess) return Status();
@@ -390,6 +473,8 @@ class CudaDeviceApi final : public DeviceApi {
   DriverCalls calls_;
   std::mutex broken_mutex_;
   std::map<int, Status> broken_;  // guarded by broken_mutex_: devices a sticky error broke
+  std::mutex pools_mutex_;
+  std::map<int, cudaMemPool_t> pools_;  // guarded by pools_mutex_; live as long as the daemon
 };
 
 }  // namespace

@@ -55,9 +55,9 @@ CudaExecutor::~CudaExecutor() {
   }
   for (auto& [key, engine] : engines) engine->abort(Status::aborted("the job's CUDA executor was closed"));
   engines.clear();
-  // Each stream holds only this executor's kernels and NCCL's aborted work (the main stream
-  // never waits on a client's event that is not through): its synchronisation is bounded, and
-  // it is the stream's, never the device's.
+  // Each stream holds only this executor's kernels and NCCL's aborted work (no stream of the
+  // daemon's ever waits on a client's event): its synchronisation is bounded, and it is the
+  // stream's, never the device's.
   for (auto& [device, state] : devices_) {
     if (state.stream) (void)api_->synchronize(device, state.stream);
   }
@@ -72,8 +72,6 @@ CudaExecutor::~CudaExecutor() {
     if (state.done_event) (void)api_->destroy_event(device, state.done_event);
     for (const Queued& q : state.queued) (void)api_->destroy_event(device, q.event);
     for (void* e : state.spare_events) (void)api_->destroy_event(device, e);
-    for (void* e : state.pins) (void)api_->destroy_event(device, e);
-    if (state.side_stream) (void)api_->destroy_stream(device, state.side_stream);
     if (state.stream) (void)api_->destroy_stream(device, state.stream);
   }
 }
@@ -100,10 +98,10 @@ bool CudaExecutor::quiesce(std::chrono::steady_clock::time_point deadline) {
   for (auto& [device, state] : devices_) {
     if (!state.stream) continue;
     // Anything but a clean "through" counts as not drained: a failed CUDA call says nothing
-    // about what the GPU may still touch. (The side stream touches no client memory: it only
-    // waits on clients' events and records pins; one given up stays given up.)
-    bool ok = state.done_event || api_->create_event(device, &state.done_event).ok();
-    ok = ok && api_->record_event(device, state.done_event, state.stream).ok();
+    // about what the GPU may still touch.
+    Status made = state.done_event ? Status() : api_->create_event(device, &state.done_event);
+    if (made.ok()) made = api_->record_event(device, state.done_event, state.stream);
+    bool ok = on_device(device, made).ok();
     Backoff backoff({.max_sleep = std::chrono::microseconds(1000)});
     for (;;) {
       bool done = false;
@@ -185,79 +183,43 @@ bool CudaExecutor::device_ordered(const BucketCall& call) {
   return true;
 }
 
-Status CudaExecutor::pin_ready(const BucketCall& call, int device) {
+Status CudaExecutor::await_ready(const BucketCall& call, int device) {
   const TensorSet& set = *call.set;
-  Device& state = devices_.at(device);
-  // A side stream takes the clients' records as they are now (a stream wait binds the latest
-  // record at the time of the call), and a daemon event after each wait pins them: a client
-  // that goes on marking later tensors re-records its event, but that does not move the pin.
-  // Only the side stream ever waits on a client's event; if one never fires, the side stream
-  // is given up (leaked) with nothing queued behind it but our pins.
-  if (!state.side_stream) {
-    if (Status s = api_->create_stream(device, &state.side_stream); !s.ok()) return s;
-  }
-  std::vector<std::pair<uint32_t, void*>> pins;  // (local rank, pin event)
+  // The clients' ready events are polled from the host, and no stream of the daemon's ever
+  // waits on one: a client killed mid-step leaves its record unexecuted for good, and a GPU
+  // wait on it would stay in the context every job on this GPU shares (any later implicit
+  // device synchronisation, NCCL's teardown included, would hang on it). The cost: a client
+  // that goes on marking later tensors of the operation re-records the event, so the poll
+  // may see a later point of its stream than the one this bucket needed.
+  const auto since = std::chrono::steady_clock::now();
   for (uint32_t c : set.participants[call.bucket]) {
     if (device_of_client(set, call.bucket, c) != device) continue;
     // Made by the backend factory for device sets only, so the cast holds.
     const auto* rings = static_cast<const ClientEventRings*>(set.events[c].get());
-    if (state.pins.size() <= pins.size()) {
-      void* event = nullptr;
-      if (Status s = api_->create_event(device, &event); !s.ok()) return s;
-      state.pins.push_back(event);
-    }
-    void* pin = state.pins[pins.size()];
-    if (Status s = rings->ready().wait(call.seq, state.side_stream); !s.ok()) {
-      return Status(s.code(), "waiting for local rank " + std::to_string(c) + "'s ready event: " + s.message());
-    }
-    if (Status s = api_->record_event(device, pin, state.side_stream); !s.ok()) return on_device(device, s);
-    pins.emplace_back(c, pin);
-  }
-  if (pins.empty()) return Status();
-  // The pins are polled from the host, with the execution bound and the job's abort, before
-  // anything is queued behind them on the main stream.
-  const auto since = std::chrono::steady_clock::now();
-  Backoff backoff;
-  for (;;) {
-    bool done = false;
-    if (Status s = api_->query_event(device, pins.back().second, &done); !s.ok()) return on_device(device, s);
-    if (done) break;
-    Status stop = aborted();
-    if (stop.ok() && std::chrono::steady_clock::now() - since > execution_timeout_) {
-      // The first pin not through names the (first) client that is stuck.
-      uint32_t stuck = pins.back().first;
-      for (const auto& [c, pin] : pins) {
-        bool through = false;
-        if (api_->query_event(device, pin, &through).ok() && !through) {
-          stuck = c;
-          break;
-        }
+    Backoff backoff;
+    for (;;) {
+      bool done = false;
+      if (Status s = rings->ready().query(call.seq, &done); !s.ok()) {
+        return on_device(device, Status(s.code(), "local rank " + std::to_string(c) + "'s ready event: " + s.message()));
       }
-      stop = Status::timeout("local rank " + std::to_string(stuck) + " announced its tensors of operation " +
-                             std::to_string(call.seq) + " ready, but the work before that on its stream did not "
-                             "finish within " + std::to_string(execution_timeout_.count()) +
-                             " ms (the execution bound)");
+      if (done) break;
+      if (Status stop = aborted(); !stop.ok()) return stop;
+      if (std::chrono::steady_clock::now() - since > execution_timeout_) {
+        return Status::timeout("local rank " + std::to_string(c) + " announced its tensors of operation " +
+                               std::to_string(call.seq) + " ready, but the work before that on its stream did not "
+                               "finish within " + std::to_string(execution_timeout_.count()) +
+                               " ms (the execution bound)");
+      }
+      backoff.pause();
     }
-    if (!stop.ok()) {
-      // The side stream may wait forever: give it and its pins up (destroying a stream with
-      // work queued returns at once, and its resources go when that work ends, if ever), and
-      // start fresh ones. Nothing else waits on it, and no call here synchronises the device,
-      // so it stalls nobody.
-      (void)api_->destroy_stream(device, state.side_stream);
-      state.side_stream = nullptr;
-      state.pins.clear();
-      return stop;
-    }
-    backoff.pause();
   }
-  // Through: the main stream's wait on the last pin is already satisfied; it keeps the order
-  // explicit on the GPU as well.
-  return on_device(device, api_->stream_wait_event(device, state.stream, pins.back().second));
+  // Through: the clients' writes are complete and visible to anything launched from now on.
+  return Status();
 }
 
 Status CudaExecutor::order(const BucketCall& call, int device, bool ready) {
   if (!device_ordered(call)) return Status();
-  if (ready) return pin_ready(call, device);
+  if (ready) return await_ready(call, device);
   const TensorSet& set = *call.set;
   void* stream = devices_.at(device).stream;
   for (uint32_t c : set.participants[call.bucket]) {
@@ -835,6 +797,13 @@ void CudaExecutor::run_across(const BucketCall& call, DeviceCollectiveEngine* en
   DeviceApi* api = api_;
   GpuWatch* gpus = gpus_;
   if (!status.ok()) {
+    // A sticky error first seen in a launch or inside NCCL: the GPU's health says so.
+    for (const auto& [device, stream] : streams) {
+      if (Status health = on_device(device, status); health.message() != status.message()) {
+        status = health;
+        break;
+      }
+    }
     // This rank will not do its part: abort the engine, whether or not its collective was
     // enqueued (the peers' collectives fail fast instead of at their timeout, and one enqueued
     // here returns), then drain before answering.
@@ -868,10 +837,22 @@ void CudaExecutor::run_across(const BucketCall& call, DeviceCollectiveEngine* en
     // Answered now: the clients' streams wait on the done events, and up to kMaxQueued buckets
     // per GPU are in flight. The watchdog follows each one; a failure fails the job from its
     // thread (after aborting the communicators), and the worker's drain bounds the rest.
+    std::vector<int> devices;
+    for (const auto& [device, event] : events) devices.push_back(device);
     engine->watch(where, std::move(poll), watch_timeout_,
-                  [watched, fail = fail_job_](const Status& answer) {
+                  [watched, fail = fail_job_, api, gpus, devices](const Status& answer) {
                     watched->store(answer.ok() ? kThrough : kFailed);
-                    if (!answer.ok() && fail) fail(answer);
+                    if (answer.ok()) return;
+                    // An NCCL error may be a sticky CUDA error underneath: then the GPU is
+                    // reported, and every job on it fails with that.
+                    for (int device : devices) {
+                      if (Status health = api->health(device); !health.ok()) {
+                        if (gpus) gpus->report(device, health);
+                        if (fail) fail(health);
+                        return;
+                      }
+                    }
+                    if (fail) fail(answer);
                   });
     return done(Status());
   }

@@ -22,8 +22,8 @@
 //
 // Containment (one job's GPU work must never stall another job's on the same GPU):
 //   - nothing here synchronises a device: memory is allocated and freed in stream order;
-//   - the clients' ready events are waited on only by a side stream, and polled from the host
-//     with a bound; the main stream waits only on pins that are already through;
+//   - no stream of the daemon's waits on a client's event: the clients' ready events are
+//     polled from the host, with the execution bound, before the bucket's work is queued;
 //   - a sticky CUDA error is reported to the GpuWatch, which fails every job on that GPU.
 //
 // Zero-copy: when every local GPU holds one participant of an allreduce bucket and the
@@ -129,10 +129,6 @@ class CudaExecutor final : public BucketExecutor {
     // the work ahead of the GPU and notices a stream that stopped moving.
     std::deque<Queued> queued;
     std::vector<void*> spare_events;
-    // pin_ready(): the stream that waits on clients' ready events, and the daemon's events that
-    // pin their records. Given up (leaked) when a client's event does not fire in time.
-    void* side_stream = nullptr;
-    std::vector<void*> pins;
   };
   static constexpr size_t kMaxQueued = 8;
 
@@ -159,13 +155,13 @@ class CudaExecutor final : public BucketExecutor {
   };
 
   // Device order with the clients (DESIGN.md decision 7), for a set whose clients registered
-  // event rings: the GPU's stream waits for each of its participants' ready event of the
-  // operation before the bucket's kernels, and records their done events after them.
+  // event rings: the bucket's kernels are queued once each of its participants' ready event of
+  // the operation is through, and the stream records their done events after them.
   static bool device_ordered(const BucketCall& call);
-  // Pins the participants' ready records on a side stream, waits (host, bounded) until they are
-  // through, then orders the main stream after them.
-  Status pin_ready(const BucketCall& call, int device);
-  // ready: pin_ready(); else the stream records every participant's done event.
+  // Polls (host, bounded by the execution bound and the job's abort) until every participant
+  // on `device` has its ready event of the operation through.
+  Status await_ready(const BucketCall& call, int device);
+  // ready: await_ready(); else the stream records every participant's done event.
   Status order(const BucketCall& call, int device, bool ready);
   Status wait_ready(const BucketCall& call, int device) { return order(call, device, true); }
   Status record_done(const BucketCall& call, int device) { return order(call, device, false); }

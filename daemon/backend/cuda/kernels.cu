@@ -26,8 +26,14 @@ template <typename Functor>
 Status launch(const char* what, const Functor& functor, const BucketTable& table, void* stream) {
   if (table.item_count == 0) return Status();
   const unsigned blocks = static_cast<unsigned>(std::min(table.item_count, kMaxBlocks));
-  run_items<<<blocks, kThreadsPerBlock, 0, static_cast<cudaStream_t>(stream)>>>(functor, table);
-  if (const cudaError_t error = cudaGetLastError(); error != cudaSuccess) {
+  // The launch's own result, not the thread's last error (which another call may have left,
+  // such as an event query's "not ready").
+  Functor f = functor;
+  BucketTable t = table;
+  void* args[] = {&f, &t};
+  const cudaError_t error = cudaLaunchKernel(reinterpret_cast<const void*>(&run_items<Functor>), dim3(blocks),
+                                             dim3(kThreadsPerBlock), args, 0, static_cast<cudaStream_t>(stream));
+  if (error != cudaSuccess) {
     return Status::internal(std::string("launching the ") + what + " kernel failed: " + cudaGetErrorString(error));
   }
   return Status();

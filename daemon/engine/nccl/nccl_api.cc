@@ -159,9 +159,11 @@ class RealNccl final : public NcclApi {
   Status check(ncclResult_t result, ncclComm_t comm, const std::string& what) {
     if (result == ncclSuccess || result == ncclInProgress) return Status();
     std::string text = what + " failed: " + nccl_.error_string(result);
-    // NCCL's last-error text is the calling thread's (thread-local in NCCL), read right after
-    // the call on the same thread, so it belongs to this call.
-    if (const char* last = nccl_.last_error(comm); last && *last) text += " (NCCL's last error: " + std::string(last) + ")";
+    // NCCL keeps one last-error text per process, and engines call NCCL from their own threads
+    // under their own locks: the text is most likely this call's, but may be another job's.
+    if (const char* last = nccl_.last_error(comm); last && *last) {
+      text += " (NCCL's last error in this process, perhaps another job's: " + std::string(last) + ")";
+    }
     if (result == ncclInvalidArgument || result == ncclInvalidUsage) return Status::invalid_argument(text);
     if (result == ncclRemoteError || result == ncclSystemError) return Status::peer_lost(text);
     return Status::internal(text);

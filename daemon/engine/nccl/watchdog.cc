@@ -77,16 +77,22 @@ void Watchdog::run() {
   set_thread_timer_slack(kPollingTimerSlack);
   // While anything is in flight the head is polled after 2 us, then 4, 8, ... up to
   // completion_poll_, and from 2 us again once something finished or was added: a small bucket
-  // is answered microseconds after the GPU is through it, and a long one costs few polls.
+  // is answered microseconds after the GPU is through it. A head that has not moved for 10 ms
+  // (peers still in their backward pass) is polled less and less often, up to every 1 ms.
   constexpr std::chrono::microseconds kFirstCompletionWait{2};
+  constexpr std::chrono::milliseconds kSlowAfter{10};
   std::chrono::microseconds completion_wait = std::min(kFirstCompletionWait, completion_poll_);
+  auto progress = std::chrono::steady_clock::now();
   std::unique_lock lock(mutex_);
   for (;;) {
     // Wakes for a stop, or for an abort not acted on yet; otherwise polls. (A predicate that
     // stayed true after the abort was handled would spin holding the lock.)
     const std::chrono::microseconds period = in_flight_.empty() ? std::chrono::microseconds(poll_) : completion_wait;
     wake_.wait_for(lock, period, [&] { return stopping_ || kicked_ || (!abort_requested_.ok() && failure_.ok()); });
-    if (kicked_) completion_wait = std::min(kFirstCompletionWait, completion_poll_);
+    if (kicked_) {
+      completion_wait = std::min(kFirstCompletionWait, completion_poll_);
+      progress = std::chrono::steady_clock::now();
+    }
     kicked_ = false;
     if (!abort_requested_.ok() && failure_.ok()) fail_all(abort_requested_, lock);
     if (!failure_.ok() && !in_flight_.empty()) fail_all(failure_, lock);  // watched during an abort
@@ -132,8 +138,12 @@ void Watchdog::run() {
       for (auto& done : finished) done(Status());
       lock.lock();
       completion_wait = std::min(kFirstCompletionWait, completion_poll_);
+      progress = std::chrono::steady_clock::now();
     } else {
-      completion_wait = std::min(completion_wait * 2, completion_poll_);
+      const bool slow = std::chrono::steady_clock::now() - progress > kSlowAfter;
+      const std::chrono::microseconds cap =
+          slow ? std::min<std::chrono::microseconds>(poll_, std::chrono::milliseconds(1)) : completion_poll_;
+      completion_wait = std::min(completion_wait * 2, std::max(cap, completion_poll_));
     }
     if (stopping_ && (in_flight_.empty() || !failure_.ok())) {
       if (!in_flight_.empty()) fail_all(failure_, lock);
