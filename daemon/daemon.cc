@@ -5,8 +5,10 @@
 
 #include <algorithm>
 #include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <thread>
 
 #include "shared/version.h"
 
@@ -56,17 +58,7 @@ Daemon::Daemon(DaemonConfig config, std::function<ParsedConfig()> reparse)
   backends_ = make_backend_factory(
       log_, device_engines_.get(),
       std::vector<uint32_t>(config_.legacy_ipc_uids.begin(), config_.legacy_ipc_uids.end()),
-      // Any thread: the executor that met the error. The jobs on that GPU have failed already;
-      // the rest drain as at SIGTERM, and the exit status asks systemd for a restart.
-      [this](int device, const Status& why) {
-        boost::asio::post(io_, [this, device, why] {
-          if (exit_code_ != 0) return;
-          exit_code_ = kExitGpuLost;
-          log_.error("GPU " + std::to_string(device) + ": " + why.message() + ". gradsyncd drains and exits with status " +
-                     std::to_string(kExitGpuLost) + " so that systemd restarts it (Restart=on-failure)");
-          if (!stopping_) drain();
-        });
-      });
+      [this](int device, const Status& why) { gpu_lost(device, why); });
   {
     PeerAuth auth;
     if (Status s = PeerAuth::load(config_.peer_token_file, config_.peer_tls_cert, config_.peer_tls_key,
@@ -301,6 +293,27 @@ void Daemon::ping_watchdog() {
   });
 }
 
+void Daemon::gpu_lost(int device, const Status& why) {
+  // Any thread: the executor that met the error. The jobs on that GPU have failed already; the
+  // rest drain as at SIGTERM, and the exit status asks systemd for a restart.
+  boost::asio::post(io_, [this, device, why] {
+    if (exit_code_ != 0) return;
+    exit_code_ = kExitGpuLost;
+    log_.error("GPU " + std::to_string(device) + ": " + why.message() + ". gradsyncd drains and exits with status " +
+               std::to_string(kExitGpuLost) + " so that systemd restarts it (Restart=on-failure)");
+    // The drain and the stop must not hang on the broken context (a job's teardown aborts its
+    // NCCL communicators there): past the drain's bound and 10 s more, the process ends as it
+    // is. Detached on purpose: it outlives everything, and ends the process.
+    const auto bound = config_.drain_timeout + std::chrono::seconds(10);
+    std::thread([bound] {
+      std::this_thread::sleep_for(bound);
+      std::fflush(stderr);
+      std::_Exit(kExitGpuLost);
+    }).detach();
+    if (!stopping_) drain();
+  });
+}
+
 void Daemon::stop() {
   if (!stopping_) systemd_.notify("STOPPING=1");
   stopping_ = true;
@@ -310,6 +323,10 @@ void Daemon::stop() {
   watchdog_timer_.cancel();
   boost::system::error_code ignored;
   reload_signals_.cancel(ignored);
+  // A stop that no signal began (a lost GPU) still has the stop signals' wait pending, which
+  // would keep io_.run() from returning; back to their default disposition too.
+  signals_.cancel(ignored);
+  signals_.clear(ignored);
   const Status why = Status::aborted("gradsyncd is shutting down");
   registry_->fail_all(why);
   server_->stop(why);
@@ -334,6 +351,16 @@ int Daemon::run() {
   // Every socket listens now (control, admin, peer service).
   systemd_.notify("READY=1\nSTATUS=serving on " + config_.socket_path + "\nMAINPID=" + std::to_string(::getpid()));
   if (systemd_.watchdog_period()) ping_watchdog();
+  // A test hook: acts as if a sticky CUDA error broke GPU 0 after the given time (the daemon's
+  // side of it: the drain and exit status 75), on machines without a GPU. Not for production use.
+  if (const char* lost = std::getenv("GRADSYNCD_TEST_GPU_LOST_AFTER_MS"); lost && *lost) {
+    auto timer = std::make_shared<boost::asio::steady_timer>(io_, std::chrono::milliseconds(std::atoll(lost)));
+    timer->async_wait([timer, this](const boost::system::error_code& ec) {
+      if (ec) return;
+      log_.warning("GRADSYNCD_TEST_GPU_LOST_AFTER_MS: reporting GPU 0 lost (a test hook)");
+      gpu_lost(0, Status::internal("GPU 0 is unusable: a test said so"));
+    });
+  }
   // A test hook: blocks the io thread after the given time, so a test sees the watchdog pings
   // stop (what makes systemd restart a hung daemon). Not for production use.
   if (const char* hang = std::getenv("GRADSYNCD_TEST_HANG_IO_AFTER_MS"); hang && *hang) {

@@ -73,6 +73,8 @@ class Daemon {
   bool stopped_ = false;   // stop() ran (the destructor calls it again)
   // SIGTERM: refuses joins, lets the operations already submitted finish (bounded), then stop().
   void drain();
+  // A sticky CUDA error broke GPU `device` (any thread): drain, then exit with kExitGpuLost.
+  void gpu_lost(int device, const Status& why);
   // Every 10 ms until each job in `targets` completed that many operations, or `deadline`.
   void drain_check(std::map<std::pair<uid_t, std::string>, uint64_t> targets,
                    std::chrono::steady_clock::time_point deadline);

@@ -10,7 +10,7 @@
 
 namespace gradsync {
 
-inline constexpr const char* kGradsyncVersion = "0.2.1";
+inline constexpr const char* kGradsyncVersion = "0.2.2";
 inline constexpr uint32_t kProtocolVersion = 3;
 
 // The cross-node protocol: what the daemons of one job say to each other (the node record at
@@ -19,6 +19,8 @@ inline constexpr uint32_t kProtocolVersion = 3;
 // naming both versions. Bump it with any change to those.
 //   0: (not stated) gradsyncd before 0.2.1
 //   1: the node record states it; the header carries the slice size
-inline constexpr uint32_t kCrossNodeProtocol = 1;
+//   2: device sets share NCCL communicators per (group, GPU layout), agreed in a `<name>/share`
+//      exchange at each set's admission; engine names length-prefix the group
+inline constexpr uint32_t kCrossNodeProtocol = 2;
 
 }  // namespace gradsync

@@ -102,9 +102,10 @@ std::future<Status> watch_event(NcclEngine& engine, cudaEvent_t event, std::chro
 }  // namespace
 
 // A smoke test of the real library through the engine: a one-rank allreduce is the identity,
-// done out of place, so NCCL's kernel must copy the input into an output that held a marker:
-// NCCL loads, the non-blocking init and group call complete, a kernel runs, and the watchdog
-// answers a real event.
+// done out of place, so NCCL must move the input into an output that held a marker: NCCL
+// loads, the non-blocking init and group call complete, the data moves, and the watchdog
+// answers a real event. (For a single-rank sum NCCL 2.2x moves it with an async copy in
+// ncclLaunchOneRank, not a reduction kernel: one GPU cannot run NCCL's reduction kernels.)
 TEST_CASE("nccl on one GPU: a single-rank communicator allreduces out of place, and the watchdog answers its "
           "done event",
           "[gpu][nccl]") {
@@ -199,9 +200,12 @@ TEST_CASE("nccl on one GPU: a bucket whose stream is stuck times out, and the co
 }
 
 // The usual shape of a hang on a GPU: the stream is busy with a kernel, and the collective waits
-// behind it. The watchdog aborts the communicator while that kernel runs and the collective is
-// still queued; once the kernel ends, the stream must drain without an error and the daemon's
-// context must still work (an abort that left a sticky error would break every job on the GPU).
+// behind it. The watchdog aborts the communicator while that kernel runs and the collective's
+// work is still queued; ncclCommAbort must return while the kernel runs, and once the kernel
+// ends the stream must drain without an error and the daemon's context must still work (an
+// abort that left a sticky error would break every job on the GPU). On one GPU the queued work
+// is NCCL's single-rank copy, so what happens to a multi-rank kernel whose communicator was
+// aborted under it is not covered here.
 TEST_CASE("nccl on one GPU: an abort while a collective waits behind a running kernel leaves the GPU usable",
           "[gpu][nccl]") {
   CountingNccl counting(make_nccl_api());

@@ -118,4 +118,22 @@ TEST_CASE("systemd: the watchdog pings stop when the io thread hangs", "[integra
   daemon->process().signal(SIGKILL);
 }
 
+// A sticky CUDA error leaves the daemon's context on that GPU broken for good: the daemon fails
+// that GPU's jobs (tested with the fake device), drains the rest and exits 75, which
+// Restart=on-failure restarts. The test hook reports GPU 0 lost on a machine without one. It
+// must exit well before its last-resort deadline (the drain bound + 10 s): the stop used to
+// leave the stop signals' wait pending, so io_.run() never returned.
+TEST_CASE("systemd: a daemon whose GPU is lost drains and exits with status 75, to be restarted",
+          "[integration][systemd][gpu-lost]") {
+  ::setenv("GRADSYNCD_TEST_GPU_LOST_AFTER_MS", "200", 1);
+  TestDaemon daemon({"--drain-timeout-ms", "500"});
+  ::unsetenv("GRADSYNCD_TEST_GPU_LOST_AFTER_MS");
+  const int status = daemon.process().wait_for(5s);
+  INFO(daemon.log());
+  REQUIRE(status != -1);
+  CHECK(describe_wait_status(status) == "exited 75");
+  CHECK_THAT(daemon.log(), Catch::Contains("GPU 0: GPU 0 is unusable: a test said so. gradsyncd drains and exits "
+                                           "with status 75 so that systemd restarts it (Restart=on-failure)"));
+}
+
 }  // namespace gradsync::test

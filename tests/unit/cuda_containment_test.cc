@@ -85,7 +85,7 @@ TEST_CASE("containment: a job whose client's ready event never fires does not de
   CHECK(gpu.client_event_waits == 0);
   CHECK(gpu.stuck_synchronizations == 0);
   CHECK(gpu.wrong_device_calls == 0);
-  // A fails; its drain is bounded and does not wait on the side stream it gave up.
+  // A fails; its drain is bounded (nothing of A's waits on its client).
   CHECK(job_a.quiesce(std::chrono::steady_clock::now() + 1s));
 }
 

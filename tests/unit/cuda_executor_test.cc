@@ -108,7 +108,7 @@ TEST_CASE("cuda executor: clients on two GPUs go through the device engine and e
         REQUIRE(engines.made.size() == 1);
         CHECK(engines.made[0]->spec.devices == std::vector<int>{0, 1});
         CHECK(engines.made[0]->spec.slot_of_local_rank == std::vector<int>{0, 0, 1});
-        CHECK(engines.made[0]->spec.what == "job j set 0 group 'dp'");
+        CHECK(engines.made[0]->spec.what == "job j group 'dp'");
         CHECK(engines.made[0]->spec.reuse_key.empty());  // no owner given: nothing is kept
         REQUIRE(run_across(f, executor, engines, OpKind::kAllreduce, args).ok());
         // The narrow half path rounds after every combine on the host; NCCL's stage adds in
@@ -424,10 +424,11 @@ TEST_CASE("cuda executor: after a lost drain the destructor frees nothing", "[cu
 
 namespace gradsync::cuda {
 
-// What a communicator may be kept under (nccl/park.h): the owner and job, and the group (the
-// engine adds its GPUs and slots); the same in every generation of the job, another for another
-// user's job of that id. Not the set: every set of the layout shares the communicator.
-TEST_CASE("cuda executor: the key a communicator is kept under names the user, the job and the group",
+// What a communicator may be kept under (nccl/park.h): the owner and job, and the engine's name
+// (the group and the set that made it; the engine adds its GPUs and slots); the same in every
+// generation of the job, another for another user's job of that id.
+TEST_CASE("cuda executor: the key a communicator is kept under names the user, the job, the group and the set "
+          "that made it",
           "[cuda][executor][nccl][rejoin]") {
   const auto key_for = [](const std::string& owner_job) {
     Fixture f(DType::kFloat32, {0, 0, 1});
@@ -441,10 +442,10 @@ TEST_CASE("cuda executor: the key a communicator is kept under names the user, t
     return engines.made[0]->spec.reuse_key;
   };
   const std::string mine = key_for("1000.resnet");
-  CHECK(mine == "11:1000.resnet/2:dp");
-  CHECK(key_for("1000.resnet") == mine);      // the job's next generation
-  CHECK(key_for("1001.resnet") != mine);      // another user's job of the same id
-  CHECK(key_for("1000.resnet/2:dp") != mine);  // names cannot run into each other
+  CHECK(mine == "11:1000.resnet/12:nccl/s0/2:dp");
+  CHECK(key_for("1000.resnet") == mine);            // the job's next generation
+  CHECK(key_for("1001.resnet") != mine);            // another user's job of the same id
+  CHECK(key_for("1000.resnet/12:nccl/s0") != mine);  // names cannot run into each other
 }
 
 TEST_CASE("cuda executor: a DDP job's 25 sets on the same GPUs share one NCCL communicator",

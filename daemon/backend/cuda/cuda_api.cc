@@ -205,7 +205,11 @@ class CudaDeviceApi final : public DeviceApi {
         more.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
         access.push_back(more);
       }
-      s = driver_call(device, d.set_access(mapped, bytes, access.data(), access.size()), "cuMemSetAccess");
+      // With the peers if they can be granted, else this GPU alone (a peer in MIG mode, or
+      // broken): NCCL then copies through its own buffers for that peer.
+      CUresult granted = d.set_access(mapped, bytes, access.data(), access.size());
+      if (granted != CUDA_SUCCESS && access.size() > 1) granted = d.set_access(mapped, bytes, access.data(), 1);
+      s = driver_call(device, granted, "cuMemSetAccess");
       if (!s.ok()) {
         d.unmap(mapped, bytes);
         d.free(mapped, bytes);
@@ -346,6 +350,18 @@ class CudaDeviceApi final : public DeviceApi {
     if (!scope.status().ok()) return scope.status();
     return call(device, cudaStreamDestroy(static_cast<cudaStream_t>(stream)), "cudaStreamDestroy");
   }
+  Status trim(int device) override {
+    cudaMemPool_t pool = nullptr;
+    {
+      std::lock_guard lock(pools_mutex_);
+      auto it = pools_.find(device);
+      if (it == pools_.end()) return Status();
+      pool = it->second;
+    }
+    DeviceScope scope(device);
+    if (!scope.status().ok()) return scope.status();
+    return call(device, cudaMemPoolTrimTo(pool, 0), "cudaMemPoolTrimTo");
+  }
   Status synchronize(int device, void* stream) override {
     DeviceScope scope(device);
     if (!scope.status().ok()) return scope.status();
@@ -373,6 +389,7 @@ class CudaDeviceApi final : public DeviceApi {
       if (auto it = broken_.find(device); it != broken_.end()) return it->second;
     }
     DeviceScope scope(device);
+    if (!scope.status().ok()) return Status();  // cannot probe `device`; nothing known against it
     size_t free_bytes = 0, total_bytes = 0;
     (void)call(device, cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
     std::lock_guard lock(broken_mutex_);
@@ -418,7 +435,14 @@ class CudaDeviceApi final : public DeviceApi {
         access.location.type = cudaMemLocationTypeDevice;
         access.location.id = peer;
         access.flags = cudaMemAccessFlagsProtReadWrite;
-        if (cudaMemPoolSetAccess(pool, &access, 1) != cudaSuccess) (void)cudaGetLastError();
+        // A peer NCCL will treat as reachable must be able to reach this memory, or its first
+        // direct access faults the context: a grant that fails fails the pool, loudly.
+        if (const cudaError_t e = cudaMemPoolSetAccess(pool, &access, 1); e != cudaSuccess) {
+          s = Status::internal("GPU " + std::to_string(device) + "'s memory pool: granting GPU " +
+                               std::to_string(peer) + " access failed: " + cudaGetErrorString(e));
+          (void)cudaGetLastError();
+          break;
+        }
       }
     }
     if (!s.ok()) {

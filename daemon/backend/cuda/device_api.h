@@ -78,6 +78,9 @@ class DeviceApi {
   // Copies host bytes to device memory in `stream`'s order; `from` may be reused once it
   // returns (tables, once per bucket).
   virtual Status upload(int device, void* to, const void* from, size_t bytes, void* stream) = 0;
+  // Gives the device memory of the daemon's that nobody holds back to the driver (the pool
+  // keeps freed memory otherwise): when a job's executor goes.
+  virtual Status trim(int device) = 0;
 
   // A non-blocking stream of the daemon's on `device`, and waiting for all work on it.
   virtual Status create_stream(int device, void** stream) = 0;

@@ -72,7 +72,13 @@ CudaExecutor::~CudaExecutor() {
     if (state.done_event) (void)api_->destroy_event(device, state.done_event);
     for (const Queued& q : state.queued) (void)api_->destroy_event(device, q.event);
     for (void* e : state.spare_events) (void)api_->destroy_event(device, e);
-    if (state.stream) (void)api_->destroy_stream(device, state.stream);
+    if (state.stream) {
+      // The frees above run once the stream reaches them (it is idle by now): then the pool
+      // can give this job's memory back to the driver, rather than keep it for the daemon's life.
+      (void)api_->synchronize(device, state.stream);
+      (void)api_->destroy_stream(device, state.stream);
+    }
+    (void)api_->trim(device);
   }
 }
 
@@ -298,7 +304,8 @@ Status CudaExecutor::admit(const TensorSet& set, const SetAdmission& admission) 
                                    " nodes; this gradsyncd has no NCCL engine");
     }
     DeviceEngineSpec spec;
-    spec.what = what;
+    // The engine may serve later sets of this layout too: its messages name the job and group.
+    spec.what = "job " + admission.job + " group '" + group + "'";
     // Length-prefixed, so that no group name can make another's.
     spec.name = "nccl/s" + std::to_string(set.id) + "/" + std::to_string(group.size()) + ":" + group;
     spec.devices = devices;
@@ -316,13 +323,14 @@ Status CudaExecutor::admit(const TensorSet& set, const SetAdmission& admission) 
       if (!status.ok()) return status;
       continue;
     }
-    // The owner, the job and the group name the engine in every generation of the job (a
-    // restarted trainer registers the same sets, and its first set of a layout makes the
-    // engine again); the engine adds its GPUs and slots (nccl/park.h). Length-prefixed, so no
-    // job or group name can make another's key.
+    // The owner, the job and the engine's name (the group and the set that made it) name the
+    // engine in every generation of the job: a restarted trainer registers the same sets, in
+    // the same order, so the same set makes the engine of each layout again. The engine adds
+    // its GPUs and slots (nccl/park.h). Two engines of one layout (made after the nodes
+    // disagreed) keep two keys. Length-prefixed, so no job or group name can make another's.
     if (!admission.owner_job.empty()) {
       spec.reuse_key = std::to_string(admission.owner_job.size()) + ":" + admission.owner_job + "/" +
-                       std::to_string(group.size()) + ":" + group;
+                       std::to_string(spec.name.size()) + ":" + spec.name;
     }
     std::unique_ptr<DeviceCollectiveEngine> made;
     if (Status status = engine_factory_->make(spec, &made); !status.ok()) return status;
