@@ -93,6 +93,20 @@ Status fetch(const char* symbol, void** slot) {
   return Status();
 }
 
+// The other GPUs that can reach `device`'s memory directly (peer access).
+std::vector<int> peers_of(int device) {
+  std::vector<int> peers;
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) return peers;
+  for (int peer = 0; peer < count; ++peer) {
+    int reachable = 0;
+    if (peer != device && cudaDeviceCanAccessPeer(&reachable, peer, device) == cudaSuccess && reachable) {
+      peers.push_back(peer);
+    }
+  }
+  return peers;
+}
+
 Status driver_check(CUresult result, const char* what) {
   if (result == CUDA_SUCCESS) return Status();
   return Status::internal(std::string(what) + " failed with CUDA driver error " + std::to_string(static_cast<int>(result)));
@@ -194,11 +208,7 @@ class CudaDeviceApi final : public DeviceApi {
       std::vector<CUmemAccessDesc> access(1);
       access[0].location = prop.location;
       access[0].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-      int count = 0;
-      (void)cudaGetDeviceCount(&count);
-      for (int peer = 0; peer < count; ++peer) {
-        int reachable = 0;
-        if (peer == device || cudaDeviceCanAccessPeer(&reachable, peer, device) != cudaSuccess || !reachable) continue;
+      for (int peer : peers_of(device)) {
         CUmemAccessDesc more{};
         more.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
         more.location.id = peer;
@@ -426,11 +436,7 @@ class CudaDeviceApi final : public DeviceApi {
                "cudaMemPoolSetAttribute");
     }
     if (s.ok()) {
-      int count = 0;
-      (void)cudaGetDeviceCount(&count);
-      for (int peer = 0; peer < count; ++peer) {
-        int reachable = 0;
-        if (peer == device || cudaDeviceCanAccessPeer(&reachable, peer, device) != cudaSuccess || !reachable) continue;
+      for (int peer : peers_of(device)) {
         cudaMemAccessDesc access{};
         access.location.type = cudaMemLocationTypeDevice;
         access.location.id = peer;
