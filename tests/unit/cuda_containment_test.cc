@@ -164,4 +164,25 @@ TEST_CASE("pipelining: device-ordered buckets across GPUs are answered at enqueu
   CHECK(executor.quiesce(std::chrono::steady_clock::now() + 1s));
 }
 
+TEST_CASE("pipelining: a bucket's tables are all uploaded before its collective is queued",
+          "[cuda][executor][nccl][pipelining]") {
+  // A table's first upload, from pageable memory, may wait for the work already on the stream;
+  // queued after the collective, that would be waiting for the peers.
+  Fixture f(DType::kFloat32, {0, 0, 1});
+  add_event_rings(f);
+  HostDeviceEngines engines;
+  CudaExecutor executor(options_for(f, &engines));
+  LocalRendezvous local;
+  REQUIRE(executor.admit(*f.set, SetAdmission{"j", &local, &f.topology}).ok());
+  HostDeviceEngine& engine = *engines.made.at(0);
+  int uploads_at_collective = -1;
+  engine.on_collective = [&] { uploads_at_collective = f.api.uploads; };
+  std::optional<Status> answer;
+  executor.launch(f.call(OpKind::kAllreduce, 1), [&](const Status& s) { answer = s; });
+  REQUIRE(answer.has_value());
+  CHECK(answer->ok());
+  CHECK(uploads_at_collective > 0);
+  CHECK(f.api.uploads == uploads_at_collective);  // none after it
+}
+
 }  // namespace gradsync::cuda

@@ -160,6 +160,7 @@ class HostDeviceEngine final : public DeviceCollectiveEngine {
   }
   Status allreduce(std::span<const DeviceBuffer> buffers, size_t count, const ReduceSpec& s) override {
     calls.push_back("allreduce");
+    if (on_collective) on_collective();
     if (!fail_calls.ok()) return fail_calls;
     combine(buffers, count, s, -1);
     return Status();
@@ -220,6 +221,7 @@ class HostDeviceEngine final : public DeviceCollectiveEngine {
   Status aborted;
   std::shared_ptr<bool> abandoned = std::make_shared<bool>(false);  // outlives the (leaked) engine
   std::vector<std::string> calls;
+  std::function<void()> on_collective;  // called as each allreduce is issued
   std::vector<std::string> watched;
   struct Pending {
     std::function<Status(bool*)> poll;

@@ -743,6 +743,29 @@ void CudaExecutor::run_across(const BucketCall& call, DeviceCollectiveEngine* en
     }
     return l;
   };
+  // Every table this bucket uses on this node, before anything of it is queued: a table's
+  // first upload, from pageable memory, may wait for the work already on the stream, and once
+  // the collective is queued that would be the collective (peers included).
+  for (size_t i = 0; i < buffers.size() && status.ok(); ++i) {
+    const int device = buffers[i].device;
+    const Table* t = nullptr;
+    if (!allgather) {
+      const Launches l = launches_on(device);
+      if (l.gather) status = table(call, device, Side::kGather, l.only, false, l.bytes, &t);
+      if (status.ok() && l.scatter) {
+        status = table(call, device, Side::kScatter, l.scatter_only, l.scatter_skips_root, l.bytes, &t);
+      }
+      continue;
+    }
+    for (int source : topology.ranks(set.plan.buckets[b].group)) {
+      if (source / topology.local_world_size == topology.node &&
+          device_of_client(set, b, static_cast<uint32_t>(source % topology.local_world_size)) == device) {
+        status = table(call, device, Side::kGather, source % topology.local_world_size, false, true, &t);
+      }
+      if (status.ok()) status = table(call, device, Side::kScatterGathered, source, false, true, &t);
+      if (!status.ok()) break;
+    }
+  }
   for (size_t i = 0; i < buffers.size() && status.ok(); ++i) {
     status = api_->make_current(buffers[i].device);
     if (status.ok()) status = wait_ready(call, buffers[i].device);
