@@ -105,13 +105,16 @@ ours() { LD_LIBRARY_PATH="$LIBS" "$@"; }  # the bundle's libraries and NCCL, for
 logged_daemon_env() {  # gradsyncd through gradsyncd-logged.sh, its log kept in $OUT/daemons/STAGE
   export GRADSYNCD_BINARY="$BUNDLE/gradsyncd-logged.sh" GRADSYNC_DEVICE_REAL_GRADSYNCD="$BUNDLE/bin/gradsyncd"
 }
-catch2() { ours "$@" --durations yes --use-colour no; }
+# Line-buffered (stdbuf, where there is one): output to a file is block-buffered, and a stage
+# killed at its budget would lose what it printed last (which test case hung).
+linebuf() { if command -v stdbuf >/dev/null; then stdbuf -oL -eL "$@"; else "$@"; fi; }
+catch2() { ours linebuf "$@" --durations yes --use-colour no; }
 
 stage_gpu-tests() { catch2 "$BUNDLE/bin/gradsync_gpu_tests"; }
 stage_e2e() { logged_daemon_env; catch2 "$BUNDLE/bin/gradsync_gpu_e2e_tests"; }
-stage_kernels() { ours "$BUNDLE/bin/gradsync-gpu-bench" --iterations 50; }
+stage_kernels() { ours linebuf "$BUNDLE/bin/gradsync-gpu-bench" --iterations 50; }
 stage_daemon-bench() {
-  ours "$BUNDLE/bin/gradsync-gpu-daemon-bench" --gradsyncd "$BUNDLE/bin/gradsyncd" --steps 20 --round-trips 500
+  ours linebuf "$BUNDLE/bin/gradsync-gpu-daemon-bench" --gradsyncd "$BUNDLE/bin/gradsyncd" --steps 20 --round-trips 500
 }
 python_check() {  # the machine's torch, our package; the bundle's libraries reach only gradsyncd
   logged_daemon_env
@@ -168,6 +171,10 @@ preflight_elf() {
   declare -A where=()
   command -v readelf >/dev/null && have_readelf=1
   for f in "$BUNDLE"/bin/* "$BUNDLE"/lib/* "$BUNDLE"/python/gradsync/*.so; do is_elf "$f" && elves+=("$f"); done
+  if ! command -v ldd >/dev/null; then
+    pf warn ldd "ldd is not on PATH: the libraries and symbol versions are not checked"
+    return
+  fi
   for f in "${elves[@]}"; do
     if ! lines=$(LD_LIBRARY_PATH="$LIBS" timeout -k 2 5 ldd -v "$f" 2>&1); then
       grep -q 'not found' <<<"$lines" || { bad+=("${f#"$BUNDLE"/}: ldd failed: ${lines:0:200}"); continue; }
@@ -235,6 +242,8 @@ stage_preflight() {
   # The bundle.
   for f in "${REQUIRED[@]}"; do [[ -e "$BUNDLE/$f" ]] || missing+=("$f"); done
   for f in "$BUNDLE"/bin/*; do [[ -x "$f" ]] || missing+=("${f#"$BUNDLE"/} (not executable)"); done
+  # Both test harnesses start it directly (it is GRADSYNCD_BINARY).
+  [[ -x "$BUNDLE/gradsyncd-logged.sh" ]] || missing+=("gradsyncd-logged.sh (not executable)")
   if ((${#missing[@]})); then pf FAIL bundle "$BUNDLE lacks ${missing[*]}"
   else pf ok bundle "$BUNDLE: complete, $(du -sh "$BUNDLE" 2>/dev/null | cut -f1)"; fi
 
@@ -261,23 +270,30 @@ stage_preflight() {
       case "$mode" in
         Default) pf ok compute-mode "Default: gradsyncd and its trainer processes may share the GPU" ;;
         Exclusive_Process) pf FAIL compute-mode "EXCLUSIVE_PROCESS: one process per GPU, so gradsyncd and its trainers cannot share it (every e2e, benchmark and Python stage would fail); run.sh leaves the GPU's settings as they are" ;;
-        *) pf FAIL compute-mode "$mode: no process, or only one, may use the GPU; Default is needed" ;;
+        Prohibited) pf FAIL compute-mode "Prohibited: no process may use the GPU; Default is needed" ;;
+        *) pf warn compute-mode "\"$mode\": not a compute mode run.sh knows; going on (each stage is bounded)" ;;
       esac
       case "$mig" in
         Enabled) pf FAIL mig "MIG is enabled: the tests and benchmarks assume the whole GPU, and MIG limits CUDA IPC; run.sh leaves it as it is" ;;
         *) pf ok mig "MIG ${mig}" ;;
       esac
-      if [[ "$free" =~ ^[0-9]+$ ]] && ((free >= MIN_FREE_MIB)); then
+      if [[ ! "$free" =~ ^[0-9]+$ ]]; then
+        pf warn free-memory "\"$free\": nvidia-smi did not say how much is free; going on (each stage is bounded)"
+      elif ((free >= MIN_FREE_MIB)); then
         pf ok free-memory "$free MiB free of $total MiB"
       else pf FAIL free-memory "$free MiB free of $total MiB, under $MIN_FREE_MIB MiB: another process holds the GPU's memory (see nvidia-smi-q.txt)"; fi
     fi
+    # Loaded as our binaries will load it (the driver may be mounted outside the loader's
+    # cache and found through LD_LIBRARY_PATH), then the cache.
     if ((fake)); then pf skip libcuda "fake bundle"
+    elif f=$(timeout -k 2 10 python3 -c 'import ctypes; ctypes.CDLL("libcuda.so.1"); print(next(l.split()[-1] for l in open("/proc/self/maps") if "libcuda.so" in l))' 2>/dev/null | tail -1) && [[ "$f" == /* ]]; then
+      pf ok libcuda "$f (loaded)"
     elif f=$(ldconfig_path libcuda.so.1) && [[ -n "$f" ]]; then pf ok libcuda "$f"
-    else pf FAIL libcuda "libcuda.so.1 (the CUDA driver library) is not in the loader's cache (ldconfig -p)"; fi
+    else pf FAIL libcuda "libcuda.so.1 (the CUDA driver library) cannot be loaded, and is not in the loader's cache (ldconfig -p)"; fi
   fi
   # The NCCL wheel (nvidia-nccl-cu13: nvidia/nccl/lib/libnccl.so.2), found without importing torch.
   local nccl
-  nccl=$(timeout -k 2 10 python3 - 2>&1 <<'EOF'
+  nccl=$(timeout -k 2 10 python3 - 2>"$SCRATCH/nccl.err" <<'EOF' | tail -1
 import glob, importlib.metadata as md, importlib.util, os
 found = None
 try:
@@ -306,7 +322,7 @@ EOF
     echo "${nccl%%|*}" >"$SCRATCH/nccl-lib"
     pf ok nccl-wheel "${nccl#*|}: ${nccl%%|*}/libnccl.so.2"
   elif ((dry)); then pf skip nccl-wheel "not found (dry run: not required)"
-  else pf FAIL nccl-wheel "the NCCL wheel (pip nvidia-nccl-cu13, nvidia/nccl/lib/libnccl.so.2) is not found by python3: ${nccl:0:300}"
+  else pf FAIL nccl-wheel "the NCCL wheel (pip nvidia-nccl-cu13, nvidia/nccl/lib/libnccl.so.2) is not found by python3: ${nccl:0:200} $(head -c 300 "$SCRATCH/nccl.err" 2>/dev/null)"
   fi
   LIBS="$BUNDLE/lib"
   [[ -s "$SCRATCH/nccl-lib" ]] && LIBS+=":$(cat "$SCRATCH/nccl-lib")"
@@ -431,7 +447,13 @@ value() { sed -n "s/.*$1=\([0-9.]*\).*/\1/p" "$2" 2>/dev/null | head -1; }
 ratio() { [[ -n "$1" && -n "$2" ]] && awk -v a="$1" -v b="$2" 'BEGIN {if (b > 0) printf "%.3gx", a / b; else print "n/a"}' || echo "n/a"; }
 met() { [[ -n "$1" ]] || { echo "unknown"; return; }; awk -v x="$1" -v op="$2" -v t="$3" 'BEGIN {ok = op == "<=" ? x <= t : x >= t; print ok ? "met" : "MISSED"}'; }
 measured() {  # ID VALUE: the row's status from whether VALUE is there and how its stage ended
-  [[ -n "$2" ]] && STATUS[$1]="measured" || STATUS[$1]="missing: stage ${STAGE_OF[$1]} ${stage_end[${STAGE_OF[$1]}]:-did not run}"
+  local ended=${stage_end[${STAGE_OF[$1]}]:-did not run}
+  if [[ -n "$2" ]]; then
+    STATUS[$1]="measured"
+    [[ "$ended" == passed ]] || STATUS[$1]+=" (stage ${STAGE_OF[$1]} $ended)"
+  else
+    STATUS[$1]="missing: stage ${STAGE_OF[$1]} $ended"
+  fi
 }
 
 # Catch2's console summary: "All tests passed (N assertions in M test cases)" or
@@ -727,6 +749,9 @@ main() {
   export LIBS="$BUNDLE/lib${NCCL_LIB:+:$NCCL_LIB}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   note "our binaries run with LD_LIBRARY_PATH=$LIBS"
 
+  # Warms torch's files into the page cache while the C++ stages run (bounded, output dropped):
+  # the Python stages' budgets assume cold starts, this makes them warmer.
+  timeout -k 2 120 python3 -c 'import torch' >/dev/null 2>&1 &
   for s in "${list[@]:1}"; do stage "$s"; done
   finish "$fail" complete
 }
@@ -784,6 +809,19 @@ outer() {
       note "no table was saved"
     fi
     ((rc == 0)) && rc=1
+  fi
+  # The device tool brings back at most 8 files from $OUT, at most 2 folders down: keep the
+  # summary files as they are and pack everything else into one archive. (run.log is still
+  # being written by tee, so it stays out; tar exits 1 when a file changed while it read.)
+  local archive="$SCRATCH/device-out.tar.gz" packed
+  (cd "$OUT" && timeout -k 1 20 tar -czf "$archive" --exclude=./run.log --exclude=./device-out.tar.gz .)
+  packed=$?
+  if ((packed <= 1)) && mv -f "$archive" "$OUT/device-out.tar.gz"; then
+    find "$OUT" -mindepth 1 -maxdepth 1 ! -name run.log ! -name table.json ! -name table.md \
+      ! -name preflight.txt ! -name device-out.tar.gz -exec rm -rf {} +
+    note "every log is in \$OUT/device-out.tar.gz (stages/, daemons/, nccl/, nvidia-smi-q.txt, mps/, scratch/); run.log, table.json, table.md and preflight.txt beside it"
+  else
+    note "packing \$OUT failed (tar exit $packed): the files stay as they are"
   fi
   timeout -k 1 3 rm -rf "$SCRATCH"
   # Let tee write the last lines before this process ends (bounded: 2 s).

@@ -91,6 +91,9 @@ check "preflight.txt exists and is not empty" test -s "$OUT/preflight.txt"
 check "run.log holds the table" grep -q '^| row | covers | result |' "$OUT/run.log"
 check "run.log holds what run.sh printed (its last line)" grep -qF "$(grep . "$work/stdout.txt" | tail -1)" "$OUT/run.log"
 check "table.md exists" test -s "$OUT/table.md"
+# The device tool returns at most 8 files from $OUT: the summary files and one archive of the rest.
+check "\$OUT holds at most 8 files" test "$(find "$OUT" -type f | wc -l)" -le 8
+check "the logs are packed into device-out.tar.gz" tar -xzf "$OUT/device-out.tar.gz" -C "$OUT"
 
 # table.json: valid, every row there, and the statuses this case expects (ID=STATUS-PREFIX).
 expect=(nc-multi-gpu="not covered" nc-multi-node="not covered")

@@ -12,7 +12,8 @@ ${PROJECT_SOURCE_DIR}/tests/device/bundle.sh ${PROJECT_BINARY_DIR} ${PROJECT_BIN
 OUT='${GRADSYNC_DEVICE_DRY_OUT}' bash ${PROJECT_BINARY_DIR}/device-bundle-check/run.sh ${PROJECT_BINARY_DIR}/device-bundle-check --dry-run && \
 test -s '${GRADSYNC_DEVICE_DRY_OUT}/run.log' && test -s '${GRADSYNC_DEVICE_DRY_OUT}/preflight.txt' && \
 test -s '${GRADSYNC_DEVICE_DRY_OUT}/table.json' && grep -q '^ok    symbol-versions' '${GRADSYNC_DEVICE_DRY_OUT}/preflight.txt' && \
-grep -q '^ok    ldd' '${GRADSYNC_DEVICE_DRY_OUT}/preflight.txt'")
+grep -q '^ok    ldd' '${GRADSYNC_DEVICE_DRY_OUT}/preflight.txt' && \
+test -s '${GRADSYNC_DEVICE_DRY_OUT}/device-out.tar.gz' && test $(find '${GRADSYNC_DEVICE_DRY_OUT}' -type f | wc -l) -le 8")
 set_tests_properties("device: the GPU bundle builds within 64 MiB and run.sh accepts it (dry run)" PROPERTIES TIMEOUT 120)
 
 # run.sh itself, against a fake bundle (fake_bundle.sh: stubs, a fake nvidia-smi and NCCL
