@@ -20,6 +20,11 @@
 namespace gradsync::test {
 namespace {
 
+// How long one operation, and one test case's processes, may take on the GPU. Short next to
+// the device check's 55 s stage, so that one hung case fails by name and the others still run.
+constexpr std::chrono::seconds kOperationBound{15};
+constexpr std::chrono::seconds kCaseBound{25};
+
 // 161 tensors would do; a few of odd sizes cover the same paths faster.
 const std::vector<TensorSpec> kSpecs = {{DType::kFloat32, 37, "dp"}, {DType::kFloat32, 1 << 20, "dp"},
                                         {DType::kFloat32, 9001, "dp"}};
@@ -52,7 +57,7 @@ int run_ranks(int world, const std::function<int(int, Client&, const std::vector
     return body(rank, *client, tensors, set);
   });
   int failed = 0;
-  for (int status : group.wait_all(std::chrono::seconds(120))) failed += exit_code(status) != kOk;
+  for (int status : group.wait_all(kCaseBound)) failed += exit_code(status) != kOk;
   return failed;
 }
 
@@ -62,7 +67,7 @@ TEST_CASE("gpu end to end: allreduce sum and avg across 2 and 3 clients on one G
   for (int world : {2, 3}) {
     INFO(world << " clients");
     CHECK(run_ranks(world, [&](int rank, Client& client, const std::vector<SharedTensor>& tensors, const TensorSet& set) {
-            if (!client.allreduce(set, ReduceOptions{ReduceOp::kSum}).wait(std::chrono::seconds(60))) return fail("timed out");
+            if (!client.allreduce(set, ReduceOptions{ReduceOp::kSum}).wait(kOperationBound)) return fail("timed out");
             for (const SharedTensor& t : tensors) {
               const std::vector<float> got = read(t);
               for (size_t i = 0; i < got.size(); ++i) {
@@ -72,7 +77,7 @@ TEST_CASE("gpu end to end: allreduce sum and avg across 2 and 3 clients on one G
               }
             }
             // Once more with avg over the summed values: sum * world / world, exact.
-            if (!client.allreduce(set, ReduceOptions{ReduceOp::kAvg}).wait(std::chrono::seconds(60))) return fail("timed out");
+            if (!client.allreduce(set, ReduceOptions{ReduceOp::kAvg}).wait(kOperationBound)) return fail("timed out");
             for (const SharedTensor& t : tensors) {
               const std::vector<float> got = read(t);
               for (size_t i = 0; i < got.size(); ++i) {
@@ -89,7 +94,7 @@ TEST_CASE("gpu end to end: allreduce sum and avg across 2 and 3 clients on one G
 
 TEST_CASE("gpu end to end: broadcast from rank 1 and reduce to rank 0", "[gpu][e2e]") {
   CHECK(run_ranks(3, [&](int rank, Client& client, const std::vector<SharedTensor>& tensors, const TensorSet& set) {
-          if (!client.reduce(set, 0, ReduceOptions{ReduceOp::kSum}).wait(std::chrono::seconds(60))) return fail("timed out");
+          if (!client.reduce(set, 0, ReduceOptions{ReduceOp::kSum}).wait(kOperationBound)) return fail("timed out");
           for (const SharedTensor& t : tensors) {
             const std::vector<float> got = read(t);
             for (size_t i = 0; i < got.size(); ++i) {
@@ -100,7 +105,7 @@ TEST_CASE("gpu end to end: broadcast from rank 1 and reduce to rank 0", "[gpu][e
           for (const SharedTensor& t : tensors) {
             if (!fill(t, rank)) return fail("refill");
           }
-          if (!client.broadcast(set, 1).wait(std::chrono::seconds(60))) return fail("timed out");
+          if (!client.broadcast(set, 1).wait(kOperationBound)) return fail("timed out");
           for (const SharedTensor& t : tensors) {
             const std::vector<float> got = read(t);
             for (size_t i = 0; i < got.size(); ++i) {
@@ -124,7 +129,7 @@ TEST_CASE("gpu end to end: allgather across 2 and 3 clients on one GPU, every ra
         if (!fill(t, rank)) return fail("cudaMemcpy to the device failed");
       }
       const TensorSet set = client->register_tensors(tensors, RegisterOptions{.allgather = true});
-      if (!client->allgather(set).wait(std::chrono::seconds(60))) return fail("timed out");
+      if (!client->allgather(set).wait(kOperationBound)) return fail("timed out");
       for (int from = 0; from < world; ++from) {
         for (size_t i = 0; i < tensors.size(); ++i) {
           const SharedTensor out = set.gathered(from, i);
@@ -140,7 +145,7 @@ TEST_CASE("gpu end to end: allgather across 2 and 3 clients on one GPU, every ra
       }
       return kOk;
     });
-    for (int status : group.wait_all(std::chrono::seconds(120))) CHECK(exit_code(status) == kOk);
+    for (int status : group.wait_all(kCaseBound)) CHECK(exit_code(status) == kOk);
   }
 }
 
@@ -164,7 +169,7 @@ TEST_CASE("gpu end to end: a client killed mid-step, with a bucket of its alread
     }
     try {
       for (uint32_t i = 0; i + 1 < tensors.size(); ++i) client->mark_ready(set, i);
-      work.wait(std::chrono::seconds(60));
+      work.wait(kOperationBound);
       return fail("the step completed without rank 1");
     } catch (const Error& e) {
       if (std::string(e.what()).find("rank 1") == std::string::npos) return fail(std::string("unexpected: ") + e.what());
@@ -177,7 +182,7 @@ TEST_CASE("gpu end to end: a client killed mid-step, with a bucket of its alread
   CHECK_THAT(daemon.log(), !Catch::Contains("did not drain"));
   // The daemon serves the next job on the same GPU.
   CHECK(run_ranks(2, [&](int, Client& client, const std::vector<SharedTensor>&, const TensorSet& set) {
-          return client.allreduce(set, ReduceOptions{ReduceOp::kSum}).wait(std::chrono::seconds(60)) ? kOk
+          return client.allreduce(set, ReduceOptions{ReduceOp::kSum}).wait(kOperationBound) ? kOk
                                                                                                       : fail("timed out");
         }) == 0);
 }
@@ -191,7 +196,7 @@ TEST_CASE("gpu end to end: a client killed mid-job fails the other, naming it", 
     const TensorSet set = client->register_tensors(tensors, {});
     if (rank == 1) ::raise(SIGKILL);  // after registering, before its first step
     try {
-      client->allreduce(set, ReduceOptions{}).wait(std::chrono::seconds(60));
+      client->allreduce(set, ReduceOptions{}).wait(kOperationBound);
       return fail("the step completed without rank 1");
     } catch (const Error& e) {
       if (e.code() != ErrorCode::kPeerLost || std::string(e.what()).find("rank 1") == std::string::npos) {
@@ -243,7 +248,7 @@ TEST_CASE("gpu end to end: the daemon reads only after the client's stream wrote
           }
           client.set_stream(writer);
           const Work work = client.allreduce(set, ReduceOptions{ReduceOp::kSum});
-          if (!work.wait_stream(reader, std::chrono::seconds(60))) return fail("timed out");
+          if (!work.wait_stream(reader, kOperationBound)) return fail("timed out");
           for (size_t k = 0; k < tensors.size(); ++k) {
             std::fill(pinned[k], pinned[k] + tensors[k].numel(), -1.0f);
             if (cudaMemcpyAsync(pinned[k], tensors[k].data(), tensors[k].bytes(), cudaMemcpyDeviceToHost, reader) !=
@@ -285,7 +290,7 @@ TEST_CASE("gpu end to end: memory from cudaMalloc through the legacy route, for 
       if (!fill(t, rank)) return fail("cudaMemcpy to the device failed");
     }
     const TensorSet set = client->register_tensors(tensors, {});
-    if (!client->allreduce(set, ReduceOptions{ReduceOp::kSum}).wait(std::chrono::seconds(60))) return fail("timed out");
+    if (!client->allreduce(set, ReduceOptions{ReduceOp::kSum}).wait(kOperationBound)) return fail("timed out");
     for (const SharedTensor& t : tensors) {
       const std::vector<float> got = read(t);
       for (size_t i = 0; i < got.size(); ++i) {
@@ -302,7 +307,7 @@ TEST_CASE("gpu end to end: memory from cudaMalloc through the legacy route, for 
     cudaFree(base);
     return kOk;
   });
-  for (int status : group.wait_all(std::chrono::seconds(120))) CHECK(exit_code(status) == kOk);
+  for (int status : group.wait_all(kCaseBound)) CHECK(exit_code(status) == kOk);
   const std::string log = daemon.log();
   const std::string marker = "CUDA legacy IPC segment of 4000 bytes on GPU 0 imported in import_ms=";
   CHECK_THAT(log, Catch::Contains(marker));
@@ -327,7 +332,7 @@ TEST_CASE("gpu end to end: memory from cudaMalloc through the legacy route, for 
     }
     return kOk;
   });
-  CHECK(exit_code(refused.wait(0, std::chrono::seconds(60))) == kOk);
+  CHECK(exit_code(refused.wait(0, kOperationBound)) == kOk);
 }
 
 }  // namespace gradsync::test

@@ -9,6 +9,7 @@ import re
 import socket
 import sys
 import tempfile
+import time
 
 import torch
 
@@ -25,7 +26,10 @@ def _free_port():
 
 def _train(mode, daemon, out_dir, device):
     out = os.path.join(out_dir, mode)
+    started = time.monotonic()
     results = run_ranks("train.py", 2, daemon, args=(mode, out, STEPS, device), env={"TEST_PORT": str(_free_port())})
+    # As each training ends, so that a run cut at its budget (the device check) shows how far it got.
+    print(f"training {mode} on {device}: ranks ended in {time.monotonic() - started:.1f} s", flush=True)
     assert_all_ok(results, daemon)
     return [torch.load(f"{out}_{r}.pt") for r in range(2)], [o for _, o in results]
 
