@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <future>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "daemon/engine/nccl/engine.h"
@@ -85,6 +86,34 @@ class CountingNccl final : public NcclApi {
   std::unique_ptr<NcclApi> real_;
 };
 
+// GPU 0 made current, a non-blocking stream, an event, and two buffers of `count` floats (an
+// output and an out-of-place input), released when the test ends, however it ends.
+class GpuScratch {
+ public:
+  explicit GpuScratch(size_t count) {
+    CUDA_OK(cudaSetDevice(0));
+    CUDA_OK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    CUDA_OK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
+    CUDA_OK(cudaMalloc(&data_, count * sizeof(float)));
+    CUDA_OK(cudaMalloc(&input_, count * sizeof(float)));
+  }
+  ~GpuScratch() {
+    if (data_) cudaFree(data_);
+    if (input_) cudaFree(input_);
+    if (done_) cudaEventDestroy(done_);
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+  GpuScratch(const GpuScratch&) = delete;
+  GpuScratch& operator=(const GpuScratch&) = delete;
+  std::tuple<cudaStream_t, cudaEvent_t, float*, float*> parts() const { return {stream_, done_, data_, input_}; }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t done_ = nullptr;
+  float* data_ = nullptr;
+  float* input_ = nullptr;
+};
+
 // Answers with the watchdog's verdict on `event`.
 std::future<Status> watch_event(NcclEngine& engine, cudaEvent_t event, std::chrono::milliseconds timeout) {
   auto answered = std::make_shared<std::promise<Status>>();
@@ -111,16 +140,9 @@ TEST_CASE("nccl on one GPU: a single-rank communicator allreduces out of place, 
           "[gpu][nccl]") {
   CountingNccl counting(make_nccl_api());
   NcclApi* api = &counting;
-  CUDA_OK(cudaSetDevice(0));
-  cudaStream_t stream = nullptr;
-  cudaEvent_t done = nullptr;
-  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  CUDA_OK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
   constexpr size_t kCount = 1 << 20;
-  float* data = nullptr;
-  float* input = nullptr;
-  CUDA_OK(cudaMalloc(&data, kCount * sizeof(float)));
-  CUDA_OK(cudaMalloc(&input, kCount * sizeof(float)));
+  GpuScratch gpu(kCount);
+  auto [stream, done, data, input] = gpu.parts();
   std::vector<float> host(kCount);
   for (size_t i = 0; i < kCount; ++i) host[i] = static_cast<float>(i % 1000) * 0.5f;
   CUDA_OK(cudaMemcpy(input, host.data(), kCount * sizeof(float), cudaMemcpyHostToDevice));
@@ -151,10 +173,6 @@ TEST_CASE("nccl on one GPU: a single-rank communicator allreduces out of place, 
     std::printf("nccl: ncclCommRegister of a cudaMalloc buffer: %s\n", reg.ok() ? "registered" : reg.message().c_str());
   }
   CHECK(counting.aborts == 1);  // ended by the engine's destructor
-  cudaFree(data);
-  cudaFree(input);
-  cudaEventDestroy(done);
-  cudaStreamDestroy(stream);
 }
 
 // The stream is held before the collective (a single rank has no peer to wait on), so this
@@ -164,13 +182,8 @@ TEST_CASE("nccl on one GPU: a bucket whose stream is stuck times out, and the co
           "[gpu][nccl]") {
   CountingNccl counting(make_nccl_api());
   NcclApi* api = &counting;
-  CUDA_OK(cudaSetDevice(0));
-  cudaStream_t stream = nullptr;
-  cudaEvent_t done = nullptr;
-  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  CUDA_OK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
-  float* data = nullptr;
-  CUDA_OK(cudaMalloc(&data, 1024 * sizeof(float)));
+  GpuScratch gpu(1024);
+  auto [stream, done, data, input] = gpu.parts();
   {
     NcclEngine engine(api, one_gpu());
     LocalRendezvous local;
@@ -194,9 +207,6 @@ TEST_CASE("nccl on one GPU: a bucket whose stream is stuck times out, and the co
   }
   CHECK(counting.aborts == 1);  // and not again when the engine goes
   CUDA_OK(cudaStreamSynchronize(stream));  // drains once the host function returns
-  cudaFree(data);
-  cudaEventDestroy(done);
-  cudaStreamDestroy(stream);
 }
 
 // The usual shape of a hang on a GPU: the stream is busy with a kernel, and the collective waits
@@ -210,16 +220,9 @@ TEST_CASE("nccl on one GPU: an abort while a collective waits behind a running k
           "[gpu][nccl]") {
   CountingNccl counting(make_nccl_api());
   NcclApi* api = &counting;
-  CUDA_OK(cudaSetDevice(0));
-  cudaStream_t stream = nullptr;
-  cudaEvent_t done = nullptr;
-  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  CUDA_OK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
   constexpr size_t kCount = 1 << 18;
-  float* data = nullptr;
-  float* input = nullptr;
-  CUDA_OK(cudaMalloc(&data, kCount * sizeof(float)));
-  CUDA_OK(cudaMalloc(&input, kCount * sizeof(float)));
+  GpuScratch gpu(kCount);
+  auto [stream, done, data, input] = gpu.parts();
   CUDA_OK(cudaMemset(input, 0, kCount * sizeof(float)));
   {
     NcclEngine engine(api, one_gpu());
@@ -252,10 +255,6 @@ TEST_CASE("nccl on one GPU: an abort while a collective waits behind a running k
   CUDA_OK(cudaMemcpy(data, &three, sizeof three, cudaMemcpyHostToDevice));
   CUDA_OK(cudaMemcpy(&back, data, sizeof back, cudaMemcpyDeviceToHost));
   CHECK(back == 3.0f);
-  cudaFree(data);
-  cudaFree(input);
-  cudaEventDestroy(done);
-  cudaStreamDestroy(stream);
 }
 
 // A job whose trainer restarts: the engine of its first run goes idle, its communicator is kept,
@@ -267,13 +266,8 @@ TEST_CASE("nccl on one GPU: a restarted job re-joins its kept communicator inste
   CommPark park(api, 60'000ms);
   DeviceEngineSpec spec = one_gpu();
   spec.reuse_key = "job gpu-test/nccl/gpu-test";
-  CUDA_OK(cudaSetDevice(0));
-  cudaStream_t stream = nullptr;
-  cudaEvent_t done = nullptr;
-  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  CUDA_OK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
-  float* data = nullptr;
-  CUDA_OK(cudaMalloc(&data, 1024 * sizeof(float)));
+  GpuScratch gpu(1024);
+  auto [stream, done, data, input] = gpu.parts();
   const DeviceBuffer buffer{0, data, stream};
   const auto run = [&](bool expect_reused, double* connect_ms) {
     NcclEngine engine(api, spec, EngineTiming{}, &park);
@@ -299,9 +293,6 @@ TEST_CASE("nccl on one GPU: a restarted job re-joins its kept communicator inste
   CHECK(counting.aborts == 0);
   std::printf("nccl: communicator of a restarted job re-joined in nccl_rejoin_ms=%.3f (created fresh in %.1f ms)\n",
               rejoin_ms, fresh_ms);
-  cudaFree(data);
-  cudaEventDestroy(done);
-  cudaStreamDestroy(stream);
 }
 
 }  // namespace gradsync::nccl
