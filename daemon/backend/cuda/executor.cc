@@ -13,6 +13,14 @@
 namespace gradsync::cuda {
 namespace {
 
+// Ok, or why `device` is broken for good (a sticky error, then reported to `gpus` if there is
+// one). Shared by the executor's own calls and its callbacks on the engine's watchdog thread.
+Status broken_gpu(DeviceApi* api, GpuWatch* gpus, int device) {
+  Status health = api->health(device);
+  if (!health.ok() && gpus) gpus->report(device, health);
+  return health;
+}
+
 const char* kind_name(OpKind kind) {
   switch (kind) {
     case OpKind::kAllreduce: return "allreduce";
@@ -84,10 +92,8 @@ CudaExecutor::~CudaExecutor() {
 
 Status CudaExecutor::on_device(int device, const Status& status) {
   if (status.ok()) return status;
-  const Status health = api_->health(device);
-  if (health.ok()) return status;
-  if (gpus_) gpus_->report(device, health);
-  return health;
+  const Status broken = broken_gpu(api_, gpus_, device);
+  return broken.ok() ? status : broken;
 }
 
 void CudaExecutor::gpu_broken(int device, const Status& why) {
@@ -830,8 +836,8 @@ void CudaExecutor::run_across(const BucketCall& call, DeviceCollectiveEngine* en
   if (!status.ok()) {
     // A sticky error first seen in a launch or inside NCCL: the GPU's health says so.
     for (const auto& [device, stream] : streams) {
-      if (Status health = on_device(device, status); health.message() != status.message()) {
-        status = health;
+      if (Status broken = broken_gpu(api_, gpus_, device); !broken.ok()) {
+        status = broken;
         break;
       }
     }
@@ -854,11 +860,8 @@ void CudaExecutor::run_across(const BucketCall& call, DeviceCollectiveEngine* en
     for (const auto& [device, event] : events) {
       Status s = api->query_event(device, event, finished);
       if (!s.ok()) {
-        if (Status health = api->health(device); !health.ok()) {
-          if (gpus) gpus->report(device, health);
-          return health;
-        }
-        return s;
+        const Status broken = broken_gpu(api, gpus, device);
+        return broken.ok() ? s : broken;
       }
       if (!*finished) return s;
     }
@@ -877,9 +880,8 @@ void CudaExecutor::run_across(const BucketCall& call, DeviceCollectiveEngine* en
                     // An NCCL error may be a sticky CUDA error underneath: then the GPU is
                     // reported, and every job on it fails with that.
                     for (int device : devices) {
-                      if (Status health = api->health(device); !health.ok()) {
-                        if (gpus) gpus->report(device, health);
-                        if (fail) fail(health);
+                      if (Status broken = broken_gpu(api, gpus, device); !broken.ok()) {
+                        if (fail) fail(broken);
                         return;
                       }
                     }
