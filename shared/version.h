@@ -10,7 +10,7 @@
 
 namespace gradsync {
 
-inline constexpr const char* kGradsyncVersion = "0.2.2";
+inline constexpr const char* kGradsyncVersion = "0.2.3";
 inline constexpr uint32_t kProtocolVersion = 3;
 
 // The cross-node protocol: what the daemons of one job say to each other (the node record at
@@ -21,6 +21,8 @@ inline constexpr uint32_t kProtocolVersion = 3;
 //   1: the node record states it; the header carries the slice size
 //   2: device sets share NCCL communicators per (group, GPU layout), agreed in a `<name>/share`
 //      exchange at each set's admission; engine names length-prefix the group
-inline constexpr uint32_t kCrossNodeProtocol = 2;
+//   3: the `<name>/share` offer also lists the engines a new one could be split off
+//      ("<i> <j> ...;<engine>"), and "dp" is admitted before a set's other groups
+inline constexpr uint32_t kCrossNodeProtocol = 3;
 
 }  // namespace gradsync

@@ -52,6 +52,9 @@ class DeviceCollectiveEngine {
   // After connect(): whether it took communicators kept from the job's previous generation
   // rather than creating them.
   virtual bool reused() const = 0;
+  // Whether another engine of the job may be split off this one now (DeviceEngineSpec::parent):
+  // it connected, is healthy, and has a communicator spanning the group.
+  virtual bool splittable() const { return false; }
 
   // After connect(): how many GPUs the group has in all, this node's in rank order, and the
   // rank of the GPU that holds a given rank's tensors (-1 when that rank takes no part).
@@ -99,6 +102,10 @@ struct DeviceEngineSpec {
   // Names the job and the engine the same way in every generation of the job, so that idle
   // communicators can be kept for its next one; empty: never kept. Every node sets it alike.
   std::string reuse_key;
+  // Split the communicators off this engine's (ncclCommSplit, sharing its resources) instead of
+  // making fresh ones. Set only when every node named the same parent and it holds every GPU of
+  // this node's here; the parent belongs to the same job and outlives connect(). Null: fresh.
+  DeviceCollectiveEngine* parent = nullptr;
   // Create a communicator even when the group has one GPU in all (which the executor does alone):
   // for GPU tests and benchmarks on a machine with one GPU.
   bool single_rank_communicator = false;

@@ -38,6 +38,7 @@ EOF
 stub "$out/bin/gradsync_gpu_tests" <<'EOF'
 echo "nccl: single-rank communicator created in nccl_init_ms=850.0"
 echo "nccl: communicator of a restarted job re-joined in nccl_rejoin_ms=0.120 (created fresh in 850.0 ms)"
+echo "nccl: communicator split off another (shared resources) in nccl_split_ms=40.0"
 echo "==============================================================================="
 echo "All tests passed (40 assertions in 4 test cases)"
 EOF

@@ -369,12 +369,12 @@ EOF
 # associative arrays, printed as their stage ends, and written to table.json and table.md.
 
 ROWS=(preflight gpu-tests e2e python-cpu python-cuda a-kernels a-torch b-step b-rt c-nomps c-mps
-      d-vmm d-nccl-init d-nccl-rejoin d-legacy nc-multi-gpu nc-multi-node)
+      d-vmm d-nccl-init d-nccl-rejoin d-nccl-split d-legacy nc-multi-gpu nc-multi-node)
 declare -A TITLE COVERS RESULT FLOOR PEER TARGET STATUS VALUES STAGE_OF
 def_row() { TITLE[$1]=$3; STAGE_OF[$1]=$2; COVERS[$1]=$4; TARGET[$1]=${5:-}; RESULT[$1]=""; FLOOR[$1]=""; PEER[$1]="";
             VALUES[$1]=""; STATUS[$1]=pending; }
 def_row preflight preflight "preflight" "this machine: driver, compute mode, MIG, free memory, NCCL wheel, ldd and symbol versions of the bundle (preflight.txt)"
-def_row gpu-tests gpu-tests "GPU tests (gradsync_gpu_tests)" "the coalescing kernels on the GPU against the host reduction, bit for bit; one single-rank NCCL communicator through the engine: allreduce, watchdog, a stuck stream's timeout and abort, a restarted job's re-join"
+def_row gpu-tests gpu-tests "GPU tests (gradsync_gpu_tests)" "the coalescing kernels on the GPU against the host reduction, bit for bit; one single-rank NCCL communicator through the engine: allreduce, watchdog, a stuck stream's timeout and abort, a restarted job's re-join, a split off a parent communicator"
 def_row e2e e2e "end to end (gradsync_gpu_e2e_tests)" "gradsyncd + 2-3 trainer processes sharing GPU 0: allreduce sum/avg, broadcast, reduce, allgather, clients killed mid-step and mid-job, stream ordering, legacy IPC (trusted user only); single node, NCCL single-rank"
 def_row python-cpu python-cpu "Python training check, CPU tensors (training_check.py --cpu)" "DDP with gradsync's comm hook, and GradBuffer, each equal to DDP on gloo after 60 steps, 2 trainer processes, with this machine's torch (its post-accumulate-grad hook path, which CI's torch never takes)"
 def_row python-cuda python-cuda "Python training check, CUDA tensors (training_check.py --cuda)" "the same with both trainer processes' tensors on GPU 0"
@@ -387,6 +387,7 @@ def_row c-mps mps "(c) the same under MPS" "the same with an MPS control daemon 
 def_row d-vmm daemon-bench "(d) cuMem import + map of 100 MiB in gradsyncd" "gradsyncd importing a trainer's VMM allocation (from the daemon benchmark's log)"
 def_row d-nccl-init gpu-tests "(d) NCCL single-rank communicator init (non-blocking, polled)" "ncclCommInitRank for one rank on one GPU; no transport between GPUs or nodes"
 def_row d-nccl-rejoin gpu-tests "(d) NCCL communicator re-join by a restarted job (kept, agreed, no init)" "the kept single-rank communicator reused by a restarted job"
+def_row d-nccl-split gpu-tests "(d) NCCL communicator split off another, sharing its resources (non-blocking)" "ncclCommSplit with splitShare of a single-rank communicator into a single-rank child; no NOCOLOR rank, no transport"
 def_row d-legacy e2e "(d) legacy IPC open (cudaIpcOpenMemHandle) in gradsyncd" "gradsyncd opening a trusted trainer's cudaMalloc memory"
 def_row nc-multi-gpu - "multi-GPU NCCL (several GPUs per node)" "not covered on one GPU: every NCCL communicator here has a single rank, so no NCCL collective moves data between GPUs"
 def_row nc-multi-node - "multi-node NCCL (the collective across nodes)" "not covered: one machine; NCCL between the daemons of several nodes never runs here"
@@ -502,6 +503,10 @@ fill_rows() {
         RESULT[d-nccl-init]=${n:+$n ms}; VALUES[d-nccl-init]=${n:+nccl_init_ms=$n}; measured d-nccl-init "$n"
         RESULT[d-nccl-rejoin]=${r:+$r ms}; VALUES[d-nccl-rejoin]=${r:+nccl_rejoin_ms=$r}; measured d-nccl-rejoin "$r"
         [[ -n "$n" ]] && FLOOR[d-nccl-rejoin]="fresh init: $n ms; re-join / init $(ratio "$r" "$n")"
+        local sp
+        sp=$(value nccl_split_ms "$log")
+        RESULT[d-nccl-split]=${sp:+$sp ms}; VALUES[d-nccl-split]=${sp:+nccl_split_ms=$sp}; measured d-nccl-split "$sp"
+        [[ -n "$n" ]] && FLOOR[d-nccl-split]="fresh init: $n ms; split / init $(ratio "$sp" "$n")"
       else
         local leg
         leg=$(value legacy_import_ms "$log")

@@ -101,7 +101,7 @@ case "$case_name" in
   pass)
     expect+=(complete=true preflight=passed gpu-tests=passed e2e=passed python-cpu=passed python-cuda=passed
              a-kernels=measured a-torch=measured b-step=measured b-rt=measured c-nomps=measured c-mps=measured
-             d-vmm=measured d-nccl-init=measured d-nccl-rejoin=measured d-legacy=measured)
+             d-vmm=measured d-nccl-init=measured d-nccl-rejoin=measured d-nccl-split=measured d-legacy=measured)
     check "every daemon's log is kept: e2e" grep -q 'listening' "$OUT"/daemons/e2e/gradsyncd-*.log
     check "every daemon's log is kept: python-cpu" grep -q 'listening' "$OUT"/daemons/python-cpu/gradsyncd-*.log
     check "every daemon's log is kept: the daemon benchmark" grep -q 'import_ms' "$OUT/daemons/daemon-bench/gradsyncd.log"
@@ -150,7 +150,8 @@ import json, sys
 table = json.load(open(sys.argv[1]))
 rows = {r["id"]: r for r in table["rows"]}
 want_ids = {"preflight", "gpu-tests", "e2e", "python-cpu", "python-cuda", "a-kernels", "a-torch", "b-step", "b-rt",
-            "c-nomps", "c-mps", "d-vmm", "d-nccl-init", "d-nccl-rejoin", "d-legacy", "nc-multi-gpu", "nc-multi-node"}
+            "c-nomps", "c-mps", "d-vmm", "d-nccl-init", "d-nccl-rejoin", "d-nccl-split", "d-legacy", "nc-multi-gpu",
+            "nc-multi-node"}
 bad = [f"rows missing: {sorted(want_ids - rows.keys())}"] if want_ids - rows.keys() else []
 bad += [f"row {i} has no 'covers'" for i, r in rows.items() if not r.get("covers")]
 for item in sys.argv[2:]:

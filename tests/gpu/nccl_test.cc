@@ -3,7 +3,9 @@
 // in-place one of a single rank is a no-op in NCCL, so only out of place does a kernel run and
 // the data check mean something) whose done event the watchdog polls, a bucket whose stream is
 // stuck, which the watchdog times out and aborts, and an abort while a collective waits behind
-// a kernel in flight. Prints the communicator's creation time for the device check's table (d).
+// a kernel in flight, and a communicator split off another with shared resources (the
+// non-blocking ncclCommSplit, whose child NCCL fills only when the parent leaves "in progress").
+// Prints the communicator's creation and split times for the device check's table (d).
 //
 // What one GPU cannot cover: a communicator of two ranks or more (NCCL refuses two ranks on one
 // GPU), so the multi-GPU and multi-node paths run here only through the host fakes.
@@ -48,6 +50,10 @@ class CountingNccl final : public NcclApi {
   Status init_rank(int device, int ranks, const UniqueId& id, int rank, void** comm) override {
     return real_->init_rank(device, ranks, id, rank, comm);
   }
+  Status split(void* parent, int device, int color, int key, void** comm) override {
+    ++splits;
+    return real_->split(parent, device, color, key, comm);
+  }
   CommState state(void* comm, Status* error) override {
     const CommState s = real_->state(comm, error);
     if (s == CommState::kReady) ++ready_polls;
@@ -81,6 +87,7 @@ class CountingNccl final : public NcclApi {
   std::atomic<int> aborts{0};
   std::atomic<int> ready_polls{0};
   std::atomic<int> collectives{0};
+  std::atomic<int> splits{0};
 
  private:
   std::unique_ptr<NcclApi> real_;
@@ -293,6 +300,55 @@ TEST_CASE("nccl on one GPU: a restarted job re-joins its kept communicator inste
   CHECK(counting.aborts == 0);
   std::printf("nccl: communicator of a restarted job re-joined in nccl_rejoin_ms=%.3f (created fresh in %.1f ms)\n",
               rejoin_ms, fresh_ms);
+}
+
+// A group split off the job's communicator (ncclCommSplit with splitShare, non-blocking): the
+// child is NCCL's, not null, it moves data, the parent still does, and both are ended. On one
+// GPU the child has one rank, like its parent; the NOCOLOR side of a split needs two GPUs.
+TEST_CASE("nccl on one GPU: a communicator split off another shares its resources and moves data",
+          "[gpu][nccl][split]") {
+  CountingNccl counting(make_nccl_api());
+  NcclApi* api = &counting;
+  constexpr size_t kCount = 1 << 16;
+  GpuScratch gpu(kCount);
+  auto [stream, done, data, input] = gpu.parts();
+  std::vector<float> host(kCount);
+  for (size_t i = 0; i < kCount; ++i) host[i] = static_cast<float>(i % 77);
+  CUDA_OK(cudaMemcpy(input, host.data(), kCount * sizeof(float), cudaMemcpyHostToDevice));
+  const DeviceBuffer buffer{0, data, stream, input};
+  const auto moves_data = [&](NcclEngine& engine) {
+    CUDA_OK(cudaMemset(data, 0xff, kCount * sizeof(float)));
+    REQUIRE(engine.allreduce(std::span(&buffer, 1), kCount, ReduceSpec{}).ok());
+    CUDA_OK(cudaEventRecord(done, stream));
+    auto answer = watch_event(engine, done, 10'000ms);
+    REQUIRE(answer.wait_for(10s) == std::future_status::ready);
+    CHECK(answer.get().ok());
+    std::vector<float> back(kCount);
+    CUDA_OK(cudaMemcpy(back.data(), data, kCount * sizeof(float), cudaMemcpyDeviceToHost));
+    CHECK(back == host);
+  };
+  {
+    NcclEngine parent(api, one_gpu());
+    LocalRendezvous local;
+    REQUIRE(parent.connect(&local).ok());
+    REQUIRE(parent.splittable());
+    moves_data(parent);
+    DeviceEngineSpec spec = one_gpu();
+    spec.what = "gpu test child";
+    spec.name = "nccl/gpu-test-child";
+    spec.parent = &parent;
+    NcclEngine child(api, spec);
+    const auto started = std::chrono::steady_clock::now();
+    const Status connected = child.connect(&local);
+    const double split_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
+    INFO(connected.message());
+    REQUIRE(connected.ok());
+    CHECK(counting.splits == 1);
+    std::printf("nccl: communicator split off another (shared resources) in nccl_split_ms=%.1f\n", split_ms);
+    moves_data(child);
+    moves_data(parent);
+  }
+  CHECK(counting.aborts == 2);  // a family is never kept: both ended
 }
 
 }  // namespace gradsync::nccl

@@ -477,12 +477,54 @@ TEST_CASE("cuda executor: a DDP job's 25 sets on the same GPUs share one NCCL co
     CHECK(answer->ok());
   }
   CHECK(engines.made[0]->calls.size() == 3);
-  // A set whose clients sit on other GPUs (another layout) gets its own.
+  // A set whose clients sit otherwise on those GPUs (another layout) gets its own, split off
+  // the first: it holds every GPU of the new one.
   Fixture other(DType::kFloat32, {1, 1, 0});
   auto moved = std::make_shared<TensorSet>(*other.set);
   moved->id = 25;
   REQUIRE(executor.admit(*moved, admission).ok());
-  CHECK(engines.made.size() == 2);
+  REQUIRE(engines.made.size() == 2);
+  CHECK(engines.made[1]->spec.parent == engines.made[0]);
+  // One on a GPU no engine holds is made fresh.
+  Fixture third(DType::kFloat32, {0, 2, 2});
+  auto elsewhere = std::make_shared<TensorSet>(*third.set);
+  elsewhere->id = 26;
+  REQUIRE(executor.admit(*elsewhere, admission).ok());
+  REQUIRE(engines.made.size() == 3);
+  CHECK(engines.made[2]->spec.parent == nullptr);
+}
+
+TEST_CASE("cuda executor: a group is split off the job's 'dp' communicator, which is made first",
+          "[cuda][executor][nccl]") {
+  // Tensors 3 and 4 of the fixture's set in group 'a' of local ranks 0 and 1 (GPUs 0 and 1),
+  // which sorts before 'dp'.
+  Fixture f(DType::kFloat32, {0, 1, 2});
+  Topology topology;
+  REQUIRE(make_topology(kClients, kClients, 0, 0, {{"a", {0, 1}}}, &topology).ok());
+  auto set = std::make_shared<TensorSet>(*f.set);
+  set->layout[3].group = "a";
+  set->layout[4].group = "a";
+  complete_tensor_set(set.get(), topology);
+  HostDeviceEngines engines;
+  CudaExecutor executor(options_for(f, &engines));
+  LocalRendezvous local;
+  SetAdmission admission{"j", &local, &topology};
+  REQUIRE(executor.admit(*set, admission).ok());
+  REQUIRE(engines.made.size() == 2);
+  CHECK(engines.made[0]->spec.name == "nccl/s0/2:dp");
+  CHECK(engines.made[0]->spec.parent == nullptr);
+  CHECK(engines.made[1]->spec.name == "nccl/s0/1:a");
+  CHECK(engines.made[1]->spec.parent == engines.made[0]);
+  // An engine that cannot be split (not connected, failed, or not NCCL's) is no parent.
+  HostDeviceEngines others;
+  CudaExecutor second(options_for(f, &others));
+  auto again = std::make_shared<TensorSet>(*set);
+  REQUIRE(second.admit(*f.set, admission).ok());
+  others.made[0]->can_split = false;
+  again->id = 1;
+  REQUIRE(second.admit(*again, admission).ok());
+  REQUIRE(others.made.size() == 2);
+  CHECK(others.made[1]->spec.parent == nullptr);
 }
 
 namespace {
@@ -499,7 +541,7 @@ class TwoNodes final : public Rendezvous {
     *all = {mine, share ? node1_offers : mine};
     return Status();
   }
-  std::string node1_offers;
+  std::string node1_offers = ";-";  // nothing to share, no parent
   std::vector<std::string> names;
 };
 
@@ -519,17 +561,42 @@ TEST_CASE("cuda executor: across nodes a communicator is shared only when every 
   // Node 1 shares it too: so does this node.
   auto second = std::make_shared<TensorSet>(*f.set);
   second->id = 1;
-  nodes.node1_offers = first;
+  nodes.node1_offers = "0;" + first;
   REQUIRE(executor.admit(*second, admission).ok());
   CHECK(engines.made.size() == 1);
   CHECK(nodes.names.back() == "nccl/s1/2:dp/share");
-  // Node 1's GPUs of the group changed (it offers none): everybody makes a fresh one.
+  // Node 1's GPUs of the group changed (it offers none to share, and no parent): everybody
+  // makes a fresh one.
   auto third = std::make_shared<TensorSet>(*f.set);
   third->id = 2;
-  nodes.node1_offers = "-";
+  nodes.node1_offers = ";-";
   REQUIRE(executor.admit(*third, admission).ok());
   REQUIRE(engines.made.size() == 2);
   CHECK(engines.made[1]->spec.name == "nccl/s2/2:dp");
+  CHECK(engines.made[1]->spec.parent == nullptr);
+  // Node 1 could split the first engine, or the second, but has nothing to share: everybody
+  // splits the first that all nodes hold.
+  auto fourth = std::make_shared<TensorSet>(*f.set);
+  fourth->id = 3;
+  nodes.node1_offers = "1;-";
+  REQUIRE(executor.admit(*fourth, admission).ok());
+  REQUIRE(engines.made.size() == 3);
+  CHECK(engines.made[2]->spec.parent == engines.made[1]);
+  auto fifth = std::make_shared<TensorSet>(*f.set);
+  fifth->id = 4;
+  nodes.node1_offers = "0 1 2;-";
+  REQUIRE(executor.admit(*fifth, admission).ok());
+  REQUIRE(engines.made.size() == 4);
+  CHECK(engines.made[3]->spec.parent == engines.made[0]);
+  // A node that offers garbage is named.
+  auto sixth = std::make_shared<TensorSet>(*f.set);
+  sixth->id = 5;
+  for (const std::string garbage : {"", "nccl/s0/2:dp", "1 0;-", "x;-", "0;"}) {
+    nodes.node1_offers = garbage;
+    const Status refused = executor.admit(*sixth, admission);
+    CHECK(refused.code() == ErrorCode::kProtocol);
+    CHECK_THAT(refused.message(), Catch::Contains("node 1 offered an undecodable communicator to share"));
+  }
 }
 
 }  // namespace gradsync::cuda

@@ -153,6 +153,7 @@ class HostDeviceEngine final : public DeviceCollectiveEngine {
   explicit HostDeviceEngine(DeviceEngineSpec spec) : spec(std::move(spec)) {}
   Status connect(Rendezvous*) override { return connect_error; }
   bool reused() const override { return false; }
+  bool splittable() const override { return can_split; }
   int ranks() const override { return static_cast<int>(spec.devices.size()); }
   std::span<const int> devices() const override { return spec.devices; }
   int rank_of(int node, int local_rank) const override {
@@ -216,6 +217,7 @@ class HostDeviceEngine final : public DeviceCollectiveEngine {
   }
 
   DeviceEngineSpec spec;
+  bool can_split = true;
   Status connect_error;
   Status fail_calls;
   Status aborted;

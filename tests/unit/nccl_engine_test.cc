@@ -31,11 +31,14 @@ class FakeNccl final : public NcclApi {
     return load_error;
   }
 
-  // Marks one call: inside NCCL on `comm` (null: on none), as the engine sees it.
+  // Marks one call: inside NCCL on `comm` (null: on none), as the engine sees it. Communicators
+  // split off one parent share its resources and count as one: no two calls on them may overlap.
   struct Inside {
-    explicit Inside(FakeNccl* f, void* comm = nullptr) : f(f), comm(comm) {
+    explicit Inside(FakeNccl* f, void* on = nullptr) : f(f) {
       {
         std::lock_guard lock(f->inside_mutex);
+        auto family = f->family_of.find(on);
+        comm = family == f->family_of.end() ? on : family->second;
         if (comm && f->inside[comm]++ != 0) f->overlaps.fetch_add(1);
       }
       if (!f->loaded.load()) f->unloaded_calls.fetch_add(1);
@@ -63,8 +66,26 @@ class FakeNccl final : public NcclApi {
     if (fail_init_rank == rank) return Status::internal("ncclCommInitRankConfig failed: unhandled cuda error");
     const int handle = ++next_comm;
     comms[handle] = Comm{device, ranks, rank, id, polls_until_ready, false};
+    grouped[std::this_thread::get_id()].insert(handle);
     calls.push_back("init rank " + std::to_string(rank) + "/" + std::to_string(ranks) + " on " + std::to_string(device));
     *comm = reinterpret_cast<void*>(static_cast<intptr_t>(handle));
+    return Status();
+  }
+  // As NCCL: refused while the parent is in progress; the child is written to *comm only when
+  // the parent's group completed (a state() poll of the parent finds it ready), null until then.
+  Status split(void* parent, int device, int color, int key, void** comm) override {
+    Inside in(this, parent);
+    std::lock_guard lock(mutex);
+    grouped[std::this_thread::get_id()].insert(handle_of(parent));
+    Comm& p = comms.at(handle_of(parent));
+    calls.push_back("split rank " + std::to_string(p.rank) + " on " + std::to_string(device) + " color " +
+                    std::to_string(color) + " key " + std::to_string(key));
+    *comm = nullptr;
+    if (p.aborted) return Status::internal("split of an aborted communicator");
+    if (p.pending > 0) return Status::invalid_argument("ncclCommSplit: the parent is in progress");
+    if (!fail_split.ok()) return fail_split;
+    if (color != kNoColor) splits.push_back(Split{handle_of(parent), comm, Comm{device, -1, key, p.id, 0, false}});
+    if (hang_after_split) hang = true;
     return Status();
   }
   CommState state(void* comm, Status* error) override {
@@ -83,6 +104,23 @@ class FakeNccl final : public NcclApi {
     if (c.pending > 0) {
       --c.pending;
       return CommState::kInProgress;
+    }
+    // The parent's split completed: its children exist now.
+    for (auto it = splits.begin(); it != splits.end();) {
+      if (it->parent != handle_of(comm)) {
+        ++it;
+        continue;
+      }
+      const int handle = ++next_comm;
+      comms[handle] = it->child;
+      void* child = reinterpret_cast<void*>(static_cast<intptr_t>(handle));
+      {
+        std::lock_guard inside_lock(inside_mutex);
+        auto family = family_of.find(comm);
+        family_of[child] = family == family_of.end() ? comm : family->second;
+      }
+      *it->out = child;
+      it = splits.erase(it);
     }
     return CommState::kReady;
   }
@@ -105,20 +143,24 @@ class FakeNccl final : public NcclApi {
     Inside in(this);
     std::lock_guard lock(mutex);
     calls.push_back("group start");
+    grouped.erase(std::this_thread::get_id());
     return Status();
   }
   Status group_end() override {
     Inside in(this);
     std::lock_guard lock(mutex);
     calls.push_back("group end");
-    // A group leaves its communicators in progress for a few polls.
-    for (auto& [h, c] : comms) c.pending = polls_until_ready;
+    // A group leaves its communicators in progress for a few polls (those of this thread's group
+    // only, as in NCCL: other nodes' groups are theirs).
+    for (int h : grouped[std::this_thread::get_id()]) comms.at(h).pending = polls_until_ready;
+    grouped.erase(std::this_thread::get_id());
     return fail_group_end;
   }
   Status all_reduce(const void* send, void* recv, size_t count, DType dtype, reduce::Combine op, void* comm,
                     void*) override {
     Inside in(this, comm);
     std::lock_guard lock(mutex);
+    grouped[std::this_thread::get_id()].insert(handle_of(comm));
     calls.push_back("allreduce " + std::to_string(count) + " " + std::string(dtype_name(dtype)) + " op " +
                     std::to_string(static_cast<int>(op)) + " rank " + std::to_string(comms.at(handle_of(comm)).rank) +
                     (send == recv ? " in place" : ""));
@@ -127,6 +169,7 @@ class FakeNccl final : public NcclApi {
   Status broadcast(const void*, void*, size_t count, DType, int root, void* comm, void*) override {
     Inside in(this, comm);
     std::lock_guard lock(mutex);
+    grouped[std::this_thread::get_id()].insert(handle_of(comm));
     calls.push_back("broadcast " + std::to_string(count) + " from " + std::to_string(root) + " rank " +
                     std::to_string(comms.at(handle_of(comm)).rank));
     return Status();
@@ -134,6 +177,7 @@ class FakeNccl final : public NcclApi {
   Status reduce(const void*, void*, size_t count, DType, reduce::Combine, int root, void* comm, void*) override {
     Inside in(this, comm);
     std::lock_guard lock(mutex);
+    grouped[std::this_thread::get_id()].insert(handle_of(comm));
     calls.push_back("reduce " + std::to_string(count) + " to " + std::to_string(root) + " rank " +
                     std::to_string(comms.at(handle_of(comm)).rank));
     return Status();
@@ -141,12 +185,14 @@ class FakeNccl final : public NcclApi {
   Status all_gather(const void*, void*, size_t count, DType, void* comm, void*) override {
     Inside in(this, comm);
     std::lock_guard lock(mutex);
+    grouped[std::this_thread::get_id()].insert(handle_of(comm));
     calls.push_back("allgather " + std::to_string(count) + " rank " + std::to_string(comms.at(handle_of(comm)).rank));
     return Status();
   }
   Status reduce_scatter(const void*, void*, size_t count, DType, reduce::Combine, void* comm, void*) override {
     Inside in(this, comm);
     std::lock_guard lock(mutex);
+    grouped[std::this_thread::get_id()].insert(handle_of(comm));
     calls.push_back("reduce-scatter " + std::to_string(count) + " rank " +
                     std::to_string(comms.at(handle_of(comm)).rank));
     return Status();
@@ -174,9 +220,19 @@ class FakeNccl final : public NcclApi {
     bool aborted = false;
     bool broken = false;  // an asynchronous error of this communicator only
   };
+  struct Split {
+    int parent;
+    void** out;
+    Comm child;
+  };
   std::mutex mutex;       // the fake's own data
   std::mutex inside_mutex;
-  std::map<void*, int> inside;  // calls inside, per communicator
+  std::map<void*, int> inside;        // calls inside, per family
+  std::map<void*, void*> family_of;   // a split child -> the communicator it was split off
+  std::vector<Split> splits;          // under mutex: made once the parent is ready
+  std::map<std::thread::id, std::set<int>> grouped;  // under mutex: each thread's open group
+  Status fail_split;
+  bool hang_after_split = false;  // under mutex
   std::atomic<int> overlaps{0};
   std::atomic<int> unloaded_calls{0};
   std::atomic<bool> loaded{false};
@@ -929,6 +985,169 @@ TEST_CASE("nccl engine: one job's communicator abort, still inside NCCL, does no
   REQUIRE(a_answer.wait_for(2s) == std::future_status::ready);
   CHECK(a_answer.get().message() == "job j failed: rank 1 left");
   CHECK(nccl.overlaps == 0);  // no communicator was entered from two threads at once
+}
+
+}  // namespace gradsync::nccl
+
+namespace gradsync::nccl {
+namespace {
+
+// A group of the job on some of the parent's GPUs, split off it.
+DeviceEngineSpec child_of(NcclEngine* parent, std::vector<int> devices, std::vector<int> slots) {
+  DeviceEngineSpec spec = spec_of(std::move(devices), std::move(slots));
+  spec.what = "job j group 'tp'";
+  spec.name = "nccl/s2/2:tp";
+  spec.reuse_key = "job j/nccl/s2/2:tp";
+  spec.parent = parent;
+  return spec;
+}
+
+// The split calls made since the calls were last cleared, in any order (nodes are threads).
+std::multiset<std::string> splits_in(FakeNccl& nccl) {
+  std::lock_guard lock(nccl.mutex);
+  std::multiset<std::string> out;
+  for (const auto& c : nccl.calls) {
+    if (c.rfind("split", 0) == 0) out.insert(c);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("nccl engine: a group on some of a parent's GPUs is split off it, sharing its resources",
+          "[nccl][engine][split]") {
+  FakeNccl nccl;
+  CommPark park(&nccl, 60'000ms);
+  LocalRendezvous local;
+  {
+    NcclEngine parent(&nccl, reusable({0, 1, 2}, {0, 1, 2}), fast(), &park);
+    REQUIRE(parent.connect(&local).ok());
+    CHECK(parent.splittable());
+    nccl.calls.clear();
+    // GPUs 0 and 2: local rank 0 on GPU 0, local rank 2 on GPU 2.
+    NcclEngine child(&nccl, child_of(&parent, {0, 2}, {0, -1, 1}), fast(), &park);
+    REQUIRE(child.connect(&local).ok());
+    CHECK_FALSE(child.reused());
+    CHECK(child.ranks() == 2);
+    CHECK(nccl.ids_made == 1);  // no unique id, no bootstrap of its own
+    CHECK(inits(nccl) == 0);
+    // Every rank of the parent takes part, in one group; GPU 1 with no color; keys are the
+    // child's planned ranks, so NCCL ranks them as the plan does.
+    CHECK(nccl.calls == std::vector<std::string>{"group start", "split rank 0 on 0 color 0 key 0",
+                                                 "split rank 1 on 1 color -1 key 0",
+                                                 "split rank 2 on 2 color 0 key 1", "group end"});
+    nccl.calls.clear();
+    REQUIRE(step(child).ok());
+    CHECK(nccl.calls == std::vector<std::string>{"group start", "allreduce 4 float32 op 0 rank 0 in place",
+                                                 "allreduce 4 float32 op 0 rank 1 in place", "group end"});
+    REQUIRE(step(parent).ok());
+    CHECK(nccl.overlaps == 0);  // parent and child calls never overlapped (watchdogs included)
+  }
+  // A family shares one abort flag in NCCL: neither is kept for re-join; all five are ended.
+  CHECK(park.size() == 0);
+  CHECK(nccl.aborts == 5);
+}
+
+TEST_CASE("nccl engine: a split waits while the parent is in progress, and reads the child only once NCCL made it",
+          "[nccl][engine][split]") {
+  FakeNccl nccl;
+  LocalRendezvous local;
+  NcclEngine parent(&nccl, spec_of({0, 1}, {0, 1}), fast());
+  REQUIRE(parent.connect(&local).ok());
+  {
+    // A group call of the parent's still being enqueued: NCCL would refuse the split.
+    std::lock_guard lock(nccl.mutex);
+    for (auto& [h, c] : nccl.comms) c.pending = 5;
+  }
+  NcclEngine child(&nccl, child_of(&parent, {0, 1}, {1, 0}), fast());
+  REQUIRE(child.connect(&local).ok());
+  CHECK(child.ranks() == 2);
+  REQUIRE(step(child).ok());  // the children it holds are the ones NCCL made, not null
+  CHECK(nccl.overlaps == 0);
+}
+
+TEST_CASE("nccl engine: a failed split fails the child, and aborts the parent and what was made",
+          "[nccl][engine][split]") {
+  FakeNccl nccl;
+  LocalRendezvous local;
+  NcclEngine parent(&nccl, spec_of({0, 1}, {0, 1}), fast());
+  REQUIRE(parent.connect(&local).ok());
+  SECTION("ncclCommSplit fails") {
+    nccl.fail_split = Status::internal("ncclCommSplit failed: unhandled cuda error");
+    NcclEngine child(&nccl, child_of(&parent, {0, 1}, {0, 1}), fast());
+    const Status status = child.connect(&local);
+    CHECK(status.code() == ErrorCode::kInternal);
+    CHECK_THAT(status.message(), Catch::Contains("job j group 'tp'") && Catch::Contains("splitting") &&
+                                     Catch::Contains("unhandled cuda error"));
+  }
+  SECTION("the parent fails while NCCL splits it") {
+    nccl.hang_after_split = true;  // the split never completes...
+    NcclEngine child(&nccl, child_of(&parent, {0, 1}, {0, 1}), fast());
+    auto connected = std::async(std::launch::async, [&] { return child.connect(&local); });
+    std::this_thread::sleep_for(20ms);
+    {
+      std::lock_guard lock(nccl.mutex);  // ...and the parent breaks
+      for (auto& [h, c] : nccl.comms) c.broken = true;
+    }
+    nccl.hang = false;
+    const Status status = connected.get();
+    CHECK(status.code() == ErrorCode::kPeerLost);
+    CHECK_THAT(status.message(), Catch::Contains("off job j set 1 group 'dp'") && Catch::Contains("remote process"));
+  }
+  // The parent is unusable, and its communicators are aborted without waiting for the job's end.
+  CHECK_FALSE(parent.allreduce(buffers_for(parent), 4, ReduceSpec{}).ok());
+  for (int i = 0; i < 200 && nccl.aborts < 2; ++i) std::this_thread::sleep_for(5ms);
+  CHECK(nccl.aborts == 2);
+}
+
+TEST_CASE("nccl engine: across nodes every rank of the parent takes part in the split, on nodes without the child's GPUs too",
+          "[nccl][engine][split]") {
+  // The parent: node 0 GPUs 0 and 1, node 1 GPUs 0 and 1 (4 ranks). The child: node 0's GPU 1
+  // alone... and node 1's GPU 0 (2 ranks); then a child with no GPU on node 1.
+  FakeNccl nccl;
+  Table table(2);
+  std::vector<std::unique_ptr<NcclEngine>> parents;
+  parents.push_back(std::make_unique<NcclEngine>(&nccl, spec_of({0, 1}, {0, 1}), fast()));
+  parents.push_back(std::make_unique<NcclEngine>(&nccl, spec_of({0, 1}, {0, 1}), fast()));
+  for (const Status& s : connect_all(parents, &table)) {
+    INFO(s.message());
+    REQUIRE(s.ok());
+  }
+  nccl.calls.clear();
+  std::vector<std::unique_ptr<NcclEngine>> children;
+  children.push_back(std::make_unique<NcclEngine>(&nccl, child_of(parents[0].get(), {1}, {-1, 0}), fast()));
+  children.push_back(std::make_unique<NcclEngine>(&nccl, child_of(parents[1].get(), {0}, {0, -1}), fast()));
+  for (const Status& s : connect_all(children, &table)) {
+    INFO(s.message());
+    REQUIRE(s.ok());
+  }
+  CHECK(nccl.ids_made == 1);
+  CHECK(splits_in(nccl) == std::multiset<std::string>{"split rank 0 on 0 color -1 key 0",
+                                                      "split rank 1 on 1 color 0 key 0",
+                                                      "split rank 2 on 0 color 0 key 1",
+                                                      "split rank 3 on 1 color -1 key 0"});
+  for (const auto& child : children) CHECK(child->ranks() == 2);
+  nccl.calls.clear();
+  const auto another = [&](int node, std::vector<int> devices, std::vector<int> slots) {
+    DeviceEngineSpec spec = child_of(parents[static_cast<size_t>(node)].get(), std::move(devices), std::move(slots));
+    spec.name = "nccl/s3/2:tp";
+    return std::make_unique<NcclEngine>(&nccl, spec, fast());
+  };
+  std::vector<std::unique_ptr<NcclEngine>> node0_only;
+  node0_only.push_back(another(0, {0, 1}, {0, 1}));
+  node0_only.push_back(another(1, {}, {-1, -1}));
+  for (const Status& s : connect_all(node0_only, &table)) {
+    INFO(s.message());
+    REQUIRE(s.ok());
+  }
+  // Node 1 holds no GPU of this child, but its parent ranks join the split all the same.
+  CHECK(splits_in(nccl) == std::multiset<std::string>{"split rank 0 on 0 color 0 key 0",
+                                                      "split rank 1 on 1 color 0 key 1",
+                                                      "split rank 2 on 0 color -1 key 0",
+                                                      "split rank 3 on 1 color -1 key 0"});
+  CHECK(node0_only[0]->ranks() == 2);
+  REQUIRE(step(*node0_only[0]).ok());
+  CHECK(nccl.overlaps == 0);
 }
 
 }  // namespace gradsync::nccl

@@ -3,7 +3,9 @@
 #include <cstdio>
 
 #include <algorithm>
+#include <iterator>
 #include <set>
+#include <sstream>
 
 #include "daemon/backend/cuda/events.h"
 #include "daemon/backend/cuda/work_items.h"
@@ -60,6 +62,7 @@ CudaExecutor::~CudaExecutor() {
     std::lock_guard lock(mutex_);
     engines.swap(engines_);
     engine_by_set_.clear();
+    made_.clear();
   }
   for (auto& [key, engine] : engines) engine->abort(Status::aborted("the job's CUDA executor was closed"));
   engines.clear();
@@ -274,9 +277,12 @@ Status CudaExecutor::admit(const TensorSet& set, const SetAdmission& admission) 
   // worker's execution bound allows it (a peer late in its backward pass is not a hang).
   watch_timeout_ = admission.execution_timeout + admission.timeout;
   execution_timeout_ = admission.execution_timeout;
-  std::set<std::string> groups;
-  for (const auto& bucket : set.plan.buckets) groups.insert(bucket.group);
-  // Sorted, as on every node: communicators are created in the same order everywhere.
+  std::set<std::string> names;
+  for (const auto& bucket : set.plan.buckets) names.insert(bucket.group);
+  // In the same order on every node, so that communicators are created in the same order
+  // everywhere: "dp" (all ranks) first, as the likeliest parent of the others, then sorted.
+  std::vector<std::string> groups(names.begin(), names.end());
+  std::stable_partition(groups.begin(), groups.end(), [](const std::string& g) { return g == "dp"; });
   for (const std::string& group : groups) {
     std::map<uint32_t, int> gpu_of;  // local rank -> GPU
     for (size_t b = 0; b < set.plan.buckets.size(); ++b) {
@@ -323,9 +329,10 @@ Status CudaExecutor::admit(const TensorSet& set, const SetAdmission& admission) 
     if (engine_of(set.id, group)) continue;  // admitted before
     // One communicator per (job, group, GPU layout), shared by every set of that layout: a DDP
     // job registers one set per DDP bucket, and a communicator each would multiply NCCL's
-    // buffers and bootstrap by the bucket count.
+    // buffers and bootstrap by the bucket count. Another layout splits off an engine that holds
+    // its GPUs where there is one.
     bool shared = false;
-    if (Status status = share_engine(set, group, spec, admission, &shared); !status.ok() || shared) {
+    if (Status status = share_engine(set, group, &spec, admission, &shared); !status.ok() || shared) {
       if (!status.ok()) return status;
       continue;
     }
@@ -347,6 +354,7 @@ Status CudaExecutor::admit(const TensorSet& set, const SetAdmission& admission) 
       engine_by_set_[{set.id, group}] = engine;
       layouts_[layout_key(group, spec)] = spec.name;
       engines_.emplace(spec.name, std::move(made));
+      made_.push_back(engine);
     }
     const auto started = std::chrono::steady_clock::now();
     if (Status status = engine->connect(admission.rendezvous); !status.ok()) return status;
@@ -357,8 +365,15 @@ Status CudaExecutor::admit(const TensorSet& set, const SetAdmission& admission) 
     std::snprintf(took, sizeof took, engine->reused() ? "kept from the job's previous run, re-joined in rejoin_ms=%.3f"
                                                       : "connected in connect_ms=%.3f",
                   ms);
+    std::string from;
+    if (spec.parent && !engine->reused()) {
+      std::lock_guard lock(mutex_);
+      for (const auto& [name, e] : engines_) {
+        if (e.get() == spec.parent) from = ", split off the one made for " + name + " (sharing its resources)";
+      }
+    }
     log_.info(what + ": NCCL communicator of " + std::to_string(engine->ranks()) + " GPUs, this node's: " +
-              (here.empty() ? "none" : here) + "; " + took);
+              (here.empty() ? "none" : here) + "; " + took + from);
     if (engine->ranks() > 1) register_regions(set, *engine, what);
   }
   return Status();
@@ -396,40 +411,92 @@ std::string CudaExecutor::layout_key(const std::string& group, const DeviceEngin
   return key;
 }
 
-Status CudaExecutor::share_engine(const TensorSet& set, const std::string& group, const DeviceEngineSpec& spec,
+namespace {
+
+// The "<name>/share" offer: "<i> <j> ...;<engine>", this node's engines (by creation index) that
+// the set's engine could be split off, then the name of the engine of its layout, or "-".
+std::string share_offer(const std::vector<size_t>& parents, const std::string& same) {
+  std::string text;
+  for (size_t i : parents) text += (text.empty() ? "" : " ") + std::to_string(i);
+  return text + ";" + same;
+}
+
+bool decode_share_offer(const std::string& text, std::vector<size_t>* parents, std::string* same) {
+  const size_t semicolon = text.find(';');
+  if (semicolon == std::string::npos) return false;
+  *same = text.substr(semicolon + 1);
+  std::istringstream in(text.substr(0, semicolon));
+  long long index = 0;
+  while (in >> index) {
+    if (index < 0 || (!parents->empty() && static_cast<size_t>(index) <= parents->back())) return false;
+    parents->push_back(static_cast<size_t>(index));
+  }
+  return in.eof() && !same->empty();
+}
+
+}  // namespace
+
+Status CudaExecutor::share_engine(const TensorSet& set, const std::string& group, DeviceEngineSpec* spec,
                                   const SetAdmission& admission, bool* shared) {
   *shared = false;
   std::string mine = "-";
   DeviceCollectiveEngine* engine = nullptr;
+  std::vector<size_t> parents;  // creation indices: every node created the same engines alike
+  std::vector<DeviceCollectiveEngine*> made;
   {
     std::lock_guard lock(mutex_);
     if (!aborted_.ok()) return aborted_;
-    if (auto it = layouts_.find(layout_key(group, spec)); it != layouts_.end()) {
+    if (auto it = layouts_.find(layout_key(group, *spec)); it != layouts_.end()) {
       mine = it->second;
       engine = engines_.at(it->second).get();
     }
+    made = made_;
+  }
+  for (size_t i = 0; i < made.size(); ++i) {
+    const std::span<const int> has = made[i]->devices();
+    const bool holds = std::all_of(spec->devices.begin(), spec->devices.end(), [&](int d) {
+      return std::find(has.begin(), has.end(), d) != has.end();
+    });
+    if (holds && made[i]->splittable()) parents.push_back(i);
   }
   // Every node offers the engine it would share (by its name, which names the set that made it,
   // so it is the same on every node that made it then), and shares only if all offer the same:
   // a node whose GPUs of the group changed makes a fresh one, and so then does everybody.
-  // A single-node job has nobody to ask.
-  std::vector<std::string> offers{mine};
+  // Otherwise the first engine every node could split is the parent. A single-node job has
+  // nobody to ask.
+  const std::string offer = share_offer(parents, mine);
+  std::vector<std::string> offers{offer};
   if (admission.rendezvous->nodes() > 1) {
-    if (Status status = admission.rendezvous->exchange(spec.name + "/share", mine, &offers); !status.ok()) {
-      return Status(status.code(), spec.what + ": agreeing on a communicator to share: " + status.message(),
+    if (Status status = admission.rendezvous->exchange(spec->name + "/share", offer, &offers); !status.ok()) {
+      return Status(status.code(), spec->what + ": agreeing on a communicator to share: " + status.message(),
                     status.where());
     }
   }
-  if (!engine || std::any_of(offers.begin(), offers.end(), [&](const std::string& o) { return o != mine; })) {
+  bool same = engine != nullptr;
+  std::vector<size_t> common = parents;
+  for (size_t n = 0; n < offers.size(); ++n) {
+    std::vector<size_t> theirs;
+    std::string their_same;
+    if (!decode_share_offer(offers[n], &theirs, &their_same)) {
+      return Status::protocol(spec->what + ": node " + std::to_string(n) +
+                              " offered an undecodable communicator to share: '" + offers[n] + "'");
+    }
+    if (their_same != mine) same = false;
+    std::vector<size_t> both;
+    std::set_intersection(common.begin(), common.end(), theirs.begin(), theirs.end(), std::back_inserter(both));
+    common = std::move(both);
+  }
+  if (!same) {
+    if (!common.empty()) spec->parent = made[common.front()];
     return Status();
   }
   {
     std::lock_guard lock(mutex_);
     engine_by_set_[{set.id, group}] = engine;
   }
-  log_.info(spec.what + ": shares the NCCL communicator of " + std::to_string(engine->ranks()) + " GPUs made for " +
+  log_.info(spec->what + ": shares the NCCL communicator of " + std::to_string(engine->ranks()) + " GPUs made for " +
             mine);
-  if (engine->ranks() > 1) register_regions(set, *engine, spec.what);
+  if (engine->ranks() > 1) register_regions(set, *engine, spec->what);
   *shared = true;
   return Status();
 }

@@ -197,8 +197,9 @@ class CudaExecutor final : public BucketExecutor {
   // of it and each local rank's slot among them.
   static std::string layout_key(const std::string& group, const DeviceEngineSpec& spec);
   // admit(): when this node has an engine of the same layout and every node says the same, the
-  // set uses it (*shared); otherwise the caller makes one.
-  Status share_engine(const TensorSet& set, const std::string& group, const DeviceEngineSpec& spec,
+  // set uses it (*shared); otherwise the caller makes one, split off spec->parent when every
+  // node named an engine that holds its GPUs there (the first such, in creation order).
+  Status share_engine(const TensorSet& set, const std::string& group, DeviceEngineSpec* spec,
                       const SetAdmission& admission, bool* shared);
   Status aborted();  // the abort's reason, ok while not aborted
   // Offers the set's VMM regions on the engine's GPUs to NCCL, logging whether it took each.
@@ -219,6 +220,7 @@ class CudaExecutor final : public BucketExecutor {
   std::map<std::string, std::unique_ptr<DeviceCollectiveEngine>> engines_;
   std::map<std::pair<uint32_t, std::string>, DeviceCollectiveEngine*> engine_by_set_;
   std::map<std::string, std::string> layouts_;
+  std::vector<DeviceCollectiveEngine*> made_;  // engines_ in creation order, the same on every node
   // Caller's thread only (the worker launches one bucket at a time).
   std::map<int, Device> devices_;
   std::map<TableKey, std::pair<int, Table>> tables_;  // with the device they live on

@@ -39,8 +39,15 @@ class NcclApi {
   virtual Status load() = 0;
 
   virtual Status unique_id(UniqueId* id) = 0;
-  // ncclCommInitRankConfig, non-blocking, with `device` current for the call.
+  // ncclCommInitRankConfig, non-blocking, with `device` current for the call. Made with
+  // splitShare = 1: NCCL takes a split's sharing (and blocking mode) from the parent's config.
   virtual Status init_rank(int device, int ranks, const UniqueId& id, int rank, void** comm) = 0;
+  // ncclCommSplit of `parent` (on `device`), sharing its resources. Collective over every rank
+  // of the parent: a rank that takes no part passes kNoColor. Non-blocking: NCCL fills *comm only
+  // when the parent leaves "in progress" (poll state(parent)), so *comm must stay valid until
+  // then; it stays null for kNoColor. The parent must not be in progress when this is called.
+  static constexpr int kNoColor = -1;  // NCCL_SPLIT_NOCOLOR
+  virtual Status split(void* parent, int device, int color, int key, void** comm) = 0;
   // ncclCommGetAsyncError: ready, still in progress, or failed with *error naming why.
   virtual CommState state(void* comm, Status* error) = 0;
   // ncclCommAbort: frees the communicator; its kernels in flight return. The engine ends every

@@ -14,7 +14,11 @@ const void* input_of(const DeviceBuffer& buffer) { return buffer.source ? buffer
 }  // namespace
 
 NcclEngine::NcclEngine(NcclApi* api, DeviceEngineSpec spec, EngineTiming timing, CommPark* park)
-    : api_(api), spec_(std::move(spec)), timing_(timing), park_(park) {}
+    : api_(api), spec_(std::move(spec)), timing_(timing), park_(park) {
+  // A parent made by another factory (a test's fake) cannot be split: fresh communicators then.
+  parent_ = dynamic_cast<NcclEngine*>(spec_.parent);
+  calls_ = parent_ ? parent_->calls_ : std::make_shared<std::mutex>();
+}
 
 NcclEngine::~NcclEngine() {
   std::unique_ptr<Watchdog> watchdog;
@@ -23,7 +27,7 @@ NcclEngine::~NcclEngine() {
     watchdog = std::move(watchdog_);
   }
   watchdog.reset();  // fails what is in flight, aborting the communicators first
-  std::lock_guard lock(calls_);
+  std::lock_guard lock(*calls_);
   if (!park_locked()) abort_locked();
 }
 
@@ -36,7 +40,8 @@ std::string NcclEngine::park_key() const {
 }
 
 bool NcclEngine::park_locked() {
-  if (!park_ || !park_->enabled() || spec_.reuse_key.empty() || comms_aborted_ || comms_.empty() || !idle()) {
+  if (!park_ || !park_->enabled() || spec_.reuse_key.empty() || comms_aborted_ || comms_.empty() || !idle() ||
+      family_.load()) {
     return false;
   }
   for (void* comm : comms_) {
@@ -62,7 +67,7 @@ Status NcclEngine::try_reuse(Rendezvous* rendezvous, bool* reused) {
   bool usable = kept && kept->plan == plan_ && !stop_.load();
   if (usable) {
     // A peer's abort or a network error may have reached them while they were kept.
-    std::lock_guard lock(calls_);
+    std::lock_guard lock(*calls_);
     for (void* comm : kept->comms) {
       Status error;
       if (api_->state(comm, &error) != CommState::kReady) usable = false;
@@ -81,7 +86,7 @@ Status NcclEngine::try_reuse(Rendezvous* rendezvous, bool* reused) {
     return status;
   }
   if (kept) {
-    std::lock_guard lock(calls_);
+    std::lock_guard lock(*calls_);
     comms_ = std::move(kept->comms);
     id_ = kept->id;
     issued_.store(kept->collectives);
@@ -116,7 +121,8 @@ void NcclEngine::abort(const Status& why) {
   // ones on this node alone are left as they are, to be kept for the job's next generation
   // when the engine goes; a collective issued after this is answered through watch(), which
   // aborts then.
-  if (watchdog_ && (!idle() || spans_nodes())) watchdog_->abort(aborted_);
+  // A split family is never kept (its members share one abort flag): aborted like work in flight.
+  if (watchdog_ && (!idle() || spans_nodes() || family_.load())) watchdog_->abort(aborted_);
 }
 
 void NcclEngine::abandon() {
@@ -128,7 +134,7 @@ void NcclEngine::abandon() {
     stop_.store(true);
   }
   watchdog.reset();  // nothing in flight: it stops without aborting anything
-  std::lock_guard lock(calls_);
+  std::lock_guard lock(*calls_);
   // With no collective of ours queued, the GPUs use nothing of NCCL's: free it. Otherwise a
   // queued collective may still run once its stream moves, so it is never touched again.
   if (idle()) {
@@ -155,10 +161,11 @@ Status NcclEngine::wait_ready(const std::string& what, std::chrono::milliseconds
   Backoff backoff({.max_sleep = poll});
   for (;;) {
     bool pending = false;
+    bool aborted = false;
     {
-      std::lock_guard lock(calls_);
-      if (comms_aborted_) return Status::aborted(what + ": the communicators were aborted");
-      for (size_t i = 0; i < comms_.size(); ++i) {
+      std::lock_guard lock(*calls_);
+      aborted = comms_aborted_;
+      for (size_t i = 0; i < comms_.size() && !aborted; ++i) {
         if (!comms_[i]) continue;
         Status error;
         switch (api_->state(comms_[i], &error)) {
@@ -168,6 +175,12 @@ Status NcclEngine::wait_ready(const std::string& what, std::chrono::milliseconds
             return Status(error.code(), what + " on " + describe(i) + ": " + error.message(), error.where());
         }
       }
+    }
+    if (aborted) {
+      // Most likely by the watchdog, which then knows why (outside calls_: status_mutex_ first).
+      const Status why = unusable();
+      if (why.ok()) return Status::aborted(what + ": the communicators were aborted");
+      return Status(why.code(), what + ": the communicators were aborted: " + why.message(), why.where());
     }
     if (!pending) return Status();
     if (stop_.load()) return Status::aborted(what + " was aborted");
@@ -197,13 +210,29 @@ Status NcclEngine::connect(Rendezvous* rendezvous) {
   if (!spec_.reuse_key.empty()) {
     if (Status status = try_reuse(rendezvous, &reuse); !status.ok()) return failed(status);
   }
+  bool split = false;
+  if (!reuse && parent_) {
+    // Every node agreed on this parent: each splits its ranks of it, with or without GPUs here.
+    if (Status status = split_from_parent(); !status.ok()) {
+      // NCCL's advice after a failed split: abort the parent, then whatever children it made.
+      parent_->abort(Status(status.code(), parent_->spec_.what + ": " + status.message(), status.where()));
+      std::lock_guard lock(*calls_);
+      abort_locked();
+      return failed(status);
+    }
+    if (spec_.devices.empty()) {
+      connected_.store(true);
+      return Status();
+    }
+    split = true;
+  }
   UniqueId& id = id_;
-  if (!reuse) {
+  if (!reuse && !split) {
     if (Status status = agree_unique_id(
             rendezvous, spec_.name, plan_,
             [this](UniqueId* out) {
               if (stop_.load()) return unusable();
-              std::lock_guard lock(calls_);
+              std::lock_guard lock(*calls_);
               return api_->unique_id(out);
             },
             &id);
@@ -211,11 +240,14 @@ Status NcclEngine::connect(Rendezvous* rendezvous) {
       return failed(status);
     }
   }
-  if (spec_.devices.empty()) return Status();  // this node brings no GPU to the group
+  if (spec_.devices.empty()) {  // this node brings no GPU to the group
+    connected_.store(true);
+    return Status();
+  }
   reused_ = reuse;
   Status status;
-  if (!reuse) {
-    std::lock_guard lock(calls_);
+  if (!reuse && !split) {
+    std::lock_guard lock(*calls_);
     if (stop_.load()) return unusable();
     comms_.assign(spec_.devices.size(), nullptr);
     // Every local rank inside one group: NCCL needs them all to make progress at once.
@@ -229,19 +261,108 @@ Status NcclEngine::connect(Rendezvous* rendezvous) {
   }
   if (status.ok()) status = wait_ready("creating the NCCL communicators", spec_.timeout, timing_.init_poll);
   if (!status.ok()) {
-    std::lock_guard lock(calls_);
+    std::lock_guard lock(*calls_);
     abort_locked();
   }
   if (!status.ok()) return failed(status);
   std::lock_guard lock(status_mutex_);
   if (!aborted_.ok()) {  // aborted between the last poll and now: nothing was issued
-    std::lock_guard calls_lock(calls_);
+    std::lock_guard calls_lock(*calls_);
     if (spans_nodes() || !park_locked()) abort_locked();
     return aborted_;
   }
   WatchedComms* comms = this;
   watchdog_ = std::make_unique<Watchdog>(comms, timing_.watchdog_poll, timing_.completion_poll);
+  connected_.store(true);
   return Status();
+}
+
+bool NcclEngine::splittable() const {
+  if (!connected_.load() || !unusable().ok() || stop_.load()) return false;
+  std::lock_guard lock(*calls_);
+  // A node without GPUs in the group has no communicator, but takes part all the same.
+  return !comms_aborted_ && (plan_.ranks > 1 || !comms_.empty());
+}
+
+Status NcclEngine::split_from_parent() {
+  // NCCL writes each child into `made` when the split completes, on its own thread. After a
+  // failure it may still do so, so the slots are then left alive on purpose.
+  auto made = std::make_unique<std::vector<void*>>();
+  const Status status = parent_->split_for(*this, made.get());
+  std::lock_guard lock(*calls_);
+  family_.store(true);  // the calls share the parent's resources, and its abort flag
+  comms_.assign(spec_.devices.size(), nullptr);
+  for (size_t i = 0; i < made->size(); ++i) {
+    if (!(*made)[i]) continue;
+    const int device = parent_->spec_.devices[i];
+    const auto at = std::find(spec_.devices.begin(), spec_.devices.end(), device) - spec_.devices.begin();
+    if (static_cast<size_t>(at) < comms_.size()) comms_[static_cast<size_t>(at)] = (*made)[i];
+  }
+  if (!status.ok()) {
+    (void)made.release();
+    return status;
+  }
+  for (size_t i = 0; i < comms_.size(); ++i) {
+    if (!comms_[i]) return Status::internal("NCCL's split made no communicator for " + describe(i));
+  }
+  return Status();
+}
+
+Status NcclEngine::split_for(const NcclEngine& child, std::vector<void*>* made) {
+  const std::string what = "splitting " + child.spec_.what + " off " + spec_.what;
+  made->assign(comms_.size(), nullptr);
+  const int base = child.plan_.base[static_cast<size_t>(child.plan_.node)];
+  for (int device : child.spec_.devices) {
+    if (std::find(spec_.devices.begin(), spec_.devices.end(), device) == spec_.devices.end()) {
+      return Status::internal(what + ": GPU " + std::to_string(device) + " is not one of the parent's");
+    }
+  }
+  const auto deadline = std::chrono::steady_clock::now() + child.spec_.timeout;
+  Backoff backoff({.max_sleep = timing_.enqueue_poll});
+  for (;;) {
+    {
+      std::lock_guard lock(*calls_);
+      if (comms_aborted_) return Status::aborted(what + ": the parent's communicators were aborted");
+      // NCCL refuses to split a communicator that is in progress (a group call still being
+      // enqueued): wait for it, then split under the same hold, before another call starts.
+      bool ready = true;
+      for (size_t i = 0; i < comms_.size() && ready; ++i) {
+        Status error;
+        switch (api_->state(comms_[i], &error)) {
+          case CommState::kReady: break;
+          case CommState::kInProgress: ready = false; break;
+          case CommState::kFailed:
+            return Status(error.code(), what + ": the parent on " + describe(i) + ": " + error.message(),
+                          error.where());
+        }
+      }
+      if (ready) {
+        family_.store(true);
+        // Every local rank inside one group: each joins an allgather over the parent's bootstrap.
+        Status status = api_->group_start();
+        for (size_t i = 0; i < comms_.size() && status.ok(); ++i) {
+          const int device = spec_.devices[i];
+          const auto at = std::find(child.spec_.devices.begin(), child.spec_.devices.end(), device) -
+                          child.spec_.devices.begin();
+          const bool member = static_cast<size_t>(at) < child.spec_.devices.size();
+          status = api_->split(comms_[i], device, member ? 0 : NcclApi::kNoColor,
+                               member ? base + static_cast<int>(at) : 0, &(*made)[i]);
+        }
+        const Status ended = api_->group_end();
+        if (status.ok()) status = ended;
+        if (!status.ok()) return Status(status.code(), what + ": " + status.message(), status.where());
+        break;
+      }
+    }
+    if (stop_.load() || child.stop_.load()) return Status::aborted(what + " was aborted");
+    if (std::chrono::steady_clock::now() >= deadline) {
+      return Status::timeout(what + ": the parent stayed busy for " + std::to_string(child.spec_.timeout.count()) +
+                             " ms");
+    }
+    backoff.pause();
+  }
+  // The parent is in progress until NCCL made the child, which it writes into *made then.
+  return wait_ready(what, child.spec_.timeout, timing_.init_poll);
 }
 
 Status NcclEngine::group_call(const std::string& what, std::span<const DeviceBuffer> buffers,
@@ -254,7 +375,7 @@ Status NcclEngine::group_call(const std::string& what, std::span<const DeviceBuf
   }
   Status status;
   {
-    std::lock_guard lock(calls_);
+    std::lock_guard lock(*calls_);
     if (comms_aborted_) status = Status::aborted("the communicators were aborted");
     if (status.ok()) issued_.fetch_add(1);  // counted before issued: from here on not idle
     if (status.ok()) status = api_->group_start();
@@ -318,7 +439,7 @@ Status NcclEngine::reduce_scatter(std::span<const DeviceBuffer> in, std::span<co
 Status NcclEngine::register_buffer(int device, void* data, size_t bytes, bool* registered) {
   *registered = false;
   if (Status status = unusable(); !status.ok()) return status;
-  std::lock_guard lock(calls_);
+  std::lock_guard lock(*calls_);
   if (comms_aborted_) return Status::aborted("the communicators were aborted");
   if (registered_.count({device, data})) {
     *registered = true;
@@ -364,7 +485,7 @@ void NcclEngine::watch(std::string what, std::function<Status(bool* done)> poll,
 }
 
 Status NcclEngine::async_error() {
-  std::lock_guard lock(calls_);
+  std::lock_guard lock(*calls_);
   if (comms_aborted_) return Status();  // the watchdog aborted them itself: it knows why
   for (size_t i = 0; i < comms_.size(); ++i) {
     Status error;
@@ -377,7 +498,7 @@ Status NcclEngine::async_error() {
 
 void NcclEngine::abort_all() {
   stop_.store(true);  // a group call polling NCCL gives up
-  std::lock_guard lock(calls_);
+  std::lock_guard lock(*calls_);
   abort_locked();
 }
 

@@ -19,10 +19,20 @@
 //             abort() therefore aborts the communicators of this node alone only when work
 //             may be in flight; those that span nodes it always aborts, so peers waiting in a
 //             collective this node will not issue fail at once rather than at their timeout.
+//   split     an engine whose spec names a parent (another engine of the same job holding all
+//             of this node's GPUs of the group) splits its communicators off the parent's with
+//             ncclCommSplit, sharing the parent's proxy, streams and buffers (splitShare): no
+//             unique id, no bootstrap of its own. Every rank of the parent takes part (those
+//             outside the child with NCCL_SPLIT_NOCOLOR), keyed by the child's planned rank, so
+//             NCCL's ranks are the plan's. NCCL fills the child only when the parent leaves "in
+//             progress", so the parent is polled first.
 // Every NCCL call on this engine's communicators, ncclCommGetAsyncError and ncclCommAbort
 // included, is made under the engine's own mutex (api.h); waits for "in progress" poll under it
-// and sleep outside it. No lock is shared with another engine, so one job's abort never holds
-// up another job's collectives.
+// and sleep outside it. No lock is shared with another job's engine, so one job's abort never
+// holds up another job's collectives. A split family (a parent and the engines split off it)
+// shares one mutex: NCCL forbids calls on communicators that share resources from two threads
+// at once, and one abort flag serves them all (an abort of one reaches the others' kernels), so
+// a family's communicators are never kept for re-join: they are aborted with the engines.
 #pragma once
 
 #include <atomic>
@@ -58,6 +68,7 @@ class NcclEngine final : public DeviceCollectiveEngine, private WatchedComms {
 
   Status connect(Rendezvous* rendezvous) override;
   bool reused() const override { return reused_; }
+  bool splittable() const override;
   int ranks() const override { return plan_.ranks; }
   std::span<const int> devices() const override { return spec_.devices; }
   int rank_of(int node, int local_rank) const override { return plan_.rank_of(node, local_rank); }
@@ -101,16 +112,26 @@ class NcclEngine final : public DeviceCollectiveEngine, private WatchedComms {
   bool park_locked();
   std::string park_key() const;
   std::string describe(size_t local) const;  // "GPU 3 (rank 5 of 8)"
+  // connect() of a child: its communicators split off the parent's (spec_.parent).
+  Status split_from_parent();
+  // On the parent, for `child`: every local rank's ncclCommSplit inside one group once the
+  // parent is not in progress, then polls the parent until NCCL made the child. *made gets one
+  // entry per parent rank (null where the child has no GPU); it must outlive NCCL's writes.
+  Status split_for(const NcclEngine& child, std::vector<void*>* made);
 
   NcclApi* api_;
   const DeviceEngineSpec spec_;
   const EngineTiming timing_;
   RankPlan plan_;                 // set by connect(), then read-only
-  std::mutex calls_;              // every NCCL call on comms_
+  NcclEngine* parent_ = nullptr;  // spec_.parent, if it is an NcclEngine; used by connect() only
+  // Every NCCL call on comms_; the parent's for a split child (one per family).
+  std::shared_ptr<std::mutex> calls_;
+  std::atomic<bool> family_{false};  // split off a parent, or a parent of a split
   CommPark* park_;                // may be null
   std::vector<void*> comms_;      // one per spec_.devices entry; set once by connect()
   UniqueId id_{};                 // what comms_ were made with; set by connect()
   bool reused_ = false;           // set by connect()
+  std::atomic<bool> connected_{false};  // connect() succeeded
   // Collectives issued (counted before they are, by the issuing thread) and answered ok by the
   // watchdog (it answers in order, so this is the count up to the last answered).
   std::atomic<uint64_t> issued_{0};

@@ -19,6 +19,7 @@ namespace {
 struct Symbols {
   decltype(&::ncclGetUniqueId) get_unique_id = nullptr;
   decltype(&::ncclCommInitRankConfig) init_rank_config = nullptr;
+  decltype(&::ncclCommSplit) split = nullptr;
   decltype(&::ncclCommGetAsyncError) get_async_error = nullptr;
   decltype(&::ncclCommAbort) abort = nullptr;
   decltype(&::ncclGroupStart) group_start = nullptr;
@@ -88,6 +89,9 @@ class RealNccl final : public NcclApi {
     }
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;  // every call returns at once; the engine polls state() with a bound
+    // A split child shares this communicator's proxy, streams and buffers (NCCL reads the
+    // parent's splitShare, not the split's); with no split it changes nothing.
+    config.splitShare = 1;
     ncclUniqueId unique{};
     std::memcpy(&unique, id.data(), sizeof(unique));
     ncclComm_t made = nullptr;
@@ -95,6 +99,23 @@ class RealNccl final : public NcclApi {
     *comm = made;
     return check(result, made, "ncclCommInitRankConfig (rank " + std::to_string(rank) + " of " +
                                    std::to_string(ranks) + " on GPU " + std::to_string(device) + ")");
+  }
+
+  Status split(void* parent, int device, int color, int key, void** comm) override {
+    if (Status s = load(); !s.ok()) return s;
+    static_assert(kNoColor == NCCL_SPLIT_NOCOLOR);
+    if (cudaSetDevice(device) != cudaSuccess) {
+      return Status::internal("cudaSetDevice(" + std::to_string(device) + ") before ncclCommSplit failed");
+    }
+    // The child's own config: non-blocking and shareable like its parent, for its own splits.
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    config.splitShare = 1;
+    const ncclResult_t result =
+        nccl_.split(static_cast<ncclComm_t>(parent), color, key, reinterpret_cast<ncclComm_t*>(comm), &config);
+    return check(result, static_cast<ncclComm_t>(parent),
+                 "ncclCommSplit (color " + std::to_string(color) + ", key " + std::to_string(key) + " on GPU " +
+                     std::to_string(device) + ")");
   }
 
   CommState state(void* comm, Status* error) override {
@@ -180,6 +201,7 @@ class RealNccl final : public NcclApi {
       }
       bool ok = resolve(library_, "ncclGetUniqueId", &nccl_.get_unique_id) &&
                 resolve(library_, "ncclCommInitRankConfig", &nccl_.init_rank_config) &&
+                resolve(library_, "ncclCommSplit", &nccl_.split) &&
                 resolve(library_, "ncclCommGetAsyncError", &nccl_.get_async_error) &&
                 resolve(library_, "ncclCommAbort", &nccl_.abort) &&
                 resolve(library_, "ncclGroupStart", &nccl_.group_start) &&
