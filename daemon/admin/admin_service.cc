@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+
 #include "daemon/peer/peer_server.h"  // to_grpc
 
 namespace gradsync::admin {
@@ -58,7 +60,9 @@ grpc::Status AdminService::GetStats(grpc::ServerContext* context, const v1::GetS
   bool sees_all = false;
   if (grpc::Status denied = check_reader(context, &uid, &sees_all); !denied.ok()) return denied;
   std::vector<JobStatistics> jobs;
-  if (Status s = view_->stats(request->job(), &jobs); !s.ok()) return to_grpc(s);
+  if (Status s = view_->stats(request->job(), sees_all ? std::nullopt : std::optional<uid_t>(uid), &jobs); !s.ok()) {
+    return to_grpc(s);
+  }
   for (const JobStatistics& j : jobs) {
     if (!sees_all && j.job.uid != uid) continue;
     v1::JobStats* out = reply->add_jobs();
@@ -155,8 +159,19 @@ grpc::Status AdminService::GetStatus(grpc::ServerContext* context, const v1::Get
     entry->set_name(name);
     entry->set_value(value);
   }
-  reply->set_jobs(status.jobs);
-  reply->set_clients(status.clients);
+  if (sees_all) {
+    reply->set_jobs(status.jobs);
+    reply->set_clients(status.clients);
+  } else {  // other users' activity is the privileged callers' business: the caller's own
+    std::vector<JobInfo> jobs;
+    std::vector<ClientInfo> clients;
+    if (Status s = view_->jobs(&jobs); !s.ok()) return to_grpc(s);
+    if (Status s = view_->clients(&clients); !s.ok()) return to_grpc(s);
+    reply->set_jobs(static_cast<uint32_t>(
+        std::count_if(jobs.begin(), jobs.end(), [uid](const JobInfo& j) { return j.uid == uid; })));
+    reply->set_clients(static_cast<uint32_t>(
+        std::count_if(clients.begin(), clients.end(), [uid](const ClientInfo& c) { return c.uid == uid; })));
+  }
   reply->set_control_socket(status.control_socket);
   reply->set_peer_address(status.peer_address);
   if (sees_all) {  // other users' rendezvous traffic is the privileged callers' business

@@ -139,13 +139,15 @@ Status IoDaemonView::clients(std::vector<ClientInfo>* out) {
   return on_io(options_.io, options_.answer_within, [this] { return options_.server->clients(); }, out);
 }
 
-Status IoDaemonView::stats(const std::string& wanted, std::vector<JobStatistics>* out) {
+Status IoDaemonView::stats(const std::string& wanted, std::optional<uid_t> owner, std::vector<JobStatistics>* out) {
   std::vector<std::pair<JobInfo, std::shared_ptr<const JobStats>>> jobs;
   if (Status s = on_io(options_.io, options_.answer_within,
-                       [this, wanted] {
+                       [this, wanted, owner] {
                          std::vector<std::pair<JobInfo, std::shared_ptr<const JobStats>>> matching;
                          for (const auto& job : options_.registry->jobs()) {
-                           if (wanted.empty() || job->params().id == wanted) matching.emplace_back(job->info(), job->stats());
+                           if (!wanted.empty() && job->params().id != wanted) continue;
+                           if (owner && job->params().uid != *owner) continue;
+                           matching.emplace_back(job->info(), job->stats());
                          }
                          return matching;
                        },
@@ -153,7 +155,10 @@ Status IoDaemonView::stats(const std::string& wanted, std::vector<JobStatistics>
       !s.ok()) {
     return s;
   }
-  if (!wanted.empty() && jobs.empty()) return Status::not_found("no job '" + wanted + "' on this gradsyncd");
+  if (!wanted.empty() && jobs.empty()) {
+    return Status::not_found("no job '" + wanted + "'" + (owner ? " of uid " + std::to_string(*owner) : "") +
+                             " on this gradsyncd");
+  }
   for (auto& [info, stats] : jobs) out->push_back(JobStatistics{std::move(info), stats->snapshot()});
   return Status();
 }

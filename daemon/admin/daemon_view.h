@@ -44,7 +44,7 @@ class IoDaemonView final : public DaemonView {
   Status jobs(std::vector<JobInfo>* out) override;
   Status clients(std::vector<ClientInfo>* out) override;
   Status in_flight(const std::string& job, std::optional<uid_t> owner, std::vector<JobOperations>* out) override;
-  Status stats(const std::string& job, std::vector<JobStatistics>* out) override;
+  Status stats(const std::string& job, std::optional<uid_t> owner, std::vector<JobStatistics>* out) override;
   Status traces(const std::string& job, size_t count, std::optional<uid_t> owner, std::vector<JobTrace>* out) override;
   Status change_settings(const SettingsChange& change, std::vector<JobChange>* out) override;
   Status drain(std::chrono::milliseconds wait, bool cancel, const std::function<bool()>& gone, bool* draining,

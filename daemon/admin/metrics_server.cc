@@ -136,7 +136,7 @@ std::string MetricsServer::scrape() {
   DaemonStatus status;
   std::vector<JobStatistics> jobs;
   std::vector<ClientInfo> clients;
-  if (!options_.view->status(&status).ok() || !options_.view->stats("", &jobs).ok() ||
+  if (!options_.view->status(&status).ok() || !options_.view->stats("", std::nullopt, &jobs).ok() ||
       !options_.view->clients(&clients).ok()) {
     return {};  // the daemon did not answer in time: the scrape fails, which is the signal
   }

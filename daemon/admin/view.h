@@ -75,8 +75,9 @@ class DaemonView {
   // Every job's (or the named job's) operations not finished yet; only `owner`'s jobs when
   // given (nobody else's are looked at, nor their other nodes asked).
   virtual Status in_flight(const std::string& job, std::optional<uid_t> owner, std::vector<JobOperations>* out) = 0;
-  // Every job's (or the named job's) statistics.
-  virtual Status stats(const std::string& job, std::vector<JobStatistics>* out) = 0;
+  // Every job's (or the named job's) statistics; only `owner`'s jobs when given, so that a job
+  // of another user is "no job" to the caller, as one that does not exist.
+  virtual Status stats(const std::string& job, std::optional<uid_t> owner, std::vector<JobStatistics>* out) = 0;
   // Every job's (or the named job's) last `count` operations (0: all kept); only `owner`'s
   // jobs when given.
   virtual Status traces(const std::string& job, size_t count, std::optional<uid_t> owner,

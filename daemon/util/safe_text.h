@@ -1,7 +1,9 @@
 // Text that came from a client (a job id, a group name, a rendezvous address, a whole frame's
 // worth of bytes), made safe to log or to echo back: control characters and bytes that are not
-// UTF-8 are shown as \xNN, so a newline cannot forge a log line, an escape sequence cannot
-// drive an operator's terminal, and a reply is always valid protobuf text; and at most
+// UTF-8 are shown as \xNN, and the code points that act like them (C1 controls, U+2028/2029,
+// the bidirectional overrides and isolates) as \uNNNN, so a newline cannot forge a log line, an
+// escape sequence cannot drive an operator's terminal, text cannot be shown reordered, and a
+// reply is always valid protobuf text; and at most
 // `max_bytes` are kept, saying how many were cut. Every log line and every error reply passes
 // through it (log.cc, client_handler.cc), so no call site has to remember.
 #pragma once

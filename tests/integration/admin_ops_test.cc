@@ -211,6 +211,43 @@ TEST_CASE("admin: SetConfig and Drain are refused to an unprivileged user and al
   CHECK(gradsyncctl(admin_group, "drain --cancel", user).code == 0);
 }
 
+// An allowed but unprivileged user reads its own jobs only: status counts none of root's, and
+// stats of root's job id answers exactly as for an id nobody uses (no oracle for existence).
+TEST_CASE("admin: an unprivileged user's status and stats show nothing of another user's jobs",
+          "[integration][admin]") {
+  const std::string user = std::to_string(test_user().uid);
+  TestDaemon daemon({"--allow-uid", "0", "--allow-uid", user});
+  open_socket_folder(daemon);
+  const std::string job = unique_job("admin-private");
+  Latch looked;
+  ClientGroup group(1, [&](int) {
+    auto client = join(daemon.socket(), job, 0, 1);
+    const TensorSet set = client->register_tensors(client->allocate_flat(std::vector<TensorSpec>{{DType::kFloat32, 64}}), {});
+    if (!client->allreduce(set, ReduceOptions{}).wait(10s)) return fail("step timed out");
+    return looked.wait(60s) ? kOk : fail("the test never looked");
+  });
+  for (int i = 0; i < 200; ++i) {
+    if (gradsyncctl(daemon, "jobs --json").output.find("\"operationsDone\": \"1\"") != std::string::npos) break;
+    std::this_thread::sleep_for(50ms);
+  }
+  const std::string& id = job;  // root's job
+  const CommandRun root_status = gradsyncctl(daemon, "status");
+  CHECK_THAT(root_status.output, Catch::Contains("jobs: 1, clients: 1"));
+  CHECK(gradsyncctl(daemon, "stats " + id).code == 0);
+  const CommandRun status = gradsyncctl(daemon, "status", user);
+  INFO(status.output);
+  CHECK(status.code == 0);
+  CHECK_THAT(status.output, Catch::Contains("jobs: 0, clients: 0"));
+  const CommandRun theirs = gradsyncctl(daemon, "stats " + id, user);
+  const CommandRun nobodys = gradsyncctl(daemon, "stats no-such-" + job, user);
+  INFO(theirs.output << "\n" << nobodys.output);
+  CHECK(theirs.code != 0);
+  CHECK(theirs.code == nobodys.code);
+  CHECK_THAT(theirs.output, Catch::Contains("no job '" + id + "' of uid " + user));
+  looked.open();
+  for (int s : group.wait_all(60s)) CHECK(exit_code(s) == kOk);
+}
+
 TEST_CASE("admin: drain refuses new jobs, lets running ones end, and --cancel accepts them again", "[integration][admin]") {
   TestDaemon daemon;
   const std::string job = unique_job("admin-drain");

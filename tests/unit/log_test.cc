@@ -33,6 +33,12 @@ TEST_CASE("safe text: control bytes and broken UTF-8 escaped, valid UTF-8 kept, 
   CHECK(safe_text("plain text", 100) == "plain text");
   CHECK(safe_text("two\nlines\x1b[31m", 100) == "two\\x0alines\\x1b[31m");
   CHECK(safe_text("caf\xc3\xa9 \xff", 100) == "caf\xc3\xa9 \\xff");
+  // Valid UTF-8 that acts: C1 NEL and CSI, the line separator, a right-to-left override and an
+  // isolate are escaped; other characters beyond ASCII (U+00A0, U+2027, U+202F) are kept.
+  CHECK(safe_text("a\xc2\x85" "b\xc2\x9b" "31m", 100) == "a\\u0085b\\u009b31m");
+  CHECK(safe_text("x\xe2\x80\xa8y\xe2\x80\xa9", 100) == "x\\u2028y\\u2029");
+  CHECK(safe_text("job\xe2\x80\xae" "gnp.exe\xe2\x81\xa6", 100) == "job\\u202egnp.exe\\u2066");
+  CHECK(safe_text("\xc2\xa0\xe2\x80\xa7\xe2\x80\xaf", 100) == "\xc2\xa0\xe2\x80\xa7\xe2\x80\xaf");
   CHECK(safe_text(std::string(5000, 'a'), 100) == std::string(100, 'a') + " ... (4900 more bytes)");
 }
 

@@ -1,5 +1,6 @@
 // A registration's tensors may not share bytes (daemon/control/registration_check.h), however
-// they are ordered, and empty tensors own none.
+// they are ordered, and empty tensors own none; an allgather output must hold world x packed
+// bytes inside its segment.
 #include <catch2/catch.hpp>
 
 #include "daemon/control/registration_check.h"
@@ -18,6 +19,60 @@ TEST_CASE("registration check: an overlap is found past an empty or short tensor
   CHECK_FALSE(check_no_overlap({f32(4), f32(4)}, {memory, memory}).ok());
   // Back to back, and empty ones anywhere: fine.
   CHECK(check_no_overlap({f32(4), f32(0), f32(4), f32(0)}, {memory, memory + 8, memory + 16, memory}).ok());
+}
+
+namespace {
+
+class HostRegion final : public MemoryRegion {
+ public:
+  explicit HostRegion(size_t size) : bytes_(size) {}
+  MemoryKind kind() const override { return MemoryKind::kHostMemfd; }
+  size_t size() const override { return bytes_.size(); }
+  std::byte* base() const override { return const_cast<std::byte*>(bytes_.data()); }
+
+ private:
+  std::vector<std::byte> bytes_;
+};
+
+// A registration of two float32 tensors (packed: 64 bytes) in segment 1, with its allgather
+// output at `offset` in segment 2 of `output_bytes`.
+Status register_with_output(int world, uint64_t output_bytes, uint64_t offset, ResolvedSet* out) {
+  Topology topology;
+  REQUIRE(make_topology(world, world, 0, 0, {}, &topology).ok());
+  SegmentMap segments;
+  segments[1] = std::make_shared<HostRegion>(64);
+  segments[2] = std::make_shared<HostRegion>(output_bytes);
+  control::RegisterRequest request;
+  for (uint64_t at : {0, 32}) {
+    auto* t = request.add_tensors();
+    t->set_dtype(control::FLOAT32);
+    t->set_numel(8);
+    t->set_segment_id(1);
+    t->set_offset(at);
+  }
+  request.set_has_gather_output(true);
+  request.set_gather_segment_id(2);
+  request.set_gather_offset(offset);
+  return check_registration(request, topology, world, segments, out);
+}
+
+}  // namespace
+
+TEST_CASE("registration check: an allgather output must hold every rank's packed tensors", "[registration]") {
+  // 4 ranks x 64 bytes: 256 bytes from the offset on. (A bound of one rank's 64 bytes would let
+  // the daemon write up to 192 bytes past the client's segment.)
+  ResolvedSet fits;
+  REQUIRE(register_with_output(4, 256, 0, &fits).ok());  // exactly
+  CHECK(fits.gather_output != nullptr);
+  ResolvedSet at_end;
+  CHECK(register_with_output(4, 320, 64, &at_end).ok());  // exactly, at an offset
+  for (auto [bytes, offset] : {std::pair<uint64_t, uint64_t>{255, 0}, {256, 1}, {64, 0}, {320, 65}, {1000, ~0ull}}) {
+    ResolvedSet refused;
+    const Status status = register_with_output(4, bytes, offset, &refused);
+    INFO(bytes << " bytes at offset " << offset);
+    CHECK(status.code() == ErrorCode::kInvalidArgument);
+    CHECK_THAT(status.message(), Catch::Contains("allgather output: 4 x 64 bytes") && Catch::Contains("do not fit"));
+  }
 }
 
 }  // namespace gradsync

@@ -27,8 +27,16 @@ TEST_CASE("token proof: good once, for exactly its call, within the window; the 
   CHECK_THAT(fresh.check_value(proof, "Set", "inst", changed, now).error_message(), Catch::Contains("does not match"));
   CHECK_FALSE(fresh.check_value(proof, "Add", "inst", request, now).ok());
   CHECK_FALSE(fresh.check_value(proof, "Set", "other", request, now).ok());
+  // The window holds both ways: a proof too old, and one from too far ahead of this clock
+  // (a sender whose clock runs fast), each refused; just inside either edge, accepted.
   CHECK_THAT(fresh.check_value(proof, "Set", "inst", request, now + std::chrono::minutes(5)).error_message(),
              Catch::Contains("from this node's clock"));
+  CHECK_THAT(fresh.check_value(proof, "Set", "inst", request, now - std::chrono::minutes(5)).error_message(),
+             Catch::Contains("from this node's clock"));
+  CHECK_FALSE(fresh.check_value(proof, "Set", "inst", request, now + kProofWindow + std::chrono::seconds(2)).ok());
+  CHECK_FALSE(fresh.check_value(proof, "Set", "inst", request, now - kProofWindow - std::chrono::seconds(2)).ok());
+  CHECK(ProofChecker(token).check_value(proof, "Set", "inst", request, now + kProofWindow - std::chrono::seconds(2)).ok());
+  CHECK(ProofChecker(token).check_value(proof, "Set", "inst", request, now - kProofWindow + std::chrono::seconds(2)).ok());
   CHECK_THAT(ProofChecker("another token of the right length!!").check_value(proof, "Set", "inst", request, now)
                  .error_message(),
              Catch::Contains("does not match"));
