@@ -22,7 +22,7 @@ inline constexpr uint32_t kProtocolVersion = 3;
 //   2: device sets share NCCL communicators per (group, GPU layout), agreed in a `<name>/share`
 //      exchange at each set's admission; engine names length-prefix the group
 //   3: the `<name>/share` offer also lists the engines a new one could be split off
-//      ("<i> <j> ...;<engine>"), and "dp" is admitted before a set's other groups
+//      ("<engine> <engine> ...;<engine>"), and "dp" is admitted before a set's other groups
 inline constexpr uint32_t kCrossNodeProtocol = 3;
 
 }  // namespace gradsync

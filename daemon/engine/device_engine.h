@@ -52,6 +52,8 @@ class DeviceCollectiveEngine {
   // After connect(): whether it took communicators kept from the job's previous generation
   // rather than creating them.
   virtual bool reused() const = 0;
+  // After connect(): whether its communicators were split off spec.parent's.
+  virtual bool split() const { return false; }
   // Whether another engine of the job may be split off this one now (DeviceEngineSpec::parent):
   // it connected, is healthy, and has a communicator spanning the group.
   virtual bool splittable() const { return false; }

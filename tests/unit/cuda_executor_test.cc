@@ -561,7 +561,7 @@ TEST_CASE("cuda executor: across nodes a communicator is shared only when every 
   // Node 1 shares it too: so does this node.
   auto second = std::make_shared<TensorSet>(*f.set);
   second->id = 1;
-  nodes.node1_offers = "0;" + first;
+  nodes.node1_offers = first + ";" + first;
   REQUIRE(executor.admit(*second, admission).ok());
   CHECK(engines.made.size() == 1);
   CHECK(nodes.names.back() == "nccl/s1/2:dp/share");
@@ -574,26 +574,34 @@ TEST_CASE("cuda executor: across nodes a communicator is shared only when every 
   REQUIRE(engines.made.size() == 2);
   CHECK(engines.made[1]->spec.name == "nccl/s2/2:dp");
   CHECK(engines.made[1]->spec.parent == nullptr);
-  // Node 1 could split the first engine, or the second, but has nothing to share: everybody
-  // splits the first that all nodes hold.
+  // Node 1 could split only the second engine (it keeps the first in another executor, say of
+  // another memory kind) and has nothing to share: everybody splits the second, by name.
   auto fourth = std::make_shared<TensorSet>(*f.set);
   fourth->id = 3;
-  nodes.node1_offers = "1;-";
+  nodes.node1_offers = "nccl/s2/2:dp nccl/s9/2:dp;-";
   REQUIRE(executor.admit(*fourth, admission).ok());
   REQUIRE(engines.made.size() == 3);
   CHECK(engines.made[2]->spec.parent == engines.made[1]);
+  // Node 1 lists engines this node does not have, and both of its: node 0's order decides.
   auto fifth = std::make_shared<TensorSet>(*f.set);
   fifth->id = 4;
-  nodes.node1_offers = "0 1 2;-";
+  nodes.node1_offers = "nccl/s7/2:dp nccl/s2/2:dp nccl/s0/2:dp;-";
   REQUIRE(executor.admit(*fifth, admission).ok());
   REQUIRE(engines.made.size() == 4);
   CHECK(engines.made[3]->spec.parent == engines.made[0]);
-  // A node that offers garbage is named.
+  // None in common: fresh.
   auto sixth = std::make_shared<TensorSet>(*f.set);
   sixth->id = 5;
-  for (const std::string garbage : {"", "nccl/s0/2:dp", "1 0;-", "x;-", "0;"}) {
+  nodes.node1_offers = "nccl/s7/2:dp;-";
+  REQUIRE(executor.admit(*sixth, admission).ok());
+  REQUIRE(engines.made.size() == 5);
+  CHECK(engines.made[4]->spec.parent == nullptr);
+  // A node that offers garbage is named.
+  auto seventh = std::make_shared<TensorSet>(*f.set);
+  seventh->id = 6;
+  for (const std::string garbage : {"", "nccl/s0/2:dp", "x;", "x;a b", "x;a;b"}) {
     nodes.node1_offers = garbage;
-    const Status refused = executor.admit(*sixth, admission);
+    const Status refused = executor.admit(*seventh, admission);
     CHECK(refused.code() == ErrorCode::kProtocol);
     CHECK_THAT(refused.message(), Catch::Contains("node 1 offered an undecodable communicator to share"));
   }

@@ -86,6 +86,7 @@ class FakeNccl final : public NcclApi {
     if (!fail_split.ok()) return fail_split;
     if (color != kNoColor) splits.push_back(Split{handle_of(parent), comm, Comm{device, -1, key, p.id, 0, false}});
     if (hang_after_split) hang = true;
+    if (p.rank == break_after_split) p.broken = true;
     return Status();
   }
   CommState state(void* comm, Status* error) override {
@@ -233,6 +234,7 @@ class FakeNccl final : public NcclApi {
   std::map<std::thread::id, std::set<int>> grouped;  // under mutex: each thread's open group
   Status fail_split;
   bool hang_after_split = false;  // under mutex
+  int break_after_split = -1;     // under mutex: this parent rank fails once its split is issued
   std::atomic<int> overlaps{0};
   std::atomic<int> unloaded_calls{0};
   std::atomic<bool> loaded{false};
@@ -1094,10 +1096,67 @@ TEST_CASE("nccl engine: a failed split fails the child, and aborts the parent an
     CHECK(status.code() == ErrorCode::kPeerLost);
     CHECK_THAT(status.message(), Catch::Contains("off job j set 1 group 'dp'") && Catch::Contains("remote process"));
   }
+  SECTION("one rank of the parent fails after NCCL made the other's child") {
+    nccl.break_after_split = 1;
+    nccl.polls_until_ready = 0;  // GPU 0's half completes at the first poll, then GPU 1 fails
+    NcclEngine child(&nccl, child_of(&parent, {0, 1}, {0, 1}), fast());
+    const Status status = child.connect(&local);
+    CHECK(status.code() == ErrorCode::kPeerLost);
+    // The parent's two and the child NCCL made for GPU 0: NCCL's order, parent first.
+    CHECK(nccl.aborts == 3);
+    std::lock_guard lock(nccl.mutex);
+    CHECK(nccl.comms.size() == 3);
+    for (const auto& [h, c] : nccl.comms) CHECK(c.aborted);
+  }
   // The parent is unusable, and its communicators are aborted without waiting for the job's end.
   CHECK_FALSE(parent.allreduce(buffers_for(parent), 4, ReduceSpec{}).ok());
   for (int i = 0; i < 200 && nccl.aborts < 2; ++i) std::this_thread::sleep_for(5ms);
+  CHECK(nccl.aborts >= 2);
+  std::lock_guard lock(nccl.mutex);
+  for (int h : {1, 2}) CHECK(nccl.comms.at(h).aborted);  // the parent's, before any child
+}
+
+TEST_CASE("nccl engine: an abort of one communicator of a split family fails the others' work in flight",
+          "[nccl][engine][split]") {
+  // NCCL's abort flag is shared by communicators that share resources: the child's abort cuts
+  // the parent's kernels short too, so the parent's watchdog must fail its bucket, not answer it.
+  FakeNccl nccl;
+  LocalRendezvous local;
+  NcclEngine parent(&nccl, spec_of({0, 1}, {0, 1}), fast());
+  REQUIRE(parent.connect(&local).ok());
+  NcclEngine child(&nccl, child_of(&parent, {0, 1}, {1, 0}), fast());
+  REQUIRE(child.connect(&local).ok());
+  REQUIRE(parent.allreduce(buffers_for(parent), 4, ReduceSpec{}).ok());
+  std::promise<Status> answered;
+  parent.watch(
+      "allreduce bucket 0",
+      [](bool* done) {
+        *done = false;  // the GPUs never say it finished
+        return Status();
+      },
+      60'000ms, [&](const Status& s) { answered.set_value(s); });
+  child.abort(Status::aborted("job j failed: rank 1 left"));
+  auto answer = answered.get_future();
+  REQUIRE(answer.wait_for(2s) == std::future_status::ready);
+  const Status status = answer.get();
+  CHECK(status.code() == ErrorCode::kAborted);
+  CHECK_THAT(status.message(), Catch::Contains("sharing its resources"));
+  CHECK_FALSE(parent.allreduce(buffers_for(parent), 4, ReduceSpec{}).ok());
+}
+
+TEST_CASE("nccl engine: a split parent may go before its child", "[nccl][engine][split]") {
+  FakeNccl nccl;
+  LocalRendezvous local;
+  auto parent = std::make_unique<NcclEngine>(&nccl, spec_of({0, 1}, {0, 1}), fast());
+  REQUIRE(parent->connect(&local).ok());
+  NcclEngine child(&nccl, child_of(parent.get(), {0, 1}, {0, 1}), fast());
+  REQUIRE(child.connect(&local).ok());
+  CHECK(child.split());
+  parent.reset();  // the executor ends its engines in name order, parents first or last
   CHECK(nccl.aborts == 2);
+  // The child's calls fail cleanly (one abort flag), and its own end aborts it once.
+  CHECK_FALSE(step(child).ok());
+  CHECK(nccl.overlaps == 0);
 }
 
 TEST_CASE("nccl engine: across nodes every rank of the parent takes part in the split, on nodes without the child's GPUs too",

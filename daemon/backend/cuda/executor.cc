@@ -354,7 +354,7 @@ Status CudaExecutor::admit(const TensorSet& set, const SetAdmission& admission) 
       engine_by_set_[{set.id, group}] = engine;
       layouts_[layout_key(group, spec)] = spec.name;
       engines_.emplace(spec.name, std::move(made));
-      made_.push_back(engine);
+      made_.push_back(spec.name);
     }
     const auto started = std::chrono::steady_clock::now();
     if (Status status = engine->connect(admission.rendezvous); !status.ok()) return status;
@@ -366,7 +366,7 @@ Status CudaExecutor::admit(const TensorSet& set, const SetAdmission& admission) 
                                                       : "connected in connect_ms=%.3f",
                   ms);
     std::string from;
-    if (spec.parent && !engine->reused()) {
+    if (spec.parent && engine->split()) {
       std::lock_guard lock(mutex_);
       for (const auto& [name, e] : engines_) {
         if (e.get() == spec.parent) from = ", split off the one made for " + name + " (sharing its resources)";
@@ -413,25 +413,26 @@ std::string CudaExecutor::layout_key(const std::string& group, const DeviceEngin
 
 namespace {
 
-// The "<name>/share" offer: "<i> <j> ...;<engine>", this node's engines (by creation index) that
-// the set's engine could be split off, then the name of the engine of its layout, or "-".
-std::string share_offer(const std::vector<size_t>& parents, const std::string& same) {
+// The "<name>/share" offer: "<engine> <engine> ...;<engine>": this node's engines (by name, in
+// creation order) that the set's engine could be split off, then the name of the engine of its
+// layout, or "-". Engine names ("nccl/s<set>/<len>:<group>") hold no space or ';' (group
+// names are letters, digits, '-', '_' and '.'), and name the same engine on every node; a
+// node's list may differ from another's (a set it keeps in another executor, by memory kind).
+std::string share_offer(const std::vector<std::string>& parents, const std::string& same) {
   std::string text;
-  for (size_t i : parents) text += (text.empty() ? "" : " ") + std::to_string(i);
+  for (const std::string& name : parents) text += (text.empty() ? "" : " ") + name;
   return text + ";" + same;
 }
 
-bool decode_share_offer(const std::string& text, std::vector<size_t>* parents, std::string* same) {
+bool decode_share_offer(const std::string& text, std::vector<std::string>* parents, std::string* same) {
   const size_t semicolon = text.find(';');
   if (semicolon == std::string::npos) return false;
   *same = text.substr(semicolon + 1);
+  if (same->empty() || same->find_first_of(" ;") != std::string::npos) return false;
   std::istringstream in(text.substr(0, semicolon));
-  long long index = 0;
-  while (in >> index) {
-    if (index < 0 || (!parents->empty() && static_cast<size_t>(index) <= parents->back())) return false;
-    parents->push_back(static_cast<size_t>(index));
-  }
-  return in.eof() && !same->empty();
+  std::string name;
+  while (in >> name) parents->push_back(name);
+  return true;
 }
 
 }  // namespace
@@ -441,8 +442,8 @@ Status CudaExecutor::share_engine(const TensorSet& set, const std::string& group
   *shared = false;
   std::string mine = "-";
   DeviceCollectiveEngine* engine = nullptr;
-  std::vector<size_t> parents;  // creation indices: every node created the same engines alike
-  std::vector<DeviceCollectiveEngine*> made;
+  std::vector<std::string> parents;  // this node's engines that hold the set's GPUs, oldest first
+  std::vector<std::pair<std::string, DeviceCollectiveEngine*>> made;
   {
     std::lock_guard lock(mutex_);
     if (!aborted_.ok()) return aborted_;
@@ -450,20 +451,20 @@ Status CudaExecutor::share_engine(const TensorSet& set, const std::string& group
       mine = it->second;
       engine = engines_.at(it->second).get();
     }
-    made = made_;
+    for (const std::string& name : made_) made.emplace_back(name, engines_.at(name).get());
   }
-  for (size_t i = 0; i < made.size(); ++i) {
-    const std::span<const int> has = made[i]->devices();
+  for (const auto& [name, candidate] : made) {
+    const std::span<const int> has = candidate->devices();
     const bool holds = std::all_of(spec->devices.begin(), spec->devices.end(), [&](int d) {
       return std::find(has.begin(), has.end(), d) != has.end();
     });
-    if (holds && made[i]->splittable()) parents.push_back(i);
+    if (holds && candidate->splittable()) parents.push_back(name);
   }
   // Every node offers the engine it would share (by its name, which names the set that made it,
   // so it is the same on every node that made it then), and shares only if all offer the same:
   // a node whose GPUs of the group changed makes a fresh one, and so then does everybody.
-  // Otherwise the first engine every node could split is the parent. A single-node job has
-  // nobody to ask.
+  // Otherwise the parent is the first engine of node 0's list that every node lists. A
+  // single-node job has nobody to ask.
   const std::string offer = share_offer(parents, mine);
   std::vector<std::string> offers{offer};
   if (admission.rendezvous->nodes() > 1) {
@@ -473,21 +474,29 @@ Status CudaExecutor::share_engine(const TensorSet& set, const std::string& group
     }
   }
   bool same = engine != nullptr;
-  std::vector<size_t> common = parents;
+  std::vector<std::vector<std::string>> lists;
   for (size_t n = 0; n < offers.size(); ++n) {
-    std::vector<size_t> theirs;
+    std::vector<std::string> theirs;
     std::string their_same;
     if (!decode_share_offer(offers[n], &theirs, &their_same)) {
       return Status::protocol(spec->what + ": node " + std::to_string(n) +
                               " offered an undecodable communicator to share: '" + offers[n] + "'");
     }
     if (their_same != mine) same = false;
-    std::vector<size_t> both;
-    std::set_intersection(common.begin(), common.end(), theirs.begin(), theirs.end(), std::back_inserter(both));
-    common = std::move(both);
+    lists.push_back(std::move(theirs));
   }
   if (!same) {
-    if (!common.empty()) spec->parent = made[common.front()];
+    for (const std::string& name : lists.front()) {
+      const bool everywhere = std::all_of(lists.begin(), lists.end(), [&](const std::vector<std::string>& l) {
+        return std::find(l.begin(), l.end(), name) != l.end();
+      });
+      if (!everywhere) continue;
+      // Every node lists it, this one included: it is this node's engine of that name.
+      for (const auto& [mine_name, candidate] : made) {
+        if (mine_name == name) spec->parent = candidate;
+      }
+      break;
+    }
     return Status();
   }
   {

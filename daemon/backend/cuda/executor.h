@@ -198,7 +198,7 @@ class CudaExecutor final : public BucketExecutor {
   static std::string layout_key(const std::string& group, const DeviceEngineSpec& spec);
   // admit(): when this node has an engine of the same layout and every node says the same, the
   // set uses it (*shared); otherwise the caller makes one, split off spec->parent when every
-  // node named an engine that holds its GPUs there (the first such, in creation order).
+  // node named an engine that holds its GPUs there (the first such in node 0's creation order).
   Status share_engine(const TensorSet& set, const std::string& group, DeviceEngineSpec* spec,
                       const SetAdmission& admission, bool* shared);
   Status aborted();  // the abort's reason, ok while not aborted
@@ -220,7 +220,7 @@ class CudaExecutor final : public BucketExecutor {
   std::map<std::string, std::unique_ptr<DeviceCollectiveEngine>> engines_;
   std::map<std::pair<uint32_t, std::string>, DeviceCollectiveEngine*> engine_by_set_;
   std::map<std::string, std::string> layouts_;
-  std::vector<DeviceCollectiveEngine*> made_;  // engines_ in creation order, the same on every node
+  std::vector<std::string> made_;  // the names of engines_ in creation order
   // Caller's thread only (the worker launches one bucket at a time).
   std::map<int, Device> devices_;
   std::map<TableKey, std::pair<int, Table>> tables_;  // with the device they live on

@@ -17,7 +17,7 @@ NcclEngine::NcclEngine(NcclApi* api, DeviceEngineSpec spec, EngineTiming timing,
     : api_(api), spec_(std::move(spec)), timing_(timing), park_(park) {
   // A parent made by another factory (a test's fake) cannot be split: fresh communicators then.
   parent_ = dynamic_cast<NcclEngine*>(spec_.parent);
-  calls_ = parent_ ? parent_->calls_ : std::make_shared<std::mutex>();
+  family_ = parent_ ? parent_->family_ : std::make_shared<Family>();
 }
 
 NcclEngine::~NcclEngine() {
@@ -27,7 +27,7 @@ NcclEngine::~NcclEngine() {
     watchdog = std::move(watchdog_);
   }
   watchdog.reset();  // fails what is in flight, aborting the communicators first
-  std::lock_guard lock(*calls_);
+  std::lock_guard lock(family_->calls);
   if (!park_locked()) abort_locked();
 }
 
@@ -41,7 +41,7 @@ std::string NcclEngine::park_key() const {
 
 bool NcclEngine::park_locked() {
   if (!park_ || !park_->enabled() || spec_.reuse_key.empty() || comms_aborted_ || comms_.empty() || !idle() ||
-      family_.load()) {
+      in_family_.load()) {
     return false;
   }
   for (void* comm : comms_) {
@@ -67,7 +67,7 @@ Status NcclEngine::try_reuse(Rendezvous* rendezvous, bool* reused) {
   bool usable = kept && kept->plan == plan_ && !stop_.load();
   if (usable) {
     // A peer's abort or a network error may have reached them while they were kept.
-    std::lock_guard lock(*calls_);
+    std::lock_guard lock(family_->calls);
     for (void* comm : kept->comms) {
       Status error;
       if (api_->state(comm, &error) != CommState::kReady) usable = false;
@@ -86,7 +86,7 @@ Status NcclEngine::try_reuse(Rendezvous* rendezvous, bool* reused) {
     return status;
   }
   if (kept) {
-    std::lock_guard lock(*calls_);
+    std::lock_guard lock(family_->calls);
     comms_ = std::move(kept->comms);
     id_ = kept->id;
     issued_.store(kept->collectives);
@@ -122,7 +122,7 @@ void NcclEngine::abort(const Status& why) {
   // when the engine goes; a collective issued after this is answered through watch(), which
   // aborts then.
   // A split family is never kept (its members share one abort flag): aborted like work in flight.
-  if (watchdog_ && (!idle() || spans_nodes() || family_.load())) watchdog_->abort(aborted_);
+  if (watchdog_ && (!idle() || spans_nodes() || in_family_.load())) watchdog_->abort(aborted_);
 }
 
 void NcclEngine::abandon() {
@@ -134,7 +134,7 @@ void NcclEngine::abandon() {
     stop_.store(true);
   }
   watchdog.reset();  // nothing in flight: it stops without aborting anything
-  std::lock_guard lock(*calls_);
+  std::lock_guard lock(family_->calls);
   // With no collective of ours queued, the GPUs use nothing of NCCL's: free it. Otherwise a
   // queued collective may still run once its stream moves, so it is never touched again.
   if (idle()) {
@@ -148,13 +148,20 @@ void NcclEngine::abort_locked() {
   if (comms_aborted_) return;
   comms_aborted_ = true;
   for (void* comm : comms_) {
-    if (comm) api_->abort(comm);
+    if (!comm) continue;
+    api_->abort(comm);
+    family_->aborted = true;  // NCCL's abort flag is the family's: tell the other members
   }
   registered_.clear();  // the abort freed the registrations with the communicators
 }
 
+Status NcclEngine::family_aborted_locked() const {
+  if (!family_->aborted) return Status();
+  return Status::aborted(spec_.what + ": a communicator sharing its resources (split off the same parent) was aborted");
+}
+
 Status NcclEngine::wait_ready(const std::string& what, std::chrono::milliseconds timeout,
-                              std::chrono::microseconds poll) {
+                              std::chrono::microseconds poll, const std::atomic<bool>* also_stop) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   // A group call NCCL left in progress is usually enqueued within microseconds: spin, yield,
   // then sleep up to `poll` (communicator creation polls every 10 ms, as PyTorch does).
@@ -163,7 +170,10 @@ Status NcclEngine::wait_ready(const std::string& what, std::chrono::milliseconds
     bool pending = false;
     bool aborted = false;
     {
-      std::lock_guard lock(*calls_);
+      std::lock_guard lock(family_->calls);
+      if (Status family = family_aborted_locked(); !family.ok() && !comms_aborted_) {
+        return Status(family.code(), what + ": " + family.message());
+      }
       aborted = comms_aborted_;
       for (size_t i = 0; i < comms_.size() && !aborted; ++i) {
         if (!comms_[i]) continue;
@@ -183,7 +193,7 @@ Status NcclEngine::wait_ready(const std::string& what, std::chrono::milliseconds
       return Status(why.code(), what + ": the communicators were aborted: " + why.message(), why.where());
     }
     if (!pending) return Status();
-    if (stop_.load()) return Status::aborted(what + " was aborted");
+    if (stop_.load() || (also_stop && also_stop->load())) return Status::aborted(what + " was aborted");
     if (std::chrono::steady_clock::now() >= deadline) {
       return Status::timeout(what + " did not finish within " + std::to_string(timeout.count()) + " ms");
     }
@@ -211,20 +221,17 @@ Status NcclEngine::connect(Rendezvous* rendezvous) {
     if (Status status = try_reuse(rendezvous, &reuse); !status.ok()) return failed(status);
   }
   bool split = false;
+  // One deadline for the whole split, the child's own readiness included.
+  const auto deadline = std::chrono::steady_clock::now() + spec_.timeout;
   if (!reuse && parent_) {
     // Every node agreed on this parent: each splits its ranks of it, with or without GPUs here.
-    if (Status status = split_from_parent(); !status.ok()) {
-      // NCCL's advice after a failed split: abort the parent, then whatever children it made.
-      parent_->abort(Status(status.code(), parent_->spec_.what + ": " + status.message(), status.where()));
-      std::lock_guard lock(*calls_);
-      abort_locked();
-      return failed(status);
-    }
+    if (Status status = split_from_parent(deadline); !status.ok()) return failed(status);
     if (spec_.devices.empty()) {
       connected_.store(true);
       return Status();
     }
     split = true;
+    split_ = true;
   }
   UniqueId& id = id_;
   if (!reuse && !split) {
@@ -232,7 +239,7 @@ Status NcclEngine::connect(Rendezvous* rendezvous) {
             rendezvous, spec_.name, plan_,
             [this](UniqueId* out) {
               if (stop_.load()) return unusable();
-              std::lock_guard lock(*calls_);
+              std::lock_guard lock(family_->calls);
               return api_->unique_id(out);
             },
             &id);
@@ -247,7 +254,7 @@ Status NcclEngine::connect(Rendezvous* rendezvous) {
   reused_ = reuse;
   Status status;
   if (!reuse && !split) {
-    std::lock_guard lock(*calls_);
+    std::lock_guard lock(family_->calls);
     if (stop_.load()) return unusable();
     comms_.assign(spec_.devices.size(), nullptr);
     // Every local rank inside one group: NCCL needs them all to make progress at once.
@@ -259,15 +266,20 @@ Status NcclEngine::connect(Rendezvous* rendezvous) {
     const Status ended = api_->group_end();
     if (status.ok()) status = ended;
   }
-  if (status.ok()) status = wait_ready("creating the NCCL communicators", spec_.timeout, timing_.init_poll);
+  const auto left = split ? std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now())
+                          : spec_.timeout;
+  if (status.ok()) {
+    status = wait_ready("creating the NCCL communicators", std::max(left, std::chrono::milliseconds(1)),
+                        timing_.init_poll);
+  }
   if (!status.ok()) {
-    std::lock_guard lock(*calls_);
+    std::lock_guard lock(family_->calls);
     abort_locked();
   }
   if (!status.ok()) return failed(status);
   std::lock_guard lock(status_mutex_);
   if (!aborted_.ok()) {  // aborted between the last poll and now: nothing was issued
-    std::lock_guard calls_lock(*calls_);
+    std::lock_guard calls_lock(family_->calls);
     if (spans_nodes() || !park_locked()) abort_locked();
     return aborted_;
   }
@@ -279,36 +291,57 @@ Status NcclEngine::connect(Rendezvous* rendezvous) {
 
 bool NcclEngine::splittable() const {
   if (!connected_.load() || !unusable().ok() || stop_.load()) return false;
-  std::lock_guard lock(*calls_);
+  std::lock_guard lock(family_->calls);
   // A node without GPUs in the group has no communicator, but takes part all the same.
   return !comms_aborted_ && (plan_.ranks > 1 || !comms_.empty());
 }
 
-Status NcclEngine::split_from_parent() {
+Status NcclEngine::split_from_parent(std::chrono::steady_clock::time_point deadline) {
   // NCCL writes each child into `made` when the split completes, on its own thread. After a
-  // failure it may still do so, so the slots are then left alive on purpose.
+  // failure it may still be doing so until the parent is aborted; the slots are then left
+  // alive on purpose (a few bytes).
   auto made = std::make_unique<std::vector<void*>>();
-  const Status status = parent_->split_for(*this, made.get());
-  std::lock_guard lock(*calls_);
-  family_.store(true);  // the calls share the parent's resources, and its abort flag
+  const Status status = parent_->split_for(*this, deadline, made.get());
+  if (!status.ok()) {
+    // NCCL's advice after a failed split: abort the parent (which ends the split), then
+    // whatever it made. The parent's watchdog then fails the parent's own work in flight.
+    {
+      std::lock_guard lock(family_->calls);
+      parent_->abort_locked();
+    }
+    parent_->abort(Status(status.code(), parent_->spec_.what + ": " + status.message(), status.where()));
+  }
+  std::lock_guard lock(family_->calls);
+  in_family_.store(true);  // the calls share the parent's resources, and its abort flag
   comms_.assign(spec_.devices.size(), nullptr);
+  std::vector<void*> strays;  // made for a GPU that is not this engine's: cannot happen, but is NCCL's
   for (size_t i = 0; i < made->size(); ++i) {
     if (!(*made)[i]) continue;
     const int device = parent_->spec_.devices[i];
     const auto at = std::find(spec_.devices.begin(), spec_.devices.end(), device) - spec_.devices.begin();
-    if (static_cast<size_t>(at) < comms_.size()) comms_[static_cast<size_t>(at)] = (*made)[i];
+    if (static_cast<size_t>(at) < comms_.size()) {
+      comms_[static_cast<size_t>(at)] = (*made)[i];
+    } else {
+      strays.push_back((*made)[i]);
+    }
   }
+  for (void* comm : strays) api_->abort(comm);
   if (!status.ok()) {
+    abort_locked();
     (void)made.release();
     return status;
   }
   for (size_t i = 0; i < comms_.size(); ++i) {
-    if (!comms_[i]) return Status::internal("NCCL's split made no communicator for " + describe(i));
+    if (!comms_[i]) {
+      abort_locked();
+      return Status::internal("NCCL's split made no communicator for " + describe(i));
+    }
   }
   return Status();
 }
 
-Status NcclEngine::split_for(const NcclEngine& child, std::vector<void*>* made) {
+Status NcclEngine::split_for(const NcclEngine& child, std::chrono::steady_clock::time_point deadline,
+                             std::vector<void*>* made) {
   const std::string what = "splitting " + child.spec_.what + " off " + spec_.what;
   made->assign(comms_.size(), nullptr);
   const int base = child.plan_.base[static_cast<size_t>(child.plan_.node)];
@@ -317,12 +350,12 @@ Status NcclEngine::split_for(const NcclEngine& child, std::vector<void*>* made) 
       return Status::internal(what + ": GPU " + std::to_string(device) + " is not one of the parent's");
     }
   }
-  const auto deadline = std::chrono::steady_clock::now() + child.spec_.timeout;
   Backoff backoff({.max_sleep = timing_.enqueue_poll});
   for (;;) {
     {
-      std::lock_guard lock(*calls_);
+      std::lock_guard lock(family_->calls);
       if (comms_aborted_) return Status::aborted(what + ": the parent's communicators were aborted");
+      if (Status family = family_aborted_locked(); !family.ok()) return Status(family.code(), what + ": " + family.message());
       // NCCL refuses to split a communicator that is in progress (a group call still being
       // enqueued): wait for it, then split under the same hold, before another call starts.
       bool ready = true;
@@ -337,7 +370,7 @@ Status NcclEngine::split_for(const NcclEngine& child, std::vector<void*>* made) 
         }
       }
       if (ready) {
-        family_.store(true);
+        in_family_.store(true);
         // Every local rank inside one group: each joins an allgather over the parent's bootstrap.
         Status status = api_->group_start();
         for (size_t i = 0; i < comms_.size() && status.ok(); ++i) {
@@ -362,7 +395,8 @@ Status NcclEngine::split_for(const NcclEngine& child, std::vector<void*>* made) 
     backoff.pause();
   }
   // The parent is in progress until NCCL made the child, which it writes into *made then.
-  return wait_ready(what, child.spec_.timeout, timing_.init_poll);
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+  return wait_ready(what, std::max(left, std::chrono::milliseconds(1)), timing_.init_poll, &child.stop_);
 }
 
 Status NcclEngine::group_call(const std::string& what, std::span<const DeviceBuffer> buffers,
@@ -375,8 +409,9 @@ Status NcclEngine::group_call(const std::string& what, std::span<const DeviceBuf
   }
   Status status;
   {
-    std::lock_guard lock(*calls_);
+    std::lock_guard lock(family_->calls);
     if (comms_aborted_) status = Status::aborted("the communicators were aborted");
+    if (status.ok()) status = family_aborted_locked();
     if (status.ok()) issued_.fetch_add(1);  // counted before issued: from here on not idle
     if (status.ok()) status = api_->group_start();
     if (status.ok()) {
@@ -439,7 +474,7 @@ Status NcclEngine::reduce_scatter(std::span<const DeviceBuffer> in, std::span<co
 Status NcclEngine::register_buffer(int device, void* data, size_t bytes, bool* registered) {
   *registered = false;
   if (Status status = unusable(); !status.ok()) return status;
-  std::lock_guard lock(*calls_);
+  std::lock_guard lock(family_->calls);
   if (comms_aborted_) return Status::aborted("the communicators were aborted");
   if (registered_.count({device, data})) {
     *registered = true;
@@ -485,8 +520,10 @@ void NcclEngine::watch(std::string what, std::function<Status(bool* done)> poll,
 }
 
 Status NcclEngine::async_error() {
-  std::lock_guard lock(*calls_);
+  std::lock_guard lock(family_->calls);
   if (comms_aborted_) return Status();  // the watchdog aborted them itself: it knows why
+  // Another member's abort cut this engine's work short too (one abort flag in NCCL).
+  if (Status family = family_aborted_locked(); !family.ok()) return family;
   for (size_t i = 0; i < comms_.size(); ++i) {
     Status error;
     if (api_->state(comms_[i], &error) == CommState::kFailed) {
@@ -498,7 +535,7 @@ Status NcclEngine::async_error() {
 
 void NcclEngine::abort_all() {
   stop_.store(true);  // a group call polling NCCL gives up
-  std::lock_guard lock(*calls_);
+  std::lock_guard lock(family_->calls);
   abort_locked();
 }
 

@@ -68,6 +68,7 @@ class NcclEngine final : public DeviceCollectiveEngine, private WatchedComms {
 
   Status connect(Rendezvous* rendezvous) override;
   bool reused() const override { return reused_; }
+  bool split() const override { return split_; }
   bool splittable() const override;
   int ranks() const override { return plan_.ranks; }
   std::span<const int> devices() const override { return spec_.devices; }
@@ -94,7 +95,9 @@ class NcclEngine final : public DeviceCollectiveEngine, private WatchedComms {
   Status unusable() const;
   // Polls every communicator until none is in progress: ok, the first failure, the abort, or a
   // timeout naming `what`. Takes the api's mutex for each poll, not between them.
-  Status wait_ready(const std::string& what, std::chrono::milliseconds timeout, std::chrono::microseconds poll);
+  // `also_stop`: another engine's stop flag that ends the wait too (a split's child).
+  Status wait_ready(const std::string& what, std::chrono::milliseconds timeout, std::chrono::microseconds poll,
+                    const std::atomic<bool>* also_stop = nullptr);
   // Runs `issue(i)` for every local rank inside one group, then waits until NCCL enqueued it.
   Status group_call(const std::string& what, std::span<const DeviceBuffer> buffers,
                     const std::function<Status(size_t)>& issue);
@@ -112,32 +115,41 @@ class NcclEngine final : public DeviceCollectiveEngine, private WatchedComms {
   bool park_locked();
   std::string park_key() const;
   std::string describe(size_t local) const;  // "GPU 3 (rank 5 of 8)"
-  // connect() of a child: its communicators split off the parent's (spec_.parent).
-  Status split_from_parent();
+  // connect() of a child: its communicators split off the parent's (spec_.parent), by the
+  // deadline. On failure the parent is aborted first, then whatever NCCL made.
+  Status split_from_parent(std::chrono::steady_clock::time_point deadline);
   // On the parent, for `child`: every local rank's ncclCommSplit inside one group once the
   // parent is not in progress, then polls the parent until NCCL made the child. *made gets one
   // entry per parent rank (null where the child has no GPU); it must outlive NCCL's writes.
-  Status split_for(const NcclEngine& child, std::vector<void*>* made);
+  Status split_for(const NcclEngine& child, std::chrono::steady_clock::time_point deadline, std::vector<void*>* made);
+  // The family's abort, for async_error() and the calls: ok unless a member was aborted.
+  Status family_aborted_locked() const;
 
   NcclApi* api_;
   const DeviceEngineSpec spec_;
   const EngineTiming timing_;
   RankPlan plan_;                 // set by connect(), then read-only
   NcclEngine* parent_ = nullptr;  // spec_.parent, if it is an NcclEngine; used by connect() only
-  // Every NCCL call on comms_; the parent's for a split child (one per family).
-  std::shared_ptr<std::mutex> calls_;
-  std::atomic<bool> family_{false};  // split off a parent, or a parent of a split
+  // What the engines of one split family share (an engine alone is a family of one).
+  struct Family {
+    std::mutex calls;      // every NCCL call on the family's communicators ("calls_" below)
+    bool aborted = false;  // under calls: a member's communicators were aborted (NCCL's abort
+                           // flag is shared: the others' work is cut short too)
+  };
+  std::shared_ptr<Family> family_;
+  std::atomic<bool> in_family_{false};  // split off a parent, or a parent of a split
   CommPark* park_;                // may be null
   std::vector<void*> comms_;      // one per spec_.devices entry; set once by connect()
   UniqueId id_{};                 // what comms_ were made with; set by connect()
   bool reused_ = false;           // set by connect()
+  bool split_ = false;            // set by connect(): split off spec_.parent
   std::atomic<bool> connected_{false};  // connect() succeeded
   // Collectives issued (counted before they are, by the issuing thread) and answered ok by the
   // watchdog (it answers in order, so this is the count up to the last answered).
   std::atomic<uint64_t> issued_{0};
   std::atomic<uint64_t> completed_{0};
   std::atomic<int> watching_{0};  // watched, not answered yet
-  bool comms_aborted_ = false;    // under calls_: comms_ must not be used once set
+  bool comms_aborted_ = false;    // under calls_ (family_->calls): comms_ must not be used once set
   std::map<std::pair<int, void*>, void*> registered_;  // (device, data) -> handle; under calls_
   std::atomic<bool> stop_{false};  // an abort was asked for: loops that poll NCCL give up
   mutable std::mutex status_mutex_;
