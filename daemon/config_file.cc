@@ -1,8 +1,16 @@
 #include "daemon/config_file.h"
 
-#include <fstream>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <sstream>
 #include <toml++/toml.h>
+
+#include "shared/unique_fd.h"
 
 namespace gradsync {
 namespace {
@@ -34,10 +42,37 @@ bool scalar_text(const toml::node& node, std::string* out) {
 }  // namespace
 
 Status read_config_file(const std::string& path, std::vector<FileSetting>* out) {
-  std::ifstream file(path, std::ios::binary);
-  if (!file) return Status::invalid_argument("cannot read config file '" + path + "'");
+  // Examined and read through one descriptor, so what was checked is what is read. gradsyncd
+  // applies what the file says (who may connect, where it listens), often as root: a file
+  // another user could change hands that user the daemon, so it must belong to root or to
+  // gradsyncd's user and be writable by nobody else, as the token file must.
+  const UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd.valid()) return Status::invalid_argument("cannot read config file '" + path + "': " + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) {
+    return Status::invalid_argument("config file '" + path + "' is not a regular file");
+  }
+  if (st.st_uid != ::geteuid() && st.st_uid != 0) {
+    return Status::invalid_argument("config file '" + path + "' belongs to uid " + std::to_string(st.st_uid) +
+                                    ", not to root or gradsyncd's user (uid " + std::to_string(::geteuid()) +
+                                    "): its owner could change this daemon's settings");
+  }
+  if (st.st_mode & (S_IWGRP | S_IWOTH)) {
+    char mode[8];
+    std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    return Status::invalid_argument("config file '" + path + "' is writable by other users (mode " + mode +
+                                    "): they could change this daemon's settings (chmod go-w it)");
+  }
+  std::string content;
+  char buffer[8192];
+  ssize_t got = 0;
+  while ((got = ::read(fd.get(), buffer, sizeof buffer)) > 0) {
+    content.append(buffer, static_cast<size_t>(got));
+    if (content.size() > (1u << 20)) return Status::invalid_argument("config file '" + path + "' is over 1 MiB");
+  }
+  if (got < 0) return Status::invalid_argument("cannot read config file '" + path + "': " + std::strerror(errno));
   std::ostringstream text;
-  text << file.rdbuf();
+  text << content;
   toml::table table;
   try {
     table = toml::parse(text.str(), path);

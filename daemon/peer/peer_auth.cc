@@ -28,15 +28,6 @@ Status read_file(const std::string& path, const char* flag, std::string* out) {
   return Status();
 }
 
-// Equal, in a time that does not say where they differ.
-bool same(const std::string& given, const std::string& expected) {
-  unsigned char diff = given.size() != expected.size() ? 1 : 0;
-  for (size_t i = 0; i < expected.size(); ++i) {
-    diff |= static_cast<unsigned char>((i < given.size() ? given[i] : 0) ^ expected[i]);
-  }
-  return diff == 0;
-}
-
 }  // namespace
 
 std::string PeerAuth::make_secret() {

@@ -1,5 +1,6 @@
 // Bad input on the control path: each gets a clear error naming what was wrong, and the daemon
 // keeps serving.
+#include <sys/stat.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -651,6 +652,30 @@ TEST_CASE("gradsyncd: settings come from a TOML config file; flags win; bad file
   refused("allow-uid = [1000, -1]\n", "allow-uid must hold strings or non-negative integers");
   refused("timeout-ms = 100000000\n", "--timeout-ms must be at most 86400000 (a day)");
   refused("timeout-ms = \"soon\"\n", "soon");
+  // A file other users could change would hand them the daemon's settings (who may connect).
+  write_config("timeout-ms = 1234\n");
+  REQUIRE(::chmod(pattern, 0666) == 0);
+  {
+    const auto [code, output] = run_daemon_command({"--config", file});
+    INFO(output);
+    CHECK(code == 2);
+    CHECK_THAT(output, Catch::Contains("config file '" + file + "' is writable by other users (mode 0666)"));
+  }
+  REQUIRE(::chmod(pattern, 0620) == 0);  // group-writable: refused too
+  CHECK(run_daemon_command({"--config", file}).first == 2);
+  REQUIRE(::chmod(pattern, 0644) == 0);
+  REQUIRE(::chown(pattern, 65534, 65534) == 0);  // nobody's
+  {
+    const auto [code, output] = run_daemon_command({"--config", file});
+    INFO(output);
+    CHECK(code == 2);
+    CHECK_THAT(output, Catch::Contains("belongs to uid 65534, not to root or gradsyncd's user"));
+  }
+  REQUIRE(::chown(pattern, 0, 0) == 0);
+  {
+    TestDaemon daemon({"--config", pattern});  // 0644, root's: fine
+    CHECK_THAT(daemon.log(), Catch::Contains("default timeout 1234 ms"));
+  }
   ::unlink(pattern);
   const auto [code, output] = run_daemon_command({"--config", "/nonexistent/gradsyncd.toml"});
   CHECK(code == 2);

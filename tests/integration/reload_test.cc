@@ -81,6 +81,12 @@ TEST_CASE("reload: SIGHUP applies a valid configuration file and rejects an inva
   daemon.process().signal(SIGHUP);
   REQUIRE(logged(daemon, "SIGHUP: the configuration was rejected", 2));
   CHECK_THAT(daemon.log(), Catch::Contains(file + ":3"));
+  // A valid file that another user could have changed: rejected too, the old one stays.
+  write_file(file, "timeout-ms = 777\nallow-uid = [0, 1, 2]\n");
+  REQUIRE(::chmod(file.c_str(), 0666) == 0);
+  daemon.process().signal(SIGHUP);
+  REQUIRE(logged(daemon, "SIGHUP: the configuration was rejected", 3));
+  CHECK_THAT(daemon.log(), Catch::Contains("is writable by other users (mode 0666)"));
   status = status_of(daemon);
   INFO(status);
   CHECK_THAT(status, Catch::Contains("timeout-ms            1234"));
