@@ -145,41 +145,16 @@ std::string MetricsServer::scrape() {
 
 namespace {
 
-// Blocking reads and writes on a connection end after these: a client that dawdles loses its
-// connection, not a handler's time. (The handler works on the plain descriptor: Asio's own
-// blocking reads wait in poll() and would ignore these.)
-void set_timeouts(int fd) {
-  timeval read_timeout{1, 0}, write_timeout{2, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &read_timeout, sizeof read_timeout);
-  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &write_timeout, sizeof write_timeout);
-}
-
-// Reads one request's head with Beast's parser; false on a timeout, an error or garbage.
-bool read_request(int fd, http::request_parser<http::empty_body>* parser) {
-  parser->eager(true);
-  char buffer[4096];
-  size_t total = 0;
-  while (!parser->is_header_done()) {
-    const ssize_t n = ::recv(fd, buffer, sizeof buffer, 0);
-    if (n <= 0) return false;
-    total += static_cast<size_t>(n);
-    if (total > 16 * 1024) return false;  // a request head is small
-    beast::error_code ec;
-    size_t offset = 0;
-    while (offset < static_cast<size_t>(n) && !parser->is_header_done()) {
-      const size_t used = parser->put(asio::buffer(buffer + offset, static_cast<size_t>(n) - offset), ec);
-      if (ec == http::error::need_more) break;
-      if (ec) return false;
-      if (used == 0) break;
-      offset += used;
-    }
-  }
-  return true;
-}
+// A scrape's answer is written within this, however slowly the client reads; each send waits
+// at most the socket's send timeout. (The handler works on the plain descriptor.)
+constexpr auto kWriteDeadline = std::chrono::seconds(5);
 
 void write_all(int fd, const std::string& bytes) {
+  timeval write_timeout{2, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &write_timeout, sizeof write_timeout);
+  const auto deadline = std::chrono::steady_clock::now() + kWriteDeadline;
   size_t sent = 0;
-  while (sent < bytes.size()) {
+  while (sent < bytes.size() && std::chrono::steady_clock::now() < deadline) {
     const ssize_t n = ::send(fd, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
     if (n <= 0) return;
     sent += static_cast<size_t>(n);
@@ -188,16 +163,12 @@ void write_all(int fd, const std::string& bytes) {
 
 }  // namespace
 
-void MetricsServer::handle(int fd) {
+void MetricsServer::handle(int fd, const Request& request) {
   try {
-    set_timeouts(fd);
-    http::request_parser<http::empty_body> parser;
-    if (!read_request(fd, &parser)) return;
-    const auto& request = parser.get();
     http::response<http::string_body> response;
-    response.version(request.version());
+    response.version(request.version);
     response.keep_alive(false);
-    if (request.method() != http::verb::get || request.target() != "/metrics") {
+    if (!request.get || request.target != "/metrics") {
       response.result(http::status::not_found);
       response.set(http::field::content_type, "text/plain");
       response.body() = "gradsyncd serves /metrics only\n";
@@ -219,9 +190,72 @@ void MetricsServer::handle(int fd) {
   }
 }
 
-// Accepts on the server's thread and hands each connection to a handler thread of its own, at
-// most kMaxHandlers at once (more are closed at once): a slow client holds one handler, never
-// the endpoint, and a scrape blocked on a busy daemon holds no accept.
+// On the server's thread: reads one request head within kReadDeadline, keeping the bytes the
+// parser has not consumed yet (Beast parses a head only once it is whole, so a request that
+// arrives a byte at a time is read whole), then hands the connection to a scrape handler.
+// Reading holds no thread, so slow clients (slowloris) cost a coroutine each, at most
+// kMaxReading of them, and each is cut at the deadline however it trickles.
+asio::awaitable<void> MetricsServer::read_request(asio::ip::tcp::socket socket) {
+  struct Count {  // on the server's thread only
+    size_t& n;
+    explicit Count(size_t& n) : n(++n) {}
+    ~Count() { --n; }
+  } counted(reading_);
+  asio::steady_timer deadline(state_->io);
+  deadline.expires_after(kReadDeadline);
+  deadline.async_wait([&socket](const boost::system::error_code& ec) {
+    if (ec) return;  // cancelled: the request was read (or the coroutine ended) in time
+    boost::system::error_code ignored;
+    socket.close(ignored);
+  });
+  http::request_parser<http::empty_body> parser;
+  parser.eager(true);
+  std::string pending;  // received, not yet consumed by the parser
+  char buffer[4096];
+  while (!parser.is_header_done()) {
+    boost::system::error_code ec;
+    const size_t n = co_await socket.async_read_some(asio::buffer(buffer), asio::redirect_error(asio::use_awaitable, ec));
+    if (ec) co_return;  // closed, failed, or cut at the deadline
+    pending.append(buffer, n);
+    if (pending.size() > kMaxHead) co_return;  // a request head is small
+    for (;;) {
+      beast::error_code parse_error;
+      const size_t used = parser.put(asio::buffer(pending), parse_error);
+      pending.erase(0, used);
+      if (parse_error == http::error::need_more || (!parse_error && used == 0) || parser.is_header_done()) break;
+      if (parse_error) co_return;
+    }
+  }
+  deadline.cancel();
+  Request request{parser.get().method() == http::verb::get, std::string(parser.get().target()),
+                  parser.get().version()};
+  std::lock_guard lock(handlers_mutex_);
+  std::erase_if(handlers_, [](Handler& h) {
+    if (!h.done->load()) return false;
+    h.thread.join();
+    return true;
+  });
+  if (handlers_.size() >= kMaxHandlers) co_return;  // the socket closes as it goes
+  // The handler owns a plain descriptor, in blocking mode.
+  const int fd = ::dup(socket.native_handle());
+  boost::system::error_code ignored;
+  socket.close(ignored);
+  if (fd < 0) co_return;
+  const int flags = ::fcntl(fd, F_GETFL);
+  ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+  auto done = std::make_shared<std::atomic<bool>>(false);
+  handlers_.push_back(Handler{std::thread([this, done, fd, request = std::move(request)] {
+                                handle(fd, request);
+                                ::close(fd);
+                                done->store(true);
+                              }),
+                              done});
+}
+
+// Accepts on the server's thread; each connection's request is read there (read_request), at
+// most kMaxReading at once (more are closed at once), and answered on a handler thread of its
+// own, at most kMaxHandlers at once: a slow client holds no thread while it sends, and a
+// scrape blocked on a busy daemon holds no accept.
 void MetricsServer::serve() {
   asio::co_spawn(
       state_->io,
@@ -238,26 +272,8 @@ void MetricsServer::serve() {
             co_await pause.async_wait(asio::redirect_error(asio::use_awaitable, ec));
             continue;
           }
-          std::lock_guard lock(handlers_mutex_);
-          std::erase_if(handlers_, [](Handler& h) {
-            if (!h.done->load()) return false;
-            h.thread.join();
-            return true;
-          });
-          if (handlers_.size() >= kMaxHandlers) continue;  // the socket closes as it goes
-          // The handler owns a plain descriptor, in blocking mode, with socket timeouts.
-          const int fd = ::dup(socket.native_handle());
-          socket.close(ec);
-          if (fd < 0) continue;
-          const int flags = ::fcntl(fd, F_GETFL);
-          ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
-          auto done = std::make_shared<std::atomic<bool>>(false);
-          handlers_.push_back(Handler{std::thread([this, done, fd] {
-                                        handle(fd);
-                                        ::close(fd);
-                                        done->store(true);
-                                      }),
-                                      done});
+          if (reading_ >= kMaxReading) continue;  // the socket closes as it goes
+          asio::co_spawn(state_->io, read_request(std::move(socket)), asio::detached);
         }
       },
       [this](std::exception_ptr failure) {

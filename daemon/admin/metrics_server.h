@@ -1,12 +1,16 @@
 // Prometheus metrics over HTTP (Boost.Beast), off by default (--metrics HOST:PORT): GET /metrics
 // answers in the text exposition format, from the same snapshots as the admin service
-// (view.h), so a scrape never touches live state off its owning thread. One thread accepts;
-// each connection gets a handler thread of its own (at most kMaxHandlers), with short socket
-// timeouts, so a slow or idle client holds neither the endpoint nor the daemon. Every job's series carry job and uid labels; scrapers reach them all, so bind
-// it to an address only the monitoring system reaches.
+// (view.h), so a scrape never touches live state off its owning thread. One thread accepts and
+// reads each request's head (asynchronously, at most kMaxReading at once, each cut at
+// kReadDeadline however slowly it trickles in); each request read is answered on a handler
+// thread of its own (at most kMaxHandlers), whose write is bounded too. So a slow, idle or
+// slowloris client holds neither the endpoint, a thread, nor the daemon. Every job's series
+// carry job and uid labels; scrapers reach them all, so bind it to an address only the
+// monitoring system reaches.
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -49,8 +53,17 @@ class MetricsServer {
     std::shared_ptr<std::atomic<bool>> done;
   };
   static constexpr size_t kMaxHandlers = 4;
+  static constexpr size_t kMaxReading = 64;
+  static constexpr size_t kMaxHead = 16 * 1024;
+  static constexpr std::chrono::seconds kReadDeadline{2};
+  struct Request {
+    bool get = false;
+    std::string target;
+    unsigned version = 11;
+  };
   void serve();
-  void handle(int fd);  // one connection, on its handler thread
+  boost::asio::awaitable<void> read_request(boost::asio::ip::tcp::socket socket);  // on the server's thread
+  void handle(int fd, const Request& request);  // one connection, on its handler thread
   std::string scrape();
 
   MetricsServerOptions options_;
@@ -58,6 +71,7 @@ class MetricsServer {
   int port_ = 0;
   std::mutex handlers_mutex_;
   std::vector<Handler> handlers_;  // guarded by handlers_mutex_; joined when done or at the end
+  size_t reading_ = 0;             // requests being read; the server's thread only
   std::thread thread_;
 };
 

@@ -7,9 +7,11 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <regex>
@@ -135,10 +137,104 @@ TEST_CASE("metrics: gauges, per-job counters and histograms, and failures by cod
     idle.push_back(fd);
   }
   const auto asked = std::chrono::steady_clock::now();
-  const std::string scraped = shell("curl -s --retry 5 --retry-all-errors --retry-delay 1 --max-time 10 " + url + "/metrics");
+  const std::string scraped = shell("curl -s --max-time 10 " + url + "/metrics");  // at once, no retry
   CHECK_THAT(scraped, Catch::Contains("gradsync_jobs "));
   CHECK(std::chrono::steady_clock::now() - asked < 5s);
   for (int fd : idle) ::close(fd);
+}
+
+namespace {
+
+// A TCP connection to the metrics port on loopback.
+int connect_to(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0);
+  return fd;
+}
+
+// Everything the server sends until it closes (or 5 s pass).
+std::string read_all(int fd) {
+  timeval timeout{5, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
+  std::string text;
+  char buffer[4096];
+  ssize_t n = 0;
+  while ((n = ::recv(fd, buffer, sizeof buffer, 0)) > 0) text.append(buffer, static_cast<size_t>(n));
+  return text;
+}
+
+}  // namespace
+
+TEST_CASE("metrics: a request sent a byte at a time is read whole", "[integration][metrics]") {
+  TestDaemon daemon({"--metrics", "127.0.0.1:0"});
+  const std::string url = metrics_url(daemon);
+  const int fd = connect_to(std::stoi(url.substr(url.rfind(':') + 1)));
+  const std::string request = "GET /metrics HTTP/1.1\r\nHost: scraper\r\nAccept: text/plain\r\n\r\n";
+  for (char c : request) {
+    REQUIRE(::send(fd, &c, 1, MSG_NOSIGNAL) == 1);
+    std::this_thread::sleep_for(2ms);
+  }
+  const std::string reply = read_all(fd);
+  ::close(fd);
+  INFO(reply.substr(0, 200));
+  CHECK(reply.rfind("HTTP/1.1 200 OK", 0) == 0);
+  CHECK_THAT(reply, Catch::Contains("gradsync_uptime_seconds "));
+}
+
+// Slowloris: connections that send a header line every 0.8 s, as long as they are let, more of
+// them than there are scrape handlers. Each is cut at the 2 s read deadline, and every scrape
+// meanwhile is answered (with a 16 KiB head limit and a per-read timeout alone, four such
+// connections closed every scrape for 40 s).
+TEST_CASE("metrics: slow senders are cut at the read deadline and never keep a scrape out", "[integration][metrics]") {
+  TestDaemon daemon({"--metrics", "127.0.0.1:0"});
+  const std::string url = metrics_url(daemon);
+  const int port = std::stoi(url.substr(url.rfind(':') + 1));
+  std::atomic<bool> stop{false};
+  std::atomic<int> cut_within_3s{0}, slow_connections{0};
+  std::vector<std::thread> attackers;
+  for (int a = 0; a < 16; ++a) {
+    attackers.emplace_back([&] {
+      while (!stop.load()) {
+        const int fd = connect_to(port);
+        ++slow_connections;
+        const auto opened = std::chrono::steady_clock::now();
+        std::string line = "GET /metrics HTTP/1.1\r\n";
+        bool open = true;
+        for (int i = 0; open && !stop.load() && i < 20; ++i) {
+          open = ::send(fd, line.data(), line.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(line.size());
+          line = "X-Slow-" + std::to_string(i) + ": a\r\n";
+          // Between lines, watch for the server's close.
+          pollfd p{fd, POLLIN, 0};
+          if (open && ::poll(&p, 1, 800) > 0) {
+            char byte;
+            open = ::recv(fd, &byte, 1, 0) > 0;
+          }
+        }
+        if (!open && std::chrono::steady_clock::now() - opened < 3s) ++cut_within_3s;
+        ::close(fd);
+      }
+    });
+  }
+  std::this_thread::sleep_for(300ms);  // the slow connections are in
+  int scrapes = 0, answered = 0;
+  const auto until = std::chrono::steady_clock::now() + 6s;
+  while (std::chrono::steady_clock::now() < until) {
+    ++scrapes;
+    if (shell("curl -s -o /dev/null -w '%{http_code}' --max-time 3 " + url + "/metrics") == "200") ++answered;
+    std::this_thread::sleep_for(100ms);
+  }
+  stop.store(true);
+  for (auto& t : attackers) t.join();
+  INFO(answered << " of " << scrapes << " scrapes answered; " << cut_within_3s.load() << " of "
+                << slow_connections.load() << " slow connections cut within 3 s");
+  CHECK(scrapes >= 10);
+  CHECK(answered == scrapes);
+  CHECK(cut_within_3s.load() >= 16);  // every attacker's first connection at least
+  CHECK(daemon.running());
 }
 
 }  // namespace gradsync::test
