@@ -88,6 +88,14 @@ ParsedConfig parse_daemon_config(int argc, const char* const* argv) {
        "memory segments all of one user's clients may hold (keep users x this below vm.max_map_count)")
       ("max-tensors-per-client", po::value(&config.limits.tensors_per_client)->default_value(config.limits.tensors_per_client),
        "tensors one client may register, over all its sets")
+      ("max-segment-bytes", po::value(&config.limits.segment_bytes)->default_value(0),
+       "largest memory segment a client may announce, in bytes; 0: the machine's physical memory")
+      ("max-bytes-per-user", po::value(&config.limits.bytes_per_user)->default_value(0),
+       "bytes one user's segments may map into the daemon, with its registrations being checked (64 "
+       "bytes a tensor); 0: the machine's physical memory")
+      ("max-bytes", po::value(&config.limits.bytes_total)->default_value(0),
+       "the same, all users together; 0: twice the physical memory, at most 64 TiB (half the address "
+       "space)")
       ("max-local-world-size", po::value(&config.limits.local_world_size)->default_value(config.limits.local_world_size),
        "largest local world size (ranks on this node) a job may declare, at most 1024")
       ("reduce-threads", po::value(&config.reduce_threads)->default_value(0),

@@ -52,6 +52,11 @@ Daemon::Daemon(DaemonConfig config, std::function<ParsedConfig()> reparse)
     std::ifstream max_map_count("/proc/sys/vm/max_map_count");
     uint64_t maps = 0;
     if (max_map_count >> maps && maps >= 2) limits.segments_total = static_cast<uint32_t>(std::min<uint64_t>(maps / 2, UINT32_MAX));
+    // Byte budgets left at 0 follow the machine's memory.
+    const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+    resolve_byte_limits(pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0, &limits);
+    log_.info("memory budgets: a segment at most " + describe_bytes(limits.segment_bytes) + ", a user " +
+              describe_bytes(limits.bytes_per_user) + ", all users " + describe_bytes(limits.bytes_total));
     users_ = std::make_shared<UserCounts>(limits);
   }
   device_engines_ = make_device_engine_factory(config_.nccl_keep_idle);

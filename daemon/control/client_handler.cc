@@ -221,8 +221,20 @@ Status ClientHandler::on_segment(uint64_t request_id, const control::SegmentRequ
                              " per client (use fewer, larger segments)",
                          "max-segments-per-client", limits.segments_per_client);
   }
-  UserCounts::Ticket ticket;
-  if (Status status = options_.users->take(UserCounts::What::kSegments, options_.peer.uid, 1, &ticket);
+  // The budget counts what the client announced; the import checks the memory is that size
+  // (an empty sealed memfd costs no memory, but its whole size of the daemon's address space).
+  const LocalLimits& budget = options_.users->limits();
+  if (request.bytes() > budget.segment_bytes) {
+    return limit_reached("a segment of " + describe_bytes(request.bytes()) + ", at most " +
+                             describe_bytes(budget.segment_bytes) + " per segment",
+                         "max-segment-bytes", budget.segment_bytes);
+  }
+  auto ticket = std::make_shared<SegmentTickets>();
+  if (Status status = options_.users->take(UserCounts::What::kSegments, options_.peer.uid, 1, &ticket->count);
+      !status.ok()) {
+    return status;
+  }
+  if (Status status = options_.users->take(UserCounts::What::kBytes, options_.peer.uid, request.bytes(), &ticket->bytes);
       !status.ok()) {
     return status;
   }
@@ -245,7 +257,7 @@ Status ClientHandler::on_segment(uint64_t request_id, const control::SegmentRequ
         imported.status = backends->import_memory(std::move(*what), &imported.region);
         return imported;
       },
-      [this, request_id, ticket = std::make_shared<UserCounts::Ticket>(std::move(ticket))](Imported imported) {
+      [this, request_id, ticket](Imported imported) {
         control::Reply reply;
         reply.set_id(request_id);
         const Status& status = imported.status;
@@ -308,10 +320,18 @@ Status ClientHandler::on_register(uint64_t request_id, control::Request request)
                              std::to_string(limits.tensors_per_client) + " per client",
                          "max-tensors-per-client", limits.tensors_per_client);
   }
-  UserCounts::Ticket ticket;
-  if (Status status = options_.users->take(UserCounts::What::kPendingRegistrations, options_.peer.uid, 1, &ticket);
+  // Waiting registrations count, and their memory counts against the user's byte budget, until
+  // the barrier answers them.
+  auto ticket = std::make_shared<SegmentTickets>();
+  if (Status status = options_.users->take(UserCounts::What::kPendingRegistrations, options_.peer.uid, 1, &ticket->count);
       !status.ok()) {
     return status;
+  }
+  if (Status status = options_.users->take(UserCounts::What::kBytes, options_.peer.uid, count * kBytesPerPendingTensor,
+                                           &ticket->bytes);
+      !status.ok()) {
+    return Status(status.code(), "registering " + std::to_string(count) + " tensors: " + status.message(),
+                  status.where());
   }
   free_off_io.keep = true;  // it moves into the check below
   struct Checked {
@@ -341,8 +361,7 @@ Status ClientHandler::on_register(uint64_t request_id, control::Request request)
         if (large) ::malloc_trim(0);  // the decoded request's memory goes back to the system
         return checked;
       },
-      [this, request_id, count, job = std::weak_ptr<Job>(job_),
-       ticket = std::make_shared<UserCounts::Ticket>(std::move(ticket))](Checked checked) {
+      [this, request_id, count, job = std::weak_ptr<Job>(job_), ticket](Checked checked) {
         control::Reply reply;
         reply.set_id(request_id);
         if (!checked.status.ok()) return finish(std::move(reply), {}, checked.status);
@@ -360,7 +379,8 @@ Status ClientHandler::on_register(uint64_t request_id, control::Request request)
         *tensors_ += count;
         reg.done = [send, request_id, ready_events, done_events, ticket, tensors = tensors_, count](
                        const Status& status, const TensorSet* set) {
-          ticket->release();  // no longer waiting
+          ticket->count.release();  // no longer waiting
+          ticket->bytes.release();
           control::Reply reply;
           reply.set_id(request_id);
           if (!status.ok()) {

@@ -100,7 +100,12 @@ class ClientHandler {
   int rank_ = -1;
   int local_rank_ = -1;
   std::map<uint32_t, std::shared_ptr<const MemoryRegion>> segments_;
-  std::vector<UserCounts::Ticket> segment_tickets_;  // one per segment, against the user's limit
+  // A segment's (or a waiting registration's) hold on the user's count and byte budget.
+  struct SegmentTickets {
+    UserCounts::Ticket count;
+    UserCounts::Ticket bytes;
+  };
+  std::vector<SegmentTickets> segment_tickets_;  // one per segment, against the user's limits
   uint32_t next_segment_id_ = 1;
   // Tensors in this client's registrations that are waiting or committed; shared with their
   // callbacks, which give a failed registration's back.

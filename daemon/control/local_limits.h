@@ -33,14 +33,35 @@ struct LocalLimits {
   // Segments of all users together: half of vm.max_map_count, read at start (not a flag), so
   // that the daemon's own mappings (rings, stacks, large blocks) always have room.
   uint32_t segments_total = 32765;
+  // Bytes: what one user's segments map into the daemon's address space, plus its
+  // registrations being checked (kBytesPerPendingTensor each tensor), against one budget; all
+  // users' together against another; and one segment's size. 0 = derived from the machine's
+  // physical memory at start (resolve_byte_limits): a segment and a user at most the physical
+  // memory, all users twice that, at most 64 TiB (half of x86-64's 128 TiB of user address
+  // space). An empty sealed memfd costs no memory but its whole size in address space.
+  uint64_t segment_bytes = 0;   // --max-segment-bytes
+  uint64_t bytes_per_user = 0;  // --max-bytes-per-user
+  uint64_t bytes_total = 0;     // --max-bytes
   bool operator==(const LocalLimits&) const = default;
 };
+
+// What a registration waiting to be checked and for its barrier costs the daemon per tensor:
+// its decoded request and tables (about 58 MB for a million tensors, measured by the review).
+inline constexpr uint64_t kBytesPerPendingTensor = 64;
+
+// Fills the byte limits left at 0 from `physical` bytes of memory (sysconf at start).
+void resolve_byte_limits(uint64_t physical, LocalLimits* limits);
+
+// Renders a byte count for messages: "1.5 GiB (1610612736 bytes)".
+std::string describe_bytes(uint64_t bytes);
+
+
 
 // The per-user counts, shared by every session (thread-safe: a ticket may be released on any
 // thread, e.g. with a registration callback the worker drops).
 class UserCounts : public std::enable_shared_from_this<UserCounts> {
  public:
-  enum class What { kConnections, kPendingRegistrations, kSegments, kJobs };
+  enum class What { kConnections, kPendingRegistrations, kSegments, kJobs, kBytes };
 
   explicit UserCounts(LocalLimits limits) : limits_(limits) {}
   const LocalLimits& limits() const { return limits_; }
@@ -68,8 +89,8 @@ class UserCounts : public std::enable_shared_from_this<UserCounts> {
   static constexpr uid_t kEveryone = static_cast<uid_t>(-1);
 
   // Takes `n` of `what` for `uid`, or says which limit that would pass (resource_exhausted,
-  // naming the setting). Segments and jobs count against a daemon-wide limit too
-  // (segments_total, --max-jobs); `ticket` then holds both.
+  // naming the setting). Segments, jobs and bytes count against a daemon-wide limit too
+  // (segments_total, --max-jobs, --max-bytes); `ticket` then holds both.
   Status take(What what, uid_t uid, uint64_t n, Ticket* ticket);
 
   // How many `uid` holds now.

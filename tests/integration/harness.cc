@@ -47,6 +47,11 @@ TestDaemon::TestDaemon(std::vector<std::string> args) {
     ::unlink(log_path_.c_str());
     throw Error(Status(e.status().code(), e.status().message() + "; its log:\n" + tail));
   }
+  // Its socket exists a moment before it logs that it is ready (every socket listening), and
+  // tests read that line's settings: wait for it (a loaded machine widens the gap).
+  for (int i = 0; i < 800 && running() && log().find(" ready (") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
 }
 
 TestDaemon::~TestDaemon() {

@@ -2,6 +2,8 @@
 // limit, when hit, refuses the offending request with an error naming the limit and its
 // setting; the daemon and the other clients carry on. Setup work (channels, segments, large
 // registrations) runs off the io thread, and the daemon's memory comes back after it.
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -17,6 +19,7 @@
 #include "shared/version.h"
 #include "tests/integration/harness.h"
 #include "tests/integration/raw_protocol.h"
+#include "tests/integration/users.h"
 
 namespace gradsync::test {
 namespace {
@@ -52,6 +55,20 @@ class RawClient {
     request.set_fd_count(1);
     request.set_id(++id_);
     socket_.send(frame_of(request), {memory_.back()->fd().get()});
+    return socket_.read_reply();
+  }
+  // A segment of `bytes` that is a sealed memfd nobody here maps: sparse, it costs no memory.
+  control::Reply sparse_segment(uint64_t bytes) {
+    const UniqueFd fd(::memfd_create("gradsync-sparse", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+    REQUIRE(fd.valid());
+    REQUIRE(::ftruncate(fd.get(), static_cast<off_t>(bytes)) == 0);
+    REQUIRE(::fcntl(fd.get(), F_ADD_SEALS, kSizeSeals) == 0);
+    control::Request request;
+    request.mutable_segment()->set_kind(control::HOST_MEMFD);
+    request.mutable_segment()->set_bytes(bytes);
+    request.set_fd_count(1);
+    request.set_id(++id_);
+    socket_.send(frame_of(request), {fd.get()});
     return socket_.read_reply();
   }
   // `count` float32 tensors of one element each, back to back in segment `segment_id`.
@@ -106,7 +123,7 @@ void eventually_serving(const TestDaemon& daemon, const std::string& setting) {
 
 }  // namespace
 
-TEST_CASE("limits: a user's connections are bounded; the refused one is told the setting, the rest carry on",
+TEST_CASE("limits: a user's connections are bounded, the refused one is told the setting, the rest carry on",
           "[integration][limits]") {
   TestDaemon daemon({"--max-connections-per-user", "3"});
   std::vector<std::unique_ptr<RawClient>> held;
@@ -231,6 +248,104 @@ TEST_CASE("limits: a user's registrations waiting for their barrier are bounded"
   // client left, failing them), registering works again.
   owner.reset();
   eventually_serving(daemon, "--max-pending-registrations-per-user");
+}
+
+namespace {
+
+// The machine's physical memory, as gradsyncd reads it for its byte budgets' defaults.
+uint64_t physical_memory() {
+  return std::max<uint64_t>(static_cast<uint64_t>(::sysconf(_SC_PHYS_PAGES)) * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE)),
+                            uint64_t{1} << 30);
+}
+
+// In a child that becomes the test user: joins a job, registers, and verifies a few sums.
+int victim_runs(const std::string& socket, const std::string& job) {
+  if (!become(test_user())) return fail("cannot become the test user");
+  auto client = join(socket, job, 0, 1);
+  const TensorSet set = client->register_tensors(client->allocate_flat(std::vector<TensorSpec>{{DType::kFloat32, 4096}}), {});
+  for (int step = 0; step < 5; ++step) {
+    for (float& v : set.tensor(0).as<float>()) v = 3.0f;
+    if (!client->allreduce(set, ReduceOptions{ReduceOp::kSum}).wait(std::chrono::seconds(10))) {
+      return fail("the victim's step timed out");
+    }
+    for (float v : set.tensor(0).as<float>()) {
+      if (v != 3.0f) return fail("the victim's sum was wrong");
+    }
+  }
+  return kOk;
+}
+
+}  // namespace
+
+// The outside review's attack: 76 empty sealed memfds took 128 TiB of the daemon's address
+// space at almost no memory, and every later join by any user failed. With the default budgets
+// (from this machine's memory) no segment may be larger than the physical memory, nor one
+// user's together; another user joins and runs meanwhile.
+TEST_CASE("limits: sparse memfds cannot take the daemon's address space, another user still joins and runs",
+          "[integration][limits][budget]") {
+  const std::string user = std::to_string(test_user().uid);
+  TestDaemon daemon({"--allow-uid", "0", "--allow-uid", user});
+  open_socket_folder(daemon);
+  const uint64_t physical = physical_memory();
+  RawClient attacker(daemon.socket());
+  attacker.hello();
+  REQUIRE(error_of(attacker.join(unique_job("sparse"), 1, 0)).empty());
+  constexpr uint64_t kHuge = uint64_t{17} << 39;  // 8.5 TiB each: 76 of them pass 128 TiB... twice
+  int refused_size = 0;
+  for (int i = 0; i < 76; ++i) {
+    const std::string error = error_of(attacker.sparse_segment(kHuge));
+    if (error.find("gradsyncd --max-segment-bytes " + std::to_string(physical)) != std::string::npos) ++refused_size;
+  }
+  CHECK(refused_size == 76);
+  // At the largest size allowed: one fits this user's budget, the next does not.
+  CHECK(error_of(attacker.sparse_segment(physical)).empty());
+  const std::string over = error_of(attacker.sparse_segment(physical));
+  CHECK_THAT(over, Catch::Contains("gradsyncd --max-bytes-per-user " + std::to_string(physical)) &&
+                       Catch::Contains("uid 0's segments and registrations already take"));
+  // Another user joins and runs while the attacker holds what it got.
+  ClientGroup victim(1, [&](int) { return victim_runs(daemon.socket(), unique_job("victim")); });
+  for (int s : victim.wait_all(std::chrono::seconds(60))) CHECK(exit_code(s) == kOk);
+  CHECK(daemon.running());
+}
+
+// Registrations waiting for their barrier hold the daemon's memory (their tables): they count
+// against the same byte budget as segments, 64 bytes a tensor.
+TEST_CASE("limits: waiting million-tensor registrations are charged to the user's byte budget",
+          "[integration][limits][budget]") {
+  const std::string user = std::to_string(test_user().uid);
+  constexpr uint64_t kTensors = 1'000'000;
+  constexpr uint64_t kSegment = kTensors * 4;
+  // The segment and 8 registrations fit; the 9th does not.
+  const uint64_t budget = kSegment + 8 * kTensors * 64;  // 64 bytes a waiting tensor
+  TestDaemon daemon({"--allow-uid", "0", "--allow-uid", user, "--max-bytes-per-user", std::to_string(budget),
+                     "--max-tensors-per-client", "40000000", "--max-pending-registrations-per-user", "64"});
+  open_socket_folder(daemon);
+  RawClient attacker(daemon.socket());
+  attacker.hello();
+  // Rank 1 never joins: every set waits for it.
+  REQUIRE(error_of(attacker.join(unique_job("pending"), 2, 0, 60'000)).empty());
+  const uint32_t segment = attacker.segment(kSegment).segment().segment_id();
+  const control::Request one = RawClient::registration(1, segment, kTensors);
+  for (uint32_t set = 1; set <= 32; ++set) {
+    control::Request request = one;
+    request.mutable_register_()->set_set_id(set);
+    attacker.send(std::move(request));
+  }
+  // The first 8 wait (no reply); the other 24 are refused, each naming the limit.
+  int refused = 0;
+  for (int i = 0; i < 24; ++i) {
+    const control::Reply reply = attacker.socket().read_reply(std::chrono::seconds(60));
+    INFO(error_of(reply));
+    CHECK(reply.id() == static_cast<uint64_t>(3 + 9 + i));  // hello 1, join 2, segment 3; sets 9 to 32
+    if (error_of(reply).find("registering 1000000 tensors: limit reached") != std::string::npos &&
+        error_of(reply).find("gradsyncd --max-bytes-per-user " + std::to_string(budget)) != std::string::npos) {
+      ++refused;
+    }
+  }
+  CHECK(refused == 24);
+  ClientGroup victim(1, [&](int) { return victim_runs(daemon.socket(), unique_job("victim")); });
+  for (int s : victim.wait_all(std::chrono::seconds(60))) CHECK(exit_code(s) == kOk);
+  CHECK(daemon.running());
 }
 
 TEST_CASE("limits: segments are bounded per client and per user", "[integration][limits]") {

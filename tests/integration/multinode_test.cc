@@ -557,7 +557,7 @@ int survive_node_loss(Client& client, const TensorSet& set, int rank, ErrorCode 
 
 }  // namespace
 
-TEST_CASE("multi-node: a daemon killed mid-step fails the other nodes, naming it; the job re-forms",
+TEST_CASE("multi-node: a daemon killed mid-step fails the other nodes, naming it, the job re-forms",
           "[integration][multinode]") {
   TestCluster cluster(kNodes, {"--timeout-ms", "10000"});
   const std::string job = unique_job("nodes-kill");

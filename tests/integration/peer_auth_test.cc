@@ -61,7 +61,7 @@ void verified_job(TestCluster& cluster, int nodes) {
 
 }  // namespace
 
-TEST_CASE("peer auth: with a cluster token, calls without a proof of it or with another's are refused; the job "
+TEST_CASE("peer auth: with a cluster token, calls without a proof of it or with another's are refused, the job "
           "verifies",
           "[integration][peer][auth]") {
   TestCluster cluster(3);  // the harness gives every node the same --peer-token-file
@@ -77,7 +77,7 @@ TEST_CASE("peer auth: with a cluster token, calls without a proof of it or with 
   verified_job(cluster, 3);
 }
 
-TEST_CASE("peer auth: with mutual TLS, a peer without a certificate of the cluster's CA is refused; the job verifies",
+TEST_CASE("peer auth: with mutual TLS, a peer without a certificate of the cluster's CA is refused, the job verifies",
           "[integration][peer][auth]") {
   char pattern[] = "/tmp/gradsync-peer-tls-XXXXXX";
   REQUIRE(::mkdtemp(pattern));
@@ -156,7 +156,7 @@ std::string status_json(TestDaemon& daemon) { return gradsyncctl(daemon, "status
 
 }  // namespace
 
-TEST_CASE("peer store bounds: a flood of values is refused at the job's limit and its memory comes back; a cancelled "
+TEST_CASE("peer store bounds: a flood of values is refused at the job's limit and its memory comes back, a cancelled "
           "get is freed at once",
           "[integration][peer][auth]") {
   ClusterToken token;
@@ -222,7 +222,7 @@ TEST_CASE("peer store bounds: a flood of values is refused at the job's limit an
 
 namespace gradsync::test {
 
-TEST_CASE("peer store: a generation's keys go when every node ended the job; a job nobody touches expires",
+TEST_CASE("peer store: a generation's keys go when every node ended the job, a job nobody touches expires",
           "[integration][peer][auth]") {
   TestCluster cluster(2);
   verified_job(cluster, 2);
@@ -286,7 +286,7 @@ TEST_CASE("peer auth: names that only look like loopback, and tokens gRPC cannot
 
 namespace gradsync::test {
 
-TEST_CASE("peer keys: a daemon with the cluster token but not in the job cannot alter, read or delete its keys; the "
+TEST_CASE("peer keys: a daemon with the cluster token but not in the job cannot alter, read or delete its keys, the "
           "job verifies throughout",
           "[integration][peer][auth]") {
   TestCluster cluster(3);  // node 2 takes no part in the job

@@ -46,7 +46,7 @@ bool sum_step(Client& client, const TensorSet& set, int rank, int world) {
 
 }  // namespace
 
-TEST_CASE("trust: a client that truncates its memfds or rings cannot crash the daemon; other jobs keep verifying",
+TEST_CASE("trust: a client that truncates its memfds or rings cannot crash the daemon, other jobs keep verifying",
           "[integration][trust]") {
   TestDaemon daemon;
   // A bystander job verifies steps for as long as the attack lasts.
@@ -225,7 +225,7 @@ TEST_CASE("trust: a rank that forges completions everywhere it can write cannot 
   CHECK(daemon.running());
 }
 
-TEST_CASE("trust: another user's process joining a job id in use gets its own job; both verify",
+TEST_CASE("trust: another user's process joining a job id in use gets its own job, both verify",
           "[integration][trust]") {
   const TestUser user = test_user();
   TestDaemon daemon({"--allow-uid", "0", "--allow-uid", std::to_string(user.uid)});

@@ -89,7 +89,7 @@ TEST_CASE("containment: a job whose client's ready event never fires does not de
   CHECK(job_a.quiesce(std::chrono::steady_clock::now() + 1s));
 }
 
-TEST_CASE("containment: a sticky CUDA error fails every job on that GPU, and only those; the daemon hears once",
+TEST_CASE("containment: a sticky CUDA error fails every job on that GPU, and only those, the daemon hears once",
           "[cuda][executor][containment]") {
   Fixture a(DType::kFloat32), b(DType::kFloat32), c(DType::kFloat32, {1, 1, 1});
   HostBackedDeviceApi& gpus_api = a.api;  // one daemon: GPUs 0 and 1

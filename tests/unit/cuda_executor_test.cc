@@ -42,7 +42,7 @@ TEST_CASE("cuda executor: tables are built once and reused every step", "[cuda][
   CHECK(f.api.uploads == uploads);
 }
 
-TEST_CASE("cuda executor: reduce lands in the root only; broadcast copies the root's bytes exactly",
+TEST_CASE("cuda executor: reduce lands in the root only, broadcast copies the root's bytes exactly",
           "[cuda][executor]") {
   for (DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kInt64}) {
     Fixture f(dtype);
@@ -344,7 +344,7 @@ TEST_CASE("cuda executor: one flat client per GPU is reduced in place, zero-copy
 
 
 TEST_CASE("cuda executor: a client's ready event that never fires is named within the execution bound, with "
-          "nothing queued behind it; a lost drain frees nothing",
+          "nothing queued behind it, and a lost drain frees nothing",
           "[cuda][executor][events]") {
   Fixture f(DType::kFloat32);
   add_event_rings(f);

@@ -154,7 +154,7 @@ TEST_CASE("ipc cache: one allocation is opened once, shared, and closed with its
   CHECK(api.open_memory.empty());
 }
 
-TEST_CASE("ipc cache: the same handle on two devices is two openings; a failure names the device",
+TEST_CASE("ipc cache: the same handle on two devices is two openings, a failure names the device",
           "[cuda][ipc]") {
   FakeDeviceApi api;
   IpcMemoryCache cache(&api);

@@ -178,7 +178,7 @@ TEST_CASE("finish is ok on an empty stream", "[framing]") {
   CHECK(decoder.finish().ok());
 }
 
-TEST_CASE("a large frame's buffer is given back once the frame is taken; release frees the rest", "[framing]") {
+TEST_CASE("a large frame's buffer is given back once the frame is taken, release frees the rest", "[framing]") {
   FrameDecoder decoder;
   const std::string big(4u << 20, 'b');
   decoder.feed(bytes_of(encode_frame(big) + encode_frame("next").substr(0, 6)));

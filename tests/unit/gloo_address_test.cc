@@ -40,7 +40,7 @@ size_t count_byte(const std::vector<char>& bytes, unsigned char b) {
 
 }  // namespace
 
-TEST_CASE("gloo addresses: the bytes a family does not use are zeroed; the address reads back the same",
+TEST_CASE("gloo addresses: the bytes a family does not use are zeroed, the address reads back the same",
           "[gloo]") {
   std::vector<char> value = dirty_address(AF_INET, 40123, 7);
   const std::vector<char> second = dirty_address(AF_INET6, 40124, 9);

@@ -84,7 +84,7 @@ TEST_CASE("key scope: members write their own node's keys, shared keys once, cou
   CHECK(f.scope.may_get(kJob, {"g0/~member/a"}, "a").code() == ErrorCode::kInvalidArgument);
 }
 
-TEST_CASE("key scope: each node counts its end once; a generation is deleted once every node ended",
+TEST_CASE("key scope: each node counts its end once, a generation is deleted once every node ended",
           "[key_scope]") {
   Fixture f;
   f.begin(1);

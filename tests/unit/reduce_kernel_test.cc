@@ -318,7 +318,7 @@ TEST_CASE("float16 narrow accumulation overflows with kAfter but stays finite wi
   CHECK(half_to_float(out) == 40000.0f);
 }
 
-TEST_CASE("float32 kBefore loses values that underflow when prescaled; kAfter keeps them",
+TEST_CASE("float32 kBefore loses values that underflow when prescaled, kAfter keeps them",
           "[reduce]") {
   const float tiny = std::numeric_limits<float>::denorm_min();
   const float buffers[4] = {tiny, tiny, tiny, tiny};

@@ -7,7 +7,7 @@
 
 namespace gradsync {
 
-TEST_CASE("token proof: good once, for exactly its call, within the window; the token never in it", "[proof]") {
+TEST_CASE("token proof: good once, for exactly its call, within the window, the token never in it", "[proof]") {
   const std::string token = "0123456789abcdef0123456789abcdef-cluster";
   peer::SetRequest request;
   request.set_job("0.job");

@@ -62,7 +62,7 @@ TEST_CASE("a rank whose local rank does not fit node-major numbering is refused"
   CHECK_THAT(status.message(), Catch::Contains("rank 5") && Catch::Contains("local rank 0"));
 }
 
-TEST_CASE("\"dp\" holds every rank without being declared", "[topology]") {
+TEST_CASE("topology: 'dp' holds every rank without being declared", "[topology]") {
   const Topology t = topology_of(6, 2, 3);
   REQUIRE(t.has_group(kDefaultGroup));
   CHECK(t.ranks(kDefaultGroup) == std::vector<int>{0, 1, 2, 3, 4, 5});
@@ -75,7 +75,7 @@ TEST_CASE("\"dp\" holds every rank without being declared", "[topology]") {
   CHECK_FALSE(with_group.has_group("pp"));
 }
 
-TEST_CASE("\"dp\" cannot be declared", "[topology]") {
+TEST_CASE("topology: 'dp' cannot be declared", "[topology]") {
   const Status status = refusal_of(4, 2, 0, 0, {{"dp", {0, 1}}});
   CHECK_THAT(status.message(), Catch::Contains("'dp'") && Catch::Contains("reserved"));
 }

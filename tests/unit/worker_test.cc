@@ -158,7 +158,7 @@ using Launches = std::vector<std::pair<uint64_t, size_t>>;
 
 }  // namespace
 
-TEST_CASE("worker: a later bucket that is ready first waits; buckets launch in index order", "[worker]") {
+TEST_CASE("worker: a later bucket that is ready first waits, buckets launch in index order", "[worker]") {
   Harness h(1, 2);
   h.executors->mode = ExecutorLog::Mode::kHold;
   const uint64_t seq = h.submit(0, false);
@@ -334,7 +334,7 @@ TEST_CASE("worker: a rank that never marks a bucket ready times out, named, afte
   CHECK(h.executors->snapshot() == Launches{{seq, 0}});
 }
 
-TEST_CASE("worker: every set is admitted by its executor; a refusal fails the admission and the job", "[worker]") {
+TEST_CASE("worker: every set is admitted by its executor, a refusal fails the admission and the job", "[worker]") {
   Harness h(1, 2);
   {
     std::lock_guard lock(h.executors->mutex);
@@ -421,7 +421,7 @@ TEST_CASE("worker: a settings change re-plans the operations not begun, keeping 
   CHECK(traced[0].buckets.size() == 3);
 }
 
-TEST_CASE("job settings: encode and decode round-trip; anything else is refused", "[worker]") {
+TEST_CASE("job settings: encode and decode round-trip, anything else is refused", "[worker]") {
   JobSettings s;
   s.bucket_cap = 123;
   s.execution_timeout = std::chrono::milliseconds(456);
