@@ -50,19 +50,62 @@ void KvStore::forget_waiter_locked(const Waiter& waiter) {
   for (const auto& key : waiter.keys) waiting_key_bytes_ -= key.size();
   auto it = waiters_by_caller_.find(waiter.caller);
   if (it != waiters_by_caller_.end() && --it->second == 0) waiters_by_caller_.erase(it);
+  auto job = waiters_by_job_.find(waiter.job);
+  if (job != waiters_by_job_.end() && --job->second == 0) waiters_by_job_.erase(job);
 }
 
-KvStore::Ready KvStore::collect_ready_locked() {
-  Ready ready;
-  for (auto it = waiters_.begin(); it != waiters_.end();) {
-    std::vector<std::string> values;
-    if (lookup_locked(it->job, it->keys, &values)) {
-      ready.emplace_back(std::move(it->done), std::move(values));
-      forget_waiter_locked(*it);
-      it = waiters_.erase(it);
-    } else {
-      ++it;
+void KvStore::park_locked(Waiter waiter) {
+  needs_[{waiter.job, waiter.keys[waiter.needs]}].insert(waiter.id);
+  deadlines_.emplace(waiter.deadline, waiter.id);
+  const uint64_t id = waiter.id;
+  waiters_.emplace(id, std::move(waiter));
+}
+
+KvStore::Waiter KvStore::unpark_locked(uint64_t id) {
+  auto it = waiters_.find(id);
+  Waiter waiter = std::move(it->second);
+  waiters_.erase(it);
+  auto need = needs_.find({waiter.job, waiter.keys[waiter.needs]});
+  if (need != needs_.end()) {
+    need->second.erase(id);
+    if (need->second.empty()) needs_.erase(need);
+  }
+  for (auto d = deadlines_.lower_bound(waiter.deadline); d != deadlines_.end() && d->first == waiter.deadline; ++d) {
+    if (d->second == id) {
+      deadlines_.erase(d);
+      break;
     }
+  }
+  forget_waiter_locked(waiter);
+  return waiter;
+}
+
+KvStore::Ready KvStore::wake_locked(const std::string& job, const std::string& key) {
+  Ready ready;
+  auto need = needs_.find({job, key});
+  if (need == needs_.end()) return ready;
+  const std::set<uint64_t> ids = std::move(need->second);
+  needs_.erase(need);
+  const auto& keys_of_job = jobs_.at(job);
+  for (uint64_t id : ids) {
+    ++examined_;
+    Waiter& waiter = waiters_.at(id);
+    // The keys before `needs` were there when looked at; one may have been deleted since, so
+    // a waiter that reaches its end is checked whole, and starts over if one is gone.
+    size_t& at = waiter.needs;
+    while (at < waiter.keys.size() && keys_of_job.count(waiter.keys[at])) ++at;
+    std::vector<std::string> values;
+    if (at == waiter.keys.size() && !lookup_locked(job, waiter.keys, &values)) {
+      at = 0;
+      while (keys_of_job.count(waiter.keys[at])) ++at;
+    }
+    if (at < waiter.keys.size()) {
+      needs_[{job, waiter.keys[at]}].insert(id);  // parked under its next missing key
+      continue;
+    }
+    waiter.needs = 0;  // (unpark_locked looks for it under keys[needs], which is set now: no entry)
+    Waiter done = unpark_locked(id);
+    ready.emplace_back(std::move(done.done), std::move(values));
   }
   return ready;
 }
@@ -147,7 +190,7 @@ Status KvStore::put(const std::string& job, const std::string& key, std::string 
     if (Status status = slot_locked(job, key, value.size(), &slot); !status.ok()) return status;
     *slot = std::move(value);
     *stored = true;
-    ready = collect_ready_locked();
+    ready = wake_locked(job, key);
   }
   for (auto& [done, values] : ready) done(Status(), std::move(values));
   return Status();
@@ -187,7 +230,7 @@ Status KvStore::add(const std::string& job, const std::string& key, int64_t delt
     slot = std::to_string(value);
     settle();
     *result = value;
-    ready = collect_ready_locked();
+    ready = wake_locked(job, key);
   }
   for (auto& [done, values] : ready) done(Status(), std::move(values));
   return Status();
@@ -233,8 +276,7 @@ void KvStore::expire_jobs_locked() {
   std::vector<std::string> idle;
   for (const auto& [job, when] : touched_) {
     if (now - when < limits_.job_ttl) continue;
-    const bool waited_on = std::any_of(waiters_.begin(), waiters_.end(), [&](const Waiter& w) { return w.job == job; });
-    if (!waited_on) idle.push_back(job);
+    if (!waiters_by_job_.count(job)) idle.push_back(job);
   }
   for (const auto& job : idle) erase_job_locked(job);
 }
@@ -282,10 +324,15 @@ uint64_t KvStore::get(const std::string& job, std::vector<std::string> keys, std
                         : "this caller has " + std::to_string(mine) + " waiting gets in the peer store, its limit");
         } else {
           ++mine;
+          ++waiters_by_job_[job];
           waiting_key_bytes_ += key_bytes;
           const uint64_t id = next_waiter_++;
-          waiters_.push_back(
-              Waiter{id, job, std::move(keys), std::chrono::steady_clock::now() + timeout, std::move(done), caller});
+          // Parked under the first key not set yet.
+          size_t needs = 0;
+          auto present = jobs_.find(job);
+          while (present != jobs_.end() && present->second.count(keys[needs])) ++needs;
+          park_locked(Waiter{id, job, std::move(keys), std::chrono::steady_clock::now() + timeout, std::move(done),
+                             caller, needs});
           changed_.notify_all();
           return id;
         }
@@ -311,18 +358,15 @@ void KvStore::cancel(uint64_t id, const Status& why) {
   GetDone done;
   {
     std::lock_guard lock(mutex_);
-    auto it = std::find_if(waiters_.begin(), waiters_.end(), [&](const Waiter& w) { return w.id == id; });
-    if (it == waiters_.end()) return;
-    done = std::move(it->done);
-    forget_waiter_locked(*it);
-    waiters_.erase(it);
+    if (!waiters_.count(id)) return;
+    done = unpark_locked(id).done;
   }
   done(why, {});
 }
 
 KvStore::Usage KvStore::usage() {
   std::lock_guard lock(mutex_);
-  return Usage{jobs_.size(), total_bytes_, waiters_.size()};
+  return Usage{jobs_.size(), total_bytes_, waiters_.size(), examined_};
 }
 
 void KvStore::shutdown(const Status& status) {
@@ -335,14 +379,17 @@ void KvStore::shutdown(const Status& status) {
 }
 
 void KvStore::abort_all(const Status& status) {
-  std::list<Waiter> waiters;
+  std::map<uint64_t, Waiter> waiters;
   {
     std::lock_guard lock(mutex_);
     waiters.swap(waiters_);
+    needs_.clear();
+    deadlines_.clear();
+    waiters_by_job_.clear();
     waiters_by_caller_.clear();
     waiting_key_bytes_ = 0;
   }
-  for (auto& waiter : waiters) waiter.done(status, {});
+  for (auto& [id, waiter] : waiters) waiter.done(status, {});
 }
 
 void KvStore::expire_loop() {
@@ -353,18 +400,14 @@ void KvStore::expire_loop() {
     const auto sweep = std::min<std::chrono::steady_clock::duration>(limits_.job_ttl / 4, std::chrono::minutes(1));
     auto next = std::chrono::steady_clock::now() + std::max<std::chrono::steady_clock::duration>(
                                                        sweep, std::chrono::milliseconds(10));
-    for (const auto& waiter : waiters_) next = std::min(next, waiter.deadline);
+    if (!deadlines_.empty()) next = std::min(next, deadlines_.begin()->first);
     changed_.wait_until(lock, next);
     if (stopping_) break;
     expire_jobs_locked();
     const auto now = std::chrono::steady_clock::now();
-    std::list<Waiter> expired;
-    for (auto it = waiters_.begin(); it != waiters_.end();) {
-      auto current = it++;
-      if (current->deadline <= now) {
-        forget_waiter_locked(*current);
-        expired.splice(expired.end(), waiters_, current);
-      }
+    std::vector<Waiter> expired;
+    while (!deadlines_.empty() && deadlines_.begin()->first <= now) {
+      expired.push_back(unpark_locked(deadlines_.begin()->second));
     }
     if (expired.empty()) continue;
     lock.unlock();

@@ -3,7 +3,9 @@
 //
 // Waiting gets never block a thread: a get that cannot be answered yet is parked with its
 // deadline, and answered by the set()/add() that completes it or by the expiry thread. Callbacks
-// run without the store's lock held.
+// run without the store's lock held. A parked get is indexed by the one key it still needs (the
+// first of its keys not set yet), so a put looks only at the gets waiting for that key, never at
+// every parked get: one caller's thousand parked gets cost another job's puts nothing.
 #pragma once
 
 #include <chrono>
@@ -13,6 +15,7 @@
 #include <list>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -82,6 +85,7 @@ class KvStore {
   // What the store holds, for tests and status.
   struct Usage {
     size_t jobs = 0, bytes = 0, waiters = 0;
+    uint64_t waiters_examined = 0;  // parked gets that puts looked at, ever (the index's cost)
   };
   Usage usage();
 
@@ -100,8 +104,10 @@ class KvStore {
     std::chrono::steady_clock::time_point deadline;
     GetDone done;
     std::string caller;
+    size_t needs = 0;  // index of the key it waits for; the keys before it were set when looked at
   };
   using Ready = std::vector<std::pair<GetDone, std::vector<std::string>>>;
+  using JobKey = std::pair<std::string, std::string>;
 
   Status check_names(const std::string& job, const std::string& key) const;
   Status put(const std::string& job, const std::string& key, std::string value, bool if_absent, bool* stored);
@@ -114,14 +120,25 @@ class KvStore {
   // Hands memory that a large delete freed back to the system.
   void trim_locked(size_t freed);
   bool lookup_locked(const std::string& job, const std::vector<std::string>& keys, std::vector<std::string>* values) const;
-  Ready collect_ready_locked();
+  // Parks `waiter` under the first key it still needs (it needs one: the caller looked).
+  void park_locked(Waiter waiter);
+  // The gets waiting for job/key, which was just set: each answered (into the result) or parked
+  // under its next missing key.
+  Ready wake_locked(const std::string& job, const std::string& key);
+  // Removes a parked get from every index; returns it.
+  Waiter unpark_locked(uint64_t id);
   void expire_loop();
 
   Limits limits_;
   std::mutex mutex_;
   std::condition_variable changed_;
   std::map<std::string, std::map<std::string, std::string>> jobs_;  // guarded by mutex_
-  std::list<Waiter> waiters_;                                        // guarded by mutex_
+  // Parked gets by id, by the key each waits for, by deadline and by job; guarded by mutex_.
+  std::map<uint64_t, Waiter> waiters_;
+  std::map<JobKey, std::set<uint64_t>> needs_;
+  std::multimap<std::chrono::steady_clock::time_point, uint64_t> deadlines_;
+  std::map<std::string, size_t> waiters_by_job_;
+  uint64_t examined_ = 0;                                            // guarded by mutex_
   std::map<std::string, size_t> job_bytes_;                          // guarded by mutex_
   std::map<std::string, std::chrono::steady_clock::time_point> touched_;  // guarded by mutex_
   size_t total_bytes_ = 0;                                           // guarded by mutex_
