@@ -229,6 +229,22 @@ std::shared_ptr<grpc::AuthMetadataProcessor> AdminServer::certificate_gate() {
   });
 }
 
+size_t AdminServer::live_connections(uid_t uid) {
+  size_t live = 0;
+  for (auto it = handed_.begin(); it != handed_.end();) {
+    // Still the socket handed over: same descriptor, same inode. (gRPC closed it otherwise; the
+    // number may hold something else now, or nothing.)
+    struct stat st {};
+    if (::fstat(it->first, &st) != 0 || !S_ISSOCK(st.st_mode) || st.st_ino != it->second.inode) {
+      it = handed_.erase(it);
+      continue;
+    }
+    if (it->second.uid == uid) ++live;
+    ++it;
+  }
+  return live;
+}
+
 void AdminServer::accept_loop() {
   for (;;) {
     pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
@@ -262,12 +278,21 @@ void AdminServer::accept_loop() {
       ::close(fd);
       continue;
     }
+    if (live_connections(who.uid) >= options_.connections_per_user) {
+      options_.log.warning("admin socket: uid " + std::to_string(who.uid) + " (pid " + std::to_string(who.pid) +
+                           ") already holds " + std::to_string(options_.connections_per_user) +
+                           " admin connections, the limit per user; connection closed");
+      ::close(fd);
+      continue;
+    }
     {
       // gRPC names a connection it was handed by descriptor "fd:N"; a number is reused only
       // after its connection closed, so the entry is replaced before anyone can look it up.
       std::lock_guard lock(mutex_);
       callers_["fd:" + std::to_string(fd)] = who;
     }
+    struct stat st {};
+    handed_[fd] = Handed{who.uid, ::fstat(fd, &st) == 0 ? st.st_ino : 0};
     grpc::AddInsecureChannelFromFd(server_.get(), fd);
   }
 }

@@ -54,6 +54,9 @@ struct AdminServerOptions {
   // is then 0666, else 0600, like the control socket; each call is judged by uid either way.
   bool others_allowed = false;
   AdminTls tcp;
+  // Connections one user may hold open on the Unix socket; more are closed at once (gRPC owns a
+  // connection's descriptor once handed it, so without a cap one allowed user could take them all).
+  size_t connections_per_user = 16;
 };
 
 class AdminServer {
@@ -97,6 +100,15 @@ class AdminServer {
   std::unique_ptr<grpc::Server> server_;
   mutable std::mutex mutex_;
   std::map<std::string, PeerCredentials> callers_;  // by gRPC peer name; guarded by mutex_
+  // The connections handed to gRPC, by descriptor: whose, and the socket's inode, by which an
+  // entry whose descriptor gRPC closed (or reused) is told from a live one. Accept thread only.
+  struct Handed {
+    uid_t uid = 0;
+    ino_t inode = 0;
+  };
+  std::map<int, Handed> handed_;
+  // How many live connections `uid` holds (pruning entries gRPC has closed since).
+  size_t live_connections(uid_t uid);
   bool out_of_fds_logged_ = false;  // acceptor thread only
   std::thread acceptor_;
 

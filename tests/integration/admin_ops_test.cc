@@ -6,8 +6,11 @@
 // another node that holds a job: one waiting for its rank, then one frozen.
 #include <catch2/catch.hpp>
 #include <grp.h>
+#include <poll.h>
 #include <pwd.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <csignal>
@@ -246,6 +249,56 @@ TEST_CASE("admin: an unprivileged user's status and stats show nothing of anothe
   CHECK_THAT(theirs.output, Catch::Contains("no job '" + id + "' of uid " + user));
   looked.open();
   for (int s : group.wait_all(60s)) CHECK(exit_code(s) == kOk);
+}
+
+// The review's flood: one allowed user holding admin connections without end (each a
+// descriptor the daemon hands to gRPC). A user may hold 16; more are closed at once, others'
+// calls go on, and the user's own work again once it lets go.
+TEST_CASE("admin: one user's admin connections are capped, and others' calls go on", "[integration][admin]") {
+  const TestUser flooder = test_user();
+  const std::string user = std::to_string(flooder.uid);
+  TestDaemon daemon({"--allow-uid", "0", "--allow-uid", user});
+  open_socket_folder(daemon);
+  const std::string path = admin_socket(daemon);
+  Latch counted, release;
+  ClientGroup flood(1, [&](int) {
+    if (!become(flooder)) return fail("cannot become the test user");
+    std::vector<int> fds;
+    for (int i = 0; i < 20; ++i) {
+      const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      sockaddr_un address{};
+      address.sun_family = AF_UNIX;
+      std::strncpy(address.sun_path, path.c_str(), sizeof address.sun_path - 1);
+      if (::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0) return fail("connect failed");
+      fds.push_back(fd);
+      std::this_thread::sleep_for(10ms);  // accepted in order
+    }
+    std::this_thread::sleep_for(500ms);
+    int closed = 0;
+    for (size_t i = 0; i < fds.size(); ++i) {
+      pollfd p{fds[i], POLLIN, 0};
+      char byte;
+      const bool gone = ::poll(&p, 1, 0) > 0 && ::recv(fds[i], &byte, 1, MSG_DONTWAIT) == 0;
+      if (gone != (i >= 16)) return fail("connection " + std::to_string(i) + (gone ? " was closed" : " stayed open"));
+      closed += gone;
+    }
+    counted.open();
+    if (!release.wait(60s)) return fail("never released");
+    for (int fd : fds) ::close(fd);
+    return closed == 4 ? kOk : fail("closed " + std::to_string(closed));
+  });
+  REQUIRE(counted.wait(30s));
+  CHECK(gradsyncctl(daemon, "status").code == 0);  // root's calls go on
+  CHECK(gradsyncctl(daemon, "status", user).code != 0);  // the flooder is at its cap
+  CHECK_THAT(daemon.log(), Catch::Contains("already holds 16 admin connections, the limit per user"));
+  release.open();
+  CHECK(exit_code(flood.wait(0, 30s)) == kOk);
+  bool served = false;
+  for (int i = 0; i < 50 && !served; ++i) {
+    served = gradsyncctl(daemon, "status", user).code == 0;
+    if (!served) std::this_thread::sleep_for(100ms);
+  }
+  CHECK(served);  // its connections gone, the user is served again
 }
 
 TEST_CASE("admin: drain refuses new jobs, lets running ones end, and --cancel accepts them again", "[integration][admin]") {
