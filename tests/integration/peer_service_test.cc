@@ -1,8 +1,14 @@
 // The peer service of a real gradsyncd, through the same gRPC client the daemons use.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <cstdio>
 #include <fstream>
+#include <memory>
 #include <sstream>
 #include <thread>
 
@@ -113,6 +119,56 @@ TEST_CASE("peer service: a port already in use stops the daemon with a clear err
   ::unlink(pattern);
   CHECK(exit_code(status) == 1);
   CHECK_THAT(text.str(), Catch::Contains("cannot serve the peer service on " + peer.address()));
+}
+
+}  // namespace gradsync::test
+
+namespace gradsync::test {
+
+// The review's flood: connections to the peer port until the daemon ran out of descriptors.
+// gRPC 1.51 stops accepting for good once an accept fails (grpc/grpc#16058), so the peer
+// service stayed deaf after the flood ended. Here the daemon's descriptors are few (its hard
+// limit lowered for the test), the flood takes them all, and once it ends the peer service
+// must answer within a few seconds.
+TEST_CASE("peer service: after a connection flood that ran the daemon out of descriptors, it answers again",
+          "[integration][peer][flood]") {
+  auto peer = std::make_unique<PeerDaemon>();
+  const rlimit few{256, 256};
+  REQUIRE(::prlimit(peer->daemon.pid(), RLIMIT_NOFILE, &few, nullptr) == 0);
+  PeerClient client(peer->address());
+  REQUIRE(client.ping(kShort).ok());
+  std::vector<int> flood;
+  for (int i = 0; i < 600; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_port = htons(static_cast<uint16_t>(peer->port));
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0) {
+      flood.push_back(fd);
+    } else {
+      ::close(fd);
+    }
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // the daemon accepts what it can
+  for (int fd : flood) ::close(fd);
+  const auto ended = std::chrono::steady_clock::now();
+  Status answered = Status::internal("not asked");
+  while (std::chrono::steady_clock::now() - ended < std::chrono::seconds(15)) {
+    PeerClient fresh(peer->address());
+    answered = fresh.ping(std::chrono::milliseconds(1000));
+    if (answered.ok()) break;
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - ended).count();
+  INFO(answered.message() << " after " << seconds << " s");
+  std::printf("peer flood: %zu connections held, the daemon out of descriptors (%s); after the flood a Ping "
+              "answered in %.2f s\n",
+              flood.size(), peer->daemon.log().find("Too many open files") != std::string::npos ? "logged" : "not logged",
+              seconds);
+  CHECK(peer->daemon.log().find("Too many open files") != std::string::npos);  // the flood did run it out
+  CHECK(answered.ok());
+  CHECK(seconds < 10.0);
+  CHECK(peer->daemon.running());
 }
 
 }  // namespace gradsync::test
