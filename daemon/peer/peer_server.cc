@@ -12,6 +12,8 @@ namespace {
 
 // Nobody may park a get for longer than this, whatever it asks.
 constexpr std::chrono::milliseconds kMaxWait = std::chrono::minutes(10);
+// A peer connection with no call for this long is closed.
+constexpr int kIdleConnectionMs = 10'000;
 
 }  // namespace
 
@@ -137,7 +139,7 @@ grpc::ServerUnaryReactor* PeerService::Get(grpc::CallbackServerContext* context,
         for (auto& value : values) reply->add_values(std::move(value));
         reactor->Finish(to_grpc(status));
       },
-      caller_host(context->peer()));
+      caller_host(peer_of_ ? peer_of_(context->peer()) : context->peer()));
   reactor->start(id);
   return reactor;
 }
@@ -186,14 +188,26 @@ grpc::ServerUnaryReactor* PeerService::refuse(grpc::CallbackServerContext* conte
 }
 
 PeerServer::PeerServer(PeerServerOptions options)
-    : options_(std::move(options)), store_(options_.limits), service_(&store_, options_.progress, options_.auth, options_.jobs) {
+    : options_(std::move(options)),
+      store_(options_.limits),
+      service_(&store_, options_.progress, options_.auth, options_.jobs, [this](const std::string& peer) {
+        return listener_ ? listener_->peer_of(peer) : peer;
+      }) {
+  if (!options_.auth->tls()) {
+    listener_ = std::make_unique<PeerListener>(options_.listen, options_.connections, options_.log);
+    port_ = listener_->port();
+  }
   grpc::ServerBuilder builder;
   // gRPC sets SO_REUSEPORT by default, which would let a second daemon bind the same port and
   // silently take half of the rendezvous traffic. A port in use must be an error instead.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.AddListeningPort(options_.listen, options_.auth->server_credentials(), &port_);
+  // A connection that makes no call for this long is closed (a daemon's channel reconnects by
+  // itself when it calls again): silent connections do not hold descriptors.
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, kIdleConnectionMs);
+  if (!listener_) builder.AddListeningPort(options_.listen, options_.auth->server_credentials(), &port_);
   builder.RegisterService(&service_);
   server_ = builder.BuildAndStart();
+  if (server_ && listener_) listener_->start(server_.get());
   if (!server_ || port_ == 0) {
     throw Error(Status::internal("cannot serve the peer service on " + options_.listen +
                                  " (address in use or invalid? see --peer-listen)"));
@@ -206,6 +220,7 @@ PeerServer::PeerServer(PeerServerOptions options)
 }
 
 PeerServer::~PeerServer() {
+  listener_.reset();  // no more connections handed to a server that goes
   store_.shutdown(Status::aborted("gradsyncd is shutting down"));
   server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
 }

@@ -13,6 +13,7 @@
 #include "daemon/peer/token_proof.h"
 #include "daemon/peer/kv_store.h"
 #include "daemon/peer/peer_auth.h"
+#include "daemon/peer/peer_listener.h"
 #include "daemon/util/log.h"
 #include "proto/peer.grpc.pb.h"
 
@@ -24,13 +25,16 @@ using ProgressLookup = std::function<bool(const std::string& store_job, peer::Pr
 
 class PeerService final : public peer::Peer::CallbackService {
  public:
+  // `peer_of`: gRPC's name for a connection to its address (connections handed to gRPC by
+  // descriptor are "fd:N"); empty: as gRPC names it.
   PeerService(KvStore* store, ProgressLookup progress, std::shared_ptr<const PeerAuth> auth,
-              KeyScope::JobLookup jobs = {})
+              KeyScope::JobLookup jobs = {}, std::function<std::string(const std::string&)> peer_of = {})
       : store_(store),
         scope_(store, std::move(jobs)),
         progress_(std::move(progress)),
         auth_(std::move(auth)),
-        proofs_(auth_->token) {}
+        proofs_(auth_->token),
+        peer_of_(std::move(peer_of)) {}
 
   grpc::ServerUnaryReactor* Set(grpc::CallbackServerContext* context, const peer::SetRequest* request,
                                 peer::SetReply* reply) override;
@@ -56,6 +60,7 @@ class PeerService final : public peer::Peer::CallbackService {
   ProgressLookup progress_;
   std::shared_ptr<const PeerAuth> auth_;  // never null
   ProofChecker proofs_;                   // the token's proofs, and the replay cache
+  std::function<std::string(const std::string&)> peer_of_;
 };
 
 struct PeerServerOptions {
@@ -66,6 +71,8 @@ struct PeerServerOptions {
   KvStore::Limits limits;
   // The jobs this daemon runs itself, for the key scope's bounds on node claims; may be empty.
   KeyScope::JobLookup jobs;
+  // Bounds on peer connections (without TLS, where the daemon accepts them itself).
+  PeerListenerLimits connections;
 };
 
 class PeerServer {
@@ -82,6 +89,9 @@ class PeerServer {
   KvStore store_;
   PeerService service_;
   std::unique_ptr<grpc::Server> server_;
+  // Without TLS the daemon accepts peer connections itself (peer_listener.h); with TLS gRPC
+  // does (its TLS handshake cannot be given a descriptor), unbounded. Last: it goes first.
+  std::unique_ptr<PeerListener> listener_;
   int port_ = 0;
 };
 
