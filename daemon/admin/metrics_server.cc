@@ -195,7 +195,12 @@ void MetricsServer::handle(int fd, const Request& request) {
 // arrives a byte at a time is read whole), then hands the connection to a scrape handler.
 // Reading holds no thread, so slow clients (slowloris) cost a coroutine each, at most
 // kMaxReading of them, and each is cut at the deadline however it trickles.
-asio::awaitable<void> MetricsServer::read_request(asio::ip::tcp::socket socket) {
+asio::awaitable<void> MetricsServer::read_request(asio::ip::tcp::socket accepted) {
+  // Shared with the deadline's handler, which may already be queued when the read completes:
+  // it must find a live socket (closing one that was handed over is harmless), never a frame
+  // that is gone.
+  auto owned = std::make_shared<asio::ip::tcp::socket>(std::move(accepted));
+  asio::ip::tcp::socket& socket = *owned;
   struct Count {  // on the server's thread only
     size_t& n;
     explicit Count(size_t& n) : n(++n) {}
@@ -203,10 +208,10 @@ asio::awaitable<void> MetricsServer::read_request(asio::ip::tcp::socket socket) 
   } counted(reading_);
   asio::steady_timer deadline(state_->io);
   deadline.expires_after(kReadDeadline);
-  deadline.async_wait([&socket](const boost::system::error_code& ec) {
+  deadline.async_wait([owned](const boost::system::error_code& ec) {
     if (ec) return;  // cancelled: the request was read (or the coroutine ended) in time
     boost::system::error_code ignored;
-    socket.close(ignored);
+    owned->close(ignored);
   });
   http::request_parser<http::empty_body> parser;
   parser.eager(true);

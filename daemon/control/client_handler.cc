@@ -223,8 +223,10 @@ Status ClientHandler::on_segment(uint64_t request_id, const control::SegmentRequ
   }
   // The budget counts what the client announced; the import checks the memory is that size
   // (an empty sealed memfd costs no memory, but its whole size of the daemon's address space).
+  // Host memory only: a GPU's memory is bounded by the GPU, and may exceed the host's.
   const LocalLimits& budget = options_.users->limits();
-  if (request.bytes() > budget.segment_bytes) {
+  const bool host = request.kind() == control::HOST_MEMFD;
+  if (host && request.bytes() > budget.segment_bytes) {
     return limit_reached("a segment of " + describe_bytes(request.bytes()) + ", at most " +
                              describe_bytes(budget.segment_bytes) + " per segment",
                          "max-segment-bytes", budget.segment_bytes);
@@ -234,7 +236,8 @@ Status ClientHandler::on_segment(uint64_t request_id, const control::SegmentRequ
       !status.ok()) {
     return status;
   }
-  if (Status status = options_.users->take(UserCounts::What::kBytes, options_.peer.uid, request.bytes(), &ticket->bytes);
+  if (Status status =
+          options_.users->take(UserCounts::What::kBytes, options_.peer.uid, host ? request.bytes() : 0, &ticket->bytes);
       !status.ok()) {
     return status;
   }

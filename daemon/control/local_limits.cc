@@ -79,7 +79,7 @@ Status UserCounts::take_locked(What what, uid_t uid, uint64_t n) {
       break;
   }
   uint64_t& held = held_[{what, uid}];
-  if (held + n <= limit) {
+  if (held <= limit && n <= limit - held) {  // (never held + n: a limit near 2^64 would wrap)
     held += n;
     return Status();
   }

@@ -20,6 +20,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "daemon/util/log.h"
 #include "shared/unique_fd.h"
@@ -27,16 +28,19 @@
 namespace gradsync {
 
 struct PeerListenerLimits {
-  size_t max_total = 4096;
-  size_t max_per_host = 64;
+  size_t max_total = 4096;  // and at most a quarter of the descriptor limit (RLIMIT_NOFILE)
+  size_t max_per_host = 64;  // an IPv6 host is its /64
 };
 
 class PeerListener {
  public:
-  // Binds `listen` (HOST:PORT, [IPv6]:PORT; port 0 picks one) and listens. Throws Error naming
-  // the address when it cannot.
+  // Binds `listen` (HOST:PORT, [IPv6]:PORT; port 0 picks one) and listens, as gRPC did: a
+  // wildcard (0.0.0.0, ::, *) on both IPv4 and IPv6, a name on every address it resolves to.
+  // Throws Error naming the address when it cannot.
   PeerListener(const std::string& listen, PeerListenerLimits limits, Logger log);
   ~PeerListener();  // stops accepting
+  // Stops accepting (joins the accept thread); peer_of() keeps answering.
+  void stop();
   PeerListener(const PeerListener&) = delete;
   PeerListener& operator=(const PeerListener&) = delete;
 
@@ -57,9 +61,9 @@ class PeerListener {
   // Drops entries whose descriptor gRPC has closed (or reused); under mutex_.
   void prune_locked();
 
-  const PeerListenerLimits limits_;
+  PeerListenerLimits limits_;
   Logger log_;
-  UniqueFd listen_fd_;
+  std::vector<UniqueFd> listen_fds_;
   UniqueFd wake_fd_;
   int port_ = 0;
   grpc::Server* server_ = nullptr;

@@ -220,7 +220,9 @@ PeerServer::PeerServer(PeerServerOptions options)
 }
 
 PeerServer::~PeerServer() {
-  listener_.reset();  // no more connections handed to a server that goes
+  // No more connections handed to a server that goes; the listener itself stays until the
+  // members go (after the server), since calls still in flight look up their peers in it.
+  if (listener_) listener_->stop();
   store_.shutdown(Status::aborted("gradsyncd is shutting down"));
   server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
 }

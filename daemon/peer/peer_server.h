@@ -88,10 +88,11 @@ class PeerServer {
   PeerServerOptions options_;
   KvStore store_;
   PeerService service_;
-  std::unique_ptr<grpc::Server> server_;
   // Without TLS the daemon accepts peer connections itself (peer_listener.h); with TLS gRPC
-  // does (its TLS handshake cannot be given a descriptor), unbounded. Last: it goes first.
+  // does (its TLS handshake cannot be given a descriptor), unbounded. Before the server: it
+  // goes after it (calls in flight look their peers up in it); stopped first by the destructor.
   std::unique_ptr<PeerListener> listener_;
+  std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
 };
 

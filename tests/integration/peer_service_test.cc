@@ -133,7 +133,7 @@ namespace gradsync::test {
 // at once, so it never runs out, a trainer joins and steps during the flood, and the peer
 // service answers at once after it. (Before the bounds the same flood logged "Too many open
 // files" and the trainer could not connect; gRPC 1.51 here did resume accepting afterwards.)
-TEST_CASE("peer service: a connection flood from one host is bounded; a trainer joins meanwhile, and the peer "
+TEST_CASE("peer service: a connection flood from one host is bounded, a trainer joins meanwhile, and the peer "
           "service answers after",
           "[integration][peer][flood]") {
   auto peer = std::make_unique<PeerDaemon>();
