@@ -11,7 +11,6 @@
 #include <unistd.h>
 
 #include <cstdio>
-#include <list>
 #include <cstdlib>
 #include <sstream>
 
@@ -195,21 +194,18 @@ void MetricsServer::handle(int fd, const Request& request) {
 // parser has not consumed yet (Beast parses a head only once it is whole, so a request that
 // arrives a byte at a time is read whole), then hands the connection to a scrape handler.
 // Reading holds no thread, so slow clients (slowloris) cost a coroutine each, at most
-// kMaxReading of them (a newcomer past that closes the oldest), and each is cut at the
-// deadline however it trickles.
+// kMaxReading of them, and each is cut at the deadline however it trickles.
 asio::awaitable<void> MetricsServer::read_request(asio::ip::tcp::socket accepted) {
   // Shared with the deadline's handler, which may already be queued when the read completes:
   // it must find a live socket (closing one that was handed over is harmless), never a frame
   // that is gone.
   auto owned = std::make_shared<asio::ip::tcp::socket>(std::move(accepted));
   asio::ip::tcp::socket& socket = *owned;
-  // Listed while it reads, oldest first (the server's thread only), so that a newcomer can
-  // take the oldest one's place when all are taken.
-  struct Listed {
-    std::list<std::weak_ptr<asio::ip::tcp::socket>>& list;
-    std::list<std::weak_ptr<asio::ip::tcp::socket>>::iterator at;
-    ~Listed() { list.erase(at); }
-  } listed{reading_, reading_.insert(reading_.end(), owned)};
+  struct Count {  // on the server's thread only
+    size_t& n;
+    explicit Count(size_t& n) : n(++n) {}
+    ~Count() { --n; }
+  } counted(reading_);
   asio::steady_timer deadline(state_->io);
   deadline.expires_after(kReadDeadline);
   deadline.async_wait([owned](const boost::system::error_code& ec) {
@@ -262,7 +258,7 @@ asio::awaitable<void> MetricsServer::read_request(asio::ip::tcp::socket accepted
 }
 
 // Accepts on the server's thread; each connection's request is read there (read_request), at
-// most kMaxReading at once (a newcomer past that takes the oldest one's place), and answered on a handler thread of its
+// most kMaxReading at once (more are closed at once), and answered on a handler thread of its
 // own, at most kMaxHandlers at once: a slow client holds no thread while it sends, and a
 // scrape blocked on a busy daemon holds no accept.
 void MetricsServer::serve() {
@@ -281,15 +277,7 @@ void MetricsServer::serve() {
             co_await pause.async_wait(asio::redirect_error(asio::use_awaitable, ec));
             continue;
           }
-          if (reading_.size() >= kMaxReading) {
-            // All taken (slow senders, most likely): the oldest gives way, closer to its
-            // deadline than anyone; a scraper's request is read in a moment, so 64 slow ones
-            // cannot keep it out.
-            if (auto oldest = reading_.front().lock()) {
-              boost::system::error_code ignored;
-              oldest->close(ignored);
-            }
-          }
+          if (reading_ >= kMaxReading) continue;  // the socket closes as it goes
           asio::co_spawn(state_->io, read_request(std::move(socket)), asio::detached);
         }
       },

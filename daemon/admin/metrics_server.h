@@ -1,9 +1,8 @@
 // Prometheus metrics over HTTP (Boost.Beast), off by default (--metrics HOST:PORT): GET /metrics
 // answers in the text exposition format, from the same snapshots as the admin service
 // (view.h), so a scrape never touches live state off its owning thread. One thread accepts and
-// reads each request's head (asynchronously, at most kMaxReading at once, the oldest giving way
-// to a newcomer past that, each cut at kReadDeadline however slowly it trickles in); each
-// request read is answered on a handler
+// reads each request's head (asynchronously, at most kMaxReading at once, each cut at
+// kReadDeadline however slowly it trickles in); each request read is answered on a handler
 // thread of its own (at most kMaxHandlers), whose write is bounded too. So a slow, idle or
 // slowloris client holds neither the endpoint, a thread, nor the daemon. Every job's series
 // carry job and uid labels; scrapers reach them all, so bind it to an address only the
@@ -12,7 +11,6 @@
 
 #include <atomic>
 #include <chrono>
-#include <list>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -73,8 +71,7 @@ class MetricsServer {
   int port_ = 0;
   std::mutex handlers_mutex_;
   std::vector<Handler> handlers_;  // guarded by handlers_mutex_; joined when done or at the end
-  // Connections whose request is being read, oldest first; the server's thread only.
-  std::list<std::weak_ptr<boost::asio::ip::tcp::socket>> reading_;
+  size_t reading_ = 0;             // requests being read; the server's thread only
   std::thread thread_;
 };
 
