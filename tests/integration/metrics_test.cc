@@ -42,6 +42,17 @@ std::string metrics_url(const TestDaemon& daemon) {
   return {};
 }
 
+// A TCP connection to the metrics port on loopback.
+int connect_to(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0);
+  return fd;
+}
+
 }  // namespace
 
 TEST_CASE("metrics: a bad --metrics address is refused, naming it", "[integration][metrics]") {
@@ -127,15 +138,7 @@ TEST_CASE("metrics: gauges, per-job counters and histograms, and failures by cod
   // Idle connections that never send a request hold neither the endpoint nor the daemon.
   const int port = std::stoi(url.substr(url.rfind(':') + 1));
   std::vector<int> idle;
-  for (int i = 0; i < 6; ++i) {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    address.sin_port = htons(static_cast<uint16_t>(port));
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0);
-    idle.push_back(fd);
-  }
+  for (int i = 0; i < 6; ++i) idle.push_back(connect_to(port));
   const auto asked = std::chrono::steady_clock::now();
   const std::string scraped = shell("curl -s --max-time 10 " + url + "/metrics");  // at once, no retry
   CHECK_THAT(scraped, Catch::Contains("gradsync_jobs "));
@@ -144,17 +147,6 @@ TEST_CASE("metrics: gauges, per-job counters and histograms, and failures by cod
 }
 
 namespace {
-
-// A TCP connection to the metrics port on loopback.
-int connect_to(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_port = htons(static_cast<uint16_t>(port));
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0);
-  return fd;
-}
 
 // Everything the server sends until it closes (or 5 s pass).
 std::string read_all(int fd) {

@@ -44,6 +44,20 @@ bool sum_step(Client& client, const TensorSet& set, int rank, int world) {
   return true;
 }
 
+// Submits operation `seq`, a sum allreduce of the set with every bucket ready, on a raw
+// client's ring, and rings its doorbell.
+void submit_sum(RawJoin& joined, uint64_t seq) {
+  RingWriter<SubmitRing> ring(&joined.channel.client()->submit);
+  SubmitEntry entry;
+  entry.kind = static_cast<uint32_t>(SubmitKind::kOp);
+  entry.op_seq = seq;
+  entry.op = static_cast<uint32_t>(OpKind::kAllreduce);
+  entry.reduce_op = static_cast<uint32_t>(WireReduceOp::kSum);
+  entry.flags = kSubmitAllReady;
+  REQUIRE(ring.try_push(entry));
+  joined.channel.doorbell_page()->doorbell.notify();
+}
+
 }  // namespace
 
 TEST_CASE("trust: a client that truncates its memfds or rings cannot crash the daemon, other jobs keep verifying",
@@ -83,15 +97,7 @@ TEST_CASE("trust: a client that truncates its memfds or rings cannot crash the d
   }
   // The daemon still reduces this client's memory (it would have died of SIGBUS on a shrunk
   // mapping), and the bystander job verified every step meanwhile.
-  RingWriter<SubmitRing> ring(&joined.channel.client()->submit);
-  SubmitEntry entry;
-  entry.kind = static_cast<uint32_t>(SubmitKind::kOp);
-  entry.op_seq = 1;
-  entry.op = static_cast<uint32_t>(OpKind::kAllreduce);
-  entry.reduce_op = static_cast<uint32_t>(WireReduceOp::kSum);
-  entry.flags = kSubmitAllReady;
-  REQUIRE(ring.try_push(entry));
-  joined.channel.doorbell_page()->doorbell.notify();
+  submit_sum(joined, 1);
   const DaemonRings* rings = joined.channel.daemon();
   for (int i = 0; i < 500 && rings->completion.tail.load() == 0; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -135,15 +141,7 @@ TEST_CASE("trust: a memfd that may still shrink is refused, and shrinking it can
     tensor->set_segment_id(id);
     raw.call(reg, std::chrono::seconds(10));
     REQUIRE(::ftruncate(fd, 0) == 0);  // the seal that would stop this is missing
-    RingWriter<SubmitRing> ring(&joined.channel.client()->submit);
-    SubmitEntry entry;
-    entry.kind = static_cast<uint32_t>(SubmitKind::kOp);
-    entry.op_seq = 1;
-    entry.op = static_cast<uint32_t>(OpKind::kAllreduce);
-    entry.reduce_op = static_cast<uint32_t>(WireReduceOp::kSum);
-    entry.flags = kSubmitAllReady;
-    REQUIRE(ring.try_push(entry));
-    joined.channel.doorbell_page()->doorbell.notify();
+    submit_sum(joined, 1);
     std::this_thread::sleep_for(std::chrono::seconds(1));
   }
   CHECK(daemon.running());
