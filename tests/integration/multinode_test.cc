@@ -510,9 +510,12 @@ TEST_CASE("multi-node: a node of another cross-node protocol is refused at forma
     PeerClient other(cluster.rendezvous(), auth);
     int64_t joined = 0;
     REQUIRE(other.add(store, "incarnations", 1, std::chrono::seconds(5), &joined).ok());
-    REQUIRE(other.set(store, "g0/node/1", record, std::chrono::seconds(5)).ok());
+    // The record is written only once both ranks are in the job: a rank that joined after the
+    // formation failed would (rightly) start the job's next incarnation, which node 1 never joins.
+    const Latch joined_0, joined_1;
     ClientGroup group(2, [&, expected = expected](int rank) {
       auto client = join_nodes(cluster.node(0).socket(), job, rank, 4, 2, cluster.rendezvous());
+      (rank == 0 ? joined_0 : joined_1).open();
       try {
         client->register_tensors(client->allocate_flat(std::vector<TensorSpec>{{DType::kFloat32, 8, "dp"}}), {});
         return fail("registration should have failed");
@@ -526,6 +529,9 @@ TEST_CASE("multi-node: a node of another cross-node protocol is refused at forma
       }
       return kOk;
     });
+    REQUIRE(joined_0.wait(std::chrono::seconds(30)));
+    REQUIRE(joined_1.wait(std::chrono::seconds(30)));
+    REQUIRE(other.set(store, "g0/node/1", record, std::chrono::seconds(5)).ok());
     for (int status : group.wait_all(std::chrono::seconds(60))) CHECK(exit_code(status) == kOk);
   }
 }
