@@ -65,9 +65,20 @@ AdminServer::AdminServer(AdminServerOptions options) : options_(std::move(option
     ssl.pem_key_cert_pairs.push_back({read_pem(tls.key_file, "--admin-tls-key"), read_pem(tls.cert_file, "--admin-tls-cert")});
     std::shared_ptr<grpc::ServerCredentials> credentials = grpc::SslServerCredentials(ssl);
     credentials->SetAuthMetadataProcessor(certificate_gate());
-    builder.AddListeningPort(tls.address, credentials, &tcp_port_);
+    // Accepted by the daemon and handed to gRPC, bounded: an unauthenticated flood cannot take
+    // the descriptors trainers need (tcp_listener.h).
+    try {
+      tcp_listener_ = std::make_unique<TcpListener>(tls.address, TcpListenerLimits{256, 16, std::chrono::seconds(5)},
+                                                    options_.log, "admin service", "--admin");
+    } catch (const Error&) {
+      close_unix_socket();
+      throw;
+    }
+    tcp_port_ = tcp_listener_->port();
+    tcp_listener_->attach(&builder, credentials);
   }
   server_ = builder.BuildAndStart();
+  if (server_ && tcp_listener_) tcp_listener_->start();
   if (!server_ || (!options_.tcp.address.empty() && tcp_port_ == 0)) {
     close_unix_socket();
     throw Error(Status::internal(options_.tcp.address.empty()
@@ -145,6 +156,7 @@ AdminServer::~AdminServer() {
   const uint64_t one = 1;
   if (wake_fd_ >= 0) (void)::write(wake_fd_, &one, sizeof one);
   if (acceptor_.joinable()) acceptor_.join();
+  if (tcp_listener_) tcp_listener_->stop();
   if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   close_unix_socket();
 }
@@ -183,7 +195,11 @@ bool AdminServer::identify_certificate(const grpc::AuthContext& auth, Caller* ou
 bool AdminServer::caller(grpc::ServerContext* context, Caller* out, std::string* why) const {
   const std::shared_ptr<const grpc::AuthContext> auth = context->auth_context();
   // TCP: gRPC verified the certificate against the CA; its common name says who it is.
-  if (auth && auth->IsPeerAuthenticated()) return identify_certificate(*auth, out, why);
+  if (auth && auth->IsPeerAuthenticated()) {
+    if (!identify_certificate(*auth, out, why)) return false;
+    if (tcp_listener_) tcp_listener_->proven(context->peer());  // the connection stays
+    return true;
+  }
   std::lock_guard lock(mutex_);
   auto it = callers_.find(context->peer());
   if (it == callers_.end()) {
@@ -273,15 +289,17 @@ void AdminServer::accept_loop() {
     // Users the daemon does not allow get nothing, health and reflection included: the
     // connection closes at once.
     if (!options_.view->allowed(who.uid)) {
-      options_.log.info("admin socket: uid " + std::to_string(who.uid) + " (pid " + std::to_string(who.pid) +
-                        ") is not allowed; connection closed");
+      refusals_.note(options_.log, LogLevel::kInfo,
+                     "admin socket: uid " + std::to_string(who.uid) + " (pid " + std::to_string(who.pid) +
+                         ") is not allowed; connection closed");
       ::close(fd);
       continue;
     }
     if (live_connections(who.uid) >= options_.connections_per_user) {
-      options_.log.warning("admin socket: uid " + std::to_string(who.uid) + " (pid " + std::to_string(who.pid) +
-                           ") already holds " + std::to_string(options_.connections_per_user) +
-                           " admin connections, the limit per user; connection closed");
+      refusals_.note(options_.log, LogLevel::kWarning,
+                     "admin socket: uid " + std::to_string(who.uid) + " (pid " + std::to_string(who.pid) +
+                         ") already holds " + std::to_string(options_.connections_per_user) +
+                         " admin connections, the limit per user; connection closed");
       ::close(fd);
       continue;
     }

@@ -27,6 +27,7 @@
 #include "daemon/control/peer_credentials.h"
 #include "daemon/control/owned_paths.h"
 #include "daemon/util/log.h"
+#include "daemon/util/tcp_listener.h"
 #include "shared/status.h"
 
 namespace grpc {
@@ -110,6 +111,10 @@ class AdminServer {
   // How many live connections `uid` holds (pruning entries gRPC has closed since).
   size_t live_connections(uid_t uid);
   bool out_of_fds_logged_ = false;  // acceptor thread only
+  LogThrottle refusals_;            // acceptor thread only
+  // The TLS port's listener (tcp_listener.h); null without one. Stopped by the destructor
+  // before the server shuts down.
+  std::unique_ptr<TcpListener> tcp_listener_;
   std::thread acceptor_;
 
   static constexpr int kMaxThreads = 16;

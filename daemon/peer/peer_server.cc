@@ -139,7 +139,7 @@ grpc::ServerUnaryReactor* PeerService::Get(grpc::CallbackServerContext* context,
         for (auto& value : values) reply->add_values(std::move(value));
         reactor->Finish(to_grpc(status));
       },
-      caller_host(peer_of_ ? peer_of_(context->peer()) : context->peer()));
+      caller_host(context->peer()));
   reactor->start(id);
   return reactor;
 }
@@ -181,7 +181,10 @@ grpc::ServerUnaryReactor* PeerService::Progress(grpc::CallbackServerContext* con
 grpc::ServerUnaryReactor* PeerService::refuse(grpc::CallbackServerContext* context, std::string_view method,
                                               const google::protobuf::Message& request) {
   const grpc::Status status = proofs_.check(*context, method, instance_of(*context), request);
-  if (status.ok()) return nullptr;
+  if (status.ok()) {
+    if (proven_) proven_(context->peer());
+    return nullptr;
+  }
   auto* reactor = context->DefaultReactor();
   reactor->Finish(status);
   return reactor;
@@ -190,13 +193,10 @@ grpc::ServerUnaryReactor* PeerService::refuse(grpc::CallbackServerContext* conte
 PeerServer::PeerServer(PeerServerOptions options)
     : options_(std::move(options)),
       store_(options_.limits),
-      service_(&store_, options_.progress, options_.auth, options_.jobs, [this](const std::string& peer) {
-        return listener_ ? listener_->peer_of(peer) : peer;
-      }) {
-  if (!options_.auth->tls()) {
-    listener_ = std::make_unique<PeerListener>(options_.listen, options_.connections, options_.log);
-    port_ = listener_->port();
-  }
+      service_(&store_, options_.progress, options_.auth, options_.jobs,
+               [this](const std::string& peer) { listener_->proven(peer); }),
+      listener_(std::make_unique<TcpListener>(options_.listen, options_.connections, options_.log)) {
+  port_ = listener_->port();
   grpc::ServerBuilder builder;
   // gRPC sets SO_REUSEPORT by default, which would let a second daemon bind the same port and
   // silently take half of the rendezvous traffic. A port in use must be an error instead.
@@ -204,10 +204,10 @@ PeerServer::PeerServer(PeerServerOptions options)
   // A connection that makes no call for this long is closed (a daemon's channel reconnects by
   // itself when it calls again): silent connections do not hold descriptors.
   builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, kIdleConnectionMs);
-  if (!listener_) builder.AddListeningPort(options_.listen, options_.auth->server_credentials(), &port_);
+  listener_->attach(&builder, options_.auth->server_credentials());
   builder.RegisterService(&service_);
   server_ = builder.BuildAndStart();
-  if (server_ && listener_) listener_->start(server_.get());
+  if (server_) listener_->start();
   if (!server_ || port_ == 0) {
     throw Error(Status::internal("cannot serve the peer service on " + options_.listen +
                                  " (address in use or invalid? see --peer-listen)"));
@@ -222,7 +222,7 @@ PeerServer::PeerServer(PeerServerOptions options)
 PeerServer::~PeerServer() {
   // No more connections handed to a server that goes; the listener itself stays until the
   // members go (after the server), since calls still in flight look up their peers in it.
-  if (listener_) listener_->stop();
+  listener_->stop();
   store_.shutdown(Status::aborted("gradsyncd is shutting down"));
   server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
 }

@@ -13,7 +13,7 @@
 #include "daemon/peer/token_proof.h"
 #include "daemon/peer/kv_store.h"
 #include "daemon/peer/peer_auth.h"
-#include "daemon/peer/peer_listener.h"
+#include "daemon/util/tcp_listener.h"
 #include "daemon/util/log.h"
 #include "proto/peer.grpc.pb.h"
 
@@ -25,16 +25,16 @@ using ProgressLookup = std::function<bool(const std::string& store_job, peer::Pr
 
 class PeerService final : public peer::Peer::CallbackService {
  public:
-  // `peer_of`: gRPC's name for a connection to its address (connections handed to gRPC by
-  // descriptor are "fd:N"); empty: as gRPC names it.
+  // `proven`: told the peer (as gRPC names it) of every call that passes authentication; may
+  // be empty.
   PeerService(KvStore* store, ProgressLookup progress, std::shared_ptr<const PeerAuth> auth,
-              KeyScope::JobLookup jobs = {}, std::function<std::string(const std::string&)> peer_of = {})
+              KeyScope::JobLookup jobs = {}, std::function<void(const std::string&)> proven = {})
       : store_(store),
         scope_(store, std::move(jobs)),
         progress_(std::move(progress)),
         auth_(std::move(auth)),
         proofs_(auth_->token),
-        peer_of_(std::move(peer_of)) {}
+        proven_(std::move(proven)) {}
 
   grpc::ServerUnaryReactor* Set(grpc::CallbackServerContext* context, const peer::SetRequest* request,
                                 peer::SetReply* reply) override;
@@ -60,7 +60,7 @@ class PeerService final : public peer::Peer::CallbackService {
   ProgressLookup progress_;
   std::shared_ptr<const PeerAuth> auth_;  // never null
   ProofChecker proofs_;                   // the token's proofs, and the replay cache
-  std::function<std::string(const std::string&)> peer_of_;
+  std::function<void(const std::string&)> proven_;
 };
 
 struct PeerServerOptions {
@@ -71,8 +71,8 @@ struct PeerServerOptions {
   KvStore::Limits limits;
   // The jobs this daemon runs itself, for the key scope's bounds on node claims; may be empty.
   KeyScope::JobLookup jobs;
-  // Bounds on peer connections (without TLS, where the daemon accepts them itself).
-  PeerListenerLimits connections;
+  // Bounds on peer connections (the daemon accepts them itself, tcp_listener.h).
+  TcpListenerLimits connections;
 };
 
 class PeerServer {
@@ -88,10 +88,10 @@ class PeerServer {
   PeerServerOptions options_;
   KvStore store_;
   PeerService service_;
-  // Without TLS the daemon accepts peer connections itself (peer_listener.h); with TLS gRPC
-  // does (its TLS handshake cannot be given a descriptor), unbounded. Before the server: it
-  // goes after it (calls in flight look their peers up in it); stopped first by the destructor.
-  std::unique_ptr<PeerListener> listener_;
+  // The daemon accepts peer connections itself and hands them to gRPC, TLS or not
+  // (tcp_listener.h). Before the server: it goes after it (calls in flight tell it of their
+  // proofs); stopped first by the destructor.
+  std::unique_ptr<TcpListener> listener_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
 };

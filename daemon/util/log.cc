@@ -50,4 +50,16 @@ void Logger::log(LogLevel level, std::string_view raw) const {
   (void)!::write(STDERR_FILENO, line.data(), line.size());
 }
 
+void LogThrottle::note(const Logger& log, LogLevel level, const std::string& message) {
+  const auto now = std::chrono::steady_clock::now();
+  if (last_ != std::chrono::steady_clock::time_point{} && now - last_ < std::chrono::seconds(1)) {
+    ++left_out_;
+    return;
+  }
+  log.log(level, left_out_ == 0 ? message
+                                : message + " (and " + std::to_string(left_out_) + " more like it not logged)");
+  last_ = now;
+  left_out_ = 0;
+}
+
 }  // namespace gradsync

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -45,6 +46,18 @@ class Logger {
 
   std::shared_ptr<std::atomic<LogLevel>> level_;  // shared by copies and derived loggers
   std::string context_;
+};
+
+// One line a second at most for a message a flood repeats (a refused connection): the first
+// is written at once; those within the next second are counted, and the next line written says
+// how many were left out. One thread only.
+class LogThrottle {
+ public:
+  void note(const Logger& log, LogLevel level, const std::string& message);
+
+ private:
+  std::chrono::steady_clock::time_point last_;
+  size_t left_out_ = 0;
 };
 
 }  // namespace gradsync

@@ -1,6 +1,7 @@
 #include "tests/integration/harness.h"
 
 #include <cstdio>
+#include <cerrno>
 #include <cstdlib>
 
 #include <arpa/inet.h>
@@ -165,6 +166,15 @@ std::vector<int> ClientGroup::wait_all(std::chrono::milliseconds timeout) {
     result.push_back(wait(static_cast<int>(r), left));
   }
   return result;
+}
+
+bool closed_by_other_end(int fd) {
+  char buffer[4096];
+  for (;;) {
+    const ssize_t n = ::recv(fd, buffer, sizeof buffer, MSG_DONTWAIT);
+    if (n == 0) return true;
+    if (n < 0) return errno == ECONNRESET || errno == EPIPE;
+  }
 }
 
 int exit_code(int status) { return status != -1 && WIFEXITED(status) ? WEXITSTATUS(status) : -1; }

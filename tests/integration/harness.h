@@ -106,6 +106,10 @@ class Latch {
   int fds_[2] = {-1, -1};
 };
 
+// Whether the other end has closed the connection `fd` (EOF or reset), reading past whatever
+// it sent first (a gRPC server sends its settings at once). Never blocks.
+bool closed_by_other_end(int fd);
+
 // Exit code of a wait status, -1 for anything but a normal exit.
 int exit_code(int status);
 
