@@ -112,6 +112,13 @@ Daemon::Daemon(DaemonConfig config, std::function<ParsedConfig()> reparse)
   gloo.slice_bytes = config_.gloo_slice_bytes;
   engines_ = make_engine_factory(gloo);
   registry.cluster.engines = engines_.get();
+  {
+    // Every proof this daemon makes names it by its advertised peer address: the member its
+    // peers' stores charge (kv_store.h).
+    PeerAuth named = *peer_auth_;
+    named.node = registry.cluster.advertise;
+    peer_auth_ = std::make_shared<const PeerAuth>(std::move(named));
+  }
   registry.cluster.auth = peer_auth_;
   registry.execution = ExecutionSettings{backends_.get(), config_.execution_timeout};
   registry_ = std::make_unique<JobRegistry>(std::move(registry));

@@ -10,7 +10,7 @@
 
 namespace gradsync {
 
-inline constexpr const char* kGradsyncVersion = "0.2.3";
+inline constexpr const char* kGradsyncVersion = "0.2.4";
 inline constexpr uint32_t kProtocolVersion = 3;
 
 // The cross-node protocol: what the daemons of one job say to each other (the node record at
@@ -23,6 +23,8 @@ inline constexpr uint32_t kProtocolVersion = 3;
 //      exchange at each set's admission; engine names length-prefix the group
 //   3: the `<name>/share` offer also lists the engines a new one could be split off
 //      ("<engine> <engine> ...;<engine>"), and "dp" is admitted before a set's other groups
-inline constexpr uint32_t kCrossNodeProtocol = 3;
+//   4: peer-call proofs are "v2": bound to the callee's service id (from its Ping) and naming
+//      the calling node, whose per-member quotas the store keeps
+inline constexpr uint32_t kCrossNodeProtocol = 4;
 
 }  // namespace gradsync

@@ -126,7 +126,51 @@ Status KvStore::check_names(const std::string& job, const std::string& key) cons
 
 // The slot for job/key, created if needed within the limits on jobs, keys and bytes; the
 // accounting already counts `bytes` as its new value.
-Status KvStore::slot_locked(const std::string& job, const std::string& key, size_t bytes, std::string** slot) {
+bool KvStore::charge_locked(const std::string& from, const std::string& to, size_t old_bytes, size_t new_bytes,
+                            bool is_new, Status* why) {
+  if (!to.empty()) {
+    const MemberUse& use = members_[to];
+    const size_t keeps = from == to ? old_bytes : 0;  // what `to` is charged for this key already
+    if (use.bytes - keeps + new_bytes > limits_.max_member_bytes) {
+      *why = Status::resource_exhausted("member " + to + " would hold more than " +
+                                        std::to_string(limits_.max_member_bytes) +
+                                        " bytes in the peer store, its limit per member");
+      if (use.bytes == 0 && use.keys == 0) members_.erase(to);
+      return false;
+    }
+    if ((is_new || from != to) && use.keys >= limits_.max_member_keys) {
+      *why = Status::resource_exhausted("member " + to + " has set " + std::to_string(use.keys) +
+                                        " keys in the peer store, its limit per member");
+      return false;
+    }
+  }
+  if (!is_new && !from.empty()) {
+    MemberUse& was = members_[from];
+    was.bytes -= old_bytes;
+    --was.keys;
+    if (was.keys == 0) members_.erase(from);
+  }
+  if (!to.empty()) {
+    MemberUse& now = members_[to];
+    now.bytes += new_bytes;
+    ++now.keys;
+  }
+  return true;
+}
+
+void KvStore::release_key_locked(const std::string& job, const std::string& key, size_t bytes) {
+  auto owner = owners_.find({job, key});
+  if (owner == owners_.end()) return;
+  auto use = members_.find(owner->second);
+  if (use != members_.end()) {
+    use->second.bytes -= bytes;
+    if (--use->second.keys == 0) members_.erase(use);
+  }
+  owners_.erase(owner);
+}
+
+Status KvStore::slot_locked(const std::string& job, const std::string& key, size_t bytes, const std::string& member,
+                            std::string** slot) {
   auto it = jobs_.find(job);
   if (it == jobs_.end()) {
     if (jobs_.size() >= limits_.max_jobs) {
@@ -154,6 +198,21 @@ Status KvStore::slot_locked(const std::string& job, const std::string& key, size
                                         " bytes, its limit overall");
     }
   }
+  // The key's charge moves to the member that sets it (the job's own cost stays the job's).
+  {
+    auto owner = owners_.find({job, key});
+    const std::string from = owner == owners_.end() ? std::string() : owner->second;
+    const size_t key_old = is_new ? 0 : old_bytes, key_new = bytes + key.size() + kEntryOverhead;
+    Status why;
+    if (!charge_locked(from, member, key_old, key_new, is_new || from.empty(), &why)) return why;
+    if (member.empty()) {
+      if (owner != owners_.end()) owners_.erase(owner);
+    } else if (owner == owners_.end()) {
+      owners_.emplace(JobKey{job, key}, member);
+    } else {
+      owner->second = member;
+    }
+  }
   if (it == jobs_.end()) it = jobs_.emplace(job, std::map<std::string, std::string>{}).first;
   touch_locked(job);
   job_bytes_[job] = job_now + new_bytes - old_bytes;
@@ -162,16 +221,18 @@ Status KvStore::slot_locked(const std::string& job, const std::string& key, size
   return Status();
 }
 
-Status KvStore::set(const std::string& job, const std::string& key, std::string value) {
+Status KvStore::set(const std::string& job, const std::string& key, std::string value, const std::string& member) {
   bool stored = false;
-  return put(job, key, std::move(value), /*if_absent=*/false, &stored);
+  return put(job, key, std::move(value), /*if_absent=*/false, &stored, member);
 }
 
-Status KvStore::set_if_absent(const std::string& job, const std::string& key, std::string value, bool* stored) {
-  return put(job, key, std::move(value), /*if_absent=*/true, stored);
+Status KvStore::set_if_absent(const std::string& job, const std::string& key, std::string value, bool* stored,
+                              const std::string& member) {
+  return put(job, key, std::move(value), /*if_absent=*/true, stored, member);
 }
 
-Status KvStore::put(const std::string& job, const std::string& key, std::string value, bool if_absent, bool* stored) {
+Status KvStore::put(const std::string& job, const std::string& key, std::string value, bool if_absent, bool* stored,
+                    const std::string& member) {
   *stored = false;
   if (Status status = check_names(job, key); !status.ok()) return status;
   if (value.size() > limits_.max_value_bytes) {
@@ -187,7 +248,7 @@ Status KvStore::put(const std::string& job, const std::string& key, std::string 
       if (it != jobs_.end() && it->second.count(key)) return Status();
     }
     std::string* slot = nullptr;
-    if (Status status = slot_locked(job, key, value.size(), &slot); !status.ok()) return status;
+    if (Status status = slot_locked(job, key, value.size(), member, &slot); !status.ok()) return status;
     *slot = std::move(value);
     *stored = true;
     ready = wake_locked(job, key);
@@ -196,7 +257,8 @@ Status KvStore::put(const std::string& job, const std::string& key, std::string 
   return Status();
 }
 
-Status KvStore::add(const std::string& job, const std::string& key, int64_t delta, int64_t* result) {
+Status KvStore::add(const std::string& job, const std::string& key, int64_t delta, int64_t* result,
+                    const std::string& member) {
   if (Status status = check_names(job, key); !status.ok()) return status;
   Ready ready;
   {
@@ -204,11 +266,12 @@ Status KvStore::add(const std::string& job, const std::string& key, int64_t delt
     // A counter's text is at most 20 bytes: room for that is made up front, and the
     // accounting settles on the text's real size on every way out.
     std::string* found = nullptr;
-    if (Status status = slot_locked(job, key, 20, &found); !status.ok()) return status;
+    if (Status status = slot_locked(job, key, 20, member, &found); !status.ok()) return status;
     std::string& slot = *found;
     const auto settle = [&] {  // (modular arithmetic: the true totals are never negative)
       job_bytes_[job] = job_bytes_[job] + slot.size() - 20;
       total_bytes_ = total_bytes_ + slot.size() - 20;
+      if (!member.empty()) members_[member].bytes += slot.size() - 20;
     };
     int64_t value = 0;
     if (!slot.empty()) {
@@ -237,6 +300,9 @@ Status KvStore::add(const std::string& job, const std::string& key, int64_t delt
 }
 
 void KvStore::erase_job_locked(const std::string& job) {
+  if (auto it = jobs_.find(job); it != jobs_.end()) {
+    for (const auto& [key, value] : it->second) release_key_locked(job, key, key.size() + value.size() + kEntryOverhead);
+  }
   const size_t freed = job_bytes_.count(job) ? job_bytes_.at(job) : 0;
   total_bytes_ -= freed;
   job_bytes_.erase(job);
@@ -257,7 +323,9 @@ size_t KvStore::delete_job(const std::string& job, const std::string& prefix) {
   }
   size_t removed = 0, freed = 0;
   for (auto k = keys.lower_bound(prefix); k != keys.end() && k->first.compare(0, prefix.size(), prefix) == 0;) {
-    freed += k->first.size() + k->second.size() + kEntryOverhead;
+    const size_t bytes = k->first.size() + k->second.size() + kEntryOverhead;
+    release_key_locked(job, k->first, bytes);
+    freed += bytes;
     k = keys.erase(k);
     ++removed;
   }
@@ -313,15 +381,21 @@ uint64_t KvStore::get(const std::string& job, std::vector<std::string> keys, std
     if (!lookup_locked(job, keys, &values)) {
       if (timeout.count() > 0 && !stopping_) {
         size_t& mine = waiters_by_caller_[caller];
+        const auto of_job = waiters_by_job_.find(job);
+        const size_t job_waiting = of_job == waiters_by_job_.end() ? 0 : of_job->second;
         const bool overall = waiters_.size() >= limits_.max_waiters;
         const bool too_big = waiting_key_bytes_ + key_bytes > limits_.max_waiting_key_bytes;
-        if (overall || too_big || mine >= limits_.max_waiters_per_caller) {
+        const bool job_full = job_waiting >= limits_.max_waiters_per_job;
+        if (overall || too_big || job_full || mine >= limits_.max_waiters_per_caller) {
           if (mine == 0) waiters_by_caller_.erase(caller);
           refused = Status::resource_exhausted(
-              overall   ? "the peer store holds " + std::to_string(waiters_.size()) + " waiting gets, its limit overall"
-              : too_big ? "the peer store's waiting gets name " + std::to_string(waiting_key_bytes_) +
-                              " bytes of keys, its limit overall"
-                        : "this caller has " + std::to_string(mine) + " waiting gets in the peer store, its limit");
+              overall    ? "the peer store holds " + std::to_string(waiters_.size()) + " waiting gets, its limit overall"
+              : too_big  ? "the peer store's waiting gets name " + std::to_string(waiting_key_bytes_) +
+                               " bytes of keys, its limit overall"
+              : job_full ? "job " + job + " has " + std::to_string(job_waiting) +
+                               " waiting gets in the peer store, its limit per job"
+                         : "member " + (caller.empty() ? std::string("(unnamed)") : caller) + " has " +
+                               std::to_string(mine) + " waiting gets in the peer store, its limit per member");
         } else {
           ++mine;
           ++waiters_by_job_[job];

@@ -43,7 +43,12 @@ class KvStore {
     size_t max_keys_per_get = 4096;       // distinct keys
     size_t max_waiting_key_bytes = 64u << 20;  // the keys every waiting get names, together
     size_t max_waiters = 8192;            // parked gets, overall
-    size_t max_waiters_per_caller = 1024; // parked gets of one caller (the peer's host)
+    size_t max_waiters_per_caller = 1024; // parked gets of one member (below)
+    size_t max_waiters_per_job = 4096;    // parked gets about one job
+    // A member is the calling node as the peer service names it: its certificate, or the node
+    // its token proof names, or its host. What keys it set (over every job) may hold at most:
+    size_t max_member_bytes = 32u << 20;
+    size_t max_member_keys = 1u << 16;
     // A job whose keys nobody set, added to or asked for this long (and with no get waiting)
     // is forgotten: a job whose nodes never all ended (one was killed) does not stay forever.
     std::chrono::seconds job_ttl{24 * 3600};
@@ -55,12 +60,16 @@ class KvStore {
   KvStore(const KvStore&) = delete;
   KvStore& operator=(const KvStore&) = delete;
 
-  Status set(const std::string& job, const std::string& key, std::string value);
+  // `member`: who sets it (Limits), charged for the key until it is deleted or another member
+  // sets it; empty: nobody's (the daemon's own, tests).
+  Status set(const std::string& job, const std::string& key, std::string value, const std::string& member = {});
   // Stores `value` only if `key` has no value yet (*stored says which); the first writer wins.
-  Status set_if_absent(const std::string& job, const std::string& key, std::string value, bool* stored);
+  Status set_if_absent(const std::string& job, const std::string& key, std::string value, bool* stored,
+                       const std::string& member = {});
 
   // Adds delta to the counter at key (absent counts as 0) and stores the decimal result.
-  Status add(const std::string& job, const std::string& key, int64_t delta, int64_t* result);
+  Status add(const std::string& job, const std::string& key, int64_t delta, int64_t* result,
+             const std::string& member = {});
 
   // The value of job/key, if there is one, without waiting or counting as a use.
   bool peek(const std::string& job, const std::string& key, std::string* value);
@@ -72,9 +81,9 @@ class KvStore {
   size_t delete_job(const std::string& job, const std::string& prefix = {});
 
   // Answers done(ok, values) once every key exists; with timeout 0, at once with kNotFound for
-  // a missing key; otherwise with kTimeout at the deadline. `caller` (the peer's host) is what
-  // the per-caller bound on parked gets counts. Returns the parked get's id for cancel(), or
-  // 0 when it was answered at once.
+  // a missing key; otherwise with kTimeout at the deadline. `caller` (the member, Limits) is
+  // what the per-member bound on parked gets counts. Returns the parked get's id for cancel(),
+  // or 0 when it was answered at once.
   uint64_t get(const std::string& job, std::vector<std::string> keys, std::chrono::milliseconds timeout, GetDone done,
                const std::string& caller = {});
 
@@ -110,9 +119,18 @@ class KvStore {
   using JobKey = std::pair<std::string, std::string>;
 
   Status check_names(const std::string& job, const std::string& key) const;
-  Status put(const std::string& job, const std::string& key, std::string value, bool if_absent, bool* stored);
-  // The slot for job/key, made room for `bytes` of value (created within the limits).
-  Status slot_locked(const std::string& job, const std::string& key, size_t bytes, std::string** slot);
+  Status put(const std::string& job, const std::string& key, std::string value, bool if_absent, bool* stored,
+             const std::string& member);
+  // The slot for job/key, made room for `bytes` of value (created within the limits), charged
+  // to `member`.
+  Status slot_locked(const std::string& job, const std::string& key, size_t bytes, const std::string& member,
+                     std::string** slot);
+  // Moves the charge for a key between members (either may be empty: nobody); false when
+  // `to` would pass its limits (nothing changed then; *why says which).
+  bool charge_locked(const std::string& from, const std::string& to, size_t old_bytes, size_t new_bytes, bool is_new,
+                     Status* why);
+  // Credits the owner of job/key (if any) for a key of `bytes` that goes.
+  void release_key_locked(const std::string& job, const std::string& key, size_t bytes);
   void forget_waiter_locked(const Waiter& waiter);
   void touch_locked(const std::string& job) { touched_[job] = std::chrono::steady_clock::now(); }
   void erase_job_locked(const std::string& job);
@@ -144,6 +162,11 @@ class KvStore {
   size_t total_bytes_ = 0;                                           // guarded by mutex_
   size_t waiting_key_bytes_ = 0;                                     // guarded by mutex_
   std::map<std::string, size_t> waiters_by_caller_;                  // guarded by mutex_
+  struct MemberUse {
+    size_t bytes = 0, keys = 0;
+  };
+  std::map<std::string, MemberUse> members_;  // what each member's keys hold; guarded by mutex_
+  std::map<JobKey, std::string> owners_;      // who set each key (members only); guarded by mutex_
   uint64_t next_waiter_ = 1;                                         // guarded by mutex_
   bool stopping_ = false;                                            // guarded by mutex_
   std::thread expiry_;

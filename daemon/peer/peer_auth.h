@@ -24,6 +24,10 @@ struct PeerAuth {
   // rendezvous learns names this daemon for that job there and nowhere else.
   std::string instance_secret;
   std::string instance_for(const std::string& rendezvous, const std::string& job) const;
+  // This daemon's name to its peers (its advertised peer address), which every proof carries:
+  // the member the peer stores' quotas count (kv_store.h). Empty in tools and tests that do
+  // not name one.
+  std::string node;
 
   bool tls() const { return !tls_ca.empty(); }
   bool configured() const { return !token.empty() || tls(); }

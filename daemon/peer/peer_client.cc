@@ -2,6 +2,7 @@
 
 #include "daemon/peer/peer_server.h"
 #include "daemon/peer/token_proof.h"
+#include "daemon/util/safe_text.h"
 
 namespace gradsync {
 namespace {
@@ -9,6 +10,8 @@ namespace {
 // Slack beyond a blocking get's own timeout, so the server answers "timeout" before the
 // client's deadline turns it into "unreachable".
 constexpr auto kSlack = std::chrono::seconds(2);
+// The longest a Ping that learns the callee's service id may take.
+constexpr std::chrono::milliseconds kPingBound{5000};
 
 void bound(grpc::ClientContext* context, std::chrono::milliseconds timeout) {
   context->set_deadline(std::chrono::system_clock::now() + timeout);
@@ -41,11 +44,12 @@ class PeerClient::Call {
 
   grpc::ClientContext* context() { return &context_; }
 
-  // Proves the call with the cluster token, without sending it (token_proof.h). Call once the
-  // request is complete.
-  void sign(std::string_view method, const google::protobuf::Message& request) {
+  // Proves the call with the cluster token, for the callee `callee` (its service id; empty for
+  // a Ping), without sending the token (token_proof.h). Call once the request is complete.
+  void sign(std::string_view method, const google::protobuf::Message& request, const std::string& callee) {
     if (client_->auth_ && !client_->auth_->token.empty()) {
-      context_.AddMetadata(kProofKey, make_proof(client_->auth_->token, method, instance_, request));
+      const ProofScope scope{callee, client_->auth_->node, instance_};
+      context_.AddMetadata(kProofKey, make_proof(client_->auth_->token, method, scope, request));
     }
   }
   // Not ok when the client was cancelled before the call started.
@@ -84,6 +88,55 @@ PeerClient::PeerClient(std::string address, std::shared_ptr<const PeerAuth> auth
         return std::shared_ptr<const PeerAuth>(std::move(own));
       }()) {}
 
+template <class Request, class Reply, class Rpc>
+Status PeerClient::unary(std::string_view method, const std::string& job, std::chrono::milliseconds timeout,
+                         const Request& request, Reply* reply, Rpc rpc) {
+  const bool proven = auth_ && !auth_->token.empty();
+  std::string id;
+  if (proven) {
+    if (Status status = callee(std::min<std::chrono::milliseconds>(timeout, kPingBound), false, &id); !status.ok()) {
+      return status;
+    }
+  }
+  for (int attempt = 0;; ++attempt) {
+    Status status;
+    {
+      Call call(this, timeout, job);
+      if (!call.refused().ok()) return call.refused();
+      call.sign(method, request, id);
+      status = call.finish(rpc(call.context(), request, reply));
+    }
+    if (!proven || attempt > 0 || status.code() != ErrorCode::kPermissionDenied) return status;
+    // Refused: if the callee restarted since its id was learned, the proof named the old one.
+    std::string fresh;
+    if (!callee(std::min<std::chrono::milliseconds>(timeout, kPingBound), true, &fresh).ok() || fresh == id) {
+      return status;
+    }
+    id = fresh;
+  }
+}
+
+Status PeerClient::callee(std::chrono::milliseconds timeout, bool fresh, std::string* id) {
+  {
+    std::lock_guard lock(mutex_);
+    if (!fresh && !callee_.empty()) {
+      *id = callee_;
+      return Status();
+    }
+  }
+  peer::PingReply reply;
+  if (Status status = ping(timeout, &reply); !status.ok()) return status;
+  if (reply.service_id().empty()) {
+    return Status::protocol("peer daemon at " + address_ + " (gradsyncd " + safe_text(reply.daemon_version(), 40) +
+                            ") states no service id: every node must run a gradsyncd of the same cross-node "
+                            "protocol");
+  }
+  std::lock_guard lock(mutex_);
+  callee_ = reply.service_id();
+  *id = callee_;
+  return Status();
+}
+
 Status PeerClient::set(const std::string& job, const std::string& key, const std::string& value,
                        std::chrono::milliseconds timeout) {
   bool stored = false;
@@ -97,77 +150,77 @@ Status PeerClient::set_if_absent(const std::string& job, const std::string& key,
 
 Status PeerClient::put(const std::string& job, const std::string& key, const std::string& value, bool if_absent,
                        std::chrono::milliseconds timeout, bool* stored) {
-  Call call(this, timeout, job);
-  if (!call.refused().ok()) return call.refused();
   peer::SetRequest request;
   request.set_job(job);
   request.set_key(key);
   request.set_value(value);
   request.set_if_absent(if_absent);
   peer::SetReply reply;
-  call.sign("Set", request);
-  const Status status = call.finish(stub_->Set(call.context(), request, &reply));
+  const Status status = unary("Set", job, timeout, request, &reply, [this](auto* context, auto& r, auto* out) {
+    return stub_->Set(context, r, out);
+  });
   *stored = status.ok() && reply.stored();
   return status;
 }
 
 Status PeerClient::get(const std::string& job, const std::vector<std::string>& keys, std::chrono::milliseconds timeout,
                        std::vector<std::string>* values) {
-  Call call(this, timeout + kSlack, job);
-  if (!call.refused().ok()) return call.refused();
   peer::GetRequest request;
   request.set_job(job);
   for (const auto& key : keys) request.add_keys(key);
   request.set_timeout_ms(static_cast<uint32_t>(timeout.count()));
   peer::GetReply reply;
-  call.sign("Get", request);
-  const Status status = call.finish(stub_->Get(call.context(), request, &reply));
+  const Status status = unary("Get", job, timeout + kSlack, request, &reply, [this](auto* context, auto& r, auto* out) {
+    return stub_->Get(context, r, out);
+  });
   if (status.ok()) values->assign(reply.values().begin(), reply.values().end());
   return status;
 }
 
 Status PeerClient::add(const std::string& job, const std::string& key, int64_t delta, std::chrono::milliseconds timeout,
                        int64_t* value) {
-  Call call(this, timeout, job);
-  if (!call.refused().ok()) return call.refused();
   peer::AddRequest request;
   request.set_job(job);
   request.set_key(key);
   request.set_delta(delta);
   peer::AddReply reply;
-  call.sign("Add", request);
-  const Status status = call.finish(stub_->Add(call.context(), request, &reply));
+  const Status status = unary("Add", job, timeout, request, &reply, [this](auto* context, auto& r, auto* out) {
+    return stub_->Add(context, r, out);
+  });
   *value = reply.value();
   return status;
 }
 
 Status PeerClient::delete_job(const std::string& job, std::chrono::milliseconds timeout, const std::string& prefix) {
-  Call call(this, timeout, job);
-  if (!call.refused().ok()) return call.refused();
   peer::DeleteJobRequest request;
   request.set_job(job);
   request.set_prefix(prefix);
   peer::DeleteJobReply reply;
-  call.sign("DeleteJob", request);
-  return call.finish(stub_->DeleteJob(call.context(), request, &reply));
+  return unary("DeleteJob", job, timeout, request, &reply, [this](auto* context, auto& r, auto* out) {
+    return stub_->DeleteJob(context, r, out);
+  });
 }
 
 Status PeerClient::ping(std::chrono::milliseconds timeout) {
+  peer::PingReply reply;
+  return ping(timeout, &reply);
+}
+
+Status PeerClient::ping(std::chrono::milliseconds timeout, peer::PingReply* reply) {
   Call call(this, timeout);
   if (!call.refused().ok()) return call.refused();
   peer::PingRequest request;
-  peer::PingReply reply;
-  call.sign("Ping", request);
-  return call.finish(stub_->Ping(call.context(), request, &reply));
+  call.sign("Ping", request, {});
+  return call.finish(stub_->Ping(call.context(), request, reply));
 }
 
 Status PeerClient::progress(const std::string& job, std::chrono::milliseconds timeout, peer::ProgressReply* reply) {
-  Call call(this, timeout);
-  if (!call.refused().ok()) return call.refused();
   peer::ProgressRequest request;
   request.set_job(job);
-  call.sign("Progress", request);
-  return call.finish(stub_->Progress(call.context(), request, reply));
+  // About no job's keys: no instance id.
+  return unary("Progress", {}, timeout, request, reply, [this](auto* context, auto& r, auto* out) {
+    return stub_->Progress(context, r, out);
+  });
 }
 
 }  // namespace gradsync

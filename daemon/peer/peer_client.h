@@ -2,6 +2,10 @@
 // gRPC error translated once, here, into a Status that names the daemon. cancel() ends the
 // calls in flight (a blocking get may wait up to a job timeout) and fails every later call, so
 // that a failing job or a stopping daemon never waits on a rendezvous.
+//
+// With a cluster token, each call's proof is bound to the callee's service id (token_proof.h),
+// which the client learns by a Ping before its first other call, and again when a call is
+// refused (the callee may have restarted): then the call is made once more.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -39,8 +43,9 @@ class PeerClient {
              int64_t* value);
   // Removes the job's keys that start with `prefix` (every key when empty).
   Status delete_job(const std::string& job, std::chrono::milliseconds timeout, const std::string& prefix = {});
-  // Whether the daemon answers within `timeout`.
+  // Whether the daemon answers within `timeout`; the second also gives its answer.
   Status ping(std::chrono::milliseconds timeout);
+  Status ping(std::chrono::milliseconds timeout, peer::PingReply* reply);
   // Where the daemon's part of `job` (a store job) is.
   Status progress(const std::string& job, std::chrono::milliseconds timeout, peer::ProgressReply* reply);
 
@@ -49,6 +54,13 @@ class PeerClient {
 
  private:
   class Call;  // a call in flight, cancellable
+  // One call of `method` about `job` (empty: none): proven, made, and made once more when it
+  // was refused and the callee's service id has changed since.
+  template <class Request, class Reply, class Rpc>
+  Status unary(std::string_view method, const std::string& job, std::chrono::milliseconds timeout,
+               const Request& request, Reply* reply, Rpc rpc);
+  // The callee's service id, from a Ping when not known (or `fresh`); empty without a token.
+  Status callee(std::chrono::milliseconds timeout, bool fresh, std::string* id);
   Status put(const std::string& job, const std::string& key, const std::string& value, bool if_absent,
              std::chrono::milliseconds timeout, bool* stored);
 
@@ -57,6 +69,7 @@ class PeerClient {
   std::mutex mutex_;
   std::set<grpc::ClientContext*> in_flight_;  // guarded by mutex_
   Status cancelled_;                          // guarded by mutex_
+  std::string callee_;                        // the callee's service id; guarded by mutex_
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<peer::Peer::Stub> stub_;
   // Who this client is to the peer's store (key_scope.h): the daemon's instance secret, or a

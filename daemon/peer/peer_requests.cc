@@ -4,37 +4,38 @@
 
 namespace gradsync {
 
-Status serve_set(KvStore& store, KeyScope& scope, const peer::SetRequest& request, const std::string& instance,
+Status serve_set(KvStore& store, KeyScope& scope, const peer::SetRequest& request, const PeerCaller& caller,
                  peer::SetReply* reply) {
-  if (Status s = scope.may_set(request.job(), request.key(), request.if_absent(), instance); !s.ok()) return s;
+  if (Status s = scope.may_set(request.job(), request.key(), request.if_absent(), caller.instance); !s.ok()) return s;
   if (request.if_absent()) {
     bool stored = false;
-    Status status = store.set_if_absent(request.job(), request.key(), request.value(), &stored);
+    Status status = store.set_if_absent(request.job(), request.key(), request.value(), &stored, caller.member);
     reply->set_stored(stored);
     return status;
   }
   reply->set_stored(true);
-  return store.set(request.job(), request.key(), request.value());
+  return store.set(request.job(), request.key(), request.value(), caller.member);
 }
 
-Status serve_add(KvStore& store, KeyScope& scope, const peer::AddRequest& request, const std::string& instance,
+Status serve_add(KvStore& store, KeyScope& scope, const peer::AddRequest& request, const PeerCaller& caller,
                  peer::AddReply* reply) {
-  if (Status s = scope.may_add(request.job(), request.key(), request.delta(), instance); !s.ok()) return s;
+  if (Status s = scope.may_add(request.job(), request.key(), request.delta(), caller.instance); !s.ok()) return s;
   int64_t value = 0;
-  Status status = store.add(request.job(), request.key(), request.delta(), &value);
+  Status status = store.add(request.job(), request.key(), request.delta(), &value, caller.member);
   reply->set_value(value);
   return status;
 }
 
-Status serve_delete(KvStore& store, KeyScope& scope, const peer::DeleteJobRequest& request,
-                    const std::string& instance, peer::DeleteJobReply* reply) {
-  if (Status s = scope.may_delete(request.job(), request.prefix(), instance); !s.ok()) return s;
+Status serve_delete(KvStore& store, KeyScope& scope, const peer::DeleteJobRequest& request, const PeerCaller& caller,
+                    peer::DeleteJobReply* reply) {
+  if (Status s = scope.may_delete(request.job(), request.prefix(), caller.instance); !s.ok()) return s;
   reply->set_removed(store.delete_job(request.job(), request.prefix()));
   return Status();
 }
 
-Status check_get(KeyScope& scope, const peer::GetRequest& request, const std::string& instance) {
-  return scope.may_get(request.job(), std::vector<std::string>(request.keys().begin(), request.keys().end()), instance);
+Status check_get(KeyScope& scope, const peer::GetRequest& request, const PeerCaller& caller) {
+  return scope.may_get(request.job(), std::vector<std::string>(request.keys().begin(), request.keys().end()),
+                       caller.instance);
 }
 
 }  // namespace gradsync

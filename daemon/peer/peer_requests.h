@@ -12,14 +12,20 @@
 
 namespace gradsync {
 
-// `instance` is the calling daemon's id (key_scope.h); empty when the call carried none.
-Status serve_set(KvStore& store, KeyScope& scope, const peer::SetRequest& request, const std::string& instance,
+// Who calls: the calling daemon's instance id for the job (key_scope.h; empty when the call
+// carried none), and the member the store's quotas charge (kv_store.h).
+struct PeerCaller {
+  std::string instance;
+  std::string member;
+};
+
+Status serve_set(KvStore& store, KeyScope& scope, const peer::SetRequest& request, const PeerCaller& caller,
                  peer::SetReply* reply);
-Status serve_add(KvStore& store, KeyScope& scope, const peer::AddRequest& request, const std::string& instance,
+Status serve_add(KvStore& store, KeyScope& scope, const peer::AddRequest& request, const PeerCaller& caller,
                  peer::AddReply* reply);
-Status serve_delete(KvStore& store, KeyScope& scope, const peer::DeleteJobRequest& request,
-                    const std::string& instance, peer::DeleteJobReply* reply);
+Status serve_delete(KvStore& store, KeyScope& scope, const peer::DeleteJobRequest& request, const PeerCaller& caller,
+                    peer::DeleteJobReply* reply);
 // A get is answered by the store (it may wait); this is whether it may be asked at all.
-Status check_get(KeyScope& scope, const peer::GetRequest& request, const std::string& instance);
+Status check_get(KeyScope& scope, const peer::GetRequest& request, const PeerCaller& caller);
 
 }  // namespace gradsync

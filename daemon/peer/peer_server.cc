@@ -5,6 +5,7 @@
 #include <atomic>
 #include <mutex>
 
+#include "daemon/util/safe_text.h"
 #include "shared/version.h"
 
 namespace gradsync {
@@ -60,9 +61,10 @@ std::string instance_of(const grpc::ServerContextBase& context) {
 
 grpc::ServerUnaryReactor* PeerService::Set(grpc::CallbackServerContext* context, const peer::SetRequest* request,
                                            peer::SetReply* reply) {
-  if (auto* refused = refuse(context, "Set", *request)) return refused;
+  PeerCaller caller;
+  if (auto* refused = refuse(context, "Set", *request, &caller)) return refused;
   auto* reactor = context->DefaultReactor();
-  reactor->Finish(to_grpc(serve_set(*store_, scope_, *request, instance_of(*context), reply)));
+  reactor->Finish(to_grpc(serve_set(*store_, scope_, *request, caller, reply)));
   return reactor;
 }
 
@@ -122,11 +124,39 @@ std::string caller_host(const std::string& peer) {
 
 }  // namespace
 
+std::string PeerService::service_id() {
+  const std::string secret = PeerAuth::make_secret();
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string id;
+  for (size_t i = 0; i < 16; ++i) {
+    id += kHex[static_cast<unsigned char>(secret[i]) >> 4];
+    id += kHex[static_cast<unsigned char>(secret[i]) & 15];
+  }
+  return id;
+}
+
+std::string PeerService::member_of(const grpc::CallbackServerContext& context, const std::string& node) const {
+  std::string who;
+  if (auth_->tls()) {
+    const std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
+    if (auth && auth->IsPeerAuthenticated()) {
+      for (const auto& identity : auth->GetPeerIdentity()) {
+        who = "certificate " + safe_text(std::string(identity.data(), identity.size()), 256);
+        break;
+      }
+    }
+  }
+  if (!node.empty()) return (who.empty() ? "" : who + " ") + "node " + node;
+  if (!who.empty()) return who;
+  return "host " + caller_host(context.peer());
+}
+
 grpc::ServerUnaryReactor* PeerService::Get(grpc::CallbackServerContext* context, const peer::GetRequest* request,
                                            peer::GetReply* reply) {
-  if (auto* refused = refuse(context, "Get", *request)) return refused;
+  PeerCaller caller;
+  if (auto* refused = refuse(context, "Get", *request, &caller)) return refused;
   std::vector<std::string> keys(request->keys().begin(), request->keys().end());
-  if (Status scoped = check_get(scope_, *request, instance_of(*context)); !scoped.ok()) {
+  if (Status scoped = check_get(scope_, *request, caller); !scoped.ok()) {
     auto* reactor = context->DefaultReactor();
     reactor->Finish(to_grpc(scoped));
     return reactor;
@@ -139,39 +169,44 @@ grpc::ServerUnaryReactor* PeerService::Get(grpc::CallbackServerContext* context,
         for (auto& value : values) reply->add_values(std::move(value));
         reactor->Finish(to_grpc(status));
       },
-      caller_host(context->peer()));
+      caller.member);
   reactor->start(id);
   return reactor;
 }
 
 grpc::ServerUnaryReactor* PeerService::Add(grpc::CallbackServerContext* context, const peer::AddRequest* request,
                                            peer::AddReply* reply) {
-  if (auto* refused = refuse(context, "Add", *request)) return refused;
+  PeerCaller caller;
+  if (auto* refused = refuse(context, "Add", *request, &caller)) return refused;
   auto* reactor = context->DefaultReactor();
-  reactor->Finish(to_grpc(serve_add(*store_, scope_, *request, instance_of(*context), reply)));
+  reactor->Finish(to_grpc(serve_add(*store_, scope_, *request, caller, reply)));
   return reactor;
 }
 
 grpc::ServerUnaryReactor* PeerService::DeleteJob(grpc::CallbackServerContext* context,
                                                  const peer::DeleteJobRequest* request, peer::DeleteJobReply* reply) {
-  if (auto* refused = refuse(context, "DeleteJob", *request)) return refused;
+  PeerCaller caller;
+  if (auto* refused = refuse(context, "DeleteJob", *request, &caller)) return refused;
   auto* reactor = context->DefaultReactor();
-  reactor->Finish(to_grpc(serve_delete(*store_, scope_, *request, instance_of(*context), reply)));
+  reactor->Finish(to_grpc(serve_delete(*store_, scope_, *request, caller, reply)));
   return reactor;
 }
 
 grpc::ServerUnaryReactor* PeerService::Ping(grpc::CallbackServerContext* context, const peer::PingRequest* request,
                                             peer::PingReply* reply) {
-  if (auto* refused = refuse(context, "Ping", *request)) return refused;
+  PeerCaller caller;
+  if (auto* refused = refuse(context, "Ping", *request, &caller)) return refused;
   auto* reactor = context->DefaultReactor();
   reply->set_daemon_version(kGradsyncVersion);
+  reply->set_service_id(proofs_.service_id());
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }
 
 grpc::ServerUnaryReactor* PeerService::Progress(grpc::CallbackServerContext* context,
                                                 const peer::ProgressRequest* request, peer::ProgressReply* reply) {
-  if (auto* refused = refuse(context, "Progress", *request)) return refused;
+  PeerCaller caller;
+  if (auto* refused = refuse(context, "Progress", *request, &caller)) return refused;
   auto* reactor = context->DefaultReactor();
   reply->set_found(progress_ && progress_(request->job(), reply));
   reactor->Finish(grpc::Status::OK);
@@ -179,9 +214,19 @@ grpc::ServerUnaryReactor* PeerService::Progress(grpc::CallbackServerContext* con
 }
 
 grpc::ServerUnaryReactor* PeerService::refuse(grpc::CallbackServerContext* context, std::string_view method,
-                                              const google::protobuf::Message& request) {
-  const grpc::Status status = proofs_.check(*context, method, instance_of(*context), request);
+                                              const google::protobuf::Message& request, PeerCaller* caller) {
+  caller->instance = instance_of(*context);
+  std::string node;
+  grpc::Status status = proofs_.check(*context, method, caller->instance, request, &node);
+  // With neither a token nor TLS, nobody is known to be a member: only Ping is answered.
+  if (status.ok() && !auth_->configured() && method != "Ping") {
+    status = grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                          "the peer service refused the call: this gradsyncd has no cluster token or TLS "
+                          "(--peer-token-file, --peer-tls-*), so its peer service answers only Ping; multi-node "
+                          "jobs need one on every node");
+  }
   if (status.ok()) {
+    caller->member = member_of(*context, node);
     if (proven_) proven_(context->peer());
     return nullptr;
   }

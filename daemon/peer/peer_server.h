@@ -12,6 +12,7 @@
 #include "daemon/peer/key_scope.h"
 #include "daemon/peer/token_proof.h"
 #include "daemon/peer/kv_store.h"
+#include "daemon/peer/peer_requests.h"
 #include "daemon/peer/peer_auth.h"
 #include "daemon/util/tcp_listener.h"
 #include "daemon/util/log.h"
@@ -33,7 +34,7 @@ class PeerService final : public peer::Peer::CallbackService {
         scope_(store, std::move(jobs)),
         progress_(std::move(progress)),
         auth_(std::move(auth)),
-        proofs_(auth_->token),
+        proofs_(auth_->token, service_id()),
         proven_(std::move(proven)) {}
 
   grpc::ServerUnaryReactor* Set(grpc::CallbackServerContext* context, const peer::SetRequest* request,
@@ -51,9 +52,15 @@ class PeerService final : public peer::Peer::CallbackService {
 
  private:
   // Answers a call without a good proof of the cluster token (UNAUTHENTICATED) and returns its
-  // reactor; null when the call may go on.
+  // reactor; null when the call may go on, with *caller filled in. Without a token or TLS
+  // every call but Ping is refused.
   grpc::ServerUnaryReactor* refuse(grpc::CallbackServerContext* context, std::string_view method,
-                                   const google::protobuf::Message& request);
+                                   const google::protobuf::Message& request, PeerCaller* caller);
+  // The member a call is charged to (kv_store.h): its certificate (TLS) and the node its proof
+  // names, or else its host.
+  std::string member_of(const grpc::CallbackServerContext& context, const std::string& node) const;
+  // A random id for this daemon process, to which proofs are bound (token_proof.h).
+  static std::string service_id();
 
   KvStore* store_;
   KeyScope scope_;  // what each caller may do with a job's keys

@@ -70,7 +70,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         request.set_value(in.ConsumeRandomLengthString(300));
         request.set_if_absent(in.ConsumeBool());
         peer::SetReply reply;
-        const Status status = serve_set(store, scope, request, instance, &reply);
+        const Status status = serve_set(store, scope, request, PeerCaller{instance, "fuzz"}, &reply);
         if (status.ok() && node_key) {
           auto [it, fresh] = taken.emplace(std::make_tuple(job, generation, node), instance);
           if (!fresh && it->second != instance) std::abort();  // a taken node went to another daemon
@@ -83,7 +83,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         request.set_key(key);
         request.set_delta(in.ConsumeIntegralInRange<int64_t>(-2, 3));
         peer::AddReply reply;
-        (void)serve_add(store, scope, request, instance, &reply);
+        (void)serve_add(store, scope, request, PeerCaller{instance, "fuzz"}, &reply);
         break;
       }
       case 3: {
@@ -91,7 +91,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         request.set_job(job);
         request.add_keys(key);
         if (in.ConsumeBool()) request.add_keys(make_key(in, &generation, &node, &node_key));
-        if (check_get(scope, request, instance).ok()) {
+        if (check_get(scope, request, PeerCaller{instance, "fuzz"}).ok()) {
           store.get(job, {request.keys().begin(), request.keys().end()}, std::chrono::milliseconds(0),
                     [](const Status&, std::vector<std::string>) {});
         }
@@ -102,7 +102,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         request.set_job(job);
         request.set_prefix(in.ConsumeBool() ? "g" + std::to_string(generation) + "/" : in.ConsumeRandomLengthString(8));
         peer::DeleteJobReply reply;
-        if (serve_delete(store, scope, request, instance, &reply).ok()) {
+        if (serve_delete(store, scope, request, PeerCaller{instance, "fuzz"}, &reply).ok()) {
           for (auto it = taken.begin(); it != taken.end();) {
             const bool gone = std::get<0>(it->first) == job && "g" + std::to_string(std::get<1>(it->first)) + "/" == request.prefix();
             it = gone ? taken.erase(it) : std::next(it);

@@ -19,9 +19,19 @@
 namespace gradsync::test {
 namespace {
 
+// A daemon serving the peer service with a cluster token (without one it answers only Ping).
 struct PeerDaemon {
-  PeerDaemon() : port(free_loopback_port()), daemon({"--peer-listen", "127.0.0.1:" + std::to_string(port)}) {}
+  PeerDaemon()
+      : port(free_loopback_port()),
+        daemon({"--peer-listen", "127.0.0.1:" + std::to_string(port), "--peer-token-file", token.path()}) {}
   std::string address() const { return "127.0.0.1:" + std::to_string(port); }
+  // How a daemon of the cluster proves itself (naming no node: the store counts it by its host).
+  std::shared_ptr<const PeerAuth> auth() const {
+    auto auth = std::make_shared<PeerAuth>();
+    std::getline(std::ifstream(token.path()), auth->token);
+    return auth;
+  }
+  ClusterToken token;
   int port;
   TestDaemon daemon;
 };
@@ -32,7 +42,7 @@ constexpr auto kShort = std::chrono::milliseconds(5000);
 
 TEST_CASE("peer service: set, get, add and ping work over gRPC", "[integration][peer]") {
   PeerDaemon peer;
-  PeerClient client(peer.address());
+  PeerClient client(peer.address(), peer.auth());
   REQUIRE(client.ping(kShort).ok());
   int64_t counter = 0;
   // A node is taken in a generation that has begun: incarnations counts them.
@@ -50,13 +60,13 @@ TEST_CASE("peer service: set, get, add and ping work over gRPC", "[integration][
 
 TEST_CASE("peer service: a get waits until another daemon sets the key", "[integration][peer]") {
   PeerDaemon peer;
-  PeerClient waiter(peer.address());
+  PeerClient waiter(peer.address(), peer.auth());
   int64_t counter = 0;
   REQUIRE(waiter.add("job-b", "incarnations", 1, kShort, &counter).ok());
   REQUIRE(waiter.set("job-b", "g0/node/1", "waiting", kShort).ok());
   std::thread setter([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
-    PeerClient(peer.address()).set("job-b", "g0/node/0", "here", kShort);
+    PeerClient(peer.address(), peer.auth()).set("job-b", "g0/node/0", "here", kShort);
   });
   std::vector<std::string> values;
   const Status status = waiter.get("job-b", {"g0/node/0"}, std::chrono::milliseconds(10'000), &values);
@@ -68,7 +78,7 @@ TEST_CASE("peer service: a get waits until another daemon sets the key", "[integ
 TEST_CASE("peer service: a get for a key nobody sets times out with a clear error", "[integration][peer]") {
   PeerDaemon peer;
   std::vector<std::string> values;
-  PeerClient client(peer.address());
+  PeerClient client(peer.address(), peer.auth());
   int64_t counter = 0;
   REQUIRE(client.add("job-c", "incarnations", 1, kShort, &counter).ok());
   REQUIRE(client.set("job-c", "g0/node/0", "x", kShort).ok());
@@ -79,7 +89,7 @@ TEST_CASE("peer service: a get for a key nobody sets times out with a clear erro
 
 TEST_CASE("peer service: deleting a job removes its keys only", "[integration][peer]") {
   PeerDaemon peer;
-  PeerClient client(peer.address());
+  PeerClient client(peer.address(), peer.auth());
   int64_t counter = 0;
   for (const char* job : {"job-d", "job-e"}) REQUIRE(client.add(job, "incarnations", 1, kShort, &counter).ok());
   REQUIRE(client.set("job-d", "g0/node/0", "1", kShort).ok());
@@ -89,13 +99,31 @@ TEST_CASE("peer service: deleting a job removes its keys only", "[integration][p
   REQUIRE(client.add("job-d", "g0/ended", 1, kShort, &counter).ok());
   REQUIRE(client.delete_job("job-d", kShort, "g0/").ok());
   // Node 0 of job-d is free again (its claim went with the keys), and its value is gone.
-  PeerClient other(peer.address());
+  PeerClient other(peer.address(), peer.auth());
   REQUIRE(other.set("job-d", "g0/node/1", "probe", kShort).ok());
   std::vector<std::string> values;
   CHECK(other.get("job-d", {"g0/node/0"}, std::chrono::milliseconds(0), &values).code() == ErrorCode::kNotFound);
   CHECK(other.set("job-d", "g0/node/0", "3", kShort).ok());
   REQUIRE(client.get("job-e", {"g0/node/0"}, std::chrono::milliseconds(0), &values).ok());
   CHECK(values == std::vector<std::string>{"2"});
+}
+
+// The review's tokenless store: with neither a token nor TLS (loopback only), any local user,
+// even one the daemon does not allow, could fill it. Now such a daemon answers Ping alone.
+TEST_CASE("peer service: without a token or TLS only Ping is answered", "[integration][peer]") {
+  const int port = free_loopback_port();
+  TestDaemon daemon({"--peer-listen", "127.0.0.1:" + std::to_string(port)});
+  PeerClient client("127.0.0.1:" + std::to_string(port));
+  CHECK(client.ping(kShort).ok());
+  int64_t counter = 0;
+  const Status add = client.add("job-t", "incarnations", 1, kShort, &counter);
+  CHECK(add.code() == ErrorCode::kPermissionDenied);
+  CHECK_THAT(add.message(), Catch::Contains("answers only Ping"));
+  CHECK(client.set("job-t", "g0/node/0", "x", kShort).code() == ErrorCode::kPermissionDenied);
+  std::vector<std::string> values;
+  CHECK(client.get("job-t", {"incarnations"}, std::chrono::milliseconds(0), &values).code() ==
+        ErrorCode::kPermissionDenied);
+  CHECK(daemon.running());
 }
 
 TEST_CASE("peer service: an unreachable daemon is reported as lost, naming its address", "[integration][peer]") {
@@ -139,7 +167,7 @@ TEST_CASE("peer service: a connection flood from one host is bounded, a trainer 
   auto peer = std::make_unique<PeerDaemon>();
   const rlimit few{256, 256};
   REQUIRE(::prlimit(peer->daemon.pid(), RLIMIT_NOFILE, &few, nullptr) == 0);
-  PeerClient client(peer->address());
+  PeerClient client(peer->address(), peer->auth());
   REQUIRE(client.ping(kShort).ok());
   std::vector<int> flood;
   for (int i = 0; i < 600; ++i) {
@@ -163,7 +191,7 @@ TEST_CASE("peer service: a connection flood from one host is bounded, a trainer 
   const auto ended = std::chrono::steady_clock::now();
   Status answered = Status::internal("not asked");
   while (std::chrono::steady_clock::now() - ended < std::chrono::seconds(15)) {
-    PeerClient fresh(peer->address());
+    PeerClient fresh(peer->address(), peer->auth());
     answered = fresh.ping(std::chrono::milliseconds(1000));
     if (answered.ok()) break;
   }

@@ -14,14 +14,21 @@ using namespace std::chrono_literals;
 
 TEST_CASE("config channel: numbered changes, a claimed but unpublished one given up, agreement on the largest offer",
           "[config_channel]") {
-  PeerServer server(PeerServerOptions{"127.0.0.1:0", Logger(LogLevel::kError), {}, std::make_shared<PeerAuth>(), {}});
+  // The cluster's token: without one, the peer service answers only Ping.
+  const auto cluster = [] {
+    auto auth = std::make_shared<PeerAuth>();
+    auth->token = "0123456789abcdef0123456789abcdef-config";
+    return auth;
+  };
+  PeerServer server(PeerServerOptions{"127.0.0.1:0", Logger(LogLevel::kError), {}, cluster(), {}});
   const std::string address = "127.0.0.1:" + std::to_string(server.port());
   // Each node is a daemon instance that took its node of the generation (key_scope.h).
   std::vector<std::shared_ptr<PeerAuth>> daemons;
   int64_t incarnation = 0;
-  REQUIRE(PeerClient(address).add("0.job", "incarnations", 1, 2s, &incarnation).ok());  // generation 0 began
+  REQUIRE(PeerClient(address, cluster()).add("0.job", "incarnations", 1, 2s, &incarnation).ok());  // generation 0 began
   for (int n = 0; n < 2; ++n) {
-    daemons.push_back(std::make_shared<PeerAuth>());
+    daemons.push_back(cluster());
+    daemons.back()->node = "node" + std::to_string(n);
     daemons.back()->instance_secret = PeerAuth::make_secret();
     REQUIRE(PeerClient(address, daemons.back()).set("0.job", "g0/node/" + std::to_string(n), "", 2s).ok());
   }
@@ -29,7 +36,7 @@ TEST_CASE("config channel: numbered changes, a claimed but unpublished one given
   ConfigChannel node1(address, daemons[1], "0.job", "g0/", 1, 2);
 
   // A proposer claims change 1 and dies before publishing it.
-  PeerClient crashed(address);
+  PeerClient crashed(address, cluster());
   REQUIRE(crashed.set("0.job", "g0/node/2", "a third daemon of the job", 2s).ok());  // a node of it
   int64_t claimed = 0;
   REQUIRE(crashed.add("0.job", "g0/cfg/count", 1, 2s, &claimed).ok());

@@ -488,7 +488,7 @@ TEST_CASE("store bounds: waiting gets per caller and overall, a cancelled get is
   store.get("j", {"never"}, kHangGuard, a3.callback(), "host-a");
   REQUIRE(a3.calls() == 1);
   CHECK(a3.status().code() == ErrorCode::kResourceExhausted);
-  CHECK_THAT(a3.status().message(), Catch::Contains("this caller has 2 waiting gets"));
+  CHECK_THAT(a3.status().message(), Catch::Contains("has 2 waiting gets in the peer store, its limit per member"));
   store.get("j", {"never"}, kHangGuard, b1.callback(), "host-b");
   CHECK(b1.calls() == 0);  // parked: another caller's budget
   store.get("j", {"never"}, kHangGuard, c1.callback(), "host-c");
