@@ -46,6 +46,15 @@ Daemon::Daemon(DaemonConfig config, std::function<ParsedConfig()> reparse)
     files.rlim_cur = files.rlim_max;
     ::setrlimit(RLIMIT_NOFILE, &files);
   }
+  // The reserve: the listeners other than the control socket hold at most these (peer port:
+  // tcp_listener.h; admin socket: admin_server.h); the rest stay for trainers and their jobs.
+  if (::getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur != RLIM_INFINITY) {
+    const size_t limit = files.rlim_cur;
+    const size_t peer = std::min<size_t>(4096, limit / 4), admin = std::min<size_t>(1024, limit / 8);
+    log_.info("descriptors: " + std::to_string(limit) + "; peer connections take at most " + std::to_string(peer) +
+              ", admin connections " + std::to_string(admin) + " (and 256 on an admin TLS port), the other " +
+              std::to_string(limit > peer + admin + 256 ? limit - peer - admin - 256 : 0) + " or more are kept for trainers and their jobs");
+  }
   {
     // Segments of all users stay within half of the kernel's mappings per process.
     LocalLimits limits = config_.limits;

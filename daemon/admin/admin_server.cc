@@ -6,6 +6,7 @@
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -34,6 +35,13 @@ Status fail(const std::string& path, const std::string& what) {
 }  // namespace
 
 AdminServer::AdminServer(AdminServerOptions options) : options_(std::move(options)) {
+  if (options_.connections_total == 0) {
+    rlimit files{};
+    const size_t limit = ::getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur != RLIM_INFINITY
+                             ? static_cast<size_t>(files.rlim_cur)
+                             : 8192;
+    options_.connections_total = std::max<size_t>(options_.connections_per_user, std::min<size_t>(1024, limit / 8));
+  }
   static constexpr char kUnix[] = "unix:";
   if (options_.address != "none") {
     if (options_.address.rfind(kUnix, 0) != 0) {
@@ -300,6 +308,14 @@ void AdminServer::accept_loop() {
                      "admin socket: uid " + std::to_string(who.uid) + " (pid " + std::to_string(who.pid) +
                          ") already holds " + std::to_string(options_.connections_per_user) +
                          " admin connections, the limit per user; connection closed");
+      ::close(fd);
+      continue;
+    }
+    if (handed_.size() >= options_.connections_total) {  // (pruned by live_connections above)
+      refusals_.note(options_.log, LogLevel::kWarning,
+                     "admin socket: " + std::to_string(handed_.size()) +
+                         " admin connections are open, the limit for all users together; uid " +
+                         std::to_string(who.uid) + " (pid " + std::to_string(who.pid) + ") closed");
       ::close(fd);
       continue;
     }

@@ -58,6 +58,9 @@ struct AdminServerOptions {
   // Connections one user may hold open on the Unix socket; more are closed at once (gRPC owns a
   // connection's descriptor once handed it, so without a cap one allowed user could take them all).
   size_t connections_per_user = 16;
+  // Connections all users may hold open on the Unix socket together (many allowed users, or a
+  // group); 0: an eighth of the descriptor limit, at most 1,024.
+  size_t connections_total = 0;
 };
 
 class AdminServer {

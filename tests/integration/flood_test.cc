@@ -180,7 +180,7 @@ void report(const VictimReport& victim) {
 
 TEST_CASE("flood: 20,000 connections on the peer port, a stepping job keeps its p99, a new trainer joins, the peer "
           "service answers after",
-          "[integration][flood]") {
+          "[integration][flood][serial]") {
   const int port = free_loopback_port();
   TestDaemon daemon({"--peer-listen", "127.0.0.1:" + std::to_string(port)});
   const std::string report_path = "/tmp/gradsync-flood-" + std::to_string(::getpid()) + ".peer";
@@ -229,7 +229,7 @@ TEST_CASE("flood: 20,000 connections on the peer port, a stepping job keeps its 
 
 TEST_CASE("flood: 20,000 admin connections from one allowed user, a stepping job keeps its p99, a new trainer "
           "joins, admin calls go on",
-          "[integration][flood][admin]") {
+          "[integration][flood][admin][serial]") {
   const TestUser attacker = test_user();
   const std::string user = std::to_string(attacker.uid);
   TestDaemon daemon({"--allow-uid", "0", "--allow-uid", user});
