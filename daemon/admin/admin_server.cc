@@ -311,7 +311,10 @@ void AdminServer::accept_loop() {
       ::close(fd);
       continue;
     }
-    if (handed_.size() >= options_.connections_total) {  // (pruned by live_connections above)
+    // Root and the daemon's own user are held to their own 16 only: a crowd of allowed users
+    // never locks the operator out.
+    const bool operator_uid = who.uid == 0 || who.uid == ::geteuid();
+    if (!operator_uid && handed_.size() >= options_.connections_total) {  // (pruned by live_connections above)
       refusals_.note(options_.log, LogLevel::kWarning,
                      "admin socket: " + std::to_string(handed_.size()) +
                          " admin connections are open, the limit for all users together; uid " +

@@ -59,7 +59,8 @@ struct AdminServerOptions {
   // connection's descriptor once handed it, so without a cap one allowed user could take them all).
   size_t connections_per_user = 16;
   // Connections all users may hold open on the Unix socket together (many allowed users, or a
-  // group); 0: an eighth of the descriptor limit, at most 1,024.
+  // group); 0: an eighth of the descriptor limit, at most 1,024. Root and the daemon's own user
+  // are held to connections_per_user only.
   size_t connections_total = 0;
 };
 

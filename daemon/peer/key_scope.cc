@@ -62,7 +62,7 @@ Status KeyScope::check_member(const std::string& job, const std::string& generat
 }
 
 Status KeyScope::claim(const std::string& job, const std::string& generation, uint64_t number, int node,
-                       const std::string& instance) {
+                       const std::string& instance, const StoreMember& member) {
   const std::string where = "node " + std::to_string(node) + " of job " + job + " (" + name_of(generation) + ")";
   // A generation exists once enough nodes have counted an incarnation: never ahead of the count.
   std::string count;
@@ -94,15 +94,16 @@ Status KeyScope::claim(const std::string& job, const std::string& generation, ui
   // First come, first served, and idempotent for the taker.
   const std::string key = generation + "~claim/" + std::to_string(node);
   bool stored = false;
-  if (Status s = store_->set_if_absent(job, key, instance, &stored); !s.ok()) return s;
+  if (Status s = store_->set_if_absent(job, key, instance, &stored, member); !s.ok()) return s;
   std::string owner;
   if (!stored && store_->peek(job, key, &owner) && owner != instance) {
     return Status::permission_denied(where + " was already taken by another daemon");
   }
-  return store_->set(job, generation + "~member/" + instance, "1");
+  return store_->set(job, generation + "~member/" + instance, "1", member);
 }
 
-Status KeyScope::may_set(const std::string& job, const std::string& key, bool if_absent, const std::string& instance) {
+Status KeyScope::may_set(const std::string& job, const std::string& key, bool if_absent, const std::string& instance,
+                         const StoreMember& member) {
   if (key.find(kReserved) != std::string::npos) return reserved(key);
   std::string generation, rest;
   uint64_t number = 0;
@@ -116,7 +117,7 @@ Status KeyScope::may_set(const std::string& job, const std::string& key, bool if
   }
   int node = 0;
   if (rest.rfind("node/", 0) == 0 && trailing_node(rest, &node) && rest == "node/" + std::to_string(node)) {
-    return claim(job, generation, number, node, instance);
+    return claim(job, generation, number, node, instance, member);
   }
   if (Status s = check_member(job, generation, key, instance); !s.ok()) return s;
   if (rest == "ended" || rest == "cfg/count") {
@@ -148,7 +149,8 @@ Status KeyScope::may_set(const std::string& job, const std::string& key, bool if
   return Status::permission_denied("peer key '" + key + "' of job " + job + " is not one the formation protocol sets");
 }
 
-Status KeyScope::may_add(const std::string& job, const std::string& key, int64_t delta, const std::string& instance) {
+Status KeyScope::may_add(const std::string& job, const std::string& key, int64_t delta, const std::string& instance,
+                         const StoreMember& member) {
   if (key.find(kReserved) != std::string::npos) return reserved(key);
   if (delta != 0 && delta != 1) {
     return Status::invalid_argument("peer counter '" + key + "' of job " + job +
@@ -165,7 +167,9 @@ Status KeyScope::may_add(const std::string& job, const std::string& key, int64_t
   if (Status s = check_member(job, generation, key, instance); !s.ok()) return s;
   if (rest == "ended" && delta == 1) {
     bool stored = false;
-    if (Status s = store_->set_if_absent(job, generation + "~ended/" + instance, "1", &stored); !s.ok()) return s;
+    if (Status s = store_->set_if_absent(job, generation + "~ended/" + instance, "1", &stored, member); !s.ok()) {
+      return s;
+    }
     if (!stored) {
       return Status::permission_denied("peer counter '" + key + "' of job " + job +
                                        ": the calling daemon has counted its end already");

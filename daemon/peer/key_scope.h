@@ -50,15 +50,19 @@ class KeyScope {
   explicit KeyScope(KvStore* store, JobLookup lookup = {}) : store_(store), lookup_(std::move(lookup)) {}
 
   // Checks a set (`if_absent`: set-if-absent) by `instance`; setting g<N>/node/<n> takes the node.
-  Status may_set(const std::string& job, const std::string& key, bool if_absent, const std::string& instance);
+  // `member`: who the scope's own bookkeeping keys (a claim, a membership, an end) are charged
+  // to in the store (kv_store.h); empty: nobody.
+  Status may_set(const std::string& job, const std::string& key, bool if_absent, const std::string& instance,
+                 const StoreMember& member = {});
   // Checks an add; adding 1 to g<N>/ended records that `instance` ended.
-  Status may_add(const std::string& job, const std::string& key, int64_t delta, const std::string& instance);
+  Status may_add(const std::string& job, const std::string& key, int64_t delta, const std::string& instance,
+                 const StoreMember& member = {});
   Status may_get(const std::string& job, const std::vector<std::string>& keys, const std::string& instance);
   Status may_delete(const std::string& job, const std::string& prefix, const std::string& instance);
 
  private:
   Status claim(const std::string& job, const std::string& generation, uint64_t number, int node,
-               const std::string& instance);
+               const std::string& instance, const StoreMember& member);
   Status check_member(const std::string& job, const std::string& generation, const std::string& key,
                       const std::string& instance);
 

@@ -48,8 +48,10 @@ bool KvStore::lookup_locked(const std::string& job, const std::vector<std::strin
 
 void KvStore::forget_waiter_locked(const Waiter& waiter) {
   for (const auto& key : waiter.keys) waiting_key_bytes_ -= key.size();
-  auto it = waiters_by_caller_.find(waiter.caller);
+  auto it = waiters_by_caller_.find(waiter.caller.name);
   if (it != waiters_by_caller_.end() && --it->second == 0) waiters_by_caller_.erase(it);
+  auto group = waiters_by_group_.find(waiter.caller.group);
+  if (group != waiters_by_group_.end() && --group->second == 0) waiters_by_group_.erase(group);
   auto job = waiters_by_job_.find(waiter.job);
   if (job != waiters_by_job_.end() && --job->second == 0) waiters_by_job_.erase(job);
 }
@@ -126,50 +128,77 @@ Status KvStore::check_names(const std::string& job, const std::string& key) cons
 
 // The slot for job/key, created if needed within the limits on jobs, keys and bytes; the
 // accounting already counts `bytes` as its new value.
-bool KvStore::charge_locked(const std::string& from, const std::string& to, size_t old_bytes, size_t new_bytes,
+void KvStore::count_locked(const StoreMember& member, size_t bytes, int sign) {
+  if (member.empty()) return;
+  for (auto* uses : {&members_, &groups_}) {
+    const std::string& id = uses == &members_ ? member.name : member.group;
+    MemberUse& use = (*uses)[id];
+    if (sign > 0) {
+      use.bytes += bytes;
+      ++use.keys;
+    } else {
+      use.bytes -= bytes;
+      if (--use.keys == 0) uses->erase(id);
+    }
+  }
+}
+
+Status KvStore::check_room(const StoreMember& member, size_t bytes) {
+  std::lock_guard lock(mutex_);
+  return room_locked({}, member, 0, bytes + kEntryOverhead, true);
+}
+
+bool KvStore::charge_locked(const StoreMember& from, const StoreMember& to, size_t old_bytes, size_t new_bytes,
                             bool is_new, Status* why) {
-  if (!to.empty()) {
-    const MemberUse& use = members_[to];
-    const size_t keeps = from == to ? old_bytes : 0;  // what `to` is charged for this key already
-    if (use.bytes - keeps + new_bytes > limits_.max_member_bytes) {
-      *why = Status::resource_exhausted("member " + to + " would hold more than " +
-                                        std::to_string(limits_.max_member_bytes) +
-                                        " bytes in the peer store, its limit per member");
-      if (use.bytes == 0 && use.keys == 0) members_.erase(to);
-      return false;
-    }
-    if ((is_new || from != to) && use.keys >= limits_.max_member_keys) {
-      *why = Status::resource_exhausted("member " + to + " has set " + std::to_string(use.keys) +
-                                        " keys in the peer store, its limit per member");
-      return false;
-    }
+  if (Status room = room_locked(from, to, old_bytes, new_bytes, is_new); !room.ok()) {
+    *why = room;
+    return false;
   }
-  if (!is_new && !from.empty()) {
-    MemberUse& was = members_[from];
-    was.bytes -= old_bytes;
-    --was.keys;
-    if (was.keys == 0) members_.erase(from);
-  }
-  if (!to.empty()) {
-    MemberUse& now = members_[to];
-    now.bytes += new_bytes;
-    ++now.keys;
-  }
+  if (!is_new) count_locked(from, old_bytes, -1);
+  count_locked(to, new_bytes, +1);
   return true;
+}
+
+Status KvStore::room_locked(const StoreMember& from, const StoreMember& to, size_t old_bytes, size_t new_bytes,
+                            bool is_new) const {
+  if (!to.empty()) {
+    // What `to` is charged for this key already: its old size, if it owns it.
+    const bool same_name = !from.empty() && from.name == to.name, same_group = !from.empty() && from.group == to.group;
+    struct Bound {
+      const std::map<std::string, MemberUse>& uses;
+      const std::string& id;
+      bool keeps;
+      size_t max_bytes, max_keys;
+      const char* what;
+    };
+    for (const Bound& b : {Bound{members_, to.name, same_name, limits_.max_member_bytes, limits_.max_member_keys,
+                                 "member"},
+                           Bound{groups_, to.group, same_group, limits_.max_group_bytes, limits_.max_group_keys,
+                                 "member group"}}) {
+      auto it = b.uses.find(b.id);
+      const MemberUse use = it == b.uses.end() ? MemberUse{} : it->second;
+      if (use.bytes - (b.keeps ? old_bytes : 0) + new_bytes > b.max_bytes) {
+        return Status::resource_exhausted(std::string(b.what) + " " + b.id + " would hold more than " +
+                                          std::to_string(b.max_bytes) + " bytes in the peer store, its limit per " +
+                                          b.what);
+      }
+      if ((is_new || !b.keeps) && use.keys >= b.max_keys) {
+        return Status::resource_exhausted(std::string(b.what) + " " + b.id + " has set " + std::to_string(use.keys) +
+                                          " keys in the peer store, its limit per " + b.what);
+      }
+    }
+  }
+  return Status();
 }
 
 void KvStore::release_key_locked(const std::string& job, const std::string& key, size_t bytes) {
   auto owner = owners_.find({job, key});
   if (owner == owners_.end()) return;
-  auto use = members_.find(owner->second);
-  if (use != members_.end()) {
-    use->second.bytes -= bytes;
-    if (--use->second.keys == 0) members_.erase(use);
-  }
+  count_locked(owner->second, bytes, -1);
   owners_.erase(owner);
 }
 
-Status KvStore::slot_locked(const std::string& job, const std::string& key, size_t bytes, const std::string& member,
+Status KvStore::slot_locked(const std::string& job, const std::string& key, size_t bytes, const StoreMember& member,
                             std::string** slot) {
   auto it = jobs_.find(job);
   if (it == jobs_.end()) {
@@ -201,7 +230,7 @@ Status KvStore::slot_locked(const std::string& job, const std::string& key, size
   // The key's charge moves to the member that sets it (the job's own cost stays the job's).
   {
     auto owner = owners_.find({job, key});
-    const std::string from = owner == owners_.end() ? std::string() : owner->second;
+    const StoreMember from = owner == owners_.end() ? StoreMember() : owner->second;
     const size_t key_old = is_new ? 0 : old_bytes, key_new = bytes + key.size() + kEntryOverhead;
     Status why;
     if (!charge_locked(from, member, key_old, key_new, is_new || from.empty(), &why)) return why;
@@ -221,18 +250,18 @@ Status KvStore::slot_locked(const std::string& job, const std::string& key, size
   return Status();
 }
 
-Status KvStore::set(const std::string& job, const std::string& key, std::string value, const std::string& member) {
+Status KvStore::set(const std::string& job, const std::string& key, std::string value, const StoreMember& member) {
   bool stored = false;
   return put(job, key, std::move(value), /*if_absent=*/false, &stored, member);
 }
 
 Status KvStore::set_if_absent(const std::string& job, const std::string& key, std::string value, bool* stored,
-                              const std::string& member) {
+                              const StoreMember& member) {
   return put(job, key, std::move(value), /*if_absent=*/true, stored, member);
 }
 
 Status KvStore::put(const std::string& job, const std::string& key, std::string value, bool if_absent, bool* stored,
-                    const std::string& member) {
+                    const StoreMember& member) {
   *stored = false;
   if (Status status = check_names(job, key); !status.ok()) return status;
   if (value.size() > limits_.max_value_bytes) {
@@ -258,7 +287,7 @@ Status KvStore::put(const std::string& job, const std::string& key, std::string 
 }
 
 Status KvStore::add(const std::string& job, const std::string& key, int64_t delta, int64_t* result,
-                    const std::string& member) {
+                    const StoreMember& member) {
   if (Status status = check_names(job, key); !status.ok()) return status;
   Ready ready;
   {
@@ -271,7 +300,10 @@ Status KvStore::add(const std::string& job, const std::string& key, int64_t delt
     const auto settle = [&] {  // (modular arithmetic: the true totals are never negative)
       job_bytes_[job] = job_bytes_[job] + slot.size() - 20;
       total_bytes_ = total_bytes_ + slot.size() - 20;
-      if (!member.empty()) members_[member].bytes += slot.size() - 20;
+      if (!member.empty()) {
+        members_[member.name].bytes += slot.size() - 20;
+        groups_[member.group].bytes += slot.size() - 20;
+      }
     };
     int64_t value = 0;
     if (!slot.empty()) {
@@ -350,7 +382,7 @@ void KvStore::expire_jobs_locked() {
 }
 
 uint64_t KvStore::get(const std::string& job, std::vector<std::string> keys, std::chrono::milliseconds timeout,
-                      GetDone done, const std::string& caller) {
+                      GetDone done, const StoreMember& caller) {
   Status refused;
   if (keys.size() > limits_.max_keys_per_get) {
     refused = Status::resource_exhausted("a get may ask for at most " + std::to_string(limits_.max_keys_per_get) +
@@ -380,24 +412,30 @@ uint64_t KvStore::get(const std::string& job, std::vector<std::string> keys, std
     if (jobs_.count(job)) touch_locked(job);
     if (!lookup_locked(job, keys, &values)) {
       if (timeout.count() > 0 && !stopping_) {
-        size_t& mine = waiters_by_caller_[caller];
+        size_t& mine = waiters_by_caller_[caller.name];
+        size_t& group = waiters_by_group_[caller.group];
         const auto of_job = waiters_by_job_.find(job);
         const size_t job_waiting = of_job == waiters_by_job_.end() ? 0 : of_job->second;
         const bool overall = waiters_.size() >= limits_.max_waiters;
         const bool too_big = waiting_key_bytes_ + key_bytes > limits_.max_waiting_key_bytes;
         const bool job_full = job_waiting >= limits_.max_waiters_per_job;
-        if (overall || too_big || job_full || mine >= limits_.max_waiters_per_caller) {
-          if (mine == 0) waiters_by_caller_.erase(caller);
+        const bool group_full = group >= limits_.max_waiters_per_group;
+        if (overall || too_big || job_full || group_full || mine >= limits_.max_waiters_per_caller) {
+          if (mine == 0) waiters_by_caller_.erase(caller.name);
+          if (group == 0) waiters_by_group_.erase(caller.group);
           refused = Status::resource_exhausted(
               overall    ? "the peer store holds " + std::to_string(waiters_.size()) + " waiting gets, its limit overall"
               : too_big  ? "the peer store's waiting gets name " + std::to_string(waiting_key_bytes_) +
                                " bytes of keys, its limit overall"
               : job_full ? "job " + job + " has " + std::to_string(job_waiting) +
                                " waiting gets in the peer store, its limit per job"
-                         : "member " + (caller.empty() ? std::string("(unnamed)") : caller) + " has " +
-                               std::to_string(mine) + " waiting gets in the peer store, its limit per member");
+              : group_full ? "member group " + caller.group + " has " + std::to_string(group) +
+                                 " waiting gets in the peer store, its limit per member group"
+                           : "member " + (caller.empty() ? std::string("(unnamed)") : caller.name) + " has " +
+                                 std::to_string(mine) + " waiting gets in the peer store, its limit per member");
         } else {
           ++mine;
+          ++group;
           ++waiters_by_job_[job];
           waiting_key_bytes_ += key_bytes;
           const uint64_t id = next_waiter_++;
@@ -443,6 +481,20 @@ KvStore::Usage KvStore::usage() {
   return Usage{jobs_.size(), total_bytes_, waiters_.size(), examined_};
 }
 
+KvStore::MemberUsage KvStore::usage_of(const StoreMember& member) {
+  std::lock_guard lock(mutex_);
+  MemberUsage out;
+  if (auto it = members_.find(member.name); it != members_.end()) {
+    out.name_bytes = it->second.bytes;
+    out.name_keys = it->second.keys;
+  }
+  if (auto it = groups_.find(member.group); it != groups_.end()) {
+    out.group_bytes = it->second.bytes;
+    out.group_keys = it->second.keys;
+  }
+  return out;
+}
+
 void KvStore::shutdown(const Status& status) {
   {
     std::lock_guard lock(mutex_);
@@ -461,6 +513,7 @@ void KvStore::abort_all(const Status& status) {
     deadlines_.clear();
     waiters_by_job_.clear();
     waiters_by_caller_.clear();
+    waiters_by_group_.clear();
     waiting_key_bytes_ = 0;
   }
   for (auto& [id, waiter] : waiters) waiter.done(status, {});

@@ -24,6 +24,22 @@
 
 namespace gradsync {
 
+// Who calls, for the store's quotas: `name` is the calling node as the peer service names it
+// (the node its proof names, which the caller chooses), `group` what the caller cannot choose
+// (its certificate with TLS, else its host). Quotas bound each name, and each group's names
+// together, so a member that takes many names stays within its group's share. Empty: nobody
+// (the daemon's own writes, tests).
+struct StoreMember {
+  std::string name;
+  std::string group;
+  StoreMember() = default;
+  StoreMember(std::string n, std::string g) : name(std::move(n)), group(std::move(g)) {}
+  StoreMember(const std::string& both) : name(both), group(both) {}  // NOLINT: tests name one
+  StoreMember(const char* both) : StoreMember(std::string(both)) {}  // NOLINT
+  bool empty() const { return name.empty(); }
+  bool operator==(const StoreMember&) const = default;
+};
+
 class KvStore {
  public:
   using GetDone = std::function<void(const Status&, std::vector<std::string> values)>;
@@ -43,12 +59,16 @@ class KvStore {
     size_t max_keys_per_get = 4096;       // distinct keys
     size_t max_waiting_key_bytes = 64u << 20;  // the keys every waiting get names, together
     size_t max_waiters = 8192;            // parked gets, overall
-    size_t max_waiters_per_caller = 1024; // parked gets of one member (below)
+    size_t max_waiters_per_caller = 1024; // parked gets of one member name (StoreMember)
+    size_t max_waiters_per_group = 2048;  // ... of one member group
     size_t max_waiters_per_job = 4096;    // parked gets about one job
-    // A member is the calling node as the peer service names it: its certificate, or the node
-    // its token proof names, or its host. What keys it set (over every job) may hold at most:
+    // What the keys a member set (over every job) may hold, per name and per group. A job is
+    // made by its first key, so the keys bound also bounds the jobs one group can make, well
+    // under max_jobs.
     size_t max_member_bytes = 32u << 20;
-    size_t max_member_keys = 1u << 16;
+    size_t max_member_keys = 1u << 14;
+    size_t max_group_bytes = 128u << 20;
+    size_t max_group_keys = 1u << 15;
     // A job whose keys nobody set, added to or asked for this long (and with no get waiting)
     // is forgotten: a job whose nodes never all ended (one was killed) does not stay forever.
     std::chrono::seconds job_ttl{24 * 3600};
@@ -62,14 +82,18 @@ class KvStore {
 
   // `member`: who sets it (Limits), charged for the key until it is deleted or another member
   // sets it; empty: nobody's (the daemon's own, tests).
-  Status set(const std::string& job, const std::string& key, std::string value, const std::string& member = {});
+  Status set(const std::string& job, const std::string& key, std::string value, const StoreMember& member = {});
   // Stores `value` only if `key` has no value yet (*stored says which); the first writer wins.
   Status set_if_absent(const std::string& job, const std::string& key, std::string value, bool* stored,
-                       const std::string& member = {});
+                       const StoreMember& member = {});
 
   // Adds delta to the counter at key (absent counts as 0) and stores the decimal result.
   Status add(const std::string& job, const std::string& key, int64_t delta, int64_t* result,
-             const std::string& member = {});
+             const StoreMember& member = {});
+
+  // Whether `member` has room for one more key of `bytes` (value and key): checked before a
+  // call's side effects (a node claim), so a member at its quota leaves nothing behind.
+  Status check_room(const StoreMember& member, size_t bytes);
 
   // The value of job/key, if there is one, without waiting or counting as a use.
   bool peek(const std::string& job, const std::string& key, std::string* value);
@@ -85,7 +109,7 @@ class KvStore {
   // what the per-member bound on parked gets counts. Returns the parked get's id for cancel(),
   // or 0 when it was answered at once.
   uint64_t get(const std::string& job, std::vector<std::string> keys, std::chrono::milliseconds timeout, GetDone done,
-               const std::string& caller = {});
+               const StoreMember& caller = {});
 
   // Answers the parked get `id` with `why` and frees it now (its caller went away); a no-op
   // when it was answered already.
@@ -97,6 +121,11 @@ class KvStore {
     uint64_t waiters_examined = 0;  // parked gets that puts looked at, ever (the index's cost)
   };
   Usage usage();
+  // What a member's keys hold, by its name and by its group (tests).
+  struct MemberUsage {
+    size_t name_bytes = 0, name_keys = 0, group_bytes = 0, group_keys = 0;
+  };
+  MemberUsage usage_of(const StoreMember& member);
 
   // Answers every parked get with `status`; the store keeps working.
   void abort_all(const Status& status);
@@ -112,7 +141,7 @@ class KvStore {
     std::vector<std::string> keys;
     std::chrono::steady_clock::time_point deadline;
     GetDone done;
-    std::string caller;
+    StoreMember caller;
     size_t needs = 0;  // index of the key it waits for; the keys before it were set when looked at
   };
   using Ready = std::vector<std::pair<GetDone, std::vector<std::string>>>;
@@ -120,15 +149,20 @@ class KvStore {
 
   Status check_names(const std::string& job, const std::string& key) const;
   Status put(const std::string& job, const std::string& key, std::string value, bool if_absent, bool* stored,
-             const std::string& member);
+             const StoreMember& member);
   // The slot for job/key, made room for `bytes` of value (created within the limits), charged
   // to `member`.
-  Status slot_locked(const std::string& job, const std::string& key, size_t bytes, const std::string& member,
+  Status slot_locked(const std::string& job, const std::string& key, size_t bytes, const StoreMember& member,
                      std::string** slot);
   // Moves the charge for a key between members (either may be empty: nobody); false when
   // `to` would pass its limits (nothing changed then; *why says which).
-  bool charge_locked(const std::string& from, const std::string& to, size_t old_bytes, size_t new_bytes, bool is_new,
+  bool charge_locked(const StoreMember& from, const StoreMember& to, size_t old_bytes, size_t new_bytes, bool is_new,
                      Status* why);
+  // Whether `to` may take a key of `new_bytes` from `from` (whose charge is `old_bytes`).
+  Status room_locked(const StoreMember& from, const StoreMember& to, size_t old_bytes, size_t new_bytes,
+                     bool is_new) const;
+  // Adds (or with `sign` -1 removes) a key of `bytes` to a member's name and group.
+  void count_locked(const StoreMember& member, size_t bytes, int sign);
   // Credits the owner of job/key (if any) for a key of `bytes` that goes.
   void release_key_locked(const std::string& job, const std::string& key, size_t bytes);
   void forget_waiter_locked(const Waiter& waiter);
@@ -161,12 +195,14 @@ class KvStore {
   std::map<std::string, std::chrono::steady_clock::time_point> touched_;  // guarded by mutex_
   size_t total_bytes_ = 0;                                           // guarded by mutex_
   size_t waiting_key_bytes_ = 0;                                     // guarded by mutex_
-  std::map<std::string, size_t> waiters_by_caller_;                  // guarded by mutex_
+  std::map<std::string, size_t> waiters_by_caller_;                  // by name; guarded by mutex_
+  std::map<std::string, size_t> waiters_by_group_;                   // guarded by mutex_
   struct MemberUse {
     size_t bytes = 0, keys = 0;
   };
-  std::map<std::string, MemberUse> members_;  // what each member's keys hold; guarded by mutex_
-  std::map<JobKey, std::string> owners_;      // who set each key (members only); guarded by mutex_
+  std::map<std::string, MemberUse> members_;  // what each name's keys hold; guarded by mutex_
+  std::map<std::string, MemberUse> groups_;   // ... each group's; guarded by mutex_
+  std::map<JobKey, StoreMember> owners_;      // who set each key (members only); guarded by mutex_
   uint64_t next_waiter_ = 1;                                         // guarded by mutex_
   bool stopping_ = false;                                            // guarded by mutex_
   std::thread expiry_;

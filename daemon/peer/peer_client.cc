@@ -91,27 +91,33 @@ PeerClient::PeerClient(std::string address, std::shared_ptr<const PeerAuth> auth
 template <class Request, class Reply, class Rpc>
 Status PeerClient::unary(std::string_view method, const std::string& job, std::chrono::milliseconds timeout,
                          const Request& request, Reply* reply, Rpc rpc) {
+  // One deadline for the whole call, the Pings that learn the callee's id included.
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  const auto left = [&] {
+    return std::max(std::chrono::milliseconds(1), std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                       deadline - std::chrono::steady_clock::now()));
+  };
   const bool proven = auth_ && !auth_->token.empty();
   std::string id;
   if (proven) {
-    if (Status status = callee(std::min<std::chrono::milliseconds>(timeout, kPingBound), false, &id); !status.ok()) {
-      return status;
-    }
+    if (Status status = callee(std::min(left(), kPingBound), false, &id); !status.ok()) return status;
   }
   for (int attempt = 0;; ++attempt) {
     Status status;
     {
-      Call call(this, timeout, job);
+      Call call(this, left(), job);
       if (!call.refused().ok()) return call.refused();
       call.sign(method, request, id);
       status = call.finish(rpc(call.context(), request, reply));
     }
-    if (!proven || attempt > 0 || status.code() != ErrorCode::kPermissionDenied) return status;
-    // Refused: if the callee restarted since its id was learned, the proof named the old one.
-    std::string fresh;
-    if (!callee(std::min<std::chrono::milliseconds>(timeout, kPingBound), true, &fresh).ok() || fresh == id) {
+    // Refused for its proof (not for what it asked): if the callee restarted since its id was
+    // learned, the proof named the old one; made once more for the new one.
+    if (!proven || attempt > 0 || status.code() != ErrorCode::kPermissionDenied ||
+        status.message().find(kProofRefusal) == std::string::npos) {
       return status;
     }
+    std::string fresh;
+    if (!callee(std::min(left(), kPingBound), true, &fresh).ok() || fresh == id) return status;
     id = fresh;
   }
 }

@@ -6,7 +6,12 @@ namespace gradsync {
 
 Status serve_set(KvStore& store, KeyScope& scope, const peer::SetRequest& request, const PeerCaller& caller,
                  peer::SetReply* reply) {
-  if (Status s = scope.may_set(request.job(), request.key(), request.if_absent(), caller.instance); !s.ok()) return s;
+  // Room first: a member at its quota must not leave a claim (or anything) behind.
+  if (Status s = store.check_room(caller.member, request.key().size() + request.value().size()); !s.ok()) return s;
+  if (Status s = scope.may_set(request.job(), request.key(), request.if_absent(), caller.instance, caller.member);
+      !s.ok()) {
+    return s;
+  }
   if (request.if_absent()) {
     bool stored = false;
     Status status = store.set_if_absent(request.job(), request.key(), request.value(), &stored, caller.member);
@@ -19,7 +24,11 @@ Status serve_set(KvStore& store, KeyScope& scope, const peer::SetRequest& reques
 
 Status serve_add(KvStore& store, KeyScope& scope, const peer::AddRequest& request, const PeerCaller& caller,
                  peer::AddReply* reply) {
-  if (Status s = scope.may_add(request.job(), request.key(), request.delta(), caller.instance); !s.ok()) return s;
+  if (Status s = store.check_room(caller.member, request.key().size() + 20); !s.ok()) return s;
+  if (Status s = scope.may_add(request.job(), request.key(), request.delta(), caller.instance, caller.member);
+      !s.ok()) {
+    return s;
+  }
   int64_t value = 0;
   Status status = store.add(request.job(), request.key(), request.delta(), &value, caller.member);
   reply->set_value(value);

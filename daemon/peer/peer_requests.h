@@ -16,7 +16,7 @@ namespace gradsync {
 // carried none), and the member the store's quotas charge (kv_store.h).
 struct PeerCaller {
   std::string instance;
-  std::string member;
+  StoreMember member;
 };
 
 Status serve_set(KvStore& store, KeyScope& scope, const peer::SetRequest& request, const PeerCaller& caller,

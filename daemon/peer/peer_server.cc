@@ -135,20 +135,19 @@ std::string PeerService::service_id() {
   return id;
 }
 
-std::string PeerService::member_of(const grpc::CallbackServerContext& context, const std::string& node) const {
-  std::string who;
+StoreMember PeerService::member_of(const grpc::CallbackServerContext& context, const std::string& node) const {
+  // The group is what the caller cannot choose: its certificate, else its host.
+  std::string group = "host " + caller_host(context.peer());
   if (auth_->tls()) {
     const std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
     if (auth && auth->IsPeerAuthenticated()) {
       for (const auto& identity : auth->GetPeerIdentity()) {
-        who = "certificate " + safe_text(std::string(identity.data(), identity.size()), 256);
+        group = "certificate " + safe_text(std::string(identity.data(), identity.size()), 256);
         break;
       }
     }
   }
-  if (!node.empty()) return (who.empty() ? "" : who + " ") + "node " + node;
-  if (!who.empty()) return who;
-  return "host " + caller_host(context.peer());
+  return StoreMember(node.empty() ? group : group + " node " + node, group);
 }
 
 grpc::ServerUnaryReactor* PeerService::Get(grpc::CallbackServerContext* context, const peer::GetRequest* request,
@@ -221,13 +220,14 @@ grpc::ServerUnaryReactor* PeerService::refuse(grpc::CallbackServerContext* conte
   // With neither a token nor TLS, nobody is known to be a member: only Ping is answered.
   if (status.ok() && !auth_->configured() && method != "Ping") {
     status = grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                          "the peer service refused the call: this gradsyncd has no cluster token or TLS "
+                          std::string(kProofRefusal) + ": this gradsyncd has no cluster token or TLS "
                           "(--peer-token-file, --peer-tls-*), so its peer service answers only Ping; multi-node "
                           "jobs need one on every node");
   }
   if (status.ok()) {
     caller->member = member_of(*context, node);
-    if (proven_) proven_(context->peer());
+    // Without a token or TLS nothing is proven: such a connection never stays past the window.
+    if (proven_ && auth_->configured()) proven_(context->peer());
     return nullptr;
   }
   auto* reactor = context->DefaultReactor();

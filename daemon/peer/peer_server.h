@@ -56,9 +56,9 @@ class PeerService final : public peer::Peer::CallbackService {
   // every call but Ping is refused.
   grpc::ServerUnaryReactor* refuse(grpc::CallbackServerContext* context, std::string_view method,
                                    const google::protobuf::Message& request, PeerCaller* caller);
-  // The member a call is charged to (kv_store.h): its certificate (TLS) and the node its proof
-  // names, or else its host.
-  std::string member_of(const grpc::CallbackServerContext& context, const std::string& node) const;
+  // The member a call is charged to (kv_store.h): its group is its certificate (TLS) or else
+  // its host; its name that and the node its proof names.
+  StoreMember member_of(const grpc::CallbackServerContext& context, const std::string& node) const;
   // A random id for this daemon process, to which proofs are bound (token_proof.h).
   static std::string service_id();
 

@@ -54,7 +54,7 @@ int64_t unix_ms(std::chrono::system_clock::time_point t) {
 }
 
 grpc::Status refused(const std::string& why) {
-  return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "the peer service refused the call: " + why);
+  return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, std::string(kProofRefusal) + ": " + why);
 }
 
 // A node name as a proof carries it: printable ASCII without spaces, at most 256 bytes.

@@ -25,6 +25,9 @@
 namespace gradsync {
 
 inline constexpr char kProofKey[] = "gradsync-peer-proof";
+// How every refusal of a call's authentication begins (UNAUTHENTICATED), by which a caller
+// tells it from a refusal of what the call asked.
+inline constexpr char kProofRefusal[] = "the peer service refused the call";
 // How far a caller's clock may be from the service's (the nodes' clocks must agree, e.g. NTP).
 inline constexpr std::chrono::seconds kProofWindow{120};
 

@@ -1,6 +1,7 @@
 #include "daemon/util/tcp_listener.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -160,67 +161,79 @@ void TcpListener::proven(const std::string& grpc_peer) {
   auto it = by_peer_.find(peer);
   if (it == by_peer_.end()) return;
   auto handed = handed_.find(it->second);
-  if (handed != handed_.end()) handed->second.proven = true;
+  if (handed == handed_.end() || handed->second.proven) return;
+  handed->second.proven = true;
+  handed->second.hold.reset();
+  uncount_unproven_locked(handed->second.host);
+}
+
+void TcpListener::uncount_unproven_locked(const std::string& host) {
+  --unproven_;
+  if (--unproven_by_host_[host] == 0) unproven_by_host_.erase(host);
+}
+
+void TcpListener::forget_locked(std::map<int, Handed>::iterator it) {
+  if (!it->second.proven) uncount_unproven_locked(it->second.host);
+  auto peer = by_peer_.find(it->second.peer);
+  if (peer != by_peer_.end() && peer->second == it->first) by_peer_.erase(peer);
+  handed_.erase(it);
 }
 
 void TcpListener::drop_locked(std::map<int, Handed>::iterator it) {
-  // Still the socket handed over (same descriptor, same inode): shut it down, and gRPC, seeing
-  // it end, closes it. Otherwise gRPC has closed it already.
-  struct stat st {};
-  if (::fstat(it->first, &st) == 0 && S_ISSOCK(st.st_mode) && st.st_ino == it->second.inode) {
-    ::shutdown(it->first, SHUT_RDWR);
-  }
-  auto peer = by_peer_.find(it->second.peer);
-  if (peer != by_peer_.end() && peer->second == it->first) by_peer_.erase(peer);
-  if (--per_host_[it->second.host] == 0) per_host_.erase(it->second.host);
-  handed_.erase(it);
+  // Shut down through this listener's own copy of the descriptor: gRPC, seeing the connection
+  // end, closes its own. (gRPC's number may have been closed and reused meanwhile; the copy
+  // cannot have been.)
+  if (it->second.hold.valid()) ::shutdown(it->second.hold.get(), SHUT_RDWR);
+  forget_locked(it);
 }
 
 void TcpListener::prune_locked() {
   last_prune_ = std::chrono::steady_clock::now();
   for (auto it = handed_.begin(); it != handed_.end();) {
+    auto next = std::next(it);
+    // gRPC closed it (or the number holds another socket now): a proven entry is forgotten;
+    // an unproven one is shut down too, since its copy here still holds the socket open.
     struct stat st {};
-    if (::fstat(it->first, &st) != 0 || !S_ISSOCK(st.st_mode) || st.st_ino != it->second.inode) {
-      auto next = std::next(it);
-      drop_locked(it);  // gRPC closed it: the fstat in drop_locked finds it gone too
-      it = next;
-    } else {
-      ++it;
-    }
+    if (::fstat(it->first, &st) != 0 || !S_ISSOCK(st.st_mode) || st.st_ino != it->second.inode) drop_locked(it);
+    it = next;
   }
 }
 
 bool TcpListener::admit_locked(int fd, const std::string& host, const std::string& peer) {
-  // A descriptor gRPC closed since may have come back as this one: forget the old entry.
-  if (auto stale = handed_.find(fd); stale != handed_.end()) {
-    if (auto p = by_peer_.find(stale->second.peer); p != by_peer_.end() && p->second == fd) by_peer_.erase(p);
-    if (--per_host_[stale->second.host] == 0) per_host_.erase(stale->second.host);
-    handed_.erase(stale);
-  }
+  // A descriptor gRPC closed since may have come back as this one: drop the old entry.
+  if (auto stale = handed_.find(fd); stale != handed_.end()) drop_locked(stale);
+  // Unproven connections are held twice (gRPC's descriptor and this listener's copy).
   const auto over = [&] {
-    auto h = per_host_.find(host);
-    return handed_.size() >= limits_.max_total || (h != per_host_.end() && h->second >= limits_.max_per_host);
+    auto h = unproven_by_host_.find(host);
+    return handed_.size() + unproven_ + 2 > limits_.max_total ||
+           (h != unproven_by_host_.end() && h->second >= limits_.max_per_host);
   };
   // Entries gRPC closed since are dropped only when they would refuse, and at most every
   // 100 ms: a descriptor's fstat costs, and a flood would ask on every accept.
   if (over() && std::chrono::steady_clock::now() - last_prune_ > std::chrono::milliseconds(100)) prune_locked();
   if (over()) {
-    // The oldest unproven connection, of this host when the host is at its bound, makes way.
-    const auto h = per_host_.find(host);
-    const bool host_full = h != per_host_.end() && h->second >= limits_.max_per_host;
-    auto oldest = handed_.end();
+    // An unproven connection makes way, of this host when the host is at its bound: one drawn
+    // at random, so that a flood cannot count on closing a newcomer before it proves itself.
+    const auto h = unproven_by_host_.find(host);
+    const bool host_full = h != unproven_by_host_.end() && h->second >= limits_.max_per_host;
+    auto chosen = handed_.end();
+    size_t seen = 0;
     for (auto it = handed_.begin(); it != handed_.end(); ++it) {
       if (it->second.proven || (host_full && it->second.host != host)) continue;
-      if (oldest == handed_.end() || it->second.accepted < oldest->second.accepted) oldest = it;
+      if (std::uniform_int_distribution<size_t>(0, seen++)(random_) == 0) chosen = it;
     }
-    if (oldest == handed_.end()) return false;
-    drop_locked(oldest);
+    if (chosen == handed_.end()) return false;
+    drop_locked(chosen);
     ++closed_.made_way;
   }
+  UniqueFd hold(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
+  if (!hold.valid()) return false;
   struct stat st {};
-  handed_[fd] = Handed{host, peer, ::fstat(fd, &st) == 0 ? st.st_ino : 0, std::chrono::steady_clock::now(), false};
+  handed_[fd] = Handed{host, peer, ::fstat(fd, &st) == 0 ? st.st_ino : 0, std::chrono::steady_clock::now(), false,
+                       std::move(hold)};
   by_peer_[peer] = fd;
-  ++per_host_[host];
+  ++unproven_by_host_[host];
+  ++unproven_;
   return true;
 }
 
@@ -241,14 +254,16 @@ void TcpListener::log_closures(const std::string& last_peer) {
   const auto now = std::chrono::steady_clock::now();
   if (closed_.refused + closed_.made_way + closed_.unproven == 0 || now - last_log_ < std::chrono::seconds(1)) return;
   std::string text = service_ + ": closed";
-  if (closed_.refused) text += " " + std::to_string(closed_.refused) + " new connection(s) while every one held was proven,";
+  if (closed_.refused) {
+    text += " " + std::to_string(closed_.refused) + " new connection(s) while every one held was proven,";
+  }
   if (closed_.made_way) text += " " + std::to_string(closed_.made_way) + " unproven connection(s) to make way for newer,";
   if (closed_.unproven) {
     text += " " + std::to_string(closed_.unproven) + " connection(s) that made no authenticated call within " +
             std::to_string(limits_.proof_window.count()) + " ms,";
   }
   if (!last_peer.empty()) text += " the last newcomer from " + last_peer + ",";
-  log_.warning(text + " at most " + std::to_string(limits_.max_per_host) + " per host and " +
+  log_.warning(text + " at most " + std::to_string(limits_.max_per_host) + " unproven per host and " +
                std::to_string(limits_.max_total) + " in all");
   last_log_ = now;
   closed_ = {};

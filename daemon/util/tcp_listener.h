@@ -2,14 +2,17 @@
 // accepts connections itself and hands each to gRPC through an external connection acceptor,
 // with the service's credentials (TLS or none), as the admin socket accepts its own. So it
 // bounds them before gRPC holds a descriptor:
-//   - at most `max_total` live connections, and `max_per_host` from one host (every loopback
-//     address counts as one host), well below the descriptor limit, so that a flood on the
-//     peer port cannot take the descriptors the control socket needs;
+//   - at most `max_total` descriptors for its connections, well below the descriptor limit,
+//     so that a flood on the port cannot take the descriptors the control socket needs; an
+//     unproven connection counts twice (the listener keeps a copy of its descriptor, through
+//     which it shuts the connection down without racing gRPC's close);
+//   - at most `max_per_host` unproven connections from one host (every loopback address is
+//     one host); proven ones are bounded by the total only;
 //   - a connection that has made no authenticated call (proven()) within `proof_window` is
 //     closed: without the token or a certificate nobody holds a connection for long;
-//   - past a bound, the oldest unproven connection (of that host, or of all) makes way for
-//     the newcomer; when every held connection is proven, the newcomer is closed at once
-//     (logged once a second at most);
+//   - past a bound, an unproven connection drawn at random (of that host, or of all) makes
+//     way for the newcomer; when every held connection is proven, the newcomer is closed at
+//     once (logged once a second at most);
 //   - an accept that fails (out of descriptors, or otherwise) pauses and retries: the port
 //     never goes deaf.
 // gRPC names a connection handed this way by its address ("ipv4:10.0.0.2:41234"), as one it
@@ -24,6 +27,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -70,14 +74,17 @@ class TcpListener {
     ino_t inode = 0;
     std::chrono::steady_clock::time_point accepted;
     bool proven = false;
+    UniqueFd hold;  // this listener's copy of the descriptor, while unproven
   };
   void accept_loop();
   // Takes `fd` in, making way past a bound; false when it must be closed. Under mutex_.
   bool admit_locked(int fd, const std::string& host, const std::string& peer);
   // Closes (shuts down, for gRPC to close) unproven connections past the proof window.
   void expire_unproven();
-  // Shuts the connection down if `fd` is still the socket handed over, and forgets it.
+  // Shuts an unproven connection down (through its copy), and forgets it.
   void drop_locked(std::map<int, Handed>::iterator it);
+  void forget_locked(std::map<int, Handed>::iterator it);
+  void uncount_unproven_locked(const std::string& host);
   // Drops entries whose descriptor gRPC has closed (or reused); under mutex_.
   void prune_locked();
   // Logs the connections closed since the last line, once a second at most. Accept thread.
@@ -93,7 +100,9 @@ class TcpListener {
   std::mutex mutex_;
   std::map<int, Handed> handed_;             // by descriptor; guarded by mutex_
   std::map<std::string, int> by_peer_;       // peer -> descriptor; guarded by mutex_
-  std::map<std::string, size_t> per_host_;   // live connections by host; guarded by mutex_
+  std::map<std::string, size_t> unproven_by_host_;  // guarded by mutex_
+  size_t unproven_ = 0;                             // guarded by mutex_
+  std::minstd_rand random_{std::random_device{}()};  // guarded by mutex_
   std::chrono::steady_clock::time_point last_prune_;  // guarded by mutex_
   struct Closed {
     size_t refused = 0;    // newcomers, every held connection being proven

@@ -203,7 +203,7 @@ TEST_CASE("peer service: a connection flood from one host is bounded, a trainer 
   INFO(answered.message() << " after " << seconds << " s");
   CHECK(closed_by_daemon >= 600 - 64 - 1);  // the client's own channel may hold one
   CHECK(log.find("Too many open files") == std::string::npos);
-  CHECK_THAT(log, Catch::Contains("peer service: closed") && Catch::Contains("at most 64 per host"));
+  CHECK_THAT(log, Catch::Contains("peer service: closed") && Catch::Contains("at most 64 unproven per host"));
   CHECK(answered.ok());
   CHECK(seconds < 1.0);
   CHECK(peer->daemon.running());

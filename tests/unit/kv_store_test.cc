@@ -591,3 +591,80 @@ TEST_CASE("kv store: a get whose key was deleted after it was seen waits for it 
 }
 
 }  // namespace gradsync
+
+namespace gradsync {
+
+// The review's store fill, and its sharper form: a member that takes many names. A key is
+// charged to the member that last set it, by name and by group, and credited back when it
+// goes; a group's names together stay within the group's quota.
+TEST_CASE("store quotas: keys charged per member name and group, moved on overwrite, credited on delete and expiry",
+          "[kv_store]") {
+  KvStore::Limits limits;
+  limits.max_member_bytes = 1000;
+  limits.max_member_keys = 4;
+  limits.max_group_bytes = 1500;
+  limits.max_group_keys = 6;
+  limits.job_ttl = std::chrono::seconds(1);
+  KvStore store(limits);
+  const StoreMember a("host h1 node a", "host h1"), b("host h1 node b", "host h1"), c("host h2 node c", "host h2");
+  const size_t one = 100 + 2 + KvStore::kEntryOverhead;  // a 100-byte value under a 2-byte key
+  REQUIRE(store.set("j", "k1", std::string(100, 'x'), a).ok());
+  REQUIRE(store.set("j", "k2", std::string(100, 'x'), a).ok());
+  CHECK(store.usage_of(a).name_bytes == 2 * one);
+  CHECK(store.usage_of(a).name_keys == 2);
+  // Another name of the same group overwrites k2: the charge moves to it, the group's stays.
+  REQUIRE(store.set("j", "k2", std::string(100, 'y'), b).ok());
+  CHECK(store.usage_of(a).name_keys == 1);
+  CHECK(store.usage_of(b).name_keys == 1);
+  CHECK(store.usage_of(a).group_keys == 2);
+  // Per name: a's fifth key is refused, naming the limit.
+  for (const char* key : {"k3", "k4", "k5"}) REQUIRE(store.set("j", key, "v", a).ok());
+  const Status fifth = store.set("j", "k6", "v", a);
+  CHECK(fifth.code() == ErrorCode::kResourceExhausted);
+  CHECK_THAT(fifth.message(), Catch::Contains("member host h1 node a has set 4 keys") &&
+                                  Catch::Contains("its limit per member"));
+  // Per group: new names of the same host share its 6 keys (a holds 4, b 1).
+  REQUIRE(store.set("j", "m1", "v", StoreMember("host h1 node d", "host h1")).ok());
+  const Status seventh = store.set("j", "m2", "v", StoreMember("host h1 node e", "host h1"));
+  CHECK_THAT(seventh.message(), Catch::Contains("member group host h1 has set 6 keys") &&
+                                    Catch::Contains("its limit per member group"));
+  // Another host is unaffected, and check_room says so before any side effect.
+  CHECK(store.check_room(c, 10).ok());
+  CHECK(store.check_room(StoreMember("host h1 node f", "host h1"), 10).code() == ErrorCode::kResourceExhausted);
+  REQUIRE(store.set("j2", "k", std::string(800, 'z'), c).ok());
+  CHECK(store.set("j2", "k2", std::string(300, 'z'), c).code() == ErrorCode::kResourceExhausted);  // bytes per member
+  // Deleting credits the owners back.
+  store.delete_job("j", "k");
+  CHECK(store.usage_of(a).name_keys == 0);
+  CHECK(store.usage_of(b).name_keys == 0);
+  CHECK(store.usage_of(a).group_keys == 1);  // m1 is left
+  // A job nobody touches expires, and its keys are credited too.
+  const auto until = steady_clock::now() + kHangGuard;
+  while (store.usage_of(c).name_keys != 0 && steady_clock::now() < until) std::this_thread::sleep_for(50ms);
+  CHECK(store.usage_of(c).name_keys == 0);
+  CHECK(store.usage_of(c).name_bytes == 0);
+}
+
+TEST_CASE("store quotas: a counter's charge settles on its text, waiting gets are bounded per member group", "[kv_store]") {
+  KvStore::Limits limits;
+  limits.max_waiters_per_caller = 2;
+  limits.max_waiters_per_group = 3;
+  KvStore store(limits);
+  const StoreMember a("host h node a", "host h");
+  int64_t value = 0;
+  REQUIRE(store.add("j", "count", 1, &value, a).ok());
+  REQUIRE(store.add("j", "count", 1, &value, a).ok());
+  CHECK(store.usage_of(a).name_bytes == std::string("count").size() + 1 + KvStore::kEntryOverhead);
+  Answer g1, g2, g3, g4;
+  store.get("j", {"never"}, kHangGuard, g1.callback(), a);
+  store.get("j", {"never"}, kHangGuard, g2.callback(), StoreMember("host h node b", "host h"));
+  store.get("j", {"never"}, kHangGuard, g3.callback(), StoreMember("host h node c", "host h"));
+  store.get("j", {"never"}, kHangGuard, g4.callback(), StoreMember("host h node d", "host h"));
+  CHECK(g3.calls() == 0);
+  REQUIRE(g4.calls() == 1);
+  CHECK_THAT(g4.status().message(), Catch::Contains("member group host h has 3 waiting gets") &&
+                                        Catch::Contains("its limit per member group"));
+  store.abort_all(Status::aborted("test over"));
+}
+
+}  // namespace gradsync
