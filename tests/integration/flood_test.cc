@@ -176,6 +176,16 @@ void report(const VictimReport& victim) {
   CHECK(victim.flood_p99_us <= 3 * victim.idle_p99_us);
 }
 
+// Once the flooder has made its connections: lets it go, then ends the victim's flood phase
+// and checks what the victim saw.
+void end_flood(const Latch& flooded, const Latch& release, ClientGroup& flooder, Victim& victim) {
+  REQUIRE(flooded.wait(120s));
+  release.open();
+  CHECK(exit_code(flooder.wait(0, 60s)) == kOk);
+  victim.end_flood();
+  report(victim.wait());
+}
+
 }  // namespace
 
 TEST_CASE("flood: 20,000 connections on the peer port, a stepping job keeps its p99, a new trainer joins, the peer "
@@ -224,11 +234,7 @@ TEST_CASE("flood: 20,000 connections on the peer port, a stepping job keeps its 
   std::printf("  during the flood, %d of %d peer calls on new connections were answered\n", peer_answered, peer_calls);
   CHECK(peer_calls > 0);
   CHECK(peer_answered * 2 >= peer_calls);
-  REQUIRE(flooded.wait(120s));
-  release.open();
-  CHECK(exit_code(flooder.wait(0, 60s)) == kOk);
-  victim.end_flood();
-  report(victim.wait());
+  end_flood(flooded, release, flooder, victim);
   // Afterwards the peer service answers a newcomer at once.
   const auto ended = std::chrono::steady_clock::now();
   PeerClient fresh("127.0.0.1:" + std::to_string(port), member);
@@ -277,11 +283,7 @@ TEST_CASE("flood: 20,000 admin connections from one allowed user, a stepping job
   newcomer_joins(daemon);
   const CommandRun during = gradsyncctl(daemon, "status");  // root's admin calls go on
   CHECK(during.code == 0);
-  REQUIRE(flooded.wait(120s));
-  release.open();
-  CHECK(exit_code(flooder.wait(0, 60s)) == kOk);
-  victim.end_flood();
-  report(victim.wait());
+  end_flood(flooded, release, flooder, victim);
   const auto ended = std::chrono::steady_clock::now();
   bool answered = false;
   while (!answered && std::chrono::steady_clock::now() - ended < 5s) answered = gradsyncctl(daemon, "status", user).code == 0;
