@@ -178,6 +178,14 @@ Status KeyScope::may_add(const std::string& job, const std::string& key, int64_t
   return Status();
 }
 
+void KeyScope::undo_add(const std::string& job, const std::string& key, int64_t delta, const std::string& instance) {
+  std::string generation, rest;
+  uint64_t number = 0;
+  if (delta == 1 && split_generation(key, &generation, &number, &rest) && rest == "ended") {
+    store_->erase(job, generation + "~ended/" + instance);
+  }
+}
+
 Status KeyScope::may_get(const std::string& job, const std::vector<std::string>& keys, const std::string& instance) {
   for (const std::string& key : keys) {
     if (key.find(kReserved) != std::string::npos) return reserved(key);

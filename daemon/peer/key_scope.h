@@ -57,6 +57,8 @@ class KeyScope {
   // Checks an add; adding 1 to g<N>/ended records that `instance` ended.
   Status may_add(const std::string& job, const std::string& key, int64_t delta, const std::string& instance,
                  const StoreMember& member = {});
+  // Undoes what may_add() recorded (an end's marker) when the add itself then failed.
+  void undo_add(const std::string& job, const std::string& key, int64_t delta, const std::string& instance);
   Status may_get(const std::string& job, const std::vector<std::string>& keys, const std::string& instance);
   Status may_delete(const std::string& job, const std::string& prefix, const std::string& instance);
 

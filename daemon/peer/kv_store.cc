@@ -143,9 +143,39 @@ void KvStore::count_locked(const StoreMember& member, size_t bytes, int sign) {
   }
 }
 
-Status KvStore::check_room(const StoreMember& member, size_t bytes) {
+Status KvStore::check_room(const StoreMember& member, size_t bytes, size_t keys) {
+  if (member.empty() || keys == 0) return Status();
   std::lock_guard lock(mutex_);
-  return room_locked({}, member, 0, bytes + kEntryOverhead, true);
+  if (Status room = room_locked({}, member, 0, bytes + keys * kEntryOverhead, true); !room.ok()) return room;
+  for (const bool by_name : {true, false}) {
+    const auto& uses = by_name ? members_ : groups_;
+    const std::string& id = by_name ? member.name : member.group;
+    auto it = uses.find(id);
+    const size_t held = it == uses.end() ? 0 : it->second.keys;
+    const size_t max = by_name ? limits_.max_member_keys : limits_.max_group_keys;
+    if (held + keys > max) {
+      const std::string what = by_name ? "member" : "member group";
+      return Status::resource_exhausted(what + " " + id + " has set " + std::to_string(held) +
+                                        " keys in the peer store, too near its limit per " + what + " (" +
+                                        std::to_string(max) + ") for a call that sets " + std::to_string(keys));
+    }
+  }
+  return Status();
+}
+
+bool KvStore::erase(const std::string& job, const std::string& key) {
+  std::lock_guard lock(mutex_);
+  auto it = jobs_.find(job);
+  if (it == jobs_.end()) return false;
+  auto k = it->second.find(key);
+  if (k == it->second.end()) return false;
+  const size_t bytes = k->first.size() + k->second.size() + kEntryOverhead;
+  release_key_locked(job, key, bytes);
+  it->second.erase(k);
+  job_bytes_[job] -= bytes;
+  total_bytes_ -= bytes;
+  if (it->second.empty()) erase_job_locked(job);
+  return true;
 }
 
 bool KvStore::charge_locked(const StoreMember& from, const StoreMember& to, size_t old_bytes, size_t new_bytes,

@@ -91,9 +91,13 @@ class KvStore {
   Status add(const std::string& job, const std::string& key, int64_t delta, int64_t* result,
              const StoreMember& member = {});
 
-  // Whether `member` has room for one more key of `bytes` (value and key): checked before a
-  // call's side effects (a node claim), so a member at its quota leaves nothing behind.
-  Status check_room(const StoreMember& member, size_t bytes);
+  // Whether `member` has room for `keys` more keys of `bytes` in all (values and keys):
+  // checked before a call's side effects (a node claim writes three keys), so a member at its
+  // quota leaves nothing behind.
+  Status check_room(const StoreMember& member, size_t bytes, size_t keys);
+
+  // Removes exactly job/key (a call's side effect undone); whether it was there.
+  bool erase(const std::string& job, const std::string& key);
 
   // The value of job/key, if there is one, without waiting or counting as a use.
   bool peek(const std::string& job, const std::string& key, std::string* value);

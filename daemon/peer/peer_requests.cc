@@ -6,8 +6,11 @@ namespace gradsync {
 
 Status serve_set(KvStore& store, KeyScope& scope, const peer::SetRequest& request, const PeerCaller& caller,
                  peer::SetReply* reply) {
-  // Room first: a member at its quota must not leave a claim (or anything) behind.
-  if (Status s = store.check_room(caller.member, request.key().size() + request.value().size()); !s.ok()) return s;
+  // Room first, for the key and the claim and membership a node's record may take with it: a
+  // member at its quota must not leave a claim (or anything) behind.
+  if (Status s = store.check_room(caller.member, request.key().size() + request.value().size() + 128, 3); !s.ok()) {
+    return s;
+  }
   if (Status s = scope.may_set(request.job(), request.key(), request.if_absent(), caller.instance, caller.member);
       !s.ok()) {
     return s;
@@ -24,13 +27,16 @@ Status serve_set(KvStore& store, KeyScope& scope, const peer::SetRequest& reques
 
 Status serve_add(KvStore& store, KeyScope& scope, const peer::AddRequest& request, const PeerCaller& caller,
                  peer::AddReply* reply) {
-  if (Status s = store.check_room(caller.member, request.key().size() + 20); !s.ok()) return s;
+  // Room first, for the counter and the end marker an "ended" takes with it.
+  if (Status s = store.check_room(caller.member, request.key().size() + 20 + 64, 2); !s.ok()) return s;
   if (Status s = scope.may_add(request.job(), request.key(), request.delta(), caller.instance, caller.member);
       !s.ok()) {
     return s;
   }
   int64_t value = 0;
   Status status = store.add(request.job(), request.key(), request.delta(), &value, caller.member);
+  // Not counted after all: the scope's marker goes too, so that the node may count again.
+  if (!status.ok()) scope.undo_add(request.job(), request.key(), request.delta(), caller.instance);
   reply->set_value(value);
   return status;
 }

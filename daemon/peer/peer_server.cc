@@ -2,6 +2,11 @@
 
 #include "daemon/peer/peer_requests.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
+#include <cstring>
+
 #include <atomic>
 #include <mutex>
 
@@ -113,11 +118,25 @@ class GetReactor final : public grpc::ServerUnaryReactor {
 
 // The peer's host, for the per-caller bound on parked gets ("ipv4:10.0.0.2:41234" -> "ipv4:10.0.0.2").
 // Every loopback address is this machine: one caller, whichever 127.x it uses.
-std::string caller_host(const std::string& peer) {
+std::string caller_host(const std::string& grpc_peer) {
+  std::string peer = grpc_peer;  // gRPC may write an IPv6 address's brackets percent-encoded
+  for (const auto& [from, to] : {std::pair<std::string, std::string>{"%5B", "["}, {"%5D", "]"}}) {
+    for (size_t at = peer.find(from); at != std::string::npos; at = peer.find(from, at)) peer.replace(at, 3, to);
+  }
   const auto colon = peer.rfind(':');
   const std::string host = colon == std::string::npos ? peer : peer.substr(0, colon);
   if (host.rfind("ipv4:127.", 0) == 0 || host == "ipv6:[::1]" || host.rfind("ipv6:[::ffff:127.", 0) == 0) {
     return "loopback";
+  }
+  // An IPv6 host is its /64, as for the connection bounds: a caller picks freely within it.
+  if (host.rfind("ipv6:[", 0) == 0 && host.back() == ']') {
+    in6_addr address{};
+    if (::inet_pton(AF_INET6, host.substr(6, host.size() - 7).c_str(), &address) == 1) {
+      std::memset(&address.s6_addr[8], 0, 8);
+      char text[INET6_ADDRSTRLEN] = {};
+      ::inet_ntop(AF_INET6, &address, text, sizeof text);
+      return std::string("ipv6:[") + text + "]/64";
+    }
   }
   return host;
 }

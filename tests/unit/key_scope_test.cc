@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include "daemon/peer/key_scope.h"
+#include "daemon/peer/peer_requests.h"
 
 namespace gradsync {
 namespace {
@@ -99,6 +100,47 @@ TEST_CASE("key scope: each node counts its end once, a generation is deleted onc
   CHECK(f.scope.may_delete(kJob, "g0/", "b").ok());
   CHECK(f.scope.may_delete(kJob, "g0/", "stranger").code() == ErrorCode::kPermissionDenied);
   CHECK(f.scope.may_delete(kJob, "", "a").code() == ErrorCode::kPermissionDenied);
+}
+
+// The second review: at its key quota, a node's "ended" took the last key for its marker and
+// the counter's add was then refused, and every retry was told it had "counted its end
+// already": the count stayed one short for good. Now the room for both is checked first, and
+// a marker whose add fails is taken back.
+TEST_CASE("key scope: an end refused at the member's quota leaves no marker, and counts once room is back",
+          "[key_scope]") {
+  KvStore::Limits limits;
+  limits.max_member_keys = 4;
+  KvStore store(limits);
+  KeyScope scope(&store, {});
+  const StoreMember member("host h node a", "host h");
+  const PeerCaller caller{"inst-a", member};
+  peer::AddRequest begin;
+  begin.set_job(kJob);
+  begin.set_key("incarnations");
+  begin.set_delta(1);
+  peer::AddReply added;
+  REQUIRE(serve_add(store, scope, begin, PeerCaller{"inst-a", {}}, &added).ok());
+  peer::SetRequest claim;
+  claim.set_job(kJob);
+  claim.set_key("g0/node/0");
+  peer::SetReply set;
+  REQUIRE(serve_set(store, scope, claim, caller, &set).ok());  // the claim, the membership and the record: 3 keys
+  peer::AddRequest end;
+  end.set_job(kJob);
+  end.set_key("g0/ended");
+  end.set_delta(1);
+  const Status refused = serve_add(store, scope, end, caller, &added);
+  CHECK(refused.code() == ErrorCode::kResourceExhausted);
+  std::string marker;
+  CHECK_FALSE(store.peek(kJob, "g0~ended/inst-a", &marker));
+  // Room again (the record goes): the same end counts, once.
+  REQUIRE(store.erase(kJob, "g0/node/0"));
+  REQUIRE(serve_add(store, scope, end, caller, &added).ok());
+  CHECK(added.value() == 1);
+  CHECK_FALSE(serve_add(store, scope, end, caller, &added).ok());  // once only
+  std::string count;
+  REQUIRE(store.peek(kJob, "g0/ended", &count));
+  CHECK(count == "1");
 }
 
 }  // namespace gradsync

@@ -604,7 +604,6 @@ TEST_CASE("store quotas: keys charged per member name and group, moved on overwr
   limits.max_member_keys = 4;
   limits.max_group_bytes = 1500;
   limits.max_group_keys = 6;
-  limits.job_ttl = std::chrono::seconds(1);
   KvStore store(limits);
   const StoreMember a("host h1 node a", "host h1"), b("host h1 node b", "host h1"), c("host h2 node c", "host h2");
   const size_t one = 100 + 2 + KvStore::kEntryOverhead;  // a 100-byte value under a 2-byte key
@@ -612,37 +611,65 @@ TEST_CASE("store quotas: keys charged per member name and group, moved on overwr
   REQUIRE(store.set("j", "k2", std::string(100, 'x'), a).ok());
   CHECK(store.usage_of(a).name_bytes == 2 * one);
   CHECK(store.usage_of(a).name_keys == 2);
-  // Another name of the same group overwrites k2: the charge moves to it, the group's stays.
-  REQUIRE(store.set("j", "k2", std::string(100, 'y'), b).ok());
+  // Another name of the same group overwrites k2 with a longer value: the key's charge moves
+  // to it, bytes and all; the group's count stays and its bytes follow the new size.
+  REQUIRE(store.set("j", "k2", std::string(150, 'y'), b).ok());
   CHECK(store.usage_of(a).name_keys == 1);
+  CHECK(store.usage_of(a).name_bytes == one);
   CHECK(store.usage_of(b).name_keys == 1);
+  CHECK(store.usage_of(b).name_bytes == one + 50);
   CHECK(store.usage_of(a).group_keys == 2);
+  CHECK(store.usage_of(a).group_bytes == 2 * one + 50);
+  // A member of another group overwrites it: both groups follow.
+  REQUIRE(store.set("j", "k2", std::string(100, 'z'), c).ok());
+  CHECK(store.usage_of(b).name_keys == 0);
+  CHECK(store.usage_of(a).group_bytes == one);
+  CHECK(store.usage_of(c).group_bytes == one);
+  // The daemon's own write (nobody) takes it off every member.
+  REQUIRE(store.set("j", "k2", "n").ok());
+  CHECK(store.usage_of(c).name_keys == 0);
+  CHECK(store.usage_of(c).group_bytes == 0);
   // Per name: a's fifth key is refused, naming the limit.
   for (const char* key : {"k3", "k4", "k5"}) REQUIRE(store.set("j", key, "v", a).ok());
   const Status fifth = store.set("j", "k6", "v", a);
   CHECK(fifth.code() == ErrorCode::kResourceExhausted);
   CHECK_THAT(fifth.message(), Catch::Contains("member host h1 node a has set 4 keys") &&
                                   Catch::Contains("its limit per member"));
-  // Per group: new names of the same host share its 6 keys (a holds 4, b 1).
+  // Per group: new names of the same host share its 6 keys (a holds 4).
   REQUIRE(store.set("j", "m1", "v", StoreMember("host h1 node d", "host h1")).ok());
-  const Status seventh = store.set("j", "m2", "v", StoreMember("host h1 node e", "host h1"));
+  REQUIRE(store.set("j", "m2", "v", StoreMember("host h1 node e", "host h1")).ok());
+  const Status seventh = store.set("j", "m3", "v", StoreMember("host h1 node f", "host h1"));
   CHECK_THAT(seventh.message(), Catch::Contains("member group host h1 has set 6 keys") &&
                                     Catch::Contains("its limit per member group"));
-  // Another host is unaffected, and check_room says so before any side effect.
-  CHECK(store.check_room(c, 10).ok());
-  CHECK(store.check_room(StoreMember("host h1 node f", "host h1"), 10).code() == ErrorCode::kResourceExhausted);
+  // check_room says so before any side effect, counting every key a call would set; another
+  // host is unaffected.
+  CHECK(store.check_room(StoreMember("host h1 node f", "host h1"), 10, 1).code() == ErrorCode::kResourceExhausted);
+  CHECK(store.check_room(c, 10, 3).ok());
+  CHECK(store.check_room(c, 10, 5).code() == ErrorCode::kResourceExhausted);
   REQUIRE(store.set("j2", "k", std::string(800, 'z'), c).ok());
   CHECK(store.set("j2", "k2", std::string(300, 'z'), c).code() == ErrorCode::kResourceExhausted);  // bytes per member
-  // Deleting credits the owners back.
+  // Deleting and erasing credit the owners back, bytes and keys.
   store.delete_job("j", "k");
   CHECK(store.usage_of(a).name_keys == 0);
-  CHECK(store.usage_of(b).name_keys == 0);
-  CHECK(store.usage_of(a).group_keys == 1);  // m1 is left
-  // A job nobody touches expires, and its keys are credited too.
+  CHECK(store.usage_of(a).group_keys == 2);  // m1 and m2
+  CHECK(store.usage_of(a).group_bytes == 2 * (1 + 2 + KvStore::kEntryOverhead));
+  CHECK(store.erase("j", "m1"));
+  CHECK_FALSE(store.erase("j", "m1"));
+  CHECK(store.usage_of(a).group_keys == 1);
+  CHECK(store.usage_of(a).group_bytes == 1 + 2 + KvStore::kEntryOverhead);
+}
+
+TEST_CASE("store quotas: a job that expires credits its members", "[kv_store]") {
+  KvStore::Limits limits;
+  limits.job_ttl = std::chrono::seconds(1);
+  KvStore store(limits);
+  const StoreMember c("host h2 node c", "host h2");
+  REQUIRE(store.set("j2", "k", std::string(800, 'z'), c).ok());
+  CHECK(store.usage_of(c).group_bytes > 800);
   const auto until = steady_clock::now() + kHangGuard;
-  while (store.usage_of(c).name_keys != 0 && steady_clock::now() < until) std::this_thread::sleep_for(50ms);
-  CHECK(store.usage_of(c).name_keys == 0);
-  CHECK(store.usage_of(c).name_bytes == 0);
+  while (store.usage_of(c).group_keys != 0 && steady_clock::now() < until) std::this_thread::sleep_for(50ms);
+  CHECK(store.usage_of(c).group_keys == 0);
+  CHECK(store.usage_of(c).group_bytes == 0);
 }
 
 TEST_CASE("store quotas: a counter's charge settles on its text, waiting gets are bounded per member group", "[kv_store]") {
@@ -655,6 +682,7 @@ TEST_CASE("store quotas: a counter's charge settles on its text, waiting gets ar
   REQUIRE(store.add("j", "count", 1, &value, a).ok());
   REQUIRE(store.add("j", "count", 1, &value, a).ok());
   CHECK(store.usage_of(a).name_bytes == std::string("count").size() + 1 + KvStore::kEntryOverhead);
+  CHECK(store.usage_of(a).group_bytes == std::string("count").size() + 1 + KvStore::kEntryOverhead);
   Answer g1, g2, g3, g4;
   store.get("j", {"never"}, kHangGuard, g1.callback(), a);
   store.get("j", {"never"}, kHangGuard, g2.callback(), StoreMember("host h node b", "host h"));
