@@ -84,19 +84,24 @@ TEST_CASE("admin: inflight names the rank and the bucket that hold a stalled job
     }
     return seen[rank].wait(60s) ? kOk : fail("the test never saw the stall");
   });
+  // Exactly one bucket waits, for rank 1 (its tensor 2); the later buckets wait behind it,
+  // every rank having marked them. Asked until the ranks have got that far (a snapshot taken
+  // while rank 1 is still marking shows more buckets waiting for it).
+  const std::regex not_ready_on_1(R"("ranksNotReady": \[\s*1\s*\])");
+  const auto waiting_for_1 = [&](const std::string& text) {
+    return std::distance(std::sregex_iterator(text.begin(), text.end(), not_ready_on_1), std::sregex_iterator());
+  };
   CommandRun inflight;
   for (int i = 0; i < 200; ++i) {
     inflight = gradsyncctl(daemon, "inflight --json " + job);
-    if (inflight.output.find("ranksNotReady") != std::string::npos) break;
+    if (waiting_for_1(inflight.output) == 1 && inflight.output.find("\"ranksNotSubmitted\": []") != std::string::npos) {
+      break;
+    }
     std::this_thread::sleep_for(50ms);
   }
   INFO(inflight.output);
   CHECK(inflight.code == 0);
-  // Exactly one bucket waits, for rank 1 (its tensor 2); the later buckets wait behind it,
-  // every rank having marked them.
-  const std::regex not_ready_on_1(R"("ranksNotReady": \[\s*1\s*\])");
-  CHECK(std::distance(std::sregex_iterator(inflight.output.begin(), inflight.output.end(), not_ready_on_1),
-                      std::sregex_iterator()) == 1);
+  CHECK(waiting_for_1(inflight.output) == 1);
   CHECK_THAT(inflight.output, Catch::Contains("\"ranksNotSubmitted\": []"));
   const CommandRun table = gradsyncctl(daemon, "inflight " + job);
   INFO(table.output);
