@@ -51,12 +51,26 @@ Status reserved(const std::string& key) {
 
 std::string name_of(const std::string& generation) { return generation.substr(0, generation.size() - 1); }
 
+// Who holds a node: the daemon instance and the store member (kv_store.h: its certificate, or
+// its host and declared node) it called as. Both must match for the node's keys; the instance
+// alone is no identity, since any member that learns one (a plain-text call carries it) could
+// send it.
+std::string holder_of(const std::string& instance, const StoreMember& member) {
+  return instance + "\n" + member.name;
+}
+
 }  // namespace
 
 Status KeyScope::check_member(const std::string& job, const std::string& generation, const std::string& key,
-                              const std::string& instance) {
-  std::string ignored;
-  if (!instance.empty() && store_->peek(job, generation + "~member/" + instance, &ignored)) return Status();
+                              const std::string& instance, const StoreMember& member) {
+  std::string took_as;
+  if (!instance.empty() && store_->peek(job, generation + "~member/" + instance, &took_as)) {
+    if (took_as == member.name) return Status();
+    return Status::permission_denied("peer key '" + key + "' of job " + job + ": the calling daemon's instance id " +
+                                     "took its node of " + name_of(generation) + " as '" + took_as +
+                                     "', and now calls as '" + member.name + "' (a node's place is bound to the "
+                                     "identity that took it)");
+  }
   return Status::permission_denied("peer key '" + key + "' of job " + job + ": the calling daemon holds no node of " +
                                    name_of(generation) + " (only the job's own daemons may use its keys)");
 }
@@ -91,15 +105,25 @@ Status KeyScope::claim(const std::string& job, const std::string& generation, ui
       }
     }
   }
+  // An instance holds one identity in a generation: checked before anything is taken, so a
+  // refused call leaves no claim behind.
+  const std::string membership = generation + "~member/" + instance;
+  std::string took_as;
+  const bool member_already = store_->peek(job, membership, &took_as);
+  if (member_already && took_as != member.name) {
+    return check_member(job, generation, generation + "node/" + std::to_string(node), instance, member);
+  }
   // First come, first served, and idempotent for the taker.
   const std::string key = generation + "~claim/" + std::to_string(node);
+  const std::string holder = holder_of(instance, member);
   bool stored = false;
-  if (Status s = store_->set_if_absent(job, key, instance, &stored, member); !s.ok()) return s;
+  if (Status s = store_->set_if_absent(job, key, holder, &stored, member); !s.ok()) return s;
   std::string owner;
-  if (!stored && store_->peek(job, key, &owner) && owner != instance) {
+  if (!stored && store_->peek(job, key, &owner) && owner != holder) {
     return Status::permission_denied(where + " was already taken by another daemon");
   }
-  return store_->set(job, generation + "~member/" + instance, "1", member);
+  if (member_already) return Status();
+  return store_->set(job, membership, member.name, member);
 }
 
 Status KeyScope::may_set(const std::string& job, const std::string& key, bool if_absent, const std::string& instance,
@@ -119,7 +143,7 @@ Status KeyScope::may_set(const std::string& job, const std::string& key, bool if
   if (rest.rfind("node/", 0) == 0 && trailing_node(rest, &node) && rest == "node/" + std::to_string(node)) {
     return claim(job, generation, number, node, instance, member);
   }
-  if (Status s = check_member(job, generation, key, instance); !s.ok()) return s;
+  if (Status s = check_member(job, generation, key, instance, member); !s.ok()) return s;
   if (rest == "ended" || rest == "cfg/count") {
     return Status::permission_denied("peer counter '" + key + "' of job " + job + " changes by add only");
   }
@@ -140,7 +164,8 @@ Status KeyScope::may_set(const std::string& job, const std::string& key, bool if
   }
   if (trailing_node(rest, &node)) {
     std::string owner;
-    if (!store_->peek(job, generation + "~claim/" + std::to_string(node), &owner) || owner != instance) {
+    if (!store_->peek(job, generation + "~claim/" + std::to_string(node), &owner) ||
+        owner != holder_of(instance, member)) {
       return Status::permission_denied("peer key '" + key + "' of job " + job + " belongs to node " +
                                        std::to_string(node) + ", which the calling daemon does not hold");
     }
@@ -164,7 +189,7 @@ Status KeyScope::may_add(const std::string& job, const std::string& key, int64_t
                                      " is not a counter of the formation protocol (incarnations, g<N>/ended, "
                                      "g<N>/cfg/count)");
   }
-  if (Status s = check_member(job, generation, key, instance); !s.ok()) return s;
+  if (Status s = check_member(job, generation, key, instance, member); !s.ok()) return s;
   if (rest == "ended" && delta == 1) {
     bool stored = false;
     if (Status s = store_->set_if_absent(job, generation + "~ended/" + instance, "1", &stored, member); !s.ok()) {
@@ -186,7 +211,8 @@ void KeyScope::undo_add(const std::string& job, const std::string& key, int64_t 
   }
 }
 
-Status KeyScope::may_get(const std::string& job, const std::vector<std::string>& keys, const std::string& instance) {
+Status KeyScope::may_get(const std::string& job, const std::vector<std::string>& keys, const std::string& instance,
+                         const StoreMember& member) {
   for (const std::string& key : keys) {
     if (key.find(kReserved) != std::string::npos) return reserved(key);
     std::string generation, rest;
@@ -196,19 +222,20 @@ Status KeyScope::may_get(const std::string& job, const std::vector<std::string>&
       return Status::permission_denied("peer key '" + key + "' of job " + job +
                                        " is not one the formation protocol reads");
     }
-    if (Status s = check_member(job, generation, key, instance); !s.ok()) return s;
+    if (Status s = check_member(job, generation, key, instance, member); !s.ok()) return s;
   }
   return Status();
 }
 
-Status KeyScope::may_delete(const std::string& job, const std::string& prefix, const std::string& instance) {
+Status KeyScope::may_delete(const std::string& job, const std::string& prefix, const std::string& instance,
+                            const StoreMember& member) {
   std::string generation, rest;
   uint64_t number = 0;
   if (!split_generation(prefix, &generation, &number, &rest) || !rest.empty()) {
     return Status::permission_denied("deleting job " + job + "'s keys: only a generation's (prefix g<N>/), not '" +
                                      prefix + "'");
   }
-  if (Status s = check_member(job, generation, prefix, instance); !s.ok()) return s;
+  if (Status s = check_member(job, generation, prefix, instance, member); !s.ok()) return s;
   // Only once every node that took a place has ended: nobody deletes a running generation.
   const size_t taken = store_->count_prefix(job, generation + "~claim/");
   const size_t ended = store_->count_prefix(job, generation + "~ended/");

@@ -24,6 +24,10 @@
 // store records who took which node under reserved keys ("g<N>/~...") no caller may name;
 // they go with the generation's keys.
 //
+// A node is held by the instance and the store member (kv_store.h) that took it: the same
+// instance id calling as another member (another certificate, or another host or declared
+// node) is refused every key of the generation.
+//
 // Residual: with only a token, any cluster member can take a node of a job before its real
 // daemon does (the real one is then refused, loudly), and add 1 to a job's `incarnations`.
 #pragma once
@@ -59,14 +63,16 @@ class KeyScope {
                  const StoreMember& member = {});
   // Undoes what may_add() recorded (an end's marker) when the add itself then failed.
   void undo_add(const std::string& job, const std::string& key, int64_t delta, const std::string& instance);
-  Status may_get(const std::string& job, const std::vector<std::string>& keys, const std::string& instance);
-  Status may_delete(const std::string& job, const std::string& prefix, const std::string& instance);
+  Status may_get(const std::string& job, const std::vector<std::string>& keys, const std::string& instance,
+                 const StoreMember& member = {});
+  Status may_delete(const std::string& job, const std::string& prefix, const std::string& instance,
+                    const StoreMember& member = {});
 
  private:
   Status claim(const std::string& job, const std::string& generation, uint64_t number, int node,
                const std::string& instance, const StoreMember& member);
   Status check_member(const std::string& job, const std::string& generation, const std::string& key,
-                      const std::string& instance);
+                      const std::string& instance, const StoreMember& member);
 
   KvStore* store_;
   JobLookup lookup_;

@@ -43,14 +43,14 @@ Status serve_add(KvStore& store, KeyScope& scope, const peer::AddRequest& reques
 
 Status serve_delete(KvStore& store, KeyScope& scope, const peer::DeleteJobRequest& request, const PeerCaller& caller,
                     peer::DeleteJobReply* reply) {
-  if (Status s = scope.may_delete(request.job(), request.prefix(), caller.instance); !s.ok()) return s;
+  if (Status s = scope.may_delete(request.job(), request.prefix(), caller.instance, caller.member); !s.ok()) return s;
   reply->set_removed(store.delete_job(request.job(), request.prefix()));
   return Status();
 }
 
 Status check_get(KeyScope& scope, const peer::GetRequest& request, const PeerCaller& caller) {
   return scope.may_get(request.job(), std::vector<std::string>(request.keys().begin(), request.keys().end()),
-                       caller.instance);
+                       caller.instance, caller.member);
 }
 
 }  // namespace gradsync
