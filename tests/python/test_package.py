@@ -21,11 +21,16 @@ def test_pip_install_from_the_build_tree(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "GRADSYNC_LIBRARY")}
     env["PYTHONPATH"] = str(target)
     out = subprocess.run([sys.executable, "-c", "import sys, gradsync, gradsync._lib as l; l.lib(); "
-                          "print(gradsync.__file__); print(l.lib()._name); print('torch' in sys.modules)"],
+                          "print(gradsync.__file__); print(l.lib()._name); print('torch' in sys.modules); "
+                          "import importlib.metadata as m; print(gradsync.__version__); print(m.version('gradsync'))"],
                          env=env, check=True, capture_output=True, text=True, cwd=str(tmp_path)).stdout.split()
     assert out[0].startswith(str(target)), out
     assert out[1] == str(target / "gradsync" / "libgradsync_client.so"), out
     assert out[2] == "False", "import gradsync imported torch"
+    # The package is versioned as the daemon it was built with ("gradsyncd 0.2.4 (protocol N)").
+    daemon_version = subprocess.run([os.environ["GRADSYNCD_BINARY"], "--version"], check=True, capture_output=True,
+                                    text=True).stdout.split()[1]
+    assert out[3] == daemon_version and out[4] == daemon_version, (out, daemon_version)
 
 
 def test_error_classes():
