@@ -1,12 +1,14 @@
 #include "client/src/connection.h"
 
 #include <poll.h>
+#include <pwd.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
+#include <vector>
 
 #include "shared/fd_passing.h"
 
@@ -28,6 +30,20 @@ std::optional<Status> first_notice(FrameDecoder& frames) {
 
 }  // namespace
 
+namespace {
+
+// The packaged service runs as the system user "gradsync" (systemd/gradsync.sysusers). Only
+// root can make a system user, so a daemon running as it is as trusted as one running as root.
+bool is_service_user(uid_t uid) {
+  passwd entry{};
+  passwd* found = nullptr;
+  std::vector<char> buffer(4096);
+  return ::getpwnam_r("gradsync", &entry, buffer.data(), buffer.size(), &found) == 0 && found != nullptr &&
+         found->pw_uid == uid && found->pw_uid < 1000;
+}
+
+}  // namespace
+
 Connection::Connection(const std::string& socket_path, std::optional<uid_t> daemon_uid) : path_(socket_path) {
   sockaddr_un address{};
   address.sun_family = AF_UNIX;
@@ -41,6 +57,14 @@ Connection::Connection(const std::string& socket_path, std::optional<uid_t> daem
     const int err = errno;
     ::close(fd_);
     fd_ = -1;
+    // Not being allowed is no lost peer: say who decides, rather than "is the daemon running?".
+    if (err == EACCES || err == EPERM) {
+      throw Error(Status::permission_denied(
+          "cannot connect to gradsyncd at " + socket_path + ": permission denied for uid " +
+          std::to_string(::geteuid()) + ": gradsyncd admits only the users it allows (its --allow-uid flag, or "
+          "allow-uid in gradsyncd.toml; by default its own user and root); ask its operator to add uid " +
+          std::to_string(::geteuid()) + ", or run a daemon of your own (gradsyncd --socket PATH)"));
+    }
     throw Error(Status::peer_lost("cannot connect to gradsyncd at " + socket_path + ": " + std::strerror(err) +
                                   " (is the daemon running? set GRADSYNC_SOCKET or ConnectOptions::socket_path)"));
   }
@@ -52,7 +76,8 @@ Connection::Connection(const std::string& socket_path, std::optional<uid_t> daem
     fd_ = -1;
     throw Error(Status::internal("SO_PEERCRED on " + socket_path + " failed: " + std::strerror(err)));
   }
-  const bool trusted = peer.uid == 0 || peer.uid == ::geteuid() || (daemon_uid && peer.uid == *daemon_uid);
+  const bool trusted = peer.uid == 0 || peer.uid == ::geteuid() || (daemon_uid && peer.uid == *daemon_uid) ||
+                       is_service_user(peer.uid);
   if (!trusted) {
     ::close(fd_);
     fd_ = -1;

@@ -277,7 +277,37 @@ int connect_as(const TestUser& user, const std::string& socket) {
   }
 }
 
+// In a child that becomes `user`: connects to `socket`, which the socket's mode keeps `user`
+// out of, and says whether the error named the cause and the setting (kOk).
+int connect_refused_by_mode(const TestUser& user, const std::string& socket) {
+  if (!become(user)) return fail(std::string("cannot become the test user: ") + std::strerror(errno));
+  try {
+    auto client = Client::connect(ConnectOptions{socket});
+    return kAdmitted;
+  } catch (const Error& e) {
+    const std::string& message = e.status().message();
+    if (e.code() == ErrorCode::kPermissionDenied && message.find("allow-uid") != std::string::npos &&
+        message.find("permission denied for uid " + std::to_string(user.uid)) != std::string::npos &&
+        message.find("is the daemon running") == std::string::npos) {
+      return kOk;
+    }
+    return fail(std::string("refused, but the error does not say why and what to set: ") + e.what());
+  }
+}
+
 }  // namespace
+
+// A user the socket's mode keeps out hears that it is not allowed, and which setting allows
+// it: not "Permission denied (is the daemon running?)", which sent a newcomer looking for a
+// daemon that was running.
+TEST_CASE("trust: a user the socket keeps out is told it is not allowed and which setting allows it",
+          "[integration][trust]") {
+  const TestUser user = test_user();
+  TestDaemon daemon;
+  open_socket_folder(daemon);
+  ClientGroup other(1, [&](int) { return connect_refused_by_mode(user, daemon.socket()); });
+  CHECK(exit_code(other.wait_all(std::chrono::seconds(30)).at(0)) == kOk);
+}
 
 // The daemon's own check, not the socket's mode, decides who may connect: an operator who
 // widens the socket to 0666 (or a mode bug) must not let every local user in.
