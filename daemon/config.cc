@@ -10,6 +10,7 @@
 
 #include "daemon/config_file.h"
 #include "daemon/util/safe_text.h"
+#include "shared/socket_names.h"
 #include "shared/version.h"
 
 namespace gradsync {
@@ -220,12 +221,7 @@ ParsedConfig parse_daemon_config(int argc, const char* const* argv) {
       config.admin_tcp = a;
     }
   }
-  if (config.admin_address.empty()) {
-    const auto slash = config.socket_path.rfind('/');
-    const std::string dir = slash == std::string::npos ? "." : config.socket_path.substr(0, slash);
-    const std::string base = slash == std::string::npos ? config.socket_path : config.socket_path.substr(slash + 1);
-    config.admin_address = "unix:" + (base == "gradsync.sock" ? dir + "/admin.sock" : config.socket_path + ".admin");
-  }
+  if (config.admin_address.empty()) config.admin_address = "unix:" + admin_socket_for(config.socket_path);
   if (!config.admin_tcp.empty() &&
       (config.admin_tls_cert.empty() || config.admin_tls_key.empty() || config.admin_tls_ca.empty())) {
     return fail("--admin " + config.admin_tcp +

@@ -1,5 +1,7 @@
 #include "shared/framing.h"
 
+#include "shared/socket_names.h"
+
 namespace gradsync {
 namespace {
 
@@ -26,6 +28,14 @@ std::array<std::byte, kFrameHeaderBytes> encode_frame_header(uint32_t payload_by
 Status decode_frame_header(std::span<const std::byte, kFrameHeaderBytes> header, uint32_t max_bytes,
                            uint32_t* payload_bytes) {
   const uint32_t size = read_le32(header.data());
+  if (size > max_bytes && is_http2_server_start(header)) {
+    return Status::protocol(std::string(kSpeaksGrpcServer) + ": it is a gRPC server, as gradsyncd's admin socket is, not "
+                            "gradsyncd's control socket");
+  }
+  if (size > max_bytes && is_http2_client_start(header)) {
+    return Status::protocol(std::string(kSpeaksGrpcClient) + ": it is a gRPC client, as gradsyncctl is; this is "
+                            "gradsyncd's control socket, for trainers, not its admin socket");
+  }
   if (size > max_bytes) {
     return Status::protocol("frame of " + std::to_string(size) + " bytes exceeds the " +
                             std::to_string(max_bytes) + "-byte limit");

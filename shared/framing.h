@@ -24,7 +24,10 @@ inline constexpr size_t kDecoderKeepBytes = 1u << 20;
 std::array<std::byte, kFrameHeaderBytes> encode_frame_header(uint32_t payload_bytes);
 
 // The payload length from a header; a kProtocol error naming both sizes when it exceeds
-// max_bytes ("frame of 20000000 bytes exceeds the 16777216-byte limit").
+// max_bytes ("frame of 20000000 bytes exceeds the 16777216-byte limit"), or, when the bytes are
+// HTTP/2's (socket_names.h), one that starts with kSpeaksGrpcServer or kSpeaksGrpcClient.
+inline constexpr char kSpeaksGrpcServer[] = "the other end speaks HTTP/2";
+inline constexpr char kSpeaksGrpcClient[] = "this end was spoken to in HTTP/2";
 Status decode_frame_header(std::span<const std::byte, kFrameHeaderBytes> header, uint32_t max_bytes,
                            uint32_t* payload_bytes);
 

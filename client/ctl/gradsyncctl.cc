@@ -8,6 +8,7 @@
 // config set: a job did not take the change.
 #include <google/protobuf/util/json_util.h>
 #include <grpcpp/grpcpp.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -16,6 +17,7 @@
 #include <cstring>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <iterator>
 #include <cstdio>
@@ -31,6 +33,7 @@
 
 #include "client/ctl/render.h"
 #include "proto/admin.grpc.pb.h"
+#include "shared/socket_names.h"
 
 namespace {
 
@@ -69,7 +72,8 @@ const char kUsageText[] =
     "\n"
     "Options:\n"
     "  --admin ADDR     the daemon's admin service: unix:PATH, or HOST:PORT over mutual TLS (default\n"
-    "                   $GRADSYNC_ADMIN, else unix:/run/gradsync/admin.sock)\n"
+    "                   $GRADSYNC_ADMIN, else the admin socket beside $GRADSYNC_SOCKET, else\n"
+    "                   unix:/run/gradsync/admin.sock)\n"
     "  --tls-cert FILE, --tls-key FILE, --tls-ca FILE\n"
     "                   for HOST:PORT: this client's certificate and key, and the CA that signed the\n"
     "                   daemon's (default $GRADSYNC_ADMIN_TLS_CERT, _KEY, _CA). The daemon takes the\n"
@@ -129,7 +133,32 @@ int why_unavailable(const Options& o, const grpc::Status& status) {
   const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   const int connected = fd < 0 ? -1 : ::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address);
   const int error = errno;
+  // Connected, yet gRPC failed: either the admin service closed on this user, or the socket is
+  // no admin socket at all. Opened as gRPC does, gradsyncd's control socket answers with a
+  // frame of its own protocol (a refusal) rather than HTTP/2, and an admin socket that does not
+  // allow this user closes without a word.
+  std::array<std::byte, 4> first{};
+  size_t got = 0;
+  if (connected == 0) {
+    static constexpr char kPreface[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+    if (::send(fd, kPreface, sizeof kPreface - 1, MSG_NOSIGNAL) > 0) {
+      pollfd readable{fd, POLLIN, 0};
+      while (got < first.size() && ::poll(&readable, 1, 1000) == 1) {
+        const ssize_t n = ::recv(fd, first.data() + got, first.size() - got, 0);
+        if (n <= 0) break;
+        got += static_cast<size_t>(n);
+      }
+    }
+  }
   if (fd >= 0) ::close(fd);
+  if (got == first.size() && !gradsync::is_http2_server_start(first)) {
+    std::fprintf(stderr,
+                 "gradsyncctl: %s is not gradsyncd's admin socket: it does not speak gRPC (gradsyncd's control "
+                 "socket, for trainers, answers this way). Its admin socket is unix:%s: pass --admin "
+                 "unix:%s, or set $GRADSYNC_SOCKET to the control socket\n",
+                 path.c_str(), gradsync::admin_socket_for(path).c_str(), gradsync::admin_socket_for(path).c_str());
+    return kUsage;
+  }
   if (connected == 0) {
     std::fprintf(stderr,
                  "gradsyncctl: access denied: gradsyncd at %s closed the connection: uid %u is not allowed there "
@@ -306,7 +335,11 @@ int main(int argc, char** argv) {
     const char* value = std::getenv(name);
     return std::string(value && *value ? value : "");
   };
-  o.admin = env("GRADSYNC_ADMIN").empty() ? kDefaultAdmin : env("GRADSYNC_ADMIN");
+  // $GRADSYNC_ADMIN, else the admin socket beside the trainers' $GRADSYNC_SOCKET, else the
+  // system daemon's.
+  o.admin = !env("GRADSYNC_ADMIN").empty()  ? env("GRADSYNC_ADMIN")
+            : !env("GRADSYNC_SOCKET").empty() ? "unix:" + gradsync::admin_socket_for(env("GRADSYNC_SOCKET"))
+                                              : kDefaultAdmin;
   o.tls_cert = env("GRADSYNC_ADMIN_TLS_CERT");
   o.tls_key = env("GRADSYNC_ADMIN_TLS_KEY");
   o.tls_ca = env("GRADSYNC_ADMIN_TLS_CA");

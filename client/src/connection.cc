@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "shared/fd_passing.h"
+#include "shared/socket_names.h"
 
 namespace gradsync {
 namespace {
@@ -91,6 +92,15 @@ Connection::Connection(const std::string& socket_path, std::optional<uid_t> daem
   }
 }
 
+Status Connection::explain_foreign(const Status& read) const {
+  if (read.message().rfind(kSpeaksGrpcServer, 0) != 0) return read;
+  const std::string control = control_socket_for(path_);
+  return Status::invalid_argument(
+      path_ + " is not gradsyncd's control socket: it speaks HTTP/2 (gRPC), as gradsyncd's admin socket (for "
+      "gradsyncctl) does. Point GRADSYNC_SOCKET (Python: connect(socket=...), C++: ConnectOptions::socket_path) at "
+      "the control socket" + (control.empty() ? std::string(" (gradsyncd's --socket)") : ": " + control));
+}
+
 Connection::~Connection() {
   if (fd_ >= 0) ::close(fd_);
 }
@@ -134,7 +144,7 @@ control::Reply Connection::call(control::Request request, std::chrono::milliseco
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {
     std::optional<std::string> payload;
-    throw_if_error(decoder_.next(&payload));
+    if (Status read = decoder_.next(&payload); !read.ok()) throw Error(explain_foreign(read));
     if (payload) {
       control::Reply reply;
       if (!reply.ParseFromString(*payload)) throw Error(Status::protocol("gradsyncd sent an unparsable reply"));

@@ -48,6 +48,8 @@ class Connection {
   const std::string& path() const { return path_; }
 
  private:
+  // A read error as the user needs it: bytes of HTTP/2 mean the path is an admin socket.
+  Status explain_foreign(const Status& read) const;
   void write_all(const std::string& bytes, std::span<const int> fds);
   // Why the daemon dropped us, after a write to it failed: its parting notice, if it sent one.
   std::optional<Status> notice_after_failed_write();

@@ -157,6 +157,37 @@ TEST_CASE("admin: no daemon, and bad usage, each with its exit status", "[integr
   CHECK(ctl_at("/tmp/x.sock", "--help").code == 0);
 }
 
+// The two sockets sit side by side, and a newcomer points a program at the wrong one. Each side
+// recognises the other's protocol and names the socket it needs (was: a trainer got "frame of
+// 69074944 bytes exceeds the limit", and gradsyncctl told root "access denied").
+TEST_CASE("admin: a trainer pointed at the admin socket and gradsyncctl at the control socket each name the right one",
+          "[integration][admin]") {
+  TestDaemon daemon;
+  const std::string admin = admin_socket(daemon);
+  try {
+    Client::connect(ConnectOptions{admin});
+    FAIL("a client joined through the admin socket");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::kInvalidArgument);
+    CHECK_THAT(e.status().message(), Catch::Contains(admin + " is not gradsyncd's control socket") &&
+                                         Catch::Contains("the control socket: " + daemon.socket()));
+  }
+  const CommandRun crossed =
+      run_command(std::string(GRADSYNCCTL_BINARY) + " --admin unix:" + daemon.socket() + " status");
+  INFO(crossed.output);
+  CHECK(crossed.code == 2);
+  CHECK_THAT(crossed.output, Catch::Contains(daemon.socket() + " is not gradsyncd's admin socket") &&
+                                 Catch::Contains("--admin unix:" + admin));
+  CHECK_THAT(crossed.output, !Catch::Contains("access denied"));
+  // Given only the trainers' socket, gradsyncctl finds the admin socket beside it.
+  const CommandRun derived =
+      run_command("env -u GRADSYNC_ADMIN GRADSYNC_SOCKET=" + daemon.socket() + " " + GRADSYNCCTL_BINARY + " status");
+  INFO(derived.output);
+  CHECK(derived.code == 0);
+  CHECK_THAT(derived.output, Catch::Contains("gradsyncd "));
+  check_still_serving(daemon);
+}
+
 }  // namespace gradsync::test
 
 namespace gradsync::test {

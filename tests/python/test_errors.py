@@ -77,3 +77,17 @@ def test_daemon_killed_mid_step_raises_instead_of_hanging(daemon):
     # The client is unusable now, and says so: the daemon is gone.
     assert second.startswith("raised PeerLostError") or second.startswith("raised AbortedError"), second
     assert elapsed < 10, f"rank 0 took {elapsed:.1f} s to notice"
+
+
+def test_world_size_not_a_whole_number_of_nodes_is_named():
+    # Was: "the job spans 1 nodes, so it needs rendezvous" for world_size=3, local_world_size=2.
+    code = ("import gradsync\n"
+            "try:\n"
+            "    gradsync.connect(socket='/nonexistent/gradsync.sock', job='j', rank=0, world_size=3, local_rank=0,\n"
+            "                     local_world_size=2)\n"
+            "except gradsync.InvalidArgumentError as e:\n"
+            "    print('raised', e)\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ))
+    assert run.returncode == 0, run.stderr
+    assert "world_size 3 is not a whole number of nodes of local_world_size 2" in run.stdout, run.stdout
+    assert "--nproc-per-node" in run.stdout and "spans" not in run.stdout, run.stdout

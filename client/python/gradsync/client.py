@@ -70,6 +70,11 @@ def connect(job=None, rank=None, world_size=None, local_rank=None, local_world_s
     world_size = _from_env(world_size, "world_size", "WORLD_SIZE")
     local_rank = _from_env(local_rank, "local_rank", "LOCAL_RANK")
     local_world_size = _from_env(local_world_size, "local_world_size", "LOCAL_WORLD_SIZE")
+    if local_world_size < 1 or world_size < local_world_size or world_size % local_world_size:
+        raise InvalidArgumentError(
+            f"gradsync.connect: world_size {world_size} is not a whole number of nodes of local_world_size "
+            f"{local_world_size}: every node must run the same number of ranks (torchrun: --nproc-per-node), and "
+            "world_size is their sum over the nodes")
     if timeout is not None and not timeout > 0:
         raise InvalidArgumentError(f"gradsync.connect: timeout must be a positive number of seconds, not {timeout!r}")
     if rendezvous is not None and ":" not in rendezvous:
