@@ -1,5 +1,8 @@
 """Memory of the client's (gs_alloc) as torch tensors, without a copy, and torch dtypes as the C API's."""
+import atexit
 import ctypes
+import functools
+import weakref
 
 import torch
 
@@ -83,3 +86,53 @@ def empty(client, size, dtype=torch.float32, device="cpu"):
     nbytes = max(1, numel * torch.empty((), dtype=dtype).element_size())
     buffer = wrap(client.alloc(align(nbytes), index), align(nbytes), index, client._core)
     return carve(buffer, 0, dtype, shape)
+
+
+# Exit: torch frees a wrapped tensor's memory by releasing the Python object above, and takes
+# the GIL to do it. Whatever the autograd engine still holds when Python has shut down is
+# freed later, by the main thread's thread-local destructors in exit(): the nodes a failed
+# backward() left in that thread's ready queue (a gradient hook raised, e.g. GradBuffer's with
+# gradsync.PeerLostError), and through them the parameters and their .grad. A .grad that
+# views this memory then waits for the GIL forever, and the process never exits. So, while
+# Python still runs (atexit), parameters give up the gradients that view gradsync memory: only
+# Python holds those then, and Python frees them.
+_grad_memory = []  # (address, nbytes) of the buffers that gradients view (GradBuffer's)
+_grad_holders = {}  # id -> weak reference, of parameters whose .grad (or .main_grad) may view one
+
+
+def drop_grads_at_exit(params, buffer):
+    """At interpreter exit, `params` drop .grad and .main_grad where they view `buffer`, a
+    tensor from wrap() (or any buffer registered here before)."""
+    _grad_memory.append((buffer.data_ptr(), buffer.numel() * buffer.element_size()))
+    for p in params:  # (not a WeakSet: it would compare tensors with ==)
+        _grad_holders[id(p)] = weakref.ref(p, functools.partial(_forget, id(p)))
+
+
+def _forget(key, ref):
+    if _grad_holders.get(key) is ref:
+        del _grad_holders[key]
+
+
+def _in_wrapped(tensor):
+    if not isinstance(tensor, torch.Tensor):
+        return False
+    try:
+        address = tensor.data_ptr()
+    except RuntimeError:
+        return False
+    return any(base <= address < base + size for base, size in _grad_memory)
+
+
+@atexit.register
+def _drop_grads():
+    for ref in list(_grad_holders.values()):
+        p = ref()
+        if p is None:
+            continue
+        try:
+            if _in_wrapped(p.grad):
+                p.grad = None
+            if _in_wrapped(getattr(p, "main_grad", None)):
+                del p.main_grad
+        except Exception:  # exiting: nothing to report it to
+            pass

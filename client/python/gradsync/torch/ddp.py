@@ -8,13 +8,43 @@ pass (client, "group") as the state, the same ranks as DDP's process_group. The 
 future completes from a waiter thread once the daemon queued (CUDA: stream-ordered, on the
 stream backward ran on, as with NCCL) or finished (CPU) the reduction, so backward never
 blocks on it.
+
+When a reduction fails (a rank lost, the daemon stopping, the job's timeout), backward() raises
+gradsync's own error (gradsync.PeerLostError, ...) with its text, on every PyTorch. DDP's
+reducer cannot carry a Python exception itself: it reads a failed future's value as the bucket
+tensor (Future.set_exception stores the exception as the value: "RuntimeError: Unable to cast
+... to Tensor"), and turns an exception raised by the hook into a RuntimeError. So the hook
+never raises into the reducer: each call queues a callback at the end of backward, which runs
+before the reducer's (queued after the last bucket's hook call), waits for that bucket's
+reduction, and raises its error as it is. The future fails with the same error too (its
+wait() raises it), for a caller that runs the hook outside backward.
 """
+import functools
 import queue
 import threading
 
 import torch
 
 from . import _coalesced
+
+
+class _Outcome:
+    """One hook call's result: `done` once its future is complete; `error`, the exception its
+    reduction failed with, if it did."""
+    __slots__ = ("done", "error")
+
+    def __init__(self):
+        self.done = threading.Event()
+        self.error = None
+
+    def fail(self, future, error):
+        self.error = error
+        try:
+            future.set_exception(error)
+        except Exception:  # already completed (set_result itself failed): the error is raised anyway
+            pass
+        finally:
+            self.done.set()
 
 
 class _Waiter:
@@ -27,7 +57,7 @@ class _Waiter:
 
     def _run(self):
         while True:
-            work, future, tensor, stream = self.queue.get()
+            work, future, tensor, stream, outcome = self.queue.get()
             try:
                 if stream is None:
                     work.wait()
@@ -38,10 +68,11 @@ class _Waiter:
                     with torch.cuda.stream(stream):
                         work.wait_stream(stream)
                         future.set_result(tensor)
-            except Exception as e:  # the future carries it to DDP, which raises it in backward
-                future.set_exception(e)
+                outcome.done.set()
+            except Exception as e:  # _raise_failed raises it at the end of backward
+                outcome.fail(future, e)
             # Hold nothing between items: the last work would keep the client alive.
-            work = future = tensor = stream = None
+            work = future = tensor = stream = outcome = None
 
 
 def _waiter(client):
@@ -51,21 +82,47 @@ def _waiter(client):
     return waiter
 
 
+def _raise_failed(outcome):
+    outcome.done.wait()
+    error, outcome.error = outcome.error, None
+    if error is not None:
+        raise error
+
+
+def _at_backward_end(outcome):
+    """Queues _raise_failed(outcome) at the end of the running backward; False outside one."""
+    try:
+        torch.autograd.Variable._execution_engine.queue_callback(functools.partial(_raise_failed, outcome))
+    except RuntimeError:  # "Final callbacks can only be installed during backward pass"
+        return False
+    return True
+
+
 def _bucket_tensor(bucket):
     return bucket.buffer() if hasattr(bucket, "buffer") else bucket.get_tensor()
 
 
 def allreduce_hook(state, bucket):
     """DDP comm hook: averages the bucket across every rank of the client's job, or of a group
-    when the state is (client, group)."""
+    when the state is (client, group). When the reduction fails, backward() raises gradsync's
+    error (gradsync.PeerLostError when a rank was lost, ...), not a RuntimeError."""
     client, group = state if isinstance(state, tuple) else (state, None)
     tensor = _bucket_tensor(bucket)
-    work = _coalesced.allreduce(client, [tensor], "avg", None, False, None, 0, group, tag=("ddp", bucket.index()))
     if tensor.is_cuda:
         future = torch.futures.Future(devices=[tensor.device])
         stream = torch.cuda.current_stream(tensor.device)
     else:
         future = torch.futures.Future()
         stream = None
-    _waiter(client).queue.put((work, future, tensor, stream))
+    outcome = _Outcome()
+    try:
+        work = _coalesced.allreduce(client, [tensor], "avg", None, False, None, 0, group,
+                                    tag=("ddp", bucket.index()))
+    except Exception as e:  # the job failed already, say: raised at the end of backward, as it is
+        outcome.fail(future, e)
+        if not _at_backward_end(outcome):
+            raise
+        return future
+    _waiter(client).queue.put((work, future, tensor, stream, outcome))
+    _at_backward_end(outcome)
     return future

@@ -21,7 +21,7 @@ from .. import _lib
 from ..errors import InvalidArgumentError
 from ..work import Work
 from . import _coalesced
-from ._memory import align, carve, device_index, dtype_code, wrap
+from ._memory import align, carve, device_index, drop_grads_at_exit, dtype_code, wrap
 
 
 class GradBuffer:
@@ -37,6 +37,10 @@ class GradBuffer:
     buffer (zero after zero_grad()), like DDP's find_unused_parameters.
     The hooks go with the GradBuffer: once it is dropped (or after remove_hooks()), a new
     GradBuffer over the same parameters is the only one that sees their gradients.
+    A step whose job failed raises gradsync's error (gradsync.PeerLostError when a rank was
+    lost, ...) from backward() (a hook marking a gradient ready) or from wait(). Either way the
+    trainer's process can exit: at interpreter exit the parameters drop the gradients that view
+    the buffer (see _memory.drop_grads_at_exit).
     """
 
     def __init__(self, params, client, dtype=None, bucket_bytes=None, op="avg", group=None):
@@ -68,6 +72,7 @@ class GradBuffer:
                 p.main_grad = g
             else:
                 p.grad = g
+        drop_grads_at_exit(self._order, self.buffer)  # else a failed backward() can hang the process's exit
         flat = [g.view(-1) for g in self.grads]
         self._set = _coalesced.RegisteredSet(
             _coalesced.register(client, flat, self.device, group, bucket_bytes, False))
