@@ -2,11 +2,16 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <pwd.h>
 
 #include <boost/program_options.hpp>
 #include <algorithm>
+#include <limits>
+#include <map>
+#include <optional>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 #include "daemon/config_file.h"
 #include "daemon/util/safe_text.h"
@@ -14,6 +19,36 @@
 #include "shared/version.h"
 
 namespace gradsync {
+namespace {
+
+// A uid, given as a number or as a user name.
+std::optional<uid_t> uid_of(const std::string& name) {
+  if (!name.empty() && name.find_first_not_of("0123456789") == std::string::npos && name.size() <= 10) {
+    const unsigned long value = std::stoul(name);
+    if (value <= std::numeric_limits<uid_t>::max()) return static_cast<uid_t>(value);
+    return std::nullopt;
+  }
+  passwd entry{};
+  passwd* found = nullptr;
+  std::vector<char> buffer(16384);
+  if (::getpwnam_r(name.c_str(), &entry, buffer.data(), buffer.size(), &found) != 0 || found == nullptr) {
+    return std::nullopt;
+  }
+  return found->pw_uid;
+}
+
+// HOST:PORT, with a numeric port ([v6]:PORT for an IPv6 address).
+bool is_host_port(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos || colon == 0) return false;
+  const std::string host = address.substr(0, colon), port = address.substr(colon + 1);
+  if (port.empty() || port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos) return false;
+  if (std::stoul(port) > 65535) return false;
+  if (host.front() == '[') return host.back() == ']' && host.size() > 2;
+  return host.find(':') == std::string::npos;
+}
+
+}  // namespace
 
 namespace po = boost::program_options;
 
@@ -28,8 +63,8 @@ ParsedConfig parse_daemon_config(int argc, const char* const* argv) {
   uint64_t drain_timeout_ms = config.drain_timeout.count();
   uint64_t peer_key_ttl_s = config.peer_key_ttl.count();
   uint64_t connection_timeout_ms = config.connection_timeout.count();
-  std::vector<uid_t> allowed;
-  std::vector<uid_t> legacy;
+  std::vector<std::string> allowed;
+  std::vector<std::string> legacy;
   std::vector<std::string> admin;
 
   po::options_description general("Options");
@@ -102,7 +137,7 @@ ParsedConfig parse_daemon_config(int argc, const char* const* argv) {
       ("reduce-threads", po::value(&config.reduce_threads)->default_value(0),
        "threads that reduce buckets, shared by all jobs; 0 means one per CPU")
       ("allow-uid", po::value(&allowed)->composing(),
-       "user id allowed to connect (repeatable); default: the daemon's own user and root")
+       "user allowed to connect, by uid or user name (repeatable); default: the daemon's own user and root")
       ("legacy-ipc-uid", po::value(&legacy)->composing(),
        "user id whose trainers may register GPU memory from other allocators (PyTorch's caching "
        "allocator) as legacy CUDA IPC handles (repeatable); default: nobody. A handle is not proof "
@@ -158,22 +193,34 @@ ParsedConfig parse_daemon_config(int argc, const char* const* argv) {
         result.exit_code = 2;
         return result;
       }
-      po::parsed_options parsed(&settings);
+      std::map<std::string, std::string> seen;  // setting -> where the file first sets it
       for (const FileSetting& setting : file) {
-        if (!settings.find_nothrow(setting.name, false)) {
-          result.message = "gradsyncd: config file " + setting.where + ": unknown setting '" + setting.name +
-                           "' (gradsyncd --help lists them)";
+        const auto file_error = [&](const std::string& why) {
+          result.message = "gradsyncd: config file " + setting.where + ": " + why;
           result.exit_code = 2;
           return result;
+        };
+        if (!settings.find_nothrow(setting.name, false)) {
+          return file_error("unknown setting '" + setting.name + "' (gradsyncd --help lists them)");
+        }
+        if (auto [first, fresh] = seen.emplace(setting.name, setting.where); !fresh) {
+          return file_error(setting.name + " is set twice: here and at " + first->second +
+                            " (an underscore stands for a dash: timeout_ms is timeout-ms)");
         }
         // A flag given on the command line wins over the file, repeatable ones too: their
         // values would otherwise be merged, and a list such as allow-uid could only grow.
         if (vm.count(setting.name) && !vm[setting.name].defaulted()) continue;
         po::option option(setting.name, setting.values);
         option.original_tokens = {setting.where};
-        parsed.options.push_back(std::move(option));
+        // One at a time, so that a value the flag cannot take is reported at its line.
+        po::parsed_options one(&settings);
+        one.options.push_back(std::move(option));
+        try {
+          po::store(one, vm);
+        } catch (const po::error& e) {
+          return file_error(e.what());
+        }
       }
-      po::store(parsed, vm);
     }
     po::notify(vm);
   } catch (const po::error& e) {
@@ -269,8 +316,22 @@ ParsedConfig parse_daemon_config(int argc, const char* const* argv) {
   }
   if (config.reduce_threads == 0) config.reduce_threads = std::max(1u, std::thread::hardware_concurrency());
   if (config.reduce_threads > 256) return fail("--reduce-threads must be at most 256");
-  config.allowed_uids = allowed;
-  config.legacy_ipc_uids = legacy;
+  for (const auto& [flag, names, uids] : {std::tuple{"--allow-uid", &allowed, &config.allowed_uids},
+                                          std::tuple{"--legacy-ipc-uid", &legacy, &config.legacy_ipc_uids}}) {
+    uids->clear();
+    for (const std::string& name : *names) {
+      const std::optional<uid_t> uid = uid_of(name);
+      if (!uid) {
+        return fail(std::string(flag) + ": '" + name + "' is neither a uid nor a user on this machine (give a number, "
+                    "or a user name that `id -u NAME` knows)");
+      }
+      uids->push_back(*uid);
+    }
+  }
+  if (!config.metrics_address.empty() && !is_host_port(config.metrics_address)) {
+    return fail("--metrics must be HOST:PORT (for example 127.0.0.1:9464, or 0.0.0.0:9464 for every interface), not '" +
+                config.metrics_address + "'");
+  }
   if (nccl_keep_s > 86'400) return fail("--nccl-keep-idle-s must be at most 86400 (a day)");
   if (peer_key_ttl_s == 0 || peer_key_ttl_s > 30 * 86'400) return fail("--peer-key-ttl-s must be from 1 to 2592000 (30 days)");
   config.peer_key_ttl = std::chrono::seconds(peer_key_ttl_s);

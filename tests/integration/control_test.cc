@@ -592,6 +592,23 @@ TEST_CASE("gradsyncd: an unknown flag or bad value exits 2 naming it", "[integra
   CHECK(advertise_code == 2);
   CHECK_THAT(advertise_output, Catch::Contains("--peer-advertise must be a host name or address (printable ASCII, "
                                                "no spaces, at most 255 bytes), not 'node 1'"));
+  // Refused as it is read, before any socket exists, with the usage status (was: exit 1 once
+  // every socket was up).
+  const auto [metrics_code, metrics_output] = run_daemon_command({"--metrics", "9090"});
+  CHECK(metrics_code == 2);
+  CHECK_THAT(metrics_output, Catch::Contains("--metrics must be HOST:PORT") && Catch::Contains("not '9090'"));
+  CHECK_THAT(metrics_output, !Catch::Contains("listening on"));
+  // A user is named by uid or by name; a name nobody has is refused saying what is accepted.
+  const auto [user_code, user_output] = run_daemon_command({"--allow-uid", "no-such-user-here"});
+  CHECK(user_code == 2);
+  CHECK_THAT(user_output, Catch::Contains("--allow-uid: 'no-such-user-here' is neither a uid nor a user"));
+}
+
+TEST_CASE("gradsyncd: --allow-uid takes user names as well as uids", "[integration][daemon]") {
+  TestDaemon daemon({"--allow-uid", "root", "--allow-uid", "nobody"});
+  const std::string config = gradsyncctl(daemon, "config get").output;
+  INFO(config);
+  CHECK(std::regex_search(config, std::regex(R"(allow-uid\s+0,65534\n)")));
 }
 
 TEST_CASE("harness: a daemon that does not come up is reported with its log, and its folder is removed",
@@ -653,7 +670,12 @@ TEST_CASE("gradsyncd: settings come from a TOML config file, flags win, bad file
   refused("execution-timeout-ms = -1\n", "execution-timeout-ms must be a string, a non-negative integer");
   refused("allow-uid = [1000, -1]\n", "allow-uid must hold strings or non-negative integers");
   refused("timeout-ms = 100000000\n", "--timeout-ms must be at most 86400000 (a day)");
-  refused("timeout-ms = \"soon\"\n", "soon");
+  // A value the flag cannot take, and a setting given twice (in its two spellings), are named
+  // at their line (were: no file or line, and "cannot be specified more than once").
+  refused("log-level = \"info\"\ntimeout-ms = \"soon\"\n",
+          "config file " + file + ":2: the argument ('soon') for option 'timeout-ms' is invalid");
+  refused("timeout-ms = 5\ntimeout_ms = 6\n",
+          "config file " + file + ":2: timeout-ms is set twice: here and at " + file + ":1");
   // A file other users could change would hand them the daemon's settings (who may connect).
   write_config("timeout-ms = 1234\n");
   REQUIRE(::chmod(pattern, 0666) == 0);
