@@ -66,7 +66,9 @@ TEST_CASE("metrics: a bad --metrics address is refused, naming it", "[integratio
     CHECK_FALSE(std::filesystem::exists(folder));
     std::error_code ignored;
     std::filesystem::remove_all(folder, ignored);
-    CHECK(run.code == 1);
+    // Not HOST:PORT: a usage error as the flags are read (2); an address that is, but cannot be
+    // bound, once the daemon tries (1).
+    CHECK(run.code == (address == "999.1.1.1:80" ? 1 : 2));
     CHECK_THAT(run.output, Catch::Contains("--metrics"));
   }
 }
