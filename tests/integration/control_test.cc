@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <dlfcn.h>
 #include <fcntl.h>
 
 #include <regex>
@@ -704,6 +705,39 @@ TEST_CASE("gradsyncd: settings come from a TOML config file, flags win, bad file
   const auto [code, output] = run_daemon_command({"--config", "/nonexistent/gradsyncd.toml"});
   CHECK(code == 2);
   CHECK_THAT(output, Catch::Contains("cannot read config file '/nonexistent/gradsyncd.toml'"));
+}
+
+// Was "CUDA driver version is insufficient", which sends an operator to upgrade a driver that
+// is not there. Checked where the machine has no driver (CI, this test's machines).
+TEST_CASE("gradsyncd: a machine with no NVIDIA driver is told so, and host jobs are served", "[integration][daemon]") {
+  void* driver = ::dlopen("libcuda.so.1", RTLD_LAZY);
+  TestDaemon daemon;
+  check_still_serving(daemon);
+  if (driver != nullptr) {
+    ::dlclose(driver);
+    WARN("this machine has an NVIDIA driver: the no-driver message is not checked");
+    return;
+  }
+#if GRADSYNC_HAVE_CUDA
+  CHECK_THAT(daemon.log(), Catch::Contains("CUDA: no usable GPU (no NVIDIA driver is installed"));
+  CHECK_THAT(daemon.log(), !Catch::Contains("insufficient"));
+#endif
+}
+
+// The peer port is the daemon's own listener: a busy one is one line naming the flag, not a
+// dump of gRPC's internals.
+TEST_CASE("gradsyncd: a peer port in use is refused in one line naming --peer-listen", "[integration][daemon]") {
+  TestDaemon first({"--peer-listen", "127.0.0.1:0"});
+  std::smatch port;
+  const std::string log = first.log();
+  REQUIRE(std::regex_search(log, port, std::regex(R"(peer service listening on 127\.0\.0\.1:\d+ \(port (\d+))")));
+  const auto [code, output] = run_daemon_command({"--peer-listen", "127.0.0.1:" + port[1].str()});
+  INFO(output);
+  CHECK(code == 1);
+  CHECK_THAT(output, Catch::Contains("cannot serve the peer service on 127.0.0.1:" + port[1].str() +
+                                     ": Address already in use") && Catch::Contains("--peer-listen"));
+  CHECK_THAT(output, !Catch::Contains("grpc") && !Catch::Contains("chttp2"));
+  CHECK(first.running());
 }
 
 TEST_CASE("gradsyncd: a socket that another daemon serves is not taken over", "[integration][daemon]") {
