@@ -79,7 +79,7 @@ Job::~Job() {
     sets.clear();
     ticket.reset();  // the job no longer counts against the limits
   });
-  log_.info("ended");
+  log_.info("removed: every rank has left");
 }
 
 std::string Job::describe_member(int local_rank) const {
@@ -176,7 +176,9 @@ void Job::fail(const Status& status) {
     if (options_.failures) options_.failures->add(status.code());
     log_.warning("failed: " + status.to_string());
   } else {
-    log_.info("ended: " + status.to_string());
+    // No error: nothing was in flight. Said as what it is, not as a lost peer.
+    log_.info("ended: " + status.message() + " between operations, after " +
+              std::to_string(worker_->completed_ops()) + " operations; the job takes no new work");
   }
   fail_pending(status);
   // Never waits: the worker notices within the bucket it is executing, fails the pending

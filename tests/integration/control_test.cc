@@ -48,6 +48,24 @@ std::string frame_header(uint32_t length) {
 
 }  // namespace
 
+// Ranks that leave between steps are how a job normally ends: logged as an end, not as a
+// lost peer (was "ended: PeerLost: ... disconnected" for every finished job).
+TEST_CASE("job: a job whose ranks leave between operations is logged as ended, not as a failure",
+          "[integration][control]") {
+  TestDaemon daemon;
+  check_still_serving(daemon);
+  std::string log;
+  for (int i = 0; i < 200; ++i) {
+    log = daemon.log();
+    if (log.find("removed: every rank has left") != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  INFO(log);
+  CHECK_THAT(log, Catch::Contains("between operations, after 1 operations; the job takes no new work"));
+  CHECK_THAT(log, Catch::Contains("removed: every rank has left"));
+  CHECK_THAT(log, !Catch::Contains("PeerLost") && !Catch::Contains("failed:"));
+}
+
 TEST_CASE("join: a duplicate rank is refused and names the rank", "[integration][control]") {
   TestDaemon daemon;
   const std::string job = unique_job("dup");
