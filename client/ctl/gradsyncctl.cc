@@ -31,6 +31,7 @@
 #include <sstream>
 #include <map>
 
+#include "client/ctl/json.h"
 #include "client/ctl/render.h"
 #include "proto/admin.grpc.pb.h"
 #include "shared/socket_names.h"
@@ -209,14 +210,7 @@ int rpc_failed(const grpc::Status& status, const Options& o) {
   }
 }
 
-std::string json(const google::protobuf::Message& message) {
-  std::string out;
-  google::protobuf::util::JsonPrintOptions options;
-  options.add_whitespace = true;
-  options.always_print_primitive_fields = true;
-  (void)google::protobuf::util::MessageToJsonString(message, &out, options);
-  return out;
-}
+std::string json(const google::protobuf::Message& message) { return gradsync::ctl::to_json(message); }
 
 // The exit status a reply itself calls for: inflight with a job whose worker did not answer; a
 // drain with jobs left; a settings change a job did not take.
@@ -299,7 +293,8 @@ int run_call(const Options& o, Call call, std::string (*print)(const Reply&)) {
     context.set_deadline(std::chrono::system_clock::now() + call_bound(o));
     const grpc::Status status = call(*stub, &context, &reply);
     if (!status.ok()) return rpc_failed(status, o);
-    if (o.watch > 0 && !o.json) std::printf("\033[H\033[2J");  // a fresh screen per round
+    // A fresh screen per round on a terminal; into a pipe or a file, rounds follow each other.
+    if (o.watch > 0 && !o.json && ::isatty(STDOUT_FILENO)) std::printf("\033[H\033[2J");
     if (!o.output.empty()) {
       // trace -o FILE: the JSON goes to the file, the summary to stdout.
       const v1::DumpTraceReply* trace = nullptr;

@@ -42,7 +42,7 @@ TEST_CASE("admin: status, jobs and clients of a live daemon, as tables and JSON"
   });
   // Until both joined, registered and stepped.
   for (int i = 0; i < 200; ++i) {
-    if (gradsyncctl(daemon, "jobs --json").output.find("\"operationsDone\": \"1\"") != std::string::npos) break;
+    if (gradsyncctl(daemon, "jobs --json").output.find("\"operationsDone\": 1") != std::string::npos) break;
     std::this_thread::sleep_for(50ms);
   }
   const CommandRun jobs = gradsyncctl(daemon, "jobs");
@@ -53,8 +53,8 @@ TEST_CASE("admin: status, jobs and clients of a live daemon, as tables and JSON"
   const CommandRun json = gradsyncctl(daemon, "jobs --json");
   INFO(json.output);
   CHECK(json.code == 0);
-  CHECK_THAT(json.output, Catch::Contains("\"id\": \"" + job + "\"") && Catch::Contains("\"operationsDone\": \"1\"") &&
-                              Catch::Contains("\"registeredBytes\": \"32000\""));
+  CHECK_THAT(json.output, Catch::Contains("\"id\": \"" + job + "\"") && Catch::Contains("\"operationsDone\": 1") &&
+                              Catch::Contains("\"registeredBytes\": 32000"));
   const CommandRun clients = gradsyncctl(daemon, "clients");
   INFO(clients.output);
   CHECK(clients.code == 0);
@@ -65,6 +65,11 @@ TEST_CASE("admin: status, jobs and clients of a live daemon, as tables and JSON"
   CHECK(status.code == 0);
   CHECK_THAT(status.output, Catch::Contains("gradsyncd 0.") && Catch::Contains("jobs: 1, clients: 2") &&
                                 Catch::Contains("timeout-ms") && Catch::Contains("host memfd"));
+  CHECK(std::regex_search(gradsyncctl(daemon, "status --json").output, std::regex(R"("uptimeMs": \d+,)")));
+  // --watch redraws a terminal only: into a pipe, rounds follow each other with no escapes.
+  const CommandRun watched = run_command("timeout 1 " + std::string(GRADSYNCCTL_BINARY) + " --admin unix:" +
+                                         admin_socket(daemon) + " --watch 0.2 jobs 2>&1 | cat");
+  CHECK_THAT(watched.output, Catch::Contains("JOB ") && !Catch::Contains("\033["));
   for (const Latch& l : listed) l.open();
   for (int s : group.wait_all(60s)) CHECK(exit_code(s) == kOk);
 }
@@ -221,6 +226,10 @@ TEST_CASE("admin: stats shows a straggler's readiness lag while the job runs", "
   const CommandRun json = gradsyncctl(daemon, "stats --json " + job);
   CHECK(json.code == 0);
   CHECK_THAT(json.output, Catch::Contains("\"readinessLag\"") && Catch::Contains("\"boundsSeconds\""));
+  // Numbers are JSON numbers, 64-bit ones too (protobuf's printer made them strings), and the
+  // unbounded histogram edge is "+Inf" (it was 1e+300).
+  CHECK(std::regex_search(json.output, std::regex(R"("operations": 5\b)")));
+  CHECK_THAT(json.output, Catch::Contains("\"+Inf\"") && !Catch::Contains("e+300"));
   for (const Latch& l : done) l.open();
   for (int s : group.wait_all(60s)) CHECK(exit_code(s) == kOk);
 }

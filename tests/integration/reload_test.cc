@@ -123,7 +123,7 @@ TEST_CASE("shutdown: SIGTERM lets an operation already submitted finish, refuses
   // Until the daemon has read rank 0's submission (gradsyncctl inflight lists the operation).
   bool pending = false;
   for (int i = 0; i < 200 && !pending; ++i) {
-    pending = gradsyncctl(daemon, "inflight --json").output.find("\"seq\": \"1\"") != std::string::npos;
+    pending = gradsyncctl(daemon, "inflight --json").output.find("\"seq\": 1") != std::string::npos;
     if (!pending) std::this_thread::sleep_for(10ms);
   }
   REQUIRE(pending);
