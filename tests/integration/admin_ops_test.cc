@@ -116,6 +116,29 @@ TEST_CASE("admin: a settings change mid-training takes effect at one operation o
   for (int s : group.wait_all(120s)) CHECK(exit_code(s) == kOk);
 }
 
+// Every setting gradsyncd takes, shown by `config get` (limits, metrics and the drain timeout
+// were missing): the names are taken from `gradsyncd --help`, so a new flag must be shown too.
+TEST_CASE("admin: config get shows every setting gradsyncd --help lists", "[integration][admin]") {
+  TestDaemon daemon({"--metrics", "127.0.0.1:0", "--drain-timeout-ms", "1500"});
+  const CommandRun help = run_command(std::string(GRADSYNCD_BINARY) + " --help");
+  const std::string settings = help.output.substr(help.output.find("Settings"));
+  const CommandRun config = gradsyncctl(daemon, "config get");
+  INFO(config.output);
+  REQUIRE(config.code == 0);
+  size_t checked = 0;
+  const std::regex flag(R"(\n  --([a-z0-9-]+))");
+  for (auto it = std::sregex_iterator(settings.begin(), settings.end(), flag); it != std::sregex_iterator(); ++it) {
+    const std::string name = (*it)[1].str();
+    INFO(name);
+    CHECK(std::regex_search(config.output, std::regex("(^|\n)" + name + "\\s")));
+    ++checked;
+  }
+  CHECK(checked >= 40);
+  CHECK(std::regex_search(config.output, std::regex(R"(drain-timeout-ms\s+1500)")));
+  CHECK(std::regex_search(config.output, std::regex(R"(metrics\s+127\.0\.0\.1:0)")));
+  CHECK_THAT(config.output, Catch::Contains("from physical memory"));
+}
+
 TEST_CASE("admin: config set and its errors on a single node", "[integration][admin]") {
   TestDaemon daemon;
   const CommandRun level = gradsyncctl(daemon, "config set log-level=debug");
