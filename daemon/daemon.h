@@ -58,7 +58,7 @@ class Daemon {
   std::shared_ptr<const PeerAuth> peer_auth_;  // how this daemon and its peers prove membership
   std::unique_ptr<PeerServer> peer_;
   std::unique_ptr<Reaper> reaper_;  // outlives the jobs, whose workers it stops
-  FailureCounts failures_;  // outlives the registry's jobs and the metrics server
+  DaemonCounters failures_;  // outlives the registry's jobs and the metrics server
   std::unique_ptr<JobRegistry> registry_;
   std::unique_ptr<ControlServer> server_;
   std::unique_ptr<admin::IoDaemonView> admin_view_;  // before the admin and metrics servers, which use it

@@ -10,9 +10,15 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <sys/resource.h>
+
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <sstream>
+#include <vector>
 
 namespace gradsync::admin {
 namespace asio = boost::asio;
@@ -39,10 +45,50 @@ void histogram(std::ostringstream& out, const std::string& name, const std::stri
   out << name << "_count{" << labels << "} " << h.count() << "\n";
 }
 
+// The standard process_* metrics of Prometheus' client libraries, from /proc/self.
+void process_metrics(std::ostringstream& out) {
+  const long ticks = ::sysconf(_SC_CLK_TCK), page = ::sysconf(_SC_PAGESIZE);
+  std::ifstream stat_file("/proc/self/stat");
+  std::string stat((std::istreambuf_iterator<char>(stat_file)), std::istreambuf_iterator<char>());
+  // Fields after the command (which may hold spaces), from field 3 on.
+  std::istringstream fields(stat.substr(stat.rfind(')') + 2));
+  std::vector<std::string> f((std::istream_iterator<std::string>(fields)), std::istream_iterator<std::string>());
+  if (f.size() > 21 && ticks > 0) {
+    const double cpu = (std::stod(f[11]) + std::stod(f[12])) / static_cast<double>(ticks);  // utime + stime
+    const double vsize = std::stod(f[20]), rss = std::stod(f[21]) * static_cast<double>(page);
+    double boot = 0;
+    std::ifstream stat_all("/proc/stat");
+    for (std::string line; std::getline(stat_all, line);) {
+      if (line.rfind("btime ", 0) == 0) boot = std::stod(line.substr(6));
+    }
+    const double start = boot + std::stod(f[19]) / static_cast<double>(ticks);
+    out << "# HELP process_cpu_seconds_total Total user and system CPU time spent in seconds.\n"
+        << "# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total " << number(cpu) << "\n"
+        << "# HELP process_virtual_memory_bytes Virtual memory size in bytes.\n"
+        << "# TYPE process_virtual_memory_bytes gauge\nprocess_virtual_memory_bytes " << number(vsize) << "\n"
+        << "# HELP process_resident_memory_bytes Resident memory size in bytes.\n"
+        << "# TYPE process_resident_memory_bytes gauge\nprocess_resident_memory_bytes " << number(rss) << "\n"
+        << "# HELP process_start_time_seconds Start time of the process since unix epoch in seconds.\n"
+        << "# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds " << number(start) << "\n";
+  }
+  size_t open = 0;
+  std::error_code ec;
+  for (auto it = std::filesystem::directory_iterator("/proc/self/fd", ec);
+       !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
+    ++open;
+  }
+  rlimit limit{};
+  ::getrlimit(RLIMIT_NOFILE, &limit);
+  out << "# HELP process_open_fds Number of open file descriptors.\n# TYPE process_open_fds gauge\n"
+      << "process_open_fds " << open << "\n"
+      << "# HELP process_max_fds Maximum number of open file descriptors.\n# TYPE process_max_fds gauge\n"
+      << "process_max_fds " << number(static_cast<double>(limit.rlim_cur)) << "\n";
+}
+
 }  // namespace
 
 std::string render_metrics(const DaemonStatus& status, const std::vector<JobStatistics>& jobs,
-                           const std::vector<ClientInfo>& clients, const FailureCounts& failures) {
+                           const std::vector<ClientInfo>& clients, const DaemonCounters& failures) {
   std::ostringstream out;
   out << "# HELP gradsync_build_info The running gradsyncd's version.\n# TYPE gradsync_build_info gauge\n"
       << "gradsync_build_info{version=\"" << status.version << "\"} 1\n";
@@ -53,10 +99,26 @@ std::string render_metrics(const DaemonStatus& status, const std::vector<JobStat
       << clients.size() << "\n";
   out << "# HELP gradsync_job_failures_total Jobs that ended with an error, by its code.\n"
       << "# TYPE gradsync_job_failures_total counter\n";
-  for (size_t c = 1; c < FailureCounts::kCodes; ++c) {
+  for (size_t c = 1; c < DaemonCounters::kCodes; ++c) {
     const auto code = static_cast<ErrorCode>(c);
     out << "gradsync_job_failures_total{code=\"" << error_code_name(code) << "\"} " << failures.count(code) << "\n";
   }
+  // Daemon-wide, surviving the end of the jobs they count: what to alert on.
+  uint64_t operations = failures.ended_operations(), bytes = failures.ended_bytes();
+  for (const auto& j : jobs) {
+    operations += j.stats.operations;
+    bytes += j.stats.bytes;
+  }
+  out << "# HELP gradsync_daemon_operations_total Operations completed by every job since gradsyncd started.\n"
+      << "# TYPE gradsync_daemon_operations_total counter\ngradsync_daemon_operations_total " << operations << "\n";
+  out << "# HELP gradsync_daemon_reduced_bytes_total Bucket bytes reduced (one rank's share) by every job since "
+         "gradsyncd started.\n# TYPE gradsync_daemon_reduced_bytes_total counter\n"
+      << "gradsync_daemon_reduced_bytes_total " << bytes << "\n";
+  out << "# HELP gradsync_jobs_ended_total Jobs that ended: cleanly (every rank left between operations) or "
+         "failed (work was pending).\n# TYPE gradsync_jobs_ended_total counter\n"
+      << "gradsync_jobs_ended_total{how=\"clean\"} " << failures.clean_jobs() << "\n"
+      << "gradsync_jobs_ended_total{how=\"failed\"} " << failures.failed_jobs() << "\n";
+  process_metrics(out);
   const auto labels = [](const JobStatistics& j) {
     return "job=\"" + j.job.id + "\",uid=\"" + std::to_string(j.job.uid) + "\"";
   };
@@ -74,6 +136,22 @@ std::string render_metrics(const DaemonStatus& status, const std::vector<JobStat
   out << "# HELP gradsync_operation_duration_seconds From an operation's first submission to its completion.\n"
       << "# TYPE gradsync_operation_duration_seconds histogram\n";
   for (const auto& j : jobs) histogram(out, "gradsync_operation_duration_seconds", labels(j), j.stats.operation_latency);
+  const std::pair<const char*, Histogram JobStatsSnapshot::*> parts[] = {
+      {"gradsync_bucket_wait_for_ranks_seconds", &JobStatsSnapshot::waiting_for_ranks},
+      {"gradsync_bucket_execution_seconds", &JobStatsSnapshot::executing},
+      {"gradsync_bucket_wait_for_peers_seconds", &JobStatsSnapshot::waiting_for_peers},
+      {"gradsync_bucket_local_reduction_seconds", &JobStatsSnapshot::local_reduction},
+      {"gradsync_bucket_collective_seconds", &JobStatsSnapshot::collective}};
+  const char* const helps[] = {
+      "Per bucket: from the previous step of its operation until every local rank made it ready.",
+      "Per bucket: from launch to landing (local reduction, the collective across nodes, fan-out).",
+      "Per cross-node bucket: until every node reached it.",
+      "Per bucket: combining, scaling and fan-out on this node.",
+      "Per cross-node bucket: the engine's collective."};
+  for (size_t p = 0; p < std::size(parts); ++p) {
+    out << "# HELP " << parts[p].first << " " << helps[p] << "\n# TYPE " << parts[p].first << " histogram\n";
+    for (const auto& j : jobs) histogram(out, parts[p].first, labels(j), j.stats.*(parts[p].second));
+  }
   out << "# HELP gradsync_readiness_lag_seconds How long after a job's first local rank each rank made a bucket "
          "ready.\n# TYPE gradsync_readiness_lag_seconds histogram\n";
   for (const auto& j : jobs) {

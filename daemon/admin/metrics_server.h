@@ -20,7 +20,7 @@
 #include "daemon/control/asio.h"
 
 #include "daemon/admin/view.h"
-#include "daemon/job/failure_counts.h"
+#include "daemon/job/daemon_counters.h"
 #include "daemon/util/log.h"
 
 namespace gradsync::admin {
@@ -28,13 +28,13 @@ namespace gradsync::admin {
 struct MetricsServerOptions {
   std::string address;  // "HOST:PORT"; port 0 picks one (port() says which)
   DaemonView* view = nullptr;              // outlives the server
-  const FailureCounts* failures = nullptr;  // outlives the server
+  const DaemonCounters* failures = nullptr;  // outlives the server
   Logger log;
 };
 
 // The exposition text for one scrape.
 std::string render_metrics(const DaemonStatus& status, const std::vector<JobStatistics>& jobs,
-                           const std::vector<ClientInfo>& clients, const FailureCounts& failures);
+                           const std::vector<ClientInfo>& clients, const DaemonCounters& failures);
 
 class MetricsServer {
  public:

@@ -67,6 +67,10 @@ Job::Job(JobOptions options)
 
 Job::~Job() {
   *alive_ = nullptr;
+  if (options_.failures && worker_->stats()) {
+    const JobStatsSnapshot done = worker_->stats()->snapshot();
+    options_.failures->add_ended(done.operations, done.bytes, failed_with_work_);
+  }
   if (options_.progress) options_.progress->remove(store_job(), worker_.get());
   const Status ended = Status::aborted("job " + params().id + " ended");
   fail_pending(ended);
@@ -173,6 +177,7 @@ void Job::fail(const Status& status) {
   // A client leaving between steps is how a job normally ends; only interrupted work is a
   // warning, and a failure (gradsync_job_failures_total).
   if (worker_->pending_ops() > 0 || !pending_.empty()) {
+    failed_with_work_ = true;
     if (options_.failures) options_.failures->add(status.code());
     log_.warning("failed: " + status.to_string());
   } else {

@@ -23,7 +23,7 @@
 #include "daemon/control/local_limits.h"
 #include "daemon/control/setup_threads.h"
 #include "daemon/engine/factory.h"
-#include "daemon/job/failure_counts.h"
+#include "daemon/job/daemon_counters.h"
 #include "daemon/job/join_validation.h"
 #include "daemon/job/progress_board.h"
 #include "daemon/job/reaper.h"
@@ -63,7 +63,7 @@ struct JobOptions {
   Reaper* reaper = nullptr;  // stops the worker when the job ends, off the io thread
   ExecutionSettings execution;
   Logger log;
-  FailureCounts* failures = nullptr;  // daemon-wide; may be null (tests)
+  DaemonCounters* failures = nullptr;  // daemon-wide; may be null (tests)
   ProgressBoard* progress = nullptr;  // daemon-wide; multi-node jobs are on it; may be null
   // The job's doorbell, made off the io thread by the join that forms the job; null: the Job
   // makes it (tests).
@@ -170,6 +170,7 @@ class Job : public std::enable_shared_from_this<Job> {
   std::map<uint32_t, std::shared_ptr<const TensorSet>> committed_;
   std::set<uint32_t> committing_;  // complete barriers being checked and planned
   Status failure_;
+  bool failed_with_work_ = false;  // it failed with operations or registrations pending
   std::shared_ptr<Worker> worker_;
   std::chrono::steady_clock::time_point formed_ = std::chrono::steady_clock::now();
 };

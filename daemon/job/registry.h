@@ -29,7 +29,7 @@ struct RegistryOptions {
   ClusterSettings cluster;
   Reaper* reaper = nullptr;
   ExecutionSettings execution;
-  FailureCounts* failures = nullptr;  // outlives the registry; may be null
+  DaemonCounters* failures = nullptr;  // outlives the registry; may be null
   ProgressBoard* progress = nullptr;  // outlives the registry; may be null
   LocalLimits limits;  // local world size (jobs are counted by `users`)
   // Every job holds a ticket here (per user and daemon-wide) until the reaper has retired it.
