@@ -152,7 +152,8 @@ ParsedConfig parse_daemon_config(int argc, const char* const* argv) {
        "listen on loopback only)")
       ("peer-token-file", po::value(&config.peer_token_file),
        "file holding the cluster token (the same on every node, mode 0600; make one with "
-       "openssl rand -hex 32): every peer call carries it. Clear text on the wire unless TLS is on too")
+       "openssl rand -hex 32): it never travels; every peer call carries a proof made with it (an HMAC "
+       "of the call, its time and a nonce, bound to the daemon called)")
       ("peer-key-ttl-s", po::value(&peer_key_ttl_s)->default_value(peer_key_ttl_s),
        "seconds the peer store keeps the keys of a job nobody touches (a job's keys are deleted when "
        "every node ended it; this covers a node that never did)")
