@@ -17,9 +17,13 @@ set(GRADSYNC_DOC_DIR "${prefix}/${GRADSYNC_DOCDIR}")
 string(REPLACE "//" "/" GRADSYNC_SBIN_DIR "${GRADSYNC_SBIN_DIR}")
 string(REPLACE "//" "/" GRADSYNC_DOC_DIR "${GRADSYNC_DOC_DIR}")
 
-set(staged "${GRADSYNC_BINARY_DIR}/install-staged")
+# Staged in a folder of this install's own: two installs may run at once (the tests install
+# into scratch prefixes side by side), and neither may install the other's unit.
+string(RANDOM LENGTH 12 token)
+set(staged "${GRADSYNC_BINARY_DIR}/install-staged-${token}")
 configure_file("${GRADSYNC_SOURCE_DIR}/gradsyncd.service.in" "${staged}/gradsyncd.service" @ONLY)
 file(INSTALL DESTINATION "${prefix}/${GRADSYNC_UNIT_DIR}" TYPE FILE FILES "${staged}/gradsyncd.service")
+file(REMOVE_RECURSE "${staged}")
 # The shipped configuration is the operator's once installed: never overwrite an edited one.
 set(config "$ENV{DESTDIR}${GRADSYNC_CONFIG_DIR}/gradsyncd.toml")
 if(EXISTS "${config}")

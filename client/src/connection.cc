@@ -33,9 +33,11 @@ std::optional<Status> first_notice(FrameDecoder& frames) {
 
 namespace {
 
-// The packaged service runs as the system user "gradsync" (systemd/gradsync.sysusers). Only
-// root can make a system user, so a daemon running as it is as trusted as one running as root.
-bool is_service_user(uid_t uid) {
+// The packaged service runs as the system user "gradsync" (systemd/gradsync.sysusers), on a
+// socket in /run/gradsync, which only root makes. Only root makes a system user, so a daemon
+// running as it there is as trusted as one running as root; anywhere else it is not.
+bool is_service_user(uid_t uid, const std::string& socket_path) {
+  if (socket_path.rfind("/run/gradsync/", 0) != 0) return false;
   passwd entry{};
   passwd* found = nullptr;
   std::vector<char> buffer(4096);
@@ -78,7 +80,7 @@ Connection::Connection(const std::string& socket_path, std::optional<uid_t> daem
     throw Error(Status::internal("SO_PEERCRED on " + socket_path + " failed: " + std::strerror(err)));
   }
   const bool trusted = peer.uid == 0 || peer.uid == ::geteuid() || (daemon_uid && peer.uid == *daemon_uid) ||
-                       is_service_user(peer.uid);
+                       is_service_user(peer.uid, socket_path);
   if (!trusted) {
     ::close(fd_);
     fd_ = -1;

@@ -48,28 +48,34 @@ void histogram(std::ostringstream& out, const std::string& name, const std::stri
 // The standard process_* metrics of Prometheus' client libraries, from /proc/self.
 void process_metrics(std::ostringstream& out) {
   const long ticks = ::sysconf(_SC_CLK_TCK), page = ::sysconf(_SC_PAGESIZE);
-  std::ifstream stat_file("/proc/self/stat");
-  std::string stat((std::istreambuf_iterator<char>(stat_file)), std::istreambuf_iterator<char>());
-  // Fields after the command (which may hold spaces), from field 3 on.
-  std::istringstream fields(stat.substr(stat.rfind(')') + 2));
-  std::vector<std::string> f((std::istream_iterator<std::string>(fields)), std::istream_iterator<std::string>());
-  if (f.size() > 21 && ticks > 0) {
-    const double cpu = (std::stod(f[11]) + std::stod(f[12])) / static_cast<double>(ticks);  // utime + stime
-    const double vsize = std::stod(f[20]), rss = std::stod(f[21]) * static_cast<double>(page);
-    double boot = 0;
-    std::ifstream stat_all("/proc/stat");
-    for (std::string line; std::getline(stat_all, line);) {
-      if (line.rfind("btime ", 0) == 0) boot = std::stod(line.substr(6));
+  // Any surprise in /proc (out of descriptors, an odd kernel) leaves these lines out rather
+  // than failing the whole scrape.
+  try {
+    std::ifstream stat_file("/proc/self/stat");
+    std::string stat((std::istreambuf_iterator<char>(stat_file)), std::istreambuf_iterator<char>());
+    const size_t command_end = stat.rfind(')');
+    // Fields after the command (which may hold spaces), from field 3 on.
+    std::istringstream fields(command_end == std::string::npos ? std::string() : stat.substr(command_end + 1));
+    std::vector<std::string> f((std::istream_iterator<std::string>(fields)), std::istream_iterator<std::string>());
+    if (f.size() > 21 && ticks > 0) {
+      const double cpu = (std::stod(f[11]) + std::stod(f[12])) / static_cast<double>(ticks);  // utime + stime
+      const double vsize = std::stod(f[20]), rss = std::stod(f[21]) * static_cast<double>(page);
+      double boot = 0;
+      std::ifstream stat_all("/proc/stat");
+      for (std::string line; std::getline(stat_all, line);) {
+        if (line.rfind("btime ", 0) == 0) boot = std::stod(line.substr(6));
+      }
+      const double start = boot + std::stod(f[19]) / static_cast<double>(ticks);
+      out << "# HELP process_cpu_seconds_total Total user and system CPU time spent in seconds.\n"
+          << "# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total " << number(cpu) << "\n"
+          << "# HELP process_virtual_memory_bytes Virtual memory size in bytes.\n"
+          << "# TYPE process_virtual_memory_bytes gauge\nprocess_virtual_memory_bytes " << number(vsize) << "\n"
+          << "# HELP process_resident_memory_bytes Resident memory size in bytes.\n"
+          << "# TYPE process_resident_memory_bytes gauge\nprocess_resident_memory_bytes " << number(rss) << "\n"
+          << "# HELP process_start_time_seconds Start time of the process since unix epoch in seconds.\n"
+          << "# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds " << number(start) << "\n";
     }
-    const double start = boot + std::stod(f[19]) / static_cast<double>(ticks);
-    out << "# HELP process_cpu_seconds_total Total user and system CPU time spent in seconds.\n"
-        << "# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total " << number(cpu) << "\n"
-        << "# HELP process_virtual_memory_bytes Virtual memory size in bytes.\n"
-        << "# TYPE process_virtual_memory_bytes gauge\nprocess_virtual_memory_bytes " << number(vsize) << "\n"
-        << "# HELP process_resident_memory_bytes Resident memory size in bytes.\n"
-        << "# TYPE process_resident_memory_bytes gauge\nprocess_resident_memory_bytes " << number(rss) << "\n"
-        << "# HELP process_start_time_seconds Start time of the process since unix epoch in seconds.\n"
-        << "# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds " << number(start) << "\n";
+  } catch (const std::exception&) {
   }
   size_t open = 0;
   std::error_code ec;

@@ -65,12 +65,18 @@ Job::Job(JobOptions options)
             std::to_string(options_.params.timeout.count()) + " ms)");
 }
 
-Job::~Job() {
-  *alive_ = nullptr;
-  if (options_.failures && worker_->stats()) {
+void Job::retire() {
+  if (retired_) return;
+  retired_ = true;
+  if (options_.failures && worker_ && worker_->stats()) {
     const JobStatsSnapshot done = worker_->stats()->snapshot();
     options_.failures->add_ended(done.operations, done.bytes, failed_with_work_);
   }
+}
+
+Job::~Job() {
+  *alive_ = nullptr;
+  retire();
   if (options_.progress) options_.progress->remove(store_job(), worker_.get());
   const Status ended = Status::aborted("job " + params().id + " ended");
   fail_pending(ended);

@@ -98,7 +98,11 @@ class Job : public std::enable_shared_from_this<Job> {
  public:
   // Creates the doorbell and starts the worker. Throws Error when the memory cannot be created.
   explicit Job(JobOptions options);
-  ~Job();
+  ~Job();  // retires it, if the registry has not
+  // Moves what the job did into the daemon's counters (daemon_counters.h), once: called when
+  // the registry lets go of it, since a failed job may live on while its members stay, and a
+  // daemon-wide counter must never go back.
+  void retire();
   Job(const Job&) = delete;
   Job& operator=(const Job&) = delete;
 
@@ -171,6 +175,7 @@ class Job : public std::enable_shared_from_this<Job> {
   std::set<uint32_t> committing_;  // complete barriers being checked and planned
   Status failure_;
   bool failed_with_work_ = false;  // it failed with operations or registrations pending
+  bool retired_ = false;           // its totals moved into the daemon's counters
   std::shared_ptr<Worker> worker_;
   std::chrono::steady_clock::time_point formed_ = std::chrono::steady_clock::now();
 };

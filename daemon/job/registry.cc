@@ -22,6 +22,7 @@ Status JobRegistry::join(const control::JoinRequest& request, const MemberInfo& 
   auto it = jobs_.find(key);
   if (it != jobs_.end() && !it->second->failure().ok()) {
     options_.log.info("job=" + request.job_id() + ": re-forming after failure: " + it->second->failure().message());
+    it->second->retire();
     jobs_.erase(it);  // members of the failed incarnation keep it alive until they leave
     it = jobs_.end();
   }
@@ -83,7 +84,10 @@ Status JobRegistry::join(const control::JoinRequest& request, const MemberInfo& 
 
 void JobRegistry::left(const std::shared_ptr<Job>& job) {
   auto it = jobs_.find(Key{job->params().uid, job->params().id});
-  if (it != jobs_.end() && it->second == job && job->empty()) jobs_.erase(it);
+  if (it != jobs_.end() && it->second == job && job->empty()) {
+    job->retire();
+    jobs_.erase(it);
+  }
 }
 
 void JobRegistry::fail_all(const Status& status) {

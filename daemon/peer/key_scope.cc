@@ -51,12 +51,12 @@ Status reserved(const std::string& key) {
 
 std::string name_of(const std::string& generation) { return generation.substr(0, generation.size() - 1); }
 
-// Who holds a node: the daemon instance and the store member (kv_store.h: its certificate, or
-// its host and declared node) it called as. Both must match for the node's keys; the instance
-// alone is no identity, since any member that learns one (a plain-text call carries it) could
-// send it.
+// Who holds a node: the daemon instance and the identity it called as (kv_store.h: its
+// certificate, or the node its token proofs declare). Both must match for the node's keys;
+// the instance alone is no identity, since any member that learns one (a plain-text call
+// carries it) could send it.
 std::string holder_of(const std::string& instance, const StoreMember& member) {
-  return instance + "\n" + member.name;
+  return instance + "\n" + member.identity;
 }
 
 }  // namespace
@@ -65,10 +65,10 @@ Status KeyScope::check_member(const std::string& job, const std::string& generat
                               const std::string& instance, const StoreMember& member) {
   std::string took_as;
   if (!instance.empty() && store_->peek(job, generation + "~member/" + instance, &took_as)) {
-    if (took_as == member.name) return Status();
+    if (took_as == member.identity) return Status();
     return Status::permission_denied("peer key '" + key + "' of job " + job + ": the calling daemon's instance id " +
                                      "took its node of " + name_of(generation) + " as '" + took_as +
-                                     "', and now calls as '" + member.name + "' (a node's place is bound to the "
+                                     "', and now calls as '" + member.identity + "' (a node's place is bound to the "
                                      "identity that took it)");
   }
   return Status::permission_denied("peer key '" + key + "' of job " + job + ": the calling daemon holds no node of " +
@@ -110,7 +110,7 @@ Status KeyScope::claim(const std::string& job, const std::string& generation, ui
   const std::string membership = generation + "~member/" + instance;
   std::string took_as;
   const bool member_already = store_->peek(job, membership, &took_as);
-  if (member_already && took_as != member.name) {
+  if (member_already && took_as != member.identity) {
     return check_member(job, generation, generation + "node/" + std::to_string(node), instance, member);
   }
   // First come, first served, and idempotent for the taker.
@@ -123,7 +123,7 @@ Status KeyScope::claim(const std::string& job, const std::string& generation, ui
     return Status::permission_denied(where + " was already taken by another daemon");
   }
   if (member_already) return Status();
-  return store_->set(job, membership, member.name, member);
+  return store_->set(job, membership, member.identity, member);
 }
 
 Status KeyScope::may_set(const std::string& job, const std::string& key, bool if_absent, const std::string& instance,

@@ -24,9 +24,10 @@
 // store records who took which node under reserved keys ("g<N>/~...") no caller may name;
 // they go with the generation's keys.
 //
-// A node is held by the instance and the store member (kv_store.h) that took it: the same
-// instance id calling as another member (another certificate, or another host or declared
-// node) is refused every key of the generation.
+// A node is held by the instance and the identity (kv_store.h StoreMember::identity: its
+// certificate, or the node its token proofs declare) that took it: the same instance id
+// calling as another identity is refused every key of the generation. The caller's address is
+// not part of it, so a daemon reconnecting over another address keeps its place.
 //
 // Residual: with only a token, any cluster member can take a node of a job before its real
 // daemon does (the real one is then refused, loudly), and add 1 to a job's `incarnations`.

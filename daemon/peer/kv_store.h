@@ -32,9 +32,15 @@ namespace gradsync {
 struct StoreMember {
   std::string name;
   std::string group;
+  // What a node's place in a job is bound to (key_scope.h): its certificate, or, with a token
+  // only, the node its proofs declare. Not its address: a daemon that reconnects over another
+  // address (IPv4 after IPv6, a new source address) keeps its place.
+  std::string identity;
   StoreMember() = default;
-  StoreMember(std::string n, std::string g) : name(std::move(n)), group(std::move(g)) {}
-  StoreMember(const std::string& both) : name(both), group(both) {}  // NOLINT: tests name one
+  StoreMember(std::string n, std::string g) : name(std::move(n)), group(std::move(g)), identity(name) {}
+  StoreMember(std::string n, std::string g, std::string i)
+      : name(std::move(n)), group(std::move(g)), identity(std::move(i)) {}
+  StoreMember(const std::string& both) : name(both), group(both), identity(both) {}  // NOLINT: tests name one
   StoreMember(const char* both) : StoreMember(std::string(both)) {}  // NOLINT
   bool empty() const { return name.empty(); }
   bool operator==(const StoreMember&) const = default;

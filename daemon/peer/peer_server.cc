@@ -157,16 +157,21 @@ std::string PeerService::service_id() {
 StoreMember PeerService::member_of(const grpc::CallbackServerContext& context, const std::string& node) const {
   // The group is what the caller cannot choose: its certificate, else its host.
   std::string group = "host " + caller_host(context.peer());
+  bool certified = false;
   if (auth_->tls()) {
     const std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
     if (auth && auth->IsPeerAuthenticated()) {
       for (const auto& identity : auth->GetPeerIdentity()) {
         group = "certificate " + safe_text(std::string(identity.data(), identity.size()), 256);
+        certified = true;
         break;
       }
     }
   }
-  return StoreMember(node.empty() ? group : group + " node " + node, group);
+  // The identity a node's place is bound to: what the caller proved (its certificate, or the
+  // node its token proofs declare), never the address it happened to arrive from.
+  const std::string identity = certified ? group : "node " + node;
+  return StoreMember(node.empty() ? group : group + " node " + node, group, identity);
 }
 
 grpc::ServerUnaryReactor* PeerService::Get(grpc::CallbackServerContext* context, const peer::GetRequest* request,

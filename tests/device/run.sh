@@ -791,6 +791,17 @@ outer() {
   wait "$main_pid"
   rc=$?
   while kill -0 "$main_pid" 2>/dev/null; do wait "$main_pid"; rc=$?; done  # a trap interrupted the wait
+  # A wait a trap interrupted says 128 + the signal, not how the main layer ended; if bash
+  # reaped it meanwhile, one more wait gives its stored status (127: nothing stored).
+  local stored i
+  wait "$main_pid" 2>/dev/null
+  stored=$?
+  ((stored != 127)) && rc=$stored
+  # Interrupted: the main layer's trap may still be saving the table (its children were told
+  # too); give it the time its own grace allows before calling it unfinished.
+  if [[ -e "$SCRATCH/interrupted" ]]; then
+    for ((i = 0; i < 50; i++)); do [[ -e "$SCRATCH/finished" ]] && break; sleep 0.1; done
+  fi
   trap - INT TERM HUP
   ((rc == 137)) && rc=124  # killed after the bound's grace: still "the bound was reached"
   if [[ -s "$SCRATCH/stage.pgid" ]]; then end_group "$(cat "$SCRATCH/stage.pgid")"; fi

@@ -86,22 +86,26 @@ TEST_CASE("key scope: members write their own node's keys, shared keys once, cou
 }
 
 // A node's place is bound to the identity that took it (issue 24): the instance id alone is
-// sent in the clear without TLS, so another member that learns it must not act as the node.
-TEST_CASE("key scope: a node's keys answer only the instance and member that took it", "[key_scope]") {
+// sent in the clear without TLS, so another member that learns it must not act as the node. The
+// identity is what the caller proved (a certificate, or the node its token proofs declare), not
+// its address: the same daemon reconnecting from another address keeps its place.
+TEST_CASE("key scope: a node's keys answer only the instance and identity that took it", "[key_scope]") {
   Fixture f;
   f.begin(1);
-  const StoreMember taker("host 10.0.0.1 node n1", "host 10.0.0.1");
-  const StoreMember other("host 10.0.0.9 node n1", "host 10.0.0.9");  // same declared node, other host
+  const StoreMember taker("host 10.0.0.1 node n1", "host 10.0.0.1", "node n1");
+  const StoreMember moved("host fd00:: node n1", "host fd00::", "node n1");  // the same node, over IPv6
+  const StoreMember other("host 10.0.0.1 node n9", "host 10.0.0.1", "node n9");  // another node's proofs
   REQUIRE(f.scope.may_set(kJob, "g0/node/1", false, "a", taker).ok());
   CHECK(f.scope.may_set(kJob, "g0/node/1", false, "a", taker).ok());  // idempotent for the taker
+  CHECK(f.scope.may_set(kJob, "g0/node/1", false, "a", moved).ok());  // another address: still the taker
   CHECK_THAT(f.scope.may_set(kJob, "g0/node/1", false, "a", other).message(),
              Catch::Contains("bound to the identity that took it"));
   CHECK(f.scope.may_set(kJob, "g0/set/1/layout/1", false, "a", taker).ok());
   CHECK(f.scope.may_set(kJob, "g0/set/1/layout/1", false, "a", other).code() == ErrorCode::kPermissionDenied);
-  CHECK(f.scope.may_get(kJob, {"g0/node/1"}, "a", taker).ok());
+  CHECK(f.scope.may_get(kJob, {"g0/node/1"}, "a", moved).ok());
   CHECK(f.scope.may_get(kJob, {"g0/node/1"}, "a", other).code() == ErrorCode::kPermissionDenied);
   CHECK(f.scope.may_add(kJob, "g0/cfg/count", 1, "a", other).code() == ErrorCode::kPermissionDenied);
-  // Taking a second node as another member leaves nothing behind.
+  // Taking a second node as another identity leaves nothing behind.
   CHECK(f.scope.may_set(kJob, "g0/node/2", false, "a", other).code() == ErrorCode::kPermissionDenied);
   std::string claim;
   CHECK_FALSE(f.store.peek(kJob, "g0/~claim/2", &claim));
