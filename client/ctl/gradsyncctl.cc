@@ -112,6 +112,19 @@ int usage_error(const std::string& message) {
   return kUsage;
 }
 
+// Whether something listens at the Unix socket PATH: a connect that succeeds, or that the
+// listener's full accept queue turns away for now (EAGAIN).
+bool socket_answers(const std::string& path) {
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  std::strncpy(address.sun_path, path.c_str(), sizeof address.sun_path - 1);
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) return false;
+  const bool answers = ::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0 || errno == EAGAIN;
+  ::close(fd);
+  return answers;
+}
+
 // gRPC says "unavailable" for a missing daemon, a socket we may not open, and a daemon that
 // closed on us because it does not allow this user; a plain connect tells them apart.
 int why_unavailable(const Options& o, const grpc::Status& status) {
@@ -140,15 +153,21 @@ int why_unavailable(const Options& o, const grpc::Status& status) {
   // allow this user closes without a word.
   std::array<std::byte, 4> first{};
   size_t got = 0;
+  bool closed = false;  // the daemon closed it (a refusal); else it stayed silent (busy)
   if (connected == 0) {
     static constexpr char kPreface[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
     if (::send(fd, kPreface, sizeof kPreface - 1, MSG_NOSIGNAL) > 0) {
       pollfd readable{fd, POLLIN, 0};
       while (got < first.size() && ::poll(&readable, 1, 1000) == 1) {
         const ssize_t n = ::recv(fd, first.data() + got, first.size() - got, 0);
-        if (n <= 0) break;
+        if (n <= 0) {
+          closed = true;
+          break;
+        }
         got += static_cast<size_t>(n);
       }
+    } else {
+      closed = true;
     }
   }
   if (fd >= 0) ::close(fd);
@@ -159,6 +178,13 @@ int why_unavailable(const Options& o, const grpc::Status& status) {
                  "unix:%s, or set $GRADSYNC_SOCKET to the control socket\n",
                  path.c_str(), gradsync::admin_socket_for(path).c_str(), gradsync::admin_socket_for(path).c_str());
     return kUsage;
+  }
+  if (connected == 0 && got == 0 && !closed) {
+    std::fprintf(stderr,
+                 "gradsyncctl: gradsyncd at %s accepted the connection but did not answer: busy (a flood of "
+                 "connections?) or hung: %s\n",
+                 o.admin.c_str(), status.error_message().c_str());
+    return kHung;
   }
   if (connected == 0) {
     std::fprintf(stderr,
@@ -287,12 +313,21 @@ int run_call(const Options& o, Call call, std::string (*print)(const Reply&)) {
   }
   auto channel = grpc::CreateCustomChannel(o.admin, credentials, arguments);
   auto stub = v1::Admin::NewStub(channel);
+  int unavailable = 0;
   for (;;) {
     grpc::ClientContext context;
     Reply reply;
     context.set_deadline(std::chrono::system_clock::now() + call_bound(o));
     const grpc::Status status = call(*stub, &context, &reply);
+    // A busy daemon's accept queue can refuse a connect for a moment (a flood of connections
+    // it is closing): try again a few times before calling it unreachable or denied.
+    if (status.error_code() == grpc::StatusCode::UNAVAILABLE && !o.tcp() && socket_answers(o.admin.substr(5)) &&
+        ++unavailable < 8) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(std::min(250 * unavailable, 1000)));
+      continue;
+    }
     if (!status.ok()) return rpc_failed(status, o);
+    unavailable = 0;
     // A fresh screen per round on a terminal; into a pipe or a file, rounds follow each other.
     if (o.watch > 0 && !o.json && ::isatty(STDOUT_FILENO)) std::printf("\033[H\033[2J");
     if (!o.output.empty()) {

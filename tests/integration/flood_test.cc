@@ -288,6 +288,7 @@ TEST_CASE("flood: 20,000 admin connections from one allowed user, a stepping job
   std::this_thread::sleep_for(300ms);
   newcomer_joins(daemon);
   const CommandRun during = gradsyncctl(daemon, "status");  // root's admin calls go on
+  INFO(during.output);
   CHECK(during.code == 0);
   end_flood(flooded, release, flooder, victim);
   const auto ended = std::chrono::steady_clock::now();
