@@ -17,6 +17,16 @@ parser = pytest.importorskip("prometheus_client.parser")
 BIN = os.path.dirname(os.environ.get("GRADSYNCD_BINARY", ""))
 
 
+def metrics_port(daemon):
+    """The port a daemon started with --metrics 127.0.0.1:0 logged."""
+    for _ in range(200):
+        match = re.search(r"metrics on http://127\.0\.0\.1:(\d+)/metrics", daemon.log())
+        if match:
+            return int(match.group(1))
+        time.sleep(0.02)
+    raise AssertionError("no metrics port in the daemon's log:\n" + daemon.log())
+
+
 def scrape(port):
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
         return response.read().decode()
@@ -37,14 +47,7 @@ def value(families_, name, labels=None):
 def test_exposition_parses_and_daemon_counters_survive_the_job():
     daemon = Daemon("--metrics", "127.0.0.1:0")
     try:
-        port = None
-        for _ in range(200):
-            match = re.search(r"metrics on http://127\.0\.0\.1:(\d+)/metrics", daemon.log())
-            if match:
-                port = int(match.group(1))
-                break
-            time.sleep(0.02)
-        assert port, daemon.log()
+        port = metrics_port(daemon)
         idle = families(scrape(port))
         for name in ("process_cpu_seconds", "process_resident_memory_bytes", "process_virtual_memory_bytes",
                      "process_start_time_seconds", "process_open_fds", "process_max_fds"):
@@ -84,14 +87,7 @@ def test_exposition_parses_and_daemon_counters_survive_the_job():
 def test_every_histogram_stats_shows_is_exported():
     daemon = Daemon("--metrics", "127.0.0.1:0")
     try:
-        port = None
-        for _ in range(200):
-            match = re.search(r"metrics on http://127\.0\.0\.1:(\d+)/metrics", daemon.log())
-            if match:
-                port = int(match.group(1))
-                break
-            time.sleep(0.02)
-        assert port, daemon.log()
+        port = metrics_port(daemon)
         text = scrape(port)
         exported = {f.name for f in parser.text_string_to_metric_families(text) if f.type == "histogram"}
         # The histograms of `gradsyncctl stats` (daemon/job/stats.h JobStatsSnapshot).
