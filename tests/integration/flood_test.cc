@@ -2,7 +2,14 @@
 // and 20,000 on the admin socket from one allowed user, while a victim job steps 4 KiB
 // allreduces and a new trainer joins. The daemon keeps what it holds of each listener bounded
 // (tcp_listener.h, admin_server.cc), so the victim has no errors, its p99 stays within 3x of
-// its idle p99, the newcomer joins, and afterwards the listener answers within a second.
+// its idle p99 (or its idle p99 plus 250 us, whichever is larger), the newcomer joins, and
+// afterwards the listener answers within a second.
+//
+// Why the absolute slack: on 2 shared cores the flooder (even at nice 19) and the daemon's
+// accept loop take a core now and then, and a victim woken while both cores are busy waits one
+// wake-up preemption, about 100 us here, however well the daemon bounds the flood. An idle p99
+// of 37 us made that 3.8x in one CI run (140 us). Starvation, the failure this guards against,
+// shows as stalls of milliseconds or errors, far past either bound.
 //
 // The flooder runs at nice 19: on a real cluster the flood comes from other machines, and
 // what is under test is what the daemon lets it hold, not how the two cores here share out.
@@ -37,7 +44,8 @@ namespace {
 using namespace std::chrono_literals;
 
 constexpr int kFlood = 20'000;
-constexpr int kIdleSteps = 500;
+constexpr int kIdleSteps = 2000;  // enough for a p99 that is not the 5th sample of 500
+constexpr double kSchedulerSlackUs = 250;
 constexpr int kMinFloodSteps = 200;
 
 double p99(std::vector<double> samples) {
@@ -173,7 +181,9 @@ void report(const VictimReport& victim) {
               victim.errors);
   CHECK(victim.errors == 0);
   CHECK(victim.flood_steps >= kMinFloodSteps);
-  CHECK(victim.flood_p99_us <= 3 * victim.idle_p99_us);
+  const double bound = std::max(3 * victim.idle_p99_us, victim.idle_p99_us + kSchedulerSlackUs);
+  std::printf("  bound on the flood p99: %.1f us\n", bound);
+  CHECK(victim.flood_p99_us <= bound);
 }
 
 // Once the flooder has made its connections: lets it go, then ends the victim's flood phase
