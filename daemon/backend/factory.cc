@@ -208,7 +208,9 @@ std::unique_ptr<BackendFactory> make_backend_factory(const Logger& log, DeviceEn
   log.info("CUDA: built without the CUDA backend (GRADSYNC_CUDA=OFF or no nvcc/NCCL at build time); serving host memory only");
   (void)device_engines;
   (void)on_gpu_lost;
-  return std::make_unique<Backends>("this gradsyncd was built without the CUDA backend", nullptr, nullptr, nullptr,
+  return std::make_unique<Backends>("this gradsyncd was built without the CUDA backend (the quick start's build leaves it "
+                                    "out; build with .ci/build, or cmake -DGRADSYNC_CUDA=AUTO with nvcc and NCCL)",
+                                    nullptr, nullptr, nullptr,
                                     std::move(legacy_ipc_uids), log, nullptr);
 #endif
 }
