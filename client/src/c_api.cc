@@ -184,6 +184,11 @@ gs_status gs_alloc(gs_client* client, uint64_t bytes, int32_t device, void** dat
 
 gs_status gs_register(gs_client* client, const gs_tensor* tensors, size_t count, int64_t bucket_cap_bytes,
                       int32_t allgather, gs_set** out) {
+  return gs_register_labeled(client, tensors, count, bucket_cap_bytes, allgather, nullptr, out);
+}
+
+gs_status gs_register_labeled(gs_client* client, const gs_tensor* tensors, size_t count, int64_t bucket_cap_bytes,
+                              int32_t allgather, const char* label, gs_set** out) {
   if (!client) return null_argument("client");
   if (!out) return null_argument("out");
   if (count && !tensors) return null_argument("tensors");
@@ -195,6 +200,7 @@ gs_status gs_register(gs_client* client, const gs_tensor* tensors, size_t count,
     gradsync::RegisterOptions options;
     if (bucket_cap_bytes >= 0) options.bucket_cap_bytes = static_cast<uint64_t>(bucket_cap_bytes);
     options.allgather = allgather != 0;
+    if (label) options.label = label;
     auto set = std::make_unique<gs_set>();
     set->set = client->client->register_tensors(shared, options);
     *out = set.release();

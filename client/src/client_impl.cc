@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <optional>
 
+#include "shared/set_name.h"
 #include "shared/version.h"
 
 namespace gradsync {
@@ -120,6 +121,7 @@ void ClientImpl::join(const JoinOptions& options) {
   channel_.reset();
   set_sizes_.clear();
   set_has_integers_.clear();
+  set_names_.clear();
   set_device_.clear();
   set_events_.clear();
   deferred_.clear();
@@ -271,16 +273,27 @@ void ClientImpl::require_joined(const char* what) const {
   if (!joined_) throw Error(Status::invalid_argument(std::string("join a job before ") + what));
 }
 
+std::string ClientImpl::name_of(uint32_t set_id) const {
+  const auto it = set_names_.find(set_id);
+  return it != set_names_.end() ? it->second : set_name(set_id, "");
+}
+
 TensorSet ClientImpl::register_tensors(std::span<const SharedTensor> tensors, const RegisterOptions& options) {
   require_joined("registering tensors");
   if (tensors.empty()) throw Error(Status::invalid_argument("a tensor set needs at least one tensor"));
+  if (options.label.size() > kMaxSetLabelBytes) {
+    throw Error(Status::invalid_argument("a tensor set's label is at most " + std::to_string(kMaxSetLabelBytes) +
+                                         " bytes; this one has " + std::to_string(options.label.size())));
+  }
   TensorSet set;
   set.id_ = next_set_id_;
+  set.label_ = options.label;
   set.world_size_ = joined_->world_size;
   set.incarnation_ = incarnation_;
   control::Request request;
   auto* body = request.mutable_register_();
   body->set_set_id(set.id_);
+  body->set_label(options.label);
   if (options.bucket_cap_bytes) {
     body->set_has_bucket_cap(true);
     body->set_bucket_cap_bytes(*options.bucket_cap_bytes);
@@ -348,6 +361,7 @@ TensorSet ClientImpl::register_tensors(std::span<const SharedTensor> tensors, co
     set.buckets_.push_back(std::move(bucket));
   }
   set_sizes_[set.id_] = set.tensors_.size();
+  set_names_[set.id_] = set_name(set.id_, set.label_);
   if (tensors[0].device() >= 0) {
     // The daemon made this set's event rings (DESIGN.md decision 7); open them here.
     const auto& r = reply.register_();
@@ -368,7 +382,7 @@ TensorSet ClientImpl::register_tensors(std::span<const SharedTensor> tensors, co
 void ClientImpl::require_set(const TensorSet& set) const {
   require_joined("submitting operations");
   if (set.incarnation_ != incarnation_ || !set_sizes_.count(set.id())) {
-    throw Error(Status::invalid_argument("set " + std::to_string(set.id()) +
+    throw Error(Status::invalid_argument(set_name(set.id(), set.label()) +
                                          " is not registered in the current job incarnation"));
   }
 }
@@ -376,7 +390,7 @@ void ClientImpl::require_set(const TensorSet& set) const {
 SubmitEntry ClientImpl::op_entry(OpKind kind, const TensorSet& set) const {
   require_set(set);
   if (deferred_.count(set.id())) {
-    throw Error(Status::invalid_argument("set " + std::to_string(set.id()) +
+    throw Error(Status::invalid_argument(name_of(set.id()) +
                                          " has a deferred allreduce whose tensors are not all marked ready"));
   }
   SubmitEntry entry;
@@ -392,8 +406,8 @@ void ClientImpl::fill_reduce(SubmitEntry* entry, const ReduceOptions& options) c
   if (options.op == ReduceOp::kAvg) {
     // Checked here too, so that a plain mistake fails this call instead of the whole job.
     if (set_has_integers_.count(entry->set_id)) {
-      throw Error(Status::invalid_argument("avg is not defined for integer tensors (set " +
-                                           std::to_string(entry->set_id) + "); use sum"));
+      throw Error(Status::invalid_argument("avg is not defined for integer tensors, and " + name_of(entry->set_id) +
+                                           " has some; use sum"));
     }
     entry->scaling = static_cast<uint32_t>(options.scaling == Scaling::kBefore ? WireScaling::kBefore : WireScaling::kAfter);
     if (!(options.divisor >= 0) || !std::isfinite(options.divisor)) {
@@ -468,12 +482,12 @@ void ClientImpl::mark_ready(const TensorSet& set, uint32_t tensor_index, void* s
   require_set(set);
   auto it = deferred_.find(set.id());
   if (it == deferred_.end()) {
-    throw Error(Status::invalid_argument("set " + std::to_string(set.id()) + " has no deferred allreduce open"));
+    throw Error(Status::invalid_argument(name_of(set.id()) + " has no deferred allreduce open"));
   }
   Deferred& deferred = it->second;
   if (tensor_index >= set.size()) {
-    throw Error(Status::invalid_argument("tensor index " + std::to_string(tensor_index) + " is out of range; set " +
-                                         std::to_string(set.id()) + " has " + std::to_string(set.size()) + " tensors"));
+    throw Error(Status::invalid_argument("tensor index " + std::to_string(tensor_index) + " is out of range; " +
+                                         name_of(set.id()) + " has " + std::to_string(set.size()) + " tensors"));
   }
   if (deferred.marked[tensor_index]) {
     throw Error(Status::invalid_argument("tensor " + std::to_string(tensor_index) + " is already marked ready"));
@@ -506,15 +520,14 @@ Work ClientImpl::reduce(const TensorSet& set, int root, const ReduceOptions& opt
 Work ClientImpl::allgather(const TensorSet& set) {
   SubmitEntry entry = op_entry(OpKind::kAllgather, set);
   if (!set.gather_base_) {
-    throw Error(Status::invalid_argument("set " + std::to_string(set.id()) +
-                                         " was registered without RegisterOptions::allgather"));
+    throw Error(Status::invalid_argument(name_of(set.id()) + " was registered without RegisterOptions::allgather"));
   }
   return submit(entry, set.packed_bytes_);
 }
 
 SharedTensor TensorSet::gathered(int rank, size_t i) const {
   if (!gather_base_) {
-    throw Error(Status::invalid_argument("set " + std::to_string(id_) + " was registered without RegisterOptions::allgather"));
+    throw Error(Status::invalid_argument(set_name(id_, label_) + " was registered without RegisterOptions::allgather"));
   }
   if (rank < 0 || rank >= world_size_) {
     throw Error(Status::invalid_argument("rank " + std::to_string(rank) + " is outside world size " +

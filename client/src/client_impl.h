@@ -83,6 +83,8 @@ class ClientImpl final : public Client {
   std::map<uint32_t, size_t> set_sizes_;  // registered sets of this incarnation
   std::map<uint32_t, Deferred> deferred_;
   std::set<uint32_t> set_has_integers_;  // sets with an integer tensor: no avg
+  std::map<uint32_t, std::string> set_names_;  // how messages name each set (shared/set_name.h)
+  std::string name_of(uint32_t set_id) const;
   std::map<uint32_t, int> set_device_;    // sets in device memory: their device
   // Sets in device memory: their event rings, shared with the Work handles of their operations.
   std::map<uint32_t, std::shared_ptr<DeviceEvents>> set_events_;

@@ -319,7 +319,7 @@ Status ClientHandler::on_register(uint64_t request_id, control::Request request)
   const uint64_t count = static_cast<uint64_t>(body.tensors_size());
   if (*tensors_ + count > limits.tensors_per_client) {
     return limit_reached("this client would register " + std::to_string(*tensors_ + count) + " tensors (" +
-                             std::to_string(count) + " in set " + std::to_string(body.set_id()) + "), at most " +
+                             std::to_string(count) + " in " + set_name(body.set_id(), body.label()) + "), at most " +
                              std::to_string(limits.tensors_per_client) + " per client",
                          "max-tensors-per-client", limits.tensors_per_client);
   }
@@ -353,6 +353,7 @@ Status ClientHandler::on_register(uint64_t request_id, control::Request request)
         if (checked.status.ok()) checked.status = create_set_events(backends, resolved.used, &checked.reg.events);
         if (checked.status.ok()) {
           checked.reg.set_id = resolved.set_id;
+          checked.reg.label = std::move(resolved.label);
           checked.reg.bucket_cap = resolved.bucket_cap;
           checked.reg.layout = std::move(resolved.layout);
           checked.reg.address = std::move(resolved.address);

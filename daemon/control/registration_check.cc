@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "shared/set_name.h"
 #include "shared/dtype.h"
 
 namespace gradsync {
@@ -85,6 +86,12 @@ Status check_no_overlap(const std::vector<plan::TensorLayout>& layout, const std
 Status check_registration(const control::RegisterRequest& request, const Topology& topology, int world_size,
                           const SegmentMap& segments, ResolvedSet* reg) {
   reg->set_id = request.set_id();
+  if (request.label().size() > kMaxSetLabelBytes) {
+    return Status::invalid_argument("set " + std::to_string(request.set_id()) + ": its label is " +
+                                    std::to_string(request.label().size()) + " bytes, at most " +
+                                    std::to_string(kMaxSetLabelBytes) + " are allowed");
+  }
+  reg->label = request.label();
   reg->bucket_cap = request.has_bucket_cap() ? request.bucket_cap_bytes() : plan::kDefaultBucketCapBytes;
   reg->layout.resize(static_cast<size_t>(request.tensors_size()));
   reg->address.resize(reg->layout.size());

@@ -21,6 +21,7 @@ using SegmentMap = std::map<uint32_t, std::shared_ptr<const MemoryRegion>>;
 
 struct ResolvedSet {
   uint32_t set_id = 0;
+  std::string label;  // RegisterRequest.label, checked for length
   uint64_t bucket_cap = 0;
   std::vector<plan::TensorLayout> layout;
   std::vector<std::byte*> address;  // by tensor

@@ -206,21 +206,31 @@ void Job::fail_pending(const Status& status) {
   }
 }
 
+namespace {
+
+// How messages name a set still being registered: by its first local rank's label.
+std::string pending_name(uint32_t set_id, const std::map<int, SetRegistration>& by_local_rank) {
+  return set_name(set_id, by_local_rank.empty() ? std::string_view() : by_local_rank.begin()->second.label);
+}
+
+}  // namespace
+
 void Job::register_set(int local_rank, SetRegistration registration) {
   const uint32_t set_id = registration.set_id;
+  const std::string name = set_name(set_id, registration.label);
   if (!failure_.ok()) {
     registration.done(Status::aborted("job " + params().id + " has failed: " + failure_.message()), nullptr);
     return;
   }
   if (committed_.count(set_id) || committing_.count(set_id)) {
-    registration.done(Status::already_exists("set " + std::to_string(set_id) + " is already registered in job " +
+    registration.done(Status::already_exists(name + " is already registered in job " +
                                              params().id),
                       nullptr);
     return;
   }
   PendingSet& pending = pending_[set_id];
   if (pending.by_local_rank.count(local_rank)) {
-    registration.done(Status::already_exists("set " + std::to_string(set_id) + " is already being registered by " +
+    registration.done(Status::already_exists(name + " is already being registered by " +
                                              describe_member(local_rank)),
                       nullptr);
     return;
@@ -247,7 +257,7 @@ void Job::expire(uint32_t set_id, uint64_t serial) {
   for (int c = 0; c < params().local_world_size; ++c) {
     if (!it->second.by_local_rank.count(c)) missing += (missing.empty() ? "" : ", ") + std::to_string(c);
   }
-  const Status status = Status::timeout("job " + params().id + ": set " + std::to_string(set_id) +
+  const Status status = Status::timeout("job " + params().id + ": " + pending_name(set_id, it->second.by_local_rank) +
                                         " was not registered by rank(s) " + missing + " within " +
                                         std::to_string(params().timeout.count()) + " ms");
   log_.warning(status.message());
@@ -263,7 +273,7 @@ namespace {
 Status build_set(const std::string& job_id, uint32_t set_id, const Topology& topology,
                  std::map<int, SetRegistration>& regs, std::shared_ptr<TensorSet>* out) {
   const SetRegistration& first = regs.begin()->second;
-  const std::string name = "job " + job_id + ": set " + std::to_string(set_id);
+  const std::string name = "job " + job_id + ": " + pending_name(set_id, regs);
   for (auto& [local_rank, reg] : regs) {
     if (auto diff = plan::first_difference(first.layout, regs.begin()->first, reg.layout, local_rank)) {
       return Status::layout_mismatch(name + " layout mismatch: " + *diff);
@@ -282,6 +292,7 @@ Status build_set(const std::string& job_id, uint32_t set_id, const Topology& top
   }
   auto set = std::make_shared<TensorSet>();
   set->id = set_id;
+  set->label = first.label;
   set->layout = first.layout;
   set->bucket_cap = first.bucket_cap;
   for (auto& [local_rank, reg] : regs) {
@@ -329,7 +340,9 @@ void Job::commit(uint32_t set_id) {
     auto self = weak.lock();
     if (!self) {
       for (auto& [local_rank, reg] : pending->by_local_rank) {
-        reg.done(Status::aborted("job ended while set " + std::to_string(set_id) + " was being registered"), nullptr);
+        reg.done(Status::aborted("job ended while " + pending_name(set_id, pending->by_local_rank) +
+                                 " was being registered"),
+                 nullptr);
       }
       return;
     }
@@ -337,7 +350,8 @@ void Job::commit(uint32_t set_id) {
       self->committed(set_id, std::move(built.status), std::move(built.set), std::move(pending->by_local_rank));
     } catch (const std::exception& e) {
       // Out of memory, say: the job fails (its clients hear why), the daemon does not.
-      self->fail(Status::internal("job " + self->params().id + ": committing set " + std::to_string(set_id) +
+      self->fail(Status::internal("job " + self->params().id + ": committing " +
+                                  pending_name(set_id, pending->by_local_rank) +
                                   " failed: " + e.what()));
     }
   };
@@ -356,7 +370,7 @@ void Job::committed(uint32_t set_id, Status status, std::shared_ptr<TensorSet> s
     return;
   }
   committed_[set_id] = set;
-  log_.info("set " + std::to_string(set_id) + " registered locally: " + std::to_string(set->layout.size()) +
+  log_.info(set->name() + " registered locally: " + std::to_string(set->layout.size()) +
             " tensors, " + std::to_string(set->plan.buckets.size()) + " buckets");
   // The worker admits the set (after the other nodes agree, for a multi-node job) and the
   // replies go out from the io thread. The callbacks hold only weak references to sessions.

@@ -84,6 +84,7 @@ struct MemberInfo {
 // against the client's own segments.
 struct SetRegistration {
   uint32_t set_id = 0;
+  std::string label;  // how messages name the set (shared/set_name.h); the first rank's is kept
   std::vector<plan::TensorLayout> layout;
   std::vector<std::byte*> address;
   std::byte* gather_output = nullptr;  // nullptr: no allgather on this set

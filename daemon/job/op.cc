@@ -17,7 +17,7 @@ std::string_view reduce_op_name(WireReduceOp op) {
 
 }  // namespace
 
-std::string describe(const OpDesc& desc) {
+std::string describe(const OpDesc& desc, const TensorSet* set) {
   std::string text;
   switch (desc.kind) {
     case OpKind::kAllreduce:
@@ -38,7 +38,7 @@ std::string describe(const OpDesc& desc) {
       text = "allgather";
       break;
   }
-  return text + " on set " + std::to_string(desc.set_id);
+  return text + " on " + (set ? set->name() : set_name(desc.set_id, ""));
 }
 
 Status parse_op(const SubmitEntry& entry, int world_size, OpDesc* desc) {

@@ -28,8 +28,9 @@ struct OpDesc {
   bool operator==(const OpDesc&) const = default;
 };
 
-// "allreduce(avg, divide after) on set 0", "broadcast(root 2) on set 1"
-std::string describe(const OpDesc& desc);
+// "allreduce(avg, divide after) on set 0", "broadcast(root 2) on DDP bucket 3 (set 1)": the
+// set named by its label when `set` is given (TensorSet::name()).
+std::string describe(const OpDesc& desc, const TensorSet* set = nullptr);
 
 // Validates a submission entry copied out of a ring and turns it into an OpDesc; the error
 // names what was wrong ("unknown operation 9", "root 5 is outside world size 4").

@@ -144,11 +144,11 @@ Status PeerCluster::check_layout(const TensorSet& set) {
   if (Status why = aborted(); !why.ok()) return why;  // cancelled: this node gave up
   if (!status.ok() && status.code() == ErrorCode::kTimeout) {
     // Name the nodes that did not register it, and tell a slow one from a gone one.
-    return Status::timeout("job " + options_.job_id + ": set " + std::to_string(set.id) + " was not registered within " +
+    return Status::timeout("job " + options_.job_id + ": " + set.name() + " was not registered within " +
                            std::to_string(options_.timeout.count()) + " ms (the job timeout) on " + late_nodes(keys));
   }
   if (!status.ok()) {
-    return Status(status.code(), "job " + options_.job_id + ": set " + std::to_string(set.id) +
+    return Status(status.code(), "job " + options_.job_id + ": " + set.name() +
                                      " was not registered on every node: " + status.message());
   }
   uint64_t fp0 = 0, cap0 = 0;
@@ -162,7 +162,7 @@ Status PeerCluster::check_layout(const TensorSet& set) {
     if (!decode_layout(values[static_cast<size_t>(n)], &fp, &cap, &gather, &layout)) {
       return Status::protocol("undecodable layout from node " + std::to_string(n));
     }
-    const std::string where = "job " + options_.job_id + ": set " + std::to_string(set.id) + " differs between " +
+    const std::string where = "job " + options_.job_id + ": " + set.name() + " differs between " +
                               describe_node(0) + " and " + describe_node(n) + ": ";
     if (fp != fp0) {
       const auto diff = plan::first_difference(layout0, 0, layout, n * t.local_world_size);

@@ -6,8 +6,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
+#include "shared/set_name.h"
 #include "daemon/plan/planner.h"
 #include "daemon/backend/memory.h"
 #include "daemon/job/topology.h"
@@ -24,6 +26,9 @@ struct BucketRun {
 
 struct TensorSet {
   uint32_t id = 0;
+  std::string label;  // RegisterOptions::label of its first local rank
+  // "DDP bucket 3 (set 0)", or "set 0" without a label: how every message names the set.
+  std::string name() const { return set_name(id, label); }
   std::vector<plan::TensorLayout> layout;
   uint64_t bucket_cap = 0;
   plan::Plan plan;

@@ -88,7 +88,7 @@ void Worker::in_flight(std::function<void(std::vector<admin::PendingOperation>)>
     for (const Op& op : ops_) {
       admin::PendingOperation pending;
       pending.seq = op.seq;
-      pending.kind = describe(op.desc);
+      pending.kind = describe(op.desc, op.set.get());
       pending.set = op.desc.set_id;
       pending.age = std::chrono::duration_cast<std::chrono::milliseconds>(now - op.started);
       for (size_t c = 0; c < op.submitted.size(); ++c) {
@@ -326,8 +326,7 @@ Status Worker::handle_submit(uint32_t local_rank, const SubmitEntry& entry) {
                                     " is not registered (register tensors before submitting operations)");
   }
   if (desc.kind == OpKind::kAllgather && set->gather_output.empty()) {
-    return Status::invalid_argument(prefix + "set " + std::to_string(desc.set_id) +
-                                    " was registered without an allgather output");
+    return Status::invalid_argument(prefix + set->name() + " was registered without an allgather output");
   }
   if (desc.kind == OpKind::kAllreduce || desc.kind == OpKind::kReduce) {
     for (const auto& bucket : set->plan.buckets) {
@@ -365,8 +364,9 @@ Status Worker::handle_submit(uint32_t local_rank, const SubmitEntry& entry) {
     uint32_t first = 0;
     while (first < op.submitted.size() && !op.submitted[first]) ++first;
     return Status::layout_mismatch("job " + options_.job_id + ": operation " + std::to_string(op.seq) +
-                                   " differs: " + who(first) + " submitted " + describe(op.desc) + ", " +
-                                   who(local_rank) + " submitted " + describe(desc));
+                                   " differs: " + who(first) + " submitted " + describe(op.desc, op.set.get()) + ", " +
+                                   who(local_rank) + " submitted " +
+                                   describe(desc, desc.set_id == op.desc.set_id ? op.set.get() : nullptr));
   }
   op.submitted[local_rank] = true;
   const auto& buckets = op.set->plan.buckets;
@@ -398,7 +398,7 @@ Status Worker::handle_mark_ready(uint32_t local_rank, const SubmitEntry& entry) 
   }
   if (entry.tensor_index >= op.set->layout.size()) {
     return Status::invalid_argument(prefix() + "tensor index " + std::to_string(entry.tensor_index) +
-                                    " is out of range; set " + std::to_string(op.desc.set_id) + " has " +
+                                    " is out of range; " + op.set->name() + " has " +
                                     std::to_string(op.set->layout.size()) + " tensors");
   }
   if (op.marked[local_rank][entry.tensor_index]) {
@@ -462,7 +462,7 @@ Status Worker::progress_ops() {
     for (uint32_t c = 0; c < clients_.size(); ++c) post(c, op.seq, Status::ok_status());
     const auto finished = std::chrono::steady_clock::now();
     stats_->operation_done(finished - op.started);
-    trace_->add(OpTrace{op.seq, describe(op.desc), op.desc.set_id, op.started, finished, std::move(op.traced),
+    trace_->add(OpTrace{op.seq, describe(op.desc, op.set.get()), op.desc.set_id, op.started, finished, std::move(op.traced),
                         op.traced_left_out});
     ops_.pop_front();
     pending_ops_.store(ops_.size());
@@ -622,7 +622,7 @@ Status Worker::check_deadline() {
     if (now < execution_deadline()) return Status::ok_status();
     return Status::timeout(
         "job " + options_.job_id + ": bucket " + std::to_string(flight_->bucket) + " of operation " +
-        std::to_string(op.seq) + " (" + describe(op.desc) + ", group '" + flight_->group + "') has executed for " +
+        std::to_string(op.seq) + " (" + describe(op.desc, op.set.get()) + ", group '" + flight_->group + "') has executed for " +
         ms(now - flight_->launched) + " ms, over the execution bound of " +
         std::to_string(options_.execution_timeout.count()) + " ms (gradsyncd --execution-timeout-ms)" +
         (flight_->cross_node ? " plus the job timeout of " + std::to_string(options_.timeout.count()) +
@@ -637,7 +637,7 @@ Status Worker::check_deadline() {
     if (late) missing += (missing.empty() ? "" : ", ") + who(c);
   }
   return Status::timeout("job " + options_.job_id + ": operation " + std::to_string(op.seq) + " (" +
-                         describe(op.desc) + ") waited " + ms(now - op.waiting_since) + " ms, over the job timeout of " +
+                         describe(op.desc, op.set.get()) + ") waited " + ms(now - op.waiting_since) + " ms, over the job timeout of " +
                          std::to_string(options_.timeout.count()) + " ms, for " +
                          (missing.empty() ? "its last submissions" : missing) +
                          (op.next_bucket < op.set->plan.buckets.size()

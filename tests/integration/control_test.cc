@@ -217,11 +217,15 @@ TEST_CASE("register: different layouts across ranks fail every rank, naming the 
     std::vector<TensorSpec> specs = {{DType::kFloat32, 10, "dp"}, {DType::kFloat32, 20, "dp"}};
     if (rank == 1) specs[1].numel = 21;
     try {
-      client->register_tensors(client->allocate_flat(specs), {});
+      client->register_tensors(client->allocate_flat(specs), RegisterOptions{.label = "the embedding's gradients"});
       return fail("registration should have failed");
     } catch (const Error& e) {
       const std::string message = e.what();
       if (e.code() != ErrorCode::kLayoutMismatch) return fail("wrong code: " + message);
+      // The daemon names the set as its maker did (a Python user never made "set 0").
+      if (message.find("the embedding's gradients (set 0) layout mismatch") == std::string::npos) {
+        return fail("does not name the set by its label: " + message);
+      }
       if (message.find("tensor 1 differs") == std::string::npos) return fail("does not name tensor 1: " + message);
       if (message.find("float32[21]") == std::string::npos) return fail("does not describe both: " + message);
     }
@@ -259,6 +263,37 @@ TEST_CASE("operations: avg on integer tensors is refused before it reaches the j
   expect_error([&] { client->allreduce(set, ReduceOptions{ReduceOp::kAvg}); }, ErrorCode::kInvalidArgument,
                "avg is not defined for integer");
   CHECK(client->allreduce(set, ReduceOptions{ReduceOp::kSum}).wait(std::chrono::seconds(10)));
+}
+
+TEST_CASE("labels: the client's and the daemon's messages name a set by its label, and a label past 128 bytes is refused",
+          "[integration][control]") {
+  TestDaemon daemon;
+  auto client = join(daemon.socket(), unique_job("label"), 0, 1);
+  const std::vector<SharedTensor> tensors = {client->allocate(TensorSpec{DType::kInt32, 4, "dp"})};
+  expect_error([&] { client->register_tensors(tensors, RegisterOptions{.label = std::string(129, 'x')}); },
+               ErrorCode::kInvalidArgument, "a tensor set's label is at most 128 bytes; this one has 129");
+  const TensorSet set = client->register_tensors(tensors, RegisterOptions{.label = "the step counters"});
+  CHECK(set.label() == "the step counters");
+  // The client's own checks name it by its label too.
+  expect_error([&] { client->allreduce(set, ReduceOptions{ReduceOp::kAvg}); }, ErrorCode::kInvalidArgument,
+               "avg is not defined for integer tensors, and the step counters (set 0) has some; use sum");
+  expect_error([&] { client->mark_ready(set, 0); }, ErrorCode::kInvalidArgument,
+               "the step counters (set 0) has no deferred allreduce open");
+  CHECK(client->allreduce(set, ReduceOptions{ReduceOp::kSum}).wait(std::chrono::seconds(10)));
+
+  // A client that skips the library's check: the daemon refuses the label, naming its size.
+  Connection raw(daemon.socket(), std::nullopt);
+  raw_join(raw, unique_job("label-raw"), 1);
+  const uint32_t id = raw_segment(raw, 4096).id;
+  control::Request reg;
+  reg.mutable_register_()->set_label(std::string(300, 'y'));
+  auto* tensor = reg.mutable_register_()->add_tensors();
+  tensor->set_dtype(control::FLOAT32);
+  tensor->set_numel(4);
+  tensor->set_segment_id(id);
+  expect_error([&] { raw.call(reg, std::chrono::seconds(5)); }, ErrorCode::kInvalidArgument,
+               "set 0: its label is 300 bytes, at most 128 are allowed");
+  check_still_serving(daemon);
 }
 
 TEST_CASE("frames: an oversized frame is refused with the sizes", "[integration][control]") {

@@ -106,6 +106,11 @@ gs_status gs_alloc(gs_client* client, uint64_t bytes, int32_t device, void** dat
  * (25 MiB), 0: one bucket per (group, dtype). allgather: reserve its outputs. */
 gs_status gs_register(gs_client* client, const gs_tensor* tensors, size_t count, int64_t bucket_cap_bytes,
                       int32_t allgather, gs_set** out);
+/* gs_register with a label: what the set is, in the caller's words ("DDP bucket 3", at most 128
+ * bytes); every message about the set, the client's and the daemon's, names it so ("DDP bucket
+ * 3 (set 0)"). NULL or "": named by its number alone, as gs_register does. */
+gs_status gs_register_labeled(gs_client* client, const gs_tensor* tensors, size_t count, int64_t bucket_cap_bytes,
+                              int32_t allgather, const char* label, gs_set** out);
 /* Frees the handle (the set stays registered with the daemon while the client lives). */
 void gs_set_free(gs_set* set);
 uint32_t gs_set_id(const gs_set* set);

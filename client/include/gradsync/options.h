@@ -65,6 +65,10 @@ struct RegisterOptions {
   std::optional<uint64_t> bucket_cap_bytes;
   // Reserve an allgather output for this set (world_size copies of its tensors).
   bool allgather = false;
+  // What the set is, in its maker's words ("DDP bucket 3"): every message about the set, the
+  // client's and the daemon's, names it so ("DDP bucket 3 (set 0)"). Empty: "set 0". At most
+  // 128 bytes.
+  std::string label;
 };
 
 enum class ReduceOp { kSum, kAvg, kMin, kMax };

@@ -63,6 +63,8 @@ struct BucketInfo {
 class TensorSet {
  public:
   uint32_t id() const { return id_; }
+  // RegisterOptions::label ("" when none was given).
+  const std::string& label() const { return label_; }
   size_t size() const { return tensors_.size(); }
   const SharedTensor& tensor(size_t i) const { return tensors_.at(i); }
   const std::vector<SharedTensor>& tensors() const { return tensors_; }
@@ -75,6 +77,7 @@ class TensorSet {
  private:
   friend class ClientImpl;
   uint32_t id_ = 0;
+  std::string label_;
   std::vector<SharedTensor> tensors_;
   std::vector<BucketInfo> buckets_;
   std::byte* gather_base_ = nullptr;

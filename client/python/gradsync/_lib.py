@@ -44,6 +44,7 @@ _SIGNATURES = {
     "gs_job_timeout_ms": (c_int64, [c_void_p]),
     "gs_alloc": (c_int32, [c_void_p, c_uint64, c_int32, _P(c_void_p)]),
     "gs_register": (c_int32, [c_void_p, _P(Tensor), c_size_t, c_int64, c_int32, _P(c_void_p)]),
+    "gs_register_labeled": (c_int32, [c_void_p, _P(Tensor), c_size_t, c_int64, c_int32, c_char_p, _P(c_void_p)]),
     "gs_set_free": (None, [c_void_p]),
     "gs_set_id": (c_uint32, [c_void_p]),
     "gs_set_buckets": (c_size_t, [c_void_p]),

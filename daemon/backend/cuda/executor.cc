@@ -291,12 +291,12 @@ Status CudaExecutor::admit(const TensorSet& set, const SetAdmission& admission) 
         for (uint32_t t : set.plan.buckets[b].tensors) {
           const int d = device_of_address(set, set.address[c][t]);
           if (d < 0) {
-            return Status::internal("set " + std::to_string(set.id) + ": tensor " + std::to_string(t) +
+            return Status::internal(set.name() + ": tensor " + std::to_string(t) +
                                     " of local rank " + std::to_string(c) + " is in no device region");
           }
           auto [it, inserted] = gpu_of.emplace(c, d);
           if (!inserted && it->second != d) {
-            return Status::invalid_argument("set " + std::to_string(set.id) + ": local rank " + std::to_string(c) +
+            return Status::invalid_argument(set.name() + ": local rank " + std::to_string(c) +
                                             " has tensors on GPUs " + std::to_string(it->second) + " and " +
                                             std::to_string(d) + "; a client's tensors of one set must be on one GPU");
           }
@@ -309,7 +309,7 @@ Status CudaExecutor::admit(const TensorSet& set, const SetAdmission& admission) 
     devices.erase(std::unique(devices.begin(), devices.end()), devices.end());
     // One GPU on the only node: the kernels alone do it.
     if (admission.rendezvous->nodes() <= 1 && devices.size() <= 1) continue;
-    const std::string what = "job " + admission.job + " set " + std::to_string(set.id) + " group '" + group + "'";
+    const std::string what = "job " + admission.job + " " + set.name() + " group '" + group + "'";
     if (!engine_factory_) {
       return Status::not_supported(what + " spans " + std::to_string(devices.size()) + " GPUs here and " +
                                    std::to_string(admission.rendezvous->nodes()) +
@@ -528,7 +528,7 @@ Status CudaExecutor::device_of(const TensorSet& set, size_t bucket, int* device)
   if (devices.size() != 1 || *devices.begin() < 0) {
     std::string list;
     for (int d : devices) list += (list.empty() ? "" : " and ") + std::to_string(d);
-    return Status::internal("bucket " + std::to_string(bucket) + " of set " + std::to_string(set.id) +
+    return Status::internal("bucket " + std::to_string(bucket) + " of " + set.name() +
                             " has participants on GPUs " + list + " but no NCCL communicator");
   }
   *device = *devices.begin();
@@ -687,7 +687,7 @@ Status CudaExecutor::enqueue_scatter_gathered(const BucketCall& call, int device
 Status CudaExecutor::run_single(const BucketCall& call) {
   const TensorSet& set = *call.set;
   const size_t b = call.bucket;
-  const std::string where = "bucket " + std::to_string(b) + " of set " + std::to_string(set.id);
+  const std::string where = "bucket " + std::to_string(b) + " of " + set.name();
   if (call.desc.kind == OpKind::kAllgather && set.gather_output.size() != set.address.size()) {
     return Status::invalid_argument(where + " was registered without allgather outputs");
   }
@@ -757,8 +757,7 @@ Status CudaExecutor::run_single(const BucketCall& call) {
 void CudaExecutor::run_across(const BucketCall& call, DeviceCollectiveEngine* engine, BucketDone done) {
   const TensorSet& set = *call.set;
   const size_t b = call.bucket;
-  const std::string where = std::string(kind_name(call.desc.kind)) + " bucket " + std::to_string(b) + " of set " +
-                            std::to_string(set.id);
+  const std::string where = std::string(kind_name(call.desc.kind)) + " bucket " + std::to_string(b) + " of " + set.name();
   const bool allgather = call.desc.kind == OpKind::kAllgather;
   if (allgather && set.gather_output.size() != set.address.size()) {
     return done(Status::invalid_argument(where + " was registered without allgather outputs"));

@@ -67,6 +67,7 @@ def main():
             lambda: client.broadcast_coalesced([torch.ones(3)], root=5),
             lambda: client.allreduce_coalesced([torch.ones(3)], group="tp"),
             lambda: client.allreduce_coalesced([torch.ones(0)]),
+            lambda: client.allreduce_coalesced([torch.ones(3, dtype=torch.int32)], op="avg"),
         ]
         for case in cases:
             try:

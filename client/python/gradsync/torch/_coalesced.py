@@ -59,15 +59,18 @@ class RegisteredSet:
             _lib.lib().gs_set_free(handle)
 
 
-def register(client, tensors, device, group, bucket_bytes, allgather):
-    """Registers contiguous tensors in the client's memory as a set (a barrier across local ranks)."""
+def register(client, tensors, device, group, bucket_bytes, allgather, label):
+    """Registers contiguous tensors in the client's memory as a set (a barrier across local ranks).
+    `label` is what the user knows the set as ("DDP bucket 3"): every error about the set names
+    it so, never by the set number the user never saw."""
     group_name = (group or "dp").encode()
     array = (_lib.Tensor * len(tensors))()
     for i, t in enumerate(tensors):
         array[i] = _lib.Tensor(t.data_ptr(), t.numel(), dtype_code(t.dtype), device, group_name)
     handle = ctypes.c_void_p()
     cap = -1 if bucket_bytes is None else int(bucket_bytes)
-    _check(_lib.lib().gs_register(client._h(), array, len(tensors), cap, 1 if allgather else 0, ctypes.byref(handle)))
+    _check(_lib.lib().gs_register_labeled(client._h(), array, len(tensors), cap, 1 if allgather else 0,
+                                          label.encode()[:128], ctypes.byref(handle)))
     return handle
 
 
@@ -105,11 +108,12 @@ def set_for(client, tensors, device, group, bucket_bytes, allgather=False, tag=N
     found = client._sets.get(key)
     if found is not None:
         return found
+    label = _label(tensors, group, tag)
     if len(client._sets) == _MANY_SETS:
         warnings.warn(f"gradsync: this client registered {_MANY_SETS} sets; each new list layout registers one more, "
                       "and sets (with their staging memory) live until the client closes")
     if direct:
-        made = RegisteredSet(register(client, tensors, device, group, bucket_bytes, allgather))
+        made = RegisteredSet(register(client, tensors, device, group, bucket_bytes, allgather, label))
     else:
         offsets, total = [], 0
         for t in tensors:
@@ -117,9 +121,21 @@ def set_for(client, tensors, device, group, bucket_bytes, allgather=False, tag=N
             total = align(total + t.numel() * t.element_size())
         buffer = wrap(client.alloc(total, device), total, device, client._core)
         views = [carve(buffer, off, t.dtype, (t.numel(),)) for off, t in zip(offsets, tensors)]
-        made = RegisteredSet(register(client, views, device, group, bucket_bytes, allgather), buffer, views)
+        made = RegisteredSet(register(client, views, device, group, bucket_bytes, allgather, label), buffer, views)
     client._sets[key] = made
     return made
+
+
+def _label(tensors, group, tag):
+    """What a user calls the tensors of a set made for them: "DDP bucket 3" for the comm hook's
+    buckets, else the list's shape ("a list of 2 float32 tensors"), which is what every
+    operation on that layout shares."""
+    in_group = "" if group is None else f" in group {group!r}"
+    if isinstance(tag, tuple) and len(tag) == 2 and tag[0] == "ddp":
+        return f"DDP bucket {tag[1]}{in_group}"
+    dtypes = sorted({str(t.dtype).replace("torch.", "") for t in tensors})
+    noun = "tensor" if len(tensors) == 1 else "tensors"
+    return f"a list of {len(tensors)} {'/'.join(dtypes)} {noun}{in_group}"
 
 
 def _start(registered, work, gathers=False):

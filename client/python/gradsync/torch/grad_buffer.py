@@ -75,7 +75,9 @@ class GradBuffer:
         drop_grads_at_exit(self._order, self.buffer)  # else a failed backward() can hang the process's exit
         flat = [g.view(-1) for g in self.grads]
         self._set = _coalesced.RegisteredSet(
-            _coalesced.register(client, flat, self.device, group, bucket_bytes, False))
+            _coalesced.register(client, flat, self.device, group, bucket_bytes, False,
+                                f"the GradBuffer of {len(self._order)} parameters"
+                                + ("" if group is None else f" in group {group!r}")))
         self.staging_copies = 0  # gradients copied into the buffer because param.grad was replaced
         self._work = None
         self._marked = [False] * len(self._order)
