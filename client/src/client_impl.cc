@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <optional>
+#include <utility>
 
 #include "shared/set_name.h"
 #include "shared/version.h"
@@ -119,14 +120,7 @@ void ClientImpl::join(const JoinOptions& options) {
   submit_.reset();
   completions_.reset();
   channel_.reset();
-  set_sizes_.clear();
-  set_has_integers_.clear();
-  set_names_.clear();
-  set_device_.clear();
-  set_events_.clear();
-  deferred_.clear();
-  next_seq_ = 1;
-  next_set_id_ = 0;
+  per_join_ = PerJoin{};
   incarnation_++;
 
   std::vector<UniqueFd> fds;
@@ -274,19 +268,16 @@ void ClientImpl::require_joined(const char* what) const {
 }
 
 std::string ClientImpl::name_of(uint32_t set_id) const {
-  const auto it = set_names_.find(set_id);
-  return it != set_names_.end() ? it->second : set_name(set_id, "");
+  const auto it = per_join_.sets.find(set_id);
+  return it != per_join_.sets.end() ? it->second.name : set_name(set_id, "");
 }
 
 TensorSet ClientImpl::register_tensors(std::span<const SharedTensor> tensors, const RegisterOptions& options) {
   require_joined("registering tensors");
   if (tensors.empty()) throw Error(Status::invalid_argument("a tensor set needs at least one tensor"));
-  if (options.label.size() > kMaxSetLabelBytes) {
-    throw Error(Status::invalid_argument("a tensor set's label is at most " + std::to_string(kMaxSetLabelBytes) +
-                                         " bytes; this one has " + std::to_string(options.label.size())));
-  }
+  throw_if_error(check_set_label(options.label));
   TensorSet set;
-  set.id_ = next_set_id_;
+  set.id_ = per_join_.next_set_id;
   set.label_ = options.label;
   set.world_size_ = joined_->world_size;
   set.incarnation_ = incarnation_;
@@ -349,7 +340,7 @@ TensorSet ClientImpl::register_tensors(std::span<const SharedTensor> tensors, co
       set.gather_base_ = out.memory.data();
     }
   }
-  next_set_id_++;  // ids stay aligned across ranks even when a registration fails
+  per_join_.next_set_id++;  // ids stay aligned across ranks even when a registration fails
   const control::Reply reply = connection_->call(request, barrier_bound(timeout_));
   set.tensors_.assign(tensors.begin(), tensors.end());
   for (const auto& info : reply.register_().buckets()) {
@@ -360,8 +351,11 @@ TensorSet ClientImpl::register_tensors(std::span<const SharedTensor> tensors, co
     bucket.zero_copy = info.zero_copy();
     set.buckets_.push_back(std::move(bucket));
   }
-  set_sizes_[set.id_] = set.tensors_.size();
-  set_names_[set.id_] = set_name(set.id_, set.label_);
+  RegisteredSet kept;
+  kept.size = set.tensors_.size();
+  kept.name = set_name(set.id_, set.label_);
+  kept.has_integers = std::any_of(set.tensors_.begin(), set.tensors_.end(),
+                                  [](const SharedTensor& t) { return !dtype_is_floating(t.dtype()); });
   if (tensors[0].device() >= 0) {
     // The daemon made this set's event rings (DESIGN.md decision 7); open them here.
     const auto& r = reply.register_();
@@ -370,26 +364,28 @@ TensorSet ClientImpl::register_tensors(std::span<const SharedTensor> tensors, co
                                                std::vector<std::string>(r.ready_events().begin(), r.ready_events().end()),
                                                std::vector<std::string>(r.done_events().begin(), r.done_events().end()),
                                                &events));
-    set_device_[set.id_] = tensors[0].device();
-    set_events_[set.id_] = std::move(events);
+    kept.events = std::move(events);
   }
-  for (const SharedTensor& tensor : set.tensors_) {
-    if (!dtype_is_floating(tensor.dtype())) set_has_integers_.insert(set.id_);
-  }
+  per_join_.sets[set.id_] = std::move(kept);
   return set;
 }
 
-void ClientImpl::require_set(const TensorSet& set) const {
-  require_joined("submitting operations");
-  if (set.incarnation_ != incarnation_ || !set_sizes_.count(set.id())) {
+ClientImpl::RegisteredSet& ClientImpl::registered(const TensorSet& set) {
+  return const_cast<RegisteredSet&>(std::as_const(*this).registered(set));
+}
+
+const ClientImpl::RegisteredSet& ClientImpl::registered(const TensorSet& set) const {
+  const auto it = per_join_.sets.find(set.id());
+  if (set.incarnation_ != incarnation_ || it == per_join_.sets.end()) {
     throw Error(Status::invalid_argument(set_name(set.id(), set.label()) +
                                          " is not registered in the current job incarnation"));
   }
+  return it->second;
 }
 
 SubmitEntry ClientImpl::op_entry(OpKind kind, const TensorSet& set) const {
-  require_set(set);
-  if (deferred_.count(set.id())) {
+  require_joined("submitting operations");
+  if (registered(set).deferred) {
     throw Error(Status::invalid_argument(name_of(set.id()) +
                                          " has a deferred allreduce whose tensors are not all marked ready"));
   }
@@ -405,7 +401,8 @@ void ClientImpl::fill_reduce(SubmitEntry* entry, const ReduceOptions& options) c
   entry->reduce_op = static_cast<uint32_t>(wire(options.op));
   if (options.op == ReduceOp::kAvg) {
     // Checked here too, so that a plain mistake fails this call instead of the whole job.
-    if (set_has_integers_.count(entry->set_id)) {
+    const auto it = per_join_.sets.find(entry->set_id);
+    if (it != per_join_.sets.end() && it->second.has_integers) {
       throw Error(Status::invalid_argument("avg is not defined for integer tensors, and " + name_of(entry->set_id) +
                                            " has some; use sum"));
     }
@@ -440,27 +437,28 @@ void ClientImpl::push(const SubmitEntry& entry) {
 }
 
 void ClientImpl::ready_on_device(uint32_t set_id, uint64_t seq, void* stream) {
-  auto it = set_events_.find(set_id);
-  if (it != set_events_.end()) throw_if_error(it->second->record_ready(seq, stream));
+  const auto it = per_join_.sets.find(set_id);
+  if (it != per_join_.sets.end() && it->second.events) throw_if_error(it->second.events->record_ready(seq, stream));
 }
 
 Work ClientImpl::submit(const SubmitEntry& original, uint64_t bytes) {
   throw_if_error(completions_->job_failure());
-  auto events = set_events_.find(original.set_id);
-  const bool device = events != set_events_.end();
+  const auto found = per_join_.sets.find(original.set_id);
+  std::shared_ptr<DeviceEvents> events = found != per_join_.sets.end() ? found->second.events : nullptr;
+  const bool device = events != nullptr;
   // A device set's event slot is reused every kDeviceEventsPerDirection operations: the one
   // that used it last must have been answered (so the daemon's waits on it are queued).
   completions_->wait_below(device ? kDeviceEventsPerDirection : CompletionRing::capacity,
                            std::chrono::steady_clock::now() + timeout_);
   SubmitEntry entry = original;
-  entry.op_seq = next_seq_;
+  entry.op_seq = per_join_.next_seq;
   // Tensors announced ready must be written: the daemon's stream waits for this record. A
   // failure here consumes no sequence number.
   if (entry.flags & kSubmitAllReady) ready_on_device(entry.set_id, entry.op_seq, stream_);
-  next_seq_++;
+  per_join_.next_seq++;
   completions_->expect(entry.op_seq, bytes <= Completions::kLatencyBoundBytes);
   push(entry);
-  return Work(completions_, entry.op_seq, device ? events->second : nullptr);
+  return Work(completions_, entry.op_seq, std::move(events));
 }
 
 Work ClientImpl::allreduce(const TensorSet& set, const ReduceOptions& options) {
@@ -474,17 +472,15 @@ Work ClientImpl::allreduce_deferred(const TensorSet& set, const ReduceOptions& o
   fill_reduce(&entry, options);
   entry.flags &= ~kSubmitAllReady;
   Work work = submit(entry, set.packed_bytes_);
-  deferred_[set.id()] = Deferred{work.seq(), std::vector<bool>(set.size(), false), set.size()};
+  registered(set).deferred = Deferred{work.seq(), std::vector<bool>(set.size(), false), set.size()};
   return work;
 }
 
 void ClientImpl::mark_ready(const TensorSet& set, uint32_t tensor_index, void* stream) {
-  require_set(set);
-  auto it = deferred_.find(set.id());
-  if (it == deferred_.end()) {
-    throw Error(Status::invalid_argument(name_of(set.id()) + " has no deferred allreduce open"));
-  }
-  Deferred& deferred = it->second;
+  require_joined("submitting operations");
+  RegisteredSet& kept = registered(set);
+  if (!kept.deferred) throw Error(Status::invalid_argument(kept.name + " has no deferred allreduce open"));
+  Deferred& deferred = *kept.deferred;
   if (tensor_index >= set.size()) {
     throw Error(Status::invalid_argument("tensor index " + std::to_string(tensor_index) + " is out of range; " +
                                          name_of(set.id()) + " has " + std::to_string(set.size()) + " tensors"));
@@ -501,7 +497,7 @@ void ClientImpl::mark_ready(const TensorSet& set, uint32_t tensor_index, void* s
   entry.tensor_index = tensor_index;
   push(entry);
   deferred.marked[tensor_index] = true;
-  if (--deferred.left == 0) deferred_.erase(it);
+  if (--deferred.left == 0) kept.deferred.reset();
 }
 
 Work ClientImpl::broadcast(const TensorSet& set, int root) {

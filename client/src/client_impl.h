@@ -5,7 +5,7 @@
 #include <map>
 #include <memory>
 #include <optional>
-#include <set>
+#include <string>
 #include <vector>
 
 #include "client/src/completions.h"
@@ -53,11 +53,26 @@ class ClientImpl final : public Client {
     std::vector<bool> marked;
     size_t left = 0;
   };
+  // What the client keeps of one registered set.
+  struct RegisteredSet {
+    size_t size = 0;
+    bool has_integers = false;  // an integer tensor: no avg
+    std::string name;           // how messages name it (shared/set_name.h)
+    // Device sets: their event rings, shared with the Work handles of their operations.
+    std::shared_ptr<DeviceEvents> events;
+    std::optional<Deferred> deferred;  // its open deferred allreduce
+  };
+  // Everything that belongs to one job incarnation's sets and operations. A join replaces it
+  // whole (assignment), so nothing of the last incarnation can be left behind.
+  struct PerJoin {
+    uint64_t next_seq = 1;
+    uint32_t next_set_id = 0;
+    std::map<uint32_t, RegisteredSet> sets;
+  };
 
   Segment& new_segment(size_t bytes);
   DeviceSegment& new_device_segment(int device, size_t bytes);
   void require_joined(const char* what) const;
-  void require_set(const TensorSet& set) const;
   SubmitEntry op_entry(OpKind kind, const TensorSet& set) const;
   void fill_reduce(SubmitEntry* entry, const ReduceOptions& options) const;
   // `bytes`: the set's, for how the wait polls (Completions::expect).
@@ -77,17 +92,12 @@ class ClientImpl final : public Client {
   std::shared_ptr<JobChannel> channel_;
   std::shared_ptr<Completions> completions_;
   std::optional<RingWriter<SubmitRing>> submit_;
-  uint64_t next_seq_ = 1;
-  uint32_t next_set_id_ = 0;
   uint64_t incarnation_ = 0;  // bumped by every join; sets of older joins are refused
-  std::map<uint32_t, size_t> set_sizes_;  // registered sets of this incarnation
-  std::map<uint32_t, Deferred> deferred_;
-  std::set<uint32_t> set_has_integers_;  // sets with an integer tensor: no avg
-  std::map<uint32_t, std::string> set_names_;  // how messages name each set (shared/set_name.h)
+  PerJoin per_join_;
+  // The set, registered in this incarnation; throws InvalidArgument naming it otherwise.
+  RegisteredSet& registered(const TensorSet& set);
+  const RegisteredSet& registered(const TensorSet& set) const;
   std::string name_of(uint32_t set_id) const;
-  std::map<uint32_t, int> set_device_;    // sets in device memory: their device
-  // Sets in device memory: their event rings, shared with the Work handles of their operations.
-  std::map<uint32_t, std::shared_ptr<DeviceEvents>> set_events_;
   void* stream_ = nullptr;  // set_stream(); nullptr is the legacy default stream
   // Device sets: records operation seq's ready event after the work queued on `stream`.
   void ready_on_device(uint32_t set_id, uint64_t seq, void* stream);

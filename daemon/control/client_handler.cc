@@ -319,7 +319,7 @@ Status ClientHandler::on_register(uint64_t request_id, control::Request request)
   const uint64_t count = static_cast<uint64_t>(body.tensors_size());
   if (*tensors_ + count > limits.tensors_per_client) {
     return limit_reached("this client would register " + std::to_string(*tensors_ + count) + " tensors (" +
-                             std::to_string(count) + " in " + set_name(body.set_id(), body.label()) + "), at most " +
+                             std::to_string(count) + " in set " + std::to_string(body.set_id()) + "), at most " +
                              std::to_string(limits.tensors_per_client) + " per client",
                          "max-tensors-per-client", limits.tensors_per_client);
   }

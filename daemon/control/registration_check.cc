@@ -86,10 +86,8 @@ Status check_no_overlap(const std::vector<plan::TensorLayout>& layout, const std
 Status check_registration(const control::RegisterRequest& request, const Topology& topology, int world_size,
                           const SegmentMap& segments, ResolvedSet* reg) {
   reg->set_id = request.set_id();
-  if (request.label().size() > kMaxSetLabelBytes) {
-    return Status::invalid_argument("set " + std::to_string(request.set_id()) + ": its label is " +
-                                    std::to_string(request.label().size()) + " bytes, at most " +
-                                    std::to_string(kMaxSetLabelBytes) + " are allowed");
+  if (Status label = check_set_label(request.label()); !label.ok()) {
+    return Status::invalid_argument("set " + std::to_string(request.set_id()) + ": " + label.message());
   }
   reg->label = request.label();
   reg->bucket_cap = request.has_bucket_cap() ? request.bucket_cap_bytes() : plan::kDefaultBucketCapBytes;

@@ -366,7 +366,7 @@ Status Worker::handle_submit(uint32_t local_rank, const SubmitEntry& entry) {
     return Status::layout_mismatch("job " + options_.job_id + ": operation " + std::to_string(op.seq) +
                                    " differs: " + who(first) + " submitted " + describe(op.desc, op.set.get()) + ", " +
                                    who(local_rank) + " submitted " +
-                                   describe(desc, desc.set_id == op.desc.set_id ? op.set.get() : nullptr));
+                                   describe(desc, set.get()));
   }
   op.submitted[local_rank] = true;
   const auto& buckets = op.set->plan.buckets;

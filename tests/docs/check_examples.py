@@ -30,11 +30,22 @@ Every fenced code block is found and, by its language:
   Only gradsync's modules are imported (gradsync.torch imports torch; nothing else does).
 * Other blocks (text, toml) are counted, not checked.
 
-A failure prints the block's FILE:LINE (of its opening fence) and the error; the exit status
-is 1 when anything failed, else 0. The counts per file and kind show what was covered.
+A marker is `<!-- runnable -->` or `<!-- fragment[: PARAMETERS] -->` alone on the line right
+before a fence. An HTML comment outside code that looks like one (it starts with `runnable` or
+`fragment`, or its text before any `:` is within edit distance 2 of either) but is not one
+right before a fence (misspelled, or a blank line between it and the fence) is a failure: it
+would silently leave its block unchecked. So is checking fewer blocks than the floors below.
+
+A block that cannot be run or times out (each child runs in a process group of its own, killed
+at its timeout) is a failure of that block, like any other. A failure prints the block's
+FILE:LINE (of its opening fence, or of the comment) and the error; the exit status is 1 when
+anything failed, else 0. It is 77 (skipped), saying why on one line, only when this machine
+lacks what the check needs: a Ninja build (BUILD_DIR/build.ninja) or torch for this Python.
+The counts per file and kind show what was covered.
 """
 import ast
 import importlib
+import importlib.util
 import inspect
 import os
 import re
@@ -50,9 +61,22 @@ SHELL = {"sh", "bash", "console", "shell"}
 CPP = {"cpp", "c++"}
 PYTHON = {"python", "py", "python3"}
 SHELL_TIMEOUT_S = 60
+CPP_TIMEOUT_S = 240
+PYTHON_TIMEOUT_S = 180
+# The fewest blocks a passing run checks, per kind (today's docs have exactly these). Without
+# floors, deleting or misspelling the markers, or moving the examples out of the docs, would make
+# this test pass having checked nothing.
+MIN_SHELL_RAN = 1
+MIN_CPP_COMPILED = 3
+MIN_PYTHON_CHECKED = 2
+# The exit status that CTest reads as "skipped" (SKIP_RETURN_CODE in tests/CMakeLists.txt): only
+# for what the machine lacks, never for a failure.
+SKIPPED = 77
 # The headers of the in-tree C++ API; a source including any of them links its static library.
 IN_TREE_HEADER = re.compile(r'^\s*#\s*include\s*[<"]gradsync/(client|options|tensor|work)\.h[>"]', re.M)
 MARKER = re.compile(r"^<!--\s*(runnable|fragment)(?:\s*:\s*(.*?))?\s*-->$")
+MARKER_WORDS = ("runnable", "fragment")
+OPENING_FENCE = re.compile(r"^( *)(`{3,}|~{3,})\s*([^\s`]*)")
 
 
 class Block:
@@ -79,16 +103,62 @@ class Block:
         return "other"
 
 
+def edit_distance(a, b):
+    """Levenshtein distance: insertions, deletions and substitutions."""
+    previous = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        current = [i]
+        for j, cb in enumerate(b, 1):
+            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (ca != cb)))
+        previous = current
+    return previous[-1]
+
+
+def looks_like_marker(text):
+    """Whether an HTML comment's text (between <!-- and -->) looks meant as a marker."""
+    text = text.strip().lower()
+    head = text.split("\n", 1)[0].split(":", 1)[0].strip()
+    return (text.startswith(MARKER_WORDS) or
+            any(edit_distance(head, word) <= 2 for word in MARKER_WORDS))
+
+
+def marker_problems(path, lines, prose, openings):
+    """The marker-like comments of a file that mark no block. `prose` is the file's lines with
+    fenced blocks blanked and inline code spans masked (`<!-- runnable -->` quoted in prose is
+    no marker); `openings`, the indices of the lines that open a fence."""
+    problems = []
+    text = "\n".join(prose)
+    for comment in re.finditer(r"<!--(.*?)(?:-->|\Z)", text, re.S):
+        if not looks_like_marker(comment.group(1)):
+            continue
+        i = text.count("\n", 0, comment.start())
+        where = f"{path}:{i + 1}"
+        if not MARKER.match(lines[i].strip()) or comment.group(0) != lines[i].strip():
+            problems.append(f"{where}: {comment.group(0).strip()!r} looks like a marker but is not one "
+                            "(`<!-- runnable -->` or `<!-- fragment[: PARAMETERS] -->`, alone on its line): "
+                            "the block it was meant for is not checked")
+        elif i + 1 not in openings:
+            problems.append(f"{where}: {lines[i].strip()} is not on the line right before a fence "
+                            f"(line {i + 2} is {'blank' if not lines[i + 1:] or not lines[i + 1].strip() else 'not a fence'}): "
+                            "it marks nothing, and the block it was meant for is not checked")
+    return problems
+
+
 def blocks_of(source, path):
     """The fenced blocks of one Markdown file (CommonMark fences: ``` or ~~~, possibly indented
-    in a list item; a block closes at a fence of the same character at least as long)."""
+    in a list item; a block closes at a fence of the same character at least as long), and the
+    problems with its markers (see marker_problems)."""
     lines = open(os.path.join(source, path), encoding="utf-8").read().split("\n")
+    # Inline code spans masked (same length, so columns hold), fenced blocks blanked below.
+    prose = [re.sub(r"(`+).+?\1", lambda m: " " * len(m.group(0)), line) for line in lines]
+    openings = set()
     found, i = [], 0
     while i < len(lines):
-        opening = re.match(r"^( *)(`{3,}|~{3,})\s*([^\s`]*)", lines[i])
+        opening = OPENING_FENCE.match(lines[i])
         if not opening:
             i += 1
             continue
+        openings.add(i)
         indent, fence, lang = len(opening.group(1)), opening.group(2), opening.group(3).lower()
         before = lines[i - 1].strip() if i > 0 else ""
         marked = MARKER.match(before)
@@ -99,8 +169,10 @@ def blocks_of(source, path):
             j += 1
         found.append(Block(path, i + 1, lang, "\n".join(body) + "\n",
                            marked.group(1) if marked else None, marked.group(2) if marked else None))
+        for k in range(i, min(j + 1, len(lines))):
+            prose[k] = ""
         i = j + 1
-    return found
+    return found, marker_problems(path, lines, prose, openings)
 
 
 # -- shell -------------------------------------------------------------------------------------
@@ -131,9 +203,9 @@ def exited(pid, timeout):
     return False
 
 
-def stop_group(pgid):
-    """SIGTERM to what the block left (a daemon drains, then exits), SIGKILL after 10 s."""
-    for sig, patience in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+def stop_group(pgid, term_patience=10.0):
+    """SIGTERM to what the block left (a daemon drains, then exits), SIGKILL after term_patience s."""
+    for sig, patience in ((signal.SIGTERM, term_patience), (signal.SIGKILL, 5.0)):
         try:
             os.killpg(pgid, sig)
         except ProcessLookupError:
@@ -143,6 +215,28 @@ def stop_group(pgid):
             if not group_alive(pgid):
                 return
             time.sleep(0.1)
+
+
+def run_bounded(command, timeout, input=None, **kwargs):
+    """subprocess.run(command, capture_output=True, text=True) in a process group of its own:
+    at the timeout (subprocess.TimeoutExpired, raised again) or any other exception, the whole
+    group is stopped, not only the child, so that nothing it started outlives it."""
+    child = subprocess.Popen(command, stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                             **kwargs)
+    try:
+        stdout, stderr = child.communicate(input, timeout=timeout)
+    except BaseException:
+        # Not reaped yet, so its pid still names its group: nothing else can have been given it.
+        stop_group(child.pid, term_patience=2.0)
+        child.kill()
+        try:
+            child.communicate(timeout=5)
+        except subprocess.TimeoutExpired:  # a pipe held by something that left the group
+            pass
+        child.wait()
+        raise
+    return subprocess.CompletedProcess(command, child.returncode, stdout, stderr)
 
 
 def checkout_like(source, build, folder):
@@ -170,14 +264,18 @@ def run_shell(block, source, build, scratch):
     with open(log_path, "wb") as log:
         shell = subprocess.Popen(["bash", "-euo", "pipefail", script], cwd=folder, env=env, stdin=subprocess.DEVNULL,
                                  stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        finished = exited(shell.pid, SHELL_TIMEOUT_S)
-        stop_group(shell.pid)
-        status = shell.wait()
+        try:
+            finished = exited(shell.pid, SHELL_TIMEOUT_S)
+        finally:  # whatever happened, nothing the block started outlives it
+            stop_group(shell.pid)
+            status = shell.wait()
     error = None if finished and status == 0 else (
-        f"exited with status {status}" if finished else f"did not finish within {SHELL_TIMEOUT_S} s")
+        f"exited with status {status}" if finished else f"timed out after {SHELL_TIMEOUT_S} s")
     with open(log_path, errors="replace") as log:
         output = log.read()
-    return None if error is None else f"{error}; its output:\n{tail(output)}"
+    if error is None:
+        return None
+    return f"{error}; its output:\n{tail(output)}" if output.strip() else f"{error}; it printed nothing"
 
 
 # -- C++ ---------------------------------------------------------------------------------------
@@ -229,8 +327,7 @@ def compile_cpp(block, source, build, scratch, in_tree_link):
         command += shlex.split(compile_vars.get("INCLUDES", "")) + shlex.split(compile_vars.get("DEFINES", ""))
         libraries += shlex.split(link_vars.get("LINK_LIBRARIES", ""))
     # In BUILD_DIR: the demo's link line names the build's own libraries relative to it.
-    done = subprocess.run(command + ["-o", stem, stem + ".cc"] + libraries, cwd=build, capture_output=True,
-                          text=True, timeout=240)
+    done = run_bounded(command + ["-o", stem, stem + ".cc"] + libraries, CPP_TIMEOUT_S, cwd=build)
     return None if done.returncode == 0 else f"does not compile and link:\n{tail(done.stdout + done.stderr)}"
 
 
@@ -257,8 +354,8 @@ def check_python(block, build):
         return f"syntax error at {block.path}:{block.line + (e.lineno or 1)}: {e.msg}"
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1",
                PYTHONPATH=os.pathsep.join(filter(None, [os.path.join(build, "python"), os.environ.get("PYTHONPATH")])))
-    done = subprocess.run([sys.executable, os.path.abspath(__file__), "--python-names", block.path, str(block.line)],
-                          input=block.text, env=env, capture_output=True, text=True, timeout=180)
+    done = run_bounded([sys.executable, os.path.abspath(__file__), "--python-names", block.path, str(block.line)],
+                       PYTHON_TIMEOUT_S, input=block.text, env=env)
     if done.returncode == 0:
         return None
     if done.stdout.strip():
@@ -378,6 +475,15 @@ def main(argv):
         if not os.path.exists(os.path.join(build, needed)):
             print(f"check_examples: {build}/{needed} is missing: build first", file=sys.stderr)
             return 2
+    # What this machine lacks, not what the docs get wrong: skipped (77), saying so on one line.
+    missing = []
+    if not os.path.exists(os.path.join(build, "build.ninja")):
+        missing.append(f"{build}/build.ninja (not a Ninja build: the in-tree C++ API's link line is read from it)")
+    if importlib.util.find_spec("torch") is None:
+        missing.append(f"torch for {sys.executable} (gradsync.torch, which the Python examples use, imports it)")
+    if missing:
+        print(f"check_examples: skipped: no {' and no '.join(missing)}")
+        return SKIPPED
     docs = ["README.md"] + sorted(os.path.join("docs", f) for f in os.listdir(os.path.join(source, "docs"))
                                   if f.endswith(".md"))
     link = {}
@@ -395,7 +501,9 @@ def main(argv):
     try:
         for path in docs:
             counts = {}
-            for block in blocks_of(source, path):
+            blocks, problems = blocks_of(source, path)
+            failures += problems
+            for block in blocks:
                 kind, started = block.kind, time.monotonic()
                 count = counts.setdefault(kind, {"found": 0, "checked": 0})
                 count["found"] += 1
@@ -404,16 +512,21 @@ def main(argv):
                                     f"{'shell' if block.marker == 'runnable' else 'C++'} blocks, not ```{block.lang}")
                     continue
                 if kind == "shell" and block.marker == "runnable":
-                    problem = run_shell(block, source, build, scratch)
+                    check = lambda: run_shell(block, source, build, scratch)
                 elif kind == "C++":
-                    try:
-                        problem = compile_cpp(block, source, build, scratch, in_tree_link)
-                    except RuntimeError as e:
-                        problem = str(e)
+                    check = lambda: compile_cpp(block, source, build, scratch, in_tree_link)
                 elif kind == "Python":
-                    problem = check_python(block, build)
+                    check = lambda: check_python(block, build)
                 else:
                     continue
+                try:
+                    problem = check()
+                except subprocess.TimeoutExpired as e:
+                    problem = f"timed out after {e.timeout:g} s"
+                except RuntimeError as e:
+                    problem = str(e)
+                except Exception as e:  # one block's trouble is its failure, not the end of the run
+                    problem = f"could not be checked: {type(e).__name__}: {e}"
                 count["checked"] += 1
                 print(f"{'ok  ' if problem is None else 'FAIL'} {block.where} ```{block.lang}"
                       f"{' (' + block.marker + ')' if block.marker else ''}  {time.monotonic() - started:.1f} s", flush=True)
@@ -427,6 +540,13 @@ def main(argv):
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     print(f"all: {summary(totals)}")
+    checked = lambda kind: totals.get(kind, {}).get("checked", 0)
+    for kind, floor, verb in (("shell", MIN_SHELL_RAN, "runnable shell blocks ran"),
+                              ("C++", MIN_CPP_COMPILED, "C++ blocks compiled"),
+                              ("Python", MIN_PYTHON_CHECKED, "Python blocks checked")):
+        if checked(kind) < floor:
+            failures.append(f"only {checked(kind)} {verb}, fewer than the floor of {floor} (MIN_* at the top of "
+                            "tests/docs/check_examples.py): were markers or examples removed?")
     for failure in failures:
         print(f"\nFAILED {failure}")
     print(f"\n{len(failures)} failure(s)" if failures else "\nevery checked example holds")

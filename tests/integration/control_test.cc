@@ -292,7 +292,17 @@ TEST_CASE("labels: the client's and the daemon's messages name a set by its labe
   tensor->set_numel(4);
   tensor->set_segment_id(id);
   expect_error([&] { raw.call(reg, std::chrono::seconds(5)); }, ErrorCode::kInvalidArgument,
-               "set 0: its label is 300 bytes, at most 128 are allowed");
+               "set 0: a tensor set's label is at most 128 bytes; this one has 300");
+  // Not UTF-8 (as a byte cut of a longer label would be), or a terminal control: refused, by
+  // name, and the connection stays (a proto3 string would have failed the frame's parse).
+  reg.mutable_register_()->set_label("caf\xc3");
+  expect_error([&] { raw.call(reg, std::chrono::seconds(5)); }, ErrorCode::kInvalidArgument,
+               "set 0: a tensor set's label must be UTF-8; byte 3 of this one is not");
+  reg.mutable_register_()->set_label("evil\xc2\x9b" "[2J");
+  expect_error([&] { raw.call(reg, std::chrono::seconds(5)); }, ErrorCode::kInvalidArgument,
+               "byte 4 of this one is U+009B");
+  expect_error([&] { client->register_tensors(tensors, RegisterOptions{.label = "a\u202Eb"}); },
+               ErrorCode::kInvalidArgument, "byte 1 of this one is U+202E");
   check_still_serving(daemon);
 }
 

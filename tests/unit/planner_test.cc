@@ -8,6 +8,8 @@
 #include <utility>
 #include <vector>
 
+#include "client/tools/model_layouts.h"
+
 namespace gradsync::plan {
 namespace {
 
@@ -45,40 +47,11 @@ void check_consistent(const std::vector<TensorLayout>& tensors, const Plan& plan
   for (int count : seen) CHECK(count == 1);
 }
 
-// torchvision's resnet50 parameters in registration order: conv weights (no bias), each
-// followed by its batch norm's weight and bias, downsample after a block's conv3, then fc.
+// torchvision's resnet50, exactly as the demo and the benchmark register it (one copy of the
+// layout, in client/tools/model_layouts.cc).
 std::vector<TensorLayout> resnet50_layout() {
   std::vector<TensorLayout> tensors;
-  auto conv = [&](uint64_t in, uint64_t out, uint64_t kernel) {
-    tensors.push_back(f32(in * out * kernel * kernel));
-  };
-  auto batch_norm = [&](uint64_t channels) {
-    tensors.push_back(f32(channels));
-    tensors.push_back(f32(channels));
-  };
-  conv(3, 64, 7);
-  batch_norm(64);
-  uint64_t in = 64;
-  const uint64_t stage_planes[] = {64, 128, 256, 512};
-  const int stage_blocks[] = {3, 4, 6, 3};
-  for (int stage = 0; stage < 4; ++stage) {
-    const uint64_t planes = stage_planes[stage];
-    for (int block = 0; block < stage_blocks[stage]; ++block) {
-      conv(in, planes, 1);
-      batch_norm(planes);
-      conv(planes, planes, 3);
-      batch_norm(planes);
-      conv(planes, planes * 4, 1);
-      batch_norm(planes * 4);
-      if (block == 0) {
-        conv(in, planes * 4, 1);
-        batch_norm(planes * 4);
-      }
-      in = planes * 4;
-    }
-  }
-  tensors.push_back(f32(2048 * 1000));
-  tensors.push_back(f32(1000));
+  for (const TensorSpec& spec : gradsync::resnet50_layout()) tensors.push_back(of(spec.dtype, spec.numel, spec.group));
   return tensors;
 }
 

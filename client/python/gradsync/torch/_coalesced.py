@@ -70,7 +70,7 @@ def register(client, tensors, device, group, bucket_bytes, allgather, label):
     handle = ctypes.c_void_p()
     cap = -1 if bucket_bytes is None else int(bucket_bytes)
     _check(_lib.lib().gs_register_labeled(client._h(), array, len(tensors), cap, 1 if allgather else 0,
-                                          label.encode()[:128], ctypes.byref(handle)))
+                                          _label_bytes(label), ctypes.byref(handle)))
     return handle
 
 
@@ -124,6 +124,13 @@ def set_for(client, tensors, device, group, bucket_bytes, allgather=False, tag=N
         made = RegisteredSet(register(client, views, device, group, bucket_bytes, allgather, label), buffer, views)
     client._sets[key] = made
     return made
+
+
+def _label_bytes(label):
+    """The label as the daemon takes it: UTF-8, at most 128 bytes, cut at a character (a cut
+    inside one would be refused as not UTF-8), without control characters."""
+    text = "".join(c if c.isprintable() else "?" for c in label)
+    return text.encode()[:128].decode("utf-8", "ignore").encode()
 
 
 def _label(tensors, group, tag):
