@@ -31,12 +31,13 @@ std::string advertise_host(const DaemonConfig& config) {
 
 }  // namespace
 
-Daemon::Daemon(DaemonConfig config, std::function<ParsedConfig()> reparse)
+Daemon::Daemon(DaemonConfig config, std::function<ParsedConfig()> reparse, TestHooks hooks)
     : config_(std::move(config)),
       log_(config_.log_level),
       signals_(io_, SIGINT, SIGTERM),
       pool_(config_.reduce_threads),
-      reparse_(std::move(reparse)) {
+      reparse_(std::move(reparse)),
+      hooks_(hooks) {
   // A client that vanishes mid-write must not kill the daemon.
   std::signal(SIGPIPE, SIG_IGN);
   // Every client connection holds a few descriptors while it sets up; use what the hard limit
@@ -372,28 +373,32 @@ int Daemon::run() {
   // Every socket listens now (control, admin, peer service).
   systemd_.notify("READY=1\nSTATUS=serving on " + config_.socket_path + "\nMAINPID=" + std::to_string(::getpid()));
   if (systemd_.watchdog_period()) ping_watchdog();
-  // A test hook: acts as if a sticky CUDA error broke GPU 0 after the given time (the daemon's
-  // side of it: the drain and exit status 75), on machines without a GPU. Not for production use.
-  if (const char* lost = std::getenv("GRADSYNCD_TEST_GPU_LOST_AFTER_MS"); lost && *lost) {
-    auto timer = std::make_shared<boost::asio::steady_timer>(io_, std::chrono::milliseconds(std::atoll(lost)));
+  arm_test_hooks();
+  io_.run();
+  return exit_code_;
+}
+
+void Daemon::arm_test_hooks() {
+  // Acts as if a sticky CUDA error broke GPU 0 (the daemon's side of it: the drain and exit
+  // status 75), on machines without a GPU.
+  if (hooks_.gpu_lost_after) {
+    auto timer = std::make_shared<boost::asio::steady_timer>(io_, *hooks_.gpu_lost_after);
     timer->async_wait([timer, this](const boost::system::error_code& ec) {
       if (ec) return;
       log_.warning("GRADSYNCD_TEST_GPU_LOST_AFTER_MS: reporting GPU 0 lost (a test hook)");
       gpu_lost(0, Status::internal("GPU 0 is unusable: a test said so"));
     });
   }
-  // A test hook: blocks the io thread after the given time, so a test sees the watchdog pings
-  // stop (what makes systemd restart a hung daemon). Not for production use.
-  if (const char* hang = std::getenv("GRADSYNCD_TEST_HANG_IO_AFTER_MS"); hang && *hang) {
-    auto timer = std::make_shared<boost::asio::steady_timer>(io_, std::chrono::milliseconds(std::atoll(hang)));
+  // Blocks the io thread, so a test sees the watchdog pings stop (what makes systemd restart a
+  // hung daemon).
+  if (hooks_.hang_io_after) {
+    auto timer = std::make_shared<boost::asio::steady_timer>(io_, *hooks_.hang_io_after);
     timer->async_wait([timer, this](const boost::system::error_code& ec) {
       if (ec) return;
       log_.warning("GRADSYNCD_TEST_HANG_IO_AFTER_MS: blocking the io thread for good (a test hook)");
       for (;;) ::pause();
     });
   }
-  io_.run();
-  return exit_code_;
 }
 
 }  // namespace gradsync

@@ -18,6 +18,7 @@
 #include "daemon/job/reaper.h"
 #include "daemon/job/registry.h"
 #include "daemon/peer/peer_server.h"
+#include "daemon/test_hooks.h"
 #include "daemon/util/log.h"
 #include "daemon/util/sd_notify.h"
 #include "daemon/util/thread_pool.h"
@@ -28,7 +29,8 @@ class Daemon {
  public:
   // Binds the control socket; throws Error when it cannot. `reparse` reads the configuration
   // again (the same flags and file) for SIGHUP; without it SIGHUP is logged and ignored.
-  explicit Daemon(DaemonConfig config, std::function<ParsedConfig()> reparse = {});
+  // `hooks`: faults a test wants acted out (test_hooks.h); none in production.
+  explicit Daemon(DaemonConfig config, std::function<ParsedConfig()> reparse = {}, TestHooks hooks = {});
   ~Daemon();
 
   // Serves until a stop signal or stop(); returns the process exit code: 0, or kExitGpuLost.
@@ -82,6 +84,8 @@ class Daemon {
   std::chrono::steady_clock::time_point drain_started_;
   // SIGHUP: reads the configuration again and applies what can change without a restart.
   std::function<ParsedConfig()> reparse_;
+  TestHooks hooks_;
+  void arm_test_hooks();
   boost::asio::signal_set reload_signals_{io_, SIGHUP};
   void wait_for_reload();
   void reload();

@@ -43,7 +43,8 @@ int daemon_main(int argc, char** argv) {
   std::optional<Daemon> daemon;
   try {
     // SIGHUP reads the same flags and configuration file again.
-    daemon.emplace(*parsed.config, [argc, argv] { return parse_daemon_config(argc, argv); });
+    daemon.emplace(*parsed.config, [argc, argv] { return parse_daemon_config(argc, argv); },
+                   TestHooks::from_environment());
   } catch (const Error& e) {
     std::fprintf(stderr, "gradsyncd: %s\n", e.what());
     return 1;

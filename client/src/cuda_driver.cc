@@ -2,43 +2,52 @@
 
 #include <dlfcn.h>
 
-#include <type_traits>
+#include <string>
+
+#include "shared/symbol_table.h"
 
 namespace gradsync {
 
 Status load_driver(Driver* d) {
   void* library = ::dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
   if (!library) return Status::not_supported(std::string("no usable CUDA driver: ") + ::dlerror());
-  const auto resolve = [&](auto* slot, const char* symbol) {
-    *slot = reinterpret_cast<std::remove_pointer_t<decltype(slot)>>(::dlsym(library, symbol));
-    return *slot != nullptr;
-  };
-  const bool all = resolve(&d->init, "cuInit") && resolve(&d->device_get, "cuDeviceGet") &&
-                   resolve(&d->device_get_uuid, "cuDeviceGetUuid_v2") &&
-                   resolve(&d->primary_ctx_retain, "cuDevicePrimaryCtxRetain") &&
-                   resolve(&d->primary_ctx_release, "cuDevicePrimaryCtxRelease_v2") &&
-                   resolve(&d->ctx_push, "cuCtxPushCurrent_v2") && resolve(&d->ctx_pop, "cuCtxPopCurrent_v2") &&
-                   resolve(&d->ctx_synchronize, "cuCtxSynchronize") &&
-                   resolve(&d->granularity, "cuMemGetAllocationGranularity") &&
-                   resolve(&d->mem_create, "cuMemCreate") &&
-                   resolve(&d->mem_export, "cuMemExportToShareableHandle") &&
-                   resolve(&d->address_reserve, "cuMemAddressReserve") &&
-                   resolve(&d->address_free, "cuMemAddressFree") && resolve(&d->mem_map, "cuMemMap") &&
-                   resolve(&d->mem_unmap, "cuMemUnmap") && resolve(&d->mem_set_access, "cuMemSetAccess") &&
-                   resolve(&d->mem_release, "cuMemRelease") && resolve(&d->memset_d8, "cuMemsetD8_v2") &&
-                   resolve(&d->error_string, "cuGetErrorString") && resolve(&d->event_create, "cuEventCreate") &&
-                   resolve(&d->event_destroy, "cuEventDestroy_v2") && resolve(&d->event_record, "cuEventRecord") &&
-                   resolve(&d->event_query, "cuEventQuery") &&
-                   resolve(&d->ipc_open_event_handle, "cuIpcOpenEventHandle") &&
-                   resolve(&d->stream_is_capturing, "cuStreamIsCapturing") &&
-                   resolve(&d->stream_create, "cuStreamCreate") &&
-                   resolve(&d->stream_destroy, "cuStreamDestroy_v2") &&
-                   resolve(&d->stream_wait_event, "cuStreamWaitEvent") &&
-                   resolve(&d->stream_synchronize, "cuStreamSynchronize") &&
-                   resolve(&d->address_range, "cuMemGetAddressRange_v2") &&
-                   resolve(&d->ipc_get_mem_handle, "cuIpcGetMemHandle") &&
-                   resolve(&d->pointer_attribute, "cuPointerGetAttribute");
-  if (!all) return Status::not_supported("the CUDA driver (libcuda.so.1) lacks the virtual memory API (CUDA 10.2+)");
+  SymbolTable table(library);
+  table("cuInit", &d->init)
+       ("cuDeviceGet", &d->device_get)
+       ("cuDeviceGetUuid_v2", &d->device_get_uuid)
+       ("cuDevicePrimaryCtxRetain", &d->primary_ctx_retain)
+       ("cuDevicePrimaryCtxRelease_v2", &d->primary_ctx_release)
+       ("cuCtxPushCurrent_v2", &d->ctx_push)
+       ("cuCtxPopCurrent_v2", &d->ctx_pop)
+       ("cuCtxSynchronize", &d->ctx_synchronize)
+       ("cuMemGetAllocationGranularity", &d->granularity)
+       ("cuMemCreate", &d->mem_create)
+       ("cuMemExportToShareableHandle", &d->mem_export)
+       ("cuMemAddressReserve", &d->address_reserve)
+       ("cuMemAddressFree", &d->address_free)
+       ("cuMemMap", &d->mem_map)
+       ("cuMemUnmap", &d->mem_unmap)
+       ("cuMemSetAccess", &d->mem_set_access)
+       ("cuMemRelease", &d->mem_release)
+       ("cuMemsetD8_v2", &d->memset_d8)
+       ("cuGetErrorString", &d->error_string)
+       ("cuEventCreate", &d->event_create)
+       ("cuEventDestroy_v2", &d->event_destroy)
+       ("cuEventRecord", &d->event_record)
+       ("cuEventQuery", &d->event_query)
+       ("cuIpcOpenEventHandle", &d->ipc_open_event_handle)
+       ("cuStreamIsCapturing", &d->stream_is_capturing)
+       ("cuStreamCreate", &d->stream_create)
+       ("cuStreamDestroy_v2", &d->stream_destroy)
+       ("cuStreamWaitEvent", &d->stream_wait_event)
+       ("cuStreamSynchronize", &d->stream_synchronize)
+       ("cuMemGetAddressRange_v2", &d->address_range)
+       ("cuIpcGetMemHandle", &d->ipc_get_mem_handle)
+       ("cuPointerGetAttribute", &d->pointer_attribute);
+  if (!table.complete()) {
+    return Status::not_supported("the CUDA driver (libcuda.so.1) lacks " + table.missing() +
+                                 ": the virtual memory API needs CUDA 10.2 or newer");
+  }
   if (CUresult r = d->init(0); r != CUDA_SUCCESS) {
     return Status::not_supported("no usable CUDA driver: cuInit: " + d->describe(r));
   }

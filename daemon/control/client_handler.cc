@@ -53,8 +53,8 @@ void ClientHandler::leave_job(const Status& why) {
   tensors_ = std::make_shared<uint64_t>(0);
 }
 
-admin::ClientInfo ClientHandler::info() const {
-  admin::ClientInfo info;
+ClientInfo ClientHandler::info() const {
+  ClientInfo info;
   info.pid = options_.peer.pid;
   info.uid = options_.peer.uid;
   info.name = name_;

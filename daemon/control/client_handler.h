@@ -21,7 +21,7 @@
 #include <memory>
 #include <string>
 
-#include "daemon/admin/snapshot.h"
+#include "daemon/control/client_report.h"
 #include "daemon/backend/factory.h"
 #include "daemon/control/local_limits.h"
 #include "daemon/control/peer_credentials.h"
@@ -69,7 +69,7 @@ class ClientHandler {
   void disconnected(const Status& why);
 
   // For the admin service.
-  admin::ClientInfo info() const;
+  ClientInfo info() const;
 
   // Whether the client joined a job (and is in it): a joined trainer may stay quiet on the
   // control socket for as long as it trains.

@@ -62,8 +62,8 @@ void ControlServer::set_allowed_uids(std::vector<uid_t> uids) {
   ::chmod(options_.socket_path.c_str(), options_.allowed_uids.empty() ? 0600 : 0666);  // as at start
 }
 
-std::vector<admin::ClientInfo> ControlServer::clients() const {
-  std::vector<admin::ClientInfo> out;
+std::vector<ClientInfo> ControlServer::clients() const {
+  std::vector<ClientInfo> out;
   for (const auto& weak : sessions_) {
     if (auto session = weak.lock()) {
       if (auto info = session->info()) out.push_back(std::move(*info));

@@ -42,7 +42,7 @@ class ControlServer {
   void start();
 
   // Every live client, for the admin service. On the io thread.
-  std::vector<admin::ClientInfo> clients() const;
+  std::vector<ClientInfo> clients() const;
 
   // SIGHUP: the users allowed from now on (connected clients stay). On the io thread.
   void set_allowed_uids(std::vector<uid_t> uids);

@@ -58,7 +58,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void stop(const Status& why);
 
   // For the admin service; nullopt once the session is closing. On the io thread.
-  std::optional<admin::ClientInfo> info() const {
+  std::optional<ClientInfo> info() const {
     if (closing_ || !handler_) return std::nullopt;
     return handler_->info();
   }

@@ -137,8 +137,8 @@ void Job::leave(int local_rank, const Status& why) {
   fail(why);
 }
 
-admin::JobInfo Job::info() const {
-  admin::JobInfo info;
+JobInfo Job::info() const {
+  JobInfo info;
   const JobParams& p = params();
   info.id = p.id;
   info.uid = p.uid;

@@ -140,14 +140,14 @@ class Job : public std::enable_shared_from_this<Job> {
   void fail(const Status& status);
 
   // For the admin service.
-  admin::JobInfo info() const;
+  JobInfo info() const;
   std::shared_ptr<const JobStats> stats() const { return worker_->stats(); }
   std::shared_ptr<const TraceLog> trace() const { return worker_->trace(); }
   // The worker, for admin calls that block (a settings change) and must not hold the Job,
   // which belongs to the io thread.
   std::shared_ptr<Worker> worker() const { return worker_; }
   // Its operations not finished yet; `done` runs once, on the worker thread.
-  void in_flight(std::function<void(std::vector<admin::PendingOperation>)> done) const {
+  void in_flight(std::function<void(std::vector<PendingOperation>)> done) const {
     worker_->in_flight(std::move(done));
   }
 

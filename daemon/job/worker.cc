@@ -79,14 +79,14 @@ void Worker::post_task(Task task) {
   doorbell().notify();
 }
 
-void Worker::in_flight(std::function<void(std::vector<admin::PendingOperation>)> done) {
+void Worker::in_flight(std::function<void(std::vector<PendingOperation>)> done) {
   post_task([this, done = std::move(done)](const Status& failed) {
-    std::vector<admin::PendingOperation> out;
+    std::vector<PendingOperation> out;
     if (!failed.ok()) return done(std::move(out));
     const auto now = std::chrono::steady_clock::now();
     const Topology& topology = options_.topology;
     for (const Op& op : ops_) {
-      admin::PendingOperation pending;
+      PendingOperation pending;
       pending.seq = op.seq;
       pending.kind = describe(op.desc, op.set.get());
       pending.set = op.desc.set_id;
@@ -100,7 +100,7 @@ void Worker::in_flight(std::function<void(std::vector<admin::PendingOperation>)>
         // counts as done only once it lands).
         const bool executing = flight_ && &op == &ops_.front();
         for (size_t b = op.next_bucket; b < buckets.size(); ++b) {
-          admin::PendingBucket bucket;
+          PendingBucket bucket;
           bucket.bucket = static_cast<uint32_t>(b);
           bucket.group = buckets[b].group;
           bucket.bytes = buckets[b].bytes;

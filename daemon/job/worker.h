@@ -37,7 +37,7 @@
 
 #include "daemon/backend/executor.h"
 #include "daemon/backend/factory.h"
-#include "daemon/admin/snapshot.h"
+#include "daemon/job/reports.h"
 #include "daemon/job/channel.h"
 #include "daemon/job/stats.h"
 #include "daemon/job/cluster.h"
@@ -105,7 +105,7 @@ class Worker {
   // The operations not finished yet, and which local ranks have not submitted them or marked
   // which buckets ready (the admin service's GetInFlight). `done` runs once, on the worker
   // thread (empty when the job has failed). Thread-safe.
-  void in_flight(std::function<void(std::vector<admin::PendingOperation>)> done);
+  void in_flight(std::function<void(std::vector<PendingOperation>)> done);
 
   // Running statistics (GetStats). Thread-safe.
   std::shared_ptr<const JobStats> stats() const { return stats_; }

@@ -450,9 +450,9 @@ TEST_CASE("worker: in flight names the bucket executing, not the one before it",
   h.executors->release();
   REQUIRE(h.executors->wait_launched(2, 5s));  // bucket 1 in flight, bucket 0 done
   REQUIRE(h.wait_idle());
-  auto answer = std::make_shared<std::promise<std::vector<admin::PendingOperation>>>();
+  auto answer = std::make_shared<std::promise<std::vector<PendingOperation>>>();
   auto future = answer->get_future();
-  h.worker->in_flight([answer](std::vector<admin::PendingOperation> ops) { answer->set_value(std::move(ops)); });
+  h.worker->in_flight([answer](std::vector<PendingOperation> ops) { answer->set_value(std::move(ops)); });
   REQUIRE(future.wait_for(5s) == std::future_status::ready);
   const auto ops = future.get();
   REQUIRE(ops.size() == 1);

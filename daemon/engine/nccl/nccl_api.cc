@@ -11,6 +11,7 @@
 #include <string>
 
 #include "daemon/engine/nccl/api.h"
+#include "shared/symbol_table.h"
 
 namespace gradsync::nccl {
 namespace {
@@ -35,12 +36,6 @@ struct Symbols {
   decltype(&::ncclGetLastError) last_error = nullptr;
   decltype(&::ncclGetVersion) get_version = nullptr;
 };
-
-template <typename F>
-bool resolve(void* library, const char* name, F* slot) {
-  *slot = reinterpret_cast<F>(dlsym(library, name));
-  return *slot != nullptr;
-}
 
 ncclDataType_t to_nccl(DType dtype) {
   switch (dtype) {
@@ -199,27 +194,27 @@ class RealNccl final : public NcclApi {
         load_status_ = Status::not_supported(std::string("cannot load NCCL (libnccl.so.2): ") + dlerror());
         return;
       }
-      bool ok = resolve(library_, "ncclGetUniqueId", &nccl_.get_unique_id) &&
-                resolve(library_, "ncclCommInitRankConfig", &nccl_.init_rank_config) &&
-                resolve(library_, "ncclCommSplit", &nccl_.split) &&
-                resolve(library_, "ncclCommGetAsyncError", &nccl_.get_async_error) &&
-                resolve(library_, "ncclCommAbort", &nccl_.abort) &&
-                resolve(library_, "ncclGroupStart", &nccl_.group_start) &&
-                resolve(library_, "ncclGroupEnd", &nccl_.group_end) &&
-                resolve(library_, "ncclAllReduce", &nccl_.all_reduce) &&
-                resolve(library_, "ncclBroadcast", &nccl_.broadcast) && resolve(library_, "ncclReduce", &nccl_.reduce) &&
-                resolve(library_, "ncclAllGather", &nccl_.all_gather) &&
-                resolve(library_, "ncclReduceScatter", &nccl_.reduce_scatter) &&
-                resolve(library_, "ncclCommRegister", &nccl_.comm_register) &&
-                resolve(library_, "ncclCommDeregister", &nccl_.comm_deregister) &&
-                resolve(library_, "ncclGetErrorString", &nccl_.error_string) &&
-                resolve(library_, "ncclGetLastError", &nccl_.last_error) &&
-                resolve(library_, "ncclGetVersion", &nccl_.get_version);
-      if (!ok) {
-        const char* why = dlerror();
-        load_status_ = Status::not_supported("the NCCL found (libnccl.so.2) lacks an entry point gradsync needs "
-                                             "(NCCL 2.19 or newer is required): " +
-                                             std::string(why ? why : "unknown symbol"));
+      SymbolTable table(library_);
+      table("ncclGetUniqueId", &nccl_.get_unique_id)
+           ("ncclCommInitRankConfig", &nccl_.init_rank_config)
+           ("ncclCommSplit", &nccl_.split)
+           ("ncclCommGetAsyncError", &nccl_.get_async_error)
+           ("ncclCommAbort", &nccl_.abort)
+           ("ncclGroupStart", &nccl_.group_start)
+           ("ncclGroupEnd", &nccl_.group_end)
+           ("ncclAllReduce", &nccl_.all_reduce)
+           ("ncclBroadcast", &nccl_.broadcast)
+           ("ncclReduce", &nccl_.reduce)
+           ("ncclAllGather", &nccl_.all_gather)
+           ("ncclReduceScatter", &nccl_.reduce_scatter)
+           ("ncclCommRegister", &nccl_.comm_register)
+           ("ncclCommDeregister", &nccl_.comm_deregister)
+           ("ncclGetErrorString", &nccl_.error_string)
+           ("ncclGetLastError", &nccl_.last_error)
+           ("ncclGetVersion", &nccl_.get_version);
+      if (!table.complete()) {
+        load_status_ = Status::not_supported("the NCCL found (libnccl.so.2) lacks " + table.missing() +
+                                             ", which gradsync needs: NCCL 2.19 or newer is required");
         return;
       }
       int version = 0;

@@ -1,0 +1,24 @@
+// Faults a test asks the real gradsyncd binary to act out where the machine cannot produce
+// them: a GPU lost on a machine without one, an io thread that hangs (what the systemd
+// watchdog must catch). The Daemon is given them as a value and arms them once it serves; it
+// reads no environment itself. Production passes none.
+#pragma once
+
+#include <chrono>
+#include <optional>
+
+namespace gradsync {
+
+struct TestHooks {
+  // Reports GPU 0 lost (a sticky CUDA error's path: drain, exit status 75) this long after
+  // the daemon is ready.
+  std::optional<std::chrono::milliseconds> gpu_lost_after;
+  // Blocks the io thread for good this long after the daemon is ready.
+  std::optional<std::chrono::milliseconds> hang_io_after;
+
+  // From $GRADSYNCD_TEST_GPU_LOST_AFTER_MS and $GRADSYNCD_TEST_HANG_IO_AFTER_MS, read once by
+  // gradsyncd's main(): how the integration tests reach the real binary.
+  static TestHooks from_environment();
+};
+
+}  // namespace gradsync
