@@ -12,6 +12,7 @@
 #include "daemon/backend/cuda/ipc_cache.h"
 #include "daemon/backend/cuda/launcher.h"
 #include "daemon/backend/cuda/memory.h"
+#include "shared/mutex.h"
 #if GRADSYNC_HAVE_CUDA
 #include "daemon/backend/cuda/device.h"
 #endif
@@ -130,6 +131,11 @@ class Backends final : public BackendFactory {
     }
   }
 
+  void keep_until_exit(std::shared_ptr<const void> memory) override {
+    MutexLock lock(kept_mutex_);
+    kept_.push_back(std::move(memory));
+  }
+
   std::vector<std::string> memory_kinds() const override {
     std::vector<std::string> kinds{std::string(memory_kind_name(MemoryKind::kHostMemfd))};
     if (devices_) {
@@ -172,6 +178,9 @@ class Backends final : public BackendFactory {
   const std::set<uint32_t> legacy_ipc_uids_;
   Logger log_;
   cuda::GpuWatch gpus_;  // outlives the executors, which subscribe to it
+  // keep_until_exit(): released before the devices and the cache, whose regions they hold.
+  Mutex kept_mutex_;
+  std::vector<std::shared_ptr<const void>> kept_ GS_GUARDED_BY(kept_mutex_);
 };
 
 }  // namespace

@@ -59,6 +59,12 @@ class BackendFactory {
   virtual Status make_executor(MemoryKind kind, const ExecutorContext& context,
                                std::unique_ptr<BucketExecutor>* out) = 0;
 
+  // GPU work of a stopped job did not drain (BucketExecutor::quiesce said false) and may still
+  // touch `memory` (a job's set, which holds its mappings): the factory keeps it mapped for as
+  // long as it lives, which is the daemon's life, rather than let it be unmapped under the
+  // work and fault the GPU context that every job on that GPU shares. Thread-safe.
+  virtual void keep_until_exit(std::shared_ptr<const void> memory) = 0;
+
   // For the admin service: the memory kinds served, and the GPUs found (or why there are none).
   virtual std::vector<std::string> memory_kinds() const = 0;
   virtual std::string devices() const = 0;

@@ -1,5 +1,6 @@
 #include "daemon/job/op.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace gradsync {
@@ -77,6 +78,70 @@ Status parse_op(const SubmitEntry& entry, int world_size, OpDesc* desc) {
     desc->root = entry.root;
   }
   return Status::ok_status();
+}
+
+reduce::KernelArgs kernel_args(const OpDesc& desc, DType dtype, int group_size) {
+  reduce::KernelArgs args;
+  args.dtype = dtype;
+  args.wide_accumulate = !desc.narrow_accumulate;
+  switch (desc.reduce_op) {
+    case WireReduceOp::kSum: args.combine = reduce::Combine::kSum; break;
+    case WireReduceOp::kMin: args.combine = reduce::Combine::kMin; break;
+    case WireReduceOp::kMax: args.combine = reduce::Combine::kMax; break;
+    case WireReduceOp::kAvg:
+      args.combine = reduce::Combine::kSum;
+      args.scale = desc.scaling == WireScaling::kBefore ? reduce::Scale::kBefore : reduce::Scale::kAfter;
+      args.divisor = desc.divisor != 0 ? desc.divisor : static_cast<double>(group_size);
+      break;
+  }
+  return args;
+}
+
+Status check_op(const OpDesc& desc, const TensorSet& set, const Topology& topology) {
+  if (desc.kind == OpKind::kAllgather && set.gather_output.empty()) {
+    return Status::invalid_argument(set.name() + " was registered without an allgather output");
+  }
+  if (desc.kind == OpKind::kAllreduce || desc.kind == OpKind::kReduce) {
+    for (const auto& bucket : set.plan.buckets) {
+      const int group_size = static_cast<int>(topology.ranks(bucket.group).size());
+      const std::string_view problem = reduce::validate_kernel_args(kernel_args(desc, bucket.dtype, group_size));
+      if (!problem.empty()) return Status::invalid_argument(std::string(problem));
+    }
+  }
+  if (desc.kind == OpKind::kBroadcast || desc.kind == OpKind::kReduce) {
+    for (const auto& bucket : set.plan.buckets) {
+      const auto& ranks = topology.ranks(bucket.group);
+      if (!std::binary_search(ranks.begin(), ranks.end(), desc.root)) {
+        return Status::invalid_argument("root rank " + std::to_string(desc.root) + " is not in group '" +
+                                        bucket.group + "'");
+      }
+    }
+  }
+  return Status();
+}
+
+std::string local_rank_name(const Topology& topology, uint32_t local_rank) {
+  return "rank " + std::to_string(topology.rank_of(static_cast<int>(local_rank))) + " (local rank " +
+         std::to_string(local_rank) + ")";
+}
+
+void trace_landed(Op& op, size_t clients, std::chrono::steady_clock::time_point launched,
+                  std::chrono::steady_clock::time_point landed, const BucketTimings& timings) {
+  if (op.traced.size() >= TraceLog::kMaxBuckets) {
+    op.traced_left_out++;
+    return;
+  }
+  const plan::Bucket& bucket = op.set->plan.buckets[op.next_bucket];
+  BucketTrace traced;
+  traced.index = static_cast<uint32_t>(op.next_bucket);
+  traced.group = bucket.group;
+  traced.bytes = bucket.bytes;
+  const auto first = op.ready_at.begin() + static_cast<std::ptrdiff_t>(op.next_bucket * clients);
+  traced.ready.assign(first, first + static_cast<std::ptrdiff_t>(clients));
+  traced.launched = launched;
+  traced.landed = landed;
+  traced.parts = timings;
+  op.traced.push_back(std::move(traced));
 }
 
 }  // namespace gradsync

@@ -9,7 +9,9 @@
 #include <vector>
 
 #include "daemon/job/tensor_set.h"
+#include "daemon/job/topology.h"
 #include "daemon/job/trace.h"
+#include "daemon/reduce/kernel.h"
 #include "shared/channel_layout.h"
 #include "shared/status.h"
 
@@ -36,6 +38,18 @@ std::string describe(const OpDesc& desc, const TensorSet* set = nullptr);
 // names what was wrong ("unknown operation 9", "root 5 is outside world size 4").
 Status parse_op(const SubmitEntry& entry, int world_size, OpDesc* desc);
 
+// The reduction kernel's arguments for `desc` on a bucket of `dtype` whose group has
+// `group_size` ranks (avg divides by the group unless the operation names a divisor).
+reduce::KernelArgs kernel_args(const OpDesc& desc, DType dtype, int group_size);
+
+// Whether `desc` can run on `set` in `topology`: an allgather needs the set's gather output,
+// a reduction a kernel for every bucket's dtype, a rooted operation a root in every bucket's
+// group. The error names what was wrong, without the caller's prefix.
+Status check_op(const OpDesc& desc, const TensorSet& set, const Topology& topology);
+
+// "rank 5 (local rank 1)", for messages.
+std::string local_rank_name(const Topology& topology, uint32_t local_rank);
+
 struct Op {
   uint64_t seq = 0;
   OpDesc desc;
@@ -60,5 +74,10 @@ struct Op {
   std::vector<BucketTrace> traced;  // buckets landed so far, for the trace (bounded)
   uint32_t traced_left_out = 0;
 };
+
+// The head bucket of `op` (op.next_bucket) landed: adds it to the operation's trace (at most
+// TraceLog::kMaxBuckets, then only counted). `clients` is the local world size.
+void trace_landed(Op& op, size_t clients, std::chrono::steady_clock::time_point launched,
+                  std::chrono::steady_clock::time_point landed, const BucketTimings& timings);
 
 }  // namespace gradsync

@@ -15,6 +15,14 @@
 //   - the execution bound (--execution-timeout-ms) bounds one bucket in flight, however long
 //     it legitimately takes to move its bytes, so that only a hang trips it.
 //
+// The worker's parts, each in its own file: LocalClients (local_clients.h) holds the clients'
+// rings; OpQueue (op_queue.h) matches the local clients'
+// submissions and tracks readiness; BucketFlight (flight.h) holds the bucket in flight and the
+// executor's answer; SettingsSchedule (settings_schedule.h) decides from which operation a
+// settings change applies, across nodes; ReplanCache (replan.h) re-plans sets for a new bucket
+// cap. The worker itself drains the rings, launches and lands buckets, keeps the deadlines and
+// shuts the job's per-step path down.
+//
 // Failure: the first error sticks. fail() (from any thread) or an error found by the worker
 // itself (bad ring entry, mismatched operations, a bound) ends the job's per-step path: the
 // executors and the cluster's engines are aborted, the worker publishes the error in every
@@ -41,15 +49,20 @@
 #include "daemon/job/channel.h"
 #include "daemon/job/stats.h"
 #include "daemon/job/cluster.h"
-#include "daemon/job/config_channel.h"
+#include "daemon/job/flight.h"
 #include "daemon/job/job_settings.h"
+#include "daemon/job/local_clients.h"
 #include "daemon/job/op.h"
+#include "daemon/job/op_queue.h"
+#include "daemon/job/replan.h"
+#include "daemon/job/settings_schedule.h"
 #include "daemon/job/trace.h"
 #include "daemon/job/tensor_set.h"
 #include "daemon/job/topology.h"
 #include "daemon/util/log.h"
 #include "daemon/util/thread_pool.h"
 #include "shared/channel_layout.h"
+#include "shared/mutex.h"
 #include "shared/status.h"
 
 namespace gradsync {
@@ -134,121 +147,75 @@ class Worker {
   Status change_settings(const JobSettings& settings, std::chrono::milliseconds bound, uint64_t* from_seq);
 
  private:
-  struct ClientState {
-    explicit ClientState(std::shared_ptr<ClientChannel> memory)
-        : channel(std::move(memory)),
-          submit(&channel->client()->submit),
-          completion(&channel->daemon()->completion, &channel->client()->completion_cursor),
-          completion_ready(channel->completion_ready()) {}
-    std::shared_ptr<ClientChannel> channel;  // keeps the rings mapped
-    RingReader<SubmitRing> submit;
-    RingWriter<CompletionRing> completion;
-    WakeRef completion_ready;
-    uint64_t next_seq = 1;
-  };
-
   // A unit of work for the worker thread: called with ok to run, or with the job's failure
   // when the worker stops before it ran.
   using Task = std::function<void(const Status&)>;
-  void post_task(Task task);
-  void run_tasks(bool last = false);
+  void post_task(Task task) GS_EXCLUDES(mutex_);
+  void run_tasks(bool last = false) GS_EXCLUDES(mutex_);
+  void formed() GS_EXCLUDES(mutex_);  // a multi-node job met its nodes: start following settings
 
   void run();
   bool drain_rings();  // true when an entry was consumed
   Status handle_entry(uint32_t local_rank, const SubmitEntry& entry);
   Status handle_submit(uint32_t local_rank, const SubmitEntry& entry);
-  Status handle_mark_ready(uint32_t local_rank, const SubmitEntry& entry);
   Status progress();  // progress_ops(), then publishes position()
   Status progress_ops();  // lands the bucket in flight, launches the next ready one, completes ops
   // Before an operation's first bucket: applies the settings scheduled up to its sequence
   // number, re-planning its set when the bucket cap changed. False while a settings change
   // holds the job before it.
   bool begin(Op& op);
-  // `set` planned with bucket cap `cap` (cached), and `op` moved onto it with its readiness.
-  std::shared_ptr<const TensorSet> replanned(const std::shared_ptr<const TensorSet>& set, uint64_t cap);
-  void rebind(Op& op, std::shared_ptr<const TensorSet> set);
-  // The watcher thread of a multi-node job: follows the settings changes any node proposes.
-  void watch_config(std::shared_ptr<ConfigChannel> channel);
-  void stop_config_watcher(const Status& why);
   Status launch(Op& op);
-  // A local rank made `bucket` of `op` ready: counts it, and records its lag behind the first.
-  void note_ready(Op& op, size_t bucket, uint32_t local_rank);
   Status land(Op& op);  // the executor answered for the bucket in flight
-  void wait_for_flight();  // shut_down: the aborted bucket in flight comes back
-  std::chrono::steady_clock::time_point execution_deadline() const;  // of flight_
-  BucketExecutor* executor_for(MemoryKind kind, Status* status);
-  Status check_roots(const OpDesc& desc, const TensorSet& set) const;
+  void complete(Op& op);  // every bucket landed: the clients are told, the queue moves on
+  std::chrono::steady_clock::time_point execution_deadline() const;  // of the flight
+  BucketExecutor* executor_for(MemoryKind kind, Status* status) GS_EXCLUDES(mutex_);
   Status check_deadline();
   void post(uint32_t local_rank, uint64_t seq, const Status& status);
   void shut_down(const Status& status);  // worker thread only
-  std::shared_ptr<const TensorSet> find_set(uint32_t id);
-  std::string who(uint32_t local_rank) const;
+  // Waits, up to the job timeout, for device work to stop touching the clients' memory; what
+  // the clients must be told. Memory that GPU work may still touch is handed to the backends to
+  // keep mapped until the daemon exits.
+  Status drain_executors(const Status& failure) GS_EXCLUDES(mutex_);
+  void release_cluster(const Status& status) GS_EXCLUDES(mutex_);
+  std::shared_ptr<const TensorSet> find_set(uint32_t id) GS_EXCLUDES(mutex_);
+  std::string who(uint32_t local_rank) const { return local_rank_name(options_.topology, local_rank); }
 
   WorkerOptions options_;
   WakeWord& doorbell() { return options_.doorbell->page()->doorbell; }
 
-  // By local rank; empty until the client joined. Worker thread only.
-  std::vector<std::optional<ClientState>> clients_;
-  std::deque<Op> ops_;                // worker thread only; ops_[i].seq == first_seq_ + i
-  uint64_t first_seq_ = 1;            // worker thread only
-  // The bucket handed to an executor and not yet answered. Worker thread only.
-  struct Flight {
-    uint64_t seq = 0;
-    size_t bucket = 0;
-    std::string group;
-    bool cross_node = false;
-    std::chrono::steady_clock::time_point launched;
-  };
-  // The executor's account of the bucket in flight (one at a time, so one is reused).
-  std::shared_ptr<BucketTimings> timings_ = std::make_shared<BucketTimings>();
-  std::optional<Flight> flight_;
-  std::chrono::steady_clock::time_point last_work_;  // worker thread only: last consumed entry
+  // Worker thread only: the clients by local rank (empty until joined), the pending operations,
+  // the bucket in flight, the settings in force, and the re-planned sets.
+  LocalClients clients_;
+  std::shared_ptr<JobStats> stats_ = std::make_shared<JobStats>(options_.topology.local_world_size);
+  OpQueue ops_{options_.job_id, &options_.topology, stats_.get()};
+  BucketFlight flight_{options_.doorbell};
+  JobSettings active_;
+  ReplanCache replans_;
+  std::chrono::steady_clock::time_point last_work_;  // last consumed entry
+
+  // Read by other threads as a moment's view.
   std::atomic<uint64_t> completed_ops_{0};
   std::atomic<size_t> pending_ops_{0};
   std::atomic<uint64_t> current_seq_{0};
   std::atomic<uint32_t> current_bucket_{0};
   std::atomic<bool> executing_{false};
-
-  // Settings changes. The watcher and change_settings() decide, under settings_mutex_, from
-  // which operation a change applies, without waiting for the worker thread (which may be
-  // blocked in a set's admission): every operation up to begun_through_ has begun with the
-  // old settings, none after it may begin while hold_ is set.
-  std::mutex settings_mutex_;
-  bool hold_ = false;                                        // guarded by settings_mutex_
-  uint64_t begun_through_ = 0;                               // guarded by settings_mutex_
-  std::deque<std::pair<uint64_t, JobSettings>> scheduled_;   // guarded by settings_mutex_
-  JobSettings active_;                                       // worker thread only
-  // How long the nodes wait for each other's part in a change: the job timeout, at most 60 s.
-  std::chrono::milliseconds agreement_bound_{0};
-  struct Replanned {
-    std::shared_ptr<const TensorSet> from;
-    uint64_t cap = 0;
-    std::shared_ptr<const TensorSet> set;
-  };
-  std::map<uint32_t, Replanned> replanned_;  // by set id
   std::shared_ptr<TraceLog> trace_ = std::make_shared<TraceLog>();
 
-  mutable std::mutex mutex_;
-  std::map<uint32_t, std::shared_ptr<const TensorSet>> sets_;  // guarded by mutex_
-  std::shared_ptr<JobStats> stats_ = std::make_shared<JobStats>(options_.topology.local_world_size);
-  std::deque<Task> tasks_;                                     // guarded by mutex_
-  bool exited_ = false;  // guarded by mutex_; later tasks run at once with the failure
+  mutable Mutex mutex_;
+  std::map<uint32_t, std::shared_ptr<const TensorSet>> sets_ GS_GUARDED_BY(mutex_);
+  std::deque<Task> tasks_ GS_GUARDED_BY(mutex_);
+  bool exited_ GS_GUARDED_BY(mutex_) = false;  // later tasks run at once with the failure
   std::atomic<bool> has_tasks_{false};
-  Status failure_;                                             // guarded by mutex_
-  bool cluster_released_ = false;                              // guarded by mutex_
-  // Created on the worker thread, aborted from any thread: guarded by mutex_.
-  std::map<MemoryKind, std::unique_ptr<BucketExecutor>> executors_;
+  Status failure_ GS_GUARDED_BY(mutex_);
+  bool cluster_released_ GS_GUARDED_BY(mutex_) = false;
+  // Created on the worker thread, aborted from any thread.
+  std::map<MemoryKind, std::unique_ptr<BucketExecutor>> executors_ GS_GUARDED_BY(mutex_);
   LocalRendezvous local_;  // a single-node job's rendezvous, for executors' admit()
-  // The executor's answer for flight_. Its own lock, because an answer may come from inside an
-  // abort() that fail() makes while holding mutex_.
-  std::mutex landed_mutex_;
-  std::optional<Status> landed_;  // guarded by landed_mutex_
-  std::atomic<bool> has_landed_{false};
   std::atomic<bool> failed_{false};
   std::atomic<bool> stopping_{false};
-  std::vector<std::string> node_addresses_;         // guarded by mutex_
-  std::shared_ptr<ConfigChannel> config_channel_;   // guarded by mutex_; set once formed
-  std::thread config_watcher_;                      // started by the worker thread once formed
+  std::vector<std::string> node_addresses_ GS_GUARDED_BY(mutex_);
+  // Settings changes; its watcher calls fail(), so it goes before the members fail() uses.
+  SettingsSchedule settings_;
   std::thread thread_;
 };
 

@@ -102,6 +102,8 @@ struct ExecutorLog {
   Status aborted;
   std::vector<std::string> admitted;  // "set <id> of job <job> over <n> nodes", in admission order
   Status admit_error;                 // what admit() answers
+  bool drains = true;                 // what quiesce() answers
+  std::vector<std::shared_ptr<const void>> kept;  // what the backends were asked to keep mapped
 
   // Waits until `count` buckets were launched; false after `timeout`.
   bool wait_launched(size_t count, std::chrono::milliseconds timeout) {
@@ -157,6 +159,11 @@ class FakeExecutor final : public BucketExecutor {
     }
   }
 
+  bool quiesce(std::chrono::steady_clock::time_point) override {
+    std::lock_guard lock(log_->mutex);
+    return log_->drains;
+  }
+
   // As the contract asks: held buckets fail promptly with `why`.
   void abort(const Status& why) override {
     std::deque<BucketDone> held;
@@ -185,6 +192,10 @@ class FakeBackends final : public BackendFactory {
   }
   std::vector<std::string> memory_kinds() const override { return {"host memfd"}; }
   std::string devices() const override { return "fake"; }
+  void keep_until_exit(std::shared_ptr<const void> memory) override {
+    std::lock_guard lock(log_->mutex);
+    log_->kept.push_back(std::move(memory));
+  }
   Status make_executor(MemoryKind, const ExecutorContext&, std::unique_ptr<BucketExecutor>* out) override {
     *out = std::make_unique<FakeExecutor>(log_);
     return Status();

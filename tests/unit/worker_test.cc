@@ -473,3 +473,49 @@ TEST_CASE("worker: in flight names the bucket executing, not the one before it",
 }
 
 }  // namespace gradsync
+
+namespace gradsync {
+
+TEST_CASE("worker: GPU work that does not drain keeps the job's sets mapped in the backends, and the clients are told",
+          "[worker]") {
+  Harness h(1, 2);
+  h.executors->mode = ExecutorLog::Mode::kHold;
+  h.executors->drains = false;  // as a device executor whose work waits on a ready event forever
+  const uint64_t seq = h.submit(0, true);
+  h.submit(1, true);
+  REQUIRE(h.executors->wait_launched(1, 5s));
+  h.worker->fail(Status::peer_lost("a peer went away"));
+  for (int rank : {0, 1}) {
+    const auto done = h.completion(rank);
+    REQUIRE(done);
+    CHECK(done->op_seq == seq);
+    CHECK_THAT(text_of(*done), Catch::Contains("a peer went away"));
+    CHECK_THAT(text_of(*done), Catch::Contains("do not reuse the job's device buffers"));
+  }
+  h.worker->stop(Status::aborted("test over"));
+  // The worker let go of its sets; the backends hold them (and their mappings) for good.
+  bool kept = false;
+  {
+    std::lock_guard lock(h.executors->mutex);
+    for (const auto& memory : h.executors->kept) kept = kept || memory.get() == h.admitted_set.get();
+  }
+  CHECK(kept);
+}
+
+TEST_CASE("worker: GPU work that drains leaves nothing kept", "[worker]") {
+  Harness h(1, 2);
+  h.executors->mode = ExecutorLog::Mode::kHold;
+  h.submit(0, true);
+  h.submit(1, true);
+  REQUIRE(h.executors->wait_launched(1, 5s));
+  h.worker->fail(Status::peer_lost("a peer went away"));
+  const auto done = h.completion(0);
+  REQUIRE(done);
+  CHECK_THAT(text_of(*done), !Catch::Contains("do not reuse"));
+  h.worker->stop(Status::aborted("test over"));
+  std::lock_guard lock(h.executors->mutex);
+  CHECK(h.executors->kept.empty());
+}
+
+}  // namespace gradsync
+
