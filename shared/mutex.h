@@ -50,6 +50,20 @@ class GS_SCOPED_CAPABILITY MutexLock {
   std::unique_lock<std::mutex> lock_;
 };
 
+// Releases a held Mutex for its scope and takes it back at its end: to call out without the
+// lock (a callback, a blocking library call) from a function that GS_REQUIRES it.
+class GS_SCOPED_CAPABILITY MutexUnlock {
+ public:
+  explicit MutexUnlock(Mutex& mutex) GS_RELEASE(mutex) : mutex_(mutex) { mutex_.unlock(); }
+  // Ends the scope (the analysis models it as a release of the scope), retaking the mutex.
+  ~MutexUnlock() GS_RELEASE() { mutex_.lock(); }
+  MutexUnlock(const MutexUnlock&) = delete;
+  MutexUnlock& operator=(const MutexUnlock&) = delete;
+
+ private:
+  Mutex& mutex_;
+};
+
 // A condition variable waited on with a MutexLock held. No predicate overloads: the caller
 // loops on its condition in its own body, where the analysis can see that the lock is held
 // while it reads the guarded state.

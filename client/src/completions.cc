@@ -49,7 +49,7 @@ Status Completions::daemon_failure() const {
 }
 
 void Completions::expect(uint64_t seq, bool latency_bound) {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   if (!failure_.ok()) {
     first_failed_ = std::min(first_failed_, seq);
     return;
@@ -59,7 +59,7 @@ void Completions::expect(uint64_t seq, bool latency_bound) {
 }
 
 size_t Completions::pending() const {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   return pending_.size();
 }
 
@@ -109,7 +109,7 @@ bool Completions::check_liveness_locked() {
 }
 
 bool Completions::poll(uint64_t seq, Status* status) {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   drain_locked();
   if (pending_.count(seq)) return false;
   *status = outcome_locked(seq);
@@ -120,7 +120,7 @@ bool Completions::wait(uint64_t seq, std::chrono::steady_clock::time_point deadl
   for (;;) {
     Polling polling;
     {
-      std::lock_guard lock(mutex_);
+      MutexLock lock(mutex_);
       drain_locked();
       if (!pending_.count(seq)) {
         *status = outcome_locked(seq);
@@ -141,7 +141,7 @@ bool Completions::wait(uint64_t seq, std::chrono::steady_clock::time_point deadl
 void Completions::wait_below(size_t limit, std::chrono::steady_clock::time_point deadline) {
   for (;;) {
     {
-      std::lock_guard lock(mutex_);
+      MutexLock lock(mutex_);
       drain_locked();
       if (pending_.size() < limit) return;
       check_liveness_locked();
@@ -164,7 +164,7 @@ Status Completions::job_failure() {
       channel_->daemon()->failure_code.load(std::memory_order_acquire) == 0) {
     return Status();
   }
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   drain_locked();
   return failure_;
 }

@@ -9,13 +9,13 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <string>
 
 #include "shared/channel_layout.h"
 #include "shared/memfd.h"
 #include "shared/status.h"
+#include "shared/mutex.h"
 
 namespace gradsync {
 
@@ -61,24 +61,24 @@ class Completions {
 
  private:
   bool has_entries() const;
-  void drain_locked();
-  void fail_all_locked(const Status& status);
-  Status outcome_locked(uint64_t seq) const;
+  void drain_locked() GS_REQUIRES(mutex_);
+  void fail_all_locked(const Status& status) GS_REQUIRES(mutex_);
+  Status outcome_locked(uint64_t seq) const GS_REQUIRES(mutex_);
   Status daemon_failure() const;
-  bool check_liveness_locked();
+  bool check_liveness_locked() GS_REQUIRES(mutex_);
   WakeRef completion_ready() const;
 
   std::shared_ptr<JobChannel> channel_;  // keeps the rings mapped while any Work lives
   std::function<Status()> daemon_gone_;
-  mutable std::mutex mutex_;
-  RingReader<CompletionRing> reader_;  // guarded by mutex_
-  std::set<uint64_t> pending_;         // guarded by mutex_; submitted, not yet completed
-  std::set<uint64_t> latency_bound_;   // guarded by mutex_; the pending ones that are small
+  mutable Mutex mutex_;
+  RingReader<CompletionRing> reader_ GS_GUARDED_BY(mutex_);
+  std::set<uint64_t> pending_ GS_GUARDED_BY(mutex_);  // submitted, not yet completed
+  std::set<uint64_t> latency_bound_ GS_GUARDED_BY(mutex_);  // the pending ones that are small
   // Operations complete in sequence order and the first error of a job sticks, so every
   // operation from the first failed one on failed with failure_, and every earlier one
   // succeeded: the outcome of any completed operation, however old, without a table.
-  uint64_t first_failed_ = UINT64_MAX;  // guarded by mutex_
-  Status failure_;                      // guarded by mutex_
+  uint64_t first_failed_ GS_GUARDED_BY(mutex_) = UINT64_MAX;
+  Status failure_ GS_GUARDED_BY(mutex_);
   std::atomic<bool> failed_{false};     // failure_ is set (read without the lock)
   std::chrono::steady_clock::time_point next_liveness_check_;
 };

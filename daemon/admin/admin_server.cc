@@ -208,7 +208,7 @@ bool AdminServer::caller(grpc::ServerContext* context, Caller* out, std::string*
     if (tcp_listener_) tcp_listener_->proven(context->peer());  // the connection stays
     return true;
   }
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   auto it = callers_.find(context->peer());
   if (it == callers_.end()) {
     *why = "the admin service could not identify this connection";
@@ -325,7 +325,7 @@ void AdminServer::accept_loop() {
     {
       // gRPC names a connection it was handed by descriptor "fd:N"; a number is reused only
       // after its connection closed, so the entry is replaced before anyone can look it up.
-      std::lock_guard lock(mutex_);
+      MutexLock lock(mutex_);
       callers_["fd:" + std::to_string(fd)] = who;
     }
     struct stat st {};

@@ -17,7 +17,6 @@
 #include <atomic>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -29,6 +28,7 @@
 #include "daemon/util/log.h"
 #include "daemon/util/tcp_listener.h"
 #include "shared/status.h"
+#include "shared/mutex.h"
 
 namespace grpc {
 class AuthContext;
@@ -103,8 +103,8 @@ class AdminServer {
   int wake_fd_ = -1;  // an eventfd that ends accept_loop
   std::unique_ptr<grpc::Service> service_;
   std::unique_ptr<grpc::Server> server_;
-  mutable std::mutex mutex_;
-  std::map<std::string, PeerCredentials> callers_;  // by gRPC peer name; guarded by mutex_
+  mutable Mutex mutex_;
+  std::map<std::string, PeerCredentials> callers_ GS_GUARDED_BY(mutex_);  // by gRPC peer name
   // The connections handed to gRPC, by descriptor: whose, and the socket's inode, by which an
   // entry whose descriptor gRPC closed (or reused) is told from a live one. Accept thread only.
   struct Handed {

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <future>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <thread>
 
@@ -47,19 +46,19 @@ std::string ms(std::chrono::milliseconds value) { return std::to_string(value.co
 }  // namespace
 
 DaemonConfig IoDaemonView::config() const {
-  std::lock_guard lock(config_mutex_);
+  MutexLock lock(config_mutex_);
   return options_.config;
 }
 
 void IoDaemonView::set_config(const DaemonConfig& config) {
-  std::lock_guard lock(config_mutex_);
+  MutexLock lock(config_mutex_);
   options_.config = config;
 }
 
 // The control socket's rule (root, and the daemon's own user unless --allow-uid lists users).
 bool IoDaemonView::allowed(uid_t uid) const {
   if (uid == 0) return true;
-  std::lock_guard lock(config_mutex_);
+  MutexLock lock(config_mutex_);
   const auto& allowed = options_.config.allowed_uids;
   if (allowed.empty()) return uid == ::geteuid();
   return std::find(allowed.begin(), allowed.end(), uid) != allowed.end();
@@ -211,7 +210,7 @@ Status IoDaemonView::in_flight(const std::string& wanted, std::optional<uid_t> o
   // reported as such rather than waited for. Only values leave the io thread: a Job must be
   // released there (its destructor is io-thread only).
   struct Shared {
-    std::mutex mutex;
+    Mutex mutex;
     std::vector<std::optional<std::vector<PendingOperation>>> answers;
     std::vector<std::shared_ptr<std::promise<void>>> answered;
     std::vector<std::vector<std::string>> node_addresses;  // multi-node jobs: every node's daemon
@@ -233,7 +232,7 @@ Status IoDaemonView::in_flight(const std::string& wanted, std::optional<uid_t> o
                            auto done = std::make_shared<std::promise<void>>();
                            shared->answered.push_back(done);
                            job->in_flight([shared, i, done](std::vector<PendingOperation> ops) {
-                             std::lock_guard lock(shared->mutex);
+                             MutexLock lock(shared->mutex);
                              shared->answers[i] = std::move(ops);
                              done->set_value();
                            });
@@ -291,7 +290,7 @@ Status IoDaemonView::in_flight(const std::string& wanted, std::optional<uid_t> o
   }
   const auto deadline = std::chrono::steady_clock::now() + options_.answer_within;
   for (auto& done : shared->answered) done->get_future().wait_until(deadline);
-  std::lock_guard lock(shared->mutex);
+  MutexLock lock(shared->mutex);
   for (size_t i = 0; i < infos.size(); ++i) {
     JobOperations entry;
     entry.job = infos[i];

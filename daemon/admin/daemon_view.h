@@ -3,7 +3,6 @@
 #pragma once
 
 #include <chrono>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -16,6 +15,7 @@
 #include "daemon/peer/kv_store.h"
 #include "daemon/peer/peer_auth.h"
 #include "daemon/util/log.h"
+#include "shared/mutex.h"
 
 namespace gradsync::admin {
 
@@ -57,7 +57,7 @@ class IoDaemonView final : public DaemonView {
   DaemonConfig config() const;
 
   IoDaemonViewOptions options_;
-  mutable std::mutex config_mutex_;  // guards options_.config
+  mutable Mutex config_mutex_;  // guards options_.config
   std::chrono::steady_clock::time_point started_;
 };
 

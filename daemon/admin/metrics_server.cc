@@ -212,7 +212,7 @@ MetricsServer::~MetricsServer() {
   state_->io.stop();
   if (thread_.joinable()) thread_.join();
   // Each handler ends within its timeouts and one scrape (a few seconds at most).
-  std::lock_guard lock(handlers_mutex_);
+  MutexLock lock(handlers_mutex_);
   for (Handler& h : handlers_) h.thread.join();
 }
 
@@ -318,7 +318,7 @@ asio::awaitable<void> MetricsServer::read_request(asio::ip::tcp::socket accepted
   deadline.cancel();
   Request request{parser.get().method() == http::verb::get, std::string(parser.get().target()),
                   parser.get().version()};
-  std::lock_guard lock(handlers_mutex_);
+  MutexLock lock(handlers_mutex_);
   std::erase_if(handlers_, [](Handler& h) {
     if (!h.done->load()) return false;
     h.thread.join();

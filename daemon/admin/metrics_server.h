@@ -12,7 +12,6 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -22,6 +21,7 @@
 #include "daemon/admin/view.h"
 #include "daemon/job/daemon_counters.h"
 #include "daemon/util/log.h"
+#include "shared/mutex.h"
 
 namespace gradsync::admin {
 
@@ -69,8 +69,8 @@ class MetricsServer {
   MetricsServerOptions options_;
   std::unique_ptr<State> state_;  // the io_context and acceptor
   int port_ = 0;
-  std::mutex handlers_mutex_;
-  std::vector<Handler> handlers_;  // guarded by handlers_mutex_; joined when done or at the end
+  Mutex handlers_mutex_;
+  std::vector<Handler> handlers_ GS_GUARDED_BY(handlers_mutex_);  // joined when done or at the end
   size_t reading_ = 0;             // requests being read; the server's thread only
   std::thread thread_;
 };

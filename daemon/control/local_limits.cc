@@ -113,7 +113,7 @@ Status UserCounts::take_locked(What what, uid_t uid, uint64_t n) {
 
 Status UserCounts::take(What what, uid_t uid, uint64_t n, Ticket* ticket) {
   ticket->release();  // outside the lock: it may be one of ours
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   if (Status s = take_locked(what, uid, n); !s.ok()) return s;
   const bool shared = what == What::kSegments || what == What::kJobs || what == What::kBytes;
   if (shared) {
@@ -132,14 +132,14 @@ Status UserCounts::take(What what, uid_t uid, uint64_t n, Ticket* ticket) {
 }
 
 uint64_t UserCounts::held(What what, uid_t uid) const {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   auto it = held_.find({what, uid});
   return it == held_.end() ? 0 : it->second;
 }
 
 void UserCounts::give_back(What what, uid_t uid, uint64_t n) {
-  std::lock_guard lock(mutex_);
-  const auto put_back = [&](uid_t who) {
+  MutexLock lock(mutex_);
+  const auto put_back = [&](uid_t who) GS_REQUIRES(mutex_) {
     auto it = held_.find({what, who});
     if (it == held_.end()) return;
     it->second -= std::min(it->second, n);

@@ -14,10 +14,10 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 
 #include "shared/status.h"
+#include "shared/mutex.h"
 
 namespace gradsync {
 
@@ -98,11 +98,11 @@ class UserCounts : public std::enable_shared_from_this<UserCounts> {
 
  private:
   void give_back(What what, uid_t uid, uint64_t n);
-  Status take_locked(What what, uid_t uid, uint64_t n);
+  Status take_locked(What what, uid_t uid, uint64_t n) GS_REQUIRES(mutex_);
 
   const LocalLimits limits_;
-  mutable std::mutex mutex_;
-  std::map<std::pair<What, uid_t>, uint64_t> held_;  // guarded by mutex_; no zero entries
+  mutable Mutex mutex_;
+  std::map<std::pair<What, uid_t>, uint64_t> held_ GS_GUARDED_BY(mutex_);  // no zero entries
 };
 
 // "limit reached: <what> (gradsyncd --<setting> <value>)", resource_exhausted.

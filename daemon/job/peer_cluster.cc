@@ -182,7 +182,7 @@ Status PeerCluster::engine(const std::string& group, CollectiveEngine** engine) 
     return Status();
   }
   {
-    std::lock_guard lock(engines_mutex_);
+    MutexLock lock(engines_mutex_);
     if (!aborted_.ok()) return aborted_;
     auto it = engines_.find(group);
     if (it != engines_.end()) {
@@ -200,7 +200,7 @@ Status PeerCluster::engine(const std::string& group, CollectiveEngine** engine) 
   std::unique_ptr<CollectiveEngine> made;
   if (Status status = options_.engines->make(spec, &made); !status.ok()) return explain(status);
   options_.log.info("group '" + group + "': engine of " + std::to_string(nodes.size()) + " nodes ready");
-  std::lock_guard lock(engines_mutex_);
+  MutexLock lock(engines_mutex_);
   if (!aborted_.ok()) made->abort(aborted_);
   *engine = made.get();
   engines_.emplace(group, std::move(made));
@@ -239,7 +239,7 @@ std::string PeerCluster::late_nodes(const std::vector<std::string>& keys) const 
 }
 
 void PeerCluster::abort(const Status& why) {
-  std::lock_guard lock(engines_mutex_);
+  MutexLock lock(engines_mutex_);
   if (!aborted_.ok()) return;
   aborted_ = why;
   for (auto& [group, engine] : engines_) engine->abort(why);
@@ -280,7 +280,7 @@ std::string PeerCluster::whereabouts(int node, const std::map<int, NodeState>& s
 }
 
 Status PeerCluster::aborted() {
-  std::lock_guard lock(engines_mutex_);
+  MutexLock lock(engines_mutex_);
   return aborted_;
 }
 

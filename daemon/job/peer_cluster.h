@@ -11,7 +11,6 @@
 #include <string>
 #include <vector>
 
-#include <mutex>
 
 #include "daemon/job/cluster.h"
 #include "daemon/engine/factory.h"
@@ -19,6 +18,7 @@
 #include "daemon/job/topology.h"
 #include "daemon/peer/peer_client.h"
 #include "daemon/util/log.h"
+#include "shared/mutex.h"
 
 namespace gradsync {
 
@@ -80,9 +80,9 @@ class PeerCluster final : public Cluster {
   bool formed_ = false;
   std::string prefix_;                  // "g<generation>/"
   std::vector<std::string> addresses_;  // peer address of every node
-  std::mutex engines_mutex_;  // engines_ and aborted_: the worker adds, abort() may come from anywhere
-  std::map<std::string, std::unique_ptr<CollectiveEngine>> engines_;
-  Status aborted_;
+  Mutex engines_mutex_;  // the worker adds engines, abort() may come from anywhere
+  std::map<std::string, std::unique_ptr<CollectiveEngine>> engines_ GS_GUARDED_BY(engines_mutex_);
+  Status aborted_ GS_GUARDED_BY(engines_mutex_);
 };
 
 }  // namespace gradsync

@@ -6,11 +6,11 @@
 
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 
 #include "daemon/job/worker.h"
+#include "shared/mutex.h"
 
 namespace gradsync {
 
@@ -31,19 +31,19 @@ class ProgressBoard {
   // `key` is the job's store name, "<uid>.<job id>". A later add for the same key (the next
   // incarnation) replaces the earlier.
   void add(const std::string& key, std::weak_ptr<const Worker> worker, Shape shape) {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     workers_[key] = Listed{std::move(worker), std::move(shape)};
   }
   // The job's shape, without asking its worker anything.
   std::optional<Shape> shape(const std::string& key) const {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     auto it = workers_.find(key);
     if (it == workers_.end() || it->second.worker.expired()) return std::nullopt;
     return it->second.shape;
   }
   // Removes `key` if it still names `worker`.
   void remove(const std::string& key, const Worker* worker) {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     auto it = workers_.find(key);
     if (it != workers_.end() && (it->second.worker.expired() || it->second.worker.lock().get() == worker)) {
       workers_.erase(it);
@@ -53,7 +53,7 @@ class ProgressBoard {
     std::shared_ptr<const Worker> worker;
     Shape shape;
     {
-      std::lock_guard lock(mutex_);
+      MutexLock lock(mutex_);
       auto it = workers_.find(key);
       if (it == workers_.end()) return std::nullopt;
       worker = it->second.worker.lock();
@@ -65,12 +65,12 @@ class ProgressBoard {
   }
 
  private:
-  mutable std::mutex mutex_;
+  mutable Mutex mutex_;
   struct Listed {
     std::weak_ptr<const Worker> worker;
     Shape shape;
   };
-  std::map<std::string, Listed> workers_;  // guarded by mutex_
+  std::map<std::string, Listed> workers_ GS_GUARDED_BY(mutex_);
 };
 
 }  // namespace gradsync

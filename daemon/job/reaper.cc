@@ -7,7 +7,7 @@ namespace gradsync {
 Reaper::~Reaper() {
   std::list<Retirement> all;
   {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     all.swap(retirements_);
   }
   for (auto& retirement : all) retirement.thread.join();
@@ -16,7 +16,7 @@ Reaper::~Reaper() {
 void Reaper::adopt(std::function<void()> retire) {
   std::list<Retirement> finished;
   {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     for (auto it = retirements_.begin(); it != retirements_.end();) {
       auto next = std::next(it);
       if (it->done) finished.splice(finished.end(), retirements_, it);
@@ -28,7 +28,7 @@ void Reaper::adopt(std::function<void()> retire) {
       // What a job held (its sets' tables can be tens of MB) goes back to the system, not to
       // glibc's arenas for good.
       ::malloc_trim(0);
-      std::lock_guard done_lock(mutex_);
+      MutexLock done_lock(mutex_);
       slot.done = true;
     });
   }

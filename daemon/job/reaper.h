@@ -6,8 +6,8 @@
 
 #include <functional>
 #include <list>
-#include <mutex>
 #include <thread>
+#include "shared/mutex.h"
 
 namespace gradsync {
 
@@ -23,11 +23,11 @@ class Reaper {
  private:
   struct Retirement {
     std::thread thread;
-    bool done = false;  // guarded by mutex_
+    bool done = false;  // guarded by the reaper's mutex_ (nested: not expressible as an annotation)
   };
 
-  std::mutex mutex_;
-  std::list<Retirement> retirements_;  // guarded by mutex_; finished ones are joined on the next adopt
+  Mutex mutex_;
+  std::list<Retirement> retirements_ GS_GUARDED_BY(mutex_);  // finished ones are joined on the next adopt
 };
 
 }  // namespace gradsync

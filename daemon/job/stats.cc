@@ -23,14 +23,14 @@ double Histogram::quantile_seconds(double q) const {
 }
 
 void JobStats::bucket_ready(int local_rank, std::chrono::nanoseconds lag) {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   if (local_rank >= 0 && static_cast<size_t>(local_rank) < data_.readiness_lag.size()) {
     data_.readiness_lag[static_cast<size_t>(local_rank)].add(lag);
   }
 }
 
 void JobStats::bucket_launched(uint32_t bucket, std::chrono::nanoseconds waited) {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   data_.waiting_for_ranks.add(waited);
   if (bucket < JobStatsSnapshot::kMaxBucketIndices) {
     BucketStatsSnapshot& b = data_.buckets_by_index[bucket];
@@ -41,7 +41,7 @@ void JobStats::bucket_launched(uint32_t bucket, std::chrono::nanoseconds waited)
 
 void JobStats::bucket_landed(uint32_t bucket, uint64_t bytes, std::chrono::nanoseconds executed,
                              const BucketTimings& parts) {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   ++data_.buckets;
   data_.bytes += bytes;
   data_.executing.add(executed);
@@ -60,13 +60,13 @@ void JobStats::bucket_landed(uint32_t bucket, uint64_t bytes, std::chrono::nanos
 }
 
 void JobStats::operation_done(std::chrono::nanoseconds latency) {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   ++data_.operations;
   data_.operation_latency.add(latency);
 }
 
 JobStatsSnapshot JobStats::snapshot() const {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   return data_;
 }
 

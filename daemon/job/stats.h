@@ -10,10 +10,10 @@
 #include <chrono>
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <vector>
 
 #include "daemon/backend/timings.h"
+#include "shared/mutex.h"
 
 namespace gradsync {
 
@@ -70,8 +70,8 @@ class JobStats {
   JobStatsSnapshot snapshot() const;
 
  private:
-  mutable std::mutex mutex_;
-  JobStatsSnapshot data_;  // guarded by mutex_
+  mutable Mutex mutex_;
+  JobStatsSnapshot data_ GS_GUARDED_BY(mutex_);
 };
 
 }  // namespace gradsync

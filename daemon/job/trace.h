@@ -12,11 +12,11 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "daemon/backend/timings.h"
+#include "shared/mutex.h"
 
 namespace gradsync {
 
@@ -48,8 +48,8 @@ class TraceLog {
   std::vector<OpTrace> last(size_t count) const;
 
  private:
-  mutable std::mutex mutex_;
-  std::deque<OpTrace> ops_;  // guarded by mutex_
+  mutable Mutex mutex_;
+  std::deque<OpTrace> ops_ GS_GUARDED_BY(mutex_);
 };
 
 }  // namespace gradsync

@@ -16,7 +16,7 @@ KvStore::~KvStore() {
 }
 
 size_t KvStore::count_prefix(const std::string& job, const std::string& prefix) {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   auto it = jobs_.find(job);
   if (it == jobs_.end()) return 0;
   size_t n = 0;
@@ -25,7 +25,7 @@ size_t KvStore::count_prefix(const std::string& job, const std::string& prefix) 
 }
 
 bool KvStore::peek(const std::string& job, const std::string& key, std::string* value) {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   std::vector<std::string> values;
   if (!lookup_locked(job, {key}, &values)) return false;
   *value = std::move(values[0]);
@@ -145,7 +145,7 @@ void KvStore::count_locked(const StoreMember& member, size_t bytes, int sign) {
 
 Status KvStore::check_room(const StoreMember& member, size_t bytes, size_t keys) {
   if (member.empty() || keys == 0) return Status();
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   if (Status room = room_locked({}, member, 0, bytes + keys * kEntryOverhead, true); !room.ok()) return room;
   for (const bool by_name : {true, false}) {
     const auto& uses = by_name ? members_ : groups_;
@@ -164,7 +164,7 @@ Status KvStore::check_room(const StoreMember& member, size_t bytes, size_t keys)
 }
 
 bool KvStore::erase(const std::string& job, const std::string& key) {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   auto it = jobs_.find(job);
   if (it == jobs_.end()) return false;
   auto k = it->second.find(key);
@@ -301,7 +301,7 @@ Status KvStore::put(const std::string& job, const std::string& key, std::string 
   Ready ready;
   {
     // The absence is checked and the value stored under one lock: the first writer wins.
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     if (if_absent) {
       auto it = jobs_.find(job);
       if (it != jobs_.end() && it->second.count(key)) return Status();
@@ -321,13 +321,13 @@ Status KvStore::add(const std::string& job, const std::string& key, int64_t delt
   if (Status status = check_names(job, key); !status.ok()) return status;
   Ready ready;
   {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     // A counter's text is at most 20 bytes: room for that is made up front, and the
     // accounting settles on the text's real size on every way out.
     std::string* found = nullptr;
     if (Status status = slot_locked(job, key, 20, member, &found); !status.ok()) return status;
     std::string& slot = *found;
-    const auto settle = [&] {  // (modular arithmetic: the true totals are never negative)
+    const auto settle = [&]() GS_REQUIRES(mutex_) {  // (modular arithmetic: the true totals are never negative)
       job_bytes_[job] = job_bytes_[job] + slot.size() - 20;
       total_bytes_ = total_bytes_ + slot.size() - 20;
       if (!member.empty()) {
@@ -374,7 +374,7 @@ void KvStore::erase_job_locked(const std::string& job) {
 }
 
 size_t KvStore::delete_job(const std::string& job, const std::string& prefix) {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   auto it = jobs_.find(job);
   if (it == jobs_.end()) return 0;
   auto& keys = it->second;
@@ -438,7 +438,7 @@ uint64_t KvStore::get(const std::string& job, std::vector<std::string> keys, std
   }
   std::vector<std::string> values;
   {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     if (jobs_.count(job)) touch_locked(job);
     if (!lookup_locked(job, keys, &values)) {
       if (timeout.count() > 0 && !stopping_) {
@@ -499,7 +499,7 @@ void KvStore::cancel(uint64_t id, const Status& why) {
   if (id == 0) return;
   GetDone done;
   {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     if (!waiters_.count(id)) return;
     done = unpark_locked(id).done;
   }
@@ -507,12 +507,12 @@ void KvStore::cancel(uint64_t id, const Status& why) {
 }
 
 KvStore::Usage KvStore::usage() {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   return Usage{jobs_.size(), total_bytes_, waiters_.size(), examined_};
 }
 
 KvStore::MemberUsage KvStore::usage_of(const StoreMember& member) {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   MemberUsage out;
   if (auto it = members_.find(member.name); it != members_.end()) {
     out.name_bytes = it->second.bytes;
@@ -527,7 +527,7 @@ KvStore::MemberUsage KvStore::usage_of(const StoreMember& member) {
 
 void KvStore::shutdown(const Status& status) {
   {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     stopping_ = true;
   }
   changed_.notify_all();
@@ -537,7 +537,7 @@ void KvStore::shutdown(const Status& status) {
 void KvStore::abort_all(const Status& status) {
   std::map<uint64_t, Waiter> waiters;
   {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     waiters.swap(waiters_);
     needs_.clear();
     deadlines_.clear();
@@ -550,7 +550,7 @@ void KvStore::abort_all(const Status& status) {
 }
 
 void KvStore::expire_loop() {
-  std::unique_lock lock(mutex_);
+  MutexLock lock(mutex_);
   while (!stopping_) {
     // Wakes for the next get's deadline, and at least every quarter of the job TTL (at most a
     // minute) to forget idle jobs.

@@ -9,18 +9,17 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <list>
 #include <map>
-#include <mutex>
 #include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "shared/status.h"
+#include "shared/mutex.h"
 
 namespace gradsync {
 
@@ -163,58 +162,58 @@ class KvStore {
   // The slot for job/key, made room for `bytes` of value (created within the limits), charged
   // to `member`.
   Status slot_locked(const std::string& job, const std::string& key, size_t bytes, const StoreMember& member,
-                     std::string** slot);
+                     std::string** slot) GS_REQUIRES(mutex_);
   // Moves the charge for a key between members (either may be empty: nobody); false when
   // `to` would pass its limits (nothing changed then; *why says which).
   bool charge_locked(const StoreMember& from, const StoreMember& to, size_t old_bytes, size_t new_bytes, bool is_new,
-                     Status* why);
+                     Status* why) GS_REQUIRES(mutex_);
   // Whether `to` may take a key of `new_bytes` from `from` (whose charge is `old_bytes`).
   Status room_locked(const StoreMember& from, const StoreMember& to, size_t old_bytes, size_t new_bytes,
-                     bool is_new) const;
+                     bool is_new) const GS_REQUIRES(mutex_);
   // Adds (or with `sign` -1 removes) a key of `bytes` to a member's name and group.
-  void count_locked(const StoreMember& member, size_t bytes, int sign);
+  void count_locked(const StoreMember& member, size_t bytes, int sign) GS_REQUIRES(mutex_);
   // Credits the owner of job/key (if any) for a key of `bytes` that goes.
-  void release_key_locked(const std::string& job, const std::string& key, size_t bytes);
-  void forget_waiter_locked(const Waiter& waiter);
-  void touch_locked(const std::string& job) { touched_[job] = std::chrono::steady_clock::now(); }
-  void erase_job_locked(const std::string& job);
-  void expire_jobs_locked();
+  void release_key_locked(const std::string& job, const std::string& key, size_t bytes) GS_REQUIRES(mutex_);
+  void forget_waiter_locked(const Waiter& waiter) GS_REQUIRES(mutex_);
+  void touch_locked(const std::string& job) GS_REQUIRES(mutex_) { touched_[job] = std::chrono::steady_clock::now(); }
+  void erase_job_locked(const std::string& job) GS_REQUIRES(mutex_);
+  void expire_jobs_locked() GS_REQUIRES(mutex_);
   // Hands memory that a large delete freed back to the system.
-  void trim_locked(size_t freed);
-  bool lookup_locked(const std::string& job, const std::vector<std::string>& keys, std::vector<std::string>* values) const;
+  void trim_locked(size_t freed) GS_REQUIRES(mutex_);
+  bool lookup_locked(const std::string& job, const std::vector<std::string>& keys, std::vector<std::string>* values) const GS_REQUIRES(mutex_);
   // Parks `waiter` under the first key it still needs (it needs one: the caller looked).
-  void park_locked(Waiter waiter);
+  void park_locked(Waiter waiter) GS_REQUIRES(mutex_);
   // The gets waiting for job/key, which was just set: each answered (into the result) or parked
   // under its next missing key.
-  Ready wake_locked(const std::string& job, const std::string& key);
+  Ready wake_locked(const std::string& job, const std::string& key) GS_REQUIRES(mutex_);
   // Removes a parked get from every index; returns it.
-  Waiter unpark_locked(uint64_t id);
+  Waiter unpark_locked(uint64_t id) GS_REQUIRES(mutex_);
   void expire_loop();
 
   Limits limits_;
-  std::mutex mutex_;
-  std::condition_variable changed_;
-  std::map<std::string, std::map<std::string, std::string>> jobs_;  // guarded by mutex_
-  // Parked gets by id, by the key each waits for, by deadline and by job; guarded by mutex_.
-  std::map<uint64_t, Waiter> waiters_;
-  std::map<JobKey, std::set<uint64_t>> needs_;
-  std::multimap<std::chrono::steady_clock::time_point, uint64_t> deadlines_;
-  std::map<std::string, size_t> waiters_by_job_;
-  uint64_t examined_ = 0;                                            // guarded by mutex_
-  std::map<std::string, size_t> job_bytes_;                          // guarded by mutex_
-  std::map<std::string, std::chrono::steady_clock::time_point> touched_;  // guarded by mutex_
-  size_t total_bytes_ = 0;                                           // guarded by mutex_
-  size_t waiting_key_bytes_ = 0;                                     // guarded by mutex_
-  std::map<std::string, size_t> waiters_by_caller_;                  // by name; guarded by mutex_
-  std::map<std::string, size_t> waiters_by_group_;                   // guarded by mutex_
+  Mutex mutex_;
+  CondVar changed_;
+  std::map<std::string, std::map<std::string, std::string>> jobs_ GS_GUARDED_BY(mutex_);
+  // Parked gets by id, by the key each waits for, by deadline and by job.
+  std::map<uint64_t, Waiter> waiters_ GS_GUARDED_BY(mutex_);
+  std::map<JobKey, std::set<uint64_t>> needs_ GS_GUARDED_BY(mutex_);
+  std::multimap<std::chrono::steady_clock::time_point, uint64_t> deadlines_ GS_GUARDED_BY(mutex_);
+  std::map<std::string, size_t> waiters_by_job_ GS_GUARDED_BY(mutex_);
+  uint64_t examined_ GS_GUARDED_BY(mutex_) = 0;
+  std::map<std::string, size_t> job_bytes_ GS_GUARDED_BY(mutex_);
+  std::map<std::string, std::chrono::steady_clock::time_point> touched_ GS_GUARDED_BY(mutex_);
+  size_t total_bytes_ GS_GUARDED_BY(mutex_) = 0;
+  size_t waiting_key_bytes_ GS_GUARDED_BY(mutex_) = 0;
+  std::map<std::string, size_t> waiters_by_caller_ GS_GUARDED_BY(mutex_);  // by name
+  std::map<std::string, size_t> waiters_by_group_ GS_GUARDED_BY(mutex_);
   struct MemberUse {
     size_t bytes = 0, keys = 0;
   };
-  std::map<std::string, MemberUse> members_;  // what each name's keys hold; guarded by mutex_
-  std::map<std::string, MemberUse> groups_;   // ... each group's; guarded by mutex_
-  std::map<JobKey, StoreMember> owners_;      // who set each key (members only); guarded by mutex_
-  uint64_t next_waiter_ = 1;                                         // guarded by mutex_
-  bool stopping_ = false;                                            // guarded by mutex_
+  std::map<std::string, MemberUse> members_ GS_GUARDED_BY(mutex_);  // what each name's keys hold
+  std::map<std::string, MemberUse> groups_ GS_GUARDED_BY(mutex_);  // ... each group's
+  std::map<JobKey, StoreMember> owners_ GS_GUARDED_BY(mutex_);  // who set each key (members only)
+  uint64_t next_waiter_ GS_GUARDED_BY(mutex_) = 1;
+  bool stopping_ GS_GUARDED_BY(mutex_) = false;
   std::thread expiry_;
 };
 

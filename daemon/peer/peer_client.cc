@@ -31,12 +31,12 @@ class PeerClient::Call {
       instance_ = client_->instance_auth_->instance_for(client_->address_, job);
       context_.AddMetadata(PeerAuth::kInstanceKey, instance_);
     }
-    std::lock_guard lock(client_->mutex_);
+    MutexLock lock(client_->mutex_);
     refused_ = client_->cancelled_;
     if (refused_.ok()) client_->in_flight_.insert(&context_);
   }
   ~Call() {
-    std::lock_guard lock(client_->mutex_);
+    MutexLock lock(client_->mutex_);
     client_->in_flight_.erase(&context_);
   }
   Call(const Call&) = delete;
@@ -57,7 +57,7 @@ class PeerClient::Call {
 
   Status finish(const grpc::Status& status) {
     if (status.error_code() == grpc::StatusCode::CANCELLED) {
-      std::lock_guard lock(client_->mutex_);
+      MutexLock lock(client_->mutex_);
       if (!client_->cancelled_.ok()) return client_->cancelled_;
     }
     return from_grpc(status, "peer daemon at " + client_->address_);
@@ -71,7 +71,7 @@ class PeerClient::Call {
 };
 
 void PeerClient::cancel(const Status& why) {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   if (!cancelled_.ok()) return;
   cancelled_ = why.ok() ? Status::aborted("cancelled") : why;
   for (grpc::ClientContext* context : in_flight_) context->TryCancel();
@@ -124,7 +124,7 @@ Status PeerClient::unary(std::string_view method, const std::string& job, std::c
 
 Status PeerClient::callee(std::chrono::milliseconds timeout, bool fresh, std::string* id) {
   {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     if (!fresh && !callee_.empty()) {
       *id = callee_;
       return Status();
@@ -137,7 +137,7 @@ Status PeerClient::callee(std::chrono::milliseconds timeout, bool fresh, std::st
                             ") states no service id: every node must run a gradsyncd of the same cross-node "
                             "protocol");
   }
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   callee_ = reply.service_id();
   *id = callee_;
   return Status();

@@ -12,7 +12,6 @@
 
 #include <chrono>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <string>
 #include <vector>
@@ -20,6 +19,7 @@
 #include "daemon/peer/peer_auth.h"
 #include "proto/peer.grpc.pb.h"
 #include "shared/status.h"
+#include "shared/mutex.h"
 
 namespace gradsync {
 
@@ -66,10 +66,10 @@ class PeerClient {
 
   std::string address_;
   std::shared_ptr<const PeerAuth> auth_;
-  std::mutex mutex_;
-  std::set<grpc::ClientContext*> in_flight_;  // guarded by mutex_
-  Status cancelled_;                          // guarded by mutex_
-  std::string callee_;                        // the callee's service id; guarded by mutex_
+  Mutex mutex_;
+  std::set<grpc::ClientContext*> in_flight_ GS_GUARDED_BY(mutex_);
+  Status cancelled_ GS_GUARDED_BY(mutex_);
+  std::string callee_ GS_GUARDED_BY(mutex_);  // the callee's service id
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<peer::Peer::Stub> stub_;
   // Who this client is to the peer's store (key_scope.h): the daemon's instance secret, or a

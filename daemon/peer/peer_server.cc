@@ -8,10 +8,10 @@
 #include <cstring>
 
 #include <atomic>
-#include <mutex>
 
 #include "daemon/util/safe_text.h"
 #include "shared/version.h"
+#include "shared/mutex.h"
 
 namespace gradsync {
 namespace {
@@ -86,7 +86,7 @@ class GetReactor final : public grpc::ServerUnaryReactor {
   void start(uint64_t id) {
     bool cancel_now = false;
     {
-      std::lock_guard lock(mutex_);
+      MutexLock lock(mutex_);
       id_ = id;
       cancel_now = cancelled_;
     }
@@ -96,7 +96,7 @@ class GetReactor final : public grpc::ServerUnaryReactor {
   void OnCancel() override {
     uint64_t id = 0;
     {
-      std::lock_guard lock(mutex_);
+      MutexLock lock(mutex_);
       cancelled_ = true;
       id = id_;
     }
@@ -111,9 +111,9 @@ class GetReactor final : public grpc::ServerUnaryReactor {
 
   KvStore* store_;
   std::atomic<int> references_{2};
-  std::mutex mutex_;
-  uint64_t id_ = 0;         // guarded by mutex_; 0 until parked (or answered at once)
-  bool cancelled_ = false;  // guarded by mutex_
+  Mutex mutex_;
+  uint64_t id_ GS_GUARDED_BY(mutex_) = 0;  // 0 until parked (or answered at once)
+  bool cancelled_ GS_GUARDED_BY(mutex_) = false;
 };
 
 // The peer's host, for the per-caller bound on parked gets ("ipv4:10.0.0.2:41234" -> "ipv4:10.0.0.2").

@@ -129,7 +129,7 @@ grpc::Status ProofChecker::check_value(std::string_view value, std::string_view 
     return refused("its time is " + std::to_string(skew / 1000) + " s from this node's clock (at most " +
                    std::to_string(window / 1000) + " s: keep the nodes' clocks in sync, e.g. with NTP)");
   }
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   if (seen_.size() >= kMaxSeen / 2) {
     for (auto s = seen_.begin(); s != seen_.end();) s = s->second < now ? seen_.erase(s) : std::next(s);
   }

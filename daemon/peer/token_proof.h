@@ -16,11 +16,11 @@
 
 #include <chrono>
 #include <map>
-#include <mutex>
 #include <string>
 #include <string_view>
 
 #include <google/protobuf/message.h>
+#include "shared/mutex.h"
 
 namespace gradsync {
 
@@ -63,8 +63,8 @@ class ProofChecker {
  private:
   std::string token_;
   std::string service_id_;
-  std::mutex mutex_;
-  std::map<std::string, std::chrono::system_clock::time_point> seen_;  // nonce -> when it may go; guarded
+  Mutex mutex_;
+  std::map<std::string, std::chrono::system_clock::time_point> seen_ GS_GUARDED_BY(mutex_);  // nonce -> when it may go
 };
 
 }  // namespace gradsync

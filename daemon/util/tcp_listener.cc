@@ -157,7 +157,7 @@ void TcpListener::proven(const std::string& grpc_peer) {
   for (const auto& [from, to] : {std::pair<std::string, std::string>{"%5B", "["}, {"%5D", "]"}}) {
     for (size_t at = peer.find(from); at != std::string::npos; at = peer.find(from, at)) peer.replace(at, 3, to);
   }
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   auto it = by_peer_.find(peer);
   if (it == by_peer_.end()) return;
   auto handed = handed_.find(it->second);
@@ -203,7 +203,7 @@ bool TcpListener::admit_locked(int fd, const std::string& host, const std::strin
   // A descriptor gRPC closed since may have come back as this one: drop the old entry.
   if (auto stale = handed_.find(fd); stale != handed_.end()) drop_locked(stale);
   // Unproven connections are held twice (gRPC's descriptor and this listener's copy).
-  const auto over = [&] {
+  const auto over = [&]() GS_REQUIRES(mutex_) {
     auto h = unproven_by_host_.find(host);
     return handed_.size() + unproven_ + 2 > limits_.max_total ||
            (h != unproven_by_host_.end() && h->second >= limits_.max_per_host);
@@ -239,7 +239,7 @@ bool TcpListener::admit_locked(int fd, const std::string& host, const std::strin
 
 void TcpListener::expire_unproven() {
   const auto now = std::chrono::steady_clock::now();
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   for (auto it = handed_.begin(); it != handed_.end();) {
     auto next = std::next(it);
     if (!it->second.proven && now - it->second.accepted > limits_.proof_window) {
@@ -300,7 +300,7 @@ void TcpListener::accept_loop() {
       const std::string peer = describe(address, &host);
       bool admitted = false;
       {
-        std::lock_guard lock(mutex_);
+        MutexLock lock(mutex_);
         admitted = admit_locked(fd, host, peer);
       }
       if (!admitted) {

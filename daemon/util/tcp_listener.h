@@ -26,7 +26,6 @@
 #include <cstddef>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
@@ -34,6 +33,7 @@
 
 #include "daemon/util/log.h"
 #include "shared/unique_fd.h"
+#include "shared/mutex.h"
 
 namespace gradsync {
 
@@ -78,15 +78,15 @@ class TcpListener {
   };
   void accept_loop();
   // Takes `fd` in, making way past a bound; false when it must be closed. Under mutex_.
-  bool admit_locked(int fd, const std::string& host, const std::string& peer);
+  bool admit_locked(int fd, const std::string& host, const std::string& peer) GS_REQUIRES(mutex_);
   // Closes (shuts down, for gRPC to close) unproven connections past the proof window.
   void expire_unproven();
   // Shuts an unproven connection down (through its copy), and forgets it.
-  void drop_locked(std::map<int, Handed>::iterator it);
-  void forget_locked(std::map<int, Handed>::iterator it);
-  void uncount_unproven_locked(const std::string& host);
+  void drop_locked(std::map<int, Handed>::iterator it) GS_REQUIRES(mutex_);
+  void forget_locked(std::map<int, Handed>::iterator it) GS_REQUIRES(mutex_);
+  void uncount_unproven_locked(const std::string& host) GS_REQUIRES(mutex_);
   // Drops entries whose descriptor gRPC has closed (or reused); under mutex_.
-  void prune_locked();
+  void prune_locked() GS_REQUIRES(mutex_);
   // Logs the connections closed since the last line, once a second at most. Accept thread.
   void log_closures(const std::string& last_peer);
 
@@ -97,13 +97,13 @@ class TcpListener {
   UniqueFd wake_fd_;
   int port_ = 0;
   std::unique_ptr<grpc::experimental::ExternalConnectionAcceptor> acceptor_;
-  std::mutex mutex_;
-  std::map<int, Handed> handed_;             // by descriptor; guarded by mutex_
-  std::map<std::string, int> by_peer_;       // peer -> descriptor; guarded by mutex_
-  std::map<std::string, size_t> unproven_by_host_;  // guarded by mutex_
-  size_t unproven_ = 0;                             // guarded by mutex_
-  std::minstd_rand random_{std::random_device{}()};  // guarded by mutex_
-  std::chrono::steady_clock::time_point last_prune_;  // guarded by mutex_
+  Mutex mutex_;
+  std::map<int, Handed> handed_ GS_GUARDED_BY(mutex_);  // by descriptor
+  std::map<std::string, int> by_peer_ GS_GUARDED_BY(mutex_);  // peer -> descriptor
+  std::map<std::string, size_t> unproven_by_host_ GS_GUARDED_BY(mutex_);
+  size_t unproven_ GS_GUARDED_BY(mutex_) = 0;
+  std::minstd_rand random_ GS_GUARDED_BY(mutex_){std::random_device{}()};
+  std::chrono::steady_clock::time_point last_prune_ GS_GUARDED_BY(mutex_);
   struct Closed {
     size_t refused = 0;    // newcomers, every held connection being proven
     size_t made_way = 0;   // unproven, for a newcomer

@@ -12,8 +12,8 @@ struct ThreadPool::Batch {
   size_t count = 0;
   std::atomic<size_t> next{0};
   std::atomic<size_t> done{0};
-  std::mutex mutex;
-  std::condition_variable finished;
+  Mutex mutex;
+  CondVar finished;
 };
 
 ThreadPool::ThreadPool(size_t threads) {
@@ -22,7 +22,7 @@ ThreadPool::ThreadPool(size_t threads) {
 
 ThreadPool::~ThreadPool() {
   {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     stopping_ = true;
   }
   wake_.notify_all();
@@ -36,7 +36,7 @@ ThreadPool::~ThreadPool() {
 // the batch, while the helper still touches it).
 void ThreadPool::finish_one(Batch& batch, size_t i) {
   (*batch.task)(i);
-  std::lock_guard lock(batch.mutex);
+  MutexLock lock(batch.mutex);
   if (batch.done.fetch_add(1) + 1 == batch.count) batch.finished.notify_all();
 }
 
@@ -50,30 +50,27 @@ void ThreadPool::parallel_for(size_t count, const std::function<void(size_t)>& t
   batch.task = &task;
   batch.count = count;
   {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     batches_.push_back(&batch);
   }
   wake_.notify_all();
   for (size_t i = batch.next.fetch_add(1); i < count; i = batch.next.fetch_add(1)) finish_one(batch, i);
   {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     batches_.erase(std::find(batches_.begin(), batches_.end(), &batch));
   }
   // Helpers may still be inside a task they claimed; the batch must outlive them.
-  std::unique_lock lock(batch.mutex);
-  batch.finished.wait(lock, [&] { return batch.done.load() == batch.count; });
+  MutexLock lock(batch.mutex);
+  while (batch.done.load() != batch.count) batch.finished.wait(lock);
 }
 
 void ThreadPool::run_worker() {
-  std::unique_lock lock(mutex_);
+  MutexLock lock(mutex_);
   for (;;) {
-    wake_.wait(lock, [&] {
-      if (stopping_) return true;
-      for (Batch* b : batches_) {
-        if (b->next.load() < b->count) return true;
-      }
-      return false;
-    });
+    while (!stopping_ && std::none_of(batches_.begin(), batches_.end(),
+                                      [](Batch* b) { return b->next.load() < b->count; })) {
+      wake_.wait(lock);
+    }
     if (stopping_) return;
     for (Batch* batch : batches_) {
       const size_t i = batch->next.fetch_add(1);

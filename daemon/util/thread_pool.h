@@ -4,13 +4,12 @@
 // once; they share the threads.
 #pragma once
 
-#include <condition_variable>
 #include <cstddef>
 #include <deque>
 #include <functional>
-#include <mutex>
 #include <thread>
 #include <vector>
+#include "shared/mutex.h"
 
 namespace gradsync {
 
@@ -33,10 +32,10 @@ class ThreadPool {
   void run_worker();
   static void finish_one(Batch& batch, size_t i);
 
-  std::mutex mutex_;
-  std::condition_variable wake_;
-  std::deque<Batch*> batches_;  // guarded by mutex_
-  bool stopping_ = false;       // guarded by mutex_
+  Mutex mutex_;
+  CondVar wake_;
+  std::deque<Batch*> batches_ GS_GUARDED_BY(mutex_);
+  bool stopping_ GS_GUARDED_BY(mutex_) = false;
   std::vector<std::thread> workers_;
 };
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "daemon/backend/cuda/device_api.h"
+#include "shared/mutex.h"
 
 namespace gradsync::cuda {
 namespace {
@@ -363,7 +364,7 @@ class CudaDeviceApi final : public DeviceApi {
   Status trim(int device) override {
     cudaMemPool_t pool = nullptr;
     {
-      std::lock_guard lock(pools_mutex_);
+      MutexLock lock(pools_mutex_);
       auto it = pools_.find(device);
       if (it == pools_.end()) return Status();
       pool = it->second;
@@ -395,14 +396,14 @@ class CudaDeviceApi final : public DeviceApi {
   // fails every later call, cudaMemGetInfo included, which neither waits nor launches.
   Status health(int device) override {
     {
-      std::lock_guard lock(broken_mutex_);
+      MutexLock lock(broken_mutex_);
       if (auto it = broken_.find(device); it != broken_.end()) return it->second;
     }
     DeviceScope scope(device);
     if (!scope.status().ok()) return Status();  // cannot probe `device`; nothing known against it
     size_t free_bytes = 0, total_bytes = 0;
     (void)call(device, cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
-    std::lock_guard lock(broken_mutex_);
+    MutexLock lock(broken_mutex_);
     auto it = broken_.find(device);
     return it == broken_.end() ? Status() : it->second;
   }
@@ -416,7 +417,7 @@ class CudaDeviceApi final : public DeviceApi {
   // for their life), and every GPU that can reach it may (NCCL's P2P may read a peer's buffer
   // directly when one process drives both GPUs).
   Status pool_of(int device, cudaMemPool_t* out) {
-    std::lock_guard lock(pools_mutex_);
+    MutexLock lock(pools_mutex_);
     if (auto it = pools_.find(device); it != pools_.end()) {
       *out = it->second;
       return Status();
@@ -474,7 +475,7 @@ class CudaDeviceApi final : public DeviceApi {
     return status;
   }
   void mark_broken(int device, const Status& why) {
-    std::lock_guard lock(broken_mutex_);
+    MutexLock lock(broken_mutex_);
     broken_.emplace(device, Status::internal("GPU " + std::to_string(device) +
                                              " is unusable: a sticky CUDA error broke gradsyncd's context on it (" +
                                              why.message() + "); only a restart of gradsyncd recovers it"));
@@ -501,10 +502,10 @@ class CudaDeviceApi final : public DeviceApi {
 
   std::once_flag fetched_;
   DriverCalls calls_;
-  std::mutex broken_mutex_;
-  std::map<int, Status> broken_;  // guarded by broken_mutex_: devices a sticky error broke
-  std::mutex pools_mutex_;
-  std::map<int, cudaMemPool_t> pools_;  // guarded by pools_mutex_; live as long as the daemon
+  Mutex broken_mutex_;
+  std::map<int, Status> broken_ GS_GUARDED_BY(broken_mutex_);  // devices a sticky error broke
+  Mutex pools_mutex_;
+  std::map<int, cudaMemPool_t> pools_ GS_GUARDED_BY(pools_mutex_);  // live as long as the daemon
 };
 
 }  // namespace

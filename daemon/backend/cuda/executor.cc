@@ -51,7 +51,7 @@ CudaExecutor::~CudaExecutor() {
   gpu_subscription_.reset();  // no listener call reaches a half-destroyed executor
   if (lost_) {
     // GPU work may still use all of it, NCCL's buffers included: leaked on purpose (quiesce()).
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     for (auto& [key, engine] : engines_) engine.release()->abandon();
     return;
   }
@@ -59,7 +59,7 @@ CudaExecutor::~CudaExecutor() {
   // its communicators, so nothing below is freed under a running kernel.
   std::map<std::string, std::unique_ptr<DeviceCollectiveEngine>> engines;
   {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     engines.swap(engines_);
     engine_by_set_.clear();
     made_.clear();
@@ -101,7 +101,7 @@ Status CudaExecutor::on_device(int device, const Status& status) {
 
 void CudaExecutor::gpu_broken(int device, const Status& why) {
   {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     if (!used_devices_.count(device)) return;
   }
   abort(why);
@@ -248,12 +248,12 @@ Status CudaExecutor::order(const BucketCall& call, int device, bool ready) {
 }
 
 Status CudaExecutor::aborted() {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   return aborted_;
 }
 
 void CudaExecutor::abort(const Status& why) {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   if (!aborted_.ok()) return;
   aborted_ = why.ok() ? Status::aborted("aborted") : why;
   for (auto& [key, engine] : engines_) engine->abort(aborted_);
@@ -349,7 +349,7 @@ Status CudaExecutor::admit(const TensorSet& set, const SetAdmission& admission) 
     if (Status status = engine_factory_->make(spec, &made); !status.ok()) return status;
     DeviceCollectiveEngine* engine = made.get();
     {
-      std::lock_guard lock(mutex_);
+      MutexLock lock(mutex_);
       if (!aborted_.ok()) return aborted_;
       engine_by_set_[{set.id, group}] = engine;
       layouts_[layout_key(group, spec)] = spec.name;
@@ -367,7 +367,7 @@ Status CudaExecutor::admit(const TensorSet& set, const SetAdmission& admission) 
                   ms);
     std::string from;
     if (spec.parent && engine->split()) {
-      std::lock_guard lock(mutex_);
+      MutexLock lock(mutex_);
       for (const auto& [name, e] : engines_) {
         if (e.get() == spec.parent) from = ", split off the one made for " + name + " (sharing its resources)";
       }
@@ -398,7 +398,7 @@ void CudaExecutor::register_regions(const TensorSet& set, DeviceCollectiveEngine
 }
 
 DeviceCollectiveEngine* CudaExecutor::engine_of(uint32_t set, const std::string& group) {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   auto it = engine_by_set_.find({set, group});
   return it == engine_by_set_.end() ? nullptr : it->second;
 }
@@ -445,7 +445,7 @@ Status CudaExecutor::share_engine(const TensorSet& set, const std::string& group
   std::vector<std::string> parents;  // this node's engines that hold the set's GPUs, oldest first
   std::vector<std::pair<std::string, DeviceCollectiveEngine*>> made;
   {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     if (!aborted_.ok()) return aborted_;
     if (auto it = layouts_.find(layout_key(group, *spec)); it != layouts_.end()) {
       mine = it->second;
@@ -500,7 +500,7 @@ Status CudaExecutor::share_engine(const TensorSet& set, const std::string& group
     return Status();
   }
   {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     engine_by_set_[{set.id, group}] = engine;
   }
   log_.info(spec->what + ": shares the NCCL communicator of " + std::to_string(engine->ranks()) + " GPUs made for " +
@@ -513,7 +513,7 @@ Status CudaExecutor::share_engine(const TensorSet& set, const std::string& group
 void CudaExecutor::launch(BucketCall call, BucketDone done) {
   Status status;
   {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     status = aborted_;
   }
   if (!status.ok()) return done(status);
@@ -542,7 +542,7 @@ Status CudaExecutor::device_state(int device, size_t bucket_bytes, Device** out)
   Device& state = devices_[device];
   if (!state.stream) {
     {
-      std::lock_guard lock(mutex_);
+      MutexLock lock(mutex_);
       used_devices_.insert(device);
     }
     if (Status s = api_->create_stream(device, &state.stream); !s.ok()) return on_device(device, s);

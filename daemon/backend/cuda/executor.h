@@ -48,7 +48,6 @@
 #include <memory>
 #include <atomic>
 #include <functional>
-#include <mutex>
 #include <set>
 #include <span>
 #include <string>
@@ -62,6 +61,7 @@
 #include "daemon/backend/executor.h"
 #include "daemon/engine/device_engine.h"
 #include "daemon/util/log.h"
+#include "shared/mutex.h"
 
 namespace gradsync::cuda {
 
@@ -211,9 +211,9 @@ class CudaExecutor final : public BucketExecutor {
   GpuWatch* gpus_;
   Logger log_;
   std::function<void(const Status&)> fail_job_;
-  std::mutex mutex_;
-  Status aborted_;  // guarded by mutex_
-  std::set<int> used_devices_;  // guarded by mutex_: GPUs this executor has work on
+  Mutex mutex_;
+  Status aborted_ GS_GUARDED_BY(mutex_);
+  std::set<int> used_devices_ GS_GUARDED_BY(mutex_);  // GPUs this executor has work on
   // Made on the worker thread; abort() reaches them under mutex_. One per (group, layout), by
   // its name; every set's (set, group) points at its engine, and each layout at the name of
   // the engine its sets share.

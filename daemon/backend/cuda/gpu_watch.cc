@@ -7,7 +7,7 @@ namespace gradsync::cuda {
 
 void GpuWatch::Subscription::reset() {
   if (!link_) return;
-  std::lock_guard lock(link_->mutex);
+  MutexLock lock(link_->mutex);
   link_->listener = nullptr;
   link_.reset();
 }
@@ -15,8 +15,11 @@ void GpuWatch::Subscription::reset() {
 GpuWatch::Subscription GpuWatch::subscribe(OnBroken listener) {
   Subscription subscription;
   subscription.link_ = std::make_shared<Subscription::Link>();
-  subscription.link_->listener = std::move(listener);
-  std::lock_guard lock(mutex_);
+  {
+    MutexLock fresh(subscription.link_->mutex);  // no other thread has the link yet
+    subscription.link_->listener = std::move(listener);
+  }
+  MutexLock lock(mutex_);
   std::erase_if(listeners_, [](const auto& weak) { return weak.expired(); });
   listeners_.push_back(subscription.link_);
   return subscription;
@@ -26,7 +29,7 @@ void GpuWatch::report(int device, const Status& why) {
   std::vector<std::shared_ptr<Subscription::Link>> links;
   bool tell_daemon = false;
   {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     if (!broken_.emplace(device, why).second) return;
     for (const auto& weak : listeners_) {
       if (auto link = weak.lock()) links.push_back(std::move(link));
@@ -35,14 +38,14 @@ void GpuWatch::report(int device, const Status& why) {
     told_daemon_ = true;
   }
   for (const auto& link : links) {
-    std::lock_guard lock(link->mutex);
+    MutexLock lock(link->mutex);
     if (link->listener) link->listener(device, why);
   }
   if (tell_daemon && on_first_broken_) on_first_broken_(device, why);
 }
 
 Status GpuWatch::broken(int device) const {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   auto it = broken_.find(device);
   return it == broken_.end() ? Status() : it->second;
 }

@@ -14,9 +14,9 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 
 #include "shared/status.h"
+#include "shared/mutex.h"
 
 namespace gradsync::cuda {
 
@@ -46,8 +46,8 @@ class GpuWatch {
    private:
     friend class GpuWatch;
     struct Link {
-      std::mutex mutex;
-      OnBroken listener;  // guarded by mutex; empty once unsubscribed
+      Mutex mutex;
+      OnBroken listener GS_GUARDED_BY(mutex);  // empty once unsubscribed
     };
     std::shared_ptr<Link> link_;
   };
@@ -64,10 +64,10 @@ class GpuWatch {
 
  private:
   OnBroken on_first_broken_;
-  mutable std::mutex mutex_;
-  std::map<int, Status> broken_;                                 // guarded by mutex_
-  std::vector<std::weak_ptr<Subscription::Link>> listeners_;     // guarded by mutex_
-  bool told_daemon_ = false;                                     // guarded by mutex_
+  mutable Mutex mutex_;
+  std::map<int, Status> broken_ GS_GUARDED_BY(mutex_);
+  std::vector<std::weak_ptr<Subscription::Link>> listeners_ GS_GUARDED_BY(mutex_);
+  bool told_daemon_ GS_GUARDED_BY(mutex_) = false;
 };
 
 }  // namespace gradsync::cuda

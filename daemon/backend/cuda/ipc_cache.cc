@@ -8,7 +8,7 @@ OpenedIpcMemory::~OpenedIpcMemory() {
 }
 
 Status IpcMemoryCache::acquire(int device, const IpcHandle& handle, std::shared_ptr<OpenedIpcMemory>* out) {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   const auto key = std::make_pair(device, handle);
   if (auto it = open_.find(key); it != open_.end()) {
     if (auto opened = it->second.lock()) {
@@ -29,7 +29,7 @@ Status IpcMemoryCache::acquire(int device, const IpcHandle& handle, std::shared_
 }
 
 size_t IpcMemoryCache::open_count() {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   size_t count = 0;
   for (const auto& [key, weak] : open_) count += weak.expired() ? 0 : 1;
   return count;

@@ -8,10 +8,10 @@
 
 #include <map>
 #include <memory>
-#include <mutex>
 #include <utility>
 
 #include "daemon/backend/cuda/device_api.h"
+#include "shared/mutex.h"
 
 namespace gradsync::cuda {
 
@@ -45,9 +45,9 @@ class IpcMemoryCache {
 
  private:
   DeviceApi* api_;
-  std::mutex mutex_;
+  Mutex mutex_;
   // Weak: the holders own the openings; an expired entry is reopened on the next acquire.
-  std::map<std::pair<int, IpcHandle>, std::weak_ptr<OpenedIpcMemory>> open_;  // guarded by mutex_
+  std::map<std::pair<int, IpcHandle>, std::weak_ptr<OpenedIpcMemory>> open_ GS_GUARDED_BY(mutex_);
 };
 
 }  // namespace gradsync::cuda

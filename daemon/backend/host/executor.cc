@@ -8,7 +8,7 @@ HostExecutor::HostExecutor(ThreadPool* pool, Logger log) : pool_(pool), log_(std
 
 HostExecutor::~HostExecutor() {
   {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     stopping_ = true;
   }
   wake_.notify_all();
@@ -16,13 +16,13 @@ HostExecutor::~HostExecutor() {
 }
 
 Status HostExecutor::aborted() const {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   return aborted_;
 }
 
 void HostExecutor::abort(const Status& why) {
   {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     if (!aborted_.ok()) return;
     aborted_ = why.ok() ? Status::aborted("aborted") : why;
   }
@@ -42,7 +42,7 @@ void HostExecutor::launch(BucketCall call, BucketDone done) {
     return done(Status());
   }
   {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
     queue_.push_back(Queued{std::move(call), std::move(done)});
   }
@@ -67,8 +67,8 @@ void HostExecutor::run() {
     Queued next;
     Status status;
     {
-      std::unique_lock lock(mutex_);
-      wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      MutexLock lock(mutex_);
+      while (!stopping_ && queue_.empty()) wake_.wait(lock);
       if (queue_.empty()) return;
       next = std::move(queue_.front());
       queue_.pop_front();

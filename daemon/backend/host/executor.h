@@ -7,15 +7,14 @@
 // deadlines and take a failure.
 #pragma once
 
-#include <condition_variable>
 #include <deque>
-#include <mutex>
 #include <thread>
 
 #include "daemon/backend/executor.h"
 #include "daemon/backend/host/cross_node.h"
 #include "daemon/util/log.h"
 #include "daemon/util/thread_pool.h"
+#include "shared/mutex.h"
 
 namespace gradsync::host {
 
@@ -42,11 +41,11 @@ class HostExecutor final : public BucketExecutor {
   Logger log_;
   std::shared_ptr<NodeBuffers> buffers_;  // cross-node thread only
 
-  mutable std::mutex mutex_;
-  std::condition_variable wake_;
-  std::deque<Queued> queue_;  // guarded by mutex_
-  Status aborted_;            // guarded by mutex_
-  bool stopping_ = false;     // guarded by mutex_
+  mutable Mutex mutex_;
+  CondVar wake_;
+  std::deque<Queued> queue_ GS_GUARDED_BY(mutex_);
+  Status aborted_ GS_GUARDED_BY(mutex_);
+  bool stopping_ GS_GUARDED_BY(mutex_) = false;
   std::thread thread_;        // started on the first cross-node bucket
 };
 

@@ -11,14 +11,13 @@
 
 
 #include <atomic>
-#include <condition_variable>
 #include <deque>
-#include <mutex>
 #include <system_error>
 #include <thread>
 
 #include "daemon/engine/gloo/store.h"
 #include "daemon/backend/host/staged.h"
+#include "shared/mutex.h"
 
 namespace gradsync::gloo_engine {
 namespace {
@@ -78,13 +77,13 @@ struct EngineState {
 
   EngineSpec spec;
   std::shared_ptr<::gloo::Context> context;
-  std::mutex mutex;
-  std::condition_variable wake;
-  std::deque<Call> calls;                          // guarded by mutex
-  std::shared_ptr<std::atomic<bool>> in_flight;    // guarded by mutex; the call Gloo is running
-  EngineDone in_flight_done;                       // guarded by mutex
-  Status aborted;                                  // guarded by mutex
-  bool stopping = false;                           // guarded by mutex
+  Mutex mutex;
+  CondVar wake;
+  std::deque<Call> calls GS_GUARDED_BY(mutex);
+  std::shared_ptr<std::atomic<bool>> in_flight GS_GUARDED_BY(mutex);  // the call Gloo is running
+  EngineDone in_flight_done GS_GUARDED_BY(mutex);
+  Status aborted GS_GUARDED_BY(mutex);
+  bool stopping GS_GUARDED_BY(mutex) = false;
   Status failure;                                  // engine thread only
 
   // Runs the calls in order until the engine is closed.
@@ -93,8 +92,8 @@ struct EngineState {
       Call call;
       Status status;
       {
-        std::unique_lock lock(mutex);
-        wake.wait(lock, [&] { return stopping || !calls.empty(); });
+        MutexLock lock(mutex);
+        while (!stopping && calls.empty()) wake.wait(lock);
         if (calls.empty()) return;
         call = std::move(calls.front());
         calls.pop_front();
@@ -106,7 +105,7 @@ struct EngineState {
       }
       if (status.ok()) {
         status = translate("gloo " + call.what + " among " + std::to_string(spec.nodes) + " nodes", call.body);
-        std::lock_guard lock(mutex);
+        MutexLock lock(mutex);
         in_flight.reset();
         in_flight_done = nullptr;
         if (!status.ok() && !aborted.ok()) status = aborted;  // our own abort, not a peer's fault
@@ -136,7 +135,7 @@ class GlooEngine final : public CollectiveEngine {
   ~GlooEngine() override {
     abort(Status::aborted("the engine of job " + state_->spec.job + " (" + state_->spec.prefix + ") was closed"));
     {
-      std::lock_guard lock(state_->mutex);
+      MutexLock lock(state_->mutex);
       state_->stopping = true;
     }
     state_->wake.notify_all();
@@ -208,7 +207,7 @@ class GlooEngine final : public CollectiveEngine {
     std::deque<EngineState::Call> queued;
     Status reason;
     {
-      std::lock_guard lock(state_->mutex);
+      MutexLock lock(state_->mutex);
       if (!state_->aborted.ok()) return;
       state_->aborted = why.ok() ? Status::aborted("aborted") : why;
       reason = state_->aborted;
@@ -233,8 +232,10 @@ class GlooEngine final : public CollectiveEngine {
       answer_elsewhere([state = state_, in_flight, done = std::move(done), queued = std::move(queued), reason]() mutable {
         if (in_flight && done) {
           {
-            std::unique_lock lock(state->mutex);
-            state->wake.wait_for(lock, kLeaveGlooWait, [&] { return state->in_flight != in_flight; });
+            MutexLock lock(state->mutex);
+            const auto deadline = std::chrono::steady_clock::now() + kLeaveGlooWait;
+            while (state->in_flight == in_flight && state->wake.wait_until(lock, deadline)) {
+            }
           }
           if (!in_flight->exchange(true)) done(reason);
         }
@@ -261,7 +262,7 @@ class GlooEngine final : public CollectiveEngine {
   void post(const char* what, EngineDone done, std::function<void()> body) {
     Status aborted;
     {
-      std::lock_guard lock(state_->mutex);
+      MutexLock lock(state_->mutex);
       aborted = state_->aborted;
       if (aborted.ok()) state_->calls.push_back(EngineState::Call{what, std::move(done), std::move(body)});
     }

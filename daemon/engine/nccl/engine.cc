@@ -23,11 +23,11 @@ NcclEngine::NcclEngine(NcclApi* api, DeviceEngineSpec spec, EngineTiming timing,
 NcclEngine::~NcclEngine() {
   std::unique_ptr<Watchdog> watchdog;
   {
-    std::lock_guard lock(status_mutex_);
+    MutexLock lock(status_mutex_);
     watchdog = std::move(watchdog_);
   }
   watchdog.reset();  // fails what is in flight, aborting the communicators first
-  std::lock_guard lock(family_->calls);
+  MutexLock lock(family_->calls);
   if (!park_locked()) abort_locked();
 }
 
@@ -67,7 +67,7 @@ Status NcclEngine::try_reuse(Rendezvous* rendezvous, bool* reused) {
   bool usable = kept && kept->plan == plan_ && !stop_.load();
   if (usable) {
     // A peer's abort or a network error may have reached them while they were kept.
-    std::lock_guard lock(family_->calls);
+    MutexLock lock(family_->calls);
     for (void* comm : kept->comms) {
       Status error;
       if (api_->state(comm, &error) != CommState::kReady) usable = false;
@@ -86,7 +86,7 @@ Status NcclEngine::try_reuse(Rendezvous* rendezvous, bool* reused) {
     return status;
   }
   if (kept) {
-    std::lock_guard lock(family_->calls);
+    MutexLock lock(family_->calls);
     comms_ = std::move(kept->comms);
     id_ = kept->id;
     issued_.store(kept->collectives);
@@ -103,14 +103,14 @@ std::string NcclEngine::describe(size_t local) const {
 }
 
 Status NcclEngine::unusable() const {
-  std::lock_guard lock(status_mutex_);
+  MutexLock lock(status_mutex_);
   if (!aborted_.ok()) return aborted_;
   if (watchdog_) return watchdog_->failure();
   return Status();
 }
 
 void NcclEngine::abort(const Status& why) {
-  std::lock_guard lock(status_mutex_);
+  MutexLock lock(status_mutex_);
   if (aborted_.ok()) {
     aborted_ = why.ok() ? Status::aborted("aborted") : why;
     stop_.store(true);
@@ -128,13 +128,13 @@ void NcclEngine::abort(const Status& why) {
 void NcclEngine::abandon() {
   std::unique_ptr<Watchdog> watchdog;
   {
-    std::lock_guard lock(status_mutex_);
+    MutexLock lock(status_mutex_);
     watchdog = std::move(watchdog_);
     if (aborted_.ok()) aborted_ = Status::aborted(spec_.what + ": abandoned");
     stop_.store(true);
   }
   watchdog.reset();  // nothing in flight: it stops without aborting anything
-  std::lock_guard lock(family_->calls);
+  MutexLock lock(family_->calls);
   // With no collective of ours queued, the GPUs use nothing of NCCL's: free it. Otherwise a
   // queued collective may still run once its stream moves, so it is never touched again.
   if (idle()) {
@@ -170,7 +170,7 @@ Status NcclEngine::wait_ready(const std::string& what, std::chrono::milliseconds
     bool pending = false;
     bool aborted = false;
     {
-      std::lock_guard lock(family_->calls);
+      MutexLock lock(family_->calls);
       if (Status family = family_aborted_locked(); !family.ok() && !comms_aborted_) {
         return Status(family.code(), what + ": " + family.message());
       }
@@ -239,7 +239,7 @@ Status NcclEngine::connect(Rendezvous* rendezvous) {
             rendezvous, spec_.name, plan_,
             [this](UniqueId* out) {
               if (stop_.load()) return unusable();
-              std::lock_guard lock(family_->calls);
+              MutexLock lock(family_->calls);
               return api_->unique_id(out);
             },
             &id);
@@ -254,7 +254,7 @@ Status NcclEngine::connect(Rendezvous* rendezvous) {
   reused_ = reuse;
   Status status;
   if (!reuse && !split) {
-    std::lock_guard lock(family_->calls);
+    MutexLock lock(family_->calls);
     if (stop_.load()) return unusable();
     comms_.assign(spec_.devices.size(), nullptr);
     // Every local rank inside one group: NCCL needs them all to make progress at once.
@@ -273,13 +273,13 @@ Status NcclEngine::connect(Rendezvous* rendezvous) {
                         timing_.init_poll);
   }
   if (!status.ok()) {
-    std::lock_guard lock(family_->calls);
+    MutexLock lock(family_->calls);
     abort_locked();
   }
   if (!status.ok()) return failed(status);
-  std::lock_guard lock(status_mutex_);
+  MutexLock lock(status_mutex_);
   if (!aborted_.ok()) {  // aborted between the last poll and now: nothing was issued
-    std::lock_guard calls_lock(family_->calls);
+    MutexLock calls_lock(family_->calls);
     if (spans_nodes() || !park_locked()) abort_locked();
     return aborted_;
   }
@@ -291,7 +291,7 @@ Status NcclEngine::connect(Rendezvous* rendezvous) {
 
 bool NcclEngine::splittable() const {
   if (!connected_.load() || !unusable().ok() || stop_.load()) return false;
-  std::lock_guard lock(family_->calls);
+  MutexLock lock(family_->calls);
   // A node without GPUs in the group has no communicator, but takes part all the same.
   return !comms_aborted_ && (plan_.ranks > 1 || !comms_.empty());
 }
@@ -306,12 +306,12 @@ Status NcclEngine::split_from_parent(std::chrono::steady_clock::time_point deadl
     // NCCL's advice after a failed split: abort the parent (which ends the split), then
     // whatever it made. The parent's watchdog then fails the parent's own work in flight.
     {
-      std::lock_guard lock(family_->calls);
+      MutexLock lock(family_->calls);
       parent_->abort_locked();
     }
     parent_->abort(Status(status.code(), parent_->spec_.what + ": " + status.message(), status.where()));
   }
-  std::lock_guard lock(family_->calls);
+  MutexLock lock(family_->calls);
   in_family_.store(true);  // the calls share the parent's resources, and its abort flag
   comms_.assign(spec_.devices.size(), nullptr);
   std::vector<void*> strays;  // made for a GPU that is not this engine's: cannot happen, but is NCCL's
@@ -353,7 +353,7 @@ Status NcclEngine::split_for(const NcclEngine& child, std::chrono::steady_clock:
   Backoff backoff({.max_sleep = timing_.enqueue_poll});
   for (;;) {
     {
-      std::lock_guard lock(family_->calls);
+      MutexLock lock(family_->calls);
       if (comms_aborted_) return Status::aborted(what + ": the parent's communicators were aborted");
       if (Status family = family_aborted_locked(); !family.ok()) return Status(family.code(), what + ": " + family.message());
       // NCCL refuses to split a communicator that is in progress (a group call still being
@@ -409,7 +409,7 @@ Status NcclEngine::group_call(const std::string& what, std::span<const DeviceBuf
   }
   Status status;
   {
-    std::lock_guard lock(family_->calls);
+    MutexLock lock(family_->calls);
     if (comms_aborted_) status = Status::aborted("the communicators were aborted");
     if (status.ok()) status = family_aborted_locked();
     if (status.ok()) issued_.fetch_add(1);  // counted before issued: from here on not idle
@@ -474,7 +474,7 @@ Status NcclEngine::reduce_scatter(std::span<const DeviceBuffer> in, std::span<co
 Status NcclEngine::register_buffer(int device, void* data, size_t bytes, bool* registered) {
   *registered = false;
   if (Status status = unusable(); !status.ok()) return status;
-  std::lock_guard lock(family_->calls);
+  MutexLock lock(family_->calls);
   if (comms_aborted_) return Status::aborted("the communicators were aborted");
   if (registered_.count({device, data})) {
     *registered = true;
@@ -496,7 +496,7 @@ void NcclEngine::watch(std::string what, std::function<Status(bool* done)> poll,
   Watchdog* watchdog = nullptr;
   Status status;
   {
-    std::lock_guard lock(status_mutex_);
+    MutexLock lock(status_mutex_);
     watchdog = watchdog_.get();
     status = aborted_;
   }
@@ -520,7 +520,7 @@ void NcclEngine::watch(std::string what, std::function<Status(bool* done)> poll,
 }
 
 Status NcclEngine::async_error() {
-  std::lock_guard lock(family_->calls);
+  MutexLock lock(family_->calls);
   if (comms_aborted_) return Status();  // the watchdog aborted them itself: it knows why
   // Another member's abort cut this engine's work short too (one abort flag in NCCL).
   if (Status family = family_aborted_locked(); !family.ok()) return family;
@@ -535,7 +535,7 @@ Status NcclEngine::async_error() {
 
 void NcclEngine::abort_all() {
   stop_.store(true);  // a group call polling NCCL gives up
-  std::lock_guard lock(family_->calls);
+  MutexLock lock(family_->calls);
   abort_locked();
 }
 

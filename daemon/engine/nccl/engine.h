@@ -39,7 +39,6 @@
 #include <chrono>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <vector>
 
 #include "daemon/engine/device_engine.h"
@@ -47,6 +46,7 @@
 #include "daemon/engine/nccl/park.h"
 #include "daemon/engine/nccl/store.h"
 #include "daemon/engine/nccl/watchdog.h"
+#include "shared/mutex.h"
 
 namespace gradsync::nccl {
 
@@ -132,7 +132,7 @@ class NcclEngine final : public DeviceCollectiveEngine, private WatchedComms {
   NcclEngine* parent_ = nullptr;  // spec_.parent, if it is an NcclEngine; used by connect() only
   // What the engines of one split family share (an engine alone is a family of one).
   struct Family {
-    std::mutex calls;      // every NCCL call on the family's communicators ("calls_" below)
+    Mutex calls;      // every NCCL call on the family's communicators ("calls_" below)
     bool aborted = false;  // under calls: a member's communicators were aborted (NCCL's abort
                            // flag is shared: the others' work is cut short too)
   };
@@ -152,9 +152,9 @@ class NcclEngine final : public DeviceCollectiveEngine, private WatchedComms {
   bool comms_aborted_ = false;    // under calls_ (family_->calls): comms_ must not be used once set
   std::map<std::pair<int, void*>, void*> registered_;  // (device, data) -> handle; under calls_
   std::atomic<bool> stop_{false};  // an abort was asked for: loops that poll NCCL give up
-  mutable std::mutex status_mutex_;
-  Status aborted_;                 // guarded by status_mutex_
-  std::unique_ptr<Watchdog> watchdog_;  // after connect(); guarded by status_mutex_ for abort()
+  mutable Mutex status_mutex_;
+  Status aborted_ GS_GUARDED_BY(status_mutex_);
+  std::unique_ptr<Watchdog> watchdog_ GS_GUARDED_BY(status_mutex_);  // after connect();  for abort()
 };
 
 // Makes NCCL engines over the api given (the real NCCL in the daemon, a fake in tests).

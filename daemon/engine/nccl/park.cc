@@ -10,7 +10,7 @@ CommPark::CommPark(NcclApi* api, std::chrono::milliseconds keep, size_t capacity
 CommPark::~CommPark() {
   std::deque<ParkedComms> entries;
   {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     stopping_ = true;
     entries.swap(entries_);
   }
@@ -39,10 +39,10 @@ void CommPark::sweep(std::vector<ParkedComms>* out) {
 }
 
 void CommPark::run() {
-  std::unique_lock lock(mutex_);
+  MutexLock lock(mutex_);
   while (!stopping_) {
     if (entries_.empty()) {
-      wake_.wait(lock, [&] { return stopping_ || !entries_.empty(); });
+      while (!stopping_ && entries_.empty()) wake_.wait(lock);
     } else {
       wake_.wait_until(lock, entries_.front().since + keep_);
     }
@@ -58,7 +58,7 @@ void CommPark::run() {
 void CommPark::park_locked(ParkedComms entry) {
   std::vector<ParkedComms> gone;
   {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     if (!enabled()) {
       gone.push_back(std::move(entry));
     } else {
@@ -88,7 +88,7 @@ std::optional<ParkedComms> CommPark::take(const std::string& key) {
   std::vector<ParkedComms> expired;
   std::optional<ParkedComms> found;
   {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     sweep(&expired);
     for (auto it = entries_.begin(); it != entries_.end(); ++it) {
       if (it->key == key) {
@@ -105,7 +105,7 @@ std::optional<ParkedComms> CommPark::take(const std::string& key) {
 void CommPark::discard(ParkedComms entry) { abort_entry(entry); }
 
 size_t CommPark::size() const {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   return entries_.size();
 }
 

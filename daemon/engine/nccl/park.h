@@ -15,10 +15,8 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -26,6 +24,7 @@
 
 #include "daemon/engine/nccl/api.h"
 #include "daemon/engine/nccl/store.h"
+#include "shared/mutex.h"
 
 namespace gradsync::nccl {
 
@@ -62,17 +61,17 @@ class CommPark {
   // can be inside NCCL on them, so no lock is needed.
   void abort_entry(ParkedComms& entry);
   // Removes expired entries into *out; under mutex_.
-  void sweep(std::vector<ParkedComms>* out);
+  void sweep(std::vector<ParkedComms>* out) GS_REQUIRES(mutex_);
   // The sweeper thread: aborts entries as they expire.
   void run();
 
   NcclApi* api_;
   const std::chrono::milliseconds keep_;
   const size_t capacity_;
-  mutable std::mutex mutex_;  // guards entries_ and stopping_; never held across an NCCL call
-  std::condition_variable wake_;
-  std::deque<ParkedComms> entries_;  // oldest first, so the front expires first
-  bool stopping_ = false;
+  mutable Mutex mutex_;  // never held across an NCCL call
+  CondVar wake_;
+  std::deque<ParkedComms> entries_ GS_GUARDED_BY(mutex_);  // oldest first, so the front expires first
+  bool stopping_ GS_GUARDED_BY(mutex_) = false;
   std::thread sweeper_;  // last: started once the rest is built
 };
 

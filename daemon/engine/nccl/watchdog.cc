@@ -14,7 +14,7 @@ Watchdog::Watchdog(WatchedComms* comms, std::chrono::milliseconds poll, std::chr
 
 Watchdog::~Watchdog() {
   {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     stopping_ = true;
     if (!in_flight_.empty() && abort_requested_.ok()) abort_requested_ = Status::aborted("the NCCL engine was closed");
   }
@@ -23,7 +23,7 @@ Watchdog::~Watchdog() {
 }
 
 void Watchdog::watch(InFlight item) {
-  std::unique_lock lock(mutex_);
+  MutexLock lock(mutex_);
   // After a failure, answered at once, but only once the communicators are aborted: until then
   // the item waits for fail_all() to answer it.
   if (!failure_.ok() && aborted_comms_) {
@@ -41,7 +41,7 @@ void Watchdog::watch(InFlight item) {
 
 void Watchdog::abort(const Status& why) {
   {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     if (!abort_requested_.ok() || !failure_.ok()) return;
     abort_requested_ = why.ok() ? Status::aborted("aborted") : why;
   }
@@ -49,26 +49,27 @@ void Watchdog::abort(const Status& why) {
 }
 
 Status Watchdog::failure() const {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   return failure_;
 }
 
-void Watchdog::fail_all(const Status& why, std::unique_lock<std::mutex>& lock) {
+void Watchdog::fail_all(const Status& why) {
   if (failure_.ok()) failure_ = why;
+  const Status failure = failure_;  // answered without the lock
   // Abort before answering: once a caller has its answer it may release the buffers, and the
   // aborted communicators no longer touch them. What is watched meanwhile waits (watch()).
   if (!aborted_comms_) {
-    lock.unlock();
-    comms_->abort_all();
-    lock.lock();
+    {
+      MutexUnlock unlocked(mutex_);
+      comms_->abort_all();
+    }
     aborted_comms_ = true;
   }
   while (!in_flight_.empty()) {
     std::deque<Watched> failed;
     failed.swap(in_flight_);
-    lock.unlock();
-    for (Watched& w : failed) w.item.done(failure_);
-    lock.lock();
+    MutexUnlock unlocked(mutex_);
+    for (Watched& w : failed) w.item.done(failure);
   }
 }
 
@@ -83,25 +84,27 @@ void Watchdog::run() {
   constexpr std::chrono::milliseconds kSlowAfter{10};
   std::chrono::microseconds completion_wait = std::min(kFirstCompletionWait, completion_poll_);
   auto progress = std::chrono::steady_clock::now();
-  std::unique_lock lock(mutex_);
+  MutexLock lock(mutex_);
   for (;;) {
     // Wakes for a stop, or for an abort not acted on yet; otherwise polls. (A predicate that
     // stayed true after the abort was handled would spin holding the lock.)
     const std::chrono::microseconds period = in_flight_.empty() ? std::chrono::microseconds(poll_) : completion_wait;
-    wake_.wait_for(lock, period, [&] { return stopping_ || kicked_ || (!abort_requested_.ok() && failure_.ok()); });
+    const auto until = std::chrono::steady_clock::now() + period;
+    while (!stopping_ && !kicked_ && !(!abort_requested_.ok() && failure_.ok()) && wake_.wait_until(lock, until)) {
+    }
     if (kicked_) {
       completion_wait = std::min(kFirstCompletionWait, completion_poll_);
       progress = std::chrono::steady_clock::now();
     }
     kicked_ = false;
-    if (!abort_requested_.ok() && failure_.ok()) fail_all(abort_requested_, lock);
-    if (!failure_.ok() && !in_flight_.empty()) fail_all(failure_, lock);  // watched during an abort
+    if (!abort_requested_.ok() && failure_.ok()) fail_all(abort_requested_);
+    if (!failure_.ok() && !in_flight_.empty()) fail_all(failure_);  // watched during an abort
     if (failure_.ok() && std::chrono::steady_clock::now() - last_error_check_ >= poll_) {
       last_error_check_ = std::chrono::steady_clock::now();
       lock.unlock();
       Status error = comms_->async_error();
       lock.lock();
-      if (!error.ok()) fail_all(Status(error.code(), "NCCL reported an error: " + error.message(), error.where()), lock);
+      if (!error.ok()) fail_all(Status(error.code(), "NCCL reported an error: " + error.message(), error.where()));
     }
     // Answer what finished, in order; the first one past its deadline fails the engine. The
     // head is polled without the lock, so watch() never waits on a CUDA call.
@@ -116,7 +119,7 @@ void Watchdog::run() {
       if (!failure_.ok() || in_flight_.empty()) break;
       Watched& head = in_flight_.front();
       if (!polled.ok()) {
-        fail_all(Status(polled.code(), "NCCL " + head.item.what + ": " + polled.message(), polled.where()), lock);
+        fail_all(Status(polled.code(), "NCCL " + head.item.what + ": " + polled.message(), polled.where()));
         break;
       }
       if (done) {
@@ -128,8 +131,7 @@ void Watchdog::run() {
         const std::string what = head.item.what;
         const auto ms = head.item.timeout.count();
         fail_all(Status::timeout("NCCL " + what + " did not finish within " + std::to_string(ms) +
-                                 " ms; the job's communicators were aborted"),
-                 lock);
+                                 " ms; the job's communicators were aborted"));
       }
       break;
     }
@@ -146,7 +148,7 @@ void Watchdog::run() {
       completion_wait = std::min(completion_wait * 2, std::max(cap, completion_poll_));
     }
     if (stopping_ && (in_flight_.empty() || !failure_.ok())) {
-      if (!in_flight_.empty()) fail_all(failure_, lock);
+      if (!in_flight_.empty()) fail_all(failure_);
       return;
     }
   }

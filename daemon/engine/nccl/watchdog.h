@@ -9,15 +9,14 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <deque>
 #include <functional>
-#include <mutex>
 #include <string>
 #include <thread>
 
 #include "daemon/engine/engine.h"
 #include "shared/status.h"
+#include "shared/mutex.h"
 
 namespace gradsync::nccl {
 
@@ -71,20 +70,20 @@ class Watchdog {
   };
   void run();
   // Fails everything with `why` and aborts the communicators (once). Watchdog thread only.
-  void fail_all(const Status& why, std::unique_lock<std::mutex>& lock);
+  void fail_all(const Status& why) GS_REQUIRES(mutex_);
 
   WatchedComms* comms_;
   const std::chrono::milliseconds poll_;
   const std::chrono::microseconds completion_poll_;
   std::chrono::steady_clock::time_point last_error_check_{};  // watchdog thread only
-  mutable std::mutex mutex_;
-  std::condition_variable wake_;
-  std::deque<Watched> in_flight_;  // guarded by mutex_, in the order they were enqueued
-  Status failure_;                 // guarded by mutex_
-  Status abort_requested_;         // guarded by mutex_
-  bool aborted_comms_ = false;     // guarded by mutex_; set once abort_all() returned
-  bool stopping_ = false;          // guarded by mutex_
-  bool kicked_ = false;            // guarded by mutex_: watch() added an item
+  mutable Mutex mutex_;
+  CondVar wake_;
+  std::deque<Watched> in_flight_ GS_GUARDED_BY(mutex_);  // in the order they were enqueued
+  Status failure_ GS_GUARDED_BY(mutex_);
+  Status abort_requested_ GS_GUARDED_BY(mutex_);
+  bool aborted_comms_ GS_GUARDED_BY(mutex_) = false;  // set once abort_all() returned
+  bool stopping_ GS_GUARDED_BY(mutex_) = false;
+  bool kicked_ GS_GUARDED_BY(mutex_) = false;  // watch() added an item
   std::thread thread_;
 };
 
