@@ -120,7 +120,7 @@ Daemon::Daemon(DaemonConfig config, std::function<ParsedConfig()> reparse, TestH
   gloo.ib_port = config_.gloo_ib_port;
   gloo.ib_index = config_.gloo_ib_index;
   gloo.slice_bytes = config_.gloo_slice_bytes;
-  engines_ = make_engine_factory(gloo);
+  engines_ = make_host_engine_factory(gloo);
   registry.cluster.engines = engines_.get();
   {
     // Every proof this daemon makes names it by its advertised peer address: the member its

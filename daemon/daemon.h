@@ -10,11 +10,11 @@
 #include "daemon/admin/daemon_view.h"
 #include "daemon/admin/metrics_server.h"
 #include "daemon/backend/factory.h"
-#include "daemon/config.h"
+#include "daemon/config/config.h"
 #include "daemon/engine/factory.h"
 #include "daemon/control/asio.h"
 #include "daemon/control/server.h"
-#include "daemon/control/setup_threads.h"
+#include "daemon/util/setup_threads.h"
 #include "daemon/job/reaper.h"
 #include "daemon/job/registry.h"
 #include "daemon/peer/peer_server.h"
@@ -55,7 +55,7 @@ class Daemon {
   // The device engines (NCCL) outlive the backends, whose executors use them.
   std::unique_ptr<DeviceEngineFactory> device_engines_;
   std::unique_ptr<BackendFactory> backends_;
-  std::unique_ptr<EngineFactory> engines_;
+  std::unique_ptr<HostEngineFactory> engines_;
   ProgressBoard progress_;  // outlives the peer server, which reads it, and the jobs on it
   std::shared_ptr<const PeerAuth> peer_auth_;  // how this daemon and its peers prove membership
   std::unique_ptr<PeerServer> peer_;

@@ -10,7 +10,7 @@
 #include <exception>
 #include <optional>
 
-#include "daemon/config.h"
+#include "daemon/config/config.h"
 #include "daemon/daemon.h"
 
 namespace gradsync {

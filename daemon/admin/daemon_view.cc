@@ -9,7 +9,7 @@
 #include <thread>
 
 #include "daemon/admin/group_membership.h"
-#include "daemon/control/local_limits.h"
+#include "daemon/util/local_limits.h"
 #include "daemon/peer/peer_client.h"
 #include "shared/version.h"
 

@@ -8,7 +8,7 @@
 
 #include "daemon/admin/view.h"
 #include "daemon/backend/factory.h"
-#include "daemon/config.h"
+#include "daemon/config/config.h"
 #include "daemon/control/asio.h"
 #include "daemon/control/server.h"
 #include "daemon/job/registry.h"

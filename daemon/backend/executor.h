@@ -1,5 +1,5 @@
 // BucketExecutor: runs one bucket of an operation over memory of one kind, within this node and,
-// when the bucket's process group spans nodes, through the group's CollectiveEngine. It does the
+// when the bucket's process group spans nodes, through the group's HostCollectiveEngine. It does the
 // whole per-bucket path: gather the local clients' tensors, reduce them, carry the result across
 // nodes, scale, and write every destination. Each memory kind has its executor in its backend's
 // folder (host/ now, cuda/ with the CUDA backend, with the same file names); only the backend
@@ -35,11 +35,11 @@
 #include <string>
 
 #include "daemon/backend/timings.h"
-#include "daemon/engine/engine.h"
+#include "daemon/engine/host_engine.h"
 #include "daemon/engine/rendezvous.h"
-#include "daemon/job/op.h"
-#include "daemon/job/tensor_set.h"
-#include "daemon/job/topology.h"
+#include "daemon/model/op_desc.h"
+#include "daemon/model/tensor_set.h"
+#include "daemon/model/topology.h"
 #include "daemon/reduce/kernel.h"
 #include "shared/status.h"
 
@@ -53,7 +53,7 @@ struct BucketCall {
   const Topology* topology = nullptr;  // outlives the call
   // The engine of the bucket's group when the group spans nodes; null when it lives on this
   // node only. It outlives the call.
-  CollectiveEngine* engine = nullptr;
+  HostCollectiveEngine* engine = nullptr;
   reduce::KernelArgs args;  // allreduce and reduce
   // Where the time goes, filled in by executors that measure it before they answer; may be null.
   std::shared_ptr<BucketTimings> timings;

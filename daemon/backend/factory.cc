@@ -185,15 +185,6 @@ class Backends final : public BackendFactory {
 
 }  // namespace
 
-std::string_view memory_kind_name(MemoryKind kind) {
-  switch (kind) {
-    case MemoryKind::kHostMemfd: return "host memfd";
-    case MemoryKind::kCudaVmm: return "CUDA VMM";
-    case MemoryKind::kCudaLegacyIpc: return "CUDA legacy IPC";
-  }
-  return "unknown";
-}
-
 std::unique_ptr<BackendFactory> make_backend_factory(const Logger& log, DeviceEngineFactory* device_engines,
                                                      std::vector<uint32_t> legacy_ipc_uids,
                                                      GpuLostHandler on_gpu_lost) {

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "daemon/backend/executor.h"
-#include "daemon/backend/memory.h"
+#include "daemon/model/memory.h"
 #include "daemon/engine/device_engine.h"
 #include "daemon/util/log.h"
 #include "daemon/util/thread_pool.h"

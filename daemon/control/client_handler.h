@@ -23,9 +23,9 @@
 
 #include "daemon/control/client_report.h"
 #include "daemon/backend/factory.h"
-#include "daemon/control/local_limits.h"
+#include "daemon/util/local_limits.h"
 #include "daemon/control/peer_credentials.h"
-#include "daemon/control/setup_threads.h"
+#include "daemon/util/setup_threads.h"
 #include "daemon/job/registry.h"
 #include "daemon/util/log.h"
 #include "proto/control.pb.h"

@@ -9,8 +9,8 @@
 #include <memory>
 #include <vector>
 
-#include "daemon/backend/memory.h"
-#include "daemon/job/topology.h"
+#include "daemon/model/memory.h"
+#include "daemon/model/topology.h"
 #include "daemon/plan/layout.h"
 #include "proto/control.pb.h"
 #include "shared/status.h"

@@ -12,8 +12,8 @@
 
 #include "daemon/control/asio.h"
 #include "daemon/backend/factory.h"
-#include "daemon/control/local_limits.h"
-#include "daemon/control/setup_threads.h"
+#include "daemon/util/local_limits.h"
+#include "daemon/util/setup_threads.h"
 #include "daemon/control/owned_paths.h"
 #include "daemon/job/registry.h"
 #include "daemon/util/log.h"

@@ -1,5 +1,6 @@
 // DeviceCollectiveEngine: the collective among every GPU of one process group of a job, for
-// sets in device memory (nccl/ is the implementation; the engine factory makes it). One engine
+// sets in device memory (nccl/ is the implementation; the engine factory makes it). The second
+// of gradsync's two engine interfaces; host_engine.h says why there are two. One engine
 // spans all the GPUs of the group on every node; this daemon drives its local GPUs' ranks.
 // Clients that share a GPU are combined by the CUDA executor's kernels first, so each GPU is one
 // rank (NCCL refuses two ranks on one GPU).
@@ -28,7 +29,7 @@
 #include <string>
 #include <vector>
 
-#include "daemon/engine/engine.h"
+#include "daemon/engine/host_engine.h"
 #include "daemon/engine/rendezvous.h"
 #include "shared/status.h"
 

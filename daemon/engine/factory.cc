@@ -8,10 +8,10 @@
 namespace gradsync {
 namespace {
 
-class Engines final : public EngineFactory {
+class Engines final : public HostEngineFactory {
  public:
   explicit Engines(GlooTransport gloo) : gloo_(std::move(gloo)) {}
-  Status make(const EngineSpec& spec, std::unique_ptr<CollectiveEngine>* out) override {
+  Status make(const EngineSpec& spec, std::unique_ptr<HostCollectiveEngine>* out) override {
     return gloo_engine::make_engine(spec, gloo_, out);
   }
 
@@ -21,7 +21,7 @@ class Engines final : public EngineFactory {
 
 }  // namespace
 
-std::unique_ptr<EngineFactory> make_engine_factory(const GlooTransport& gloo) { return std::make_unique<Engines>(gloo); }
+std::unique_ptr<HostEngineFactory> make_host_engine_factory(const GlooTransport& gloo) { return std::make_unique<Engines>(gloo); }
 
 std::unique_ptr<DeviceEngineFactory> make_device_engine_factory(std::chrono::seconds keep_idle) {
 #if GRADSYNC_HAVE_CUDA

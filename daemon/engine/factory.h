@@ -9,7 +9,7 @@
 #include <string>
 
 #include "daemon/engine/device_engine.h"
-#include "daemon/engine/engine.h"
+#include "daemon/engine/host_engine.h"
 #include "daemon/peer/peer_client.h"
 #include "shared/status.h"
 
@@ -25,11 +25,11 @@ struct EngineSpec {
   std::chrono::milliseconds timeout{30'000};  // bound for waiting on peers
 };
 
-class EngineFactory {
+class HostEngineFactory {
  public:
-  virtual ~EngineFactory() = default;
+  virtual ~HostEngineFactory() = default;
   // Connects the engine; blocks up to spec.timeout. The error names the job and the group.
-  virtual Status make(const EngineSpec& spec, std::unique_ptr<CollectiveEngine>* out) = 0;
+  virtual Status make(const EngineSpec& spec, std::unique_ptr<HostCollectiveEngine>* out) = 0;
 };
 
 // The daemon's transport settings for Gloo.
@@ -43,7 +43,7 @@ struct GlooTransport {
   uint64_t slice_bytes = kDefaultSliceBytes;  // --gloo-slice-bytes (engine.h)
 };
 
-std::unique_ptr<EngineFactory> make_engine_factory(const GlooTransport& gloo);
+std::unique_ptr<HostEngineFactory> make_host_engine_factory(const GlooTransport& gloo);
 
 // The NCCL engines of device sets (nccl/), or null in a build without the CUDA backend. NCCL
 // itself is loaded on first use, so a daemon on a node without it still serves host jobs.

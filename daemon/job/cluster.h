@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "daemon/engine/engine.h"
+#include "daemon/engine/host_engine.h"
 #include "daemon/engine/rendezvous.h"
-#include "daemon/job/tensor_set.h"
+#include "daemon/model/tensor_set.h"
 #include "shared/status.h"
 
 namespace gradsync {
@@ -36,7 +36,7 @@ class Cluster : public Rendezvous {
 
   // The engine of `group` (created on first use; every node creates engines in the same order
   // because they commit the same sets). nullptr when the group lives on this node only.
-  virtual Status engine(const std::string& group, CollectiveEngine** engine) = 0;
+  virtual Status engine(const std::string& group, HostCollectiveEngine** engine) = 0;
 
   // Turns an engine error into one that leads with the node that is gone or failed first.
   virtual Status explain(const Status& error) = 0;

@@ -20,20 +20,20 @@
 #include <vector>
 
 #include "daemon/backend/factory.h"
-#include "daemon/control/local_limits.h"
-#include "daemon/control/setup_threads.h"
+#include "daemon/util/local_limits.h"
+#include "daemon/util/setup_threads.h"
 #include "daemon/engine/factory.h"
 #include "daemon/job/daemon_counters.h"
 #include "daemon/job/join_validation.h"
 #include "daemon/job/progress_board.h"
 #include "daemon/job/reaper.h"
-#include "daemon/job/tensor_set.h"
-#include "daemon/job/topology.h"
+#include "daemon/model/tensor_set.h"
+#include "daemon/model/topology.h"
 #include "daemon/job/worker.h"
 #include "daemon/peer/peer_auth.h"
 #include "daemon/util/log.h"
 #include "daemon/util/thread_pool.h"
-#include "daemon/backend/memory.h"
+#include "daemon/model/memory.h"
 #include "daemon/job/channel.h"
 #include "shared/status.h"
 
@@ -42,7 +42,7 @@ namespace gradsync {
 // How this daemon takes part in multi-node jobs (from its configuration).
 struct ClusterSettings {
   std::string advertise;        // host:port of this daemon's peer service, as others reach it
-  EngineFactory* engines = nullptr;  // the engines of groups that span nodes
+  HostEngineFactory* engines = nullptr;  // the engines of groups that span nodes
   // How this daemon proves to its peers that it belongs to the cluster; multi-node jobs are
   // refused without it.
   std::shared_ptr<const PeerAuth> auth;

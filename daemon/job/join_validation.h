@@ -8,7 +8,7 @@
 #include <chrono>
 #include <string>
 
-#include "daemon/job/topology.h"
+#include "daemon/model/topology.h"
 #include "proto/control.pb.h"
 #include "shared/status.h"
 

@@ -8,47 +8,13 @@
 #include <string>
 #include <vector>
 
-#include "daemon/job/tensor_set.h"
-#include "daemon/job/topology.h"
 #include "daemon/job/trace.h"
-#include "daemon/reduce/kernel.h"
+#include "daemon/model/op_desc.h"
+#include "daemon/model/tensor_set.h"
 #include "shared/channel_layout.h"
 #include "shared/status.h"
 
 namespace gradsync {
-
-// The part of a submission that must be identical across local clients.
-struct OpDesc {
-  OpKind kind = OpKind::kAllreduce;
-  uint32_t set_id = 0;
-  WireReduceOp reduce_op = WireReduceOp::kSum;
-  WireScaling scaling = WireScaling::kAfter;
-  int32_t root = 0;
-  double divisor = 0;
-  bool narrow_accumulate = false;
-
-  bool operator==(const OpDesc&) const = default;
-};
-
-// "allreduce(avg, divide after) on set 0", "broadcast(root 2) on DDP bucket 3 (set 1)": the
-// set named by its label when `set` is given (TensorSet::name()).
-std::string describe(const OpDesc& desc, const TensorSet* set = nullptr);
-
-// Validates a submission entry copied out of a ring and turns it into an OpDesc; the error
-// names what was wrong ("unknown operation 9", "root 5 is outside world size 4").
-Status parse_op(const SubmitEntry& entry, int world_size, OpDesc* desc);
-
-// The reduction kernel's arguments for `desc` on a bucket of `dtype` whose group has
-// `group_size` ranks (avg divides by the group unless the operation names a divisor).
-reduce::KernelArgs kernel_args(const OpDesc& desc, DType dtype, int group_size);
-
-// Whether `desc` can run on `set` in `topology`: an allgather needs the set's gather output,
-// a reduction a kernel for every bucket's dtype, a rooted operation a root in every bucket's
-// group. The error names what was wrong, without the caller's prefix.
-Status check_op(const OpDesc& desc, const TensorSet& set, const Topology& topology);
-
-// "rank 5 (local rank 1)", for messages.
-std::string local_rank_name(const Topology& topology, uint32_t local_rank);
 
 struct Op {
   uint64_t seq = 0;

@@ -14,8 +14,8 @@
 #include "daemon/job/op.h"
 #include "daemon/job/reports.h"
 #include "daemon/job/stats.h"
-#include "daemon/job/tensor_set.h"
-#include "daemon/job/topology.h"
+#include "daemon/model/tensor_set.h"
+#include "daemon/model/topology.h"
 #include "shared/channel_layout.h"
 #include "shared/status.h"
 

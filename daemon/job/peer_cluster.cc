@@ -174,7 +174,7 @@ Status PeerCluster::check_layout(const TensorSet& set) {
   return Status();
 }
 
-Status PeerCluster::engine(const std::string& group, CollectiveEngine** engine) {
+Status PeerCluster::engine(const std::string& group, HostCollectiveEngine** engine) {
   *engine = nullptr;
   const std::vector<int> nodes = options_.topology.nodes_of(group);
   // A group on one node needs no engine; a group without ranks here does not involve this node.
@@ -197,7 +197,7 @@ Status PeerCluster::engine(const std::string& group, CollectiveEngine** engine) 
   spec.node = static_cast<int>(std::find(nodes.begin(), nodes.end(), options_.topology.node) - nodes.begin());
   spec.nodes = static_cast<int>(nodes.size());
   spec.timeout = options_.timeout;
-  std::unique_ptr<CollectiveEngine> made;
+  std::unique_ptr<HostCollectiveEngine> made;
   if (Status status = options_.engines->make(spec, &made); !status.ok()) return explain(status);
   options_.log.info("group '" + group + "': engine of " + std::to_string(nodes.size()) + " nodes ready");
   MutexLock lock(engines_mutex_);

@@ -14,8 +14,8 @@
 
 #include "daemon/job/cluster.h"
 #include "daemon/engine/factory.h"
-#include "daemon/job/tensor_set.h"
-#include "daemon/job/topology.h"
+#include "daemon/model/tensor_set.h"
+#include "daemon/model/topology.h"
 #include "daemon/peer/peer_client.h"
 #include "daemon/util/log.h"
 #include "shared/mutex.h"
@@ -31,7 +31,7 @@ struct ClusterOptions {
   std::chrono::milliseconds timeout{30'000};
   std::string rendezvous;       // host:port of the node-0 daemon's peer service
   std::string advertise;        // host:port other daemons reach this daemon's peer service at
-  EngineFactory* engines = nullptr;  // makes one engine per group that spans nodes
+  HostEngineFactory* engines = nullptr;  // makes one engine per group that spans nodes
   std::shared_ptr<const PeerAuth> auth;  // how this daemon proves membership to its peers
   Logger log;
 };
@@ -42,7 +42,7 @@ class PeerCluster final : public Cluster {
 
   Status form() override;
   Status check_layout(const TensorSet& set) override;
-  Status engine(const std::string& group, CollectiveEngine** engine) override;
+  Status engine(const std::string& group, HostCollectiveEngine** engine) override;
   int node() const override { return options_.topology.node; }
   int nodes() const override { return options_.topology.nodes; }
   // Under "x/<name>/<node>" in this generation's keys; a timeout names the nodes that did not
@@ -81,7 +81,7 @@ class PeerCluster final : public Cluster {
   std::string prefix_;                  // "g<generation>/"
   std::vector<std::string> addresses_;  // peer address of every node
   Mutex engines_mutex_;  // the worker adds engines, abort() may come from anywhere
-  std::map<std::string, std::unique_ptr<CollectiveEngine>> engines_ GS_GUARDED_BY(engines_mutex_);
+  std::map<std::string, std::unique_ptr<HostCollectiveEngine>> engines_ GS_GUARDED_BY(engines_mutex_);
   Status aborted_ GS_GUARDED_BY(engines_mutex_);
 };
 

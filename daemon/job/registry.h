@@ -11,7 +11,7 @@
 #include <string>
 #include <utility>
 
-#include "daemon/control/local_limits.h"
+#include "daemon/util/local_limits.h"
 #include "daemon/job/job.h"
 #include "daemon/util/log.h"
 #include "daemon/util/thread_pool.h"

@@ -8,8 +8,8 @@
 #include <memory>
 
 #include "daemon/job/op.h"
-#include "daemon/job/tensor_set.h"
-#include "daemon/job/topology.h"
+#include "daemon/model/tensor_set.h"
+#include "daemon/model/topology.h"
 
 namespace gradsync {
 

@@ -117,7 +117,7 @@ void Worker::admit_set(std::shared_ptr<const TensorSet> set, std::function<void(
         for (const auto& bucket : set->plan.buckets) groups.insert(bucket.group);
       }
       for (const auto& group : groups) {
-        CollectiveEngine* engine = nullptr;
+        HostCollectiveEngine* engine = nullptr;
         if (status.ok()) status = options_.cluster->engine(group, &engine);
       }
     }

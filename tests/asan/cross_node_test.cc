@@ -17,9 +17,9 @@
 #include <memory>
 #include <mutex>
 
-#include "daemon/backend/host/staged.h"
-#include "daemon/job/tensor_set.h"
-#include "daemon/job/topology.h"
+#include "daemon/reduce/staged.h"
+#include "daemon/model/tensor_set.h"
+#include "daemon/model/topology.h"
 
 namespace gradsync::host {
 namespace {
@@ -27,7 +27,7 @@ namespace {
 // Answers an abort at once but keeps the call, as the Gloo engine does with a call its thread
 // has not left; leave() is that thread finally coming out: it writes into the call's buffer
 // (the late combine step) and lets go of the call's Done.
-class LingeringEngine final : public CollectiveEngine {
+class LingeringEngine final : public HostCollectiveEngine {
  public:
   int node() const override { return 0; }
   int nodes() const override { return 2; }

@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "client/tools/process.h"
-#include "daemon/engine/engine.h"
+#include "daemon/engine/host_engine.h"
 #include "daemon/reduce/simd.h"
 #include "gradsync/client.h"
 #include "tests/bench/floors.h"

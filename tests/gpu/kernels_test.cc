@@ -9,7 +9,7 @@
 
 #include "daemon/backend/cuda/kernels.h"
 #include "daemon/backend/cuda/work_items.h"
-#include "daemon/backend/host/staged.h"
+#include "daemon/reduce/staged.h"
 #include "tests/unit/reduce_cases.h"
 
 namespace gradsync::cuda {

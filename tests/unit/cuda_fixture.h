@@ -14,7 +14,7 @@
 
 #include "daemon/backend/cuda/events.h"
 #include "daemon/backend/cuda/executor.h"
-#include "daemon/backend/host/staged.h"
+#include "daemon/reduce/staged.h"
 #include "fake_device.h"
 #include "tests/unit/reduce_cases.h"
 

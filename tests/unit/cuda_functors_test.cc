@@ -11,7 +11,7 @@
 
 #include "daemon/backend/cuda/functors.h"
 #include "daemon/backend/cuda/work_items.h"
-#include "daemon/backend/host/staged.h"
+#include "daemon/reduce/staged.h"
 #include "tests/unit/reduce_cases.h"
 
 namespace gradsync::cuda {

@@ -1,5 +1,5 @@
 // Fakes of the worker's seams, for unit tests that drive a real Worker without memory, threads
-// of Gloo or other daemons: a CollectiveEngine whose behaviour the test picks (succeed, fail,
+// of Gloo or other daemons: a HostCollectiveEngine whose behaviour the test picks (succeed, fail,
 // hang until aborted, time out, take its time), a BucketExecutor that records what it was asked
 // to run and either answers at once, holds the answer until the test releases it, or hands the
 // bucket to the engine, a Cluster that hands out the fake engine, and a BackendFactory that
@@ -21,7 +21,7 @@
 
 namespace gradsync::testing {
 
-class FakeEngine final : public CollectiveEngine {
+class FakeEngine final : public HostCollectiveEngine {
  public:
   enum class Mode { kSucceed, kFail, kHangUntilAborted, kTimeOut, kTakeTime };
 
@@ -213,7 +213,7 @@ class FakeCluster final : public Cluster {
 
   Status form() override { return Status(); }
   Status check_layout(const TensorSet&) override { return Status(); }
-  Status engine(const std::string&, CollectiveEngine** engine) override {
+  Status engine(const std::string&, HostCollectiveEngine** engine) override {
     *engine = engine_.get();
     return Status();
   }

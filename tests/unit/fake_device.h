@@ -15,7 +15,7 @@
 
 #include "daemon/backend/cuda/device_api.h"
 #include "daemon/backend/cuda/launcher.h"
-#include "daemon/backend/memory.h"
+#include "daemon/model/memory.h"
 
 namespace gradsync::cuda::testing {
 

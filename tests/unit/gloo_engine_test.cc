@@ -27,7 +27,7 @@ EngineSpec spec_of(int node, std::chrono::milliseconds timeout) {
 
 // An allreduce of `data` whose answer lands in the returned future; its Done holds `data`, as
 // the engine's contract asks of callers.
-std::future<Status> allreduce(CollectiveEngine& engine, const std::shared_ptr<std::vector<float>>& data) {
+std::future<Status> allreduce(HostCollectiveEngine& engine, const std::shared_ptr<std::vector<float>>& data) {
   auto answer = std::make_shared<std::promise<Status>>();
   std::future<Status> future = answer->get_future();
   engine.allreduce(data->data(), data->size(), ReduceSpec{}, [answer, data](const Status& s) { answer->set_value(s); });
@@ -40,7 +40,7 @@ TEST_CASE("gloo engine: calls queued at an abort or made after it fail at once, 
   constexpr auto kGlooTimeout = 20s;
   ::gloo::rendezvous::HashStore store;
   GlooTransport transport;
-  std::unique_ptr<CollectiveEngine> engine0, engine1;
+  std::unique_ptr<HostCollectiveEngine> engine0, engine1;
   auto connected1 = std::async(std::launch::async, [&] { return make_engine(spec_of(1, kGlooTimeout), transport, store, &engine1); });
   REQUIRE(make_engine(spec_of(0, kGlooTimeout), transport, store, &engine0).ok());
   REQUIRE(connected1.get().ok());

@@ -3,7 +3,7 @@
 // bit for bit what reduce() gives, for every dtype and mode, whatever the values. Across
 // nodes the combination is regrouped ((a0 + a1) + (b0 + b1) instead of a0 + a1 + b0 + b1), so
 // equality holds where every operation is exact, and only there.
-#include "daemon/backend/host/staged.h"
+#include "daemon/reduce/staged.h"
 
 #include <catch2/catch.hpp>
 

@@ -1,6 +1,6 @@
 // The job topology: node-major rank numbering, the checks make_topology applies to the node
 // layout and to declared process groups, and the per-node views of a group.
-#include "daemon/job/topology.h"
+#include "daemon/model/topology.h"
 
 #include <catch2/catch.hpp>
 

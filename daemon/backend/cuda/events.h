@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "daemon/backend/cuda/device_api.h"
-#include "daemon/backend/memory.h"
+#include "daemon/model/memory.h"
 #include "shared/channel_layout.h"
 
 namespace gradsync::cuda {

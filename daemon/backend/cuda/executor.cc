@@ -9,7 +9,7 @@
 
 #include "daemon/backend/cuda/events.h"
 #include "daemon/backend/cuda/work_items.h"
-#include "daemon/backend/host/staged.h"
+#include "daemon/reduce/staged.h"
 #include "shared/backoff.h"
 
 namespace gradsync::cuda {

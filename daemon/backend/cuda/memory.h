@@ -12,7 +12,7 @@
 #include "daemon/backend/cuda/device_api.h"
 #include "daemon/backend/cuda/ipc_cache.h"
 #include "daemon/backend/factory.h"
-#include "daemon/backend/memory.h"
+#include "daemon/model/memory.h"
 
 namespace gradsync::cuda {
 

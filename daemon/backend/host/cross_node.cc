@@ -8,7 +8,7 @@
 #include <memory>
 
 #include "daemon/backend/host/local.h"
-#include "daemon/backend/host/staged.h"
+#include "daemon/reduce/staged.h"
 
 namespace gradsync::host {
 namespace {

@@ -8,7 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "daemon/job/tensor_set.h"
+#include "daemon/model/tensor_set.h"
 #include "daemon/reduce/kernel.h"
 #include "daemon/util/thread_pool.h"
 

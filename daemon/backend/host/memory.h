@@ -6,7 +6,7 @@
 
 #include <memory>
 
-#include "daemon/backend/memory.h"
+#include "daemon/model/memory.h"
 #include "shared/memfd.h"
 #include "shared/status.h"
 #include "shared/unique_fd.h"

@@ -16,7 +16,7 @@
 #include <thread>
 
 #include "daemon/engine/gloo/store.h"
-#include "daemon/backend/host/staged.h"
+#include "daemon/reduce/staged.h"
 #include "shared/mutex.h"
 
 namespace gradsync::gloo_engine {
@@ -123,7 +123,7 @@ struct EngineState {
 // reach or leave the call's buffers any more, and then answers the call at once. The blocked
 // Gloo call lingers on the engine's thread until its timeout, touching only Gloo's own state,
 // which the thread keeps alive; the engine does not wait for it when it is destroyed.
-class GlooEngine final : public CollectiveEngine {
+class GlooEngine final : public HostCollectiveEngine {
  public:
   GlooEngine(const EngineSpec& spec, std::shared_ptr<::gloo::Context> context, uint64_t slice_bytes)
       : state_(std::make_shared<EngineState>()), slice_bytes_(slice_bytes) {
@@ -301,13 +301,13 @@ std::shared_ptr<::gloo::transport::Device> make_device(const GlooTransport& opti
 
 }  // namespace
 
-Status make_engine(const EngineSpec& spec, const GlooTransport& transport, std::unique_ptr<CollectiveEngine>* out) {
+Status make_engine(const EngineSpec& spec, const GlooTransport& transport, std::unique_ptr<HostCollectiveEngine>* out) {
   PeerStore store(spec.rendezvous, spec.job, spec.prefix, spec.timeout, transport.transport == "tcp");
   return make_engine(spec, transport, store, out);
 }
 
 Status make_engine(const EngineSpec& spec, const GlooTransport& transport, ::gloo::rendezvous::Store& store,
-                   std::unique_ptr<CollectiveEngine>* out) {
+                   std::unique_ptr<HostCollectiveEngine>* out) {
   std::shared_ptr<::gloo::rendezvous::Context> context;
   const Status status = translate("forming the Gloo mesh of job " + spec.job + " (" + spec.prefix + ")", [&] {
     auto device = make_device(transport);

@@ -17,7 +17,7 @@
 
 #include <memory>
 
-#include "daemon/engine/engine.h"
+#include "daemon/engine/host_engine.h"
 #include "daemon/engine/factory.h"
 
 namespace gradsync::gloo_engine {
@@ -25,11 +25,11 @@ namespace gradsync::gloo_engine {
 inline constexpr size_t kBcubeBelowBytes = 256 << 10;
 
 // Connects the full mesh through the job's peer service; blocks up to spec.timeout.
-Status make_engine(const EngineSpec& spec, const GlooTransport& transport, std::unique_ptr<CollectiveEngine>* out);
+Status make_engine(const EngineSpec& spec, const GlooTransport& transport, std::unique_ptr<HostCollectiveEngine>* out);
 
 // The same through any Gloo store (tests connect engines in one process with a HashStore);
 // spec.rendezvous is not used.
 Status make_engine(const EngineSpec& spec, const GlooTransport& transport, ::gloo::rendezvous::Store& store,
-                   std::unique_ptr<CollectiveEngine>* out);
+                   std::unique_ptr<HostCollectiveEngine>* out);
 
 }  // namespace gradsync::gloo_engine

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <optional>
 
-#include "daemon/backend/host/staged.h"  // reduce::accumulation_dtype
+#include "daemon/reduce/staged.h"  // reduce::accumulation_dtype
 #include "shared/backoff.h"
 
 namespace gradsync::nccl {

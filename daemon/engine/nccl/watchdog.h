@@ -14,7 +14,7 @@
 #include <string>
 #include <thread>
 
-#include "daemon/engine/engine.h"
+#include "daemon/engine/host_engine.h"
 #include "shared/status.h"
 #include "shared/mutex.h"
 

@@ -1,4 +1,4 @@
-#include "daemon/control/local_limits.h"
+#include "daemon/util/local_limits.h"
 
 #include <algorithm>
 #include <cstdio>

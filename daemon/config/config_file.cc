@@ -1,4 +1,4 @@
-#include "daemon/config_file.h"
+#include "daemon/config/config_file.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

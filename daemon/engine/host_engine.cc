@@ -1,4 +1,4 @@
-#include "daemon/engine/engine.h"
+#include "daemon/engine/host_engine.h"
 
 #include <future>
 

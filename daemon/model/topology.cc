@@ -1,4 +1,4 @@
-#include "daemon/job/topology.h"
+#include "daemon/model/topology.h"
 
 #include <algorithm>
 #include <set>

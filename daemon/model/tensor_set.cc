@@ -1,4 +1,4 @@
-#include "daemon/job/tensor_set.h"
+#include "daemon/model/tensor_set.h"
 
 #include <algorithm>
 #include <numeric>

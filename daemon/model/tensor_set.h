@@ -11,8 +11,8 @@
 
 #include "shared/set_name.h"
 #include "daemon/plan/planner.h"
-#include "daemon/backend/memory.h"
-#include "daemon/job/topology.h"
+#include "daemon/model/memory.h"
+#include "daemon/model/topology.h"
 
 namespace gradsync {
 

@@ -1,4 +1,4 @@
-#include "daemon/config.h"
+#include "daemon/config/config.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -13,7 +13,7 @@
 #include <thread>
 #include <tuple>
 
-#include "daemon/config_file.h"
+#include "daemon/config/config_file.h"
 #include "daemon/util/safe_text.h"
 #include "shared/socket_names.h"
 #include "shared/version.h"

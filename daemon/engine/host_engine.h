@@ -1,8 +1,14 @@
-// CollectiveEngine: the collective among the daemons of the nodes that host one process group,
-// the cross-node stage of a hierarchical operation (local reduce -> engine -> local fan-out).
-// gradsync never implements its own network collective; engines wrap existing ones (gloo/ now,
-// nccl/ with the CUDA backend), each in its own folder with the same file names, and only the
-// engine factory (factory.cc) names them.
+// HostCollectiveEngine: the collective, on host memory, among the daemons of the nodes that host
+// one process group: the cross-node stage of a host set's hierarchical operation (local reduce
+// -> engine -> local fan-out). gloo/ implements it.
+//
+// gradsync has two engine interfaces, named as two, because their contracts differ: this one
+// takes one host buffer per call and answers each call when it finished; its sibling
+// DeviceCollectiveEngine (device_engine.h, implemented by nccl/) takes one device buffer per
+// local GPU, enqueues on CUDA streams, and reports completion separately (watch()). A single
+// interface would have every caller branch on which half it may use. gradsync never implements
+// its own network collective: engines wrap existing ones, and only the engine factory
+// (factory.cc) names them.
 //
 // Contract:
 //   - Calls are asynchronous: each returns at once and its Done runs exactly once, on a thread
@@ -50,9 +56,9 @@ using EngineDone = std::function<void(const Status&)>;
 // large; README "Across nodes: slice size and algorithm" has the measurements.
 inline constexpr uint64_t kDefaultSliceBytes = 64ull << 20;
 
-class CollectiveEngine {
+class HostCollectiveEngine {
  public:
-  virtual ~CollectiveEngine() = default;  // aborts what is in flight, then waits for it
+  virtual ~HostCollectiveEngine() = default;  // aborts what is in flight, then waits for it
 
   virtual int node() const = 0;   // this daemon's index among the group's nodes
   virtual int nodes() const = 0;  // how many nodes the group spans

@@ -1,4 +1,4 @@
-#include "daemon/backend/host/staged.h"
+#include "daemon/reduce/staged.h"
 
 #include <cstdint>
 #include <algorithm>

@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "daemon/control/local_limits.h"
-#include "daemon/engine/engine.h"
+#include "daemon/util/local_limits.h"
+#include "daemon/engine/host_engine.h"
 #include "daemon/util/log.h"
 
 namespace gradsync {

@@ -1,0 +1,128 @@
+#include "daemon/model/op_desc.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace gradsync {
+namespace {
+
+std::string_view reduce_op_name(WireReduceOp op) {
+  switch (op) {
+    case WireReduceOp::kSum: return "sum";
+    case WireReduceOp::kAvg: return "avg";
+    case WireReduceOp::kMin: return "min";
+    case WireReduceOp::kMax: return "max";
+  }
+  return "?";
+}
+
+}  // namespace
+
+std::string describe(const OpDesc& desc, const TensorSet* set) {
+  std::string text;
+  switch (desc.kind) {
+    case OpKind::kAllreduce:
+    case OpKind::kReduce:
+      text = desc.kind == OpKind::kAllreduce ? "allreduce(" : "reduce(";
+      text += reduce_op_name(desc.reduce_op);
+      if (desc.reduce_op == WireReduceOp::kAvg) {
+        text += desc.scaling == WireScaling::kBefore ? ", divide before" : ", divide after";
+        if (desc.divisor != 0) text += ", divisor " + std::to_string(desc.divisor);
+      }
+      if (desc.kind == OpKind::kReduce) text += ", root " + std::to_string(desc.root);
+      text += ")";
+      break;
+    case OpKind::kBroadcast:
+      text = "broadcast(root " + std::to_string(desc.root) + ")";
+      break;
+    case OpKind::kAllgather:
+      text = "allgather";
+      break;
+  }
+  return text + " on " + (set ? set->name() : set_name(desc.set_id, ""));
+}
+
+Status parse_op(const SubmitEntry& entry, int world_size, OpDesc* desc) {
+  if (entry.op < static_cast<uint32_t>(OpKind::kAllreduce) || entry.op > static_cast<uint32_t>(OpKind::kReduce)) {
+    return Status::invalid_argument("unknown operation " + std::to_string(entry.op));
+  }
+  desc->kind = static_cast<OpKind>(entry.op);
+  desc->set_id = entry.set_id;
+  desc->narrow_accumulate = (entry.flags & kSubmitNarrowAccumulate) != 0;
+  if (desc->kind == OpKind::kAllreduce || desc->kind == OpKind::kReduce) {
+    if (entry.reduce_op < static_cast<uint32_t>(WireReduceOp::kSum) ||
+        entry.reduce_op > static_cast<uint32_t>(WireReduceOp::kMax)) {
+      return Status::invalid_argument("unknown reduce operation " + std::to_string(entry.reduce_op));
+    }
+    desc->reduce_op = static_cast<WireReduceOp>(entry.reduce_op);
+    if (desc->reduce_op == WireReduceOp::kAvg) {
+      if (entry.scaling != static_cast<uint32_t>(WireScaling::kAfter) &&
+          entry.scaling != static_cast<uint32_t>(WireScaling::kBefore)) {
+        return Status::invalid_argument("unknown scaling mode " + std::to_string(entry.scaling));
+      }
+      desc->scaling = static_cast<WireScaling>(entry.scaling);
+      if (!std::isfinite(entry.divisor) || entry.divisor < 0) {
+        return Status::invalid_argument("divisor must be positive and finite (0 means the group size), got " +
+                                        std::to_string(entry.divisor));
+      }
+      desc->divisor = entry.divisor;
+    } else if (entry.divisor != 0) {
+      return Status::invalid_argument("a divisor applies only to avg");
+    }
+  }
+  if (desc->kind == OpKind::kBroadcast || desc->kind == OpKind::kReduce) {
+    if (entry.root < 0 || entry.root >= world_size) {
+      return Status::invalid_argument("root " + std::to_string(entry.root) + " is outside world size " +
+                                      std::to_string(world_size));
+    }
+    desc->root = entry.root;
+  }
+  return Status::ok_status();
+}
+
+reduce::KernelArgs kernel_args(const OpDesc& desc, DType dtype, int group_size) {
+  reduce::KernelArgs args;
+  args.dtype = dtype;
+  args.wide_accumulate = !desc.narrow_accumulate;
+  switch (desc.reduce_op) {
+    case WireReduceOp::kSum: args.combine = reduce::Combine::kSum; break;
+    case WireReduceOp::kMin: args.combine = reduce::Combine::kMin; break;
+    case WireReduceOp::kMax: args.combine = reduce::Combine::kMax; break;
+    case WireReduceOp::kAvg:
+      args.combine = reduce::Combine::kSum;
+      args.scale = desc.scaling == WireScaling::kBefore ? reduce::Scale::kBefore : reduce::Scale::kAfter;
+      args.divisor = desc.divisor != 0 ? desc.divisor : static_cast<double>(group_size);
+      break;
+  }
+  return args;
+}
+
+Status check_op(const OpDesc& desc, const TensorSet& set, const Topology& topology) {
+  if (desc.kind == OpKind::kAllgather && set.gather_output.empty()) {
+    return Status::invalid_argument(set.name() + " was registered without an allgather output");
+  }
+  if (desc.kind == OpKind::kAllreduce || desc.kind == OpKind::kReduce) {
+    for (const auto& bucket : set.plan.buckets) {
+      const int group_size = static_cast<int>(topology.ranks(bucket.group).size());
+      const std::string_view problem = reduce::validate_kernel_args(kernel_args(desc, bucket.dtype, group_size));
+      if (!problem.empty()) return Status::invalid_argument(std::string(problem));
+    }
+  }
+  if (desc.kind == OpKind::kBroadcast || desc.kind == OpKind::kReduce) {
+    for (const auto& bucket : set.plan.buckets) {
+      const auto& ranks = topology.ranks(bucket.group);
+      if (!std::binary_search(ranks.begin(), ranks.end(), desc.root)) {
+        return Status::invalid_argument("root rank " + std::to_string(desc.root) + " is not in group '" +
+                                        bucket.group + "'");
+      }
+    }
+  }
+  return Status();
+}
+
+std::string local_rank_name(const Topology& topology, uint32_t local_rank) {
+  return "rank " + std::to_string(topology.rank_of(static_cast<int>(local_rank))) + " (local rank " +
+         std::to_string(local_rank) + ")";
+}
+
+}  // namespace gradsync
