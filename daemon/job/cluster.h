@@ -10,6 +10,7 @@
 #pragma once
 
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -57,5 +58,21 @@ class Cluster : public Rendezvous {
   virtual std::shared_ptr<ConfigChannel> config_channel() { return nullptr; }
   virtual std::vector<std::string> node_addresses() const { return {}; }
 };
+
+// Before a set's first operation, on the worker thread: forms the cluster, checks the set's
+// layout against every node's, and makes the engines of a host set's groups, in the same
+// (sorted) order on every node. Device sets get theirs from their executor.
+inline Status prepare_set(Cluster& cluster, const TensorSet& set) {
+  if (Status status = cluster.form(); !status.ok()) return status;
+  if (Status status = cluster.check_layout(set); !status.ok()) return status;
+  if (set.memory_kind != MemoryKind::kHostMemfd) return Status();
+  std::set<std::string> groups;
+  for (const auto& bucket : set.plan.buckets) groups.insert(bucket.group);
+  for (const auto& group : groups) {
+    HostCollectiveEngine* engine = nullptr;
+    if (Status status = cluster.engine(group, &engine); !status.ok()) return status;
+  }
+  return Status();
+}
 
 }  // namespace gradsync

@@ -35,6 +35,21 @@ Status BucketFlight::take() {
   return answer;
 }
 
+Status BucketFlight::overran(const std::string& job, const std::string& op, std::chrono::milliseconds execution,
+                             std::chrono::milliseconds job_timeout) const {
+  const Launch& flight = *launch_;
+  const auto ran = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
+                                                                         flight.launched);
+  return Status::timeout(
+      job + ": bucket " + std::to_string(flight.bucket) + " of operation " + std::to_string(flight.seq) + " (" + op +
+      ", group '" + flight.group + "') has executed for " + std::to_string(ran.count()) +
+      " ms, over the execution bound of " + std::to_string(execution.count()) +
+      " ms (gradsyncd --execution-timeout-ms)" +
+      (flight.cross_node ? " plus the job timeout of " + std::to_string(job_timeout.count()) +
+                               " ms for the other nodes to reach it; the collective across nodes is stuck"
+                         : ""));
+}
+
 void BucketFlight::wait(const Logger& log) {
   if (!launch_) return;
   WakeWord& doorbell = doorbell_->page()->doorbell;

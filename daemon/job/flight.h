@@ -45,6 +45,10 @@ class BucketFlight {
   // Takes the answer (landed() must be true) and ends the flight.
   Status take();
   const std::shared_ptr<BucketTimings>& timings() const { return timings_; }
+  // The flight ran past its bound (execution, plus `job_timeout` across nodes): the error,
+  // naming the bucket, `op` (described), the time and the bounds. `job` leads the message.
+  Status overran(const std::string& job, const std::string& op, std::chrono::milliseconds execution,
+                 std::chrono::milliseconds job_timeout) const;
 
   // The job stopped: waits until the executor, aborted, answers the bucket in flight (about a
   // second), logging every 2 s meanwhile, and ends the flight. At once when none is active.

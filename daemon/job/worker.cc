@@ -1,7 +1,6 @@
 #include "daemon/job/worker.h"
 
 #include <algorithm>
-#include <set>
 
 namespace gradsync {
 namespace {
@@ -106,21 +105,7 @@ void Worker::attach_client(uint32_t local_rank, std::shared_ptr<ClientChannel> c
 void Worker::admit_set(std::shared_ptr<const TensorSet> set, std::function<void(const Status&)> done) {
   post_task([this, set, done](const Status& failed) {
     if (!failed.ok()) return done(failed);
-    Status status;
-    if (options_.cluster) {
-      status = options_.cluster->form();
-      if (status.ok()) status = options_.cluster->check_layout(*set);
-      // Every node forms the engines of a host set's groups in the same (sorted) order; device
-      // sets get theirs from their executor, below.
-      std::set<std::string> groups;
-      if (set->memory_kind == MemoryKind::kHostMemfd) {
-        for (const auto& bucket : set->plan.buckets) groups.insert(bucket.group);
-      }
-      for (const auto& group : groups) {
-        HostCollectiveEngine* engine = nullptr;
-        if (status.ok()) status = options_.cluster->engine(group, &engine);
-      }
-    }
+    Status status = options_.cluster ? prepare_set(*options_.cluster, *set) : Status();
     if (status.ok()) {
       BucketExecutor* executor = executor_for(set->memory_kind, &status);
       SetAdmission admission;
@@ -417,18 +402,10 @@ Status Worker::check_deadline() {
   if (ops_.empty()) return Status::ok_status();
   const Op& op = ops_.front();
   const auto now = std::chrono::steady_clock::now();
-  auto ms = [](auto d) { return std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(d).count()); };
   if (flight_.active()) {
     if (now < execution_deadline()) return Status::ok_status();
-    const BucketFlight::Launch& flight = flight_.current();
-    return Status::timeout(
-        "job " + options_.job_id + ": bucket " + std::to_string(flight.bucket) + " of operation " +
-        std::to_string(op.seq) + " (" + describe(op.desc, op.set.get()) + ", group '" + flight.group +
-        "') has executed for " + ms(now - flight.launched) + " ms, over the execution bound of " +
-        std::to_string(options_.execution_timeout.count()) + " ms (gradsyncd --execution-timeout-ms)" +
-        (flight.cross_node ? " plus the job timeout of " + std::to_string(options_.timeout.count()) +
-                                 " ms for the other nodes to reach it; the collective across nodes is stuck"
-                           : ""));
+    return flight_.overran("job " + options_.job_id, describe(op.desc, op.set.get()), options_.execution_timeout,
+                           options_.timeout);
   }
   if (now - op.waiting_since < options_.timeout) return Status::ok_status();
   return ops_.head_timed_out(options_.timeout);

@@ -758,160 +758,81 @@ void CudaExecutor::run_across(const BucketCall& call, DeviceCollectiveEngine* en
   const TensorSet& set = *call.set;
   const size_t b = call.bucket;
   const std::string where = std::string(kind_name(call.desc.kind)) + " bucket " + std::to_string(b) + " of " + set.name();
-  const bool allgather = call.desc.kind == OpKind::kAllgather;
-  if (allgather && set.gather_output.size() != set.address.size()) {
+  if (call.desc.kind == OpKind::kAllgather && set.gather_output.size() != set.address.size()) {
     return done(Status::invalid_argument(where + " was registered without allgather outputs"));
   }
+  const AcrossPlanner& planner = across_planner(call.desc.kind);
   const Topology& topology = *call.topology;
-  const DType dtype = set.plan.buckets[b].dtype;
-  const bool copy = call.desc.kind == OpKind::kBroadcast || allgather;
-  const size_t count = set.bucket_elements[b];
-  const size_t bytes = count * (copy ? dtype_size(dtype) : dtype_size(reduce::accumulation_dtype(dtype)));
-  const int root_node = call.desc.root / topology.local_world_size;
-  const int root_local = call.desc.root % topology.local_world_size;
-  const bool root_here = root_node == topology.node;
-  const int root_gpu = root_here ? device_of_client(set, b, static_cast<uint32_t>(root_local)) : -1;
-  const int root_rank = engine->rank_of(root_node, root_local);
-  if ((call.desc.kind == OpKind::kReduce || call.desc.kind == OpKind::kBroadcast) && root_rank < 0) {
+  AcrossBucket bucket;
+  bucket.call = &call;
+  bucket.engine = engine;
+  bucket.dtype = set.plan.buckets[b].dtype;
+  bucket.count = set.bucket_elements[b];
+  bucket.bytes = bucket.count * (planner.moves_bytes() ? dtype_size(bucket.dtype)
+                                                       : dtype_size(reduce::accumulation_dtype(bucket.dtype)));
+  bucket.args = planner.moves_bytes() ? reduce::KernelArgs{.dtype = DType::kUInt8} : call.args;
+  bucket.root_node = call.desc.root / topology.local_world_size;
+  bucket.root_local = call.desc.root % topology.local_world_size;
+  bucket.root_here = bucket.root_node == topology.node;
+  bucket.root_gpu = bucket.root_here ? device_of_client(set, b, static_cast<uint32_t>(bucket.root_local)) : -1;
+  bucket.root_rank = engine->rank_of(bucket.root_node, bucket.root_local);
+  if (planner.has_root() && bucket.root_rank < 0) {
     return done(Status::internal(where + ": root rank " + std::to_string(call.desc.root) + " has no GPU in the group"));
   }
-  reduce::KernelArgs args = call.args;
-  if (copy) args = reduce::KernelArgs{.dtype = DType::kUInt8};
 
-  // Every local GPU: its stream and bucket buffer, and room in its queue when the bucket will
-  // be answered at enqueue.
+  // The executor's steps a collective interleaves (a local class: it reaches the executor's
+  // private members as run_across does).
+  struct Steps final : AcrossSteps {
+    CudaExecutor& executor;
+    const BucketCall& call;
+    Steps(CudaExecutor& e, const BucketCall& c) : executor(e), call(c) {}
+    Status make_current(int device) override { return executor.api_->make_current(device); }
+    Status gather_from(int device, int source_local) override {
+      return executor.enqueue_gather_from(call, device, source_local);
+    }
+    Status scatter_gathered(int device, int source_rank) override {
+      return executor.enqueue_scatter_gathered(call, device, source_rank);
+    }
+    int device_of_client(uint32_t local_rank) const override {
+      return CudaExecutor::device_of_client(*call.set, call.bucket, local_rank);
+    }
+  } steps(*this, call);
+
   const bool ordered = device_ordered(call);
   std::vector<DeviceBuffer> buffers;
-  Status status;
-  for (int device : engine->devices()) {
-    Device* state = nullptr;
-    status = on_device(device, api_->make_current(device));
-    if (status.ok()) status = device_state(device, std::max<size_t>(1, bytes), &state);
-    if (status.ok() && !ordered && !state->done_event) status = api_->create_event(device, &state->done_event);
-    if (status.ok() && ordered) status = retire(device, true);
-    if (!status.ok()) {
-      status = on_device(device, status);
-      break;
-    }
-    buffers.push_back(DeviceBuffer{device, state->bucket_buffer, state->stream});
-  }
+  Status status = ready_devices(*engine, bucket.bytes, ordered, &buffers);
   // Zero-copy: NCCL in the clients' own flat runs; the kernels only scale, in place.
   std::vector<void*> runs;
-  const bool direct = status.ok() && zero_copy(call, engine->devices(), &runs);
-  if (direct) {
+  bucket.direct = status.ok() && planner.zero_copy() && zero_copy(call, engine->devices(), &runs);
+  if (bucket.direct) {
     for (size_t i = 0; i < buffers.size(); ++i) buffers[i].data = runs[i];
   }
-  const auto launches_on = [&](int device) {
-    Launches l;
-    switch (call.desc.kind) {
-      case OpKind::kAllreduce:
-        if (direct) {
-          l.gather = args.scale == reduce::Scale::kBefore;
-          l.scatter = args.scale == reduce::Scale::kAfter;
-        }
-        break;
-      case OpKind::kReduce:
-        l.scatter = root_here && device == root_gpu;
-        l.scatter_only = root_local;
-        break;
-      case OpKind::kBroadcast:
-        l.bytes = true;
-        l.gather = root_here && device == root_gpu;
-        l.only = root_local;
-        l.scatter_skips_root = root_here;
-        break;
-      case OpKind::kAllgather: break;
-    }
-    return l;
-  };
   // Every table this bucket uses on this node, before anything of it is queued: a table's
   // first upload, from pageable memory, may wait for the work already on the stream, and once
   // the collective is queued that would be the collective (peers included).
   for (size_t i = 0; i < buffers.size() && status.ok(); ++i) {
-    const int device = buffers[i].device;
     const Table* t = nullptr;
-    if (!allgather) {
-      const Launches l = launches_on(device);
-      if (l.gather) status = table(call, device, Side::kGather, l.only, false, l.bytes, &t);
-      if (status.ok() && l.scatter) {
-        status = table(call, device, Side::kScatter, l.scatter_only, l.scatter_skips_root, l.bytes, &t);
-      }
-      continue;
-    }
-    for (int source : topology.ranks(set.plan.buckets[b].group)) {
-      if (source / topology.local_world_size == topology.node &&
-          device_of_client(set, b, static_cast<uint32_t>(source % topology.local_world_size)) == device) {
-        status = table(call, device, Side::kGather, source % topology.local_world_size, false, true, &t);
-      }
-      if (status.ok()) status = table(call, device, Side::kScatterGathered, source, false, true, &t);
-      if (!status.ok()) break;
+    for (const TableRequest& r : planner.tables(bucket, buffers[i].device, steps)) {
+      if (status.ok()) status = table(call, buffers[i].device, r.side, r.only, r.skip_root, r.bytes, &t);
     }
   }
-  for (size_t i = 0; i < buffers.size() && status.ok(); ++i) {
-    status = api_->make_current(buffers[i].device);
-    if (status.ok()) status = wait_ready(call, buffers[i].device);
-    if (status.ok() && !allgather) {
-      status = enqueue(call, buffers[i].device, Side::kGather, launches_on(buffers[i].device), args,
-                       direct ? buffers[i].data : nullptr);
-    }
-  }
-  if (status.ok() && allgather) {
-    // Rank by rank, in the same order on every node: a copy in on the source's GPU, a
-    // broadcast from there, a copy out into every local output at the source's slot.
-    for (int source : topology.ranks(set.plan.buckets[b].group)) {
-      const int node = source / topology.local_world_size;
-      const int local = source % topology.local_world_size;
-      const int source_rank = engine->rank_of(node, local);
-      if (source_rank < 0) {
-        status = Status::internal("rank " + std::to_string(source) + " has no GPU in the group");
-        break;
-      }
-      if (node == topology.node) {
-        const int gpu = device_of_client(set, b, static_cast<uint32_t>(local));
-        status = api_->make_current(gpu);
-        if (status.ok()) status = enqueue_gather_from(call, gpu, local);
-      }
-      if (status.ok()) status = engine->broadcast(buffers, bytes, source_rank);
-      for (size_t i = 0; i < buffers.size() && status.ok(); ++i) {
-        status = api_->make_current(buffers[i].device);
-        if (status.ok()) status = enqueue_scatter_gathered(call, buffers[i].device, source);
-      }
-      if (!status.ok()) break;
-    }
-  } else if (status.ok()) {
-    const ReduceSpec spec{.op = args.combine, .element = dtype, .wide_accumulate = args.wide_accumulate};
-    switch (call.desc.kind) {
-      case OpKind::kAllreduce: status = engine->allreduce(buffers, count, spec); break;
-      case OpKind::kReduce: status = engine->reduce(buffers, count, spec, root_rank); break;
-      case OpKind::kBroadcast: status = engine->broadcast(buffers, bytes, root_rank); break;
-      case OpKind::kAllgather: break;
-    }
-  }
-  // After the collective: the scatter, the clients' done events, and this executor's own event
-  // per GPU, which the watchdog follows.
-  auto watched = ordered ? std::make_shared<std::atomic<int>>(kWatching) : nullptr;
-  std::vector<std::pair<int, void*>> events;  // (device, event after the bucket)
   for (size_t i = 0; i < buffers.size() && status.ok(); ++i) {
     const int device = buffers[i].device;
     status = api_->make_current(device);
-    if (status.ok() && !allgather) {
-      status = enqueue(call, device, Side::kScatter, launches_on(device), args, direct ? buffers[i].data : nullptr);
+    if (status.ok()) status = wait_ready(call, device);
+    if (status.ok()) {
+      status = enqueue(call, device, Side::kGather, planner.launches(bucket, device), bucket.args,
+                       bucket.direct ? buffers[i].data : nullptr);
     }
-    if (status.ok()) status = record_done(call, device);
-    void* event = devices_.at(device).done_event;
-    if (status.ok() && ordered) status = enqueue_answered(call, device, where, watched, &event);
-    if (status.ok() && !ordered) status = api_->record_event(device, event, buffers[i].stream);
-    if (status.ok()) events.emplace_back(device, event);
-    status = on_device(device, status);
   }
-  std::vector<std::pair<int, void*>> streams;  // (device, stream)
-  for (const DeviceBuffer& buffer : buffers) streams.emplace_back(buffer.device, buffer.stream);
-  DeviceApi* api = api_;
-  GpuWatch* gpus = gpus_;
+  if (status.ok()) status = planner.collective(bucket, buffers, steps);
+  auto watched = ordered ? std::make_shared<std::atomic<int>>(kWatching) : nullptr;
+  std::vector<std::pair<int, void*>> events;  // (device, event after the bucket)
+  if (status.ok()) status = finish_across(call, planner, bucket, buffers, where, watched, &events);
   if (!status.ok()) {
     // A sticky error first seen in a launch or inside NCCL: the GPU's health says so.
-    for (const auto& [device, stream] : streams) {
-      if (Status broken = broken_gpu(api_, gpus_, device); !broken.ok()) {
+    for (const DeviceBuffer& buffer : buffers) {
+      if (Status broken = broken_gpu(api_, gpus_, buffer.device); !broken.ok()) {
         status = broken;
         break;
       }
@@ -925,10 +846,59 @@ void CudaExecutor::run_across(const BucketCall& call, DeviceCollectiveEngine* en
     // Device-ordered: the failing job's drain (quiesce(), bounded) deals with the streams.
     // Others hold only our kernels and NCCL's aborted ones, so they drain.
     if (!ordered) {
-      for (const auto& [device, stream] : streams) (void)api->synchronize(device, stream);
+      for (const DeviceBuffer& buffer : buffers) (void)api_->synchronize(buffer.device, buffer.stream);
     }
     return done(error);
   }
+  watch_across(*engine, where, std::move(watched), std::move(events), buffers, std::move(done));
+}
+
+Status CudaExecutor::ready_devices(DeviceCollectiveEngine& engine, size_t bytes, bool ordered,
+                                   std::vector<DeviceBuffer>* buffers) {
+  // Every local GPU: its stream and bucket buffer, and room in its queue when the bucket will
+  // be answered at enqueue.
+  for (int device : engine.devices()) {
+    Device* state = nullptr;
+    Status status = on_device(device, api_->make_current(device));
+    if (status.ok()) status = device_state(device, std::max<size_t>(1, bytes), &state);
+    if (status.ok() && !ordered && !state->done_event) status = api_->create_event(device, &state->done_event);
+    if (status.ok() && ordered) status = retire(device, true);
+    if (!status.ok()) return on_device(device, status);
+    buffers->push_back(DeviceBuffer{device, state->bucket_buffer, state->stream});
+  }
+  return Status();
+}
+
+Status CudaExecutor::finish_across(const BucketCall& call, const AcrossPlanner& planner, const AcrossBucket& bucket,
+                                   std::span<const DeviceBuffer> buffers, const std::string& where,
+                                   const std::shared_ptr<std::atomic<int>>& watched,
+                                   std::vector<std::pair<int, void*>>* events) {
+  // After the collective: the scatter, the clients' done events, and this executor's own event
+  // per GPU, which the watchdog follows.
+  const bool ordered = watched != nullptr;
+  Status status;
+  for (size_t i = 0; i < buffers.size() && status.ok(); ++i) {
+    const int device = buffers[i].device;
+    status = api_->make_current(device);
+    if (status.ok()) {
+      status = enqueue(call, device, Side::kScatter, planner.launches(bucket, device), bucket.args,
+                       bucket.direct ? buffers[i].data : nullptr);
+    }
+    if (status.ok()) status = record_done(call, device);
+    void* event = devices_.at(device).done_event;
+    if (status.ok() && ordered) status = enqueue_answered(call, device, where, watched, &event);
+    if (status.ok() && !ordered) status = api_->record_event(device, event, buffers[i].stream);
+    if (status.ok()) events->emplace_back(device, event);
+    status = on_device(device, status);
+  }
+  return status;
+}
+
+void CudaExecutor::watch_across(DeviceCollectiveEngine& engine, const std::string& where,
+                                std::shared_ptr<std::atomic<int>> watched, std::vector<std::pair<int, void*>> events,
+                                std::span<const DeviceBuffer> buffers, BucketDone done) {
+  DeviceApi* api = api_;
+  GpuWatch* gpus = gpus_;
   // A query that fails with a sticky error names the broken GPU (and reports it) rather than
   // the raw CUDA error.
   auto poll = [api, gpus, events](bool* finished) {
@@ -942,37 +912,39 @@ void CudaExecutor::run_across(const BucketCall& call, DeviceCollectiveEngine* en
     }
     return Status();
   };
-  if (ordered) {
+  if (watched) {
     // Answered now: the clients' streams wait on the done events, and up to kMaxQueued buckets
     // per GPU are in flight. The watchdog follows each one; a failure fails the job from its
     // thread (after aborting the communicators), and the worker's drain bounds the rest.
     std::vector<int> devices;
     for (const auto& [device, event] : events) devices.push_back(device);
-    engine->watch(where, std::move(poll), watch_timeout_,
-                  [watched, fail = fail_job_, api, gpus, devices](const Status& answer) {
-                    watched->store(answer.ok() ? kThrough : kFailed);
-                    if (answer.ok()) return;
-                    // An NCCL error may be a sticky CUDA error underneath: then the GPU is
-                    // reported, and every job on it fails with that.
-                    for (int device : devices) {
-                      if (Status broken = broken_gpu(api, gpus, device); !broken.ok()) {
-                        if (fail) fail(broken);
-                        return;
-                      }
-                    }
-                    if (fail) fail(answer);
-                  });
+    engine.watch(where, std::move(poll), watch_timeout_,
+                 [watched, fail = fail_job_, api, gpus, devices](const Status& answer) {
+                   watched->store(answer.ok() ? kThrough : kFailed);
+                   if (answer.ok()) return;
+                   // An NCCL error may be a sticky CUDA error underneath: then the GPU is
+                   // reported, and every job on it fails with that.
+                   for (int device : devices) {
+                     if (Status broken = broken_gpu(api, gpus, device); !broken.ok()) {
+                       if (fail) fail(broken);
+                       return;
+                     }
+                   }
+                   if (fail) fail(answer);
+                 });
     return done(Status());
   }
-  engine->watch(where, std::move(poll), watch_timeout_,
-                [api, streams, done = std::move(done)](const Status& answer) {
-                  // The communicators were aborted before an error is answered, so the streams
-                  // drain.
-                  if (!answer.ok()) {
-                    for (const auto& [device, stream] : streams) (void)api->synchronize(device, stream);
-                  }
-                  done(answer);
-                });
+  std::vector<std::pair<int, void*>> streams;  // (device, stream)
+  for (const DeviceBuffer& buffer : buffers) streams.emplace_back(buffer.device, buffer.stream);
+  engine.watch(where, std::move(poll), watch_timeout_,
+               [api, streams, done = std::move(done)](const Status& answer) {
+                 // The communicators were aborted before an error is answered, so the streams
+                 // drain.
+                 if (!answer.ok()) {
+                   for (const auto& [device, stream] : streams) (void)api->synchronize(device, stream);
+                 }
+                 done(answer);
+               });
 }
 
 }  // namespace gradsync::cuda

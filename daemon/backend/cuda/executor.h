@@ -55,6 +55,7 @@
 #include <utility>
 #include <vector>
 
+#include "daemon/backend/cuda/across.h"
 #include "daemon/backend/cuda/device_api.h"
 #include "daemon/backend/cuda/gpu_watch.h"
 #include "daemon/backend/cuda/launcher.h"
@@ -102,9 +103,6 @@ class CudaExecutor final : public BucketExecutor {
     uint64_t item_count = 0;
     uint32_t clients = 0;
   };
-  // kScatterGathered: a copy from the bucket buffer into every participant's allgather output,
-  // at the slot of one source rank (the table's `only`).
-  enum class Side { kGather, kScatter, kScatterGathered };
   // (set id, bucket, side, GPU, the one client of a root-only launch or -1, the root it skips
   // or -1, whether it counts bytes rather than elements)
   using TableKey = std::tuple<uint32_t, size_t, Side, int, int, int, bool>;
@@ -144,15 +142,6 @@ class CudaExecutor final : public BucketExecutor {
   Status on_device(int device, const Status& status);
   // The GpuWatch's listener: a GPU broke; this executor fails if it has work there.
   void gpu_broken(int device, const Status& why);
-  // Which launches a bucket makes on one GPU.
-  struct Launches {
-    int only = -1;          // gather from this local rank only (a broadcast's root)
-    bool gather = true;
-    bool bytes = false;     // moves bytes (broadcast) rather than reducing values
-    int scatter_only = -1;  // scatter to this local rank only (a reduce's root)
-    bool scatter_skips_root = false;
-    bool scatter = true;
-  };
 
   // Device order with the clients (DESIGN.md decision 7), for a set whose clients registered
   // event rings: the bucket's kernels are queued once each of its participants' ready event of
@@ -169,7 +158,20 @@ class CudaExecutor final : public BucketExecutor {
   // One GPU in all. Answers at enqueue when the set is device-ordered; otherwise after a
   // stream synchronisation.
   Status run_single(const BucketCall& call);
+  // Several GPUs (this node's and others'), through `engine`: the skeleton every operation kind
+  // shares, with the kind's AcrossPlanner (across.h) for what differs.
   void run_across(const BucketCall& call, DeviceCollectiveEngine* engine, BucketDone done);
+  // run_across's steps: every local GPU readied (*buffers), then the planner's tables uploaded;
+  // after the collective, the scatter, the done events and the GPUs' events to watch.
+  Status ready_devices(DeviceCollectiveEngine& engine, size_t bytes, bool ordered,
+                       std::vector<DeviceBuffer>* buffers);
+  Status finish_across(const BucketCall& call, const AcrossPlanner& planner, const AcrossBucket& bucket,
+                       std::span<const DeviceBuffer> buffers, const std::string& where,
+                       const std::shared_ptr<std::atomic<int>>& watched, std::vector<std::pair<int, void*>>* events);
+  // Answers a run_across bucket once the engine's watchdog saw its events through.
+  void watch_across(DeviceCollectiveEngine& engine, const std::string& where,
+                    std::shared_ptr<std::atomic<int>> watched, std::vector<std::pair<int, void*>> events,
+                    std::span<const DeviceBuffer> buffers, BucketDone done);
   // allgather, one source rank at a time: its tensors into the bucket buffer on its GPU (when
   // `source_local` is a local rank there), then from the bucket buffer into every local
   // participant's output on `device`. Byte copies.
