@@ -10,6 +10,7 @@
 #include <fstream>
 #include <thread>
 
+#include "shared/host_port.h"
 #include "shared/version.h"
 
 namespace gradsync {
@@ -20,13 +21,13 @@ namespace {
 // wildcard, in which case this machine's hostname.
 std::string advertise_host(const DaemonConfig& config) {
   if (!config.peer_advertise_host.empty()) return config.peer_advertise_host;
-  std::string host = config.peer_listen.substr(0, config.peer_listen.rfind(':'));
-  if (host == "0.0.0.0" || host == "[::]" || host == "::") {
-    char name[256] = {};
-    ::gethostname(name, sizeof(name) - 1);
-    host = name;
+  HostPort listen;  // checked by parse_daemon_config
+  if (std::string why; !parse_host_port(config.peer_listen, &listen, &why) || !listen.wildcard()) {
+    return listen.host_text();
   }
-  return host;
+  char name[256] = {};
+  ::gethostname(name, sizeof(name) - 1);
+  return name;
 }
 
 }  // namespace

@@ -34,6 +34,7 @@
 #include "client/ctl/json.h"
 #include "client/ctl/render.h"
 #include "proto/admin.grpc.pb.h"
+#include "shared/host_port.h"
 #include "shared/socket_names.h"
 
 namespace {
@@ -432,8 +433,11 @@ int main(int argc, char** argv) {
   if (std::find(std::begin(kCommands), std::end(kCommands), o.command) == std::end(kCommands)) {
     return usage_error("unknown command '" + o.command + "'");
   }
-  if (o.admin == "unix:" || (o.tcp() && (o.admin.rfind(':') == std::string::npos || o.admin.back() == ':'))) {
-    return usage_error("--admin must be unix:PATH or HOST:PORT, not '" + o.admin + "'");
+  if (o.admin == "unix:") return usage_error("--admin must be unix:PATH or HOST:PORT, not 'unix:'");
+  if (gradsync::HostPort tcp; o.tcp()) {
+    if (std::string why; !gradsync::parse_host_port(o.admin, &tcp, &why)) {
+      return usage_error("--admin must be unix:PATH or HOST:PORT, not '" + o.admin + "': " + why);
+    }
   }
   if (o.tcp() && (o.tls_cert.empty() || o.tls_key.empty() || o.tls_ca.empty())) {
     return usage_error("--admin " + o.admin + " is TCP, which needs mutual TLS: give --tls-cert, --tls-key and --tls-ca");

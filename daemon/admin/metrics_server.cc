@@ -20,6 +20,8 @@
 #include <sstream>
 #include <vector>
 
+#include "shared/host_port.h"
+
 namespace gradsync::admin {
 namespace asio = boost::asio;
 namespace beast = boost::beast;
@@ -177,29 +179,21 @@ struct MetricsServer::State {
 
 MetricsServer::MetricsServer(MetricsServerOptions options)
     : options_(std::move(options)), state_(std::make_unique<State>()) {
-  const auto colon = options_.address.rfind(':');
-  if (colon == std::string::npos || colon == 0) {
-    throw Error(Status::invalid_argument("--metrics must be HOST:PORT, not '" + options_.address + "'"));
+  HostPort address;
+  if (std::string why; !parse_host_port(options_.address, &address, &why)) {
+    throw Error(Status::invalid_argument("--metrics must be HOST:PORT, not '" + options_.address + "': " + why));
   }
   boost::system::error_code ec;
-  std::string host_text = options_.address.substr(0, colon);
-  if (host_text.size() > 2 && host_text.front() == '[' && host_text.back() == ']') host_text = host_text.substr(1, host_text.size() - 2);
-  const auto host = asio::ip::make_address(host_text, ec);
+  const auto host = asio::ip::make_address(address.host, ec);
   if (ec) throw Error(Status::invalid_argument("--metrics: '" + options_.address + "': " + ec.message()));
-  const std::string port_text = options_.address.substr(colon + 1);
-  char* end = nullptr;
-  const long port = std::strtol(port_text.c_str(), &end, 10);
-  if (port_text.empty() || !end || *end || port < 0 || port > 65535) {
-    throw Error(Status::invalid_argument("--metrics: '" + port_text + "' is not a port (0-65535)"));
-  }
-  const asio::ip::tcp::endpoint endpoint(host, static_cast<unsigned short>(port));
+  const asio::ip::tcp::endpoint endpoint(host, address.port);
   state_->acceptor.open(endpoint.protocol(), ec);
   if (!ec) state_->acceptor.set_option(asio::socket_base::reuse_address(true), ec);
   if (!ec) state_->acceptor.bind(endpoint, ec);
   if (!ec) state_->acceptor.listen(16, ec);
   if (ec) throw Error(Status::internal("--metrics " + options_.address + ": " + ec.message()));
   port_ = state_->acceptor.local_endpoint().port();
-  options_.log.info("metrics on http://" + options_.address.substr(0, colon) + ":" + std::to_string(port_) +
+  options_.log.info("metrics on http://" + address.host_text() + ":" + std::to_string(port_) +
                     "/metrics");
   thread_ = std::thread([this] { serve(); });
 }

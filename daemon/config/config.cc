@@ -15,6 +15,7 @@
 
 #include "daemon/config/config_file.h"
 #include "daemon/util/safe_text.h"
+#include "shared/host_port.h"
 #include "shared/socket_names.h"
 #include "shared/version.h"
 
@@ -35,17 +36,6 @@ std::optional<uid_t> uid_of(const std::string& name) {
     return std::nullopt;
   }
   return found->pw_uid;
-}
-
-// HOST:PORT, with a numeric port ([v6]:PORT for an IPv6 address).
-bool is_host_port(const std::string& address) {
-  const size_t colon = address.rfind(':');
-  if (colon == std::string::npos || colon == 0) return false;
-  const std::string host = address.substr(0, colon), port = address.substr(colon + 1);
-  if (port.empty() || port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos) return false;
-  if (std::stoul(port) > 65535) return false;
-  if (host.front() == '[') return host.back() == ']' && host.size() > 2;
-  return host.find(':') == std::string::npos;
 }
 
 }  // namespace
@@ -243,6 +233,7 @@ ParsedConfig parse_daemon_config(int argc, const char* const* argv) {
     result.exit_code = 2;
     return result;
   };
+  std::string why;  // what parse_host_port found wrong
   if (!parse_log_level(log_level, &config.log_level)) {
     return fail("--log-level must be debug, info, warning or error, not '" + log_level + "'");
   }
@@ -254,16 +245,10 @@ ParsedConfig parse_daemon_config(int argc, const char* const* argv) {
       }
       config.admin_address = a;
     } else {
-      // HOST:PORT, [IPv6]:PORT: a numeric port, and no other gRPC address scheme
-      // (unix-abstract:, vsock:, ipv4:), which would skip the socket checks or TLS.
-      const auto colon = a.rfind(':');
-      const std::string host = colon == std::string::npos ? "" : a.substr(0, colon);
-      const std::string port = colon == std::string::npos ? "" : a.substr(colon + 1);
-      const bool bracketed = host.size() > 2 && host.front() == '[' && host.back() == ']';
-      const bool numeric = !port.empty() && port.size() <= 5 &&
-                           port.find_first_not_of("0123456789") == std::string::npos && std::stoul(port) <= 65535;
-      if (host.empty() || !numeric || (!bracketed && host.find(':') != std::string::npos)) {
-        return fail("--admin must be unix:PATH, none or HOST:PORT, not '" + a + "'");
+      // HOST:PORT, [IPv6]:PORT: no other gRPC address scheme (unix-abstract:, vsock:, ipv4:),
+      // which would skip the socket checks or TLS.
+      if (HostPort tcp; !parse_host_port(a, &tcp, &why)) {
+        return fail("--admin must be unix:PATH, none or HOST:PORT, not '" + a + "': " + why);
       }
       if (!config.admin_tcp.empty()) return fail("--admin names two TCP addresses: '" + config.admin_tcp + "' and '" + a + "'");
       config.admin_tcp = a;
@@ -329,9 +314,9 @@ ParsedConfig parse_daemon_config(int argc, const char* const* argv) {
       uids->push_back(*uid);
     }
   }
-  if (!config.metrics_address.empty() && !is_host_port(config.metrics_address)) {
+  if (HostPort metrics; !config.metrics_address.empty() && !parse_host_port(config.metrics_address, &metrics, &why)) {
     return fail("--metrics must be HOST:PORT (for example 127.0.0.1:9464, or 0.0.0.0:9464 for every interface), not '" +
-                config.metrics_address + "'");
+                config.metrics_address + "': " + why);
   }
   if (nccl_keep_s > 86'400) return fail("--nccl-keep-idle-s must be at most 86400 (a day)");
   if (peer_key_ttl_s == 0 || peer_key_ttl_s > 30 * 86'400) return fail("--peer-key-ttl-s must be from 1 to 2592000 (30 days)");
@@ -346,24 +331,21 @@ ParsedConfig parse_daemon_config(int argc, const char* const* argv) {
   }
   const bool peer_auth = !config.peer_token_file.empty() || !config.peer_tls_ca.empty();
   if (config.peer_listen.empty()) config.peer_listen = peer_auth ? "0.0.0.0:29590" : "127.0.0.1:29590";
-  const auto colon = config.peer_listen.rfind(':');
-  if (colon == std::string::npos || colon == 0 || colon + 1 == config.peer_listen.size()) {
-    return fail("--peer-listen must be HOST:PORT, not '" + config.peer_listen + "'");
+  HostPort listen;
+  if (!parse_host_port(config.peer_listen, &listen, &why)) {
+    return fail("--peer-listen must be HOST:PORT, not '" + config.peer_listen + "': " + why);
   }
   if (!peer_auth) {
     // An address, not a name (which could resolve anywhere): 127.0.0.0/8 or ::1.
-    std::string host = config.peer_listen.substr(0, colon);
-    if (host == "localhost") {
-      host = "127.0.0.1";
-      config.peer_listen = host + config.peer_listen.substr(colon);
+    if (listen.host == "localhost" && !listen.bracketed) {
+      listen.host = "127.0.0.1";
+      config.peer_listen = listen.text();
     }
     in_addr v4{};
     in6_addr v6{};
-    const bool bracketed = host.size() > 2 && host.front() == '[' && host.back() == ']';
     const bool loopback =
-        (::inet_pton(AF_INET, host.c_str(), &v4) == 1 && (ntohl(v4.s_addr) >> 24) == 127) ||
-        (bracketed && ::inet_pton(AF_INET6, host.substr(1, host.size() - 2).c_str(), &v6) == 1 &&
-         IN6_IS_ADDR_LOOPBACK(&v6));
+        (!listen.bracketed && ::inet_pton(AF_INET, listen.host.c_str(), &v4) == 1 && (ntohl(v4.s_addr) >> 24) == 127) ||
+        (listen.bracketed && ::inet_pton(AF_INET6, listen.host.c_str(), &v6) == 1 && IN6_IS_ADDR_LOOPBACK(&v6));
     if (!loopback) {
       return fail("--peer-listen " + config.peer_listen +
                   ": the peer service is not authenticated, so it may listen on loopback only; for other "

@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cstring>
 
+#include "shared/host_port.h"
 #include "shared/status.h"
 
 namespace gradsync {
@@ -59,15 +60,14 @@ std::string describe(const sockaddr_storage& address, std::string* host) {
 TcpListener::TcpListener(const std::string& listen, TcpListenerLimits limits, Logger log, std::string service,
                          std::string option)
     : limits_(limits), log_(std::move(log)), service_(std::move(service)) {
-  const auto colon = listen.rfind(':');
-  if (colon == std::string::npos || colon == 0) {
-    throw Error(Status::invalid_argument(option + " must be HOST:PORT, not '" + listen + "'"));
+  HostPort address;
+  if (std::string why; !parse_host_port(listen, &address, &why)) {
+    throw Error(Status::invalid_argument(option + " must be HOST:PORT, not '" + listen + "': " + why));
   }
-  std::string host = listen.substr(0, colon);
-  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-  const std::string port = listen.substr(colon + 1);
+  const std::string& host = address.host;
+  const std::string port = std::to_string(address.port);
   // A wildcard listens on both families, as gRPC does: one IPv6 socket that takes IPv4 too.
-  const bool wildcard = host == "0.0.0.0" || host == "::" || host == "*";
+  const bool wildcard = address.wildcard();
   std::string why = "no address";
   int chosen_port = 0;
   const auto bind_all = [&](int family) {

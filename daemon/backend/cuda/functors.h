@@ -1,6 +1,6 @@
 // The arithmetic of the CUDA backend's per-bucket kernels, as functors that run on the host too
 // (GRADSYNC_HD), so host unit tests check the code the GPU runs against the host kernels
-// (reduce/kernel.h, backend/host/staged.h), bit for bit.
+// (reduce/kernel.h, reduce/staged.h), bit for bit.
 //
 // A bucket on one GPU is a list of segments: one per tensor, with the tensor's address in every
 // same-GPU client (in local rank order) and its place in the bucket buffer. The launch is
@@ -12,7 +12,7 @@
 //   GatherItem:  acc[offset + i] = combine over clients, in rank order, of load(src[c][i]),
 //                prescaled (avg, divide before) and, on the narrow half path, rounded after
 //                every step; acc holds the accumulation type (float32 for the half types).
-//                This is backend/host/staged.h's accumulate(), element for element.
+//                This is reduce/staged.h's accumulate(), element for element.
 //   ScatterItem: dst[c][i] = store(acc[offset + i]), post-divided first for avg, divide after:
 //                staged.h's finish().
 // Gather then scatter on one GPU equals reduce/kernel.h's reduce() bit for bit, which is what

@@ -1,4 +1,4 @@
-// Device memory from a client, as MemoryRegions (the CUDA kinds of backend/memory.h):
+// Device memory from a client, as MemoryRegions (the CUDA kinds of model/memory.h):
 //   CUDA VMM: the allocation the client exported as a descriptor, imported and mapped here
 //     once; the driver keeps the physical memory until this mapping goes too, so a client that
 //     dies cannot pull pages from under the daemon.
