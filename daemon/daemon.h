@@ -40,6 +40,10 @@ class Daemon {
   // process recovers, so the daemon drains and exits with it, and systemd restarts it
   // (Restart=on-failure). EX_TEMPFAIL.
   static constexpr int kExitGpuLost = 75;
+
+  // GPU work of a failed job never drained and may still touch memory the daemon keeps mapped
+  // for it (BackendFactory::keep_until_exit): the process must end without tearing down.
+  bool keeps_undrained_gpu_memory() const { return backends_ && backends_->keeps_undrained_memory(); }
   void stop();
 
  private:

@@ -54,9 +54,15 @@ int daemon_main(int argc, char** argv) {
   }
   try {
     const int status = daemon->run();
-    if (status == Daemon::kExitGpuLost) {
-      // The CUDA context on a GPU is broken: tearing down NCCL and CUDA there could hang, and
-      // the restart is what recovers it. The jobs were failed and the rest drained already.
+    const bool undrained = daemon->keeps_undrained_gpu_memory();
+    if (status == Daemon::kExitGpuLost || undrained) {
+      // The CUDA context on a GPU is broken, or GPU work that never drained may still touch
+      // memory the daemon kept mapped for it: tearing down NCCL and CUDA (unmapping that memory)
+      // could hang or fault the GPU, and the process's end releases it all. The jobs were
+      // failed and the rest drained already.
+      if (undrained) {
+        std::fprintf(stderr, "gradsyncd: exiting without tearing down: GPU work of a failed job never drained\n");
+      }
       std::fflush(stdout);
       std::fflush(stderr);
       std::_Exit(status);

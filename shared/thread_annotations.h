@@ -2,7 +2,7 @@
 // locking rules that used to be comments ("guarded by mutex_") into declarations the compiler
 // checks: `clang++ -Wthread-safety` refuses a read of a GS_GUARDED_BY member without its mutex
 // held, a call to a GS_REQUIRES function without it, and a lock taken twice. CI runs that check
-// over daemon/ and client/ (tests/build/thread_safety.sh).
+// over daemon/ and client/ (tests/build/thread_safety.py).
 //
 // The names follow Clang's documentation (clang.llvm.org/docs/ThreadSafetyAnalysis.html) and
 // abseil's thread_annotations.h, with a GS_ prefix so that they cannot collide with a

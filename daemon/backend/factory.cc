@@ -135,6 +135,10 @@ class Backends final : public BackendFactory {
     MutexLock lock(kept_mutex_);
     kept_.push_back(std::move(memory));
   }
+  bool keeps_undrained_memory() const override {
+    MutexLock lock(kept_mutex_);
+    return !kept_.empty();
+  }
 
   std::vector<std::string> memory_kinds() const override {
     std::vector<std::string> kinds{std::string(memory_kind_name(MemoryKind::kHostMemfd))};
@@ -178,8 +182,9 @@ class Backends final : public BackendFactory {
   const std::set<uint32_t> legacy_ipc_uids_;
   Logger log_;
   cuda::GpuWatch gpus_;  // outlives the executors, which subscribe to it
-  // keep_until_exit(): released before the devices and the cache, whose regions they hold.
-  Mutex kept_mutex_;
+  // keep_until_exit(). gradsyncd never destroys a factory that holds any (daemon_main.cc); a
+  // test's factory releases them before the devices and the cache, whose regions they are.
+  mutable Mutex kept_mutex_;
   std::vector<std::shared_ptr<const void>> kept_ GS_GUARDED_BY(kept_mutex_);
 };
 

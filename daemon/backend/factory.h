@@ -63,7 +63,11 @@ class BackendFactory {
   // touch `memory` (a job's set, which holds its mappings): the factory keeps it mapped for as
   // long as it lives, which is the daemon's life, rather than let it be unmapped under the
   // work and fault the GPU context that every job on that GPU shares. Thread-safe.
+  // The process must then end without tearing the factory down: unmapping that memory, even at
+  // exit, could hang on the stuck stream or fault the GPU (daemon_main.cc ends it with _Exit
+  // when keeps_undrained_memory() says so).
   virtual void keep_until_exit(std::shared_ptr<const void> memory) = 0;
+  virtual bool keeps_undrained_memory() const = 0;
 
   // For the admin service: the memory kinds served, and the GPUs found (or why there are none).
   virtual std::vector<std::string> memory_kinds() const = 0;

@@ -196,6 +196,10 @@ class FakeBackends final : public BackendFactory {
     std::lock_guard lock(log_->mutex);
     log_->kept.push_back(std::move(memory));
   }
+  bool keeps_undrained_memory() const override {
+    std::lock_guard lock(log_->mutex);
+    return !log_->kept.empty();
+  }
   Status make_executor(MemoryKind, const ExecutorContext&, std::unique_ptr<BucketExecutor>* out) override {
     *out = std::make_unique<FakeExecutor>(log_);
     return Status();

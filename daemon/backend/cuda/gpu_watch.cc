@@ -7,9 +7,11 @@ namespace gradsync::cuda {
 
 void GpuWatch::Subscription::reset() {
   if (!link_) return;
-  MutexLock lock(link_->mutex);
-  link_->listener = nullptr;
-  link_.reset();
+  // The link may die with this reference: it is released after the lock (declared first,
+  // destroyed last), never while its mutex is held.
+  const std::shared_ptr<Link> link = std::move(link_);
+  MutexLock lock(link->mutex);
+  link->listener = nullptr;
 }
 
 GpuWatch::Subscription GpuWatch::subscribe(OnBroken listener) {
