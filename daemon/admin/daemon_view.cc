@@ -47,19 +47,19 @@ std::string ms(std::chrono::milliseconds value) { return std::to_string(value.co
 
 DaemonConfig IoDaemonView::config() const {
   MutexLock lock(config_mutex_);
-  return options_.config;
+  return config_;
 }
 
 void IoDaemonView::set_config(const DaemonConfig& config) {
   MutexLock lock(config_mutex_);
-  options_.config = config;
+  config_ = config;
 }
 
 // The control socket's rule (root, and the daemon's own user unless --allow-uid lists users).
 bool IoDaemonView::allowed(uid_t uid) const {
   if (uid == 0) return true;
   MutexLock lock(config_mutex_);
-  const auto& allowed = options_.config.allowed_uids;
+  const auto& allowed = config_.allowed_uids;
   if (allowed.empty()) return uid == ::geteuid();
   return std::find(allowed.begin(), allowed.end(), uid) != allowed.end();
 }

@@ -38,7 +38,7 @@ struct IoDaemonViewOptions {
 class IoDaemonView final : public DaemonView {
  public:
   explicit IoDaemonView(IoDaemonViewOptions options)
-      : options_(std::move(options)), started_(std::chrono::steady_clock::now()) {}
+      : options_(std::move(options)), config_(options_.config), started_(std::chrono::steady_clock::now()) {}
 
   Status status(DaemonStatus* out) override;
   Status jobs(std::vector<JobInfo>* out) override;
@@ -57,7 +57,10 @@ class IoDaemonView final : public DaemonView {
   DaemonConfig config() const;
 
   IoDaemonViewOptions options_;
-  mutable Mutex config_mutex_;  // guards options_.config
+  mutable Mutex config_mutex_;
+  // In effect: options.config at first, replaced by set_config() (SIGHUP). (options_.config is
+  // not read after the constructor.)
+  DaemonConfig config_ GS_GUARDED_BY(config_mutex_);
   std::chrono::steady_clock::time_point started_;
 };
 

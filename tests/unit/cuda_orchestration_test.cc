@@ -302,3 +302,19 @@ TEST_CASE("backend factory: device events need a GPU, and say so", "[cuda][event
 }
 
 }  // namespace gradsync::cuda
+
+namespace gradsync::cuda {
+
+TEST_CASE("backend factory: memory kept for undrained GPU work is held, and said to be, for the daemon's life",
+          "[cuda][memory]") {
+  const auto backends = make_backend_factory(Logger(LogLevel::kError), nullptr);
+  CHECK_FALSE(backends->keeps_undrained_memory());
+  auto memory = std::make_shared<int>(7);
+  const std::weak_ptr<int> watched = memory;
+  backends->keep_until_exit(std::move(memory));
+  // The factory holds it (gradsyncd then ends without tearing the factory down: daemon_main.cc).
+  CHECK(backends->keeps_undrained_memory());
+  CHECK_FALSE(watched.expired());
+}
+
+}  // namespace gradsync::cuda
