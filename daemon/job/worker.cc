@@ -474,14 +474,13 @@ Status Worker::drain_executors(const Status& failure) {
   // GPU work may still read or write the clients' memory (it waits on a ready event that will
   // never fire). Unmapping it would fault the GPU context every job on it shares, so the job's
   // sets, and with them every mapping, go to the backends, which keep them until the daemon
-  // exits.
+  // exits. (The pending operations' sets are these: only host sets are ever re-planned.)
   size_t kept = 0;
   {
     MutexLock lock(mutex_);
     for (auto& [id, set] : sets_) options_.backends->keep_until_exit(set);
     kept = sets_.size();
   }
-  for (const Op& op : ops_) options_.backends->keep_until_exit(op.set);  // re-planned copies too
   options_.log.error("GPU work of this job did not drain within the job timeout; its " + std::to_string(kept) +
                      " sets stay mapped until gradsyncd restarts");
   // The clients are told that GPU work may still touch their device buffers: they should not
