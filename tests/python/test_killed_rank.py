@@ -41,7 +41,8 @@ def _stacks(pid):
     """A hung process's native stacks, for the failure message (gdb, where there is one)."""
     try:
         return subprocess.run(["gdb", "-batch", "-ex", "thread apply all bt 30", "-p", str(pid)],
-                              capture_output=True, text=True, timeout=60).stdout[-5000:]
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              timeout=60).stdout[-5000:]
     except (OSError, subprocess.TimeoutExpired) as e:
         return f"(no stacks: {e})"
 
@@ -52,19 +53,27 @@ class _ForkServer:
 
     def __init__(self):
         self.process = subprocess.Popen([sys.executable, os.path.join(HERE, "workers", "fork_server.py")],
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
                                         env=dict(os.environ, OMP_NUM_THREADS="1"))
         self.exited = {}  # pid -> exit code (-SIGNAL)
         self.started = []
+        self._partial = b""  # the server's output after its last complete line
 
     def _pump(self, timeout):
-        """Reads the server's replies for up to `timeout` seconds (one line at least, if any comes)."""
-        ready, _, _ = select.select([self.process.stdout], [], [], timeout)
-        if ready:
-            line = self.process.stdout.readline()
-            if not line:
-                raise RuntimeError(f"the fork server ended (exit {self.process.wait()})")
-            what, pid, *code = line.split()
+        """Reads the server's replies for up to `timeout` seconds: every complete line that has
+        come. Read from the descriptor with a buffer of our own: a buffered readline() could
+        take two lines ("exited A", "exited B") from the pipe and return one, and select() would
+        then not wake for the other (a rank reported as never exiting)."""
+        fd = self.process.stdout.fileno()
+        ready, _, _ = select.select([fd], [], [], timeout)
+        if not ready:
+            return
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            raise RuntimeError(f"the fork server ended (exit {self.process.wait()})")
+        *lines, self._partial = (self._partial + chunk).split(b"\n")
+        for line in lines:
+            what, pid, *code = line.decode().split()
             if what == "started":
                 self.started.append(int(pid))
             else:
