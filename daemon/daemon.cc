@@ -10,6 +10,7 @@
 #include <fstream>
 #include <thread>
 
+#include "daemon/config/setting.h"
 #include "shared/host_port.h"
 #include "shared/version.h"
 
@@ -249,54 +250,23 @@ void Daemon::reload() {
     log_.error("SIGHUP: the configuration was rejected, the old one stays in effect: " + parsed.message);
     return;
   }
-  DaemonConfig next = *parsed.config;
+  const DaemonConfig& next = *parsed.config;
+  // Each setting as declared (config/settings.cc): a live one takes the new value, one that
+  // needs a restart keeps its running value, so that status shows what is in effect.
   std::vector<std::string> changed, need_restart;
-  const auto note = [&](bool differs, const char* name, bool live) {
-    if (differs) (live ? changed : need_restart).push_back(name);
-  };
-  note(next.log_level != config_.log_level, "log-level", true);
-  note(next.default_timeout != config_.default_timeout, "timeout-ms", true);
-  note(next.max_timeout != config_.max_timeout, "max-timeout-ms", true);
-  note(next.execution_timeout != config_.execution_timeout, "execution-timeout-ms", true);
-  note(next.allowed_uids != config_.allowed_uids, "allow-uid", true);
-  note(next.drain_timeout != config_.drain_timeout, "drain-timeout-ms", true);
-  note(next.admin_group != config_.admin_group, "admin-group", true);
-  note(next.metrics_address != config_.metrics_address, "metrics", false);
-  note(next.socket_path != config_.socket_path, "socket", false);
-  note(next.admin_address != config_.admin_address || next.admin_tcp != config_.admin_tcp ||
-           next.admin_tls_cert != config_.admin_tls_cert || next.admin_tls_key != config_.admin_tls_key ||
-           next.admin_tls_ca != config_.admin_tls_ca || next.admin_tls_admin_cns != config_.admin_tls_admin_cns,
-       "admin", false);
-  note(next.reduce_threads != config_.reduce_threads, "reduce-threads", false);
-  note(next.connection_timeout != config_.connection_timeout, "connection-timeout-ms", false);
-  note(next.limits != config_.limits, "max-* limits", false);
-  note(next.peer_listen != config_.peer_listen, "peer-listen", false);
-  note(next.peer_key_ttl != config_.peer_key_ttl, "peer-key-ttl-s", false);
-  note(next.peer_token_file != config_.peer_token_file || next.peer_tls_cert != config_.peer_tls_cert ||
-           next.peer_tls_key != config_.peer_tls_key || next.peer_tls_ca != config_.peer_tls_ca,
-       "peer-token-file/peer-tls-*", false);
-  note(next.peer_advertise_host != config_.peer_advertise_host, "peer-advertise", false);
-  // Each by its own name: the operator should see which one will not apply until a restart.
-  note(next.gloo_transport != config_.gloo_transport, "gloo-transport", false);
-  note(next.gloo_iface != config_.gloo_iface, "gloo-iface", false);
-  note(next.gloo_ib_device != config_.gloo_ib_device, "gloo-ib-device", false);
-  note(next.gloo_ib_port != config_.gloo_ib_port, "gloo-ib-port", false);
-  note(next.gloo_ib_index != config_.gloo_ib_index, "gloo-ib-index", false);
-  note(next.gloo_slice_bytes != config_.gloo_slice_bytes, "gloo-slice-bytes", false);
-  note(next.legacy_ipc_uids != config_.legacy_ipc_uids, "legacy-ipc-uid", false);
-  note(next.nccl_keep_idle != config_.nccl_keep_idle, "nccl-keep-idle-s", false);
-  log_.set_level(next.log_level);
-  registry_->set_timeouts(next.default_timeout, next.max_timeout, next.execution_timeout);
-  server_->set_allowed_uids(next.allowed_uids);
-  if (admin_) admin_->set_others_allowed(!next.allowed_uids.empty());
-  // What needs a restart keeps its running value, so status shows what is in effect.
-  config_.log_level = next.log_level;
-  config_.default_timeout = next.default_timeout;
-  config_.max_timeout = next.max_timeout;
-  config_.execution_timeout = next.execution_timeout;
-  config_.allowed_uids = next.allowed_uids;
-  config_.drain_timeout = next.drain_timeout;
-  config_.admin_group = next.admin_group;
+  for (const SettingSpec& setting : daemon_settings()) {
+    if (setting.text(next) == setting.text(config_)) continue;
+    if (setting.reload == Reload::kLive) {
+      setting.copy(next, &config_);
+      changed.push_back(setting.name);
+    } else {
+      need_restart.push_back(setting.name);
+    }
+  }
+  log_.set_level(config_.log_level);
+  registry_->set_timeouts(config_.default_timeout, config_.max_timeout, config_.execution_timeout);
+  server_->set_allowed_uids(config_.allowed_uids);
+  if (admin_) admin_->set_others_allowed(!config_.allowed_uids.empty());
   if (admin_view_) admin_view_->set_config(config_);
   std::string text;
   for (const auto& c : changed) text += (text.empty() ? "" : ", ") + c;

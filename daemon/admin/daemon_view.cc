@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "daemon/admin/group_membership.h"
+#include "daemon/config/setting.h"
 #include "daemon/util/local_limits.h"
 #include "daemon/peer/peer_client.h"
 #include "shared/version.h"
@@ -88,69 +89,16 @@ Status IoDaemonView::status(DaemonStatus* out) {
     s.peer_store_bytes = usage.bytes;
     s.peer_store_waiting_gets = static_cast<uint32_t>(usage.waiters);
   }
-  std::string allowed;
-  for (uid_t uid : c.allowed_uids) allowed += (allowed.empty() ? "" : ",") + std::to_string(uid);
-  std::string legacy;
-  for (uid_t uid : c.legacy_ipc_uids) legacy += (legacy.empty() ? "" : ",") + std::to_string(uid);
-  s.config = {{"socket", c.socket_path},
-              {"admin", c.admin_address + (c.admin_tcp.empty() ? "" : ", " + c.admin_tcp + " (mutual TLS)")},
-              {"timeout-ms", ms(c.default_timeout)},
-              {"max-timeout-ms", ms(c.max_timeout)},
-              {"execution-timeout-ms", ms(c.execution_timeout)},
-              {"reduce-threads", std::to_string(c.reduce_threads)},
-              {"allow-uid", allowed.empty() ? "(own user and root)" : allowed},
-              {"legacy-ipc-uid", legacy.empty() ? "(nobody)" : legacy},
-              {"nccl-keep-idle-s", std::to_string(c.nccl_keep_idle.count())},
-              {"log-level", std::string(log_level_name(options_.log.level()))},
-              {"admin-group", c.admin_group.empty() ? "(none: root and the daemon's user)" : c.admin_group},
-              {"peer-listen", c.peer_listen},
-              {"peer-auth", c.peer_tls_ca.empty() ? (c.peer_token_file.empty() ? "none (loopback only, single-node jobs)"
-                                                                                : "cluster token")
-                                                  : (c.peer_token_file.empty() ? "mutual TLS" : "mutual TLS and cluster token")},
-              {"gloo-transport", c.gloo_transport},
-              {"gloo-slice-bytes", std::to_string(c.gloo_slice_bytes)}};
-  // The rest, so that `config get` shows every setting gradsyncd runs with.
-  const auto join = [](const std::vector<std::string>& names) {
-    std::string text;
-    for (const auto& name : names) text += (text.empty() ? "" : ",") + name;
-    return text.empty() ? std::string("(none)") : text;
-  };
-  LocalLimits limits = c.limits;
-  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
-  resolve_byte_limits(pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0, &limits);
-  const auto bytes = [](uint64_t n, bool derived) {
-    return describe_bytes(n) + (derived ? ", from physical memory" : "");
-  };
-  const std::vector<std::pair<std::string, std::string>> more = {
-      {"drain-timeout-ms", ms(c.drain_timeout)},
-      {"connection-timeout-ms", ms(c.connection_timeout)},
-      {"metrics", c.metrics_address.empty() ? "(off)" : c.metrics_address},
-      {"peer-advertise", c.peer_advertise_host.empty() ? "(the listen host)" : c.peer_advertise_host},
-      {"peer-key-ttl-s", std::to_string(c.peer_key_ttl.count())},
-      {"gloo-iface", c.gloo_iface.empty() ? "(the advertised host)" : c.gloo_iface},
-      {"gloo-ib-device", c.gloo_ib_device.empty() ? "(none)" : c.gloo_ib_device},
-      {"gloo-ib-port", std::to_string(c.gloo_ib_port)},
-      {"gloo-ib-index", std::to_string(c.gloo_ib_index)},
-      {"peer-token-file", c.peer_token_file.empty() ? "(none)" : c.peer_token_file},
-      {"peer-tls-cert", c.peer_tls_cert.empty() ? "(none)" : c.peer_tls_cert},
-      {"peer-tls-key", c.peer_tls_key.empty() ? "(none)" : c.peer_tls_key},
-      {"peer-tls-ca", c.peer_tls_ca.empty() ? "(none)" : c.peer_tls_ca},
-      {"admin-tls-cert", c.admin_tls_cert.empty() ? "(none)" : c.admin_tls_cert},
-      {"admin-tls-key", c.admin_tls_key.empty() ? "(none)" : c.admin_tls_key},
-      {"admin-tls-ca", c.admin_tls_ca.empty() ? "(none)" : c.admin_tls_ca},
-      {"admin-tls-admin-cn", join(c.admin_tls_admin_cns)},
-      {"max-connections-per-user", std::to_string(limits.connections_per_user)},
-      {"max-jobs-per-user", std::to_string(limits.jobs_per_user)},
-      {"max-jobs", std::to_string(limits.jobs)},
-      {"max-pending-registrations-per-user", std::to_string(limits.pending_registrations_per_user)},
-      {"max-segments-per-client", std::to_string(limits.segments_per_client)},
-      {"max-segments-per-user", std::to_string(limits.segments_per_user)},
-      {"max-tensors-per-client", std::to_string(limits.tensors_per_client)},
-      {"max-local-world-size", std::to_string(limits.local_world_size)},
-      {"max-segment-bytes", bytes(limits.segment_bytes, c.limits.segment_bytes == 0)},
-      {"max-bytes-per-user", bytes(limits.bytes_per_user, c.limits.bytes_per_user == 0)},
-      {"max-bytes", bytes(limits.bytes_total, c.limits.bytes_total == 0)}};
-  for (const auto& [name, value] : more) s.config.push_back({name, value});
+  // Every setting gradsyncd runs with, as declared (config/settings.cc); the log level as it is
+  // now (config set may have changed it); and the peer service's authentication, which two
+  // settings decide.
+  DaemonConfig shown = c;
+  shown.log_level = options_.log.level();
+  for (const SettingSpec& setting : daemon_settings()) s.config.push_back({setting.name, setting.show(shown)});
+  s.config.push_back({"peer-auth", c.peer_tls_ca.empty()
+                                       ? (c.peer_token_file.empty() ? "none (loopback only, single-node jobs)"
+                                                                    : "cluster token")
+                                       : (c.peer_token_file.empty() ? "mutual TLS" : "mutual TLS and cluster token")});
   std::pair<uint32_t, uint32_t> counts{0, 0};
   if (Status st = on_io(options_.io, options_.answer_within,
                         [this] {

@@ -3,8 +3,9 @@
 
 Every flag gradsyncd takes must have a row in the reference's flag table, every flag there must
 exist, and where --help shows a default, (=VALUE), a row of one flag must give the same
-default. This is what keeps the reference true while the settings are declared in
-daemon/config/config.cc.
+default. The settings SIGHUP applies at once, which --help lists last, must be the ones the
+reference lists ("It applies at once: ..."). This is what keeps the reference true while the
+settings are declared in daemon/config/settings.cc.
 
 Usage: check_config_reference.py GRADSYNCD DOCS/CONFIGURATION.MD
 """
@@ -14,13 +15,23 @@ import sys
 
 
 def help_flags(gradsyncd):
+    """The flags of --help with their defaults (None where it shows none), and the settings it
+    says SIGHUP applies at once."""
     text = subprocess.run([gradsyncd, "--help"], capture_output=True, text=True, check=True).stdout
     flags = {}
     for line in text.splitlines():
         m = re.match(r"\s+(?:-\w \[ )?--([a-z0-9-]+)(?: \])?(?: arg)?(?: \(=([^)]*)\))?", line)
         if m:
             flags[m.group(1)] = m.group(2)
-    return flags
+    live = re.search(r"SIGHUP re-reads the flags and the file, and applies at once: ([^.]*)\.", text)
+    return flags, set(live.group(1).split(", ")) if live else set()
+
+
+def doc_live(path):
+    """The settings the reference says SIGHUP applies at once."""
+    text = " ".join(open(path, encoding="utf-8").read().split())
+    m = re.search(r"It applies at once: ([^.]*)\.", text)
+    return set(re.findall(r"`([a-z0-9-]+)`", m.group(1))) if m else set()
 
 
 def doc_rows(path):
@@ -45,9 +56,16 @@ def main():
     if len(sys.argv) != 3:
         print(__doc__, file=sys.stderr)
         return 2
-    flags = help_flags(sys.argv[1])
+    flags, live = help_flags(sys.argv[1])
     rows = doc_rows(sys.argv[2])
     problems = []
+    documented_live = doc_live(sys.argv[2])
+    if not live:
+        problems.append("--help does not list the settings SIGHUP applies at once")
+    for name in sorted(live - documented_live):
+        problems.append(f"SIGHUP applies {name} at once, but the reference does not list it")
+    for name in sorted(documented_live - live):
+        problems.append(f"the reference lists {name} as applied at once by SIGHUP, but it needs a restart")
     if len(flags) < 30 or len(rows) < 30:
         problems.append(f"too few flags read ({len(flags)} from --help, {len(rows)} from the reference): "
                         "has a format changed?")
@@ -65,7 +83,8 @@ def main():
             problems.append(f"--{name}: --help gives the default {default}, the reference '{cell}'")
     for p in problems:
         print("check_config_reference: " + p)
-    print(f"check_config_reference: {len(flags)} flags, {len(rows)} rows, {len(problems)} problems")
+    print(f"check_config_reference: {len(flags)} flags, {len(rows)} rows, {len(live)} applied by SIGHUP, "
+          f"{len(problems)} problems")
     return 1 if problems else 0
 
 

@@ -647,7 +647,7 @@ TEST_CASE("gradsyncd: an unknown flag or bad value exits 2 naming it", "[integra
   // "-1" would wrap to 2^64 - 1 ms and overflow every deadline: bounds are at most a day.
   const auto [wrap_code, wrap_output] = run_daemon_command({"--execution-timeout-ms", "-1"});
   CHECK(wrap_code == 2);
-  CHECK_THAT(wrap_output, Catch::Contains("--execution-timeout-ms must be at most 86400000 (a day)"));
+  CHECK_THAT(wrap_output, Catch::Contains("--execution-timeout-ms must be an integer from 1 to 86400000 (a day), not '-1'"));
   const auto [scheme_code, scheme_output] = run_daemon_command({"--admin", "unix-abstract:x"});
   CHECK(scheme_code == 2);
   CHECK_THAT(scheme_output, Catch::Contains("--admin must be unix:PATH, none or HOST:PORT, not 'unix-abstract:x'"));
@@ -665,7 +665,7 @@ TEST_CASE("gradsyncd: an unknown flag or bad value exits 2 naming it", "[integra
   // A user is named by uid or by name; a name nobody has is refused saying what is accepted.
   const auto [user_code, user_output] = run_daemon_command({"--allow-uid", "no-such-user-here"});
   CHECK(user_code == 2);
-  CHECK_THAT(user_output, Catch::Contains("--allow-uid: 'no-such-user-here' is neither a uid nor a user"));
+  CHECK_THAT(user_output, Catch::Contains("--allow-uid must be a uid or a user name, and 'no-such-user-here' is neither a uid nor a user"));
 }
 
 TEST_CASE("gradsyncd: --allow-uid takes user names as well as uids", "[integration][daemon]") {
@@ -688,7 +688,7 @@ TEST_CASE("harness: a daemon that does not come up is reported with its log, and
   }
   INFO(message);
   CHECK_THAT(message, Catch::Contains("did not come up") && Catch::Contains("its log:") &&
-                          Catch::Contains("--max-jobs must be positive"));
+                          Catch::Contains("--max-jobs must be an integer from 1 to 4096"));
   std::smatch folder;
   REQUIRE(std::regex_search(message, folder, std::regex(R"(did not come up on (\S+)/gradsync\.sock)")));
   CHECK_FALSE(std::filesystem::exists(folder[1].str()));
@@ -733,11 +733,19 @@ TEST_CASE("gradsyncd: settings come from a TOML config file, flags win, bad file
   refused("timeout-ms = 1.5\n", "timeout-ms must be a string, a non-negative integer or a boolean");
   refused("execution-timeout-ms = -1\n", "execution-timeout-ms must be a string, a non-negative integer");
   refused("allow-uid = [1000, -1]\n", "allow-uid must hold strings or non-negative integers");
-  refused("timeout-ms = 100000000\n", "--timeout-ms must be at most 86400000 (a day)");
+  // Every value is checked at its line, by the same declaration as the flag's.
+  refused("timeout-ms = 100000000\n",
+          "config file " + file + ":1: timeout-ms must be an integer from 1 to 86400000 (a day), not '100000000'");
+  refused("log-level = \"info\"\nmetrics = \"9090\"\n", "config file " + file + ":2: metrics must be HOST:PORT, not '9090'");
+  refused("reduce-threads = [1, 2]\n", "config file " + file + ":1: reduce-threads: takes one value, not 2");
+  // A rule that joins two settings names where each came from.
+  refused("timeout-ms = 5000\n\nmax-timeout-ms = 4000\n",
+          "--max-timeout-ms must be at least --timeout-ms (max-timeout-ms at " + file + ":3, timeout-ms at " + file +
+              ":1)");
   // A value the flag cannot take, and a setting given twice (in its two spellings), are named
   // at their line (were: no file or line, and "cannot be specified more than once").
   refused("log-level = \"info\"\ntimeout-ms = \"soon\"\n",
-          "config file " + file + ":2: the argument ('soon') for option 'timeout-ms' is invalid");
+          "config file " + file + ":2: timeout-ms must be an integer from 1 to 86400000 (a day), not 'soon'");
   refused("timeout-ms = 5\ntimeout_ms = 6\n",
           "config file " + file + ":2: timeout-ms is set twice: here and at " + file + ":1");
   // A file other users could change would hand them the daemon's settings (who may connect).

@@ -390,7 +390,7 @@ TEST_CASE("multi-node: a --gloo-slice-bytes out of range is refused at start, na
     const CommandRun run = run_command(std::string(GRADSYNCD_BINARY) + " --socket /tmp/gradsync-slices-" +
                                        std::to_string(::getpid()) + "/g.sock --gloo-slice-bytes " + bad + " 2>&1");
     CHECK(run.code == 2);
-    CHECK_THAT(run.output, Catch::Contains("--gloo-slice-bytes must be between 4096 and 1099511627776, not " +
+    CHECK_THAT(run.output, Catch::Contains("--gloo-slice-bytes must be an integer from 4096 to 1099511627776 (2^40), not '" +
                                            std::string(bad)));
   }
 }
