@@ -106,14 +106,20 @@ Daemon::Daemon(DaemonConfig config, std::function<ParsedConfig()> reparse, TestH
   };
   peer_ = std::make_unique<PeerServer>(std::move(peer));
   reaper_ = std::make_unique<Reaper>();
-  RegistryOptions registry{&io_, &pool_, log_, config_.default_timeout, config_.max_timeout, {}, reaper_.get()};
-  registry.failures = &failures_;
+  RegistryOptions registry;
+  registry.jobs.io = &io_;
+  registry.jobs.pool = &pool_;
+  registry.jobs.log = log_;
+  registry.jobs.reaper = reaper_.get();
+  registry.jobs.failures = &failures_;
+  registry.jobs.setup = &setup_;
+  registry.jobs.progress = &progress_;
+  registry.default_timeout = config_.default_timeout;
+  registry.max_timeout = config_.max_timeout;
   registry.limits = config_.limits;
   registry.users = users_;
-  registry.setup = &setup_;
-  registry.progress = &progress_;
   const std::string host = advertise_host(config_);
-  registry.cluster.advertise = host + ":" + std::to_string(peer_->port());
+  registry.jobs.cluster.advertise = host + ":" + std::to_string(peer_->port());
   GlooTransport gloo;
   gloo.transport = config_.gloo_transport;
   gloo.hostname = host;
@@ -123,20 +129,21 @@ Daemon::Daemon(DaemonConfig config, std::function<ParsedConfig()> reparse, TestH
   gloo.ib_index = config_.gloo_ib_index;
   gloo.slice_bytes = config_.gloo_slice_bytes;
   engines_ = make_host_engine_factory(gloo);
-  registry.cluster.engines = engines_.get();
+  registry.jobs.cluster.engines = engines_.get();
   {
     // Every proof this daemon makes names it by its advertised peer address: the member its
     // peers' stores charge (kv_store.h).
     PeerAuth named = *peer_auth_;
-    named.node = registry.cluster.advertise;
+    named.node = registry.jobs.cluster.advertise;
     peer_auth_ = std::make_shared<const PeerAuth>(std::move(named));
   }
-  registry.cluster.auth = peer_auth_;
-  registry.execution = ExecutionSettings{backends_.get(), config_.execution_timeout};
+  registry.jobs.cluster.auth = peer_auth_;
+  registry.jobs.execution = ExecutionSettings{backends_.get(), config_.execution_timeout};
   registry_ = std::make_unique<JobRegistry>(std::move(registry));
   server_ = std::make_unique<ControlServer>(
-      io_, ControlServerOptions{config_.socket_path, config_.allowed_uids, registry_.get(), backends_.get(), log_,
-                                config_.connection_timeout, &setup_, users_});
+      io_, ControlServerOptions{config_.socket_path, config_.allowed_uids,
+                                ControlContext{registry_.get(), backends_.get(), &setup_, users_}, log_,
+                                config_.connection_timeout});
   if (config_.admin_address != "none" || !config_.admin_tcp.empty() || !config_.metrics_address.empty()) {
     admin::IoDaemonViewOptions view;
     view.io = &io_;

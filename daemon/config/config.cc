@@ -11,6 +11,7 @@
 
 #include "daemon/config/config_file.h"
 #include "daemon/config/setting.h"
+#include "daemon/util/safe_text.h"
 #include "shared/host_port.h"
 #include "shared/socket_names.h"
 #include "shared/version.h"
@@ -39,7 +40,7 @@ std::string check_together(const Origins& origins, DaemonConfig* config) {
   if (config->admin_address.empty()) config->admin_address = "unix:" + admin_socket_for(config->socket_path);
   if (!config->admin_tcp.empty() &&
       (config->admin_tls_cert.empty() || config->admin_tls_key.empty() || config->admin_tls_ca.empty())) {
-    return "--admin " + config->admin_tcp +
+    return "--admin " + safe_text(config->admin_tcp, 256) +
            " (TCP) requires mutual TLS: give --admin-tls-cert, --admin-tls-key and --admin-tls-ca" + at({"admin"});
   }
   if (config->admin_tcp.empty() && (!config->admin_tls_cert.empty() || !config->admin_tls_key.empty() ||
@@ -55,7 +56,7 @@ std::string check_together(const Origins& origins, DaemonConfig* config) {
   if (config->peer_listen.empty()) config->peer_listen = peer_auth ? "0.0.0.0:29590" : "127.0.0.1:29590";
   HostPort listen;
   std::string why;
-  if (!parse_host_port(config->peer_listen, &listen, &why)) return "--peer-listen: " + why;  // read by its setting
+  if (!parse_host_port(config->peer_listen, &listen, &why)) return "--peer-listen: " + safe_text(why, 128);
   if (!peer_auth) {
     // An address, not a name (which could resolve anywhere): 127.0.0.0/8 or ::1.
     if (listen.host == "localhost" && !listen.bracketed) {
@@ -68,7 +69,7 @@ std::string check_together(const Origins& origins, DaemonConfig* config) {
         (!listen.bracketed && ::inet_pton(AF_INET, listen.host.c_str(), &v4) == 1 && (ntohl(v4.s_addr) >> 24) == 127) ||
         (listen.bracketed && ::inet_pton(AF_INET6, listen.host.c_str(), &v6) == 1 && IN6_IS_ADDR_LOOPBACK(&v6));
     if (!loopback) {
-      return "--peer-listen " + config->peer_listen +
+      return "--peer-listen " + safe_text(config->peer_listen, 256) +
              ": the peer service is not authenticated, so it may listen on loopback only; for other nodes to reach "
              "it give --peer-token-file FILE (the same token on every node) or --peer-tls-cert, --peer-tls-key and "
              "--peer-tls-ca" +

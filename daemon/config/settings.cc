@@ -135,8 +135,16 @@ SettingSpec texts(std::string name, Field field, Reload reload, std::string help
     field(*c) = values;
     return true;
   };
-  spec.text = [field](const DaemonConfig& c) { return join(field(c)); };
-  show_text(&spec, std::move(when_empty));
+  // Each item with its length, so that SIGHUP tells ["a,b"] from ["a", "b"].
+  spec.text = [field](const DaemonConfig& c) {
+    std::string text;
+    for (const std::string& item : field(c)) text += std::to_string(item.size()) + ":" + item;
+    return text;
+  };
+  spec.show = [field, when_empty = std::move(when_empty)](const DaemonConfig& c) {
+    const std::string shown = join(field(c));
+    return shown.empty() ? when_empty : shown;
+  };
   return spec;
 }
 
@@ -189,7 +197,7 @@ bool host_port(const std::string& value, std::string* why) {
   HostPort parsed;
   std::string reason;
   if (parse_host_port(value, &parsed, &reason)) return true;
-  *why = "must be HOST:PORT, not '" + safe_text(value, 64) + "': " + reason;
+  *why = "must be HOST:PORT, not '" + safe_text(value, 64) + "': " + safe_text(reason, 128);
   return false;
 }
 
@@ -234,11 +242,11 @@ SettingSpec admin_setting() {
       HostPort tcp;
       std::string reason;
       if (!parse_host_port(a, &tcp, &reason)) {
-        *why = "must be unix:PATH, none or HOST:PORT, not '" + safe_text(a, 64) + "': " + reason;
+        *why = "must be unix:PATH, none or HOST:PORT, not '" + safe_text(a, 64) + "': " + safe_text(reason, 128);
         return false;
       }
       if (!c->admin_tcp.empty()) {
-        *why = "names two TCP addresses: '" + c->admin_tcp + "' and '" + a + "'";
+        *why = "names two TCP addresses: '" + safe_text(c->admin_tcp, 256) + "' and '" + safe_text(a, 256) + "'";
         return false;
       }
       c->admin_tcp = a;
@@ -357,7 +365,7 @@ std::vector<SettingSpec> daemon_settings() {
                    "HOST:PORT of the peer service other daemons rendezvous through (port 0: any free port; "
                    "default 0.0.0.0:29590 with a token or TLS, else 127.0.0.1:29590: unauthenticated, it may "
                    "listen on loopback only)",
-                   "", host_port));
+                   "", [](const std::string& v, std::string* why) { return v.empty() || host_port(v, why); }));
   s.push_back(text("peer-token-file", GS_FIELD(peer_token_file), restart,
                    "file holding the cluster token (the same on every node, mode 0600; make one with "
                    "openssl rand -hex 32): it never travels; every peer call carries a proof made with it (an "

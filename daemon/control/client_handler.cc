@@ -3,8 +3,6 @@
 #include "daemon/control/registration_check.h"
 #include "daemon/util/safe_text.h"
 
-#include <malloc.h>
-
 #include <algorithm>
 #include <set>
 
@@ -12,6 +10,8 @@
 #include "shared/version.h"
 
 namespace gradsync {
+
+namespace asio = boost::asio;
 
 constexpr size_t kMaxReplyMessageBytes = 2048;
 
@@ -23,10 +23,7 @@ void set_error(const Status& status, control::Reply* reply) {
 
 ClientHandler::ClientHandler(ClientHandlerOptions options) : options_(std::move(options)) {}
 
-ClientHandler::~ClientHandler() {
-  *alive_ = false;  // work still off the io thread is dropped when it comes back
-  disconnected(Status());
-}
+ClientHandler::~ClientHandler() { disconnected(Status()); }
 
 std::string ClientHandler::who() const {
   std::string text = "client pid " + std::to_string(options_.peer.pid);
@@ -48,7 +45,7 @@ void ClientHandler::leave_job(const Status& why) {
   std::shared_ptr<Job> job = std::move(job_);
   job_.reset();
   job->leave(local_rank_, why);
-  options_.registry->left(job);
+  options_.context.registry->left(job);
   // The job's sets are gone with it; callbacks still to come count against the old tally.
   tensors_ = std::make_shared<uint64_t>(0);
 }
@@ -72,43 +69,36 @@ ClientInfo ClientHandler::info() const {
   return info;
 }
 
-template <class Work, class Then>
-void ClientHandler::offload(Work work, Then then) {
-  busy_ = true;
-  // Nothing comes back to a handler that is gone or whose connection closed meanwhile (a join
-  // finishing then would leave a member nobody can remove). A continuation that throws ends
-  // this connection, never the daemon.
-  auto back = [alive = alive_, this, then = std::move(then)](auto result) mutable {
-    if (!*alive || closed_) return;
-    try {
-      then(std::move(result));
-    } catch (const Error& e) {
-      if (options_.refuse) options_.refuse(e.status());
-    } catch (const std::exception& e) {
-      if (options_.refuse) options_.refuse(Status::internal(std::string("request failed: ") + e.what()));
-    }
-  };
-  if (!options_.setup) return back(SetupThreads::guarded(work));  // tests: inline
-  options_.setup->run(std::move(work), std::move(back));
+namespace {
+
+// An awaitable that is ready with `value`.
+template <class Value>
+asio::awaitable<Value> ready(Value value) {
+  co_return value;
 }
 
-void ClientHandler::finish(control::Reply reply, std::vector<UniqueFd> fds, const Status& status) {
-  if (!status.ok()) {
-    options_.log.info(who() + ": request refused: " + status.to_string());
-    set_error(status, &reply);
-    fds.clear();
+}  // namespace
+
+template <class Work>
+asio::awaitable<std::invoke_result_t<Work&>> ClientHandler::off_io(Work work) {
+  if (!options_.context.setup) {  // tests: inline
+    auto value = SetupThreads::guarded(work);
+    return ready(std::move(value));
   }
-  options_.send(reply, std::move(fds));
-  if (busy_) {
-    busy_ = false;
-    if (options_.resume) options_.resume();
-  }
+  return options_.context.setup->offload(std::move(work));
 }
 
-void ClientHandler::handle(control::Request request, std::vector<UniqueFd> fds) {
+void ClientHandler::dispose(control::Request request) {
+  if (!options_.context.setup || request.register_().tensors_size() < 4096) return;
+  const bool large = request.ByteSizeLong() > (1u << 20);
+  options_.context.setup->dispose(std::make_shared<control::Request>(std::move(request)), large);
+}
+
+asio::awaitable<ClientHandler::Answer> ClientHandler::serve(control::Request request, std::vector<UniqueFd> fds) {
   last_request_ = std::chrono::steady_clock::now();
-  control::Reply reply;
-  reply.set_id(request.id());
+  const uint64_t id = request.id();  // read before a registration moves the request on
+  Answer answer;
+  answer.reply.emplace().set_id(id);
   Status status;
   // A Segment carries its buffer's descriptor, except device memory passed as a legacy IPC handle.
   const bool takes_fd = request.body_case() == control::Request::kSegment &&
@@ -124,24 +114,24 @@ void ClientHandler::handle(control::Request request, std::vector<UniqueFd> fds) 
                                                           ? " (a CUDA legacy IPC segment travels as its handle)"
                                                           : ""));
   } else {
-    // Join, Segment and Register answer through finish() unless they fail at once.
     switch (request.body_case()) {
-      case control::Request::kHello: status = on_hello(request.hello(), &reply); break;
-      case control::Request::kJoin: status = on_join(request.id(), request.join()); break;
-      case control::Request::kSegment: status = on_segment(request.id(), request.segment(), std::move(fds)); break;
-      case control::Request::kRegister: {
-        const uint64_t id = request.id();  // read before the request moves into the call
-        status = on_register(id, std::move(request));
-        break;
-      }
+      case control::Request::kHello: status = on_hello(request.hello(), &answer); break;
+      case control::Request::kJoin: status = co_await on_join(request.join(), &answer); break;
+      case control::Request::kSegment: status = co_await on_segment(request.segment(), &fds, &answer); break;
+      case control::Request::kRegister: status = co_await on_register(&request, &answer); break;
       case control::Request::BODY_NOT_SET: status = Status::invalid_argument("empty or unknown request type"); break;
     }
-    if (status.ok() && reply.body_case() == control::Reply::BODY_NOT_SET) return;
   }
-  finish(std::move(reply), {}, status);
+  if (!status.ok()) {
+    options_.log.info(who() + ": request refused: " + status.to_string());
+    answer.reply.emplace().set_id(id);
+    set_error(status, &*answer.reply);
+    answer.fds.clear();
+  }
+  co_return answer;
 }
 
-Status ClientHandler::on_hello(const control::Hello& hello, control::Reply* reply) {
+Status ClientHandler::on_hello(const control::Hello& hello, Answer* answer) {
   if (hello.protocol_version() != kProtocolVersion) {
     return Status::not_supported("protocol version " + std::to_string(hello.protocol_version()) +
                                  " is not supported; this daemon speaks version " + std::to_string(kProtocolVersion));
@@ -153,12 +143,12 @@ Status ClientHandler::on_hello(const control::Hello& hello, control::Reply* repl
   for (char& c : name_) {
     if (c < 0x20 || c > 0x7e) c = '?';
   }
-  reply->mutable_hello()->set_protocol_version(kProtocolVersion);
-  reply->mutable_hello()->set_daemon_version(kGradsyncVersion);
+  answer->reply->mutable_hello()->set_protocol_version(kProtocolVersion);
+  answer->reply->mutable_hello()->set_daemon_version(kGradsyncVersion);
   return Status::ok_status();
 }
 
-Status ClientHandler::on_join(uint64_t request_id, const control::JoinRequest& join) {
+asio::awaitable<Status> ClientHandler::on_join(const control::JoinRequest& join, Answer* answer) {
   // Joining again re-forms: the old job (if any) fails for its other members, who re-join too.
   if (job_) leave_job(Status::peer_lost("job " + job_->params().id + ": " + who() + " left to join again"));
   // The channel (and a doorbell, in case this join forms the job) is memory to create and map:
@@ -168,55 +158,50 @@ Status ClientHandler::on_join(uint64_t request_id, const control::JoinRequest& j
     std::shared_ptr<ClientChannel> channel;
     std::shared_ptr<JobDoorbell> doorbell;
   };
-  offload(
-      [] {
-        Prepared prepared;
-        try {
-          prepared.channel = std::make_shared<ClientChannel>();
-          prepared.doorbell = std::make_shared<JobDoorbell>();
-        } catch (const Error& e) {
-          prepared.status = e.status();
-        }
-        return prepared;
-      },
-      [this, request_id, join](Prepared prepared) {
-        control::Reply reply;
-        reply.set_id(request_id);
-        std::vector<UniqueFd> fds;
-        if (!prepared.status.ok()) return finish(std::move(reply), {}, prepared.status);
-        MemberInfo member{join.rank(), join.local_rank(), options_.peer.pid, options_.peer.uid};
-        std::shared_ptr<Job> job;
-        Job::ChannelFds channel;
-        Status status;
-        try {
-          status = options_.registry->join(join, member, std::move(prepared.channel), std::move(prepared.doorbell),
-                                           &job, &channel);
-        } catch (const Error& e) {
-          status = e.status();
-        }
-        if (!status.ok()) return finish(std::move(reply), {}, status);
-        job_ = std::move(job);
-        rank_ = join.rank();
-        local_rank_ = join.local_rank();
-        auto* body = reply.mutable_join();
-        body->set_timeout_ms(static_cast<uint32_t>(job_->params().timeout.count()));
-        body->set_doorbell_bytes(kDoorbellBytes);
-        body->set_client_rings_bytes(kClientRingsBytes);
-        body->set_daemon_rings_bytes(kDaemonRingsBytes);
-        fds.resize(kJoinFdCount);
-        fds[kJoinFdDoorbell] = std::move(channel.doorbell);
-        fds[kJoinFdClientRings] = std::move(channel.client_rings);
-        fds[kJoinFdDaemonRings] = std::move(channel.daemon_rings);
-        finish(std::move(reply), std::move(fds), Status());
-      });
-  return Status::ok_status();
+  auto make = [] {
+    Prepared made;
+    made.channel = std::make_shared<ClientChannel>();
+    made.doorbell = std::make_shared<JobDoorbell>();
+    return made;
+  };
+  auto pending = off_io(std::move(make));
+  Prepared prepared = co_await std::move(pending);
+  if (!prepared.status.ok()) co_return prepared.status;
+  // A connection that ended meanwhile joins nothing: it would leave a member nobody removes.
+  if (closed_) co_return Status::aborted("the connection closed while joining");
+  MemberInfo member{join.rank(), join.local_rank(), options_.peer.pid, options_.peer.uid};
+  std::shared_ptr<Job> job;
+  Job::ChannelFds channel;
+  // A join that throws (no descriptor left for the doorbell's copy, no thread for the job's
+  // worker) is refused like any other; the connection stays.
+  Status joined;
+  try {
+    joined = options_.context.registry->join(join, member, std::move(prepared.channel),
+                                             std::move(prepared.doorbell), &job, &channel);
+  } catch (const Error& e) {
+    joined = e.status();
+  }
+  if (!joined.ok()) co_return joined;
+  job_ = std::move(job);
+  rank_ = join.rank();
+  local_rank_ = join.local_rank();
+  auto* body = answer->reply->mutable_join();
+  body->set_timeout_ms(static_cast<uint32_t>(job_->params().timeout.count()));
+  body->set_doorbell_bytes(kDoorbellBytes);
+  body->set_client_rings_bytes(kClientRingsBytes);
+  body->set_daemon_rings_bytes(kDaemonRingsBytes);
+  answer->fds.resize(kJoinFdCount);
+  answer->fds[kJoinFdDoorbell] = std::move(channel.doorbell);
+  answer->fds[kJoinFdClientRings] = std::move(channel.client_rings);
+  answer->fds[kJoinFdDaemonRings] = std::move(channel.daemon_rings);
+  co_return Status::ok_status();
 }
 
-Status ClientHandler::on_segment(uint64_t request_id, const control::SegmentRequest& request,
-                                 std::vector<UniqueFd> fds) {
-  const LocalLimits& limits = options_.users->limits();
+asio::awaitable<Status> ClientHandler::on_segment(const control::SegmentRequest& request, std::vector<UniqueFd>* fds,
+                                                  Answer* answer) {
+  const LocalLimits& limits = options_.context.users->limits();
   if (segments_.size() >= limits.segments_per_client) {
-    return limit_reached("this client already announced " + std::to_string(segments_.size()) +
+    co_return limit_reached("this client already announced " + std::to_string(segments_.size()) +
                              " memory segments, at most " + std::to_string(limits.segments_per_client) +
                              " per client (use fewer, larger segments)",
                          "max-segments-per-client", limits.segments_per_client);
@@ -224,27 +209,27 @@ Status ClientHandler::on_segment(uint64_t request_id, const control::SegmentRequ
   // The budget counts what the client announced; the import checks the memory is that size
   // (an empty sealed memfd costs no memory, but its whole size of the daemon's address space).
   // Host memory only: a GPU's memory is bounded by the GPU, and may exceed the host's.
-  const LocalLimits& budget = options_.users->limits();
+  const LocalLimits& budget = options_.context.users->limits();
   const bool host = request.kind() == control::HOST_MEMFD;
   if (host && request.bytes() > budget.segment_bytes) {
-    return limit_reached("a segment of " + describe_bytes(request.bytes()) + ", at most " +
+    co_return limit_reached("a segment of " + describe_bytes(request.bytes()) + ", at most " +
                              describe_bytes(budget.segment_bytes) + " per segment",
                          "max-segment-bytes", budget.segment_bytes);
   }
-  auto ticket = std::make_shared<SegmentTickets>();
-  if (Status status = options_.users->take(UserCounts::What::kSegments, options_.peer.uid, 1, &ticket->count);
+  SegmentTickets ticket;
+  if (Status status = options_.context.users->take(UserCounts::What::kSegments, options_.peer.uid, 1, &ticket.count);
       !status.ok()) {
-    return status;
+    co_return status;
   }
   if (Status status =
-          options_.users->take(UserCounts::What::kBytes, options_.peer.uid, host ? request.bytes() : 0, &ticket->bytes);
+          options_.context.users->take(UserCounts::What::kBytes, options_.peer.uid, host ? request.bytes() : 0, &ticket.bytes);
       !status.ok()) {
-    return status;
+    co_return status;
   }
   MemoryImport what;
   what.kind = static_cast<MemoryKind>(request.kind());
   what.bytes = request.bytes();
-  if (!fds.empty()) what.fd = std::move(fds[0]);
+  if (!fds->empty()) what.fd = std::move((*fds)[0]);
   what.device_uuid = request.device_uuid();
   what.ipc_handle = request.ipc_handle();
   what.ipc_offset = request.ipc_offset();
@@ -254,28 +239,24 @@ Status ClientHandler::on_segment(uint64_t request_id, const control::SegmentRequ
     std::shared_ptr<MemoryRegion> region;
   };
   // Mapping (and for device memory, opening) the buffer is setup work: off the io thread.
-  offload(
-      [backends = options_.backends, what = std::make_shared<MemoryImport>(std::move(what))] {
-        Imported imported;
-        imported.status = backends->import_memory(std::move(*what), &imported.region);
-        return imported;
-      },
-      [this, request_id, ticket](Imported imported) {
-        control::Reply reply;
-        reply.set_id(request_id);
-        const Status& status = imported.status;
-        if (!status.ok()) {
-          return finish(std::move(reply), {}, Status(status.code(), "segment: " + status.message(), status.where()));
-        }
-        // The descriptor is closed; the memory lives exactly as long as the two mappings, so a
-        // client killed at any later point leaves nothing behind.
-        const uint32_t id = next_segment_id_++;
-        segments_[id] = std::move(imported.region);
-        segment_tickets_.push_back(std::move(*ticket));
-        reply.mutable_segment()->set_segment_id(id);
-        finish(std::move(reply), {}, Status());
-      });
-  return Status::ok_status();
+  auto import = [backends = options_.context.backends, what = std::move(what)]() mutable {
+    Imported result;
+    result.status = backends->import_memory(std::move(what), &result.region);
+    return result;
+  };
+  auto pending = off_io(std::move(import));
+  Imported imported = co_await std::move(pending);
+  if (!imported.status.ok()) {
+    co_return Status(imported.status.code(), "segment: " + imported.status.message(), imported.status.where());
+  }
+  if (closed_) co_return Status::aborted("the connection closed while its segment was imported");
+  // The descriptor is closed; the memory lives exactly as long as the two mappings, so a
+  // client killed at any later point leaves nothing behind.
+  const uint32_t id = next_segment_id_++;
+  segments_[id] = std::move(imported.region);
+  segment_tickets_.push_back(std::move(ticket));
+  answer->reply->mutable_segment()->set_segment_id(id);
+  co_return Status::ok_status();
 }
 
 namespace {
@@ -300,118 +281,108 @@ Status create_set_events(BackendFactory* backends, const std::vector<const Memor
 
 }  // namespace
 
-Status ClientHandler::on_register(uint64_t request_id, control::Request request) {
-  // A refused registration of many tensors is freed off the io thread, like it was decoded.
-  struct FreeOffIo {
-    SetupThreads* setup;
-    control::Request* request;
-    bool keep = false;
-    ~FreeOffIo() {
-      if (keep || !setup || request->register_().tensors_size() < 4096) return;
-      const bool large = request->ByteSizeLong() > (1u << 20);
-      setup->dispose(std::make_shared<control::Request>(std::move(*request)), large);
-    }
-  } free_off_io{options_.setup, &request};
-  if (!job_) return Status::invalid_argument("join a job before registering tensors");
-  const control::RegisterRequest& body = request.register_();
-  if (body.tensors_size() == 0) return Status::invalid_argument("a tensor set needs at least one tensor");
-  const LocalLimits& limits = options_.users->limits();
+asio::awaitable<Status> ClientHandler::on_register(control::Request* request, Answer* answer) {
+  const control::RegisterRequest& body = request->register_();
   const uint64_t count = static_cast<uint64_t>(body.tensors_size());
-  if (*tensors_ + count > limits.tensors_per_client) {
-    return limit_reached("this client would register " + std::to_string(*tensors_ + count) + " tensors (" +
-                             std::to_string(count) + " in set " + std::to_string(body.set_id()) + "), at most " +
-                             std::to_string(limits.tensors_per_client) + " per client",
-                         "max-tensors-per-client", limits.tensors_per_client);
-  }
+  const LocalLimits& limits = options_.context.users->limits();
   // Waiting registrations count, and their memory counts against the user's byte budget, until
   // the barrier answers them.
   auto ticket = std::make_shared<SegmentTickets>();
-  if (Status status = options_.users->take(UserCounts::What::kPendingRegistrations, options_.peer.uid, 1, &ticket->count);
-      !status.ok()) {
-    return status;
+  Status refused;
+  if (!job_) {
+    refused = Status::invalid_argument("join a job before registering tensors");
+  } else if (count == 0) {
+    refused = Status::invalid_argument("a tensor set needs at least one tensor");
+  } else if (*tensors_ + count > limits.tensors_per_client) {
+    refused = limit_reached("this client would register " + std::to_string(*tensors_ + count) + " tensors (" +
+                                std::to_string(count) + " in set " + std::to_string(body.set_id()) + "), at most " +
+                                std::to_string(limits.tensors_per_client) + " per client",
+                            "max-tensors-per-client", limits.tensors_per_client);
+  } else if (Status status = options_.context.users->take(UserCounts::What::kPendingRegistrations, options_.peer.uid, 1,
+                                                  &ticket->count);
+             !status.ok()) {
+    refused = status;
+  } else if (Status bytes = options_.context.users->take(UserCounts::What::kBytes, options_.peer.uid,
+                                                 count * kBytesPerPendingTensor, &ticket->bytes);
+             !bytes.ok()) {
+    refused = Status(bytes.code(), "registering " + std::to_string(count) + " tensors: " + bytes.message(),
+                     bytes.where());
   }
-  if (Status status = options_.users->take(UserCounts::What::kBytes, options_.peer.uid, count * kBytesPerPendingTensor,
-                                           &ticket->bytes);
-      !status.ok()) {
-    return Status(status.code(), "registering " + std::to_string(count) + " tensors: " + status.message(),
-                  status.where());
+  if (!refused.ok()) {
+    dispose(std::move(*request));
+    co_return refused;
   }
-  free_off_io.keep = true;  // it moves into the check below
+  // A registration may hold a million tensors: it is resolved and checked off the io thread,
+  // against a snapshot of the segments (which only this client's requests change, and the next
+  // one waits). The decoded request is freed there too.
   struct Checked {
     Status status;
     SetRegistration reg;
   };
-  // A registration may hold a million tensors: it is resolved and checked off the io thread,
-  // against a snapshot of the segments (which only this client's requests change, and the next
-  // one waits).
-  offload(
-      [request = std::make_shared<control::Request>(std::move(request)), topology = job_->params().topology,
-       world = job_->params().world_size, segments = segments_, backends = options_.backends]() mutable {
-        Checked checked;
+  const std::weak_ptr<Job> joined = job_;
+  auto check = [request = std::move(*request), topology = job_->params().topology, world = job_->params().world_size,
+                segments = segments_, backends = options_.context.backends, setup = options_.context.setup]() mutable {
+        Checked result;
         ResolvedSet resolved;
-        checked.status = check_registration(request->register_(), topology, world, segments, &resolved);
-        if (checked.status.ok()) checked.status = create_set_events(backends, resolved.used, &checked.reg.events);
-        if (checked.status.ok()) {
-          checked.reg.set_id = resolved.set_id;
-          checked.reg.label = std::move(resolved.label);
-          checked.reg.bucket_cap = resolved.bucket_cap;
-          checked.reg.layout = std::move(resolved.layout);
-          checked.reg.address = std::move(resolved.address);
-          checked.reg.gather_output = resolved.gather_output;
-          checked.reg.regions = std::move(resolved.regions);
+        result.status = check_registration(request.register_(), topology, world, segments, &resolved);
+        if (result.status.ok()) result.status = create_set_events(backends, resolved.used, &result.reg.events);
+        if (result.status.ok()) {
+          result.reg.set_id = resolved.set_id;
+          result.reg.label = std::move(resolved.label);
+          result.reg.bucket_cap = resolved.bucket_cap;
+          result.reg.layout = std::move(resolved.layout);
+          result.reg.address = std::move(resolved.address);
+          result.reg.gather_output = resolved.gather_output;
+          result.reg.regions = std::move(resolved.regions);
         }
-        const bool large = request->ByteSizeLong() > (1u << 20);
-        request.reset();
-        if (large) ::malloc_trim(0);  // the decoded request's memory goes back to the system
-        return checked;
-      },
-      [this, request_id, count, job = std::weak_ptr<Job>(job_), ticket](Checked checked) {
-        control::Reply reply;
-        reply.set_id(request_id);
-        if (!checked.status.ok()) return finish(std::move(reply), {}, checked.status);
-        // The client may have left (or re-joined) meanwhile.
-        if (job_ == nullptr || job_ != job.lock()) {
-          return finish(std::move(reply), {}, Status::aborted("the client left its job while registering"));
-        }
-        SetRegistration reg = std::move(checked.reg);
-        ReplySender send = options_.send;
-        std::vector<std::string> ready_events, done_events;
-        if (reg.events) {
-          ready_events = reg.events->ready_handles();
-          done_events = reg.events->done_handles();
-        }
-        *tensors_ += count;
-        reg.done = [send, request_id, ready_events, done_events, ticket, tensors = tensors_, count](
-                       const Status& status, const TensorSet* set) {
-          ticket->count.release();  // no longer waiting
-          ticket->bytes.release();
-          control::Reply reply;
-          reply.set_id(request_id);
-          if (!status.ok()) {
-            *tensors -= std::min(*tensors, count);
-            set_error(status, &reply);
-          } else {
-            auto* body = reply.mutable_register_();
-            for (size_t b = 0; b < set->plan.buckets.size(); ++b) {
-              const plan::Bucket& bucket = set->plan.buckets[b];
-              auto* info = body->add_buckets();
-              info->set_group(bucket.group);
-              info->set_dtype(static_cast<control::DType>(bucket.dtype));
-              for (uint32_t t : bucket.tensors) info->add_tensors(t);
-              info->set_bytes(bucket.bytes);
-              info->set_zero_copy(set->runs[b].size() <= 1);
-            }
-            for (const std::string& handle : ready_events) body->add_ready_events(handle);
-            for (const std::string& handle : done_events) body->add_done_events(handle);
-          }
-          send(reply, {});
-        };
-        job_->register_set(local_rank_, std::move(reg));
-        // Answered by the barrier; the client may send its next request now.
-        busy_ = false;
-        if (options_.resume) options_.resume();
-      });
-  return Status::ok_status();
+        // The decoded request's memory goes back to the system now, on this thread.
+        const bool large = request.ByteSizeLong() > (1u << 20);
+        control::Request().Swap(&request);
+        if (large && setup) setup->trim();
+        return result;
+  };
+  auto pending = off_io(std::move(check));
+  Checked checked = co_await std::move(pending);
+  if (!checked.status.ok()) co_return checked.status;
+  // The client may have left (or re-joined, or disconnected) meanwhile.
+  if (closed_ || job_ == nullptr || job_ != joined.lock()) {
+    co_return Status::aborted("the client left its job while registering");
+  }
+  SetRegistration reg = std::move(checked.reg);
+  std::vector<std::string> ready_events, done_events;
+  if (reg.events) {
+    ready_events = reg.events->ready_handles();
+    done_events = reg.events->done_handles();
+  }
+  *tensors_ += count;
+  reg.done = [send = options_.send, request_id = answer->reply->id(), ready_events, done_events, ticket,
+              tensors = tensors_, count](const Status& status, const TensorSet* set) {
+    ticket->count.release();  // no longer waiting
+    ticket->bytes.release();
+    control::Reply reply;
+    reply.set_id(request_id);
+    if (!status.ok()) {
+      *tensors -= std::min(*tensors, count);
+      set_error(status, &reply);
+    } else {
+      auto* body = reply.mutable_register_();
+      for (size_t b = 0; b < set->plan.buckets.size(); ++b) {
+        const plan::Bucket& bucket = set->plan.buckets[b];
+        auto* info = body->add_buckets();
+        info->set_group(bucket.group);
+        info->set_dtype(static_cast<control::DType>(bucket.dtype));
+        for (uint32_t t : bucket.tensors) info->add_tensors(t);
+        info->set_bytes(bucket.bytes);
+        info->set_zero_copy(set->runs[b].size() <= 1);
+      }
+      for (const std::string& handle : ready_events) body->add_ready_events(handle);
+      for (const std::string& handle : done_events) body->add_done_events(handle);
+    }
+    send(reply, {});
+  };
+  job_->register_set(local_rank_, std::move(reg));
+  answer->reply.reset();  // the barrier answers; the client may send its next request now
+  co_return Status::ok_status();
 }
 
 }  // namespace gradsync

@@ -2,13 +2,14 @@
 // and Register requests. Holds what the client owns in the daemon (the memory regions it passed
 // and its place in a job) and releases it when the client disconnects.
 //
-// Every request gets exactly one reply. Hello is answered at once. Join, Segment and Register do
-// their work off the io thread (SetupThreads: creating the client's channel, importing its
-// memory, checking its tensors), and the handler is busy() meanwhile: the Session serves the
-// client's next request only once this one is done, so each client's requests keep their
-// order while other clients are served. Register is answered when the set's registration
-// barrier completes, which may be after this handler is gone (the reply is then dropped by the
-// Session).
+// Each request is one coroutine, serve(), that reads top to bottom: what must not run on the
+// io thread (creating the client's channel, importing its memory, checking its tensors) is
+// awaited on a setup thread (SetupThreads::offload), and the coroutine goes on back on the io
+// thread, where the client's state lives. The Session awaits serve() before it reads the
+// client's next request, so each client's requests keep their order while other clients are
+// served, and the handler outlives every request in flight. Register is answered when the
+// set's registration barrier completes, which may be after this handler is gone (the reply is
+// then dropped by the Session).
 //
 // What a client may hold is bounded (local_limits.h): segments and tensors per client, and,
 // through the shared UserCounts, connections, segments and waiting registrations per user.
@@ -19,9 +20,12 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 
+#include "daemon/control/asio.h"
 #include "daemon/control/client_report.h"
+#include "daemon/control/context.h"
 #include "daemon/backend/factory.h"
 #include "daemon/util/local_limits.h"
 #include "daemon/control/peer_credentials.h"
@@ -38,17 +42,12 @@ namespace gradsync {
 using ReplySender = std::function<void(const control::Reply&, std::vector<UniqueFd>)>;
 
 struct ClientHandlerOptions {
-  JobRegistry* registry = nullptr;
-  BackendFactory* backends = nullptr;
+  ControlContext context;  // its user counts are required
   PeerCredentials peer;
   Logger log;
-  ReplySender send;  // must be safe to call after the handler is gone
-  // Called on the io thread when a request that made the handler busy() is done.
-  std::function<void()> resume;
-  // Ends the connection with an error (a request whose work failed unexpectedly).
-  std::function<void(const Status&)> refuse;
-  SetupThreads* setup = nullptr;  // null: the work runs inline (tests)
-  std::shared_ptr<UserCounts> users;  // required
+  // Sends a registration's answer, when its barrier completes: must be safe to call after the
+  // handler is gone.
+  ReplySender send;
 };
 
 class ClientHandler {
@@ -58,12 +57,20 @@ class ClientHandler {
   ClientHandler(const ClientHandler&) = delete;
   ClientHandler& operator=(const ClientHandler&) = delete;
 
-  // Serves one request; `fds` are the descriptors sent with it (already counted against the
-  // request's fd_count). May leave the handler busy() until its work is done off the io thread.
-  void handle(control::Request request, std::vector<UniqueFd> fds);
+  // What a request is answered with at once: a reply and the descriptors that go with it, or
+  // nothing for a registration, which its barrier answers through ClientHandlerOptions::send.
+  struct Answer {
+    std::optional<control::Reply> reply;
+    std::vector<UniqueFd> fds;
+  };
 
-  // A request is being served off the io thread; the next must wait (resume() is called then).
-  bool busy() const { return busy_; }
+  // Serves one request; `fds` are the descriptors sent with it (already counted against the
+  // request's fd_count). On the io thread; the caller awaits it before serving the next. An
+  // exception it throws (out of memory) is the caller's to answer by closing the connection.
+  // (No co_await expression here makes a temporary other than the awaitable and its result:
+  // arguments are named objects, pointers or references. See SetupThreads::offload for the
+  // compiler bug that this avoids.)
+  boost::asio::awaitable<Answer> serve(control::Request request, std::vector<UniqueFd> fds);
 
   // The connection ended: ok for a plain disconnect, else why it was closed.
   void disconnected(const Status& why);
@@ -78,17 +85,19 @@ class ClientHandler {
   bool in_failed_job() const { return job_ != nullptr && !job_->failure().ok(); }
 
  private:
-  Status on_hello(const control::Hello& hello, control::Reply* reply);
-  // These three answer through finish(); an error they return is answered at once instead.
-  Status on_join(uint64_t request_id, const control::JoinRequest& join);
-  Status on_segment(uint64_t request_id, const control::SegmentRequest& segment, std::vector<UniqueFd> fds);
-  Status on_register(uint64_t request_id, control::Request request);
-  // Runs work() off the io thread and then(result) back on it, unless the handler is gone by
-  // then; the handler is busy() in between.
-  template <class Work, class Then>
-  void offload(Work work, Then then);
-  // Answers the request the handler was busy with, and lets the Session go on.
-  void finish(control::Reply reply, std::vector<UniqueFd> fds, const Status& status);
+  // Each fills `answer` (its reply is set, with the request's id) or returns an error.
+  Status on_hello(const control::Hello& hello, Answer* answer);
+  boost::asio::awaitable<Status> on_join(const control::JoinRequest& join, Answer* answer);
+  boost::asio::awaitable<Status> on_segment(const control::SegmentRequest& segment, std::vector<UniqueFd>* fds,
+                                            Answer* answer);
+  // Leaves answer->reply unset once the job holds the registration.
+  boost::asio::awaitable<Status> on_register(control::Request* request, Answer* answer);
+  // Awaiting what off_io(work) returns: work() on a setup thread (inline without one), its
+  // result back here.
+  template <class Work>
+  boost::asio::awaitable<std::invoke_result_t<Work&>> off_io(Work work);
+  // A refused request of many tensors is freed (and the heap trimmed) off the io thread.
+  void dispose(control::Request request);
   void leave_job(const Status& why);
   std::string who() const;
 
@@ -110,9 +119,7 @@ class ClientHandler {
   // Tensors in this client's registrations that are waiting or committed; shared with their
   // callbacks, which give a failed registration's back.
   std::shared_ptr<uint64_t> tensors_ = std::make_shared<uint64_t>(0);
-  bool busy_ = false;
-  bool closed_ = false;  // the connection ended; work still coming back is dropped
-  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);  // false once destroyed
+  bool closed_ = false;  // the connection ended; a request in flight drops what it made
 };
 
 // Sets reply->error from a status.

@@ -110,12 +110,9 @@ asio::awaitable<void> ControlServer::accept_loop() {
       continue;
     }
     SessionOptions session_options;
-    session_options.registry = options_.registry;
-    session_options.backends = options_.backends;
+    session_options.context = options_.context;
     session_options.log = options_.log;
     session_options.connection_timeout = options_.connection_timeout;
-    session_options.setup = options_.setup;
-    session_options.users = options_.users;
     // A user's connections are bounded, so one user cannot take every descriptor; a refused
     // connection is told why and closed at once (it holds no ticket).
     Status refused;
@@ -123,7 +120,7 @@ asio::awaitable<void> ControlServer::accept_loop() {
       refused = Status::permission_denied("uid " + std::to_string(peer.uid) + " (pid " + std::to_string(peer.pid) +
                                           ") is not allowed to use this daemon (see --allow-uid)");
     } else {
-      refused = options_.users->take(UserCounts::What::kConnections, peer.uid, 1, &session_options.connection);
+      refused = options_.context.users->take(UserCounts::What::kConnections, peer.uid, 1, &session_options.connection);
     }
     auto session = std::make_shared<Session>(std::move(socket), peer, std::move(session_options));
     session->start();

@@ -14,6 +14,8 @@
 #include "daemon/backend/factory.h"
 #include "daemon/util/local_limits.h"
 #include "daemon/util/setup_threads.h"
+#include "daemon/control/client_report.h"
+#include "daemon/control/context.h"
 #include "daemon/control/owned_paths.h"
 #include "daemon/job/registry.h"
 #include "daemon/util/log.h"
@@ -23,12 +25,9 @@ namespace gradsync {
 struct ControlServerOptions {
   std::string socket_path;
   std::vector<uid_t> allowed_uids;  // empty: this process's uid and root
-  JobRegistry* registry = nullptr;
-  BackendFactory* backends = nullptr;
+  ControlContext context;           // its setup threads and user counts are required here
   Logger log;
   std::chrono::milliseconds connection_timeout{60'000};  // see SessionOptions
-  SetupThreads* setup = nullptr;      // required: channel and segment setup, large requests
-  std::shared_ptr<UserCounts> users;  // required: per-user limits (local_limits.h)
 };
 
 class ControlServer {

@@ -41,9 +41,8 @@ Session::Session(Socket socket, PeerCredentials peer, SessionOptions options)
       options_(std::move(options)),
       log_(options_.log.with("pid=" + std::to_string(peer.pid))),
       outbox_ready_(socket_.get_executor(), asio::steady_timer::time_point::max()),
-      watch_timer_(socket_.get_executor()),
-      resumed_(socket_.get_executor(), asio::steady_timer::time_point::max()) {
-  if (!options_.users) options_.users = std::make_shared<UserCounts>(LocalLimits{});
+      watch_timer_(socket_.get_executor()) {
+  if (!options_.context.users) options_.context.users = std::make_shared<UserCounts>(LocalLimits{});
 }
 
 Session::~Session() = default;
@@ -51,29 +50,22 @@ Session::~Session() = default;
 void Session::start() {
   std::weak_ptr<Session> weak = weak_from_this();
   ClientHandlerOptions handler;
-  handler.registry = options_.registry;
-  handler.backends = options_.backends;
+  handler.context = options_.context;
   handler.peer = peer_;
   handler.log = log_;
   handler.send = [weak](const control::Reply& reply, std::vector<UniqueFd> fds) {
     if (auto self = weak.lock()) self->send(reply, std::move(fds));
   };
-  // Posted, so that a handler finishing inline does not re-enter serve_frames().
-  handler.resume = [weak, executor = socket_.get_executor()] {
-    asio::post(executor, [weak] {
-      if (auto self = weak.lock()) self->resume();
-    });
-  };
-  handler.refuse = [weak](const Status& status) {
-    if (auto self = weak.lock()) self->refuse(status);
-  };
-  handler.setup = options_.setup;
-  handler.users = options_.users;
   handler_.emplace(std::move(handler));
   auto self = shared_from_this();
-  asio::co_spawn(socket_.get_executor(), [self]() { return self->read_loop(); }, asio::detached);
+  // A loop that throws (out of memory) closes the connection and still counts as ended, so the
+  // handler is released; the daemon goes on.
+  const auto ended = [self](std::exception_ptr error) {
+    if (error) self->loop_failed(error);
+  };
+  asio::co_spawn(socket_.get_executor(), [self]() { return self->read_loop(); }, ended);
   asio::co_spawn(socket_.get_executor(), [self]() { return self->watch_loop(); }, asio::detached);
-  asio::co_spawn(socket_.get_executor(), [self]() { return self->write_loop(); }, asio::detached);
+  asio::co_spawn(socket_.get_executor(), [self]() { return self->write_loop(); }, ended);
 }
 
 void Session::send(const control::Reply& reply, std::vector<UniqueFd> fds) {
@@ -131,28 +123,33 @@ void Session::close(const Status& why) {
   socket_.shutdown(Socket::shutdown_receive, ignored);
   // Nothing more is read: a frame cut off by the close (up to 16 MiB) goes back to the system
   // now, not to glibc's free lists when the last coroutine lets go of the session.
-  if (decoder_.release() > kTrimAfterBytes && options_.setup) options_.setup->trim();
+  if (decoder_.release() > kTrimAfterBytes && options_.context.setup) options_.context.setup->trim();
   outbox_ready_.cancel();
   watch_timer_.cancel();
-  resumed_.cancel();
 }
 
-void Session::resume() {
-  if (closing_ || !handler_) return;
-  last_request_ = std::chrono::steady_clock::now();
-  if (waiting()) return;
-  // Frames that arrived meanwhile are served now; then the reader goes on.
-  const uint64_t begun = frame_begin_;
-  if (!serve_frames()) {
-    resumed_.cancel();
-    return;
+void Session::loop_failed(std::exception_ptr error) {
+  std::string what = "unknown error";
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    what = e.what();
+  } catch (...) {
   }
-  if (received_bytes_ == frame_begin_) {
-    frame_started_.reset();
-  } else if (frame_begin_ != begun) {
-    frame_started_ = std::chrono::steady_clock::now();
-  }
-  resumed_.cancel();
+  serving_ = false;
+  close(Status::internal("serving the connection failed: " + what));
+  boost::system::error_code ignored;
+  socket_.cancel(ignored);
+  loop_ended();
+}
+
+void Session::loop_ended() {
+  if (--loops_ > 0) return;
+  // Both have ended, so no request is in flight: release the handler (its memory, its place in
+  // the job) and the socket.
+  handler_.reset();
+  boost::system::error_code ignored;
+  socket_.close(ignored);
 }
 
 asio::awaitable<void> Session::read_loop() {
@@ -160,16 +157,9 @@ asio::awaitable<void> Session::read_loop() {
   std::vector<std::byte> buffer(64 << 10);
   while (!closing_) {
     boost::system::error_code ec;
-    if (waiting()) {
-      // One request at a time: nothing more is read until the one in progress is done.
-      resumed_.expires_at(asio::steady_timer::time_point::max());
-      co_await resumed_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
-      continue;
-    }
     co_await socket_.async_wait(Socket::wait_read, asio::redirect_error(asio::use_awaitable, ec));
-    // The writer may have closed the session (and released the handler) meanwhile; nothing
-    // read after that point is served.
-    if (closing_ || !handler_) break;
+    // The session may have closed meanwhile; nothing read after that point is served.
+    if (closing_) break;
     if (ec) {
       close(Status::peer_lost("reading from it failed: " + ec.message()));
       break;
@@ -205,14 +195,21 @@ asio::awaitable<void> Session::read_loop() {
     decoder_.feed(std::span<const std::byte>(buffer.data(), static_cast<size_t>(n)));
     const uint64_t begun = frame_begin_;
     if (!frame_started_) frame_started_ = std::chrono::steady_clock::now();
-    if (!serve_frames()) break;
-    // A frame not complete yet keeps its clock; one begun by these bytes starts it now.
+    // One request at a time: nothing more is read until every complete one is served.
+    serving_ = true;
+    const bool open = co_await serve_frames();
+    serving_ = false;
+    if (!open) break;
+    // The idle bound counts from the end of the last request served; a frame not complete yet
+    // keeps its clock, and one begun by these bytes (after requests served) starts it now.
+    if (frame_begin_ != begun) last_request_ = std::chrono::steady_clock::now();
     if (received_bytes_ == frame_begin_) {
       frame_started_.reset();
     } else if (frame_begin_ != begun) {
       frame_started_ = std::chrono::steady_clock::now();
     }
   }
+  loop_ended();
 }
 
 asio::awaitable<void> Session::watch_loop() {
@@ -226,8 +223,8 @@ asio::awaitable<void> Session::watch_loop() {
     co_await watch_timer_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
     if (ec || closing_ || !handler_) break;
     const auto now = std::chrono::steady_clock::now();
-    // A request being served off the io thread is the daemon's time, not the client's.
-    if (waiting()) {
+    // A request being served is the daemon's time, not the client's.
+    if (serving_) {
       last_request_ = now;
       if (frame_started_) frame_started_ = now;
       continue;
@@ -263,13 +260,12 @@ asio::awaitable<void> Session::watch_loop() {
   }
 }
 
-bool Session::serve_frames() {
+asio::awaitable<bool> Session::serve_frames() {
   for (;;) {
-    if (waiting()) return true;  // resume() goes on
     std::optional<std::string> payload;
     if (Status status = decoder_.next(&payload); !status.ok()) {
       refuse(status);
-      return false;
+      co_return false;
     }
     // Only a joined client's registration is ever this large; anything else is refused as soon
     // as its header announces it, before the daemon buffers (up to 16 MiB) or parses it.
@@ -278,80 +274,81 @@ bool Session::serve_frames() {
       refuse(Status::invalid_argument("a request of " + std::to_string(bytes) +
                                       " bytes before joining a job (only a registration may exceed " +
                                       std::to_string(kInlineParseBytes) + " bytes)"));
-      return false;
+      co_return false;
     }
-    if (!payload) return true;
+    if (!payload) co_return true;
     const uint64_t frame_end = frame_begin_ + kFrameHeaderBytes + bytes;
-    if (bytes > kInlineParseBytes && options_.setup) {
-      parsing_ = true;
-      struct Parsed {
-        Status status;
-        control::Request request;
+    struct Parsed {
+      Status status;
+      control::Request request;
+    };
+    const auto parse = [bytes](const std::string& text) {
+      Parsed parsed;
+      if (!parsed.request.ParseFromString(text)) {
+        parsed.status = Status::protocol("malformed request: " + std::to_string(bytes) +
+                                         " bytes do not parse as gradsync.control.Request");
+      }
+      return parsed;
+    };
+    Parsed parsed;
+    if (bytes > kInlineParseBytes && options_.context.setup) {
+      // A large frame (a registration of many tensors) is parsed on a setup thread, so that no
+      // client's request stalls the others; its text is freed there too.
+      auto parse_off_io = [parse, text = std::move(*payload)]() mutable {
+        Parsed result = parse(text);
+        std::string().swap(text);
+        return result;
       };
-      std::weak_ptr<Session> weak = weak_from_this();
-      options_.setup->run(
-          [payload = std::make_shared<std::string>(std::move(*payload)), bytes]() mutable {
-            Parsed parsed;
-            if (!parsed.request.ParseFromString(*payload)) {
-              parsed.status = Status::protocol("malformed request: " + std::to_string(bytes) +
-                                               " bytes do not parse as gradsync.control.Request");
-            }
-            payload.reset();  // freed now, before the trim below can run, not with this lambda
-            return parsed;
-          },
-          [weak, frame_end, bytes, setup = options_.setup](Parsed parsed) {
-            // A request nobody serves is freed off the io thread, then trimmed (a million
-            // tensors are ~100 MB of small allocations), whichever way this ends.
-            const auto drop = [&] {
-              setup->dispose(std::make_shared<control::Request>(std::move(parsed.request)), bytes > kTrimAfterBytes);
-            };
-            auto self = weak.lock();
-            if (!self) return drop();
-            self->parsing_ = false;
-            if (self->closing_ || !self->handler_) {
-              self->resumed_.cancel();
-              return drop();
-            }
-            if (!parsed.status.ok()) {
-              self->refuse(parsed.status);
-              return drop();
-            }
-            if (self->dispatch(std::move(parsed.request), frame_end)) self->resume();
-            if (bytes > kTrimAfterBytes) setup->trim();
-          });
-      return true;
-    }
-    control::Request request;
-    if (!request.ParseFromString(*payload)) {
-      refuse(Status::protocol("malformed request: " + std::to_string(bytes) +
-                              " bytes do not parse as gradsync.control.Request"));
-      return false;
+      auto pending = options_.context.setup->offload(std::move(parse_off_io));
+      parsed = co_await std::move(pending);
+    } else {
+      parsed = parse(*payload);
     }
     payload.reset();
-    if (!dispatch(std::move(request), frame_end)) return false;
-    if (bytes > kTrimAfterBytes && options_.setup) options_.setup->trim();
+    // A request nobody serves is freed off the io thread, then trimmed (a million tensors are
+    // ~100 MB of small allocations).
+    const auto drop = [&] {
+      if (options_.context.setup) {
+        options_.context.setup->dispose(std::make_shared<control::Request>(std::move(parsed.request)), bytes > kTrimAfterBytes);
+      }
+    };
+    if (closing_) {
+      drop();
+      co_return false;
+    }
+    if (!parsed.status.ok()) {
+      refuse(parsed.status);
+      drop();
+      co_return false;
+    }
+    if (!co_await dispatch(&parsed.request, frame_end)) co_return false;
+    if (bytes > kTrimAfterBytes && options_.context.setup) options_.context.setup->trim();
   }
 }
 
-bool Session::dispatch(control::Request request, uint64_t frame_end) {
+asio::awaitable<bool> Session::dispatch(control::Request* request, uint64_t frame_end) {
   std::vector<UniqueFd> fds;
-  if (Status status = inbox_.take(frame_begin_, frame_end, request.fd_count(), request_name(request), &fds);
+  if (Status status = inbox_.take(frame_begin_, frame_end, request->fd_count(), request_name(*request), &fds);
       !status.ok()) {
     refuse(status);
-    return false;
+    co_return false;
   }
   frame_begin_ = frame_end;
   last_request_ = std::chrono::steady_clock::now();
   // A request that throws (out of memory, no memory for a memfd) ends this connection with
   // the error, never the daemon, and never leaves the session half alive.
+  Status failed;
   try {
-    handler_->handle(std::move(request), std::move(fds));
+    auto serving = handler_->serve(std::move(*request), std::move(fds));
+    ClientHandler::Answer answer = co_await std::move(serving);
+    if (answer.reply && !closing_) send(*answer.reply, std::move(answer.fds));
   } catch (const Error& e) {
-    refuse(e.status());
+    failed = e.status();
   } catch (const std::exception& e) {
-    refuse(Status::internal(std::string("request failed: ") + e.what()));
+    failed = Status::internal(std::string("request failed: ") + e.what());
   }
-  return !(closing_ || !handler_);
+  if (!failed.ok()) refuse(failed);
+  co_return !closing_;
 }
 
 asio::awaitable<bool> Session::write_one(Outgoing& out) {
@@ -406,11 +403,11 @@ asio::awaitable<void> Session::write_loop() {
     outbox_ready_.expires_at(asio::steady_timer::time_point::max());
     co_await outbox_ready_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
   }
-  // Everything queued before closing has been written; now release the handler (its memory,
-  // its place in the job) and the socket.
-  handler_.reset();
+  // Everything queued before closing has been written: the client sees the end of the stream
+  // now, and the reader, if it waits on the socket, ends.
   boost::system::error_code ignored;
   socket_.close(ignored);
+  loop_ended();
 }
 
 }  // namespace gradsync

@@ -1,14 +1,16 @@
 // One client connection: framing, descriptor passing and I/O for a ClientHandler. One coroutine
-// reads frames (with the descriptors sent alongside them), another writes queued replies (with
-// theirs), both on the daemon's single io thread. Requests are served one at a time, in order:
-// while the handler is busy off the io thread, or a large frame is being parsed there, the
-// session reads no further. A malformed frame (oversized, truncated,
-// unparsable, with descriptors nobody claims or without the ones it names) is answered with an
-// error naming the problem, and the connection is closed; the daemon and every other
-// connection carry on.
+// reads frames (with the descriptors sent alongside them) and serves them, another writes
+// queued replies (with theirs), both on the daemon's single io thread. Requests are served one
+// at a time, in order: the reader awaits each request (ClientHandler::serve, and the parsing
+// of a large frame on a setup thread) before it reads further. A malformed frame (oversized,
+// truncated, unparsable, with descriptors nobody claims or without the ones it names) is
+// answered with an error naming the problem, and the connection is closed; the daemon and
+// every other connection carry on. The handler is released when both coroutines have ended,
+// so no request in flight outlives it.
 #pragma once
 
 #include <deque>
+#include <exception>
 #include <memory>
 #include <optional>
 #include <string>
@@ -22,8 +24,7 @@
 namespace gradsync {
 
 struct SessionOptions {
-  JobRegistry* registry = nullptr;
-  BackendFactory* backends = nullptr;
+  ControlContext context;
   Logger log;
   // A client that sends requests but never reads its replies is disconnected once this many
   // reply bytes are queued.
@@ -32,9 +33,7 @@ struct SessionOptions {
   // byte (half-open), or when it has not joined a job this long after its last request (idle):
   // neither may hold the daemon's memory and descriptors. A joined trainer is never timed out.
   std::chrono::milliseconds connection_timeout{60'000};
-  SetupThreads* setup = nullptr;      // null: setup work runs inline (tests)
-  std::shared_ptr<UserCounts> users;  // null: a private one with the default limits (tests)
-  UserCounts::Ticket connection;      // this connection, against its user's limit
+  UserCounts::Ticket connection;  // this connection, against its user's limit
 };
 
 class Session : public std::enable_shared_from_this<Session> {
@@ -73,14 +72,15 @@ class Session : public std::enable_shared_from_this<Session> {
   boost::asio::awaitable<void> write_loop();
   // Closes a half-open or idle connection (SessionOptions::connection_timeout).
   boost::asio::awaitable<void> watch_loop();
-  // Serves every complete frame buffered so far, or up to one that must wait (waiting());
-  // false once the connection is closing.
-  bool serve_frames();
+  // Serves every complete frame buffered so far, one after the other; false once the
+  // connection is closing.
+  boost::asio::awaitable<bool> serve_frames();
   // Serves one parsed request that ends at stream offset frame_end; false once closing.
-  bool dispatch(control::Request request, uint64_t frame_end);
-  // The handler finished a request off the io thread, or a large frame was parsed: go on.
-  void resume();
-  bool waiting() const { return parsing_ || (handler_ && handler_->busy()); }
+  boost::asio::awaitable<bool> dispatch(control::Request* request, uint64_t frame_end);
+  // The reader or the writer ended; the last one releases the handler.
+  void loop_ended();
+  // The reader or the writer threw: closes the connection, and the loop has ended.
+  void loop_failed(std::exception_ptr error);
   // Sends one queued frame; false when the connection failed.
   boost::asio::awaitable<bool> write_one(Outgoing& out);
   // Ends the connection; `why` is ok for a plain disconnect, else what went wrong.
@@ -107,9 +107,11 @@ class Session : public std::enable_shared_from_this<Session> {
   std::optional<std::chrono::steady_clock::time_point> frame_started_;
   // Since when the client's job has failed while it stays in it (nullopt: not in a failed job).
   std::optional<std::chrono::steady_clock::time_point> failed_since_;
-  bool closing_ = false;         // no more reads; close once the outbox is flushed
-  bool parsing_ = false;         // a large frame is being parsed off the io thread
-  boost::asio::steady_timer resumed_;  // the reader sleeps on it while waiting()
+  bool closing_ = false;  // no more reads; close once the outbox is flushed
+  // The reader is serving requests: the daemon's time, which the idle and half-open bounds do
+  // not count.
+  bool serving_ = false;
+  int loops_ = 2;  // the reader and the writer, until each ends
 };
 
 }  // namespace gradsync

@@ -19,7 +19,7 @@ constexpr size_t kMaxLastErrorBytes = 2048;
 
 Job::Job(JobOptions options)
     : options_(std::move(options)),
-      log_(options_.log.with("job=" + options_.params.id + " uid=" + std::to_string(options_.params.uid))),
+      log_(options_.services.log.with("job=" + options_.params.id + " uid=" + std::to_string(options_.params.uid))),
       doorbell_(options_.doorbell ? std::move(options_.doorbell) : std::make_shared<JobDoorbell>()),
       members_(static_cast<size_t>(options_.params.local_world_size)) {
   WorkerOptions worker;
@@ -33,30 +33,30 @@ Job::Job(JobOptions options)
     cluster.topology = worker.topology;
     cluster.timeout = options_.params.timeout;
     cluster.rendezvous = options_.params.rendezvous;
-    cluster.advertise = options_.cluster.advertise;
-    cluster.engines = options_.cluster.engines;
-    cluster.auth = options_.cluster.auth;
+    cluster.advertise = options_.services.cluster.advertise;
+    cluster.engines = options_.services.cluster.engines;
+    cluster.auth = options_.services.cluster.auth;
     cluster.log = log_;
     worker.cluster = std::make_unique<PeerCluster>(std::move(cluster));
   }
   worker.timeout = options_.params.timeout;
-  worker.execution_timeout = options_.execution.timeout;
-  worker.backends = options_.execution.backends;
+  worker.execution_timeout = options_.services.execution.timeout;
+  worker.backends = options_.services.execution.backends;
   // A failure the worker finds itself (a timeout, a bad ring entry, a lost node) also ends the
   // job's control side, on the io thread: pending registrations fail and client memory is
   // released now rather than when the clients leave.
   // `alive_` is read and cleared only on the io thread, so the posted call cannot outlive the job.
-  worker.on_stopped = [io = options_.io, alive = alive_](const Status& status) {
+  worker.on_stopped = [io = options_.services.io, alive = alive_](const Status& status) {
     boost::asio::post(*io, [alive, status] {
       if (*alive) (*alive)->fail(status);
     });
   };
   worker.doorbell = doorbell_;
-  worker.pool = options_.pool;
+  worker.pool = options_.services.pool;
   worker.log = log_;
   worker_ = std::make_shared<Worker>(std::move(worker));
-  if (options_.progress && params().topology.nodes > 1) {
-    options_.progress->add(store_job(), worker_,
+  if (options_.services.progress && params().topology.nodes > 1) {
+    options_.services.progress->add(store_job(), worker_,
                            ProgressBoard::Shape{params().topology.nodes, params().topology.node, params().rendezvous});
   }
   log_.info("formed (incarnation " + std::to_string(options_.incarnation) + ", world size " +
@@ -68,21 +68,21 @@ Job::Job(JobOptions options)
 void Job::retire() {
   if (retired_) return;
   retired_ = true;
-  if (options_.failures && worker_ && worker_->stats()) {
+  if (options_.services.failures && worker_ && worker_->stats()) {
     const JobStatsSnapshot done = worker_->stats()->snapshot();
-    options_.failures->add_ended(done.operations, done.bytes, failed_with_work_);
+    options_.services.failures->add_ended(done.operations, done.bytes, failed_with_work_);
   }
 }
 
 Job::~Job() {
   *alive_ = nullptr;
   retire();
-  if (options_.progress) options_.progress->remove(store_job(), worker_.get());
+  if (options_.services.progress) options_.services.progress->remove(store_job(), worker_.get());
   const Status ended = Status::aborted("job " + params().id + " ended");
   fail_pending(ended);
   // The worker owns the rings it drains; it goes to the reaper, which stops it off the io thread.
   // So do the job's sets, so that a large set's memory is freed (and returned, reaper.h) there.
-  options_.reaper->adopt([worker = std::move(worker_), ended, sets = std::move(committed_),
+  options_.services.reaper->adopt([worker = std::move(worker_), ended, sets = std::move(committed_),
                           ticket = std::move(options_.ticket)]() mutable {
     worker->stop(ended);
     worker.reset();
@@ -184,7 +184,7 @@ void Job::fail(const Status& status) {
   // warning, and a failure (gradsync_job_failures_total).
   if (worker_->pending_ops() > 0 || !pending_.empty()) {
     failed_with_work_ = true;
-    if (options_.failures) options_.failures->add(status.code());
+    if (options_.services.failures) options_.services.failures->add(status.code());
     log_.warning("failed: " + status.to_string());
   } else {
     // No error: nothing was in flight. Said as what it is, not as a lost peer.
@@ -237,7 +237,7 @@ void Job::register_set(int local_rank, SetRegistration registration) {
   }
   if (!pending.deadline) {
     pending.serial = next_serial_++;
-    pending.deadline = std::make_unique<boost::asio::steady_timer>(*options_.io, params().timeout);
+    pending.deadline = std::make_unique<boost::asio::steady_timer>(*options_.services.io, params().timeout);
     // A handler that already fired is not stopped by cancel(), so it checks that the job and
     // this very barrier still exist.
     pending.deadline->async_wait([weak = weak_from_this(), set_id, serial = pending.serial](
@@ -356,7 +356,7 @@ void Job::commit(uint32_t set_id) {
     }
   };
   // Comparing and planning a set of a million tensors takes a while: off the io thread.
-  if (options_.setup) return options_.setup->run(std::move(build), std::move(finish));
+  if (options_.services.setup) return options_.services.setup->run(std::move(build), std::move(finish));
   finish(build());
 }
 
@@ -376,7 +376,7 @@ void Job::committed(uint32_t set_id, Status status, std::shared_ptr<TensorSet> s
   // replies go out from the io thread. The callbacks hold only weak references to sessions.
   auto callbacks = std::make_shared<std::vector<std::function<void(const Status&, const TensorSet*)>>>();
   for (auto& [local_rank, reg] : regs) callbacks->push_back(std::move(reg.done));
-  boost::asio::io_context* io = options_.io;
+  boost::asio::io_context* io = options_.services.io;
   worker_->admit_set(set, [io, set, callbacks](const Status& status) {
     boost::asio::post(*io, [set, callbacks, status] {
       for (auto& done : *callbacks) done(status, status.ok() ? set.get() : nullptr);

@@ -54,9 +54,9 @@ struct ExecutionSettings {
   std::chrono::milliseconds timeout{600'000};  // bound on one bucket in flight
 };
 
-struct JobOptions {
-  JobParams params;
-  uint64_t incarnation = 0;  // distinguishes re-formed jobs with the same id in logs
+// What every job of this daemon uses from it: handed by the registry to each job it forms as
+// one value, not field by field.
+struct JobServices {
   boost::asio::io_context* io = nullptr;
   ThreadPool* pool = nullptr;
   ClusterSettings cluster;
@@ -65,10 +65,16 @@ struct JobOptions {
   Logger log;
   DaemonCounters* failures = nullptr;  // daemon-wide; may be null (tests)
   ProgressBoard* progress = nullptr;  // daemon-wide; multi-node jobs are on it; may be null
+  SetupThreads* setup = nullptr;  // checks and plans complete sets; null: inline (tests)
+};
+
+struct JobOptions {
+  JobParams params;
+  uint64_t incarnation = 0;  // distinguishes re-formed jobs with the same id in logs
+  JobServices services;
   // The job's doorbell, made off the io thread by the join that forms the job; null: the Job
   // makes it (tests).
   std::shared_ptr<JobDoorbell> doorbell;
-  SetupThreads* setup = nullptr;  // checks and plans complete sets; null: inline (tests)
   // The job's place against the job limits, given back once the reaper retired it.
   std::shared_ptr<UserCounts::Ticket> ticket;
 };

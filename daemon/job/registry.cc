@@ -21,12 +21,12 @@ Status JobRegistry::join(const control::JoinRequest& request, const MemberInfo& 
   const Key key{member.uid, request.job_id()};
   auto it = jobs_.find(key);
   if (it != jobs_.end() && !it->second->failure().ok()) {
-    options_.log.info("job=" + request.job_id() + ": re-forming after failure: " + it->second->failure().message());
+    options_.jobs.log.info("job=" + request.job_id() + ": re-forming after failure: " + it->second->failure().message());
     it->second->retire();
     jobs_.erase(it);  // members of the failed incarnation keep it alive until they leave
     it = jobs_.end();
   }
-  if (params.topology.nodes > 1 && !(options_.cluster.auth && options_.cluster.auth->configured())) {
+  if (params.topology.nodes > 1 && !(options_.jobs.cluster.auth && options_.jobs.cluster.auth->configured())) {
     return Status::invalid_argument(
         "job " + params.id + " spans " + std::to_string(params.topology.nodes) +
         " nodes, but this gradsyncd's peer service is not authenticated (it listens on loopback only): give every "
@@ -44,17 +44,9 @@ Status JobRegistry::join(const control::JoinRequest& request, const MemberInfo& 
     }
     JobOptions options;
     options.params = params;
-    options.cluster = options_.cluster;
-    options.reaper = options_.reaper;
     options.incarnation = ++incarnations_;
-    options.io = options_.io;
-    options.pool = options_.pool;
-    options.execution = options_.execution;
-    options.log = options_.log;
-    options.failures = options_.failures;
-    options.progress = options_.progress;
+    options.services = options_.jobs;
     options.doorbell = std::move(doorbell);
-    options.setup = options_.setup;
     options.ticket = std::move(ticket);
     it = jobs_.emplace(key, std::make_shared<Job>(std::move(options))).first;
   }

@@ -21,21 +21,13 @@
 namespace gradsync {
 
 struct RegistryOptions {
-  boost::asio::io_context* io = nullptr;
-  ThreadPool* pool = nullptr;
-  Logger log;
+  JobServices jobs;  // given to every job formed; its log is the registry's too
   std::chrono::milliseconds default_timeout{30'000};
   std::chrono::milliseconds max_timeout{600'000};
-  ClusterSettings cluster;
-  Reaper* reaper = nullptr;
-  ExecutionSettings execution;
-  DaemonCounters* failures = nullptr;  // outlives the registry; may be null
-  ProgressBoard* progress = nullptr;  // outlives the registry; may be null
   LocalLimits limits;  // local world size (jobs are counted by `users`)
   // Every job holds a ticket here (per user and daemon-wide) until the reaper has retired it.
   // Null: a private one with `limits`.
   std::shared_ptr<UserCounts> users;
-  SetupThreads* setup = nullptr;  // given to the jobs; null: inline (tests)
 };
 
 class JobRegistry {
@@ -70,7 +62,7 @@ class JobRegistry {
                     std::chrono::milliseconds execution_timeout) {
     options_.default_timeout = default_timeout;
     options_.max_timeout = max_timeout;
-    options_.execution.timeout = execution_timeout;
+    options_.jobs.execution.timeout = execution_timeout;
   }
 
   // Every job, for the admin service.

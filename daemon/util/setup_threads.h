@@ -7,9 +7,15 @@
 
 #include <malloc.h>
 
+#include <utility>  // before Asio: Boost 1.74's awaitable.hpp uses std::exchange without it
+
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/associated_executor.hpp>
+#include <boost/asio/async_result.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/thread_pool.hpp>
+#include <boost/asio/use_awaitable.hpp>
 #include <atomic>
 #include <exception>
 #include <memory>
@@ -39,6 +45,32 @@ class SetupThreads {
       auto result = std::make_shared<decltype(work())>(guarded(work));
       boost::asio::post(*io, [then = std::move(then), result]() mutable { then(std::move(*result)); });
     });
+  }
+
+  // The same for a coroutine on the io thread: awaiting what offload(work) returns runs work()
+  // on a setup thread and resumes the coroutine on its own executor with the result, so that a
+  // request reads top to bottom. As with run(), the io_context does not count the work in
+  // flight: a shutdown that lets it run dry does not wait for a setup thread stuck in a
+  // driver call (the destructor's join() and a last run deliver the result, or drop it).
+  //
+  // Its callers name the work and the awaitable before they await it (`auto pending =
+  // offload(std::move(work)); co_await std::move(pending);`): GCC 12 mis-handles a temporary
+  // with a non-trivial destructor (a lambda with captures, a string) made inside a co_await
+  // expression, freeing a moved object's inline buffer as if it were heap.
+  template <class Work>
+  boost::asio::awaitable<std::invoke_result_t<Work&>> offload(Work work) {
+    using Result = std::invoke_result_t<Work&>;
+    auto start = [pool = &pool_](auto handler, Work work) {
+      boost::asio::post(*pool, [handler = std::move(handler), work = std::move(work)]() mutable {
+        Result result = guarded(work);
+        auto back = boost::asio::get_associated_executor(handler);
+        boost::asio::post(back, [handler = std::move(handler), result = std::move(result)]() mutable {
+          std::move(handler)(std::move(result));
+        });
+      });
+    };
+    return boost::asio::async_initiate<const boost::asio::use_awaitable_t<>&, void(Result)>(
+        std::move(start), boost::asio::use_awaitable, std::move(work));
   }
 
   template <class Work>
