@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "daemon/config/setting.h"
 #include "daemon/peer/peer_server.h"  // to_grpc
 
 namespace gradsync::admin {
@@ -292,12 +293,14 @@ grpc::Status AdminService::SetConfig(grpc::ServerContext* context, const v1::Set
   SettingsChange change;
   change.job = request->job();
   if (request->has_log_level()) {
-    LogLevel level{};
-    if (!parse_log_level(request->log_level(), &level)) {
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                          "log_level must be debug, info, warning or error, not '" + request->log_level() + "'");
+    // Read by the log level's declaration (config/settings.cc), as the flag and the file are.
+    const std::vector<SettingSpec> settings = daemon_settings();
+    DaemonConfig parsed;
+    std::string why;
+    if (!find_setting(settings, "log-level")->parse({request->log_level()}, &parsed, &why)) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "log-level " + why);
     }
-    change.log_level = level;
+    change.log_level = parsed.log_level;
   }
   if (request->has_bucket_cap_bytes()) change.settings.bucket_cap = request->bucket_cap_bytes();
   if (request->has_timeout_ms()) change.settings.timeout = std::chrono::milliseconds(request->timeout_ms());

@@ -153,7 +153,7 @@ TEST_CASE("admin: config set and its errors on a single node", "[integration][ad
   CHECK_THAT(unknown.output, Catch::Contains("unknown setting 'frobs'"));
   const CommandRun bad_level = gradsyncctl(daemon, "config set log-level=loud");
   CHECK(bad_level.code == 1);
-  CHECK_THAT(bad_level.output, Catch::Contains("log_level must be debug, info, warning or error, not 'loud'"));
+  CHECK_THAT(bad_level.output, Catch::Contains("log-level must be debug, info, warning or error, not 'loud'"));
   const CommandRun zero = gradsyncctl(daemon, "config set timeout-ms=0");
   CHECK(zero.code == 1);
   CHECK_THAT(zero.output, Catch::Contains("timeout_ms must be between 1 and --max-timeout-ms"));
