@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <set>
+#include <utility>
 
 #include "shared/dtype.h"
 #include "shared/version.h"
@@ -33,6 +34,9 @@ std::string ClientHandler::who() const {
 
 void ClientHandler::disconnected(const Status& why) {
   closed_ = true;
+  // A request waiting for a setup thread goes on at once, as aborted: the connection's end
+  // does not wait for an import stuck in a driver.
+  if (std::function<void()> abandon = std::exchange(abandon_, nullptr)) abandon();
   if (!job_) return;
   // Daemon shutdown is not the client's fault: the others learn the daemon's reason.
   if (why.code() == ErrorCode::kAborted) return leave_job(why);
@@ -85,7 +89,7 @@ asio::awaitable<std::invoke_result_t<Work&>> ClientHandler::off_io(Work work) {
     auto value = SetupThreads::guarded(work);
     return ready(std::move(value));
   }
-  return options_.context.setup->offload(std::move(work));
+  return options_.context.setup->offload(std::move(work), &abandon_);
 }
 
 void ClientHandler::dispose(control::Request request) {
@@ -180,6 +184,8 @@ asio::awaitable<Status> ClientHandler::on_join(const control::JoinRequest& join,
                                              std::move(prepared.doorbell), &job, &channel);
   } catch (const Error& e) {
     joined = e.status();
+  } catch (const std::exception& e) {  // no thread for the job's worker
+    joined = Status::internal(std::string("joining failed: ") + e.what());
   }
   if (!joined.ok()) co_return joined;
   job_ = std::move(job);

@@ -120,6 +120,8 @@ class ClientHandler {
   // callbacks, which give a failed registration's back.
   std::shared_ptr<uint64_t> tensors_ = std::make_shared<uint64_t>(0);
   bool closed_ = false;  // the connection ended; a request in flight drops what it made
+  // Resumes the request waiting for a setup thread, as aborted (SetupThreads::offload).
+  std::function<void()> abandon_;
 };
 
 // Sets reply->error from a status.

@@ -4,6 +4,8 @@
 
 #include <cerrno>
 #include <cstring>
+#include <functional>
+#include <utility>
 
 #include "shared/fd_passing.h"
 #include "shared/framing.h"
@@ -116,30 +118,40 @@ void Session::stop(const Status& why) {
 void Session::close(const Status& why) {
   if (closing_) return;
   closing_ = true;
-  // Leave the job now, not when the last coroutine lets go of the session: the other clients
-  // must learn about it within their timeout.
-  if (handler_) handler_->disconnected(why);
+  // The coroutines are woken first, so that they end even should what follows throw.
   boost::system::error_code ignored;
   socket_.shutdown(Socket::shutdown_receive, ignored);
+  outbox_ready_.cancel();
+  watch_timer_.cancel();
+  if (std::function<void()> abandon = std::exchange(abandon_, nullptr)) abandon();
   // Nothing more is read: a frame cut off by the close (up to 16 MiB) goes back to the system
   // now, not to glibc's free lists when the last coroutine lets go of the session.
   if (decoder_.release() > kTrimAfterBytes && options_.context.setup) options_.context.setup->trim();
-  outbox_ready_.cancel();
-  watch_timer_.cancel();
+  // Leave the job now, not when the last coroutine lets go of the session: the other clients
+  // must learn about it within their timeout.
+  if (handler_) handler_->disconnected(why);
 }
 
 void Session::loop_failed(std::exception_ptr error) {
-  std::string what = "unknown error";
-  try {
-    std::rethrow_exception(error);
-  } catch (const std::exception& e) {
-    what = e.what();
-  } catch (...) {
-  }
   serving_ = false;
-  close(Status::internal("serving the connection failed: " + what));
+  // Nothing here may throw out: this runs as a completion handler, outside any coroutine.
+  try {
+    std::string what = "unknown error";
+    try {
+      std::rethrow_exception(error);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    close(Status::internal("serving the connection failed: " + what));
+  } catch (...) {
+    closing_ = true;  // what close() could not finish, the loops' end does
+  }
   boost::system::error_code ignored;
+  socket_.shutdown(Socket::shutdown_receive, ignored);
   socket_.cancel(ignored);
+  outbox_ready_.cancel();
+  watch_timer_.cancel();
   loop_ended();
 }
 
@@ -299,7 +311,7 @@ asio::awaitable<bool> Session::serve_frames() {
         std::string().swap(text);
         return result;
       };
-      auto pending = options_.context.setup->offload(std::move(parse_off_io));
+      auto pending = options_.context.setup->offload(std::move(parse_off_io), &abandon_);
       parsed = co_await std::move(pending);
     } else {
       parsed = parse(*payload);

@@ -11,6 +11,7 @@
 
 #include <deque>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -112,6 +113,8 @@ class Session : public std::enable_shared_from_this<Session> {
   // not count.
   bool serving_ = false;
   int loops_ = 2;  // the reader and the writer, until each ends
+  // Resumes the reader waiting for a setup thread to parse a large frame, as aborted.
+  std::function<void()> abandon_;
 };
 
 }  // namespace gradsync

@@ -66,9 +66,17 @@ Status JobRegistry::join(const control::JoinRequest& request, const MemberInfo& 
     return Status::invalid_argument("inconsistent groups: this client declares different process groups than "
                                     "the other clients of job " + p.id);
   }
-  if (Status status = it->second->admit(member, std::move(channel), fds); !status.ok()) {
+  Status admitted;
+  try {
+    admitted = it->second->admit(member, std::move(channel), fds);
+  } catch (const Error& e) {  // no descriptor left for the doorbell's copy
+    admitted = e.status();
+  } catch (const std::exception& e) {
+    admitted = Status::internal(std::string("admitting the client failed: ") + e.what());
+  }
+  if (!admitted.ok()) {
     if (it->second->empty()) jobs_.erase(it);  // formed by this join: nobody is in it
-    return status;
+    return admitted;
   }
   *job = it->second;
   return Status::ok_status();

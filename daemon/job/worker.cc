@@ -423,6 +423,11 @@ void Worker::shut_down(const Status& failure) {
   // is back. The aborts bound this wait to about a second.
   flight_.wait(options_.log);
   const Status status = drain_executors(failure);
+  // The job learns of the failure first (posted to the io thread), before any client can: a
+  // client told of it may exit at once, and its disconnect, reaching the io thread before a
+  // report made after the teardown below (which may block for a second), would be taken for
+  // the cause and logged as such.
+  if (options_.on_stopped) options_.on_stopped(status);
   // Publish the sticky error first so that clients fail later submissions without waiting.
   clients_.publish_failure(status);
   for (const Op& op : ops_) {
@@ -455,7 +460,6 @@ void Worker::shut_down(const Status& failure) {
   run_tasks(/*last=*/true);  // pending set admissions learn the failure
   settings_.stop(status);
   replans_.clear();  // re-planned copies hold the clients' mappings too
-  if (options_.on_stopped) options_.on_stopped(status);
   release_cluster(status);
 }
 

@@ -77,8 +77,9 @@ struct WorkerOptions {
   std::shared_ptr<JobDoorbell> doorbell;  // the worker sleeps on it
   BackendFactory* backends = nullptr;     // makes the executors; outlives the worker
   ThreadPool* pool = nullptr;             // given to the executors
-  // Called once, on the worker thread, when the per-step path has stopped because of a
-  // failure the worker found itself or was told about.
+  // Called once, on the worker thread, when the per-step path stops because of a failure the
+  // worker found itself or was told about: after the bucket in flight is back, before any
+  // client is told.
   std::function<void(const Status&)> on_stopped;
   Logger log;
 };

@@ -18,10 +18,13 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <atomic>
 #include <exception>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <type_traits>
 #include <utility>
 
+#include "shared/mutex.h"
 #include "shared/status.h"
 
 namespace gradsync {
@@ -49,25 +52,52 @@ class SetupThreads {
 
   // The same for a coroutine on the io thread: awaiting what offload(work) returns runs work()
   // on a setup thread and resumes the coroutine on its own executor with the result, so that a
-  // request reads top to bottom. As with run(), the io_context does not count the work in
-  // flight: a shutdown that lets it run dry does not wait for a setup thread stuck in a
-  // driver call (the destructor's join() and a last run deliver the result, or drop it).
+  // request reads top to bottom.
+  //
+  // While the coroutine waits, *abandon (when given) resumes it at once with an aborted
+  // status instead: a connection that closes does not wait for a setup thread stuck in a
+  // driver call, and neither does a shutdown that lets the io_context run dry. The work's own
+  // result is then dropped when it comes. Call *abandon on the io thread; it does nothing once
+  // the result is delivered.
   //
   // Its callers name the work and the awaitable before they await it (`auto pending =
   // offload(std::move(work)); co_await std::move(pending);`): GCC 12 mis-handles a temporary
   // with a non-trivial destructor (a lambda with captures, a string) made inside a co_await
   // expression, freeing a moved object's inline buffer as if it were heap.
   template <class Work>
-  boost::asio::awaitable<std::invoke_result_t<Work&>> offload(Work work) {
+  boost::asio::awaitable<std::invoke_result_t<Work&>> offload(Work work, std::function<void()>* abandon = nullptr) {
     using Result = std::invoke_result_t<Work&>;
-    auto start = [pool = &pool_](auto handler, Work work) {
-      boost::asio::post(*pool, [handler = std::move(handler), work = std::move(work)]() mutable {
-        Result result = guarded(work);
-        auto back = boost::asio::get_associated_executor(handler);
-        boost::asio::post(back, [handler = std::move(handler), result = std::move(result)]() mutable {
+    auto start = [pool = &pool_, abandon](auto handler, Work work) {
+      // The handler goes to whichever comes first, the result or the abandonment.
+      using Handler = decltype(handler);
+      struct Slot {
+        Mutex mutex;
+        std::optional<Handler> waiting GS_GUARDED_BY(mutex);
+      };
+      auto slot = std::make_shared<Slot>();
+      {
+        MutexLock lock(slot->mutex);
+        slot->waiting.emplace(std::move(handler));
+      }
+      auto deliver = [slot](Result result) {
+        std::optional<Handler> taken;
+        {
+          MutexLock lock(slot->mutex);
+          if (slot->waiting) {
+            taken.emplace(std::move(*slot->waiting));
+            slot->waiting.reset();
+          }
+        }
+        if (!taken) return;  // delivered already
+        auto back = boost::asio::get_associated_executor(*taken);
+        boost::asio::post(back, [handler = std::move(*taken), result = std::move(result)]() mutable {
           std::move(handler)(std::move(result));
         });
-      });
+      };
+      if (abandon) {
+        *abandon = [deliver] { deliver(failed<Result>(Status::aborted("the connection closed while it waited"))); };
+      }
+      boost::asio::post(*pool, [deliver, work = std::move(work)]() mutable { deliver(guarded(work)); });
     };
     return boost::asio::async_initiate<const boost::asio::use_awaitable_t<>&, void(Result)>(
         std::move(start), boost::asio::use_awaitable, std::move(work));
