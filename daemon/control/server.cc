@@ -38,6 +38,10 @@ void claim_socket_path(asio::io_context& io, const std::string& path, CreatedFol
 
 ControlServer::ControlServer(asio::io_context& io, ControlServerOptions options)
     : options_(std::move(options)), acceptor_(io) {
+  // Without them every import would run on the io thread, and no user limit would hold.
+  if (!options_.context.registry || !options_.context.backends || !options_.context.setup || !options_.context.users) {
+    throw Error(Status::internal("the control server needs its registry, backends, setup threads and user counts"));
+  }
   claim_socket_path(io, options_.socket_path, folders_);
   // The allow-list is what authenticates; the file mode only keeps strangers from even trying.
   Status status;

@@ -66,7 +66,15 @@ void Session::start() {
     if (error) self->loop_failed(error);
   };
   asio::co_spawn(socket_.get_executor(), [self]() { return self->read_loop(); }, ended);
-  asio::co_spawn(socket_.get_executor(), [self]() { return self->watch_loop(); }, asio::detached);
+  // The watch loop holds no part of the handler's lifetime: one that throws closes the
+  // connection, which would otherwise lose its idle and half-open bounds.
+  asio::co_spawn(socket_.get_executor(), [self]() { return self->watch_loop(); }, [self](std::exception_ptr error) {
+    if (!error) return;
+    try {
+      self->close(Status::internal("watching the connection failed"));
+    } catch (...) {
+    }
+  });
   asio::co_spawn(socket_.get_executor(), [self]() { return self->write_loop(); }, ended);
 }
 
