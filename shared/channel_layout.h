@@ -32,7 +32,7 @@ inline constexpr uint32_t kClientRingsMagic = 0x67734352;  // "gsCR"
 inline constexpr uint32_t kDaemonRingsMagic = 0x67734452;  // "gsDR"
 
 enum class SubmitKind : uint32_t { kOp = 1, kMarkReady = 2 };
-enum class OpKind : uint32_t { kAllreduce = 1, kBroadcast = 2, kAllgather = 3, kReduce = 4 };
+enum class OpKind : uint32_t { kAllreduce = 1, kBroadcast = 2, kAllgather = 3, kReduce = 4, kReduceScatter = 5 };
 enum class WireReduceOp : uint32_t { kSum = 1, kAvg = 2, kMin = 3, kMax = 4 };
 enum class WireScaling : uint32_t { kAfter = 1, kBefore = 2 };
 
@@ -46,7 +46,7 @@ struct SubmitEntry {
   uint32_t set_id = 0;        // the registered tensor set the operation covers
   uint64_t op_seq = 0;
   uint32_t op = 0;            // OpKind (kOp)
-  uint32_t reduce_op = 0;     // WireReduceOp (allreduce, reduce)
+  uint32_t reduce_op = 0;     // WireReduceOp (allreduce, reduce, reduce-scatter)
   uint32_t scaling = 0;       // WireScaling (avg)
   int32_t root = 0;           // root rank (broadcast, reduce)
   double divisor = 0;         // avg divisor; 0 means the group size

@@ -4,6 +4,8 @@
 //   2: memory and rings passed as sealed memfds over SCM_RIGHTS
 //   3: device sets: the daemon makes each client's event rings and sends their handles in the
 //      RegisterReply (a version-2 client would announce through events nobody waits on)
+//   4: reduce-scatter (operation 5) and the shard output a RegisterRequest reserves for it (a
+//      version-3 daemon would accept the registration and fail the job at the first operation)
 #pragma once
 
 #include <cstdint>
@@ -11,7 +13,7 @@
 namespace gradsync {
 
 inline constexpr const char* kGradsyncVersion = "0.2.4";
-inline constexpr uint32_t kProtocolVersion = 3;
+inline constexpr uint32_t kProtocolVersion = 4;
 
 // The cross-node protocol: what the daemons of one job say to each other (the node record at
 // formation, the sequence-check header, the engine calls each bucket makes, the store keys).
@@ -25,6 +27,8 @@ inline constexpr uint32_t kProtocolVersion = 3;
 //      ("<engine> <engine> ...;<engine>"), and "dp" is admitted before a set's other groups
 //   4: peer-call proofs are "v2": bound to the callee's service id (from its Ping) and naming
 //      the calling node, whose per-member quotas the store keeps
-inline constexpr uint32_t kCrossNodeProtocol = 4;
+//   5: reduce-scatter: the header's kind 5, and the set layout states whether a set has a shard
+//      output
+inline constexpr uint32_t kCrossNodeProtocol = 5;
 
 }  // namespace gradsync

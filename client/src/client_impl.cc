@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "shared/set_name.h"
+#include "shared/shard.h"
 #include "shared/version.h"
 
 namespace gradsync {
@@ -340,6 +341,7 @@ TensorSet ClientImpl::register_tensors(std::span<const SharedTensor> tensors, co
       set.gather_base_ = out.memory.data();
     }
   }
+  if (options.reduce_scatter) reserve_shard(tensors, body, &set);
   per_join_.next_set_id++;  // ids stay aligned across ranks even when a registration fails
   const control::Reply reply = connection_->call(request, barrier_bound(timeout_));
   set.tensors_.assign(tensors.begin(), tensors.end());
@@ -368,6 +370,51 @@ TensorSet ClientImpl::register_tensors(std::span<const SharedTensor> tensors, co
   }
   per_join_.sets[set.id_] = std::move(kept);
   return set;
+}
+
+void ClientImpl::reserve_shard(std::span<const SharedTensor> tensors, control::RegisterRequest* body,
+                               TensorSet* set) {
+  // The daemon checks the same (registration_check.cc); checked here too, so that the mistake
+  // names the tensor before any memory is made.
+  uint64_t elements = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (tensors[i].dtype() != tensors[0].dtype() || tensors[i].group() != tensors[0].group()) {
+      throw Error(Status::invalid_argument(
+          "reduce_scatter: tensor " + std::to_string(i) + " is " + std::string(dtype_name(tensors[i].dtype())) +
+          " in group '" + tensors[i].group() + "' but tensor 0 is " + std::string(dtype_name(tensors[0].dtype())) +
+          " in group '" + tensors[0].group() + "'; a reduce-scatter set has one dtype and one process group"));
+    }
+    elements += tensors[i].numel();
+  }
+  std::vector<int> ranks;
+  const std::string& group = tensors[0].group().empty() ? std::string("dp") : tensors[0].group();
+  if (group == "dp") {
+    for (int r = 0; r < joined_->world_size; ++r) ranks.push_back(r);
+  } else {
+    for (const GroupSpec& spec : joined_->groups) {
+      if (spec.name == group) ranks = spec.ranks;
+    }
+    std::sort(ranks.begin(), ranks.end());
+  }
+  const auto at = std::find(ranks.begin(), ranks.end(), joined_->rank);
+  const ShardRange shard =
+      at == ranks.end() ? ShardRange{} : shard_of(elements, ranks.size(), static_cast<uint64_t>(at - ranks.begin()));
+  const uint64_t bytes = std::max<uint64_t>(64, shard_capacity(elements, ranks.size()) * dtype_size(tensors[0].dtype()));
+  body->set_has_shard_output(true);
+  body->set_shard_offset(0);
+  // The output lives where the tensors do: a device set's in device memory on its GPU.
+  if (tensors[0].device() >= 0) {
+    DeviceSegment& out = new_device_segment(tensors[0].device(), bytes);
+    body->set_shard_segment_id(out.id);
+    set->shard_base_ = out.memory->data();
+  } else {
+    Segment& out = new_segment(bytes);
+    body->set_shard_segment_id(out.id);
+    set->shard_base_ = out.memory.data();
+  }
+  set->shard_segment_ = body->shard_segment_id();
+  set->shard_first_ = shard.first;
+  set->shard_count_ = shard.count;
 }
 
 ClientImpl::RegisteredSet& ClientImpl::registered(const TensorSet& set) {
@@ -519,6 +566,24 @@ Work ClientImpl::allgather(const TensorSet& set) {
     throw Error(Status::invalid_argument(name_of(set.id()) + " was registered without RegisterOptions::allgather"));
   }
   return submit(entry, set.packed_bytes_);
+}
+
+Work ClientImpl::reduce_scatter(const TensorSet& set, const ReduceOptions& options) {
+  SubmitEntry entry = op_entry(OpKind::kReduceScatter, set);
+  if (!set.shard_base_) {
+    throw Error(Status::invalid_argument(name_of(set.id()) + " was registered without RegisterOptions::reduce_scatter"));
+  }
+  fill_reduce(&entry, options);
+  return submit(entry, set.packed_bytes_);
+}
+
+SharedTensor TensorSet::shard() const {
+  if (!shard_base_) {
+    throw Error(
+        Status::invalid_argument(set_name(id_, label_) + " was registered without RegisterOptions::reduce_scatter"));
+  }
+  const SharedTensor& first = tensors_.at(0);
+  return SharedTensor(first.dtype(), shard_count_, first.group(), shard_base_, shard_segment_, 0, first.device());
 }
 
 SharedTensor TensorSet::gathered(int rank, size_t i) const {

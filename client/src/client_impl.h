@@ -36,6 +36,7 @@ class ClientImpl final : public Client {
   Work broadcast(const TensorSet& set, int root) override;
   Work reduce(const TensorSet& set, int root, const ReduceOptions& options) override;
   Work allgather(const TensorSet& set) override;
+  Work reduce_scatter(const TensorSet& set, const ReduceOptions& options) override;
   std::chrono::milliseconds job_timeout() const override { return timeout_; }
 
  private:
@@ -96,6 +97,9 @@ class ClientImpl final : public Client {
   PerJoin per_join_;
   // The set, registered in this incarnation; throws InvalidArgument naming it otherwise.
   RegisteredSet& registered(const TensorSet& set);
+  // RegisterOptions::reduce_scatter: checks the set is one dtype and group, makes the shard
+  // output where the tensors live and records this rank's shard in the set.
+  void reserve_shard(std::span<const SharedTensor> tensors, control::RegisterRequest* body, TensorSet* set);
   const RegisteredSet& registered(const TensorSet& set) const;
   std::string name_of(uint32_t set_id) const;
   void* stream_ = nullptr;  // set_stream(); nullptr is the legacy default stream

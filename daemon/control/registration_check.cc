@@ -4,6 +4,7 @@
 
 #include "shared/set_name.h"
 #include "shared/dtype.h"
+#include "shared/shard.h"
 
 namespace gradsync {
 namespace {
@@ -52,7 +53,6 @@ Status resolve_tensor(size_t index, const control::TensorDesc& desc, const Topol
   return Status::ok_status();
 }
 
-// Two tensors of one set must not share bytes: the reduction writes each of them.
 }  // namespace
 
 Status check_no_overlap(const std::vector<plan::TensorLayout>& layout, const std::vector<std::byte*>& address) {
@@ -80,6 +80,42 @@ Status check_no_overlap(const std::vector<plan::TensorLayout>& layout, const std
   }
   return Status::ok_status();
 }
+
+namespace {
+
+// A reduce-scatter set is one flat range of one dtype split over one group (shared/shard.h);
+// its output must hold the largest shard.
+Status check_shard_output(const control::RegisterRequest& request, const Topology& topology,
+                          const SegmentMap& segments, ResolvedSet* reg) {
+  const plan::TensorLayout& first = reg->layout.front();
+  uint64_t elements = 0;
+  for (size_t i = 0; i < reg->layout.size(); ++i) {
+    const plan::TensorLayout& t = reg->layout[i];
+    if (t.dtype != first.dtype || t.group != first.group) {
+      return Status::invalid_argument("reduce-scatter output: tensor " + std::to_string(i) + " is " +
+                                      plan::describe(t) + " but tensor 0 is " + plan::describe(first) +
+                                      "; a reduce-scatter set has one dtype and one process group");
+    }
+    elements += t.numel;
+  }
+  auto it = segments.find(request.shard_segment_id());
+  if (it == segments.end()) {
+    return Status::invalid_argument("reduce-scatter output: unknown segment " + std::to_string(request.shard_segment_id()));
+  }
+  const uint64_t bytes = shard_capacity(elements, topology.ranks(first.group).size()) * dtype_size(first.dtype);
+  const uint64_t size = it->second->size();
+  if (bytes > size || request.shard_offset() > size - bytes) {
+    return Status::invalid_argument("reduce-scatter output: " + std::to_string(bytes) + " bytes at offset " +
+                                    std::to_string(request.shard_offset()) + " do not fit in segment " +
+                                    std::to_string(request.shard_segment_id()) + " of " + std::to_string(size) +
+                                    " bytes");
+  }
+  reg->shard_output = it->second->base() + request.shard_offset();
+  reg->used.push_back(it->second.get());
+  return Status::ok_status();
+}
+
+}  // namespace
 
 // Resolves and checks a whole registration against the client's segments (a snapshot: the
 // client's next request waits for this one). Runs off the io thread.
@@ -121,6 +157,9 @@ Status check_registration(const control::RegisterRequest& request, const Topolog
     }
     reg->gather_output = it->second->base() + request.gather_offset();
     used.push_back(it->second.get());
+  }
+  if (request.has_shard_output()) {
+    if (Status status = check_shard_output(request, topology, segments, reg); !status.ok()) return status;
   }
   std::sort(used.begin(), used.end());
   used.erase(std::unique(used.begin(), used.end()), used.end());

@@ -1,6 +1,6 @@
 // A registration checked against the client's own segments: every tensor's dtype, segment,
 // range and alignment, its process group, no two tensors sharing bytes, and the allgather
-// output's room. Runs off the io thread (client_handler.cc), and is what the request fuzzer
+// and reduce-scatter outputs' room. Runs off the io thread (client_handler.cc), and is what the request fuzzer
 // drives (tests/fuzz/request_fuzzer.cc). The errors name the tensor and what is wrong.
 #pragma once
 
@@ -26,6 +26,7 @@ struct ResolvedSet {
   std::vector<plan::TensorLayout> layout;
   std::vector<std::byte*> address;  // by tensor
   std::byte* gather_output = nullptr;
+  std::byte* shard_output = nullptr;
   std::vector<std::shared_ptr<const MemoryRegion>> regions;  // the segments the set uses
   std::vector<const MemoryRegion*> used;                     // the same, sorted, unowned
 };

@@ -289,6 +289,12 @@ Status build_set(const std::string& job_id, uint32_t set_id, const Topology& top
                                      " an allgather output, rank " + std::to_string(local_rank) +
                                      (reg.gather_output ? " did" : " did not"));
     }
+    if ((reg.shard_output == nullptr) != (first.shard_output == nullptr)) {
+      return Status::layout_mismatch(name + ": rank " + std::to_string(regs.begin()->first) +
+                                     (first.shard_output ? " registered" : " did not register") +
+                                     " a reduce-scatter output, rank " + std::to_string(local_rank) +
+                                     (reg.shard_output ? " did" : " did not"));
+    }
   }
   auto set = std::make_shared<TensorSet>();
   set->id = set_id;
@@ -298,6 +304,7 @@ Status build_set(const std::string& job_id, uint32_t set_id, const Topology& top
   for (auto& [local_rank, reg] : regs) {
     set->address.push_back(std::move(reg.address));
     if (reg.gather_output) set->gather_output.push_back(reg.gather_output);
+    if (reg.shard_output) set->shard_output.push_back(reg.shard_output);
     set->regions.insert(set->regions.end(), reg.regions.begin(), reg.regions.end());
     set->events.push_back(reg.events);
     reg.layout = {};  // the set's copy is the one kept

@@ -15,10 +15,15 @@ namespace {
 // How long explain() waits for a peer daemon to answer before calling it unreachable.
 constexpr auto kProbeTimeout = std::chrono::milliseconds(1000);
 
-// A layout as text for the store: "<fingerprint>\n<cap> <gather>\n<dtype> <numel> <group>\n...".
+// The outputs a set reserved, as the layout record's bit mask.
+constexpr int kGatherOutput = 1;
+constexpr int kShardOutput = 2;
+
+// A layout as text for the store: "<fingerprint>\n<cap> <outputs>\n<dtype> <numel> <group>\n...".
 std::string encode_layout(const TensorSet& set) {
+  const int outputs = (set.gather_output.empty() ? 0 : kGatherOutput) | (set.shard_output.empty() ? 0 : kShardOutput);
   std::ostringstream out;
-  out << plan::fingerprint(set.layout) << "\n" << set.bucket_cap << " " << (set.gather_output.empty() ? 0 : 1) << "\n";
+  out << plan::fingerprint(set.layout) << "\n" << set.bucket_cap << " " << outputs << "\n";
   for (const auto& t : set.layout) out << static_cast<uint32_t>(t.dtype) << " " << t.numel << " " << t.group << "\n";
   return out.str();
 }
@@ -169,7 +174,12 @@ Status PeerCluster::check_layout(const TensorSet& set) {
       return Status::layout_mismatch(where + diff.value_or("layouts differ"));
     }
     if (cap != cap0) return Status::layout_mismatch(where + "bucket caps " + std::to_string(cap0) + " and " + std::to_string(cap));
-    if (gather != gather0) return Status::layout_mismatch(where + "only one registered an allgather output");
+    if ((gather ^ gather0) & kGatherOutput) {
+      return Status::layout_mismatch(where + "only one registered an allgather output");
+    }
+    if ((gather ^ gather0) & kShardOutput) {
+      return Status::layout_mismatch(where + "only one registered a reduce-scatter output");
+    }
   }
   return Status();
 }

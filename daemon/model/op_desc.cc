@@ -18,12 +18,17 @@ std::string_view reduce_op_name(WireReduceOp op) {
 
 }  // namespace
 
+bool is_reduction(OpKind kind) {
+  return kind == OpKind::kAllreduce || kind == OpKind::kReduce || kind == OpKind::kReduceScatter;
+}
+
 std::string describe(const OpDesc& desc, const TensorSet* set) {
   std::string text;
   switch (desc.kind) {
     case OpKind::kAllreduce:
     case OpKind::kReduce:
-      text = desc.kind == OpKind::kAllreduce ? "allreduce(" : "reduce(";
+    case OpKind::kReduceScatter:
+      text = desc.kind == OpKind::kAllreduce ? "allreduce(" : desc.kind == OpKind::kReduce ? "reduce(" : "reduce_scatter(";
       text += reduce_op_name(desc.reduce_op);
       if (desc.reduce_op == WireReduceOp::kAvg) {
         text += desc.scaling == WireScaling::kBefore ? ", divide before" : ", divide after";
@@ -43,13 +48,13 @@ std::string describe(const OpDesc& desc, const TensorSet* set) {
 }
 
 Status parse_op(const SubmitEntry& entry, int world_size, OpDesc* desc) {
-  if (entry.op < static_cast<uint32_t>(OpKind::kAllreduce) || entry.op > static_cast<uint32_t>(OpKind::kReduce)) {
+  if (entry.op < static_cast<uint32_t>(OpKind::kAllreduce) || entry.op > static_cast<uint32_t>(OpKind::kReduceScatter)) {
     return Status::invalid_argument("unknown operation " + std::to_string(entry.op));
   }
   desc->kind = static_cast<OpKind>(entry.op);
   desc->set_id = entry.set_id;
   desc->narrow_accumulate = (entry.flags & kSubmitNarrowAccumulate) != 0;
-  if (desc->kind == OpKind::kAllreduce || desc->kind == OpKind::kReduce) {
+  if (is_reduction(desc->kind)) {
     if (entry.reduce_op < static_cast<uint32_t>(WireReduceOp::kSum) ||
         entry.reduce_op > static_cast<uint32_t>(WireReduceOp::kMax)) {
       return Status::invalid_argument("unknown reduce operation " + std::to_string(entry.reduce_op));
@@ -101,7 +106,10 @@ Status check_op(const OpDesc& desc, const TensorSet& set, const Topology& topolo
   if (desc.kind == OpKind::kAllgather && set.gather_output.empty()) {
     return Status::invalid_argument(set.name() + " was registered without an allgather output");
   }
-  if (desc.kind == OpKind::kAllreduce || desc.kind == OpKind::kReduce) {
+  if (desc.kind == OpKind::kReduceScatter && set.shard_output.empty()) {
+    return Status::invalid_argument(set.name() + " was registered without a reduce-scatter output");
+  }
+  if (is_reduction(desc.kind)) {
     for (const auto& bucket : set.plan.buckets) {
       const int group_size = static_cast<int>(topology.ranks(bucket.group).size());
       const std::string_view problem = reduce::validate_kernel_args(kernel_args(desc, bucket.dtype, group_size));

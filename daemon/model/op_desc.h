@@ -27,6 +27,10 @@ struct OpDesc {
   bool operator==(const OpDesc&) const = default;
 };
 
+// Whether the kind combines values (allreduce, reduce, reduce-scatter) and so takes the reduce
+// options.
+bool is_reduction(OpKind kind);
+
 // "allreduce(avg, divide after) on set 0", "broadcast(root 2) on DDP bucket 3 (set 1)": the
 // set named by its label when `set` is given (TensorSet::name()).
 std::string describe(const OpDesc& desc, const TensorSet* set = nullptr);
@@ -39,7 +43,8 @@ Status parse_op(const SubmitEntry& entry, int world_size, OpDesc* desc);
 // `group_size` ranks (avg divides by the group unless the operation names a divisor).
 reduce::KernelArgs kernel_args(const OpDesc& desc, DType dtype, int group_size);
 
-// Whether `desc` can run on `set` in `topology`: an allgather needs the set's gather output,
+// Whether `desc` can run on `set` in `topology`: an allgather needs the set's gather output, a
+// reduce-scatter its shard output,
 // a reduction a kernel for every bucket's dtype, a rooted operation a root in every bucket's
 // group. The error names what was wrong, without the caller's prefix.
 Status check_op(const OpDesc& desc, const TensorSet& set, const Topology& topology);

@@ -71,7 +71,45 @@ void complete_tensor_set(TensorSet* set, const Topology& topology) {
     packed += tensor.numel * dtype_size(tensor.dtype);
   }
   set->packed_bytes = packed;
+  set->flat_offset.clear();
+  uint64_t flat = 0;
+  for (const auto& tensor : set->layout) {
+    set->flat_offset.push_back(flat);
+    flat += tensor.numel;
+  }
+  set->flat_elements = flat;
+  set->shard_index.assign(set->address.size(), -1);
+  set->shard_capacity = 0;
+  set->shard_group_size = 0;
+  if (!set->shard_output.empty() && !set->layout.empty()) {
+    const std::vector<int>& ranks = topology.ranks(set->layout[0].group);
+    set->shard_group_size = ranks.size();
+    set->shard_capacity = shard_capacity(flat, ranks.size());
+    for (size_t c = 0; c < set->address.size(); ++c) {
+      const auto at = std::find(ranks.begin(), ranks.end(), topology.rank_of(static_cast<int>(c)));
+      if (at != ranks.end()) set->shard_index[c] = static_cast<int>(at - ranks.begin());
+    }
+  }
   build_runs(set);
+}
+
+std::vector<ShardPiece> shard_pieces(const TensorSet& set, size_t bucket, uint32_t local_rank) {
+  std::vector<ShardPiece> pieces;
+  const ShardRange shard = set.shard(local_rank);
+  if (shard.count == 0) return pieces;
+  std::vector<uint32_t> tensors = set.plan.buckets[bucket].tensors;
+  std::sort(tensors.begin(), tensors.end());
+  for (uint32_t t : tensors) {
+    const uint64_t begin = std::max(set.flat_offset[t], shard.first);
+    const uint64_t end = std::min(set.flat_offset[t] + set.layout[t].numel, shard.first + shard.count);
+    if (begin < end) pieces.push_back({t, begin - set.flat_offset[t], end - begin, begin - shard.first});
+  }
+  return pieces;
+}
+
+ShardRange TensorSet::shard(uint32_t local_rank) const {
+  if (local_rank >= shard_index.size() || shard_index[local_rank] < 0 || layout.empty()) return ShardRange{};
+  return shard_of(flat_elements, shard_group_size, static_cast<uint64_t>(shard_index[local_rank]));
 }
 
 }  // namespace gradsync

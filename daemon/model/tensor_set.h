@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "shared/set_name.h"
+#include "shared/shard.h"
 #include "daemon/plan/planner.h"
 #include "daemon/model/memory.h"
 #include "daemon/model/topology.h"
@@ -49,6 +50,19 @@ struct TensorSet {
   std::vector<uint64_t> packed_offset;
   uint64_t packed_bytes = 0;
   std::vector<std::byte*> gather_output;  // per local rank
+  // reduce-scatter (shared/shard.h): the set's tensors in registration order form one flat range
+  // of flat_elements elements, tensor t starting at flat_offset[t]; the local rank at position
+  // shard_index[c] of the group (-1: not a member) gets its shard at shard_output[c]. A set with
+  // a shard output has one dtype and one group (checked at registration); shard_output is
+  // empty when the set was registered without it.
+  std::vector<uint64_t> flat_offset;  // [tensor]
+  uint64_t flat_elements = 0;
+  uint64_t shard_group_size = 0;          // W: the group's ranks, on every node
+  uint64_t shard_capacity = 0;            // elements every shard has room for
+  std::vector<std::byte*> shard_output;   // per local rank
+  std::vector<int> shard_index;           // per local rank
+  // Local rank c's shard, as a flat range; empty for a rank outside the group.
+  ShardRange shard(uint32_t local_rank) const;
   // The regions the addresses point into; they outlive any use by the worker.
   std::vector<std::shared_ptr<const MemoryRegion>> regions;
   // The kind of every region: it picks the set's executor.
@@ -59,13 +73,26 @@ struct TensorSet {
   std::vector<std::shared_ptr<const ClientEvents>> events;  // [local rank]
 };
 
+// A stretch of one tensor that lands in one shard: elements [first, first + count) of tensor
+// `tensor` go to elements [at, at + count) of the shard.
+struct ShardPiece {
+  uint32_t tensor = 0;
+  uint64_t first = 0;
+  uint64_t count = 0;
+  uint64_t at = 0;
+};
+
+// The pieces of bucket `bucket` that land in local rank `local_rank`'s shard, in tensor order;
+// none for a rank outside the group or a set without a shard output.
+std::vector<ShardPiece> shard_pieces(const TensorSet& set, size_t bucket, uint32_t local_rank);
+
 // Splits every bucket into runs and fills offset_in_bucket and bucket_elements. `address`
 // must already be filled.
 void build_runs(TensorSet* set);
 
-// Derives everything else from id, layout, bucket_cap, address and gather_output: the plan,
-// each bucket's participants (the members of its group on this node), the packed allgather
-// offsets and the runs.
+// Derives everything else from id, layout, bucket_cap, address, gather_output and
+// shard_output: the plan, each bucket's participants (the members of its group on this node),
+// the packed allgather offsets, the flat offsets and shard positions, and the runs.
 void complete_tensor_set(TensorSet* set, const Topology& topology);
 
 }  // namespace gradsync

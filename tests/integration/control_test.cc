@@ -547,7 +547,7 @@ TEST_CASE("hello: a protocol 1 client (shared-memory names) gets a clear version
   control::Request hello;
   hello.mutable_hello()->set_protocol_version(1);
   expect_error([&] { raw.call(hello, std::chrono::seconds(5)); }, ErrorCode::kNotSupported,
-               "protocol version 1 is not supported; this daemon speaks version 3");
+               "protocol version 1 is not supported; this daemon speaks version " + std::to_string(kProtocolVersion));
 }
 
 TEST_CASE("connect: a user outside the allow-list is refused", "[integration][control]") {

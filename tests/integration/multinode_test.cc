@@ -16,6 +16,7 @@
 
 #include "daemon/peer/peer_auth.h"
 #include "daemon/peer/peer_client.h"
+#include "shared/shard.h"
 #include "shared/version.h"
 #include "tests/integration/harness.h"
 #include "tests/integration/values.h"
@@ -92,18 +93,118 @@ int check(const SharedTensor& tensor, uint64_t i, const std::vector<std::byte>& 
   return kOk;
 }
 
-// Runs body(rank, client) in kWorld forked clients, rank r on node r / kLocal.
+// Runs body(rank, client) in nodes x kLocal forked clients, rank r on node r / kLocal.
 std::vector<int> run_job(TestCluster& cluster, const std::string& job,
-                         const std::function<int(int, Client&)>& body, std::vector<GroupSpec> groups = {}) {
-  ClientGroup group(kWorld, [&](int rank) {
-    auto client = join_nodes(cluster.node(rank / kLocal).socket(), job, rank, kWorld, kLocal, cluster.rendezvous(),
+                         const std::function<int(int, Client&)>& body, std::vector<GroupSpec> groups = {},
+                         int nodes = kNodes) {
+  const int world = nodes * kLocal;
+  ClientGroup group(world, [&](int rank) {
+    auto client = join_nodes(cluster.node(rank / kLocal).socket(), job, rank, world, kLocal, cluster.rendezvous(),
                              groups);
     return body(rank, *client);
   });
   return group.wait_all(std::chrono::seconds(120));
 }
 
+// Checks a reduce-scatter over `ranks` (sorted) of a set of `tensors`: a member's shard holds
+// its part of the reference, a non-member's is empty, and every rank's inputs are untouched.
+int check_shard(const TensorSet& set, const std::vector<SharedTensor>& tensors, const ReduceOptions& options,
+                const std::vector<int>& ranks, int rank, int seed) {
+  uint64_t total = 0;
+  for (const auto& t : tensors) total += t.numel();
+  const auto at = std::find(ranks.begin(), ranks.end(), rank);
+  const ShardRange want = at == ranks.end() ? ShardRange{} : shard_of(total, ranks.size(), at - ranks.begin());
+  const SharedTensor shard = set.shard();
+  if (shard.numel() != want.count || (want.count > 0 && set.shard_first() != want.first)) {
+    return fail("rank " + std::to_string(rank) + "'s shard is [" + std::to_string(set.shard_first()) + ", +" +
+                std::to_string(shard.numel()) + "), not [" + std::to_string(want.first) + ", +" +
+                std::to_string(want.count) + ")");
+  }
+  uint64_t flat = 0;
+  for (uint64_t t = 0; t < tensors.size(); ++t) {
+    const DType dtype = tensors[t].dtype();
+    for (uint64_t i = 0; i < tensors[t].numel(); ++i, ++flat) {
+      if (int c = check(tensors[t], i, expected(dtype, ReduceOptions{ReduceOp::kSum}, {rank}, t, i, seed),
+                        "reduce_scatter input");
+          c != kOk) {
+        return c;
+      }
+      if (flat < want.first || flat >= want.first + want.count) continue;
+      if (int c = check(shard, flat - want.first, expected(dtype, options, ranks, t, i, seed),
+                        "reduce_scatter shard of rank " + std::to_string(rank));
+          c != kOk) {
+        return c;
+      }
+    }
+  }
+  return kOk;
+}
+
 }  // namespace
+
+TEST_CASE("multi-node: reduce_scatter gives each of 3 daemons x 2 clients its shard, every dtype and mode",
+          "[integration][multinode]") {
+  TestCluster cluster(kNodes);
+  const std::string job = unique_job("nodes-rs");
+  const auto statuses = run_job(cluster, job, [&](int rank, Client& client) {
+    const ReduceOptions modes[] = {{ReduceOp::kSum}, {ReduceOp::kMin}, {ReduceOp::kMax}, {ReduceOp::kAvg},
+                                   {ReduceOp::kAvg, Scaling::kBefore}, {ReduceOp::kAvg, Scaling::kAfter, 4.0}};
+    int seed = 0;
+    for (DType dtype : kAllDTypes) {
+      // 70,520 elements: shards of 11,754 cut the large tensor six times.
+      std::vector<SharedTensor> tensors;
+      for (uint64_t n : {3, 70'000, 517}) tensors.push_back(client.allocate(TensorSpec{dtype, n, "dp"}));
+      const TensorSet set = client.register_tensors(tensors, RegisterOptions{.reduce_scatter = true});
+      for (const ReduceOptions& options : modes) {
+        if (options.op == ReduceOp::kAvg && !dtype_is_floating(dtype)) continue;
+        ++seed;
+        for (uint64_t t = 0; t < tensors.size(); ++t) fill_exact(tensors[t], rank, t, seed);
+        if (!client.reduce_scatter(set, options).wait(std::chrono::seconds(60))) return fail("reduce_scatter timed out");
+        if (int c = check_shard(set, tensors, options, all_ranks(), rank, seed); c != kOk) return c;
+      }
+    }
+    return kOk;
+  });
+  for (int status : statuses) CHECK(exit_code(status) == kOk);
+}
+
+// Two nodes: a flat float32 set in 64 KiB slices, whose shards straddle slices and buckets, and
+// a set over the group "pair" (rank 1 on node 0, rank 2 on node 1), which leaves ranks 0 and 3
+// without a shard.
+TEST_CASE("multi-node: reduce_scatter across 2 daemons, in slices and over a subgroup", "[integration][multinode]") {
+  TestCluster cluster(2, {"--gloo-slice-bytes", "65536"});
+  const std::string job = unique_job("nodes-rs2");
+  const std::vector<GroupSpec> groups = {{"pair", {1, 2}}};
+  const std::vector<int> world = {0, 1, 2, 3};
+  const auto statuses = run_job(
+      cluster, job,
+      [&](int rank, Client& client) {
+        const std::vector<SharedTensor> flat = client.allocate_flat(
+            std::vector<TensorSpec>{{DType::kFloat32, 100'003, "dp"}, {DType::kFloat32, 70'001, "dp"}});
+        const TensorSet big = client.register_tensors(flat, RegisterOptions{.bucket_cap_bytes = 262'144,
+                                                                            .reduce_scatter = true});
+        const std::vector<SharedTensor> paired = {client.allocate(TensorSpec{DType::kBFloat16, 9'999, "pair"}),
+                                                  client.allocate(TensorSpec{DType::kBFloat16, 2, "pair"})};
+        const TensorSet pair = client.register_tensors(paired, RegisterOptions{.reduce_scatter = true});
+        int seed = 50;
+        for (const ReduceOptions& options : {ReduceOptions{ReduceOp::kSum}, ReduceOptions{ReduceOp::kAvg},
+                                             ReduceOptions{ReduceOp::kAvg, Scaling::kBefore}}) {
+          ++seed;
+          for (uint64_t t = 0; t < flat.size(); ++t) fill_exact(flat[t], rank, t, seed);
+          for (uint64_t t = 0; t < paired.size(); ++t) fill_exact(paired[t], rank, t, seed);
+          Work first = client.reduce_scatter(big, options);
+          Work second = client.reduce_scatter(pair, options);
+          if (!first.wait(std::chrono::seconds(60)) || !second.wait(std::chrono::seconds(60))) {
+            return fail("reduce_scatter timed out");
+          }
+          if (int c = check_shard(big, flat, options, world, rank, seed); c != kOk) return c;
+          if (int c = check_shard(pair, paired, options, {1, 2}, rank, seed); c != kOk) return c;
+        }
+        return kOk;
+      },
+      groups, 2);
+  for (int status : statuses) CHECK(exit_code(status) == kOk);
+}
 
 TEST_CASE("multi-node: every operation and dtype is bit-exact across 3 daemons x 2 clients", "[integration][multinode]") {
   TestCluster cluster(kNodes);

@@ -1,9 +1,11 @@
 // A registration's tensors may not share bytes (daemon/control/registration_check.h), however
 // they are ordered, and empty tensors own none; an allgather output must hold world x packed
-// bytes inside its segment.
+// bytes inside its segment, a reduce-scatter output the largest shard of a set of one dtype
+// and group.
 #include <catch2/catch.hpp>
 
 #include "daemon/control/registration_check.h"
+#include "shared/shard.h"
 
 namespace gradsync {
 
@@ -72,6 +74,91 @@ TEST_CASE("registration check: an allgather output must hold every rank's packed
     INFO(bytes << " bytes at offset " << offset);
     CHECK(status.code() == ErrorCode::kInvalidArgument);
     CHECK_THAT(status.message(), Catch::Contains("allgather output: 4 x 64 bytes") && Catch::Contains("do not fit"));
+  }
+}
+
+namespace {
+
+// Two tensors of `dtypes` (8 elements each) in segment 1, with a reduce-scatter output at
+// `offset` in segment 2 of `output_bytes`; the second tensor in `second_group`.
+Status register_with_shard(int world, const std::vector<control::DType>& dtypes, const std::string& second_group,
+                           uint64_t output_bytes, uint64_t offset, ResolvedSet* out) {
+  Topology topology;
+  REQUIRE(make_topology(world, world, 0, 0, {{"pair", {0, 1}}}, &topology).ok());
+  SegmentMap segments;
+  segments[1] = std::make_shared<HostRegion>(256);
+  segments[2] = std::make_shared<HostRegion>(output_bytes);
+  control::RegisterRequest request;
+  for (size_t i = 0; i < dtypes.size(); ++i) {
+    auto* t = request.add_tensors();
+    t->set_dtype(dtypes[i]);
+    t->set_numel(8);
+    t->set_segment_id(1);
+    t->set_offset(i * 64);
+    if (i == 1) t->set_group(second_group);
+  }
+  request.set_has_shard_output(true);
+  request.set_shard_segment_id(2);
+  request.set_shard_offset(offset);
+  return check_registration(request, topology, world, segments, out);
+}
+
+}  // namespace
+
+TEST_CASE("registration check: a reduce-scatter output holds the largest shard of one dtype and group",
+          "[registration]") {
+  // 16 float32 elements over 3 ranks: shards of ceil(16 / 3) = 6 elements, 24 bytes.
+  ResolvedSet fits;
+  REQUIRE(register_with_shard(3, {control::FLOAT32, control::FLOAT32}, "", 24, 0, &fits).ok());
+  CHECK(fits.shard_output != nullptr);
+  ResolvedSet at_end;
+  CHECK(register_with_shard(3, {control::FLOAT32, control::FLOAT32}, "", 64, 40, &at_end).ok());
+  for (auto [bytes, offset] : {std::pair<uint64_t, uint64_t>{23, 0}, {24, 1}, {64, 41}, {64, ~0ull}}) {
+    ResolvedSet refused;
+    const Status status = register_with_shard(3, {control::FLOAT32, control::FLOAT32}, "", bytes, offset, &refused);
+    INFO(bytes << " bytes at offset " << offset);
+    CHECK(status.code() == ErrorCode::kInvalidArgument);
+    CHECK_THAT(status.message(), Catch::Contains("reduce-scatter output: 24 bytes") && Catch::Contains("do not fit"));
+  }
+  ResolvedSet mixed;
+  const Status status = register_with_shard(3, {control::FLOAT32, control::FLOAT64}, "", 64, 0, &mixed);
+  CHECK(status.code() == ErrorCode::kInvalidArgument);
+  CHECK_THAT(status.message(), Catch::Contains("tensor 1 is float64[8] in group 'dp' but tensor 0 is float32[8]") &&
+                                   Catch::Contains("one dtype and one process group"));
+  ResolvedSet groups;
+  CHECK_THAT(register_with_shard(3, {control::FLOAT32, control::FLOAT32}, "pair", 64, 0, &groups).message(),
+             Catch::Contains("in group 'pair' but tensor 0 is float32[8] in group 'dp'"));
+}
+
+TEST_CASE("shards: the flat range split evenly over the group, the last ones shorter", "[registration]") {
+  CHECK(shard_capacity(10, 3) == 4);
+  CHECK(shard_of(10, 3, 0).first == 0);
+  CHECK(shard_of(10, 3, 0).count == 4);
+  CHECK(shard_of(10, 3, 1).first == 4);
+  CHECK(shard_of(10, 3, 2).first == 8);
+  CHECK(shard_of(10, 3, 2).count == 2);
+  // Fewer elements than ranks: the last shards are empty, at the end of the range.
+  CHECK(shard_capacity(2, 4) == 1);
+  CHECK(shard_of(2, 4, 1).count == 1);
+  CHECK(shard_of(2, 4, 2).first == 2);
+  CHECK(shard_of(2, 4, 2).count == 0);
+  CHECK(shard_of(2, 4, 3).count == 0);
+  // 10 over 4: 3, 3, 3, 1; and 9 over 4: 3, 3, 3, 0 (ceil, not an even spread).
+  CHECK(shard_of(10, 4, 3).count == 1);
+  CHECK(shard_of(9, 4, 3).count == 0);
+  CHECK(shard_of(12, 1, 0).count == 12);
+  CHECK(shard_of(0, 3, 0).count == 0);
+  // Every element is in exactly one shard.
+  for (uint64_t n : {0, 1, 5, 37, 10'007}) {
+    for (uint64_t w : {1, 2, 3, 7}) {
+      uint64_t next = 0;
+      for (uint64_t g = 0; g < w; ++g) {
+        const ShardRange s = shard_of(n, w, g);
+        CHECK(s.first == next);
+        next = s.first + s.count;
+      }
+      CHECK(next == n);
+    }
   }
 }
 

@@ -93,6 +93,13 @@ class Client {
   // Gathers every rank's tensors; read them with set.gathered(rank, i).
   virtual Work allgather(const TensorSet& set) = 0;
 
+  // Reduces the set and leaves each rank only its shard: the set's tensors, in registration
+  // order, as one flat range of N elements, split over the group's W ranks (in rank order) into
+  // shards of ceil(N / W) elements, the last ones shorter (the ZeRO layout, shared/shard.h).
+  // Read it with set.shard(); the tensors are left as they were. Requires
+  // RegisterOptions::reduce_scatter.
+  virtual Work reduce_scatter(const TensorSet& set, const ReduceOptions& options) = 0;
+
   // The job's timeout as the daemon applies it.
   virtual std::chrono::milliseconds job_timeout() const = 0;
 };

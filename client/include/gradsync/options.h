@@ -65,6 +65,9 @@ struct RegisterOptions {
   std::optional<uint64_t> bucket_cap_bytes;
   // Reserve an allgather output for this set (world_size copies of its tensors).
   bool allgather = false;
+  // Reserve a reduce-scatter output for this set: room for this rank's shard of the set's flat
+  // elements (TensorSet::shard). The set's tensors must then share one dtype and one group.
+  bool reduce_scatter = false;
   // What the set is, in its maker's words ("DDP bucket 3"): every message about the set, the
   // client's and the daemon's, names it so ("DDP bucket 3 (set 0)"). Empty: "set 0". At most
   // 128 bytes.

@@ -74,6 +74,13 @@ class TensorSet {
   // For a set in device memory the outputs are device memory on the set's GPU.
   SharedTensor gathered(int rank, size_t i) const;
 
+  // After reduce_scatter: this rank's shard of the reduced set, as a 1-D tensor of the set's
+  // dtype, and where it starts in the set's flat elements (shared/shard.h). Requires
+  // RegisterOptions::reduce_scatter. Empty when the set has fewer elements than shards, or when
+  // this rank is not in the set's group.
+  SharedTensor shard() const;
+  uint64_t shard_first() const { return shard_first_; }
+
  private:
   friend class ClientImpl;
   uint32_t id_ = 0;
@@ -82,6 +89,10 @@ class TensorSet {
   std::vector<BucketInfo> buckets_;
   std::byte* gather_base_ = nullptr;
   int gather_device_ = -1;  // the outputs' GPU for a device set; -1: host memory
+  std::byte* shard_base_ = nullptr;  // the shard output; nullptr: none reserved
+  uint32_t shard_segment_ = 0;
+  uint64_t shard_first_ = 0;
+  uint64_t shard_count_ = 0;
   uint64_t packed_bytes_ = 0;
   std::vector<uint64_t> packed_offset_;
   int world_size_ = 0;

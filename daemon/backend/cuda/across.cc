@@ -16,6 +16,7 @@ const AcrossPlanner& across_planner(OpKind kind) {
     case OpKind::kReduce: return reduce_across();
     case OpKind::kBroadcast: return broadcast_across();
     case OpKind::kAllgather: return allgather_across();
+    case OpKind::kReduceScatter: break;  // refused by CudaExecutor::launch
   }
   return allreduce_across();  // parse_op admits no other kind
 }

@@ -29,6 +29,7 @@ const char* kind_name(OpKind kind) {
     case OpKind::kReduce: return "reduce";
     case OpKind::kBroadcast: return "broadcast";
     case OpKind::kAllgather: return "allgather";
+    case OpKind::kReduceScatter: return "reduce_scatter";
   }
   return "operation";
 }
@@ -517,6 +518,9 @@ void CudaExecutor::launch(BucketCall call, BucketDone done) {
     status = aborted_;
   }
   if (!status.ok()) return done(status);
+  if (call.desc.kind == OpKind::kReduceScatter) {
+    return done(Status::not_supported("reduce_scatter on device memory is not supported yet"));
+  }
   DeviceCollectiveEngine* engine = engine_of(call.set->id, call.set->plan.buckets[call.bucket].group);
   if (engine && engine->ranks() > 1) return run_across(call, engine, std::move(done));
   done(run_single(call));
@@ -717,6 +721,7 @@ Status CudaExecutor::run_single(const BucketCall& call) {
       launches.scatter_skips_root = true;
       break;
     case OpKind::kAllgather: break;
+    case OpKind::kReduceScatter: return Status::internal("reduce_scatter reached run_single");
   }
   // A broadcast moves the root's bytes through the bucket buffer unchanged: as uint8, one
   // "client" in, a copy out, so even NaN payloads of the half types survive.

@@ -204,10 +204,21 @@ Status allreduce_in_place(const BucketCall& c, ThreadPool& pool) {
   return Status();
 }
 
-Status allreduce_or_reduce(const BucketCall& c, ThreadPool& pool, const std::shared_ptr<NodeBuffers>& buffers,
-                           bool to_root) {
+// Where a reduction's results go: every participant's tensors (allreduce), the root's (reduce),
+// or each participant's shard output (reduce-scatter).
+enum class Results { kEveryone, kRoot, kShards };
+
+// Reduce-scatter crosses nodes as an allreduce of the bucket of which each node keeps its
+// ranks' shards: the same engine calls as the staged allreduce, and twice the bytes a native
+// reduce-scatter would move (docs/limitations.md).
+Status reduce_across(const BucketCall& c, ThreadPool& pool, const std::shared_ptr<NodeBuffers>& buffers,
+                     Results results) {
   const TensorSet& set = *c.set;
-  if (!to_root && set.canonical_run[c.bucket] && reduce::accumulation_dtype(c.args.dtype) == c.args.dtype) {
+  const bool to_root = results == Results::kRoot;
+  // In place, the clients' memory holds the node's partial sums: only an allreduce, which then
+  // overwrites all of it, may work there.
+  if (results == Results::kEveryone && set.canonical_run[c.bucket] &&
+      reduce::accumulation_dtype(c.args.dtype) == c.args.dtype) {
     return allreduce_in_place(c, pool);
   }
   const auto& members = set.participants[c.bucket];
@@ -253,6 +264,16 @@ Status allreduce_or_reduce(const BucketCall& c, ThreadPool& pool, const std::sha
   if (to_root && root_local < 0) return Status();
   const reduce::KernelArgs fan_out = fan_out_args(c, elements * element);
   PhaseTimer timer(local_time(c));
+  if (results == Results::kShards) {
+    const std::vector<ShardTask> tasks = shard_tasks(set, c.bucket, pool.size());
+    pool.parallel_for(tasks.size(), [&](size_t i) {
+      const ShardPiece& p = tasks[i].piece;
+      void* output = set.shard_output[tasks[i].owner] + p.at * element;
+      reduce::finish(fan_out, acc + (set.offset_in_bucket[p.tensor] + p.first) * acc_size,
+                     std::span<void* const>(&output, 1), p.count);
+    });
+    return Status();
+  }
   pool.parallel_for(pieces.size(), [&](size_t i) {
     const Piece& p = pieces[i];
     std::vector<void*> outputs;
@@ -395,8 +416,9 @@ Status execute_across_nodes(const BucketCall& c, ThreadPool& pool, std::shared_p
   if (!buffers || buffers.use_count() > 1) buffers = std::make_shared<NodeBuffers>();
   std::atomic_thread_fence(std::memory_order_acquire);
   switch (c.desc.kind) {
-    case OpKind::kAllreduce: return allreduce_or_reduce(c, pool, buffers, false);
-    case OpKind::kReduce: return allreduce_or_reduce(c, pool, buffers, true);
+    case OpKind::kAllreduce: return reduce_across(c, pool, buffers, Results::kEveryone);
+    case OpKind::kReduce: return reduce_across(c, pool, buffers, Results::kRoot);
+    case OpKind::kReduceScatter: return reduce_across(c, pool, buffers, Results::kShards);
     case OpKind::kBroadcast: return broadcast(c, buffers);
     case OpKind::kAllgather: return allgather(c, buffers);
   }

@@ -59,6 +59,7 @@ void HostExecutor::run_local(const BucketCall& call) {
     case OpKind::kReduce: execute_reduce(set, call.bucket, call.args, root, *pool_); break;
     case OpKind::kBroadcast: execute_broadcast(set, call.bucket, root, *pool_); break;
     case OpKind::kAllgather: execute_allgather(set, call.bucket, topology.rank_of(0), *pool_); break;
+    case OpKind::kReduceScatter: execute_reduce_scatter(set, call.bucket, call.args, *pool_); break;
   }
 }
 

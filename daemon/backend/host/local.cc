@@ -66,6 +66,36 @@ void execute_reduce(const TensorSet& set, size_t bucket, const reduce::KernelArg
   });
 }
 
+std::vector<ShardTask> shard_tasks(const TensorSet& set, size_t bucket, size_t threads) {
+  const size_t element = dtype_size(set.plan.buckets[bucket].dtype);
+  // Pieces of about an equal share of the bucket each, so that every thread has work.
+  const uint64_t per = std::max<uint64_t>(std::max<uint64_t>(1, kMinBytesPerTask / element),
+                                          (set.bucket_elements[bucket] + threads - 1) / std::max<size_t>(threads, 1));
+  std::vector<ShardTask> tasks;
+  for (uint32_t owner : set.participants[bucket]) {
+    for (const ShardPiece& whole : shard_pieces(set, bucket, owner)) {
+      for (uint64_t done = 0; done < whole.count; done += per) {
+        tasks.push_back({owner, ShardPiece{whole.tensor, whole.first + done, std::min(per, whole.count - done),
+                                           whole.at + done}});
+      }
+    }
+  }
+  return tasks;
+}
+
+void execute_reduce_scatter(const TensorSet& set, size_t bucket, const reduce::KernelArgs& args, ThreadPool& pool) {
+  const size_t element = dtype_size(set.plan.buckets[bucket].dtype);
+  const auto& members = set.participants[bucket];
+  const std::vector<ShardTask> tasks = shard_tasks(set, bucket, pool.size());
+  pool.parallel_for(tasks.size(), [&](size_t i) {
+    const ShardPiece& p = tasks[i].piece;
+    std::vector<const void*> inputs;
+    for (uint32_t m : members) inputs.push_back(set.address[m][p.tensor] + p.first * element);
+    void* output = set.shard_output[tasks[i].owner] + p.at * element;
+    reduce::reduce(args, inputs, std::span<void* const>(&output, 1), p.count);
+  });
+}
+
 void execute_broadcast(const TensorSet& set, size_t bucket, uint32_t root, ThreadPool& pool) {
   const size_t element = dtype_size(set.plan.buckets[bucket].dtype);
   const auto& members = set.participants[bucket];

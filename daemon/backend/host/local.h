@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "daemon/model/tensor_set.h"
 #include "daemon/reduce/kernel.h"
@@ -32,6 +33,20 @@ void execute_allreduce(const TensorSet& set, size_t bucket, const reduce::Kernel
 // left as they were.
 void execute_reduce(const TensorSet& set, size_t bucket, const reduce::KernelArgs& args, uint32_t root,
                     ThreadPool& pool);
+
+// A piece of one participant's shard (reduce-scatter), a unit of work for the pool.
+struct ShardTask {
+  uint32_t owner = 0;  // local rank
+  ShardPiece piece;
+};
+
+// Every participant's pieces of its shard in `bucket`, cut so that `threads` threads share them
+// (none below kMinBytesPerTask unless a piece is): the work of a reduce-scatter's last stage.
+std::vector<ShardTask> shard_tasks(const TensorSet& set, size_t bucket, size_t threads);
+
+// Each participant's shard of the reduced bucket (TensorSet::shard_pieces) lands in its shard
+// output; every element is reduced once, for its owner, and the tensors are left as they were.
+void execute_reduce_scatter(const TensorSet& set, size_t bucket, const reduce::KernelArgs& args, ThreadPool& pool);
 
 // The root's tensors (root is a local rank) are copied into every other participant's.
 void execute_broadcast(const TensorSet& set, size_t bucket, uint32_t root, ThreadPool& pool);
