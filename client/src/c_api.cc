@@ -3,6 +3,7 @@
 #include "gradsync/c_api.h"
 
 #include <algorithm>
+#include <cstring>
 #include <exception>
 #include <memory>
 #include <new>
@@ -189,20 +190,39 @@ gs_status gs_register(gs_client* client, const gs_tensor* tensors, size_t count,
 
 gs_status gs_register_labeled(gs_client* client, const gs_tensor* tensors, size_t count, int64_t bucket_cap_bytes,
                               int32_t allgather, const char* label, gs_set** out) {
+  gs_register_options options{};
+  options.size = sizeof(options);
+  options.bucket_cap_bytes = bucket_cap_bytes;
+  options.allgather = allgather;
+  options.label = label;
+  return gs_register_ex(client, tensors, count, &options, out);
+}
+
+gs_status gs_register_ex(gs_client* client, const gs_tensor* tensors, size_t count, const gs_register_options* given,
+                         gs_set** out) {
   if (!client) return null_argument("client");
   if (!out) return null_argument("out");
   if (count && !tensors) return null_argument("tensors");
   *out = nullptr;
+  // Fields the caller's struct does not reach keep their defaults.
+  gs_register_options options{};
+  options.size = sizeof(options);
+  options.bucket_cap_bytes = -1;
+  if (given) {
+    if (given->size < sizeof(uint32_t)) return fail(Status::invalid_argument("gs_register_options.size is not set"));
+    std::memcpy(&options, given, std::min<size_t>(given->size, sizeof(options)));
+  }
   return guarded([&] {
     std::vector<gradsync::SharedTensor> shared;
     shared.reserve(count);
     for (size_t i = 0; i < count; ++i) shared.push_back(shared_tensor(*client, tensors[i], i));
-    gradsync::RegisterOptions options;
-    if (bucket_cap_bytes >= 0) options.bucket_cap_bytes = static_cast<uint64_t>(bucket_cap_bytes);
-    options.allgather = allgather != 0;
-    if (label) options.label = label;
+    gradsync::RegisterOptions register_options;
+    if (options.bucket_cap_bytes >= 0) register_options.bucket_cap_bytes = static_cast<uint64_t>(options.bucket_cap_bytes);
+    register_options.allgather = options.allgather != 0;
+    register_options.reduce_scatter = options.reduce_scatter != 0;
+    if (options.label) register_options.label = options.label;
     auto set = std::make_unique<gs_set>();
-    set->set = client->client->register_tensors(shared, options);
+    set->set = client->client->register_tensors(shared, register_options);
     *out = set.release();
   });
 }
@@ -217,6 +237,16 @@ gs_status gs_set_gathered(const gs_set* set, int32_t rank, size_t index, void** 
   if (!set) return null_argument("set");
   if (!data) return null_argument("data");
   return guarded([&] { *data = set->set.gathered(rank, index).data(); });
+}
+
+gs_status gs_set_shard(const gs_set* set, void** data, uint64_t* first, uint64_t* count) {
+  if (!set || !data || !first || !count) return null_argument(!set ? "set" : !data ? "data" : !first ? "first" : "count");
+  return guarded([&] {
+    const gradsync::SharedTensor shard = set->set.shard();
+    *data = shard.data();
+    *first = set->set.shard_first();
+    *count = shard.numel();
+  });
 }
 
 gs_status gs_set_stream(gs_client* client, void* stream) {
@@ -260,6 +290,11 @@ gs_status gs_reduce(gs_client* client, const gs_set* set, int32_t root, const gs
 gs_status gs_allgather(gs_client* client, const gs_set* set, gs_work** out) {
   if (!client || !set || !out) return null_argument(!client ? "client" : !set ? "set" : "out");
   return guarded([&] { new_work(client->client->allgather(set->set), out); });
+}
+
+gs_status gs_reduce_scatter(gs_client* client, const gs_set* set, const gs_reduce_options* options, gs_work** out) {
+  if (!client || !set || !out) return null_argument(!client ? "client" : !set ? "set" : "out");
+  return guarded([&] { new_work(client->client->reduce_scatter(set->set, reduce_options(options)), out); });
 }
 
 gs_status gs_work_wait(const gs_work* work, int64_t timeout_ms, int32_t* completed) {

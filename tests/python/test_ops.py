@@ -12,3 +12,15 @@ def test_every_operation_dtype_and_scaling_mode_matches_torch(daemon):
 def test_three_ranks(daemon):
     results = run_ranks("ops.py", 3, daemon)
     assert_all_ok(results, daemon)
+
+
+def test_reduce_scatter_every_dtype_and_mode_matches_torch(daemon):
+    results = run_ranks("reduce_scatter.py", 2, daemon)
+    assert_all_ok(results, daemon)
+    for code, out in results:
+        assert "66 cases" in out, out
+
+
+def test_reduce_scatter_three_ranks_with_uneven_shards(daemon):
+    # SIZES total 1041 elements: shards of 347 over 3 ranks, 521 and 520 over 2.
+    assert_all_ok(run_ranks("reduce_scatter.py", 3, daemon), daemon)

@@ -23,7 +23,8 @@
 extern "C" {
 #endif
 
-#define GS_C_API_VERSION 1
+/* 2: gs_register_ex (extensible options), reduce-scatter (gs_reduce_scatter, gs_set_shard) */
+#define GS_C_API_VERSION 2
 
 /* The daemon's status codes (shared/status.h), and so the Python exception classes. */
 typedef enum gs_status {
@@ -74,6 +75,17 @@ typedef struct gs_reduce_options {
   int32_t fp32_accumulate;  /* float16/bfloat16: accumulate in float32 (1, the default) or not (0) */
 } gs_reduce_options;
 
+/* How a set is registered (gs_register_ex). `size` is sizeof(gs_register_options) as the caller
+ * compiled it: fields past it take their defaults, so a caller built against an older header
+ * keeps working when fields are added. */
+typedef struct gs_register_options {
+  uint32_t size;
+  int64_t bucket_cap_bytes; /* < 0: the default (25 MiB); 0: one bucket per (group, dtype) */
+  int32_t allgather;        /* reserve allgather's outputs */
+  int32_t reduce_scatter;   /* reserve this rank's reduce-scatter shard (one dtype and group) */
+  const char* label;        /* what the set is ("DDP bucket 3"); NULL or "": named by its number */
+} gs_register_options;
+
 /* A process group beyond "dp": the global ranks it spans. */
 typedef struct gs_group {
   const char* name;
@@ -111,6 +123,9 @@ gs_status gs_register(gs_client* client, const gs_tensor* tensors, size_t count,
  * 3 (set 0)"). NULL or "": named by its number alone, as gs_register does. */
 gs_status gs_register_labeled(gs_client* client, const gs_tensor* tensors, size_t count, int64_t bucket_cap_bytes,
                               int32_t allgather, const char* label, gs_set** out);
+/* gs_register with every option (gs_register_options; NULL: the defaults). */
+gs_status gs_register_ex(gs_client* client, const gs_tensor* tensors, size_t count, const gs_register_options* options,
+                         gs_set** out);
 /* Frees the handle (the set stays registered with the daemon while the client lives). */
 void gs_set_free(gs_set* set);
 uint32_t gs_set_id(const gs_set* set);
@@ -118,6 +133,11 @@ size_t gs_set_buckets(const gs_set* set);
 /* After an allgather: where tensor `index` as contributed by `rank` is (host or device memory
  * of the client, overwritten by the set's next allgather). */
 gs_status gs_set_gathered(const gs_set* set, int32_t rank, size_t index, void** data);
+/* After a reduce-scatter: this rank's shard (host or device memory of the client, overwritten
+ * by the set's next reduce-scatter), `count` elements of the set's dtype that are elements
+ * [first, first + count) of the set's tensors taken as one flat range. Needs the set registered
+ * with reduce_scatter. */
+gs_status gs_set_shard(const gs_set* set, void** data, uint64_t* first, uint64_t* count);
 
 /* Device sets: the cudaStream_t the next operations and marks are ordered after (NULL: the
  * legacy default stream). */
@@ -132,6 +152,9 @@ gs_status gs_broadcast(gs_client* client, const gs_set* set, int32_t root, gs_wo
 gs_status gs_reduce(gs_client* client, const gs_set* set, int32_t root, const gs_reduce_options* options,
                     gs_work** out);
 gs_status gs_allgather(gs_client* client, const gs_set* set, gs_work** out);
+/* Reduces the set and leaves this rank its shard (gs_set_shard): the flat range split over the
+ * group's ranks in rank order, ceil(N / W) elements each, the last shorter. */
+gs_status gs_reduce_scatter(gs_client* client, const gs_set* set, const gs_reduce_options* options, gs_work** out);
 
 /* *completed: 1 once finished successfully; 0 when the timeout passed first. A failed
  * operation returns its error. */

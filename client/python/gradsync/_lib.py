@@ -8,7 +8,7 @@ import ctypes
 import os
 import threading
 
-C_API_VERSION = 1
+C_API_VERSION = 2
 
 c_void_p = ctypes.c_void_p
 c_int32 = ctypes.c_int32
@@ -29,6 +29,11 @@ class ReduceOptions(ctypes.Structure):
     _fields_ = [("op", c_int32), ("prescale", c_int32), ("divisor", c_double), ("fp32_accumulate", c_int32)]
 
 
+class RegisterOptions(ctypes.Structure):
+    _fields_ = [("size", c_uint32), ("bucket_cap_bytes", c_int64), ("allgather", c_int32),
+                ("reduce_scatter", c_int32), ("label", c_char_p)]
+
+
 class Group(ctypes.Structure):
     _fields_ = [("name", c_char_p), ("ranks", ctypes.POINTER(c_int32)), ("count", c_size_t)]
 
@@ -45,10 +50,12 @@ _SIGNATURES = {
     "gs_alloc": (c_int32, [c_void_p, c_uint64, c_int32, _P(c_void_p)]),
     "gs_register": (c_int32, [c_void_p, _P(Tensor), c_size_t, c_int64, c_int32, _P(c_void_p)]),
     "gs_register_labeled": (c_int32, [c_void_p, _P(Tensor), c_size_t, c_int64, c_int32, c_char_p, _P(c_void_p)]),
+    "gs_register_ex": (c_int32, [c_void_p, _P(Tensor), c_size_t, _P(RegisterOptions), _P(c_void_p)]),
     "gs_set_free": (None, [c_void_p]),
     "gs_set_id": (c_uint32, [c_void_p]),
     "gs_set_buckets": (c_size_t, [c_void_p]),
     "gs_set_gathered": (c_int32, [c_void_p, c_int32, c_size_t, _P(c_void_p)]),
+    "gs_set_shard": (c_int32, [c_void_p, _P(c_void_p), _P(c_uint64), _P(c_uint64)]),
     "gs_set_stream": (c_int32, [c_void_p, c_void_p]),
     "gs_allreduce": (c_int32, [c_void_p, c_void_p, _P(ReduceOptions), _P(c_void_p)]),
     "gs_allreduce_deferred": (c_int32, [c_void_p, c_void_p, _P(ReduceOptions), _P(c_void_p)]),
@@ -56,6 +63,7 @@ _SIGNATURES = {
     "gs_broadcast": (c_int32, [c_void_p, c_void_p, c_int32, _P(c_void_p)]),
     "gs_reduce": (c_int32, [c_void_p, c_void_p, c_int32, _P(ReduceOptions), _P(c_void_p)]),
     "gs_allgather": (c_int32, [c_void_p, c_void_p, _P(c_void_p)]),
+    "gs_reduce_scatter": (c_int32, [c_void_p, c_void_p, _P(ReduceOptions), _P(c_void_p)]),
     "gs_work_wait": (c_int32, [c_void_p, c_int64, _P(c_int32)]),
     "gs_work_wait_stream": (c_int32, [c_void_p, c_void_p, c_int64, _P(c_int32)]),
     "gs_work_is_completed": (c_int32, [c_void_p, _P(c_int32)]),

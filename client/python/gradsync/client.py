@@ -198,6 +198,16 @@ class Client:
         from .torch import _coalesced
         return _coalesced.all_gather(self, tensors, group)
 
+    def reduce_scatter_coalesced(self, tensors, op="avg", divisor=None, prescale=False, fp32_accumulate=None,
+                                 bucket_bytes=None, group=None):
+        """Reduces the tensors across the group's ranks and gives this rank its shard: the tensors,
+        flattened in order into one range of N elements, split over the group's W ranks (in rank
+        order) into shards of ceil(N / W) elements, the last ones shorter (the ZeRO layout). The
+        tensors must share one dtype and are left as they were; wait() returns this rank's shard
+        as a new 1-D tensor, and Work.shard_first is where it starts in the flat range."""
+        from .torch import _coalesced
+        return _coalesced.reduce_scatter(self, tensors, op, divisor, prescale, fp32_accumulate, bucket_bytes, group)
+
     def reduce_coalesced(self, tensors, root=0, op="sum", group=None):
         """Reduces into the root rank's tensors; the other ranks' tensors are unchanged."""
         from .torch import _coalesced

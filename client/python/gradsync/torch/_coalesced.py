@@ -59,7 +59,7 @@ class RegisteredSet:
             _lib.lib().gs_set_free(handle)
 
 
-def register(client, tensors, device, group, bucket_bytes, allgather, label):
+def register(client, tensors, device, group, bucket_bytes, allgather, label, reduce_scatter=False):
     """Registers contiguous tensors in the client's memory as a set (a barrier across local ranks).
     `label` is what the user knows the set as ("DDP bucket 3"): every error about the set names
     it so, never by the set number the user never saw."""
@@ -68,9 +68,9 @@ def register(client, tensors, device, group, bucket_bytes, allgather, label):
     for i, t in enumerate(tensors):
         array[i] = _lib.Tensor(t.data_ptr(), t.numel(), dtype_code(t.dtype), device, group_name)
     handle = ctypes.c_void_p()
-    cap = -1 if bucket_bytes is None else int(bucket_bytes)
-    _check(_lib.lib().gs_register_labeled(client._h(), array, len(tensors), cap, 1 if allgather else 0,
-                                          _label_bytes(label), ctypes.byref(handle)))
+    options = _lib.RegisterOptions(ctypes.sizeof(_lib.RegisterOptions), -1 if bucket_bytes is None else int(bucket_bytes),
+                                   1 if allgather else 0, 1 if reduce_scatter else 0, _label_bytes(label))
+    _check(_lib.lib().gs_register_ex(client._h(), array, len(tensors), ctypes.byref(options), ctypes.byref(handle)))
     return handle
 
 
@@ -94,7 +94,7 @@ def _validate(client, tensors, group):
     return tensors, device
 
 
-def set_for(client, tensors, device, group, bucket_bytes, allgather=False, tag=None):
+def set_for(client, tensors, device, group, bucket_bytes, allgather=False, tag=None, reduce_scatter=False):
     """The registered set for these tensors: their own (zero-copy) when they all lie in the
     client's memory, else the staging set of their layout (and `tag`, which callers that keep
     several same-layout lists in flight use to tell them apart, e.g. DDP's bucket index)."""
@@ -102,9 +102,10 @@ def set_for(client, tensors, device, group, bucket_bytes, allgather=False, tag=N
                  for t in tensors)
     if direct:
         key = ("direct", tuple((t.data_ptr(), t.numel(), t.dtype) for t in tensors), device, group, bucket_bytes,
-               allgather)
+               allgather, reduce_scatter)
     else:
-        key = ("staging", tuple((t.numel(), t.dtype) for t in tensors), device, group, bucket_bytes, allgather, tag)
+        key = ("staging", tuple((t.numel(), t.dtype) for t in tensors), device, group, bucket_bytes, allgather,
+               reduce_scatter, tag)
     found = client._sets.get(key)
     if found is not None:
         return found
@@ -113,7 +114,7 @@ def set_for(client, tensors, device, group, bucket_bytes, allgather=False, tag=N
         warnings.warn(f"gradsync: this client registered {_MANY_SETS} sets; each new list layout registers one more, "
                       "and sets (with their staging memory) live until the client closes")
     if direct:
-        made = RegisteredSet(register(client, tensors, device, group, bucket_bytes, allgather, label))
+        made = RegisteredSet(register(client, tensors, device, group, bucket_bytes, allgather, label, reduce_scatter))
     else:
         offsets, total = [], 0
         for t in tensors:
@@ -121,7 +122,8 @@ def set_for(client, tensors, device, group, bucket_bytes, allgather=False, tag=N
             total = align(total + t.numel() * t.element_size())
         buffer = wrap(client.alloc(total, device), total, device, client._core)
         views = [carve(buffer, off, t.dtype, (t.numel(),)) for off, t in zip(offsets, tensors)]
-        made = RegisteredSet(register(client, views, device, group, bucket_bytes, allgather, label), buffer, views)
+        made = RegisteredSet(register(client, views, device, group, bucket_bytes, allgather, label, reduce_scatter),
+                             buffer, views)
     client._sets[key] = made
     return made
 
@@ -203,10 +205,11 @@ def _reduce_options(client, op, divisor, prescale, fp32_accumulate):
                               1 if fp32_accumulate is None or fp32_accumulate else 0)
 
 
-def _prepare(client, tensors, device, group, bucket_bytes, copy_in, allgather=False, tag=None):
+def _prepare(client, tensors, device, group, bucket_bytes, copy_in, allgather=False, tag=None, reduce_scatter=False):
     """Every operation's start: its set, free of earlier work; the stream it is ordered on; and,
     for a staging set, the tensors copied in when this rank's inputs matter (`copy_in`)."""
-    registered = set_for(client, tensors, device, group, bucket_bytes, allgather=allgather, tag=tag)
+    registered = set_for(client, tensors, device, group, bucket_bytes, allgather=allgather, tag=tag,
+                         reduce_scatter=reduce_scatter)
     registered.take(device)
     _order_on_current_stream(client, device)
     if registered.staging is not None and copy_in:
@@ -271,6 +274,37 @@ def all_gather(client, tensors, group):
         return out
 
     return _start(registered, Work(client, handle, gathered, device), gathers=True)
+
+
+def reduce_scatter(client, tensors, op, divisor, prescale, fp32_accumulate, bucket_bytes, group):
+    tensors, device = _validate(client, tensors, group)
+    for i, t in enumerate(tensors):
+        if t.dtype != tensors[0].dtype:
+            raise InvalidArgumentError(f"gradsync: reduce_scatter: tensor {i} is {t.dtype} but tensor 0 is "
+                                       f"{tensors[0].dtype}; one reduce-scatter takes tensors of one dtype")
+    options = _reduce_options(client, op, divisor, prescale, fp32_accumulate)
+    registered = _prepare(client, tensors, device, group, bucket_bytes, True, reduce_scatter=True)
+    handle = ctypes.c_void_p()
+    _check(_lib.lib().gs_reduce_scatter(client._h(), registered.handle, ctypes.byref(options), ctypes.byref(handle)))
+    address, first, count = ctypes.c_void_p(), ctypes.c_uint64(), ctypes.c_uint64()
+    _check(_lib.lib().gs_set_shard(registered.handle, ctypes.byref(address), ctypes.byref(first), ctypes.byref(count)))
+    dtype = tensors[0].dtype
+    nbytes = count.value * tensors[0].element_size()
+
+    def shard(stream):
+        # A copy, not a view: the set's next reduce-scatter overwrites its output.
+        if count.value == 0:
+            return torch.empty(0, dtype=dtype, device=tensors[0].device)
+        context = torch.cuda.stream(stream) if (device >= 0 and stream is not None) else _nothing()
+        with context:
+            out = wrap(address.value, nbytes, device, client._core).view(dtype).clone()
+        if device >= 0 and stream is None:
+            torch.cuda.current_stream(device).synchronize()
+        return out
+
+    work = Work(client, handle, shard, device)
+    work.shard_first = first.value
+    return _start(registered, work, gathers=True)
 
 
 class _nothing:
