@@ -149,6 +149,43 @@ TEST_CASE("gpu end to end: allgather across 2 and 3 clients on one GPU, every ra
   }
 }
 
+TEST_CASE("gpu end to end: reduce_scatter across 2 and 3 clients on one GPU, each rank's shard of the sum",
+          "[gpu][e2e][reduce_scatter]") {
+  for (int world : {2, 3}) {
+    INFO(world << " clients");
+    TestDaemon daemon;
+    const std::string job = unique_job("gpu-reduce-scatter");
+    ClientGroup group(world, [&](int rank) {
+      auto client = join(daemon.socket(), job, rank, world);
+      const std::vector<SharedTensor> tensors = client->allocate_device_flat(kSpecs, 0);
+      for (const SharedTensor& t : tensors) {
+        if (!fill(t, rank)) return fail("cudaMemcpy to the device failed");
+      }
+      // Buckets of 1 MiB: the shards are cut by buckets and by tensors.
+      const TensorSet set =
+          client->register_tensors(tensors, RegisterOptions{.bucket_cap_bytes = 1 << 20, .reduce_scatter = true});
+      if (!client->reduce_scatter(set, ReduceOptions{ReduceOp::kSum}).wait(kOperationBound)) return fail("timed out");
+      const SharedTensor shard = set.shard();
+      if (shard.device() != 0) return fail("the shard is not on GPU 0");
+      const std::vector<float> got = read(shard);
+      uint64_t flat = 0;
+      for (const TensorSpec& spec : kSpecs) {
+        for (uint64_t i = 0; i < spec.numel; ++i, ++flat) {
+          if (flat < set.shard_first() || flat >= set.shard_first() + got.size()) continue;
+          float want = 0;
+          for (int r = 0; r < world; ++r) want += value(r, i);
+          if (got[flat - set.shard_first()] != want) {
+            return fail("shard element " + std::to_string(flat - set.shard_first()) + " is " +
+                        std::to_string(got[flat - set.shard_first()]) + ", want " + std::to_string(want));
+          }
+        }
+      }
+      return kOk;
+    });
+    for (int status : group.wait_all(kCaseBound)) CHECK(exit_code(status) == kOk);
+  }
+}
+
 TEST_CASE("gpu end to end: a client killed mid-step, with a bucket of its already queued, fails the other cleanly",
           "[gpu][e2e]") {
   // A small bucket cap puts the tensors in separate buckets. Rank 1 marks the last-registered

@@ -608,3 +608,86 @@ TEST_CASE("cuda executor: across nodes a communicator is shared only when every 
 }
 
 }  // namespace gradsync::cuda
+
+namespace gradsync::cuda {
+
+namespace {
+
+// Each client's shard of the fixture's set equals the host reduction's, cut as shared/shard.h
+// says, and the inputs are as they were.
+void check_shards(const Fixture& f, const reduce::KernelArgs& args) {
+  const Bytes flat = f.reduced_flat(args);
+  const size_t element = dtype_size(f.dtype);
+  const uint64_t elements = flat.size() / element;
+  for (int c = 0; c < kClients; ++c) {
+    const ShardRange shard = shard_of(elements, kClients, static_cast<uint64_t>(c));
+    const Bytes want(flat.begin() + static_cast<std::ptrdiff_t>(shard.first * element),
+                     flat.begin() + static_cast<std::ptrdiff_t>((shard.first + shard.count) * element));
+    const Bytes got(f.shards[static_cast<size_t>(c)].begin(),
+                    f.shards[static_cast<size_t>(c)].begin() + static_cast<std::ptrdiff_t>(want.size()));
+    INFO("shard of client " << c);
+    CHECK(reduce::cases::first_difference(got, want, element) == "");
+    // Past a shorter shard, its output keeps the marker.
+    for (size_t i = want.size(); i < f.shards[static_cast<size_t>(c)].size(); ++i) {
+      CHECK(f.shards[static_cast<size_t>(c)][i] == std::byte{0x5a});
+    }
+    for (size_t t = 0; t < f.set->layout.size(); ++t) CHECK(f.tensor(c, t) == f.original_tensor(c, t));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("cuda executor: reduce_scatter on one GPU puts each client's shard of the reduction in its output",
+          "[cuda][executor][reduce_scatter]") {
+  for (DType dtype : reduce::cases::kAllDTypes) {
+    for (const reduce::KernelArgs& args : reduce::cases::valid_args(dtype)) {
+      INFO(reduce::cases::describe(args));
+      // Buckets of 8192 elements: the shards (4550 elements) are cut by buckets and tensors.
+      Fixture f(dtype, {0, 0, 0}, /*with_gather=*/false, /*flat=*/false, /*with_shards=*/true);
+      REQUIRE(f.set->plan.buckets.size() >= 2);
+      {
+        CudaExecutor executor(options_for(f, nullptr));
+        REQUIRE(f.run(executor, OpKind::kReduceScatter, args).ok());
+        check_shards(f, args);
+        // One gather and one scatter (every client's pieces in one table) per bucket.
+        CHECK(f.kernels.gathers == static_cast<int>(f.set->plan.buckets.size()));
+        CHECK(f.kernels.scatters == static_cast<int>(f.set->plan.buckets.size()));
+      }
+      CHECK(f.api.allocations.empty());
+    }
+  }
+}
+
+TEST_CASE("cuda executor: reduce_scatter across GPUs is NCCL's reduce-scatter when the bucket is the set and each "
+          "rank has its GPU, else an allreduce",
+          "[cuda][executor][reduce_scatter][nccl]") {
+  struct Layout {
+    std::vector<int> gpus;
+    std::optional<uint64_t> cap;  // 0: one bucket
+    bool native;
+  };
+  for (const Layout& layout : {Layout{{0, 1, 2}, 0, true}, Layout{{0, 1, 2}, std::nullopt, false},
+                               Layout{{0, 0, 1}, 0, false}}) {
+    for (DType dtype : {DType::kFloat32, DType::kFloat64, DType::kBFloat16, DType::kInt32, DType::kUInt8}) {
+      for (const reduce::KernelArgs& args : reduce::cases::valid_args(dtype)) {
+        // NCCL's float32 sums of half types skip the per-step rounding of the narrow host path.
+        if (!args.wide_accumulate && (dtype == DType::kBFloat16 || dtype == DType::kFloat16)) continue;
+        INFO("GPUs " << layout.gpus[0] << layout.gpus[1] << layout.gpus[2] << ", " << reduce::cases::describe(args));
+        Fixture f(dtype, layout.gpus, false, false, true, layout.cap);
+        HostDeviceEngines engines;
+        CudaExecutor executor(options_for(f, &engines));
+        LocalRendezvous local;
+        REQUIRE(executor.admit(*f.set, SetAdmission{"j", &local, &f.topology}).ok());
+        REQUIRE(engines.made.size() == 1);
+        REQUIRE(run_across(f, executor, engines, OpKind::kReduceScatter, args).ok());
+        check_shards(f, args);
+        const auto& calls = engines.made[0]->calls;
+        REQUIRE(calls.size() == f.set->plan.buckets.size());
+        const std::string want = layout.native ? "reduce_scatter of " + std::to_string(f.set->shard_capacity) : "allreduce";
+        for (const std::string& call : calls) CHECK(call == want);
+      }
+    }
+  }
+}
+
+}  // namespace gradsync::cuda

@@ -28,15 +28,17 @@ inline constexpr int kClients = 3;
 struct Fixture {
   // `flat`: each client's tensors packed back to back in registration order, as
   // allocate_device_flat lays them out (so every bucket is one canonical run: zero-copy).
+  // `with_shards`: a reduce-scatter output per client, `shard_bucket_cap` the set's cap (0: one
+  // bucket, the whole set).
   explicit Fixture(DType dtype, std::vector<int> device_of_client = {0, 0, 0}, bool with_gather = false,
-                   bool flat = false)
+                   bool flat = false, bool with_shards = false, std::optional<uint64_t> shard_bucket_cap = {})
       : dtype(dtype), devices(device_of_client) {
     REQUIRE(make_topology(kClients, kClients, 0, 0, {}, &topology).ok());
     auto s = std::make_shared<TensorSet>();
     s->id = 0;
     // Odd sizes, with a cap that puts several tensors in one bucket and leaves others alone.
     for (uint64_t numel : {37, 4096, 1, 9000, 515}) s->layout.push_back(plan::TensorLayout{dtype, numel, "dp"});
-    s->bucket_cap = 8192 * dtype_size(dtype);
+    s->bucket_cap = shard_bucket_cap.value_or(8192 * dtype_size(dtype));
     std::mt19937_64 rng(7);
     for (int c = 0; c < kClients; ++c) {
       uint64_t total = 0;
@@ -53,6 +55,13 @@ struct Fixture {
       s->address.push_back(addresses);
       s->regions.push_back(std::make_shared<FakeDeviceRegion>(memory.back().data(), memory.back().size(),
                                                               device_of_client[static_cast<size_t>(c)]));
+      if (with_shards) {
+        // Room for the largest shard, with a marker to show what was written.
+        shards.emplace_back((total + kClients - 1) / kClients * dtype_size(dtype), std::byte{0x5a});
+        s->shard_output.push_back(shards.back().data());
+        s->regions.push_back(std::make_shared<FakeDeviceRegion>(shards.back().data(), shards.back().size(),
+                                                                device_of_client[static_cast<size_t>(c)]));
+      }
       if (with_gather) {
         // Every rank's tensors, packed, rank-major; filled with a marker to show what was written.
         gathered.emplace_back(kClients * total * dtype_size(dtype), std::byte{0x5a});
@@ -63,7 +72,7 @@ struct Fixture {
     }
     s->memory_kind = MemoryKind::kCudaVmm;
     complete_tensor_set(s.get(), topology);
-    REQUIRE(s->plan.buckets.size() >= 2);
+    if (!shard_bucket_cap) REQUIRE(s->plan.buckets.size() >= 2);
     set = s;
     original = memory;
   }
@@ -113,6 +122,16 @@ struct Fixture {
     return out;
   }
 
+  // The reduced set, flat, as the host reduces it: what the shards are cut from.
+  Bytes reduced_flat(const reduce::KernelArgs& args) const {
+    Bytes flat;
+    for (size_t t = 0; t < set->layout.size(); ++t) {
+      const Bytes one = reduced(args, t);
+      flat.insert(flat.end(), one.begin(), one.end());
+    }
+    return flat;
+  }
+
   // What allgather left in client c's output for tensor t of `rank`.
   Bytes gathered_tensor(int c, int rank, size_t t) const {
     const std::byte* at = set->gather_output[static_cast<size_t>(c)] + static_cast<uint64_t>(rank) * set->packed_bytes +
@@ -125,6 +144,7 @@ struct Fixture {
   Topology topology;
   std::vector<Bytes> memory;
   std::vector<Bytes> gathered;
+  std::vector<Bytes> shards;  // [client]: the reduce-scatter outputs
   std::vector<Bytes> original;
   std::shared_ptr<const TensorSet> set;
   HostBackedDeviceApi api;
@@ -181,9 +201,26 @@ class HostDeviceEngine final : public DeviceCollectiveEngine {
   Status allgather(std::span<const DeviceBuffer>, std::span<const DeviceBuffer>, size_t) override {
     return Status::not_supported("fake");
   }
-  Status reduce_scatter(std::span<const DeviceBuffer>, std::span<const DeviceBuffer>, size_t,
-                        const ReduceSpec&) override {
-    return Status::not_supported("fake");
+  // As NCCL: rank r's `out` gets the r-th `count` of the reduction of every `in` (rank order);
+  // in place when `out` is rank r's chunk of `in`.
+  Status reduce_scatter(std::span<const DeviceBuffer> in, std::span<const DeviceBuffer> out, size_t count,
+                        const ReduceSpec& s) override {
+    calls.push_back("reduce_scatter of " + std::to_string(count));
+    if (!fail_calls.ok()) return fail_calls;
+    const DType acc = reduce::accumulation_dtype(s.element);
+    const size_t chunk = count * dtype_size(acc);
+    std::vector<Bytes> copies;
+    for (const auto& b : in) {
+      const auto* at = static_cast<const std::byte*>(b.data);
+      copies.emplace_back(at, at + in.size() * chunk);
+    }
+    for (size_t r = 0; r < out.size(); ++r) {
+      std::vector<const void*> inputs;
+      for (const Bytes& c : copies) inputs.push_back(c.data() + r * chunk);
+      void* const o = out[r].data;
+      reduce::reduce(reduce::KernelArgs{.dtype = acc, .combine = s.op}, inputs, std::span<void* const>(&o, 1), count);
+    }
+    return Status();
   }
   Status register_buffer(int, void*, size_t, bool* registered) override {
     *registered = false;

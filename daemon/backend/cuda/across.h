@@ -5,7 +5,8 @@
 // events and hands the GPUs' events to the engine's watchdog. A planner says only what differs
 // by kind: which gather and scatter each GPU makes around the collective, which tables they
 // use, and the collective itself. One file each, as Gloo keeps one algorithm a file:
-// across_allreduce.cc, across_reduce.cc, across_broadcast.cc, across_allgather.cc.
+// across_allreduce.cc, across_reduce.cc, across_broadcast.cc, across_allgather.cc,
+// across_reduce_scatter.cc.
 #pragma once
 
 #include <cstddef>
@@ -21,7 +22,10 @@ namespace gradsync::cuda {
 
 // Which side of a bucket a table serves. kScatterGathered: a copy from the bucket buffer into
 // every participant's allgather output, at the slot of one source rank (the table's `only`).
-enum class Side { kGather, kScatter, kScatterGathered };
+// kScatterShards: each participant on the GPU gets its reduce-scatter shard's part of the
+// bucket (TensorSet::shard_pieces) in its shard output: one destination per piece, so the
+// table has one "client" whatever the number of participants.
+enum class Side { kGather, kScatter, kScatterGathered, kScatterShards };
 
 // Which launches a bucket makes on one GPU around its collective.
 struct Launches {
@@ -31,6 +35,7 @@ struct Launches {
   int scatter_only = -1;  // scatter to this local rank only (a reduce's root)
   bool scatter_skips_root = false;
   bool scatter = true;
+  bool scatter_shards = false;  // scatter each participant's shard (reduce-scatter), not the tensors
 };
 
 // One table a GPU's launches use, uploaded before anything of the bucket is queued.
@@ -85,6 +90,8 @@ class AcrossPlanner {
   virtual bool has_root() const { return false; }
   // The operation may run zero-copy in the clients' own flat runs (CudaExecutor::zero_copy).
   virtual bool zero_copy() const { return false; }
+  // Elements of the buffer each GPU gives the collective; by default the bucket's.
+  virtual size_t buffer_elements(const AcrossBucket& bucket) const { return bucket.count; }
   // The gather before and the scatter after the collective on `device`.
   virtual Launches launches(const AcrossBucket& bucket, int device) const = 0;
   // The tables `device`'s launches use; by default those of launches().
@@ -100,5 +107,6 @@ const AcrossPlanner& allreduce_across();
 const AcrossPlanner& reduce_across();
 const AcrossPlanner& broadcast_across();
 const AcrossPlanner& allgather_across();
+const AcrossPlanner& reduce_scatter_across();
 
 }  // namespace gradsync::cuda

@@ -23,6 +23,35 @@ Status broken_gpu(DeviceApi* api, GpuWatch* gpus, int device) {
   return health;
 }
 
+// The outputs an allgather or a reduce-scatter writes, registered by every client (check_op
+// asks the same of the set as a whole).
+Status outputs_registered(const BucketCall& call, const std::string& where) {
+  const TensorSet& set = *call.set;
+  if (call.desc.kind == OpKind::kAllgather && set.gather_output.size() != set.address.size()) {
+    return Status::invalid_argument(where + " was registered without allgather outputs");
+  }
+  if (call.desc.kind == OpKind::kReduceScatter && set.shard_output.size() != set.address.size()) {
+    return Status::invalid_argument(where + " was registered without reduce-scatter outputs");
+  }
+  return Status();
+}
+
+// Each of `clients`' parts of the bucket, to its shard output (Side::kScatterShards).
+std::vector<Segment> shard_segments(const TensorSet& set, size_t bucket, const std::vector<uint32_t>& clients) {
+  std::vector<Segment> segments;
+  const size_t element = dtype_size(set.plan.buckets[bucket].dtype);
+  for (uint32_t c : clients) {
+    for (const ShardPiece& piece : shard_pieces(set, bucket, c)) {
+      Segment s;
+      s.bucket_offset = set.offset_in_bucket[piece.tensor] + piece.first;
+      s.count = piece.count;
+      s.address[0] = set.shard_output[c] + piece.at * element;
+      segments.push_back(s);
+    }
+  }
+  return segments;
+}
+
 const char* kind_name(OpKind kind) {
   switch (kind) {
     case OpKind::kAllreduce: return "allreduce";
@@ -518,9 +547,6 @@ void CudaExecutor::launch(BucketCall call, BucketDone done) {
     status = aborted_;
   }
   if (!status.ok()) return done(status);
-  if (call.desc.kind == OpKind::kReduceScatter) {
-    return done(Status::not_supported("reduce_scatter on device memory is not supported yet"));
-  }
   DeviceCollectiveEngine* engine = engine_of(call.set->id, call.set->plan.buckets[call.bucket].group);
   if (engine && engine->ranks() > 1) return run_across(call, engine, std::move(done));
   done(run_single(call));
@@ -590,17 +616,23 @@ Status CudaExecutor::table(const BucketCall& call, int device, Side side, int on
   }
   const uint64_t unit = bytes ? dtype_size(bucket.dtype) : 1;  // a byte table counts bytes
   std::vector<Segment> segments;
-  for (uint32_t t : bucket.tensors) {
-    Segment s;
-    s.bucket_offset = set.offset_in_bucket[t] * unit;
-    s.count = set.layout[t].numel * unit;
-    for (size_t k = 0; k < clients.size(); ++k) {
-      s.address[k] = side == Side::kScatterGathered
-                         ? set.gather_output[clients[k]] + static_cast<uint64_t>(only) * set.packed_bytes +
-                               set.packed_offset[t]
-                         : set.address[clients[k]][t];
+  if (side == Side::kScatterShards) {
+    segments = shard_segments(set, call.bucket, clients);
+    // The table's one "client" column: every piece has its own destination.
+    clients.assign(segments.empty() ? 0 : 1, 0);
+  } else {
+    for (uint32_t t : bucket.tensors) {
+      Segment s;
+      s.bucket_offset = set.offset_in_bucket[t] * unit;
+      s.count = set.layout[t].numel * unit;
+      for (size_t k = 0; k < clients.size(); ++k) {
+        s.address[k] = side == Side::kScatterGathered
+                           ? set.gather_output[clients[k]] + static_cast<uint64_t>(only) * set.packed_bytes +
+                                 set.packed_offset[t]
+                           : set.address[clients[k]][t];
+      }
+      segments.push_back(s);
     }
-    segments.push_back(s);
   }
   const std::vector<WorkItem> items = cut_into_items(segments);
   Table table;
@@ -655,9 +687,14 @@ Status CudaExecutor::enqueue(const BucketCall& call, int device, Side side, cons
   const bool gather = side == Side::kGather;
   if (gather ? !launches.gather : !launches.scatter) return Status();
   const Table* t = nullptr;
-  const Status status = gather ? table(call, device, side, launches.only, false, launches.bytes, &t)
-                               : table(call, device, side, launches.scatter_only, launches.scatter_skips_root,
-                                       launches.bytes, &t);
+  Status status;
+  if (gather) {
+    status = table(call, device, side, launches.only, false, launches.bytes, &t);
+  } else if (launches.scatter_shards) {
+    status = table(call, device, Side::kScatterShards, -1, false, false, &t);
+  } else {
+    status = table(call, device, side, launches.scatter_only, launches.scatter_skips_root, launches.bytes, &t);
+  }
   if (!status.ok() || t->clients == 0) return status;
   Device& state = devices_.at(device);
   const BucketTable bucket_table{static_cast<const Segment*>(t->segments), static_cast<const WorkItem*>(t->items),
@@ -692,9 +729,7 @@ Status CudaExecutor::run_single(const BucketCall& call) {
   const TensorSet& set = *call.set;
   const size_t b = call.bucket;
   const std::string where = "bucket " + std::to_string(b) + " of " + set.name();
-  if (call.desc.kind == OpKind::kAllgather && set.gather_output.size() != set.address.size()) {
-    return Status::invalid_argument(where + " was registered without allgather outputs");
-  }
+  if (Status s = outputs_registered(call, where); !s.ok()) return s;
   int device = -1;
   if (Status s = device_of(set, b, &device); !s.ok()) return s;
   const DType dtype = set.plan.buckets[b].dtype;
@@ -721,7 +756,7 @@ Status CudaExecutor::run_single(const BucketCall& call) {
       launches.scatter_skips_root = true;
       break;
     case OpKind::kAllgather: break;
-    case OpKind::kReduceScatter: return Status::internal("reduce_scatter reached run_single");
+    case OpKind::kReduceScatter: launches.scatter_shards = true; break;
   }
   // A broadcast moves the root's bytes through the bucket buffer unchanged: as uint8, one
   // "client" in, a copy out, so even NaN payloads of the half types survive.
@@ -763,9 +798,7 @@ void CudaExecutor::run_across(const BucketCall& call, DeviceCollectiveEngine* en
   const TensorSet& set = *call.set;
   const size_t b = call.bucket;
   const std::string where = std::string(kind_name(call.desc.kind)) + " bucket " + std::to_string(b) + " of " + set.name();
-  if (call.desc.kind == OpKind::kAllgather && set.gather_output.size() != set.address.size()) {
-    return done(Status::invalid_argument(where + " was registered without allgather outputs"));
-  }
+  if (Status s = outputs_registered(call, where); !s.ok()) return done(s);
   const AcrossPlanner& planner = across_planner(call.desc.kind);
   const Topology& topology = *call.topology;
   AcrossBucket bucket;
@@ -773,7 +806,7 @@ void CudaExecutor::run_across(const BucketCall& call, DeviceCollectiveEngine* en
   bucket.engine = engine;
   bucket.dtype = set.plan.buckets[b].dtype;
   bucket.count = set.bucket_elements[b];
-  bucket.bytes = bucket.count * (planner.moves_bytes() ? dtype_size(bucket.dtype)
+  bucket.bytes = planner.buffer_elements(bucket) * (planner.moves_bytes() ? dtype_size(bucket.dtype)
                                                        : dtype_size(reduce::accumulation_dtype(bucket.dtype)));
   bucket.args = planner.moves_bytes() ? reduce::KernelArgs{.dtype = DType::kUInt8} : call.args;
   bucket.root_node = call.desc.root / topology.local_world_size;
