@@ -57,8 +57,8 @@ struct BenchOptions {
 };
 
 // The names --only takes, one per row (or pair of rows) of the table.
-constexpr const char* kRowKeys[] = {"float32", "float16", "bfloat16", "resnet50", "small", "mark161",
-                                    "mark10k", "eight",   "2x2",      "4x1",      "latency"};
+constexpr const char* kRowKeys[] = {"float32", "float16", "bfloat16", "resnet50", "small",   "mark161",
+                                    "mark10k", "eight",   "2x2",      "4x1",      "latency", "reduce_scatter"};
 
 // The daemon's anonymous resident memory (heap, stacks, staging; not the clients' segments).
 long rss_anon_kib(pid_t pid) {
@@ -325,7 +325,7 @@ int run_bench(const BenchOptions& o) {
   };
   JobSamples f32 = unselected, f16 = unselected, bf16 = unselected, resnet = unselected, resnet_flat = unselected,
              small = unselected, small_flat = unselected, eight = unselected, mark161 = unselected,
-             mark10k = unselected, latency = unselected;
+             mark10k = unselected, latency = unselected, scatter = unselected;
   std::string memory_line, idle_line;
   // A scenario that throws (a daemon that does not come up, a process that cannot start) marks
   // its remaining rows missing, with why; the rest of the run goes on.
@@ -334,7 +334,8 @@ int run_bench(const BenchOptions& o) {
       if (!j->step.ok() && !j->step.skipped && j->step.note.empty()) j->step = missing(why);
     }
   };
-  const bool one_node = want({"float32", "float16", "bfloat16", "resnet50", "small", "mark161", "mark10k", "eight", "latency"});
+  const bool one_node = want({"float32", "float16", "bfloat16", "resnet50", "small", "mark161", "mark10k", "eight", "latency",
+                              "reduce_scatter"});
   if (!o.floors_only && one_node) try {
     // Every job that will run starts as "not measured" until it has run (a scenario that stops
     // then marks it missing).
@@ -342,7 +343,7 @@ int run_bench(const BenchOptions& o) {
                                  {&resnet, want({"resnet50", "mark161"})}, {&resnet_flat, want({"resnet50"})},
                                  {&small, want({"small", "mark10k"})}, {&small_flat, want({"small"})},
                                  {&mark161, want({"mark161"})}, {&mark10k, want({"mark10k"})}, {&eight, want({"eight"})},
-                                 {&latency, want({"latency"})}}) {
+                                 {&latency, want({"latency"})}, {&scatter, want({"reduce_scatter"})}}) {
       if (selected) *job = JobSamples{};
     }
     Daemons one(o, 1);
@@ -366,6 +367,7 @@ int run_bench(const BenchOptions& o) {
     four(&small, "small:10000:256", "float32", "step");
     four(&mark10k, "small:10000:256", "float32", "mark");
     four(&small_flat, "small-flat:10000:256", "float32", "step");
+    four(&scatter, big.layout, "float32", "reduce_scatter");
     if (!eight.step.skipped) eight = run_job(one, 1, 8, big, o.repeat);
     if (!latency.step.skipped) {
       TrainerArgs l;
@@ -395,7 +397,8 @@ int run_bench(const BenchOptions& o) {
     }
     daemons_ok &= one.terminate_all();
   } catch (const std::exception& e) {
-    stopped({&f32, &f16, &bf16, &resnet, &resnet_flat, &small, &small_flat, &eight, &mark161, &mark10k, &latency},
+    stopped({&f32, &f16, &bf16, &resnet, &resnet_flat, &small, &small_flat, &eight, &mark161, &mark10k, &latency,
+             &scatter},
             std::string("the one-node scenario stopped: ") + e.what());
   }
   // A multi-node row: `nodes` daemons on loopback, `per_node` trainers each, when selected.
@@ -422,6 +425,8 @@ int run_bench(const BenchOptions& o) {
   const Measurement not_selected = skipped("not in --only");
   const Measurement floor4 =
       want({"float32", "float16", "bfloat16"}) ? memory_floor(4, 100 * kMiB, o.threads, o.runs) : not_selected;
+  const Measurement floor_scatter =
+      want({"reduce_scatter"}) ? memory_floor(4, 100 * kMiB, o.threads, o.runs, /*scatter=*/true) : not_selected;
   const Measurement floor8 = want({"eight"}) ? memory_floor(8, 100 * kMiB, o.threads, o.runs) : not_selected;
   const Wakeup wake = want({"latency"}) ? wakeup_floor(o.rounds) : Wakeup{not_selected, not_selected};
   // Gloo alone `repeat` times, pooled like the gradsync jobs.
@@ -451,6 +456,9 @@ int run_bench(const BenchOptions& o) {
   rows.push_back({"4 clients x 100 MiB float32, per step", "ms", ms(f32), floor4, "memory floor, " + threads, peer4, ""});
   rows.push_back({"4 clients x 100 MiB float16, per step", "ms", ms(f16), floor4, "memory floor, same bytes", na, ""});
   rows.push_back({"4 clients x 100 MiB bfloat16, per step", "ms", ms(bf16), floor4, "memory floor, same bytes", na, ""});
+  rows.push_back({"4 clients x 100 MiB float32 reduce-scatter, per step", "ms", ms(scatter), floor_scatter,
+                  "memory floor: read 4 x 100 MiB, write 100 MiB, " + threads,
+                  skipped("n/a: torch's gloo backend has no reduce_scatter"), ""});
   rows.push_back({"4 clients x ResNet-50 as 161 tensors, per step", "ms", ms(resnet), ms(resnet_flat),
                   "the same bytes as one flat buffer", na, ""});
   rows.push_back({"4 clients x 10,000 tensors of 1 KiB, per step", "ms", ms(small), ms(small_flat),

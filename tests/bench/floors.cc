@@ -104,9 +104,17 @@ class SharedFloats {
 // its generality: per L1-sized block, read every buffer once, summing in registers, then copy
 // the block into every buffer. Plain float loops, vectorized by the compiler. Shared memory,
 // like the trainers' segments (and so no transparent huge pages either).
+//
+// `scatter`: the least a reduce-scatter does instead: each block, summed the same way, is
+// written once, into its owner's shard (one output of S bytes split by owner), and the inputs
+// are left as they were: read N x S bytes, write S.
 class InPlaceReduction {
  public:
-  InPlaceReduction(int clients, size_t bytes_per_client) : n_(bytes_per_client / sizeof(float)) {
+  InPlaceReduction(int clients, size_t bytes_per_client, bool scatter = false) : n_(bytes_per_client / sizeof(float)) {
+    if (scatter) {
+      output_ = std::make_unique<SharedFloats>(n_);
+      if (!output_->data()) return;
+    }
     for (int c = 0; c < clients; ++c) {
       owners_.push_back(std::make_unique<SharedFloats>(n_));
       if (!owners_.back()->data()) return;
@@ -115,7 +123,7 @@ class InPlaceReduction {
     }
     inputs_.assign(buffers_.begin(), buffers_.end());
   }
-  bool ok() const { return buffers_.size() == owners_.size() && !buffers_.empty(); }
+  bool ok() const { return buffers_.size() == owners_.size() && !buffers_.empty() && (!output_ || output_->data()); }
 
   // One pass over every buffer on `threads` threads, each its own share of the elements.
   void pass(int threads) {
@@ -129,6 +137,10 @@ class InPlaceReduction {
         for (size_t b = lo; b < hi; b += kBlock) {
           const size_t len = std::min(hi, b + kBlock) - b;
           sum_into(acc.data(), inputs_.data(), inputs_.size(), b, len);
+          if (output_) {
+            std::memcpy(output_->data() + b, acc.data(), len * sizeof(float));
+            continue;
+          }
           for (float* buffer : buffers_) std::memcpy(buffer + b, acc.data(), len * sizeof(float));
         }
       });
@@ -140,12 +152,13 @@ class InPlaceReduction {
   std::vector<std::unique_ptr<SharedFloats>> owners_;
   std::vector<float*> buffers_;
   std::vector<const float*> inputs_;
+  std::unique_ptr<SharedFloats> output_;  // reduce-scatter: the shards, back to back
 };
 
 }  // namespace
 
-Measurement memory_floor(int clients, size_t bytes_per_client, int threads, int runs) {
-  InPlaceReduction reduction(clients, bytes_per_client);
+Measurement memory_floor(int clients, size_t bytes_per_client, int threads, int runs, bool scatter) {
+  InPlaceReduction reduction(clients, bytes_per_client, scatter);
   if (!reduction.ok()) return missing("mmap of the memory floor's shared buffers failed");
   reduction.pass(threads);  // fault the pages in
   std::vector<double> ms;

@@ -2,6 +2,7 @@
 // the project (no outside files):
 //   memory_floor   an in-place N-way reduction done directly on private memory by T threads:
 //                  read N*S bytes, write N*S bytes, the least any shared-memory all-reduce moves
+//                  (a reduce-scatter's: read N*S, write S)
 //   wakeup         a cross-process round trip through a futex in shared memory, and through a
 //                  pipe: the least a daemon-mediated operation waits
 //   gloo_alone     Gloo's allreduce between P processes on loopback in the slices and with the
@@ -17,8 +18,9 @@
 
 namespace gradsync::bench {
 
-// Milliseconds per pass, one sample per run.
-Measurement memory_floor(int clients, size_t bytes_per_client, int threads, int runs);
+// Milliseconds per pass, one sample per run. `scatter`: the reduce-scatter floor (read N x S,
+// write S) instead of the all-reduce's (read N x S, write N x S).
+Measurement memory_floor(int clients, size_t bytes_per_client, int threads, int runs, bool scatter = false);
 
 struct Wakeup {
   Measurement futex_us;  // one sample per round trip

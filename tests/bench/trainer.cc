@@ -103,7 +103,8 @@ int run_trainer(const TrainerArgs& a) {
   client->join(join);
   const std::vector<TensorSpec> specs = layout_specs(a);
   const std::vector<SharedTensor> tensors = client->allocate_flat(specs);
-  const TensorSet set = client->register_tensors(tensors, {});
+  const bool scatter = a.mode == "reduce_scatter";
+  const TensorSet set = client->register_tensors(tensors, RegisterOptions{.reduce_scatter = scatter});
   const std::vector<SharedTensor> token = {client->allocate(TensorSpec{DType::kFloat32, 1, "dp"})};
   const TensorSet barrier = client->register_tensors(token, {});
   const auto deadline = std::chrono::seconds(120);
@@ -120,6 +121,8 @@ int run_trainer(const TrainerArgs& a) {
       for (size_t t = specs.size(); t-- > 0;) client->mark_ready(set, static_cast<uint32_t>(t));
       mark_us = us_since(marking) / static_cast<double>(specs.size());
       if (!work.wait(deadline)) return 1;
+    } else if (scatter) {
+      if (!client->reduce_scatter(set, ReduceOptions{}).wait(deadline)) return 1;
     } else if (!client->allreduce(set, ReduceOptions{}).wait(deadline)) {
       return 1;
     }

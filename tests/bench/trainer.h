@@ -20,7 +20,9 @@ struct TrainerArgs {
   // flat:BYTES, resnet50, resnet50-flat, small:N:ELEMENTS, small-flat:N:ELEMENTS
   std::string layout = "flat:104857600";
   std::string dtype = "float32";  // float32, float16 or bfloat16 (flat layouts only)
-  std::string mode = "step";      // step: allreduce(set) per step; mark: deferred + mark_ready each tensor
+  // step: allreduce(set) per step; mark: deferred + mark_ready each tensor; reduce_scatter:
+  // reduce_scatter(set) per step
+  std::string mode = "step";
   int steps = 10;
   int warmup = 2;
   bool barrier = true;            // line the ranks up before every timed step
