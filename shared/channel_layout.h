@@ -26,7 +26,7 @@
 
 namespace gradsync {
 
-inline constexpr uint32_t kChannelVersion = 2;
+inline constexpr uint32_t kChannelVersion = 3;  // 3: fused health (kSubmitHealth, results)
 inline constexpr uint32_t kDoorbellMagic = 0x67734442;     // "gsDB"
 inline constexpr uint32_t kClientRingsMagic = 0x67734352;  // "gsCR"
 inline constexpr uint32_t kDaemonRingsMagic = 0x67734452;  // "gsDR"
@@ -38,6 +38,7 @@ enum class WireScaling : uint32_t { kAfter = 1, kBefore = 2 };
 
 inline constexpr uint32_t kSubmitAllReady = 1u << 0;           // every tensor is ready now
 inline constexpr uint32_t kSubmitNarrowAccumulate = 1u << 1;   // half types: no fp32 accumulation
+inline constexpr uint32_t kSubmitHealth = 1u << 2;             // allreduce: return the result's health
 
 // One entry of a submission ring. op_seq numbers a client's operations 1, 2, 3, ...; the n-th
 // operation of every local client must describe the same collective.
@@ -56,7 +57,9 @@ struct SubmitEntry {
 };
 static_assert(sizeof(SubmitEntry) == 64);
 
-inline constexpr size_t kCompletionMessageBytes = 240;
+inline constexpr size_t kCompletionMessageBytes = 224;
+
+inline constexpr uint32_t kResultHealth = 1u << 0;  // found_inf and sq_norm hold the set's health
 
 // Interprocess events per client, device set and direction (DESIGN.md decision 7): operation
 // seq uses slot seq % kDeviceEventsPerDirection, so a client keeps at most this many operations
@@ -65,11 +68,15 @@ inline constexpr uint32_t kDeviceEventsPerDirection = 64;
 
 // One entry of a completion ring: the outcome of one operation for this client. A failed
 // operation always failed with the job's sticky error, whose whole text is in DaemonRings;
-// `message` holds its first kCompletionMessageBytes bytes.
+// `message` holds its first kCompletionMessageBytes bytes. A successful operation that asked
+// for it (kSubmitHealth) carries the reduced set's health (daemon/reduce/health.h).
 struct CompletionEntry {
   uint64_t op_seq = 0;
   uint32_t code = 0;  // ErrorCode; 0 is success
   uint32_t message_length = 0;
+  uint32_t result_flags = 0;  // kResult* bits
+  uint32_t found_inf = 0;     // 1: an element of the result is an inf or a NaN
+  double sq_norm = 0;         // the result's sum of squares, in float64
   char message[kCompletionMessageBytes] = {};
 };
 static_assert(sizeof(CompletionEntry) == 256);

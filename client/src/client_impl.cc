@@ -463,6 +463,23 @@ void ClientImpl::fill_reduce(SubmitEntry* entry, const ReduceOptions& options) c
     throw Error(Status::invalid_argument("a divisor applies only to ReduceOp::kAvg"));
   }
   if (!options.fp32_accumulate) entry->flags |= kSubmitNarrowAccumulate;
+  if (options.health) {
+    // The daemon checks the same; a mistake here fails this call rather than the job.
+    if (entry->op != static_cast<uint32_t>(OpKind::kAllreduce)) {
+      throw Error(Status::invalid_argument("ReduceOptions::health is computed for allreduce only"));
+    }
+    const auto it = per_join_.sets.find(entry->set_id);
+    if (it != per_join_.sets.end() && it->second.has_integers) {
+      throw Error(Status::invalid_argument("ReduceOptions::health: " + name_of(entry->set_id) +
+                                           " has integer tensors, which hold no inf or NaN; ask for it on "
+                                           "floating-point sets only"));
+    }
+    if (it != per_join_.sets.end() && it->second.events) {
+      throw Error(Status::not_supported("ReduceOptions::health: " + name_of(entry->set_id) +
+                                        " is in device memory, where it is not computed yet"));
+    }
+    entry->flags |= kSubmitHealth;
+  }
 }
 
 void ClientImpl::push(const SubmitEntry& entry) {
@@ -503,9 +520,10 @@ Work ClientImpl::submit(const SubmitEntry& original, uint64_t bytes) {
   // failure here consumes no sequence number.
   if (entry.flags & kSubmitAllReady) ready_on_device(entry.set_id, entry.op_seq, stream_);
   per_join_.next_seq++;
-  completions_->expect(entry.op_seq, bytes <= Completions::kLatencyBoundBytes);
+  auto result = (entry.flags & kSubmitHealth) ? std::make_shared<OpResult>() : nullptr;
+  completions_->expect(entry.op_seq, bytes <= Completions::kLatencyBoundBytes, result);
   push(entry);
-  return Work(completions_, entry.op_seq, std::move(events));
+  return Work(completions_, entry.op_seq, std::move(events), std::move(result));
 }
 
 Work ClientImpl::allreduce(const TensorSet& set, const ReduceOptions& options) {

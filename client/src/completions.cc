@@ -48,7 +48,7 @@ Status Completions::daemon_failure() const {
   return Status(static_cast<ErrorCode>(code), std::string(rings->failure_message, length));
 }
 
-void Completions::expect(uint64_t seq, bool latency_bound) {
+void Completions::expect(uint64_t seq, bool latency_bound, std::shared_ptr<OpResult> result) {
   MutexLock lock(mutex_);
   if (!failure_.ok()) {
     first_failed_ = std::min(first_failed_, seq);
@@ -56,6 +56,7 @@ void Completions::expect(uint64_t seq, bool latency_bound) {
   }
   pending_.insert(seq);
   if (latency_bound) latency_bound_.insert(seq);
+  if (result) results_[seq] = std::move(result);
 }
 
 size_t Completions::pending() const {
@@ -83,6 +84,14 @@ void Completions::drain_locked() {
       failed_.store(true, std::memory_order_release);
     }
     if (entry.code != 0) first_failed_ = std::min(first_failed_, entry.op_seq);
+    if (auto it = results_.find(entry.op_seq); it != results_.end()) {
+      if (entry.code == 0 && (entry.result_flags & kResultHealth)) {
+        it->second->has_health = true;
+        it->second->found_inf = entry.found_inf != 0;
+        it->second->sq_norm = entry.sq_norm;
+      }
+      results_.erase(it);
+    }
     pending_.erase(entry.op_seq);
     latency_bound_.erase(entry.op_seq);
   }
@@ -95,6 +104,7 @@ void Completions::fail_all_locked(const Status& status) {
   if (!pending_.empty()) first_failed_ = std::min(first_failed_, *pending_.begin());
   pending_.clear();
   latency_bound_.clear();
+  results_.clear();
 }
 
 bool Completions::check_liveness_locked() {
@@ -214,6 +224,22 @@ bool Work::wait_stream(void* stream, std::chrono::milliseconds timeout) const {
   throw_if_error(events_->wait_done(seq_, stream));
   return true;
 }
+
+OpResult Work::result(const char* what) const {
+  if (!result_) {
+    throw Error(Status::invalid_argument(std::string(what) + ": the operation did not ask for it (ReduceOptions::health)"));
+  }
+  Status status;
+  if (!completions_->poll(seq_, &status)) {
+    throw Error(Status::invalid_argument(std::string(what) + ": the operation has not completed; wait for it first"));
+  }
+  throw_if_error(status);
+  return *result_;  // written before the operation counted as completed, under the same lock
+}
+
+bool Work::found_inf() const { return result("found_inf").found_inf; }
+
+double Work::sq_norm() const { return result("sq_norm").sq_norm; }
 
 Status Work::error() const {
   if (!completions_) return Status();

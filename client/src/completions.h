@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <map>
 #include <set>
 #include <string>
 
@@ -30,6 +31,15 @@ struct JobChannel {
   const DaemonRings* daemon() const { return reinterpret_cast<const DaemonRings*>(daemon_rings.data()); }
 };
 
+// What a completed operation returned besides its status: the fused health, for an allreduce
+// that asked for it (ReduceOptions::health). Filled once, under the Completions' lock, before
+// the operation counts as completed.
+struct OpResult {
+  bool has_health = false;
+  bool found_inf = false;
+  double sq_norm = 0;
+};
+
 class Completions {
  public:
   // `daemon_gone` is asked now and then while waiting; it returns why the daemon is gone, or ok
@@ -39,7 +49,9 @@ class Completions {
   // Records that operation `seq` was submitted and awaits a completion. Sequence numbers grow.
   // `latency_bound`: a small operation (kLatencyBoundBytes or less), which completes within
   // microseconds, so a wait for it polls longer before it sleeps.
-  void expect(uint64_t seq, bool latency_bound = false);
+  // `result`: where the operation's result goes (an operation that asked for one); the Work
+  // holds it, and Completions lets go of it once the operation completed.
+  void expect(uint64_t seq, bool latency_bound = false, std::shared_ptr<OpResult> result = nullptr);
   static constexpr uint64_t kLatencyBoundBytes = 64 << 10;
 
   // Operations submitted and not yet completed.
@@ -74,6 +86,7 @@ class Completions {
   RingReader<CompletionRing> reader_ GS_GUARDED_BY(mutex_);
   std::set<uint64_t> pending_ GS_GUARDED_BY(mutex_);  // submitted, not yet completed
   std::set<uint64_t> latency_bound_ GS_GUARDED_BY(mutex_);  // the pending ones that are small
+  std::map<uint64_t, std::shared_ptr<OpResult>> results_ GS_GUARDED_BY(mutex_);  // pending ones that want one
   // Operations complete in sequence order and the first error of a job sticks, so every
   // operation from the first failed one on failed with failure_, and every earlier one
   // succeeded: the outcome of any completed operation, however old, without a table.

@@ -33,6 +33,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "daemon/backend/timings.h"
 #include "daemon/engine/host_engine.h"
@@ -57,6 +58,9 @@ struct BucketCall {
   reduce::KernelArgs args;  // allreduce and reduce
   // Where the time goes, filled in by executors that measure it before they answer; may be null.
   std::shared_ptr<BucketTimings> timings;
+  // desc.health: the set's health blocks (TensorSet::health_block), of which the bucket fills
+  // its tensors' before it answers; null otherwise.
+  std::shared_ptr<std::vector<reduce::HealthBlock>> health;
 };
 
 using BucketDone = std::function<void(const Status&)>;

@@ -12,11 +12,16 @@ bool LocalClients::any_submitted() const {
   return false;
 }
 
-bool LocalClients::post(uint32_t local_rank, uint64_t seq, const Status& status) {
+bool LocalClients::post(uint32_t local_rank, uint64_t seq, const Status& status, const reduce::Health* health) {
   if (!clients_[local_rank]) return true;
   CompletionEntry entry;
   entry.op_seq = seq;
   entry.code = static_cast<uint32_t>(status.code());
+  if (health) {
+    entry.result_flags |= kResultHealth;
+    entry.found_inf = health->found_inf ? 1 : 0;
+    entry.sq_norm = health->sum_sq;
+  }
   const std::string& message = status.message();
   entry.message_length = static_cast<uint32_t>(std::min(message.size(), kCompletionMessageBytes));
   std::memcpy(entry.message, message.data(), entry.message_length);

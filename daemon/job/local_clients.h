@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "daemon/job/channel.h"
+#include "daemon/reduce/health.h"
 #include "shared/channel_layout.h"
 #include "shared/status.h"
 
@@ -35,7 +36,8 @@ class LocalClients {
   // ring is full: the client stopped draining it (it keeps at most CompletionRing::capacity
   // operations outstanding), and the job cannot go on without it. A client that never joined
   // has nobody to tell: true.
-  bool post(uint32_t local_rank, uint64_t seq, const Status& status);
+  // `health`, when given, is the operation's fused health (ReduceOptions::health).
+  bool post(uint32_t local_rank, uint64_t seq, const Status& status, const reduce::Health* health = nullptr);
 
   // The job failed: every joined client's rings carry `status`, so later submissions fail at
   // once without waiting for the daemon.

@@ -11,6 +11,7 @@
 #include "daemon/job/trace.h"
 #include "daemon/model/op_desc.h"
 #include "daemon/model/tensor_set.h"
+#include "daemon/reduce/health.h"
 #include "shared/channel_layout.h"
 #include "shared/status.h"
 
@@ -37,6 +38,9 @@ struct Op {
   bool begun = false;
   // [bucket * local ranks + local rank]: when that rank made the bucket ready (for the trace).
   std::vector<std::chrono::steady_clock::time_point> ready_at;
+  // Fused health (desc.health): the set's health blocks, which its buckets' executions fill
+  // (each its own tensors' blocks) and complete() folds; shared with those executions.
+  std::shared_ptr<std::vector<reduce::HealthBlock>> health;
   std::vector<BucketTrace> traced;  // buckets landed so far, for the trace (bounded)
   uint32_t traced_left_out = 0;
 };

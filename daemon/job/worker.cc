@@ -312,8 +312,35 @@ Status Worker::progress_ops() {
   return Status::ok_status();
 }
 
+std::vector<reduce::Health> Worker::fold_health(const Op& op) const {
+  // Each local rank's: the blocks of the tensors of its groups (the others were not reduced
+  // for it), in block order (reduce/health.h), so every rank of a group gets the same bits on
+  // every node and in every run.
+  const TensorSet& set = *op.set;
+  std::vector<reduce::Health> health(clients_.size());
+  std::map<std::string, std::vector<bool>> members;  // group -> [local rank] is a member
+  for (size_t t = 0; t < set.layout.size(); ++t) {
+    auto [it, added] = members.try_emplace(set.layout[t].group);
+    if (added) {
+      it->second.assign(clients_.size(), false);
+      for (int local : options_.topology.local_members(set.layout[t].group)) it->second[static_cast<size_t>(local)] = true;
+    }
+    const uint64_t first = set.health_block[t];
+    const uint64_t end = t + 1 < set.layout.size() ? set.health_block[t + 1] : set.health_blocks;
+    for (uint32_t c = 0; c < clients_.size(); ++c) {
+      if (!it->second[c]) continue;
+      for (uint64_t b = first; b < end; ++b) {
+        health[c].sum_sq = health[c].sum_sq + (*op.health)[b].sum_sq;
+        health[c].found_inf = health[c].found_inf || (*op.health)[b].nonfinite != 0;
+      }
+    }
+  }
+  return health;
+}
+
 void Worker::complete(Op& op) {
-  for (uint32_t c = 0; c < clients_.size(); ++c) post(c, op.seq, Status::ok_status());
+  const std::vector<reduce::Health> health = op.health ? fold_health(op) : std::vector<reduce::Health>{};
+  for (uint32_t c = 0; c < clients_.size(); ++c) post(c, op.seq, Status::ok_status(), health.empty() ? nullptr : &health[c]);
   const auto finished = std::chrono::steady_clock::now();
   stats_->operation_done(finished - op.started);
   trace_->add(OpTrace{op.seq, describe(op.desc, op.set.get()), op.desc.set_id, op.started, finished,
@@ -364,6 +391,7 @@ Status Worker::launch(Op& op) {
   stats_->bucket_launched(static_cast<uint32_t>(bucket), now - op.waiting_since);
   BucketDone done = flight_.start(BucketFlight::Launch{op.seq, bucket, b.group, cross_node, now});
   call.timings = flight_.timings();
+  call.health = op.health;
   executor->launch(std::move(call), std::move(done));
   return Status::ok_status();
 }
@@ -411,8 +439,8 @@ Status Worker::check_deadline() {
   return ops_.head_timed_out(options_.timeout);
 }
 
-void Worker::post(uint32_t local_rank, uint64_t seq, const Status& status) {
-  if (!clients_.post(local_rank, seq, status)) {
+void Worker::post(uint32_t local_rank, uint64_t seq, const Status& status, const reduce::Health* health) {
+  if (!clients_.post(local_rank, seq, status, health)) {
     fail(Status::protocol("job " + options_.job_id + ": " + who(local_rank) + " does not drain its completion ring"));
   }
 }
@@ -529,6 +557,7 @@ bool Worker::begin(Op& op) {
     if (!original) original = op.set;
     rebind(op, replans_.get(original, *active_.bucket_cap, options_.topology), clients_.size());
   }
+  if (op.desc.health) op.health = std::make_shared<std::vector<reduce::HealthBlock>>(op.set->health_blocks);
   op.begun = true;
   return true;
 }

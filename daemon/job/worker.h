@@ -171,7 +171,9 @@ class Worker {
   std::chrono::steady_clock::time_point execution_deadline() const;  // of the flight
   BucketExecutor* executor_for(MemoryKind kind, Status* status) GS_EXCLUDES(mutex_);
   Status check_deadline();
-  void post(uint32_t local_rank, uint64_t seq, const Status& status);
+  void post(uint32_t local_rank, uint64_t seq, const Status& status, const reduce::Health* health = nullptr);
+  // The fused health of a completed operation (desc.health), per local rank.
+  std::vector<reduce::Health> fold_health(const Op& op) const;
   void shut_down(const Status& status);  // worker thread only
   // Waits, up to the job timeout, for device work to stop touching the clients' memory; what
   // the clients must be told. Memory that GPU work may still touch is handed to the backends to

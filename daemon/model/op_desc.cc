@@ -35,6 +35,7 @@ std::string describe(const OpDesc& desc, const TensorSet* set) {
         if (desc.divisor != 0) text += ", divisor " + std::to_string(desc.divisor);
       }
       if (desc.kind == OpKind::kReduce) text += ", root " + std::to_string(desc.root);
+      if (desc.health) text += ", health";
       text += ")";
       break;
     case OpKind::kBroadcast:
@@ -54,6 +55,10 @@ Status parse_op(const SubmitEntry& entry, int world_size, OpDesc* desc) {
   desc->kind = static_cast<OpKind>(entry.op);
   desc->set_id = entry.set_id;
   desc->narrow_accumulate = (entry.flags & kSubmitNarrowAccumulate) != 0;
+  desc->health = (entry.flags & kSubmitHealth) != 0;
+  if (desc->health && desc->kind != OpKind::kAllreduce) {
+    return Status::invalid_argument("health is computed for allreduce only");
+  }
   if (is_reduction(desc->kind)) {
     if (entry.reduce_op < static_cast<uint32_t>(WireReduceOp::kSum) ||
         entry.reduce_op > static_cast<uint32_t>(WireReduceOp::kMax)) {
@@ -108,6 +113,17 @@ Status check_op(const OpDesc& desc, const TensorSet& set, const Topology& topolo
   }
   if (desc.kind == OpKind::kReduceScatter && set.shard_output.empty()) {
     return Status::invalid_argument(set.name() + " was registered without a reduce-scatter output");
+  }
+  if (desc.health) {
+    if (set.memory_kind != MemoryKind::kHostMemfd) {
+      return Status::not_supported("health on " + set.name() + ": not computed for device memory yet");
+    }
+    for (const auto& tensor : set.layout) {
+      if (!dtype_is_floating(tensor.dtype)) {
+        return Status::invalid_argument("health on " + set.name() + ": " + std::string(dtype_name(tensor.dtype)) +
+                                        " tensors have no inf or NaN; ask for it on floating-point sets only");
+      }
+    }
   }
   if (is_reduction(desc.kind)) {
     for (const auto& bucket : set.plan.buckets) {

@@ -23,6 +23,7 @@ struct OpDesc {
   int32_t root = 0;
   double divisor = 0;
   bool narrow_accumulate = false;
+  bool health = false;  // fused gradient health (reduce/health.h): allreduce of floating sets
 
   bool operator==(const OpDesc&) const = default;
 };

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <numeric>
 
+#include "daemon/reduce/health.h"
 #include "shared/dtype.h"
 
 namespace gradsync {
@@ -78,6 +79,12 @@ void complete_tensor_set(TensorSet* set, const Topology& topology) {
     flat += tensor.numel;
   }
   set->flat_elements = flat;
+  set->health_block.clear();
+  set->health_blocks = 0;
+  for (const auto& tensor : set->layout) {
+    set->health_block.push_back(set->health_blocks);
+    set->health_blocks += (tensor.numel + reduce::kHealthBlockElements - 1) / reduce::kHealthBlockElements;
+  }
   set->shard_index.assign(set->address.size(), -1);
   set->shard_capacity = 0;
   set->shard_group_size = 0;

@@ -61,6 +61,10 @@ struct TensorSet {
   uint64_t shard_capacity = 0;            // elements every shard has room for
   std::vector<std::byte*> shard_output;   // per local rank
   std::vector<int> shard_index;           // per local rank
+  // Fused health (reduce/health.h): tensor t's health blocks start at health_block[t] of the
+  // set's health_blocks, in registration order.
+  std::vector<uint64_t> health_block;  // [tensor]
+  uint64_t health_blocks = 0;
   // Local rank c's shard, as a flat range; empty for a rank outside the group.
   ShardRange shard(uint32_t local_rank) const;
   // The regions the addresses point into; they outlive any use by the worker.

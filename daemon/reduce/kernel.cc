@@ -15,6 +15,7 @@ namespace {
 // before any output's block is written, which is what makes in-place (aliased) calls correct,
 // and the accumulator is written out with memcpy at full store bandwidth.
 constexpr size_t kBlockBytes = 32 << 10;
+static_assert(kBlockBytes % (kHealthBlockElements * 8) == 0, "a block holds whole health blocks of every dtype");
 
 // CPUs predict whether a load depends on an earlier store from the address bits below 4 KiB
 // only. When the accumulator sits a few bytes below an input modulo 4 KiB, the input loads
@@ -49,6 +50,18 @@ std::byte* place_accumulator(std::byte* storage, std::span<const void* const> in
 }
 
 
+// The health blocks of `len` results of the call, held at `results`, which start at element
+// `begin` of the call (a multiple of kHealthBlockElements: kBlockBytes holds a whole number of
+// health blocks of every dtype).
+void health_of(const KernelArgs& args, const void* results, size_t begin, size_t len) {
+  const size_t size = dtype_size(args.dtype);
+  for (size_t at = 0; at < len; at += kHealthBlockElements) {
+    args.health[(begin + at) / kHealthBlockElements] =
+        simd::health(args.dtype, static_cast<const std::byte*>(results) + at * size,
+                     std::min(kHealthBlockElements, len - at));
+  }
+}
+
 // Reduces `count` elements block by block: all inputs are folded into an L1-sized block
 // (simd.h's loop; the half types rounded to their dtype on the way), which is then copied to
 // every output. The block is kBlockBytes (32 KiB: 4096 doubles, 8192 floats, 16384 halves)
@@ -65,10 +78,15 @@ void reduce_blocks(const KernelArgs& args, std::span<const void* const> inputs,
   // without rounding.
   const bool identity = inputs.size() == 1 && args.scale == Scale::kNone && !dtype_is_half(args.dtype);
   const auto is_input = [&](const void* out) { return std::find(inputs.begin(), inputs.end(), out) != inputs.end(); };
-  if (identity && std::all_of(outputs.begin(), outputs.end(), is_input)) return;
+  if (identity && std::all_of(outputs.begin(), outputs.end(), is_input)) {
+    // The results are the input's bytes: their health is read from there.
+    if (args.health) health_of(args, inputs[0], 0, count);
+    return;
+  }
   for (size_t begin = 0; begin < count; begin += block) {
     const size_t len = std::min(block, count - begin);
     simd::fold_narrow(args, inputs, begin, len, result);
+    if (args.health) health_of(args, result, begin, len);
     for (void* out : outputs) {
       const bool in_place = is_input(out);
       if (in_place && identity) continue;  // it already holds these bytes

@@ -11,6 +11,8 @@
 #include <span>
 #include <string_view>
 
+#include "daemon/reduce/health.h"
+
 #include "shared/dtype.h"
 
 namespace gradsync::reduce {
@@ -36,6 +38,11 @@ struct KernelArgs {
   // cache, which nobody reads before they leave it (simd::stream_copy). Outputs that are
   // inputs (in place) were just read, so their lines are cached and are written normally.
   bool stream_outputs = false;
+  // Fused gradient health (health.h): when set, the health of the results is written here,
+  // one HealthBlock per kHealthBlockElements of the call (the last may be shorter), computed
+  // from each result block while it is in L1. The call must start at a health block boundary
+  // of one tensor and stay within it (health.h says why). Floating dtypes only.
+  HealthBlock* health = nullptr;
 };
 
 // Reduces `count` elements. `inputs` (at least one; none writes nothing) and `outputs` hold one

@@ -357,6 +357,86 @@ void StreamCopy(void* dst, const void* src, size_t bytes) {
   std::memcpy(out + i, in + i, bytes - i);
 }
 
+// health.h's sum of squares: eight logical lanes, element i in lane i % 8, held in 8 / L
+// vectors of L float64 lanes (L = 1 on the scalar level up to 8 with AVX-512), so that every
+// lane sees the same elements in the same order on every level. Squares of float32 and the
+// half types are exact in float64; float64 squares round once (the file is compiled without
+// FMA contraction, so a multiply and an add stay two roundings everywhere).
+template <class Load>
+HealthBlock health_loop(const Load& load, size_t count) {
+  const hn::CappedTag<double, 8> d;
+  const size_t lanes = hn::Lanes(d);
+  const size_t vectors = 8 / lanes;
+  auto acc = hn::Zero(d);
+  decltype(acc) sums[8] = {acc, acc, acc, acc, acc, acc, acc, acc};
+  decltype(acc) bad[8] = {acc, acc, acc, acc, acc, acc, acc, acc};
+  size_t i = 0;
+  for (; i + 8 <= count; i += 8) {
+    for (size_t k = 0; k < vectors; ++k) {
+      const auto x = load(d, i + k * lanes);
+      sums[k] = hn::Add(sums[k], hn::Mul(x, x));
+      bad[k] = hn::Add(bad[k], hn::Sub(x, x));  // 0 for a finite x, NaN for an inf or a NaN
+    }
+  }
+  alignas(64) double lane[8];
+  alignas(64) double flag[8];
+  for (size_t k = 0; k < vectors; ++k) {
+    hn::Store(sums[k], d, lane + k * lanes);
+    hn::Store(bad[k], d, flag + k * lanes);
+  }
+  const hn::CappedTag<double, 1> one;
+  for (; i < count; ++i) {
+    const double x = hn::GetLane(load(one, i));
+    lane[i % 8] = lane[i % 8] + x * x;
+    flag[i % 8] = flag[i % 8] + (x - x);
+  }
+  HealthBlock block;
+  double flags = 0;
+  for (size_t j = 0; j < 8; ++j) {
+    block.sum_sq = block.sum_sq + lane[j];
+    flags = flags + flag[j];
+  }
+  block.nonfinite = flags != 0 ? 1 : 0;  // NaN != 0
+  return block;
+}
+
+HealthBlock Health(DType dtype, const void* data, size_t count) {
+  switch (dtype) {
+    case DType::kFloat64: {
+      const auto* p = static_cast<const double*>(data);
+      return health_loop([p](auto d, size_t at) { return hn::LoadU(d, p + at); }, count);
+    }
+    case DType::kFloat32: {
+      const auto* p = static_cast<const float*>(data);
+      return health_loop([p](auto d, size_t at) { return hn::PromoteTo(d, hn::LoadU(hn::Rebind<float, decltype(d)>(), p + at)); },
+                         count);
+    }
+    case DType::kBFloat16: {
+      const auto* p = static_cast<const uint16_t*>(data);
+      return health_loop(
+          [p](auto d, size_t at) {
+            const hn::Rebind<uint32_t, decltype(d)> du;
+            const hn::Rebind<float, decltype(d)> df;
+            const auto bits = hn::ShiftLeft<16>(hn::PromoteTo(du, hn::LoadU(hn::Rebind<uint16_t, decltype(d)>(), p + at)));
+            return hn::PromoteTo(d, hn::BitCast(df, bits));
+          },
+          count);
+    }
+    case DType::kFloat16: {
+      const auto* p = static_cast<const uint16_t*>(data);
+      return health_loop(
+          [p](auto d, size_t at) {
+            // Widening is exact, so the scalar conversion gives the same value as F16C.
+            alignas(64) double widened[8];
+            for (size_t l = 0; l < hn::Lanes(d); ++l) widened[l] = half_to_float(p[at + l]);
+            return hn::LoadU(d, widened);
+          },
+          count);
+    }
+    default: return HealthBlock{};
+  }
+}
+
 const char* TargetName() { return hwy::TargetName(HWY_TARGET); }
 
 }  // namespace gradsync::reduce::simd::HWY_NAMESPACE
@@ -370,6 +450,7 @@ HWY_EXPORT(Narrow);
 HWY_EXPORT(TargetName);
 HWY_EXPORT(CombinePair);
 HWY_EXPORT(StreamCopy);
+HWY_EXPORT(Health);
 
 void stream_copy(void* dst, const void* src, size_t bytes) {
   if (bytes == 0) return;
@@ -397,6 +478,10 @@ void fold_narrow(const KernelArgs& args, std::span<const void* const> inputs, si
 void narrow(DType dtype, void* out, const void* acc, size_t count) {
   if (count == 0) return;
   HWY_DYNAMIC_DISPATCH(Narrow)(dtype, out, acc, count);
+}
+
+HealthBlock health(DType dtype, const void* block, size_t count) {
+  return HWY_DYNAMIC_DISPATCH(Health)(dtype, block, count);
 }
 
 const char* target_name() { return HWY_DYNAMIC_DISPATCH(TargetName)(); }

@@ -15,6 +15,7 @@
 #include <span>
 #include <vector>
 
+#include "daemon/reduce/health.h"
 #include "daemon/reduce/kernel.h"
 
 namespace gradsync::reduce::simd {
@@ -52,6 +53,11 @@ void combine_pair(const PairArgs& args, void* out, const void* a, const void* b,
 // caller copying many blocks fences once at the end rather than after every block.
 void stream_copy(void* dst, const void* src, size_t bytes);
 void stream_fence();
+
+// The health (health.h) of one block of `count` <= kHealthBlockElements elements of `dtype`
+// (a floating dtype), as stored: the same bits on every SIMD level (eight logical lanes, held
+// in as many vectors as a level needs).
+HealthBlock health(DType dtype, const void* block, size_t count);
 
 // The name of the SIMD level fold() and narrow() run on, e.g. "AVX2" (for logs and benchmarks).
 const char* target_name();

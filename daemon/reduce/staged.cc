@@ -27,7 +27,7 @@ template <class Codec, bool kAfter, bool kRound>
 void finish_half(const KernelArgs& args, const float* acc, std::span<void* const> outputs, size_t count) {
   using Storage = typename Codec::Storage;
   const float divisor = kAfter ? static_cast<float>(args.divisor) : 1.0f;
-  constexpr size_t kBlock = 4096;
+  constexpr size_t kBlock = kHealthBlockElements;  // one health block per staged block
   Storage staged[kBlock];
   for (size_t begin = 0; begin < count; begin += kBlock) {
     const size_t len = std::min(kBlock, count - begin);
@@ -35,6 +35,7 @@ void finish_half(const KernelArgs& args, const float* acc, std::span<void* const
       const float v = acc[begin + i];
       staged[i] = Codec::store(kAfter ? rounded<Codec>(v / divisor, kRound) : v);
     }
+    if (args.health) args.health[begin / kBlock] = simd::health(args.dtype, staged, len);
     for (void* out : outputs) {
       // acc is the daemon's own buffer, so no output is an input.
       if (args.stream_outputs) {
@@ -85,6 +86,7 @@ void accumulate(const KernelArgs& args, std::span<const void* const> inputs, voi
   // The post-divide is left for finish().
   KernelArgs stage = args;
   if (stage.scale == Scale::kAfter) stage.scale = Scale::kNone;
+  stage.health = nullptr;  // partial sums are not results
   // The half types accumulate in float32: simd.h's fold() hands that out. Every other dtype
   // accumulates in itself, so kernel.h's blocked reduce() is the accumulate stage (its blocks
   // also make in-place calls safe, which fold() alone is not).

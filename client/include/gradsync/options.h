@@ -86,6 +86,11 @@ struct ReduceOptions {
   double divisor = 0;  // kAvg only; 0 means the world size
   // float16/bfloat16: accumulate in float32 and round once (DeepSpeed's fp32_allreduce).
   bool fp32_accumulate = true;
+  // allreduce of a floating-point host set: compute, in the same pass as the reduction,
+  // whether the result holds an inf or a NaN and its sum of squares, read with
+  // Work::found_inf() and Work::sq_norm() (mixed precision's overflow check and the gradient
+  // norm, without a second pass over the gradients).
+  bool health = false;
 };
 
 }  // namespace gradsync

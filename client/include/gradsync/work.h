@@ -13,12 +13,14 @@ namespace gradsync {
 
 class Completions;
 class DeviceEvents;
+struct OpResult;
 
 class Work {
  public:
   Work() = default;
-  Work(std::shared_ptr<Completions> completions, uint64_t seq, std::shared_ptr<DeviceEvents> events = nullptr)
-      : completions_(std::move(completions)), seq_(seq), events_(std::move(events)) {}
+  Work(std::shared_ptr<Completions> completions, uint64_t seq, std::shared_ptr<DeviceEvents> events = nullptr,
+       std::shared_ptr<const OpResult> result = nullptr)
+      : completions_(std::move(completions)), seq_(seq), events_(std::move(events)), result_(std::move(result)) {}
 
   // True once the operation finished, successfully or not (on a device set: and the GPU is
   // through its results). Never blocks.
@@ -39,12 +41,24 @@ class Work {
   // The failure, once completed with one; ok while pending or after success.
   Status error() const;
 
+  // The fused health of an allreduce that asked for it (ReduceOptions::health), once it
+  // completed successfully: whether the reduced result holds an inf or a NaN, and its sum of
+  // squares in float64 (the global gradient norm squared, for clipping). The same bits on every
+  // rank of the set's groups, in every run (daemon/reduce/health.h). Throws InvalidArgument
+  // when the operation did not ask for it or has not completed, and the operation's error when
+  // it failed.
+  bool found_inf() const;
+  double sq_norm() const;
+
   uint64_t seq() const { return seq_; }
 
  private:
   std::shared_ptr<Completions> completions_;
   uint64_t seq_ = 0;
   std::shared_ptr<DeviceEvents> events_;  // device sets only
+  std::shared_ptr<const OpResult> result_;  // operations that asked for a result only
+
+  OpResult result(const char* what) const;
 };
 
 }  // namespace gradsync

@@ -13,25 +13,10 @@
 namespace gradsync::host {
 namespace {
 
-// A piece of one tensor of the bucket: elements [first, first + count) of tensor `tensor`.
-struct Piece {
-  uint32_t tensor = 0;
-  uint64_t first = 0;
-  uint64_t count = 0;
-};
+using Piece = TensorPiece;
 
 std::vector<Piece> pieces_of(const TensorSet& set, size_t bucket, size_t parts) {
-  const size_t element = dtype_size(set.plan.buckets[bucket].dtype);
-  const uint64_t total = set.bucket_elements[bucket];
-  const uint64_t per = std::max<uint64_t>(std::max<uint64_t>(1, kMinBytesPerTask / element),
-                                          (total + parts - 1) / std::max<size_t>(parts, 1));
-  std::vector<Piece> pieces;
-  for (uint32_t t : set.plan.buckets[bucket].tensors) {
-    for (uint64_t first = 0; first < set.layout[t].numel; first += per) {
-      pieces.push_back({t, first, std::min(per, set.layout[t].numel - first)});
-    }
-  }
-  return pieces;
+  return tensor_pieces(set, bucket, parts);
 }
 
 // The header every node must agree on before a bucket crosses nodes.
@@ -217,7 +202,9 @@ Status reduce_across(const BucketCall& c, ThreadPool& pool, const std::shared_pt
   const bool to_root = results == Results::kRoot;
   // In place, the clients' memory holds the node's partial sums: only an allreduce, which then
   // overwrites all of it, may work there.
-  if (results == Results::kEveryone && set.canonical_run[c.bucket] &&
+  // The fused health is computed tensor by tensor (reduce/health.h), which the in-place path's
+  // slices are not: with it, the bucket is staged (the engine calls are the same).
+  if (results == Results::kEveryone && set.canonical_run[c.bucket] && !c.health &&
       reduce::accumulation_dtype(c.args.dtype) == c.args.dtype) {
     return allreduce_in_place(c, pool);
   }
@@ -282,7 +269,11 @@ Status reduce_across(const BucketCall& c, ThreadPool& pool, const std::shared_pt
     } else {
       for (uint32_t m : members) outputs.push_back(set.address[m][p.tensor] + p.first * element);
     }
-    reduce::finish(fan_out, acc + (set.offset_in_bucket[p.tensor] + p.first) * acc_size, outputs, p.count);
+    reduce::KernelArgs piece = fan_out;
+    if (c.health && results == Results::kEveryone) {
+      piece.health = c.health->data() + set.health_block[p.tensor] + p.first / reduce::kHealthBlockElements;
+    }
+    reduce::finish(piece, acc + (set.offset_in_bucket[p.tensor] + p.first) * acc_size, outputs, p.count);
   });
   return Status();
 }

@@ -55,7 +55,9 @@ void HostExecutor::run_local(const BucketCall& call) {
   // The group lives on this node only, so the root (a member) is a local rank here.
   const uint32_t root = static_cast<uint32_t>(call.desc.root % topology.local_world_size);
   switch (call.desc.kind) {
-    case OpKind::kAllreduce: execute_allreduce(set, call.bucket, call.args, *pool_); break;
+    case OpKind::kAllreduce:
+      execute_allreduce(set, call.bucket, call.args, *pool_, call.health ? call.health->data() : nullptr);
+      break;
     case OpKind::kReduce: execute_reduce(set, call.bucket, call.args, root, *pool_); break;
     case OpKind::kBroadcast: execute_broadcast(set, call.bucket, root, *pool_); break;
     case OpKind::kAllgather: execute_allgather(set, call.bucket, topology.rank_of(0), *pool_); break;

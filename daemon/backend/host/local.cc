@@ -42,8 +42,43 @@ void for_each_chunk(const TensorSet& set, size_t bucket, ThreadPool& pool, Body&
 
 }  // namespace
 
-void execute_allreduce(const TensorSet& set, size_t bucket, const reduce::KernelArgs& args, ThreadPool& pool) {
+std::vector<TensorPiece> tensor_pieces(const TensorSet& set, size_t bucket, size_t threads) {
+  const size_t element = dtype_size(set.plan.buckets[bucket].dtype);
+  const uint64_t total = set.bucket_elements[bucket];
+  const uint64_t share = std::max<uint64_t>(std::max<uint64_t>(1, kMinBytesPerTask / element),
+                                            (total + threads - 1) / std::max<size_t>(threads, 1));
+  const uint64_t block = reduce::kHealthBlockElements;
+  const uint64_t per = (share + block - 1) / block * block;
+  std::vector<TensorPiece> pieces;
+  for (uint32_t t : set.plan.buckets[bucket].tensors) {
+    for (uint64_t first = 0; first < set.layout[t].numel; first += per) {
+      pieces.push_back({t, first, std::min(per, set.layout[t].numel - first)});
+    }
+  }
+  return pieces;
+}
+
+void execute_allreduce(const TensorSet& set, size_t bucket, const reduce::KernelArgs& args, ThreadPool& pool,
+                       reduce::HealthBlock* health) {
   const auto& members = set.participants[bucket];
+  if (health) {
+    // Tensor by tensor (the health's blocks are the tensors'), in place in every member.
+    const size_t element = dtype_size(args.dtype);
+    const std::vector<TensorPiece> pieces = tensor_pieces(set, bucket, pool.size());
+    pool.parallel_for(pieces.size(), [&](size_t i) {
+      const TensorPiece& p = pieces[i];
+      std::vector<const void*> inputs(members.size());
+      std::vector<void*> outputs(members.size());
+      for (size_t k = 0; k < members.size(); ++k) {
+        outputs[k] = set.address[members[k]][p.tensor] + p.first * element;
+        inputs[k] = outputs[k];
+      }
+      reduce::KernelArgs piece = args;
+      piece.health = health + set.health_block[p.tensor] + p.first / reduce::kHealthBlockElements;
+      reduce::reduce(piece, inputs, outputs, p.count);
+    });
+    return;
+  }
   for_each_chunk(set, bucket, pool, [&](const BucketRun& run, uint64_t byte_offset, uint64_t count) {
     std::vector<const void*> inputs(members.size());
     std::vector<void*> outputs(members.size());

@@ -26,8 +26,22 @@ inline constexpr uint64_t kMinBytesPerTask = 256 << 10;
 // fan-out of 100 MiB: 32-44 ms with normal stores, 30-36 ms streaming.
 inline constexpr uint64_t kStreamResultsFromBytes = 16 << 20;
 
-// Results land in every client's tensors.
-void execute_allreduce(const TensorSet& set, size_t bucket, const reduce::KernelArgs& args, ThreadPool& pool);
+// A piece of one tensor of a bucket: elements [first, first + count) of tensor `tensor`.
+struct TensorPiece {
+  uint32_t tensor = 0;
+  uint64_t first = 0;
+  uint64_t count = 0;
+};
+
+// The bucket's tensors cut into pieces that `threads` threads share (none below
+// kMinBytesPerTask unless a tensor is), each starting at a health block of its tensor
+// (reduce/health.h), so that any of them can compute the fused health.
+std::vector<TensorPiece> tensor_pieces(const TensorSet& set, size_t bucket, size_t threads);
+
+// Results land in every client's tensors. `health`, when given, is the set's health blocks
+// (TensorSet::health_block), of which the bucket's tensors' are filled in.
+void execute_allreduce(const TensorSet& set, size_t bucket, const reduce::KernelArgs& args, ThreadPool& pool,
+                       reduce::HealthBlock* health = nullptr);
 
 // Results land in the root's tensors only (root is a local rank); the other clients' tensors are
 // left as they were.
