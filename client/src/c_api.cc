@@ -75,6 +75,7 @@ gradsync::ReduceOptions reduce_options(const gs_reduce_options* o) {
   options.scaling = o->prescale ? gradsync::Scaling::kBefore : gradsync::Scaling::kAfter;
   options.divisor = o->divisor;
   options.fp32_accumulate = o->fp32_accumulate != 0;
+  options.health = o->health != 0;
   return options;
 }
 
@@ -312,6 +313,14 @@ gs_status gs_work_wait_stream(const gs_work* work, void* stream, int64_t timeout
 gs_status gs_work_is_completed(const gs_work* work, int32_t* done) {
   if (!work || !done) return null_argument(!work ? "work" : "done");
   return guarded([&] { *done = work->work.is_completed(); });
+}
+
+gs_status gs_work_health(const gs_work* work, int32_t* found_inf, double* sq_norm) {
+  if (!work || !found_inf || !sq_norm) return null_argument(!work ? "work" : !found_inf ? "found_inf" : "sq_norm");
+  return guarded([&] {
+    *found_inf = work->work.found_inf() ? 1 : 0;
+    *sq_norm = work->work.sq_norm();
+  });
 }
 
 void gs_work_free(gs_work* work) { delete work; }

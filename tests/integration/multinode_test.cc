@@ -20,6 +20,7 @@
 #include "shared/version.h"
 #include "tests/integration/harness.h"
 #include "tests/integration/values.h"
+#include "tests/unit/health_reference.h"
 
 namespace gradsync::test {
 namespace {
@@ -203,6 +204,53 @@ TEST_CASE("multi-node: reduce_scatter across 2 daemons, in slices and over a sub
         return kOk;
       },
       groups, 2);
+  for (int status : statuses) CHECK(exit_code(status) == kOk);
+}
+
+// Health across nodes: each rank's found_inf and sq_norm equal what the reference makes of
+// the results it received, of its groups' tensors only, bit for bit; every node computes it
+// from its own copy of the reduced buckets, so the ranks of a group agree across nodes.
+TEST_CASE("multi-node: fused health is the same bits on every rank of 3 daemons x 2 clients",
+          "[integration][multinode][health]") {
+  TestCluster cluster(kNodes);
+  const std::string job = unique_job("nodes-health");
+  const std::vector<GroupSpec> groups = {{"pair", {1, 4}}};
+  const auto statuses = run_job(
+      cluster, job,
+      [&](int rank, Client& client) {
+        // A flat float32 buffer (in place without health), separate bfloat16 tensors, and a
+        // float32 tensor of the "pair" group, which only ranks 1 and 4 reduce.
+        std::vector<SharedTensor> tensors = client.allocate_flat(
+            std::vector<TensorSpec>{{DType::kFloat32, 70'000, "dp"}, {DType::kFloat32, 517, "dp"}});
+        tensors.push_back(client.allocate(TensorSpec{DType::kBFloat16, 9'000, "dp"}));
+        tensors.push_back(client.allocate(TensorSpec{DType::kFloat32, 5'000, "pair"}));
+        const TensorSet set = client.register_tensors(tensors, RegisterOptions{.bucket_cap_bytes = 65'536});
+        const bool paired = rank == 1 || rank == 4;
+        for (int step = 0; step < 3; ++step) {
+          for (uint64_t t = 0; t < tensors.size(); ++t) fill_exact(tensors[t], rank, t, step);
+          // Step 2: an inf on rank 3 in a "dp" tensor: every rank finds it.
+          if (step == 2 && rank == 3) store(DType::kBFloat16, tensors[2].data(), 17, HUGE_VAL);
+          ReduceOptions options{step == 1 ? ReduceOp::kAvg : ReduceOp::kSum};
+          options.health = true;
+          Work work = client.allreduce(set, options);
+          if (!work.wait(std::chrono::seconds(60))) return fail("allreduce timed out");
+          ReferenceHealth want;
+          for (uint64_t t = 0; t < tensors.size(); ++t) {
+            if (t == 3 && !paired) continue;  // not reduced for this rank
+            add_tensor_health(tensors[t].dtype(), tensors[t].data(), tensors[t].numel(), &want);
+          }
+          const double got = work.sq_norm();
+          if (work.found_inf() != want.found_inf || want.found_inf != (step == 2)) {
+            return fail("step " + std::to_string(step) + ": found_inf " + std::to_string(work.found_inf()));
+          }
+          if (step < 2 && std::memcmp(&got, &want.sum_sq, sizeof got) != 0) {
+            return fail("step " + std::to_string(step) + ": sq_norm " + std::to_string(got) + ", the results give " +
+                        std::to_string(want.sum_sq));
+          }
+        }
+        return kOk;
+      },
+      groups);
   for (int status : statuses) CHECK(exit_code(status) == kOk);
 }
 

@@ -24,3 +24,14 @@ def test_reduce_scatter_every_dtype_and_mode_matches_torch(daemon):
 def test_reduce_scatter_three_ranks_with_uneven_shards(daemon):
     # SIZES total 1041 elements: shards of 347 over 3 ranks, 521 and 520 over 2.
     assert_all_ok(run_ranks("reduce_scatter.py", 3, daemon), daemon)
+
+
+def test_fused_health_and_master_params(daemon):
+    results = run_ranks("health.py", 2, daemon)
+    assert_all_ok(results, daemon)
+    for code, out in results:
+        assert "16 cases" in out and "skipped 1" in out, out
+
+
+def test_fused_health_three_ranks(daemon):
+    assert_all_ok(run_ranks("health.py", 3, daemon), daemon)

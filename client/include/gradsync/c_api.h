@@ -23,7 +23,8 @@
 extern "C" {
 #endif
 
-/* 2: gs_register_ex (extensible options), reduce-scatter (gs_reduce_scatter, gs_set_shard) */
+/* 2: gs_register_ex (extensible options), reduce-scatter (gs_reduce_scatter, gs_set_shard), fused
+ *    health (gs_reduce_options.health, gs_work_health) */
 #define GS_C_API_VERSION 2
 
 /* The daemon's status codes (shared/status.h), and so the Python exception classes. */
@@ -73,6 +74,7 @@ typedef struct gs_reduce_options {
   int32_t prescale;         /* avg: divide before combining (keeps fp16 sums in range) */
   double divisor;           /* avg: 0 means the world size */
   int32_t fp32_accumulate;  /* float16/bfloat16: accumulate in float32 (1, the default) or not (0) */
+  int32_t health;           /* allreduce of a floating host set: compute its health (gs_work_health) */
 } gs_reduce_options;
 
 /* How a set is registered (gs_register_ex). `size` is sizeof(gs_register_options) as the caller
@@ -162,6 +164,9 @@ gs_status gs_work_wait(const gs_work* work, int64_t timeout_ms, int32_t* complet
 gs_status gs_work_wait_stream(const gs_work* work, void* stream, int64_t timeout_ms, int32_t* completed);
 /* *done: 1 once finished, successfully or not (its error then comes from gs_work_wait). */
 gs_status gs_work_is_completed(const gs_work* work, int32_t* done);
+/* After a successful allreduce that asked for health: whether the result holds an inf or a
+ * NaN, and its sum of squares in float64 (the same bits on every rank of the set's groups). */
+gs_status gs_work_health(const gs_work* work, int32_t* found_inf, double* sq_norm);
 void gs_work_free(gs_work* work);
 
 #ifdef __cplusplus

@@ -26,7 +26,8 @@ class Tensor(ctypes.Structure):
 
 
 class ReduceOptions(ctypes.Structure):
-    _fields_ = [("op", c_int32), ("prescale", c_int32), ("divisor", c_double), ("fp32_accumulate", c_int32)]
+    _fields_ = [("op", c_int32), ("prescale", c_int32), ("divisor", c_double), ("fp32_accumulate", c_int32),
+                ("health", c_int32)]
 
 
 class RegisterOptions(ctypes.Structure):
@@ -67,6 +68,7 @@ _SIGNATURES = {
     "gs_work_wait": (c_int32, [c_void_p, c_int64, _P(c_int32)]),
     "gs_work_wait_stream": (c_int32, [c_void_p, c_void_p, c_int64, _P(c_int32)]),
     "gs_work_is_completed": (c_int32, [c_void_p, _P(c_int32)]),
+    "gs_work_health": (c_int32, [c_void_p, _P(c_int32), _P(c_double)]),
     "gs_work_free": (None, [c_void_p]),
 }
 

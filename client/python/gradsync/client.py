@@ -183,10 +183,14 @@ class Client:
 
     # -- the coalesced operations (gradsync.torch._coalesced)
     def allreduce_coalesced(self, tensors, op="avg", divisor=None, prescale=False, fp32_accumulate=None,
-                            bucket_bytes=None, group=None):
-        """Reduces the tensors in place across the group's ranks (default "dp": every rank)."""
+                            bucket_bytes=None, group=None, health=False):
+        """Reduces the tensors in place across the group's ranks (default "dp": every rank).
+        health=True (floating-point CPU tensors): the daemon also computes, in the same pass,
+        whether the result holds an inf or a NaN and its sum of squares: Work.found_inf() and
+        Work.sq_norm() once it completed."""
         from .torch import _coalesced
-        return _coalesced.allreduce(self, tensors, op, divisor, prescale, fp32_accumulate, bucket_bytes, group)
+        return _coalesced.allreduce(self, tensors, op, divisor, prescale, fp32_accumulate, bucket_bytes, group,
+                                    health=health)
 
     def broadcast_coalesced(self, tensors, root=0, group=None):
         """Copies the root rank's tensors into every rank's, in place."""

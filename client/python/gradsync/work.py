@@ -4,7 +4,7 @@ import threading
 import time
 
 from . import _lib
-from .errors import TimeoutError, error_for
+from .errors import InvalidArgumentError, TimeoutError, error_for
 
 # How long one blocking call into the library waits when the caller set no timeout: short
 # enough that Ctrl-C is seen between calls.
@@ -82,6 +82,27 @@ class Work:
             stream = torch.cuda.current_stream(self._device)
         self._call_wait(_lib.lib().gs_work_wait_stream, ctypes.c_void_p(stream.cuda_stream), timeout=timeout)
         return self._complete(stream)
+
+    def _health(self):
+        if not self._done:
+            raise InvalidArgumentError("gradsync: the operation has not completed; wait for it first")
+        found, norm = ctypes.c_int32(0), ctypes.c_double(0)
+        status = _lib.lib().gs_work_health(self._handle, ctypes.byref(found), ctypes.byref(norm))
+        if status != 0:
+            raise error_for(status, _lib.last_error())
+        return bool(found.value), norm.value
+
+    def found_inf(self):
+        """After an allreduce_coalesced(..., health=True) that completed: whether the reduced
+        result holds an inf or a NaN (mixed precision's overflow check), computed in the same pass
+        as the reduction, the same on every rank."""
+        return self._health()[0]
+
+    def sq_norm(self):
+        """After an allreduce_coalesced(..., health=True) that completed: the reduced result's sum
+        of squares in float64 (sqrt of it is the global gradient norm), the same bits on every rank
+        of its groups."""
+        return self._health()[1]
 
     def is_completed(self):
         """True once the operation finished, successfully or not; never blocks. When it succeeded,

@@ -194,7 +194,7 @@ def _finisher(client, registered, tensors, device, copy_back):
     return finish
 
 
-def _reduce_options(client, op, divisor, prescale, fp32_accumulate):
+def _reduce_options(client, op, divisor, prescale, fp32_accumulate, health=False):
     if op not in _OPS:
         raise InvalidArgumentError(f"gradsync: op must be one of {sorted(_OPS)}, not {op!r}")
     if divisor is not None and op != "avg":
@@ -202,7 +202,7 @@ def _reduce_options(client, op, divisor, prescale, fp32_accumulate):
     if divisor is not None and not divisor > 0:
         raise InvalidArgumentError(f"gradsync: divisor must be positive, not {divisor!r}")
     return _lib.ReduceOptions(_OPS[op], 1 if prescale else 0, float(divisor or 0.0),
-                              1 if fp32_accumulate is None or fp32_accumulate else 0)
+                              1 if fp32_accumulate is None or fp32_accumulate else 0, 1 if health else 0)
 
 
 def _prepare(client, tensors, device, group, bucket_bytes, copy_in, allgather=False, tag=None, reduce_scatter=False):
@@ -217,9 +217,9 @@ def _prepare(client, tensors, device, group, bucket_bytes, copy_in, allgather=Fa
     return registered
 
 
-def allreduce(client, tensors, op, divisor, prescale, fp32_accumulate, bucket_bytes, group, tag=None):
+def allreduce(client, tensors, op, divisor, prescale, fp32_accumulate, bucket_bytes, group, tag=None, health=False):
     tensors, device = _validate(client, tensors, group)
-    options = _reduce_options(client, op, divisor, prescale, fp32_accumulate)
+    options = _reduce_options(client, op, divisor, prescale, fp32_accumulate, health)
     registered = _prepare(client, tensors, device, group, bucket_bytes, True, tag=tag)
     handle = ctypes.c_void_p()
     _check(_lib.lib().gs_allreduce(client._h(), registered.handle, ctypes.byref(options), ctypes.byref(handle)))
