@@ -9,11 +9,13 @@
 #include <hwy/highway.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <span>
 #include <type_traits>
+#include <utility>
 
 #include "daemon/reduce/combine.h"
 #include "daemon/reduce/simd.h"
@@ -357,46 +359,61 @@ void StreamCopy(void* dst, const void* src, size_t bytes) {
   std::memcpy(out + i, in + i, bytes - i);
 }
 
-// health.h's sum of squares: eight logical lanes, element i in lane i % 8, held in 8 / L
-// vectors of L float64 lanes (L = 1 on the scalar level up to 8 with AVX-512), so that every
+// health.h's sum of squares: kHealthLanes logical lanes, element i in lane i % 32, held in
+// 32 / L vectors of L float64 lanes (L = 1 on the scalar level up to 8 with AVX-512), so that every
 // lane sees the same elements in the same order on every level. Squares of float32 and the
 // half types are exact in float64; float64 squares round once (the file is compiled without
 // FMA contraction, so a multiply and an add stay two roundings everywhere).
+//
+// Squares are never negative, so the sum is an inf or a NaN exactly when some square is: for
+// float32 and the half types that is an element that is one (their largest square is far
+// inside float64's range), so no separate check runs. Only a float64 block whose sum is not
+// finite is looked at again, element by element, since a finite float64 above 1e154 squares to
+// an inf.
+// One step of the loop: the next kHealthLanes elements into the sums, vector k taking
+// elements [k * L, (k + 1) * L); the vector count is a constant, so the sums stay in registers.
+template <class D, class Load>
+HWY_INLINE hn::Vec<D> add_square(D d, const Load& load, size_t at, hn::Vec<D> sum) {
+  const hn::Vec<D> x = load(d, at);
+  return hn::Add(sum, hn::Mul(x, x));
+}
+
+template <class D, class Load, size_t... K>
+HWY_INLINE void add_squares(D d, const Load& load, size_t at, hn::Vec<D>* sums, std::index_sequence<K...>) {
+  constexpr size_t kStep = hn::MaxLanes(D());
+  ((sums[K] = add_square(d, load, at + K * kStep, sums[K])), ...);
+}
+
 template <class Load>
-HealthBlock health_loop(const Load& load, size_t count) {
+HealthBlock health_loop(const Load& load, size_t count, bool wide_squares) {
+  constexpr size_t kLanes = kHealthLanes;
   const hn::CappedTag<double, 8> d;
-  const size_t lanes = hn::Lanes(d);
-  const size_t vectors = 8 / lanes;
-  auto acc = hn::Zero(d);
-  decltype(acc) sums[8] = {acc, acc, acc, acc, acc, acc, acc, acc};
-  decltype(acc) bad[8] = {acc, acc, acc, acc, acc, acc, acc, acc};
+  constexpr size_t kVectorLanes = hn::MaxLanes(hn::CappedTag<double, 8>());
+  static_assert(kLanes % kVectorLanes == 0);
+  constexpr size_t kVectors = kLanes / kVectorLanes;  // 4 (AVX-512) to 32 (scalar)
+  using V = hn::Vec<decltype(d)>;
+  V sums[kVectors];
+  for (size_t k = 0; k < kVectors; ++k) sums[k] = hn::Zero(d);
   size_t i = 0;
-  for (; i + 8 <= count; i += 8) {
-    for (size_t k = 0; k < vectors; ++k) {
-      const auto x = load(d, i + k * lanes);
-      sums[k] = hn::Add(sums[k], hn::Mul(x, x));
-      bad[k] = hn::Add(bad[k], hn::Sub(x, x));  // 0 for a finite x, NaN for an inf or a NaN
-    }
-  }
-  alignas(64) double lane[8];
-  alignas(64) double flag[8];
-  for (size_t k = 0; k < vectors; ++k) {
-    hn::Store(sums[k], d, lane + k * lanes);
-    hn::Store(bad[k], d, flag + k * lanes);
-  }
+  for (; i + kLanes <= count; i += kLanes) add_squares(d, load, i, sums, std::make_index_sequence<kVectors>());
+  alignas(64) double lane[kLanes];
+  for (size_t k = 0; k < kVectors; ++k) hn::Store(sums[k], d, lane + k * kVectorLanes);
   const hn::CappedTag<double, 1> one;
   for (; i < count; ++i) {
     const double x = hn::GetLane(load(one, i));
-    lane[i % 8] = lane[i % 8] + x * x;
-    flag[i % 8] = flag[i % 8] + (x - x);
+    lane[i % kLanes] = lane[i % kLanes] + x * x;
   }
   HealthBlock block;
-  double flags = 0;
-  for (size_t j = 0; j < 8; ++j) {
-    block.sum_sq = block.sum_sq + lane[j];
-    flags = flags + flag[j];
+  for (size_t j = 0; j < kLanes; ++j) block.sum_sq = block.sum_sq + lane[j];
+  if (!std::isfinite(block.sum_sq)) {
+    block.nonfinite = 1;
+    if (wide_squares) {
+      block.nonfinite = 0;
+      for (size_t e = 0; e < count && !block.nonfinite; ++e) {
+        block.nonfinite = std::isfinite(hn::GetLane(load(one, e))) ? 0 : 1;
+      }
+    }
   }
-  block.nonfinite = flags != 0 ? 1 : 0;  // NaN != 0
   return block;
 }
 
@@ -404,12 +421,12 @@ HealthBlock Health(DType dtype, const void* data, size_t count) {
   switch (dtype) {
     case DType::kFloat64: {
       const auto* p = static_cast<const double*>(data);
-      return health_loop([p](auto d, size_t at) { return hn::LoadU(d, p + at); }, count);
+      return health_loop([p](auto d, size_t at) { return hn::LoadU(d, p + at); }, count, true);
     }
     case DType::kFloat32: {
       const auto* p = static_cast<const float*>(data);
       return health_loop([p](auto d, size_t at) { return hn::PromoteTo(d, hn::LoadU(hn::Rebind<float, decltype(d)>(), p + at)); },
-                         count);
+                         count, false);
     }
     case DType::kBFloat16: {
       const auto* p = static_cast<const uint16_t*>(data);
@@ -420,18 +437,18 @@ HealthBlock Health(DType dtype, const void* data, size_t count) {
             const auto bits = hn::ShiftLeft<16>(hn::PromoteTo(du, hn::LoadU(hn::Rebind<uint16_t, decltype(d)>(), p + at)));
             return hn::PromoteTo(d, hn::BitCast(df, bits));
           },
-          count);
+          count, false);
     }
     case DType::kFloat16: {
       const auto* p = static_cast<const uint16_t*>(data);
       return health_loop(
           [p](auto d, size_t at) {
             // Widening is exact, so the scalar conversion gives the same value as F16C.
-            alignas(64) double widened[8];
+            alignas(64) double widened[8];  // at most 8 lanes (CappedTag)
             for (size_t l = 0; l < hn::Lanes(d); ++l) widened[l] = half_to_float(p[at + l]);
             return hn::LoadU(d, widened);
           },
-          count);
+          count, false);
     }
     default: return HealthBlock{};
   }

@@ -55,8 +55,8 @@ void stream_copy(void* dst, const void* src, size_t bytes);
 void stream_fence();
 
 // The health (health.h) of one block of `count` <= kHealthBlockElements elements of `dtype`
-// (a floating dtype), as stored: the same bits on every SIMD level (eight logical lanes, held
-// in as many vectors as a level needs).
+// (a floating dtype), as stored: the same bits on every SIMD level (kHealthLanes logical
+// lanes, held in as many vectors as a level needs).
 HealthBlock health(DType dtype, const void* block, size_t count);
 
 // The name of the SIMD level fold() and narrow() run on, e.g. "AVX2" (for logs and benchmarks).

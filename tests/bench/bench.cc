@@ -58,7 +58,8 @@ struct BenchOptions {
 
 // The names --only takes, one per row (or pair of rows) of the table.
 constexpr const char* kRowKeys[] = {"float32", "float16", "bfloat16", "resnet50", "small",   "mark161",
-                                    "mark10k", "eight",   "2x2",      "4x1",      "latency", "reduce_scatter"};
+                                    "mark10k", "eight",   "2x2",      "4x1",      "latency", "reduce_scatter",
+                                    "health"};
 
 // The daemon's anonymous resident memory (heap, stacks, staging; not the clients' segments).
 long rss_anon_kib(pid_t pid) {
@@ -325,7 +326,8 @@ int run_bench(const BenchOptions& o) {
   };
   JobSamples f32 = unselected, f16 = unselected, bf16 = unselected, resnet = unselected, resnet_flat = unselected,
              small = unselected, small_flat = unselected, eight = unselected, mark161 = unselected,
-             mark10k = unselected, latency = unselected, scatter = unselected;
+             mark10k = unselected, latency = unselected, scatter = unselected, health = unselected,
+             separate_health = unselected;
   std::string memory_line, idle_line;
   // A scenario that throws (a daemon that does not come up, a process that cannot start) marks
   // its remaining rows missing, with why; the rest of the run goes on.
@@ -335,15 +337,16 @@ int run_bench(const BenchOptions& o) {
     }
   };
   const bool one_node = want({"float32", "float16", "bfloat16", "resnet50", "small", "mark161", "mark10k", "eight", "latency",
-                              "reduce_scatter"});
+                              "reduce_scatter", "health"});
   if (!o.floors_only && one_node) try {
     // Every job that will run starts as "not measured" until it has run (a scenario that stops
     // then marks it missing).
-    for (auto [job, selected] : std::initializer_list<std::pair<JobSamples*, bool>>{{&f32, want({"float32"})}, {&f16, want({"float16"})}, {&bf16, want({"bfloat16"})},
+    for (auto [job, selected] : std::initializer_list<std::pair<JobSamples*, bool>>{{&f32, want({"float32", "health"})}, {&f16, want({"float16"})}, {&bf16, want({"bfloat16"})},
                                  {&resnet, want({"resnet50", "mark161"})}, {&resnet_flat, want({"resnet50"})},
                                  {&small, want({"small", "mark10k"})}, {&small_flat, want({"small"})},
                                  {&mark161, want({"mark161"})}, {&mark10k, want({"mark10k"})}, {&eight, want({"eight"})},
-                                 {&latency, want({"latency"})}, {&scatter, want({"reduce_scatter"})}}) {
+                                 {&latency, want({"latency"})}, {&scatter, want({"reduce_scatter"})},
+                                 {&health, want({"health"})}, {&separate_health, want({"health"})}}) {
       if (selected) *job = JobSamples{};
     }
     Daemons one(o, 1);
@@ -368,6 +371,8 @@ int run_bench(const BenchOptions& o) {
     four(&mark10k, "small:10000:256", "float32", "mark");
     four(&small_flat, "small-flat:10000:256", "float32", "step");
     four(&scatter, big.layout, "float32", "reduce_scatter");
+    four(&health, big.layout, "float32", "health");
+    four(&separate_health, big.layout, "float32", "separate-health");
     if (!eight.step.skipped) eight = run_job(one, 1, 8, big, o.repeat);
     if (!latency.step.skipped) {
       TrainerArgs l;
@@ -398,7 +403,7 @@ int run_bench(const BenchOptions& o) {
     daemons_ok &= one.terminate_all();
   } catch (const std::exception& e) {
     stopped({&f32, &f16, &bf16, &resnet, &resnet_flat, &small, &small_flat, &eight, &mark161, &mark10k, &latency,
-             &scatter},
+             &scatter, &health, &separate_health},
             std::string("the one-node scenario stopped: ") + e.what());
   }
   // A multi-node row: `nodes` daemons on loopback, `per_node` trainers each, when selected.
@@ -459,6 +464,9 @@ int run_bench(const BenchOptions& o) {
   rows.push_back({"4 clients x 100 MiB float32 reduce-scatter, per step", "ms", ms(scatter), floor_scatter,
                   "memory floor: read 4 x 100 MiB, write 100 MiB, " + threads,
                   skipped("n/a: torch's gloo backend has no reduce_scatter"), ""});
+  rows.push_back({"4 clients x 100 MiB float32, allreduce with fused health, per step", "ms", ms(health),
+                  ms(f32), "the plain allreduce of the float32 row, same run", ms(separate_health),
+                  "peer: the plain allreduce, then each trainer's own pass over its results (inf, NaN, norm)"});
   rows.push_back({"4 clients x ResNet-50 as 161 tensors, per step", "ms", ms(resnet), ms(resnet_flat),
                   "the same bytes as one flat buffer", na, ""});
   rows.push_back({"4 clients x 10,000 tensors of 1 KiB, per step", "ms", ms(small), ms(small_flat),

@@ -53,6 +53,27 @@ std::vector<TensorSpec> layout_specs(const TrainerArgs& a) {
   throw std::invalid_argument("unknown --layout '" + a.layout + "'");
 }
 
+// A trainer's own overflow check and norm over float32 results, as mixed-precision optimizers
+// make it after the allreduce (the seeds' S15): every element read once more, squared and
+// summed in float64 (eight lanes, vectorized), and checked for inf and NaN. -1 on one found.
+double separate_health(const std::vector<SharedTensor>& tensors) {
+  double lanes[8] = {};
+  double bad = 0;
+  for (const SharedTensor& t : tensors) {
+    const std::span<const float> x = t.as<const float>();
+    for (size_t i = 0; i + 8 <= x.size(); i += 8) {
+      for (size_t j = 0; j < 8; ++j) {
+        const double v = x[i + j];
+        lanes[j] += v * v;
+        bad += v - v;
+      }
+    }
+  }
+  double sum = 0;
+  for (double l : lanes) sum += l;
+  return bad == 0 ? sum : -1;
+}
+
 }  // namespace
 
 std::vector<std::string> trainer_argv(const TrainerArgs& a) {
@@ -123,6 +144,16 @@ int run_trainer(const TrainerArgs& a) {
       if (!work.wait(deadline)) return 1;
     } else if (scatter) {
       if (!client->reduce_scatter(set, ReduceOptions{}).wait(deadline)) return 1;
+    } else if (a.mode == "health") {
+      ReduceOptions options;
+      options.health = true;
+      Work work = client->allreduce(set, options);
+      if (!work.wait(deadline)) return 1;
+      if (work.found_inf()) return 1;  // the bench's inputs are finite
+    } else if (a.mode == "separate-health") {
+      // What a trainer does without the fused check: a pass of its own over the results.
+      if (!client->allreduce(set, ReduceOptions{}).wait(deadline)) return 1;
+      if (separate_health(tensors) < 0) return 1;
     } else if (!client->allreduce(set, ReduceOptions{}).wait(deadline)) {
       return 1;
     }

@@ -21,7 +21,8 @@ struct TrainerArgs {
   std::string layout = "flat:104857600";
   std::string dtype = "float32";  // float32, float16 or bfloat16 (flat layouts only)
   // step: allreduce(set) per step; mark: deferred + mark_ready each tensor; reduce_scatter:
-  // reduce_scatter(set) per step
+  // reduce_scatter(set) per step; health: allreduce with the fused health; separate-health:
+  // allreduce, then the trainer's own pass over the results for inf, NaN and the norm
   std::string mode = "step";
   int steps = 10;
   int warmup = 2;

@@ -42,17 +42,17 @@ inline double element_value(DType dtype, const std::byte* data, size_t i) {
   }
 }
 
-// Adds one tensor's results to `into`: its blocks of 4096, eight lanes each.
+// Adds one tensor's results to `into`: its blocks of 4096, 32 lanes each.
 inline void add_tensor_health(DType dtype, const std::byte* data, size_t count, ReferenceHealth* into) {
   constexpr size_t kBlock = 4096;
   for (size_t begin = 0; begin < count; begin += kBlock) {
-    double lane[8] = {};
+    double lane[32] = {};
     const size_t end = begin + kBlock < count ? begin + kBlock : count;
     for (size_t i = begin; i < end; ++i) {
       const double x = element_value(dtype, data, i);
       if (!std::isfinite(x)) into->found_inf = true;
       const volatile double square = x * x;  // rounded on its own: never contracted with the add
-      lane[(i - begin) % 8] = lane[(i - begin) % 8] + square;
+      lane[(i - begin) % 32] = lane[(i - begin) % 32] + square;
     }
     double block = 0;
     for (double l : lane) block = block + l;

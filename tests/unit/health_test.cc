@@ -47,7 +47,7 @@ TEST_CASE("health: every SIMD level sums squares as the reference does, bit for 
     for (DType dtype : kFloating) {
       INFO(dtype_name(dtype));
       // Several blocks and a ragged tail; values over many magnitudes.
-      for (size_t count : {1, 7, 8, 9, 4095, 4096, 4097, 20'011}) {
+      for (size_t count : {1, 7, 8, 9, 31, 32, 33, 4095, 4096, 4097, 20'011}) {
         Bytes data(count * dtype_size(dtype));
         cases::fill_random(dtype, data, count, cases::Nans::kExcluded, rng);
         std::vector<HealthBlock> blocks(blocks_of(count));

@@ -1,5 +1,5 @@
 """allreduce_coalesced(..., health=True) on every floating dtype, staging and direct, against a
-reference written from the definition in daemon/reduce/health.h (sequential float64 lanes), bit for
+reference written from the definition in daemon/reduce/health.h (32 sequential float64 lanes), bit for
 bit; an inf on one rank found on all; and MasterParams stepping, skipping and rescaling alike on
 every rank."""
 import math
@@ -22,10 +22,10 @@ def reference(tensors):
         values = t.reshape(-1).to(torch.float64).tolist()
         for begin in range(0, len(values), 4096):
             block = values[begin:begin + 4096]
-            lanes = [0.0] * 8
+            lanes = [0.0] * 32
             for i, x in enumerate(block):
                 found = found or not math.isfinite(x)
-                lanes[i % 8] = lanes[i % 8] + x * x
+                lanes[i % 32] = lanes[i % 32] + x * x
             block_sum = 0.0
             for lane in lanes:
                 block_sum = block_sum + lane
