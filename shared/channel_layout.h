@@ -26,7 +26,7 @@
 
 namespace gradsync {
 
-inline constexpr uint32_t kChannelVersion = 3;  // 3: fused health (kSubmitHealth, results)
+inline constexpr uint32_t kChannelVersion = 3;  // 3: fused health (kSubmitHealth, results), wire compression
 inline constexpr uint32_t kDoorbellMagic = 0x67734442;     // "gsDB"
 inline constexpr uint32_t kClientRingsMagic = 0x67734352;  // "gsCR"
 inline constexpr uint32_t kDaemonRingsMagic = 0x67734452;  // "gsDR"
@@ -39,6 +39,8 @@ enum class WireScaling : uint32_t { kAfter = 1, kBefore = 2 };
 inline constexpr uint32_t kSubmitAllReady = 1u << 0;           // every tensor is ready now
 inline constexpr uint32_t kSubmitNarrowAccumulate = 1u << 1;   // half types: no fp32 accumulation
 inline constexpr uint32_t kSubmitHealth = 1u << 2;             // allreduce: return the result's health
+inline constexpr uint32_t kSubmitWireBFloat16 = 1u << 3;       // float32 across nodes as bfloat16
+inline constexpr uint32_t kSubmitWireFloat16 = 1u << 4;        // float32 across nodes as float16
 
 // One entry of a submission ring. op_seq numbers a client's operations 1, 2, 3, ...; the n-th
 // operation of every local client must describe the same collective.

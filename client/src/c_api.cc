@@ -75,7 +75,25 @@ gradsync::ReduceOptions reduce_options(const gs_reduce_options* o) {
   options.scaling = o->prescale ? gradsync::Scaling::kBefore : gradsync::Scaling::kAfter;
   options.divisor = o->divisor;
   options.fp32_accumulate = o->fp32_accumulate != 0;
-  options.health = o->health != 0;
+  return options;
+}
+
+// gs_reduce_options and, when given, what gs_op_options adds (fields past its size: defaults).
+gradsync::ReduceOptions reduce_options(const gs_reduce_options* o, const gs_op_options* given) {
+  gradsync::ReduceOptions options = reduce_options(o);
+  if (!given) return options;
+  if (given->size < sizeof(uint32_t)) throw Error(Status::invalid_argument("gs_op_options.size is not set"));
+  gs_op_options extra{};
+  std::memcpy(&extra, given, std::min<size_t>(given->size, sizeof(extra)));
+  options.health = extra.health != 0;
+  if (extra.wire_dtype == GS_BFLOAT16) {
+    options.wire_dtype = gradsync::DType::kBFloat16;
+  } else if (extra.wire_dtype == GS_FLOAT16) {
+    options.wire_dtype = gradsync::DType::kFloat16;
+  } else if (extra.wire_dtype != 0) {
+    throw Error(Status::invalid_argument("gs_op_options.wire_dtype must be 0, GS_BFLOAT16 or GS_FLOAT16, not " +
+                                         std::to_string(extra.wire_dtype)));
+  }
   return options;
 }
 
@@ -260,6 +278,12 @@ gs_status gs_allreduce(gs_client* client, const gs_set* set, const gs_reduce_opt
   return guarded([&] { new_work(client->client->allreduce(set->set, reduce_options(options)), out); });
 }
 
+gs_status gs_allreduce_ex(gs_client* client, const gs_set* set, const gs_reduce_options* options,
+                          const gs_op_options* extra, gs_work** out) {
+  if (!client || !set || !out) return null_argument(!client ? "client" : !set ? "set" : "out");
+  return guarded([&] { new_work(client->client->allreduce(set->set, reduce_options(options, extra)), out); });
+}
+
 gs_status gs_allreduce_deferred(gs_client* client, const gs_set* set, const gs_reduce_options* options,
                                 gs_work** out) {
   if (!client || !set || !out) return null_argument(!client ? "client" : !set ? "set" : "out");
@@ -288,14 +312,21 @@ gs_status gs_reduce(gs_client* client, const gs_set* set, int32_t root, const gs
   return guarded([&] { new_work(client->client->reduce(set->set, root, reduce_options(options)), out); });
 }
 
+gs_status gs_reduce_ex(gs_client* client, const gs_set* set, int32_t root, const gs_reduce_options* options,
+                       const gs_op_options* extra, gs_work** out) {
+  if (!client || !set || !out) return null_argument(!client ? "client" : !set ? "set" : "out");
+  return guarded([&] { new_work(client->client->reduce(set->set, root, reduce_options(options, extra)), out); });
+}
+
 gs_status gs_allgather(gs_client* client, const gs_set* set, gs_work** out) {
   if (!client || !set || !out) return null_argument(!client ? "client" : !set ? "set" : "out");
   return guarded([&] { new_work(client->client->allgather(set->set), out); });
 }
 
-gs_status gs_reduce_scatter(gs_client* client, const gs_set* set, const gs_reduce_options* options, gs_work** out) {
+gs_status gs_reduce_scatter(gs_client* client, const gs_set* set, const gs_reduce_options* options,
+                            const gs_op_options* extra, gs_work** out) {
   if (!client || !set || !out) return null_argument(!client ? "client" : !set ? "set" : "out");
-  return guarded([&] { new_work(client->client->reduce_scatter(set->set, reduce_options(options)), out); });
+  return guarded([&] { new_work(client->client->reduce_scatter(set->set, reduce_options(options, extra)), out); });
 }
 
 gs_status gs_work_wait(const gs_work* work, int64_t timeout_ms, int32_t* completed) {

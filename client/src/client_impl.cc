@@ -358,6 +358,8 @@ TensorSet ClientImpl::register_tensors(std::span<const SharedTensor> tensors, co
   kept.name = set_name(set.id_, set.label_);
   kept.has_integers = std::any_of(set.tensors_.begin(), set.tensors_.end(),
                                   [](const SharedTensor& t) { return !dtype_is_floating(t.dtype()); });
+  kept.all_float32 = std::all_of(set.tensors_.begin(), set.tensors_.end(),
+                                 [](const SharedTensor& t) { return t.dtype() == DType::kFloat32; });
   if (tensors[0].device() >= 0) {
     // The daemon made this set's event rings (DESIGN.md decision 7); open them here.
     const auto& r = reply.register_();
@@ -479,6 +481,22 @@ void ClientImpl::fill_reduce(SubmitEntry* entry, const ReduceOptions& options) c
                                         " is in device memory, where it is not computed yet"));
     }
     entry->flags |= kSubmitHealth;
+  }
+  if (options.wire_dtype) {
+    const auto it = per_join_.sets.find(entry->set_id);
+    if (*options.wire_dtype != DType::kBFloat16 && *options.wire_dtype != DType::kFloat16) {
+      throw Error(Status::invalid_argument("ReduceOptions::wire_dtype must be bfloat16 or float16, not " +
+                                           std::string(dtype_name(*options.wire_dtype))));
+    }
+    if (it != per_join_.sets.end() && !it->second.all_float32) {
+      throw Error(Status::invalid_argument("ReduceOptions::wire_dtype compresses float32, and " +
+                                           name_of(entry->set_id) + " has tensors of other dtypes"));
+    }
+    if (it != per_join_.sets.end() && it->second.events) {
+      throw Error(Status::not_supported("ReduceOptions::wire_dtype: " + name_of(entry->set_id) +
+                                        " is in device memory, where it is not compressed yet"));
+    }
+    entry->flags |= *options.wire_dtype == DType::kBFloat16 ? kSubmitWireBFloat16 : kSubmitWireFloat16;
   }
 }
 

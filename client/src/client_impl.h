@@ -58,6 +58,7 @@ class ClientImpl final : public Client {
   struct RegisteredSet {
     size_t size = 0;
     bool has_integers = false;  // an integer tensor: no avg
+    bool all_float32 = false;   // wire compression applies
     std::string name;           // how messages name it (shared/set_name.h)
     // Device sets: their event rings, shared with the Work handles of their operations.
     std::shared_ptr<DeviceEvents> events;

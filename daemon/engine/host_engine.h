@@ -30,6 +30,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <memory>
 
 #include "daemon/reduce/kernel.h"
@@ -45,6 +46,9 @@ struct ReduceSpec {
   reduce::Combine op = reduce::Combine::kSum;
   DType element = DType::kFloat32;  // the tensors' dtype
   bool wide_accumulate = true;
+  // Wire compression: the buffer holds float16 or bfloat16 (not the accumulation type), and
+  // every combine widens to float32 and rounds back (reduce::wire_combiner). Unset: none.
+  std::optional<DType> wire;
 };
 
 using EngineDone = std::function<void(const Status&)>;

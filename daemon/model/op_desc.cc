@@ -36,6 +36,7 @@ std::string describe(const OpDesc& desc, const TensorSet* set) {
       }
       if (desc.kind == OpKind::kReduce) text += ", root " + std::to_string(desc.root);
       if (desc.health) text += ", health";
+      if (desc.wire != DType::kFloat32) text += ", " + std::string(dtype_name(desc.wire)) + " on the wire";
       text += ")";
       break;
     case OpKind::kBroadcast:
@@ -58,6 +59,12 @@ Status parse_op(const SubmitEntry& entry, int world_size, OpDesc* desc) {
   desc->health = (entry.flags & kSubmitHealth) != 0;
   if (desc->health && desc->kind != OpKind::kAllreduce) {
     return Status::invalid_argument("health is computed for allreduce only");
+  }
+  const bool bf16 = (entry.flags & kSubmitWireBFloat16) != 0, f16 = (entry.flags & kSubmitWireFloat16) != 0;
+  if (bf16 && f16) return Status::invalid_argument("two wire dtypes at once");
+  desc->wire = bf16 ? DType::kBFloat16 : f16 ? DType::kFloat16 : DType::kFloat32;
+  if (desc->wire != DType::kFloat32 && !is_reduction(desc->kind)) {
+    return Status::invalid_argument("wire compression applies to allreduce, reduce and reduce-scatter only");
   }
   if (is_reduction(desc->kind)) {
     if (entry.reduce_op < static_cast<uint32_t>(WireReduceOp::kSum) ||
@@ -122,6 +129,17 @@ Status check_op(const OpDesc& desc, const TensorSet& set, const Topology& topolo
       if (!dtype_is_floating(tensor.dtype)) {
         return Status::invalid_argument("health on " + set.name() + ": " + std::string(dtype_name(tensor.dtype)) +
                                         " tensors have no inf or NaN; ask for it on floating-point sets only");
+      }
+    }
+  }
+  if (desc.wire != DType::kFloat32) {
+    if (set.memory_kind != MemoryKind::kHostMemfd) {
+      return Status::not_supported("wire compression on " + set.name() + ": not on device memory yet");
+    }
+    for (const auto& tensor : set.layout) {
+      if (tensor.dtype != DType::kFloat32) {
+        return Status::invalid_argument("wire compression on " + set.name() + ": it compresses float32, and the set has " +
+                                        std::string(dtype_name(tensor.dtype)) + " tensors");
       }
     }
   }

@@ -346,6 +346,58 @@ void CombinePair(const PairArgs& args, void* out, const void* a, const void* b, 
   }
 }
 
+// Wire compression (staged.h's wire_combiner): a, b and out hold a half type; each element is
+// widened to float32, combined there and rounded back, as the scalar codec does.
+template <class Lanes, Combine kCombine>
+void combine_wire(void* out, const void* a, const void* b, size_t count) {
+  auto* o = static_cast<uint16_t*>(out);
+  const auto* x = static_cast<const uint16_t*>(a);
+  const auto* y = static_cast<const uint16_t*>(b);
+  size_t i = 0;
+  if constexpr (Lanes::kVector) {
+    const typename Lanes::D d;
+    const size_t lanes = hn::Lanes(d);
+    for (; i + lanes <= count; i += lanes) {
+      Lanes::store(d, combine_lanes<kCombine>(Lanes::load(d, x + i), Lanes::load(d, y + i)), o + i);
+    }
+  }
+  using Codec = typename Lanes::Scalar;
+  for (; i < count; ++i) o[i] = Codec::store(combine<kCombine>(Codec::load(x[i]), Codec::load(y[i])));
+}
+
+template <class Lanes>
+void combine_wire_of(Combine combine, void* out, const void* a, const void* b, size_t count) {
+  switch (combine) {
+    case Combine::kSum: return combine_wire<Lanes, Combine::kSum>(out, a, b, count);
+    case Combine::kMin: return combine_wire<Lanes, Combine::kMin>(out, a, b, count);
+    case Combine::kMax: return combine_wire<Lanes, Combine::kMax>(out, a, b, count);
+  }
+}
+
+void CombineWire(DType wire, Combine combine, void* out, const void* a, const void* b, size_t count) {
+  if (wire == DType::kFloat16) return combine_wire_of<Float16Lanes>(combine, out, a, b, count);
+  combine_wire_of<BFloat16Lanes>(combine, out, a, b, count);
+}
+
+// float32 out[i] = the half type's in[i], exactly.
+template <class Lanes>
+void widen_half(void* out, const void* in, size_t count) {
+  auto* o = static_cast<float*>(out);
+  const auto* x = static_cast<const uint16_t*>(in);
+  size_t i = 0;
+  if constexpr (Lanes::kVector) {
+    const typename Lanes::D d;
+    const size_t lanes = hn::Lanes(d);
+    for (; i + lanes <= count; i += lanes) hn::StoreU(Lanes::finish(Lanes::load(d, x + i)), d, o + i);
+  }
+  for (; i < count; ++i) o[i] = Lanes::Scalar::load(x[i]);
+}
+
+void Widen(DType dtype, void* out, const void* in, size_t count) {
+  if (dtype == DType::kFloat16) return widen_half<Float16Lanes>(out, in, count);
+  widen_half<BFloat16Lanes>(out, in, count);
+}
+
 void StreamCopy(void* dst, const void* src, size_t bytes) {
   const hn::ScalableTag<uint8_t> d;
   const size_t lanes = hn::Lanes(d);
@@ -468,6 +520,8 @@ HWY_EXPORT(TargetName);
 HWY_EXPORT(CombinePair);
 HWY_EXPORT(StreamCopy);
 HWY_EXPORT(Health);
+HWY_EXPORT(CombineWire);
+HWY_EXPORT(Widen);
 
 void stream_copy(void* dst, const void* src, size_t bytes) {
   if (bytes == 0) return;
@@ -496,6 +550,12 @@ void narrow(DType dtype, void* out, const void* acc, size_t count) {
   if (count == 0) return;
   HWY_DYNAMIC_DISPATCH(Narrow)(dtype, out, acc, count);
 }
+
+void combine_wire(DType wire, Combine combine, void* out, const void* a, const void* b, size_t count) {
+  HWY_DYNAMIC_DISPATCH(CombineWire)(wire, combine, out, a, b, count);
+}
+
+void widen(DType dtype, void* out, const void* in, size_t count) { HWY_DYNAMIC_DISPATCH(Widen)(dtype, out, in, count); }
 
 HealthBlock health(DType dtype, const void* block, size_t count) {
   return HWY_DYNAMIC_DISPATCH(Health)(dtype, block, count);

@@ -45,6 +45,12 @@ struct PairArgs {
 };
 void combine_pair(const PairArgs& args, void* out, const void* a, const void* b, size_t count);
 
+// Wire compression: out[i] = round_to_wire(float(a[i]) (+) float(b[i])) over `count` elements
+// of `wire` (float16 or bfloat16); out may alias a or b. And float32 out[i] = in[i] widened
+// from a half type, exactly (narrow() is the other way).
+void combine_wire(DType wire, Combine combine, void* out, const void* a, const void* b, size_t count);
+void widen(DType dtype, void* out, const void* in, size_t count);
+
 // memcpy(dst, src, bytes), with streaming (non-temporal) stores for the part of dst that is
 // vector-aligned: each line is written once, without first being read into the cache, which
 // halves the memory traffic of writing a result that nobody reads before it leaves the cache.

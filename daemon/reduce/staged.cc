@@ -107,6 +107,25 @@ void finish(const KernelArgs& args, const void* acc, std::span<void* const> outp
   reduce(stage, std::span<const void* const>(&in, 1), outputs, count);
 }
 
+template <DType kWire, Combine kCombine>
+void combine_wire_buffers(void* out, const void* a, const void* b, size_t n) {
+  simd::combine_wire(kWire, kCombine, out, a, b, n);
+}
+
+template <DType kWire>
+CombinerFn pick_wire(Combine c) {
+  switch (c) {
+    case Combine::kSum: return &combine_wire_buffers<kWire, Combine::kSum>;
+    case Combine::kMin: return &combine_wire_buffers<kWire, Combine::kMin>;
+    case Combine::kMax: return &combine_wire_buffers<kWire, Combine::kMax>;
+  }
+  return nullptr;
+}
+
+CombinerFn wire_combiner(Combine combine, DType wire) {
+  return wire == DType::kFloat16 ? pick_wire<DType::kFloat16>(combine) : pick_wire<DType::kBFloat16>(combine);
+}
+
 CombinerFn combiner(const KernelArgs& args) {
   switch (args.dtype) {
     case DType::kFloat32: return pick<DType::kFloat32>(args.combine);

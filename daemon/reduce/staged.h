@@ -25,6 +25,10 @@ void accumulate(const KernelArgs& args, std::span<const void* const> inputs, voi
 using CombinerFn = void (*)(void* out, const void* a, const void* b, size_t n);
 CombinerFn combiner(const KernelArgs& args);
 
+// The cross-node combine of buffers compressed to `wire` (float16 or bfloat16) for the wire:
+// each pair widened to float32, combined, rounded back to `wire` (every hop rounds once).
+CombinerFn wire_combiner(Combine combine, DType wire);
+
 // out[k][i] = round(acc[i] / divisor) for Scale::kAfter, round(acc[i]) otherwise.
 void finish(const KernelArgs& args, const void* acc, std::span<void* const> outputs, size_t count);
 

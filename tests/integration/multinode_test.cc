@@ -254,6 +254,108 @@ TEST_CASE("multi-node: fused health is the same bits on every rank of 3 daemons 
   for (int status : statuses) CHECK(exit_code(status) == kOk);
 }
 
+// Wire compression: float32 crossing nodes as bfloat16 or float16. Each node's local sum is
+// exact here (multiples of 1/64 below 1000), so the only error is the wire's: the node's sum
+// rounded to the wire dtype, and each combine of two wire values rounded again, at most
+// `nodes` roundings on a path, each within u (2^-8 for bfloat16, 2^-11 for float16) of the
+// partial sum it rounds. The bound checked (and documented in how-it-works.md) is
+// |result - exact| <= (nodes + 1) * u * sum over nodes of |node sum|, plus for avg the float32
+// division's own rounding.
+namespace {
+
+double wire_value(int rank, uint64_t tensor, uint64_t i) {
+  const uint64_t h = (static_cast<uint64_t>(rank) * 2654435761u + i * 40503u + tensor * 97u) % 128'000u;
+  return (static_cast<double>(h) - 64'000.0) / 64.0;  // multiples of 1/64 in [-1000, 1000)
+}
+
+int check_wire(int nodes, int rank, const std::vector<SharedTensor>& tensors, ReduceOp op, DType wire,
+               const std::vector<int>& ranks, size_t* inexact) {
+  const double u = wire == DType::kBFloat16 ? 0x1p-8 : 0x1p-11;
+  for (uint64_t t = 0; t < tensors.size(); ++t) {
+    const std::span<const float> got = tensors[t].as<const float>();
+    for (uint64_t i = 0; i < got.size(); ++i) {
+      double exact = 0, magnitude = 0;
+      for (int n = 0; n < nodes; ++n) {
+        double node_sum = 0;
+        for (int r : ranks) {
+          if (r / kLocal == n) node_sum += wire_value(r, t, i);
+        }
+        exact += node_sum;
+        magnitude += std::fabs(node_sum);
+      }
+      double bound = (nodes + 1) * u * magnitude;
+      if (op == ReduceOp::kAvg) {
+        exact /= static_cast<double>(ranks.size());
+        bound = bound / static_cast<double>(ranks.size()) + 0x1p-23 * std::fabs(exact);
+      }
+      const double error = std::fabs(static_cast<double>(got[i]) - exact);
+      if (error > bound) {
+        return fail("rank " + std::to_string(rank) + " tensor " + std::to_string(t) + " element " + std::to_string(i) +
+                    ": " + std::to_string(got[i]) + " is " + std::to_string(error) + " from " + std::to_string(exact) +
+                    ", more than the bound " + std::to_string(bound));
+      }
+      *inexact += error != 0;
+    }
+  }
+  return kOk;
+}
+
+}  // namespace
+
+TEST_CASE("multi-node: float32 compressed to bfloat16 or float16 on the wire stays within its error bound",
+          "[integration][multinode][wire]") {
+  for (int nodes : {3, 2}) {
+    INFO(nodes << " nodes");
+    TestCluster cluster(nodes, {"--gloo-slice-bytes", "65536"});
+    const std::string job = unique_job("nodes-wire");
+    const auto statuses = run_job(
+        cluster, job,
+        [&](int rank, Client& client) {
+          std::vector<SharedTensor> tensors = client.allocate_flat(
+              std::vector<TensorSpec>{{DType::kFloat32, 100'003, "dp"}, {DType::kFloat32, 517, "dp"}});
+          tensors.push_back(client.allocate(TensorSpec{DType::kFloat32, 4'099, "dp"}));
+          const TensorSet set = client.register_tensors(tensors, RegisterOptions{.reduce_scatter = true});
+          std::vector<int> ranks;
+          for (int r = 0; r < nodes * kLocal; ++r) ranks.push_back(r);
+          for (DType wire : {DType::kBFloat16, DType::kFloat16}) {
+            for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+              for (uint64_t t = 0; t < tensors.size(); ++t) {
+                const std::span<float> x = tensors[t].as<float>();
+                for (uint64_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(wire_value(rank, t, i));
+              }
+              ReduceOptions options{op};
+              options.wire_dtype = wire;
+              if (!client.allreduce(set, options).wait(std::chrono::seconds(60))) return fail("allreduce timed out");
+              size_t inexact = 0;
+              if (int c = check_wire(nodes, rank, tensors, op, wire, ranks, &inexact); c != kOk) return c;
+              // Compressed for real: bfloat16's 8 bits cannot hold most of these sums.
+              if (wire == DType::kBFloat16 && inexact < 1000) {
+                return fail("only " + std::to_string(inexact) + " elements differ from the exact sum");
+              }
+            }
+          }
+          // Reduce-scatter and a reduce to rank 1 take the same compressed path.
+          for (uint64_t t = 0; t < tensors.size(); ++t) {
+            const std::span<float> x = tensors[t].as<float>();
+            for (uint64_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(wire_value(rank, t, i));
+          }
+          ReduceOptions sum{ReduceOp::kSum};
+          sum.wire_dtype = DType::kBFloat16;
+          if (!client.reduce(set, 1, sum).wait(std::chrono::seconds(60))) return fail("reduce timed out");
+          if (rank == 1) {
+            size_t inexact = 0;
+            if (int c = check_wire(nodes, rank, tensors, ReduceOp::kSum, DType::kBFloat16, ranks, &inexact); c != kOk) {
+              return c;
+            }
+          }
+          if (!client.reduce_scatter(set, sum).wait(std::chrono::seconds(60))) return fail("reduce_scatter timed out");
+          return kOk;
+        },
+        {}, nodes);
+    for (int status : statuses) CHECK(exit_code(status) == kOk);
+  }
+}
+
 TEST_CASE("multi-node: every operation and dtype is bit-exact across 3 daemons x 2 clients", "[integration][multinode]") {
   TestCluster cluster(kNodes);
   const std::string job = unique_job("nodes-ops");

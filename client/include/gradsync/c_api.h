@@ -23,8 +23,9 @@
 extern "C" {
 #endif
 
-/* 2: gs_register_ex (extensible options), reduce-scatter (gs_reduce_scatter, gs_set_shard), fused
- *    health (gs_reduce_options.health, gs_work_health) */
+/* 2: gs_register_ex (extensible options), reduce-scatter (gs_reduce_scatter, gs_set_shard), and
+ *    gs_allreduce_ex / gs_reduce_ex with gs_op_options: fused health (gs_work_health) and wire
+ *    compression */
 #define GS_C_API_VERSION 2
 
 /* The daemon's status codes (shared/status.h), and so the Python exception classes. */
@@ -74,8 +75,15 @@ typedef struct gs_reduce_options {
   int32_t prescale;         /* avg: divide before combining (keeps fp16 sums in range) */
   double divisor;           /* avg: 0 means the world size */
   int32_t fp32_accumulate;  /* float16/bfloat16: accumulate in float32 (1, the default) or not (0) */
-  int32_t health;           /* allreduce of a floating host set: compute its health (gs_work_health) */
 } gs_reduce_options;
+
+/* What the _ex calls add to gs_reduce_options (NULL: nothing). `size` is
+ * sizeof(gs_op_options) as the caller compiled it: fields past it take their defaults. */
+typedef struct gs_op_options {
+  uint32_t size;
+  int32_t health;     /* allreduce of a floating host set: compute its health (gs_work_health) */
+  int32_t wire_dtype; /* 0: none; GS_BFLOAT16 or GS_FLOAT16: float32 crosses nodes compressed */
+} gs_op_options;
 
 /* How a set is registered (gs_register_ex). `size` is sizeof(gs_register_options) as the caller
  * compiled it: fields past it take their defaults, so a caller built against an older header
@@ -146,6 +154,8 @@ gs_status gs_set_shard(const gs_set* set, void** data, uint64_t* first, uint64_t
 gs_status gs_set_stream(gs_client* client, void* stream);
 
 gs_status gs_allreduce(gs_client* client, const gs_set* set, const gs_reduce_options* options, gs_work** out);
+gs_status gs_allreduce_ex(gs_client* client, const gs_set* set, const gs_reduce_options* options,
+                          const gs_op_options* extra, gs_work** out);
 gs_status gs_allreduce_deferred(gs_client* client, const gs_set* set, const gs_reduce_options* options,
                                 gs_work** out);
 /* use_stream 0: the current stream (gs_set_stream); 1: `stream`. */
@@ -153,10 +163,13 @@ gs_status gs_mark_ready(gs_client* client, const gs_set* set, uint32_t index, in
 gs_status gs_broadcast(gs_client* client, const gs_set* set, int32_t root, gs_work** out);
 gs_status gs_reduce(gs_client* client, const gs_set* set, int32_t root, const gs_reduce_options* options,
                     gs_work** out);
+gs_status gs_reduce_ex(gs_client* client, const gs_set* set, int32_t root, const gs_reduce_options* options,
+                       const gs_op_options* extra, gs_work** out);
 gs_status gs_allgather(gs_client* client, const gs_set* set, gs_work** out);
 /* Reduces the set and leaves this rank its shard (gs_set_shard): the flat range split over the
  * group's ranks in rank order, ceil(N / W) elements each, the last shorter. */
-gs_status gs_reduce_scatter(gs_client* client, const gs_set* set, const gs_reduce_options* options, gs_work** out);
+gs_status gs_reduce_scatter(gs_client* client, const gs_set* set, const gs_reduce_options* options,
+                            const gs_op_options* extra, gs_work** out);
 
 /* *completed: 1 once finished successfully; 0 when the timeout passed first. A failed
  * operation returns its error. */

@@ -26,8 +26,11 @@ class Tensor(ctypes.Structure):
 
 
 class ReduceOptions(ctypes.Structure):
-    _fields_ = [("op", c_int32), ("prescale", c_int32), ("divisor", c_double), ("fp32_accumulate", c_int32),
-                ("health", c_int32)]
+    _fields_ = [("op", c_int32), ("prescale", c_int32), ("divisor", c_double), ("fp32_accumulate", c_int32)]
+
+
+class OpOptions(ctypes.Structure):
+    _fields_ = [("size", c_uint32), ("health", c_int32), ("wire_dtype", c_int32)]
 
 
 class RegisterOptions(ctypes.Structure):
@@ -59,12 +62,14 @@ _SIGNATURES = {
     "gs_set_shard": (c_int32, [c_void_p, _P(c_void_p), _P(c_uint64), _P(c_uint64)]),
     "gs_set_stream": (c_int32, [c_void_p, c_void_p]),
     "gs_allreduce": (c_int32, [c_void_p, c_void_p, _P(ReduceOptions), _P(c_void_p)]),
+    "gs_allreduce_ex": (c_int32, [c_void_p, c_void_p, _P(ReduceOptions), _P(OpOptions), _P(c_void_p)]),
     "gs_allreduce_deferred": (c_int32, [c_void_p, c_void_p, _P(ReduceOptions), _P(c_void_p)]),
     "gs_mark_ready": (c_int32, [c_void_p, c_void_p, c_uint32, c_int32, c_void_p]),
     "gs_broadcast": (c_int32, [c_void_p, c_void_p, c_int32, _P(c_void_p)]),
     "gs_reduce": (c_int32, [c_void_p, c_void_p, c_int32, _P(ReduceOptions), _P(c_void_p)]),
     "gs_allgather": (c_int32, [c_void_p, c_void_p, _P(c_void_p)]),
-    "gs_reduce_scatter": (c_int32, [c_void_p, c_void_p, _P(ReduceOptions), _P(c_void_p)]),
+    "gs_reduce_ex": (c_int32, [c_void_p, c_void_p, c_int32, _P(ReduceOptions), _P(OpOptions), _P(c_void_p)]),
+    "gs_reduce_scatter": (c_int32, [c_void_p, c_void_p, _P(ReduceOptions), _P(OpOptions), _P(c_void_p)]),
     "gs_work_wait": (c_int32, [c_void_p, c_int64, _P(c_int32)]),
     "gs_work_wait_stream": (c_int32, [c_void_p, c_void_p, c_int64, _P(c_int32)]),
     "gs_work_is_completed": (c_int32, [c_void_p, _P(c_int32)]),

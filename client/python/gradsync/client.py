@@ -183,14 +183,16 @@ class Client:
 
     # -- the coalesced operations (gradsync.torch._coalesced)
     def allreduce_coalesced(self, tensors, op="avg", divisor=None, prescale=False, fp32_accumulate=None,
-                            bucket_bytes=None, group=None, health=False):
+                            bucket_bytes=None, group=None, health=False, wire_dtype=None):
         """Reduces the tensors in place across the group's ranks (default "dp": every rank).
         health=True (floating-point CPU tensors): the daemon also computes, in the same pass,
         whether the result holds an inf or a NaN and its sum of squares: Work.found_inf() and
-        Work.sq_norm() once it completed."""
+        Work.sq_norm() once it completed. wire_dtype=torch.bfloat16 or torch.float16 (float32 CPU
+        tensors): the nodes exchange their sums compressed to it (half the bytes), with the error
+        bounded in docs/how-it-works.md."""
         from .torch import _coalesced
         return _coalesced.allreduce(self, tensors, op, divisor, prescale, fp32_accumulate, bucket_bytes, group,
-                                    health=health)
+                                    health=health, wire_dtype=wire_dtype)
 
     def broadcast_coalesced(self, tensors, root=0, group=None):
         """Copies the root rank's tensors into every rank's, in place."""
@@ -203,14 +205,15 @@ class Client:
         return _coalesced.all_gather(self, tensors, group)
 
     def reduce_scatter_coalesced(self, tensors, op="avg", divisor=None, prescale=False, fp32_accumulate=None,
-                                 bucket_bytes=None, group=None):
+                                 bucket_bytes=None, group=None, wire_dtype=None):
         """Reduces the tensors across the group's ranks and gives this rank its shard: the tensors,
         flattened in order into one range of N elements, split over the group's W ranks (in rank
         order) into shards of ceil(N / W) elements, the last ones shorter (the ZeRO layout). The
         tensors must share one dtype and are left as they were; wait() returns this rank's shard
         as a new 1-D tensor, and Work.shard_first is where it starts in the flat range."""
         from .torch import _coalesced
-        return _coalesced.reduce_scatter(self, tensors, op, divisor, prescale, fp32_accumulate, bucket_bytes, group)
+        return _coalesced.reduce_scatter(self, tensors, op, divisor, prescale, fp32_accumulate, bucket_bytes, group,
+                                         wire_dtype=wire_dtype)
 
     def reduce_coalesced(self, tensors, root=0, op="sum", group=None):
         """Reduces into the root rank's tensors; the other ranks' tensors are unchanged."""

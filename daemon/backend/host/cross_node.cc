@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "daemon/backend/host/local.h"
+#include "daemon/reduce/simd.h"
 #include "daemon/reduce/staged.h"
 
 namespace gradsync::host {
@@ -31,6 +32,8 @@ struct Header {
   double divisor = 0;
   uint64_t elements = 0;
   uint64_t slice_bytes = 0;  // the engine's: nodes that slice differently would make different calls
+  uint32_t wire = 0;         // the wire compression's dtype (0: none); it changes the engine calls
+  uint32_t reserved = 0;
 };
 
 Header header_of(const BucketCall& c) {
@@ -45,6 +48,7 @@ Header header_of(const BucketCall& c) {
   h.divisor = c.desc.divisor;
   h.elements = c.set->bucket_elements[c.bucket];
   h.slice_bytes = c.engine->slice_bytes();
+  h.wire = c.desc.wire == DType::kFloat32 ? 0 : static_cast<uint32_t>(c.desc.wire);
   return h;
 }
 
@@ -56,13 +60,14 @@ std::string describe(const Header& h) {
   d.root = h.root;
   d.scaling = static_cast<WireScaling>(h.scaling);
   d.divisor = h.divisor;
+  if (h.wire != 0) d.wire = static_cast<DType>(h.wire);
   return "operation " + std::to_string(h.seq) + " (" + describe(d) + ", bucket " + std::to_string(h.bucket) + ")";
 }
 
 bool same(const Header& a, const Header& b) {
   return a.seq == b.seq && a.kind == b.kind && a.set == b.set && a.bucket == b.bucket && a.reduce_op == b.reduce_op &&
          a.root == b.root && a.scaling == b.scaling && a.divisor == b.divisor && a.elements == b.elements &&
-         a.slice_bytes == b.slice_bytes;
+         a.slice_bytes == b.slice_bytes && a.wire == b.wire;
 }
 
 // The node's index within the group's nodes, for a global rank.
@@ -203,8 +208,10 @@ Status reduce_across(const BucketCall& c, ThreadPool& pool, const std::shared_pt
   // In place, the clients' memory holds the node's partial sums: only an allreduce, which then
   // overwrites all of it, may work there.
   // The fused health is computed tensor by tensor (reduce/health.h), which the in-place path's
-  // slices are not: with it, the bucket is staged (the engine calls are the same).
-  if (results == Results::kEveryone && set.canonical_run[c.bucket] && !c.health &&
+  // slices are not, and wire compression needs a buffer of its own: with either, the bucket is
+  // staged (the engine calls are the same).
+  const bool compressed = c.desc.wire != DType::kFloat32;
+  if (results == Results::kEveryone && set.canonical_run[c.bucket] && !c.health && !compressed &&
       reduce::accumulation_dtype(c.args.dtype) == c.args.dtype) {
     return allreduce_in_place(c, pool);
   }
@@ -225,16 +232,44 @@ Status reduce_across(const BucketCall& c, ThreadPool& pool, const std::shared_pt
       reduce::accumulate(c.args, inputs, acc + (set.offset_in_bucket[p.tensor] + p.first) * acc_size, p.count);
     });
   }
-  const ReduceSpec spec = spec_of(c.args);
+  ReduceSpec spec = spec_of(c.args);
   const std::string& group = set.plan.buckets[c.bucket].group;
   Status status;
   int root_local = -1;
+  // Wire compression: the engine carries the node's float32 sums as the half type, each hop
+  // rounding its sum (docs/how-it-works.md bounds the error); they are widened back after.
+  std::byte* wire = nullptr;
+  if (compressed) {
+    spec.wire = c.desc.wire;
+    buffers->wire.resize(elements * dtype_size(c.desc.wire));
+    wire = buffers->wire.data();
+  }
+  const size_t wire_size = compressed ? dtype_size(c.desc.wire) : acc_size;
+  auto carried = [&](uint64_t first) { return compressed ? wire + first * wire_size : acc + first * acc_size; };
+  auto to_wire = [&](uint64_t first, uint64_t count) {
+    if (compressed) reduce::simd::narrow(c.desc.wire, carried(first), acc + first * acc_size, count);
+  };
+  auto from_wire = [&](uint64_t first, uint64_t count) {
+    if (compressed) reduce::simd::widen(c.desc.wire, acc + first * acc_size, carried(first), count);
+  };
   if (to_root) {
     const int root = c.desc.root;
     const int root_node = group_node_of(*c.topology, group, root);
-    status = timed_engine_call(c, buffers,
-                               [&](EngineDone done) { c.engine->reduce(acc, elements, spec, root_node, std::move(done)); });
+    to_wire(0, elements);
+    status = timed_engine_call(
+        c, buffers, [&](EngineDone done) { c.engine->reduce(carried(0), elements, spec, root_node, std::move(done)); });
     if (root / c.topology->local_world_size == c.topology->node) root_local = root % c.topology->local_world_size;
+    if (status.ok() && root_local >= 0) from_wire(0, elements);
+  } else if (compressed) {
+    // Every node compresses, so every node slices alike: by the wire's bytes.
+    const uint64_t slice = std::max<uint64_t>(1, c.engine->slice_bytes() / wire_size);
+    for (uint64_t first = 0; first < elements && status.ok(); first += slice) {
+      const uint64_t count = std::min(slice, elements - first);
+      to_wire(first, count);
+      status = timed_engine_call(
+          c, buffers, [&](EngineDone done) { c.engine->allreduce(carried(first), count, spec, std::move(done)); });
+      if (status.ok()) from_wire(first, count);
+    }
   } else {
     // Another node may hold this bucket contiguously and take allreduce_in_place, which makes
     // one engine call per slice: make the same calls, or the nodes' Gloo calls would not match.

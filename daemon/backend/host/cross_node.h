@@ -20,6 +20,7 @@ namespace gradsync::host {
 struct NodeBuffers {
   std::vector<std::byte> work;
   std::vector<std::byte> gathered;
+  std::vector<std::byte> wire;  // wire compression: the node's sums as float16 or bfloat16
 };
 
 // Compares (sequence, operation, set, bucket) across the group's nodes and refuses to go on

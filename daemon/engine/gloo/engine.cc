@@ -51,6 +51,8 @@ void with_type(DType dtype, Fn&& fn) {
     case DType::kInt32: fn(static_cast<int32_t*>(nullptr)); break;
     case DType::kInt64: fn(static_cast<int64_t*>(nullptr)); break;
     case DType::kUInt8: fn(static_cast<uint8_t*>(nullptr)); break;
+    case DType::kFloat16:
+    case DType::kBFloat16: fn(static_cast<uint16_t*>(nullptr)); break;  // wire compression
     default: throw Error(Status::internal("the engine does not carry " + std::string(dtype_name(dtype))));
   }
 }
@@ -59,6 +61,7 @@ void with_type(DType dtype, Fn&& fn) {
 constexpr auto kLeaveGlooWait = std::chrono::milliseconds(500);
 
 std::function<void(void*, const void*, const void*, size_t)> combine_of(const ReduceSpec& spec) {
+  if (spec.wire) return reduce::wire_combiner(spec.op, *spec.wire);
   reduce::KernelArgs args;
   args.dtype = spec.element;
   args.combine = spec.op;
@@ -147,7 +150,7 @@ class GlooEngine final : public HostCollectiveEngine {
 
   void allreduce(void* data, size_t count, const ReduceSpec& spec, EngineDone done) override {
     post("allreduce", std::move(done), [context = state_->context, timeout = state_->spec.timeout, data, count, spec] {
-      with_type(reduce::accumulation_dtype(spec.element), [&](auto* typed) {
+      with_type(spec.wire.value_or(reduce::accumulation_dtype(spec.element)), [&](auto* typed) {
         using T = std::remove_pointer_t<decltype(typed)>;
         ::gloo::AllreduceOptions opts(context);
         // Output only: Gloo then reduces in place. Given the same buffer as its input too, it
@@ -188,7 +191,7 @@ class GlooEngine final : public HostCollectiveEngine {
   void reduce(void* data, size_t count, const ReduceSpec& spec, int root_node, EngineDone done) override {
     post("reduce", std::move(done),
          [context = state_->context, timeout = state_->spec.timeout, data, count, spec, root_node] {
-           with_type(reduce::accumulation_dtype(spec.element), [&](auto* typed) {
+           with_type(spec.wire.value_or(reduce::accumulation_dtype(spec.element)), [&](auto* typed) {
              using T = std::remove_pointer_t<decltype(typed)>;
              ::gloo::ReduceOptions opts(context);
              opts.setInput(static_cast<T*>(data), count);

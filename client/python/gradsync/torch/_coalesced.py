@@ -194,15 +194,24 @@ def _finisher(client, registered, tensors, device, copy_back):
     return finish
 
 
-def _reduce_options(client, op, divisor, prescale, fp32_accumulate, health=False):
+_WIRE = {None: 0, torch.bfloat16: 4, torch.float16: 3, "bfloat16": 4, "float16": 3}
+
+
+def _reduce_options(client, op, divisor, prescale, fp32_accumulate, health=False, wire_dtype=None):
+    """The C API's gs_reduce_options and gs_op_options for these arguments."""
     if op not in _OPS:
         raise InvalidArgumentError(f"gradsync: op must be one of {sorted(_OPS)}, not {op!r}")
     if divisor is not None and op != "avg":
         raise InvalidArgumentError("gradsync: divisor applies to op='avg' only")
     if divisor is not None and not divisor > 0:
         raise InvalidArgumentError(f"gradsync: divisor must be positive, not {divisor!r}")
-    return _lib.ReduceOptions(_OPS[op], 1 if prescale else 0, float(divisor or 0.0),
-                              1 if fp32_accumulate is None or fp32_accumulate else 0, 1 if health else 0)
+    if wire_dtype not in _WIRE:
+        raise InvalidArgumentError(f"gradsync: wire_dtype must be None, torch.bfloat16 or torch.float16, "
+                                   f"not {wire_dtype!r}")
+    options = _lib.ReduceOptions(_OPS[op], 1 if prescale else 0, float(divisor or 0.0),
+                                 1 if fp32_accumulate is None or fp32_accumulate else 0)
+    extra = _lib.OpOptions(ctypes.sizeof(_lib.OpOptions), 1 if health else 0, _WIRE[wire_dtype])
+    return options, extra
 
 
 def _prepare(client, tensors, device, group, bucket_bytes, copy_in, allgather=False, tag=None, reduce_scatter=False):
@@ -217,12 +226,14 @@ def _prepare(client, tensors, device, group, bucket_bytes, copy_in, allgather=Fa
     return registered
 
 
-def allreduce(client, tensors, op, divisor, prescale, fp32_accumulate, bucket_bytes, group, tag=None, health=False):
+def allreduce(client, tensors, op, divisor, prescale, fp32_accumulate, bucket_bytes, group, tag=None, health=False,
+              wire_dtype=None):
     tensors, device = _validate(client, tensors, group)
-    options = _reduce_options(client, op, divisor, prescale, fp32_accumulate, health)
+    options, extra = _reduce_options(client, op, divisor, prescale, fp32_accumulate, health, wire_dtype)
     registered = _prepare(client, tensors, device, group, bucket_bytes, True, tag=tag)
     handle = ctypes.c_void_p()
-    _check(_lib.lib().gs_allreduce(client._h(), registered.handle, ctypes.byref(options), ctypes.byref(handle)))
+    _check(_lib.lib().gs_allreduce_ex(client._h(), registered.handle, ctypes.byref(options), ctypes.byref(extra),
+                                      ctypes.byref(handle)))
     return _start(registered, Work(client, handle, _finisher(client, registered, tensors, device, True), device))
 
 
@@ -240,7 +251,7 @@ def broadcast(client, tensors, root, group):
 def reduce(client, tensors, root, op, group):
     tensors, device = _validate(client, tensors, group)
     _check_root(client, root, group)
-    options = _reduce_options(client, op, None, False, None)
+    options, _ = _reduce_options(client, op, None, False, None)
     registered = _prepare(client, tensors, device, group, None, True)
     handle = ctypes.c_void_p()
     _check(_lib.lib().gs_reduce(client._h(), registered.handle, int(root), ctypes.byref(options),
@@ -276,16 +287,17 @@ def all_gather(client, tensors, group):
     return _start(registered, Work(client, handle, gathered, device), gathers=True)
 
 
-def reduce_scatter(client, tensors, op, divisor, prescale, fp32_accumulate, bucket_bytes, group):
+def reduce_scatter(client, tensors, op, divisor, prescale, fp32_accumulate, bucket_bytes, group, wire_dtype=None):
     tensors, device = _validate(client, tensors, group)
     for i, t in enumerate(tensors):
         if t.dtype != tensors[0].dtype:
             raise InvalidArgumentError(f"gradsync: reduce_scatter: tensor {i} is {t.dtype} but tensor 0 is "
                                        f"{tensors[0].dtype}; one reduce-scatter takes tensors of one dtype")
-    options = _reduce_options(client, op, divisor, prescale, fp32_accumulate)
+    options, extra = _reduce_options(client, op, divisor, prescale, fp32_accumulate, wire_dtype=wire_dtype)
     registered = _prepare(client, tensors, device, group, bucket_bytes, True, reduce_scatter=True)
     handle = ctypes.c_void_p()
-    _check(_lib.lib().gs_reduce_scatter(client._h(), registered.handle, ctypes.byref(options), ctypes.byref(handle)))
+    _check(_lib.lib().gs_reduce_scatter(client._h(), registered.handle, ctypes.byref(options), ctypes.byref(extra),
+                                        ctypes.byref(handle)))
     address, first, count = ctypes.c_void_p(), ctypes.c_uint64(), ctypes.c_uint64()
     _check(_lib.lib().gs_set_shard(registered.handle, ctypes.byref(address), ctypes.byref(first), ctypes.byref(count)))
     dtype = tensors[0].dtype

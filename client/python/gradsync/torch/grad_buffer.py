@@ -58,7 +58,7 @@ class GradBuffer:
         if group is not None and group not in client.groups:
             raise InvalidArgumentError(f"gradsync: unknown group {group!r}; declare it with "
                                        f"gradsync.connect(groups=...) (known: {sorted(client.groups)})")
-        self._options = _coalesced._reduce_options(client, op, None, False, None)
+        self._options, _ = _coalesced._reduce_options(client, op, None, False, None)
         self._order = list(reversed(self.params))
         self._main_grad = [dtype is not None and dtype != p.dtype for p in self._order]
         dtypes = [dtype or p.dtype for p in self._order]
