@@ -2,8 +2,9 @@
 // distributed-optimizer split of a tensor set's flat element range. The set's tensors, in
 // registration order, form one flat range of N elements (a reduce-scatter set has one dtype and
 // one process group, so the range is well defined); the group's W ranks, in ascending rank
-// order, each own a shard of ceil(N / W) elements, the last ones shorter (possibly empty when
-// N < W).
+// order, each own a shard of ceil(N / W) elements, the last ones shorter. Rank r's shard is
+// empty when r * ceil(N / W) >= N, which happens with N >= W too: 6 elements over 4 ranks are
+// shards of 2, 2, 2 and 0 (ZeRO's padded partitioning).
 #pragma once
 
 #include <algorithm>

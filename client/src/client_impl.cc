@@ -325,6 +325,8 @@ TensorSet ClientImpl::register_tensors(std::span<const SharedTensor> tensors, co
     set.packed_offset_.push_back(set.packed_bytes_);
     set.packed_bytes_ += tensor.bytes();
   }
+  // Checked before any output is made, so a refusal leaves nothing behind.
+  if (options.reduce_scatter) reserve_shard(tensors, body, &set);
   if (options.allgather) {
     // The outputs live where the tensors do: a device set's in device memory on its GPU.
     const uint64_t bytes = std::max<uint64_t>(64, set.packed_bytes_ * static_cast<uint64_t>(set.world_size_));
@@ -341,7 +343,6 @@ TensorSet ClientImpl::register_tensors(std::span<const SharedTensor> tensors, co
       set.gather_base_ = out.memory.data();
     }
   }
-  if (options.reduce_scatter) reserve_shard(tensors, body, &set);
   per_join_.next_set_id++;  // ids stay aligned across ranks even when a registration fails
   const control::Reply reply = connection_->call(request, barrier_bound(timeout_));
   set.tensors_.assign(tensors.begin(), tensors.end());
@@ -378,9 +379,10 @@ void ClientImpl::reserve_shard(std::span<const SharedTensor> tensors, control::R
                                TensorSet* set) {
   // The daemon checks the same (registration_check.cc); checked here too, so that the mistake
   // names the tensor before any memory is made.
+  const auto group_of = [](const SharedTensor& t) { return t.group().empty() ? std::string("dp") : t.group(); };
   uint64_t elements = 0;
   for (size_t i = 0; i < tensors.size(); ++i) {
-    if (tensors[i].dtype() != tensors[0].dtype() || tensors[i].group() != tensors[0].group()) {
+    if (tensors[i].dtype() != tensors[0].dtype() || group_of(tensors[i]) != group_of(tensors[0])) {
       throw Error(Status::invalid_argument(
           "reduce_scatter: tensor " + std::to_string(i) + " is " + std::string(dtype_name(tensors[i].dtype())) +
           " in group '" + tensors[i].group() + "' but tensor 0 is " + std::string(dtype_name(tensors[0].dtype())) +
@@ -389,7 +391,7 @@ void ClientImpl::reserve_shard(std::span<const SharedTensor> tensors, control::R
     elements += tensors[i].numel();
   }
   std::vector<int> ranks;
-  const std::string& group = tensors[0].group().empty() ? std::string("dp") : tensors[0].group();
+  const std::string group = group_of(tensors[0]);
   if (group == "dp") {
     for (int r = 0; r < joined_->world_size; ++r) ranks.push_back(r);
   } else {

@@ -234,7 +234,9 @@ OpResult Work::result(const char* what) const {
     throw Error(Status::invalid_argument(std::string(what) + ": the operation has not completed; wait for it first"));
   }
   throw_if_error(status);
-  return *result_;  // written before the operation counted as completed, under the same lock
+  // Written before the operation counted as completed, under the same lock.
+  if (!result_->has_health) throw Error(Status::internal(std::string(what) + ": the daemon sent no health"));
+  return *result_;
 }
 
 bool Work::found_inf() const { return result("found_inf").found_inf; }

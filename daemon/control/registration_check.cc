@@ -110,6 +110,21 @@ Status check_shard_output(const control::RegisterRequest& request, const Topolog
                                     std::to_string(request.shard_segment_id()) + " of " + std::to_string(size) +
                                     " bytes");
   }
+  if (request.shard_offset() % dtype_size(first.dtype) != 0) {
+    return Status::invalid_argument("reduce-scatter output: offset " + std::to_string(request.shard_offset()) +
+                                    " is not a multiple of the " + std::to_string(dtype_size(first.dtype)) +
+                                    "-byte element size");
+  }
+  const std::byte* begin = it->second->base() + request.shard_offset();
+  const std::byte* end = begin + bytes;
+  for (size_t i = 0; i < reg->layout.size(); ++i) {
+    const std::byte* t = reg->address[i];
+    const std::byte* t_end = t + reg->layout[i].numel * dtype_size(reg->layout[i].dtype);
+    // The output is written while other owners' pieces are still read from the tensors.
+    if (t < end && begin < t_end) {
+      return Status::invalid_argument("reduce-scatter output overlaps tensor " + std::to_string(i) + " in memory");
+    }
+  }
   reg->shard_output = it->second->base() + request.shard_offset();
   reg->used.push_back(it->second.get());
   return Status::ok_status();

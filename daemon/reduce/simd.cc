@@ -443,6 +443,9 @@ HealthBlock health_loop(const Load& load, size_t count, bool wide_squares) {
   constexpr size_t kVectorLanes = hn::MaxLanes(hn::CappedTag<double, 8>());
   static_assert(kLanes % kVectorLanes == 0);
   constexpr size_t kVectors = kLanes / kVectorLanes;  // 4 (AVX-512) to 32 (scalar)
+  // The step is a constant; on every fixed-width level the vector is exactly that wide (a
+  // scalable one narrower than its maximum would skip elements).
+  if (hn::Lanes(d) != kVectorLanes) std::abort();
   using V = hn::Vec<decltype(d)>;
   V sums[kVectors];
   for (size_t k = 0; k < kVectors; ++k) sums[k] = hn::Zero(d);

@@ -80,9 +80,9 @@ TEST_CASE("registration check: an allgather output must hold every rank's packed
 namespace {
 
 // Two tensors of `dtypes` (8 elements each) in segment 1, with a reduce-scatter output at
-// `offset` in segment 2 of `output_bytes`; the second tensor in `second_group`.
+// `offset` in segment `segment` (2 is one of `output_bytes`); the second tensor in `second_group`.
 Status register_with_shard(int world, const std::vector<control::DType>& dtypes, const std::string& second_group,
-                           uint64_t output_bytes, uint64_t offset, ResolvedSet* out) {
+                           uint64_t output_bytes, uint64_t offset, ResolvedSet* out, uint32_t segment = 2) {
   Topology topology;
   REQUIRE(make_topology(world, world, 0, 0, {{"pair", {0, 1}}}, &topology).ok());
   SegmentMap segments;
@@ -98,7 +98,7 @@ Status register_with_shard(int world, const std::vector<control::DType>& dtypes,
     if (i == 1) t->set_group(second_group);
   }
   request.set_has_shard_output(true);
-  request.set_shard_segment_id(2);
+  request.set_shard_segment_id(segment);
   request.set_shard_offset(offset);
   return check_registration(request, topology, world, segments, out);
 }
@@ -128,6 +128,24 @@ TEST_CASE("registration check: a reduce-scatter output holds the largest shard o
   ResolvedSet groups;
   CHECK_THAT(register_with_shard(3, {control::FLOAT32, control::FLOAT32}, "pair", 64, 0, &groups).message(),
              Catch::Contains("in group 'pair' but tensor 0 is float32[8] in group 'dp'"));
+}
+
+TEST_CASE("registration check: a reduce-scatter output is aligned and shares no byte with the set's tensors",
+          "[registration]") {
+  // The tensors are bytes [0, 32) and [64, 96) of segment 1 (256 bytes); the output 24 bytes.
+  ResolvedSet apart;
+  CHECK(register_with_shard(3, {control::FLOAT32, control::FLOAT32}, "", 0, 128, &apart, 1).ok());
+  ResolvedSet between;
+  CHECK(register_with_shard(3, {control::FLOAT32, control::FLOAT32}, "", 0, 32, &between, 1).ok());
+  for (uint64_t offset : {16, 48, 80}) {
+    ResolvedSet overlapping;
+    const Status status = register_with_shard(3, {control::FLOAT32, control::FLOAT32}, "", 0, offset, &overlapping, 1);
+    INFO("offset " << offset);
+    CHECK_THAT(status.message(), Catch::Contains("reduce-scatter output overlaps tensor"));
+  }
+  ResolvedSet misaligned;
+  CHECK_THAT(register_with_shard(3, {control::FLOAT32, control::FLOAT32}, "", 64, 2, &misaligned).message(),
+             Catch::Contains("offset 2 is not a multiple of the 4-byte element size"));
 }
 
 TEST_CASE("shards: the flat range split evenly over the group, the last ones shorter", "[registration]") {

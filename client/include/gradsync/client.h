@@ -95,7 +95,8 @@ class Client {
 
   // Reduces the set and leaves each rank only its shard: the set's tensors, in registration
   // order, as one flat range of N elements, split over the group's W ranks (in rank order) into
-  // shards of ceil(N / W) elements, the last ones shorter (the ZeRO layout, shared/shard.h).
+  // shards of ceil(N / W) elements, the last ones shorter or empty (the ZeRO layout,
+  // shared/shard.h: 6 elements over 4 ranks are 2, 2, 2, 0).
   // Read it with set.shard(); the tensors are left as they were. Requires
   // RegisterOptions::reduce_scatter.
   virtual Work reduce_scatter(const TensorSet& set, const ReduceOptions& options) = 0;

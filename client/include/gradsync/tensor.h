@@ -76,8 +76,9 @@ class TensorSet {
 
   // After reduce_scatter: this rank's shard of the reduced set, as a 1-D tensor of the set's
   // dtype, and where it starts in the set's flat elements (shared/shard.h). Requires
-  // RegisterOptions::reduce_scatter. Empty when the set has fewer elements than shards, or when
-  // this rank is not in the set's group.
+  // RegisterOptions::reduce_scatter. Empty when this rank's shard starts past the set's end
+  // (rank r with r * ceil(N / W) >= N, e.g. rank 3 of 4 for 6 elements), or when this rank is
+  // not in the set's group.
   SharedTensor shard() const;
   uint64_t shard_first() const { return shard_first_; }
 

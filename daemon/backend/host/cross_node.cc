@@ -33,7 +33,7 @@ struct Header {
   uint64_t elements = 0;
   uint64_t slice_bytes = 0;  // the engine's: nodes that slice differently would make different calls
   uint32_t wire = 0;         // the wire compression's dtype (0: none); it changes the engine calls
-  uint32_t reserved = 0;
+  uint32_t health = 0;       // fused health asked: staged rather than in place on every node
 };
 
 Header header_of(const BucketCall& c) {
@@ -49,6 +49,7 @@ Header header_of(const BucketCall& c) {
   h.elements = c.set->bucket_elements[c.bucket];
   h.slice_bytes = c.engine->slice_bytes();
   h.wire = c.desc.wire == DType::kFloat32 ? 0 : static_cast<uint32_t>(c.desc.wire);
+  h.health = c.desc.health ? 1 : 0;
   return h;
 }
 
@@ -61,13 +62,14 @@ std::string describe(const Header& h) {
   d.scaling = static_cast<WireScaling>(h.scaling);
   d.divisor = h.divisor;
   if (h.wire != 0) d.wire = static_cast<DType>(h.wire);
+  d.health = h.health != 0;
   return "operation " + std::to_string(h.seq) + " (" + describe(d) + ", bucket " + std::to_string(h.bucket) + ")";
 }
 
 bool same(const Header& a, const Header& b) {
   return a.seq == b.seq && a.kind == b.kind && a.set == b.set && a.bucket == b.bucket && a.reduce_op == b.reduce_op &&
          a.root == b.root && a.scaling == b.scaling && a.divisor == b.divisor && a.elements == b.elements &&
-         a.slice_bytes == b.slice_bytes && a.wire == b.wire;
+         a.slice_bytes == b.slice_bytes && a.wire == b.wire && a.health == b.health;
 }
 
 // The node's index within the group's nodes, for a global rank.

@@ -65,17 +65,31 @@ void execute_allreduce(const TensorSet& set, size_t bucket, const reduce::Kernel
     // Tensor by tensor (the health's blocks are the tensors'), in place in every member.
     const size_t element = dtype_size(args.dtype);
     const std::vector<TensorPiece> pieces = tensor_pieces(set, bucket, pool.size());
-    pool.parallel_for(pieces.size(), [&](size_t i) {
-      const TensorPiece& p = pieces[i];
+    // Small tensors (biases, norms) share a task: one kernel call each, one task per
+    // kMinBytesPerTask or so, as the run path would have merged them.
+    std::vector<size_t> task_begin;
+    uint64_t gathered = kMinBytesPerTask;
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      if (gathered >= kMinBytesPerTask) {
+        task_begin.push_back(i);
+        gathered = 0;
+      }
+      gathered += pieces[i].count * element;
+    }
+    task_begin.push_back(pieces.size());
+    pool.parallel_for(task_begin.size() - 1, [&](size_t task) {
       std::vector<const void*> inputs(members.size());
       std::vector<void*> outputs(members.size());
-      for (size_t k = 0; k < members.size(); ++k) {
-        outputs[k] = set.address[members[k]][p.tensor] + p.first * element;
-        inputs[k] = outputs[k];
+      for (size_t i = task_begin[task]; i < task_begin[task + 1]; ++i) {
+        const TensorPiece& p = pieces[i];
+        for (size_t k = 0; k < members.size(); ++k) {
+          outputs[k] = set.address[members[k]][p.tensor] + p.first * element;
+          inputs[k] = outputs[k];
+        }
+        reduce::KernelArgs piece = args;
+        piece.health = health + set.health_block[p.tensor] + p.first / reduce::kHealthBlockElements;
+        reduce::reduce(piece, inputs, outputs, p.count);
       }
-      reduce::KernelArgs piece = args;
-      piece.health = health + set.health_block[p.tensor] + p.first / reduce::kHealthBlockElements;
-      reduce::reduce(piece, inputs, outputs, p.count);
     });
     return;
   }

@@ -98,6 +98,19 @@ def main():
             failures.append(f"MasterParams step {step}: loss scale {master.loss_scale}, want {want_scale}")
         if stepped and abs(norm - mean * math.sqrt(11)) > 1e-2:
             failures.append(f"MasterParams step {step}: grad_norm {norm}")
+    # optimizer.zero_grad(set_to_none=True) drops flat.grad; the next step puts it back. And
+    # max_norm clips: the gradient of norm mean * sqrt(11) is scaled to norm 1.
+    optimizer.zero_grad(set_to_none=True)
+    for p in params:
+        p.grad = torch.full(p.shape, (rank + 1) * master.loss_scale, dtype=torch.bfloat16)
+    before = master.flat.detach().clone()
+    work = client.allreduce_coalesced([p.grad for p in params], op="avg", health=True)
+    work.wait(60)
+    if not master.step(optimizer, work, max_norm=1.0):
+        failures.append("MasterParams: the clipped step was skipped")
+    moved = (before - master.flat.detach()).norm().item()
+    if abs(moved - 0.5) > 1e-3:  # lr 0.5 times a gradient of norm 1
+        failures.append(f"MasterParams: a clipped step moved the parameters by {moved}, not 0.5")
     print(f"rank {rank}: {case} cases, loss scale {master.loss_scale}, skipped {master.skipped_steps}")
     if failures:
         print("\n".join(failures[:40]))

@@ -280,11 +280,24 @@ def all_gather(client, tensors, group):
                     _check(_lib.lib().gs_set_gathered(registered.handle, r, i, ctypes.byref(address)))
                     row.append(wrap(address.value, nbytes, device, client._core).view(dtype).view(shape).clone())
                 out.append(row)
-        if device >= 0 and stream is None:
-            torch.cuda.current_stream(device).synchronize()
+        _mark_read(registered, device, stream)
         return out
 
     return _start(registered, Work(client, handle, gathered, device), gathers=True)
+
+
+def _mark_read(registered, device, stream):
+    """CUDA: the outputs were copied on `stream` (None: the current one, synchronised); the set's
+    next operation waits for that copy (RegisteredSet.take), wherever it was queued, before the
+    daemon may overwrite the outputs."""
+    if device < 0:
+        return
+    target = stream if stream is not None else torch.cuda.current_stream(device)
+    event = torch.cuda.Event()
+    event.record(target)
+    registered.copied_back = event
+    if stream is None:
+        target.synchronize()
 
 
 def reduce_scatter(client, tensors, op, divisor, prescale, fp32_accumulate, bucket_bytes, group, wire_dtype=None):
@@ -310,8 +323,7 @@ def reduce_scatter(client, tensors, op, divisor, prescale, fp32_accumulate, buck
         context = torch.cuda.stream(stream) if (device >= 0 and stream is not None) else _nothing()
         with context:
             out = wrap(address.value, nbytes, device, client._core).view(dtype).clone()
-        if device >= 0 and stream is None:
-            torch.cuda.current_stream(device).synchronize()
+        _mark_read(registered, device, stream)
         return out
 
     work = Work(client, handle, shard, device)

@@ -6,11 +6,14 @@ gradients to find an overflow: the daemon reports it with the reduction).
     optimizer = torch.optim.SGD([master.flat], lr=0.1)           # steps the fp32 copy
     for batch in data:
         master.scale(loss_fn(model(batch))).backward()           # fp16/bf16 gradients, scaled
-        grads = [p.grad for p in master.model_params]
+        grads = [p.grad for p in master.model_params]             # every parameter needs one
         work = client.allreduce_coalesced(grads, op="avg", health=True)
         work.wait()
         norm = master.grad_norm(work)                             # before step(), which rescales
-        master.step(optimizer, work)                              # False: skipped (inf or NaN)
+        master.step(optimizer, work, max_norm=1.0)                # False: skipped (inf or NaN)
+
+The gradients must be CPU tensors for now: the fused health is not computed on the GPU yet
+(CUDA gradients are refused with NotSupportedError).
 """
 import math
 
@@ -30,30 +33,36 @@ class MasterParams:
     `growth_interval` clean steps in a row multiplies the scale by `growth_factor`. Every rank
     sees the same found_inf, so every rank makes the same choice."""
 
-    def __init__(self, params, init_scale=2.0 ** 16, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000):
+    def __init__(self, params, init_scale=2.0 ** 16, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000,
+                 min_scale=1.0):
         self.model_params = [p for p in params if p.requires_grad]
         if not self.model_params:
             raise InvalidArgumentError("gradsync: MasterParams needs at least one parameter that requires grad")
         for i, p in enumerate(self.model_params):
             if not p.dtype.is_floating_point:
                 raise InvalidArgumentError(f"gradsync: MasterParams: parameter {i} is {p.dtype}, not floating point")
-        if not init_scale > 0 or not growth_factor >= 1 or not 0 < backoff_factor <= 1 or growth_interval < 1:
+        if (not init_scale > 0 or not growth_factor >= 1 or not 0 < backoff_factor <= 1 or growth_interval < 1
+                or not 0 < min_scale <= init_scale):
             raise InvalidArgumentError("gradsync: MasterParams: init_scale > 0, growth_factor >= 1, "
-                                       "0 < backoff_factor <= 1 and growth_interval >= 1 are required")
+                                       "0 < backoff_factor <= 1, growth_interval >= 1 and "
+                                       "0 < min_scale <= init_scale are required")
         device = self.model_params[0].device
         with torch.no_grad():
             flat = torch.cat([p.detach().reshape(-1).to(torch.float32) for p in self.model_params]).to(device)
         self.flat = torch.nn.Parameter(flat)
-        self.flat.grad = torch.zeros_like(flat)
+        # Kept here too: optimizer.zero_grad() sets flat.grad to None, and step() puts it back.
+        self._grad = torch.zeros_like(flat)
+        self.flat.grad = self._grad
         self._views, self._grad_views, at = [], [], 0
         for p in self.model_params:
             self._views.append(self.flat.data[at:at + p.numel()].view(p.shape))
-            self._grad_views.append(self.flat.grad[at:at + p.numel()].view(p.shape))
+            self._grad_views.append(self._grad[at:at + p.numel()].view(p.shape))
             at += p.numel()
         self.loss_scale = float(init_scale)
         self.growth_factor = float(growth_factor)
         self.backoff_factor = float(backoff_factor)
         self.growth_interval = int(growth_interval)
+        self.min_scale = float(min_scale)
         self.clean_steps = 0
         self.skipped_steps = 0
 
@@ -66,21 +75,29 @@ class MasterParams:
         Call it before step(), which may change the scale the gradients were made with."""
         return math.sqrt(work.sq_norm()) / self.loss_scale
 
-    def step(self, optimizer, work):
+    def step(self, optimizer, work, max_norm=None):
         """Steps `optimizer` (over [self.flat]) unless the reduced gradients hold an inf or a NaN;
-        returns whether it stepped."""
+        returns whether it stepped. `max_norm`: the gradients are first scaled down so that their
+        global norm (from the fused sum of squares) is at most max_norm, as
+        torch.nn.utils.clip_grad_norm_ does."""
         if work.found_inf():
-            self.loss_scale *= self.backoff_factor
+            self.loss_scale = max(self.min_scale, self.loss_scale * self.backoff_factor)
             self.clean_steps = 0
             self.skipped_steps += 1
             self.zero_grad()
             return False
+        unscale = 1.0 / self.loss_scale
+        if max_norm is not None:
+            norm = self.grad_norm(work)
+            if norm > max_norm:
+                unscale *= max_norm / (norm + 1e-6)
+        self.flat.grad = self._grad
         with torch.no_grad():
             for grad_view, p in zip(self._grad_views, self.model_params):
                 if p.grad is None:
                     grad_view.zero_()
                 else:
-                    grad_view.copy_(p.grad.to(torch.float32)).div_(self.loss_scale)
+                    grad_view.copy_(p.grad.to(torch.float32)).mul_(unscale)
             optimizer.step()
             for view, p in zip(self._views, self.model_params):
                 p.copy_(view)
@@ -97,4 +114,4 @@ class MasterParams:
             for p in self.model_params:
                 if p.grad is not None:
                     p.grad.zero_()
-            self.flat.grad.zero_()
+            self._grad.zero_()
