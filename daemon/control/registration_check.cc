@@ -87,6 +87,7 @@ namespace {
 // its output must hold the largest shard.
 Status check_shard_output(const control::RegisterRequest& request, const Topology& topology,
                           const SegmentMap& segments, ResolvedSet* reg) {
+  if (reg->layout.empty()) return Status::invalid_argument("reduce-scatter output: the set has no tensors");
   const plan::TensorLayout& first = reg->layout.front();
   uint64_t elements = 0;
   for (size_t i = 0; i < reg->layout.size(); ++i) {

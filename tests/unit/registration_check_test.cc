@@ -148,6 +148,20 @@ TEST_CASE("registration check: a reduce-scatter output is aligned and shares no 
              Catch::Contains("offset 2 is not a multiple of the 4-byte element size"));
 }
 
+TEST_CASE("registration check: a reduce-scatter output on a set of no tensors is refused", "[registration]") {
+  // Found by the request fuzzer: the check read the first tensor of an empty set.
+  Topology topology;
+  REQUIRE(make_topology(2, 2, 0, 0, {}, &topology).ok());
+  SegmentMap segments;
+  segments[2] = std::make_shared<HostRegion>(64);
+  control::RegisterRequest request;
+  request.set_has_shard_output(true);
+  request.set_shard_segment_id(2);
+  ResolvedSet out;
+  CHECK_THAT(check_registration(request, topology, 2, segments, &out).message(),
+             Catch::Contains("reduce-scatter output: the set has no tensors"));
+}
+
 TEST_CASE("shards: the flat range split evenly over the group, the last ones shorter", "[registration]") {
   CHECK(shard_capacity(10, 3) == 4);
   CHECK(shard_of(10, 3, 0).first == 0);
