@@ -138,7 +138,8 @@ Daemon::Daemon(DaemonConfig config, std::function<ParsedConfig()> reparse, TestH
     peer_auth_ = std::make_shared<const PeerAuth>(std::move(named));
   }
   registry.jobs.cluster.auth = peer_auth_;
-  registry.jobs.execution = ExecutionSettings{backends_.get(), config_.execution_timeout};
+  registry.jobs.execution = ExecutionSettings{backends_.get(), config_.execution_timeout,
+                                              IntegrityCheck{config_.integrity_check_every, hooks_.corrupt_result_at_op}};
   registry_ = std::make_unique<JobRegistry>(std::move(registry));
   server_ = std::make_unique<ControlServer>(
       io_, ControlServerOptions{config_.socket_path, config_.allowed_uids,

@@ -15,8 +15,12 @@ struct TestHooks {
   std::optional<std::chrono::milliseconds> gpu_lost_after;
   // Blocks the io thread for good this long after the daemon is ready.
   std::optional<std::chrono::milliseconds> hang_io_after;
+  // Flips a byte of this node's reduced copy of the cross-node buckets of the operation with
+  // this sequence number, for the integrity check (--integrity-check-every) to find.
+  std::optional<uint64_t> corrupt_result_at_op;
 
-  // From $GRADSYNCD_TEST_GPU_LOST_AFTER_MS and $GRADSYNCD_TEST_HANG_IO_AFTER_MS, read once by
+  // From $GRADSYNCD_TEST_GPU_LOST_AFTER_MS, $GRADSYNCD_TEST_HANG_IO_AFTER_MS and
+  // $GRADSYNCD_TEST_CORRUPT_RESULT_AT_OP, read once by
   // gradsyncd's main(): how the integration tests reach the real binary.
   static TestHooks from_environment();
 };

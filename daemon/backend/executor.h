@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -61,6 +62,16 @@ struct BucketCall {
   // desc.health: the set's health blocks (TensorSet::health_block), of which the bucket fills
   // its tensors' before it answers; null otherwise.
   std::shared_ptr<std::vector<reduce::HealthBlock>> health;
+};
+
+// The silent-data-corruption check (--integrity-check-every): every `every`th operation (by
+// sequence number; 0: never), the nodes of each cross-node bucket of an allreduce or a
+// reduce-scatter compare a hash of a sample of their reduced copy, and a node that disagrees
+// fails the job, named. `corrupt_at_seq` is a test hook: this node flips a byte of its reduced
+// copy of that operation's buckets, as a bad memory bit or a faulty core would.
+struct IntegrityCheck {
+  uint64_t every = 0;
+  std::optional<uint64_t> corrupt_at_seq;
 };
 
 using BucketDone = std::function<void(const Status&)>;

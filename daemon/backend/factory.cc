@@ -154,7 +154,7 @@ class Backends final : public BackendFactory {
                        std::unique_ptr<BucketExecutor>* out) override {
     switch (kind) {
       case MemoryKind::kHostMemfd:
-        *out = std::make_unique<host::HostExecutor>(context.pool, context.log);
+        *out = std::make_unique<host::HostExecutor>(context.pool, context.log, context.integrity);
         return Status();
       case MemoryKind::kCudaVmm:
       case MemoryKind::kCudaLegacyIpc:

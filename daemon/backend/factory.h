@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -38,6 +39,7 @@ struct ExecutorContext {
   // Fails the job from any thread, for a failure an executor finds after it answered a bucket
   // (device work queued on a GPU that failed there). Must not block.
   std::function<void(const Status&)> fail_job;
+  IntegrityCheck integrity;  // host executors
 };
 
 // Called once, the first time a sticky CUDA error breaks the daemon's context on a GPU (the

@@ -81,6 +81,7 @@ struct DaemonConfig {
   int gloo_ib_index = 0;
   // An allreduce larger than this crosses nodes in Gloo calls of this size (engine.h).
   uint64_t gloo_slice_bytes = kDefaultSliceBytes;
+  uint64_t integrity_check_every = 0;  // 0: off
 };
 
 inline constexpr int kDefaultPeerPort = 29590;

@@ -407,6 +407,10 @@ std::vector<SettingSpec> daemon_settings() {
                       "an allreduce larger than this crosses nodes as Gloo calls of this size, each overlapped with "
                       "the local reduction of the next; smaller overlaps more, but each call has a fixed cost (4096 "
                       "to 2^40)"));
+  s.push_back(integer("integrity-check-every", GS_FIELD(integrity_check_every), 0, 1ull << 32, " (2^32)", restart,
+                      "every Nth operation, the nodes of each cross-node allreduce or reduce-scatter bucket compare a "
+                      "hash of a sample of their reduced copy, and a node that disagrees (silent data corruption) "
+                      "fails the job, named; 0 turns it off (0 to 2^32)"));
   return s;
 }
 

@@ -42,6 +42,7 @@ Job::Job(JobOptions options)
   worker.timeout = options_.params.timeout;
   worker.execution_timeout = options_.services.execution.timeout;
   worker.backends = options_.services.execution.backends;
+  worker.integrity = options_.services.execution.integrity;
   // A failure the worker finds itself (a timeout, a bad ring entry, a lost node) also ends the
   // job's control side, on the io thread: pending registrations fail and client memory is
   // released now rather than when the clients leave.

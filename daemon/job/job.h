@@ -52,6 +52,7 @@ struct ClusterSettings {
 struct ExecutionSettings {
   BackendFactory* backends = nullptr;  // the executor of each memory kind
   std::chrono::milliseconds timeout{600'000};  // bound on one bucket in flight
+  IntegrityCheck integrity;                    // --integrity-check-every (backend/executor.h)
 };
 
 // What every job of this daemon uses from it: handed by the registry to each job it forms as

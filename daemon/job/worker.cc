@@ -355,7 +355,7 @@ BucketExecutor* Worker::executor_for(MemoryKind kind, Status* status) {
   auto it = executors_.find(kind);
   if (it != executors_.end()) return it->second.get();
   std::unique_ptr<BucketExecutor> made;
-  ExecutorContext context{options_.pool, options_.log, [this](const Status& why) { fail(why); }};
+  ExecutorContext context{options_.pool, options_.log, [this](const Status& why) { fail(why); }, options_.integrity};
   *status = options_.backends->make_executor(kind, context, &made);
   if (!status->ok()) return nullptr;
   // A failure recorded before the executor existed still reaches it.

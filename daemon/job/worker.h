@@ -76,6 +76,7 @@ struct WorkerOptions {
   std::chrono::milliseconds execution_timeout{600'000};  // one bucket in flight
   std::shared_ptr<JobDoorbell> doorbell;  // the worker sleeps on it
   BackendFactory* backends = nullptr;     // makes the executors; outlives the worker
+  IntegrityCheck integrity;               // handed to the host executor
   ThreadPool* pool = nullptr;             // given to the executors
   // Called once, on the worker thread, when the per-step path stops because of a failure the
   // worker found itself or was told about: after the bucket in flight is back, before any

@@ -356,6 +356,45 @@ TEST_CASE("multi-node: float32 compressed to bfloat16 or float16 on the wire sta
   }
 }
 
+// The integrity check: every 2nd operation the nodes compare hashes of their reduced copies.
+// Node 1 flips a byte of its copy of operation 4 (a test hook, as a bad memory bit would): the
+// checked operation 2 passes, and operation 4 fails on every rank, naming node 1 and the bucket.
+TEST_CASE("multi-node: --integrity-check-every finds a node whose reduced copy differs, and names it",
+          "[integration][multinode][integrity]") {
+  TestCluster cluster(kNodes, {"--integrity-check-every", "2"});
+  ::setenv("GRADSYNCD_TEST_CORRUPT_RESULT_AT_OP", "4", 1);
+  cluster.restart(1);  // with the cluster's flags, and the hook from the environment
+  ::unsetenv("GRADSYNCD_TEST_CORRUPT_RESULT_AT_OP");
+  const std::string job = unique_job("nodes-integrity");
+  const auto statuses = run_job(cluster, job, [&](int rank, Client& client) {
+    const std::vector<SharedTensor> flat = client.allocate_flat(std::vector<TensorSpec>{{DType::kFloat32, 50'000, "dp"}});
+    const TensorSet set = client.register_tensors(flat, RegisterOptions{});
+    for (int op = 1; op <= 3; ++op) {
+      fill_exact(flat[0], rank, 0, op);
+      if (!client.allreduce(set, ReduceOptions{ReduceOp::kSum}).wait(std::chrono::seconds(60))) {
+        return fail("allreduce " + std::to_string(op) + " timed out");
+      }
+      if (int c = check(flat[0], 17, expected(DType::kFloat32, ReduceOptions{ReduceOp::kSum}, all_ranks(), 0, 17, op),
+                        "operation " + std::to_string(op));
+          c != kOk) {
+        return c;
+      }
+    }
+    try {
+      client.allreduce(set, ReduceOptions{ReduceOp::kSum}).wait(std::chrono::seconds(60));
+      return fail("operation 4 succeeded with node 1's copy corrupted");
+    } catch (const Error& e) {
+      const std::string& m = e.status().message();
+      if (m.find("silent data corruption: operation 4") == std::string::npos ||
+          m.find("bucket 0: node 1 reduced it to different bytes than nodes 0 and 2") == std::string::npos) {
+        return fail("unexpected error: " + m);
+      }
+    }
+    return kOk;
+  });
+  for (int status : statuses) CHECK(exit_code(status) == kOk);
+}
+
 TEST_CASE("multi-node: every operation and dtype is bit-exact across 3 daemons x 2 clients", "[integration][multinode]") {
   TestCluster cluster(kNodes);
   const std::string job = unique_job("nodes-ops");
@@ -598,6 +637,32 @@ TEST_CASE("multi-node: a bucket held contiguously on some nodes and not on other
     }
     return kOk;
   });
+  for (int status : statuses) CHECK(exit_code(status) == kOk);
+}
+
+TEST_CASE("multi-node: nodes with different --integrity-check-every fail the job, naming both", "[integration][multinode]") {
+  // A node that checks makes an exchange the others do not: left alone, they would hang.
+  TestCluster cluster(2);
+  cluster.restart(1, {"--integrity-check-every", "1"});
+  const std::string job = unique_job("nodes-integrity-mismatch");
+  const auto statuses = run_job(
+      cluster, job,
+      [&](int rank, Client& client) {
+        const std::vector<SharedTensor> tensors = client.allocate_flat(std::vector<TensorSpec>{{DType::kFloat32, 1000, "dp"}});
+        const TensorSet set = client.register_tensors(tensors, {});
+        try {
+          client.allreduce(set, ReduceOptions{ReduceOp::kSum}).wait(std::chrono::seconds(60));
+          return fail("rank " + std::to_string(rank) + ": the allreduce succeeded");
+        } catch (const Error& e) {
+          const std::string text = e.what();
+          if (text.find("--integrity-check-every") == std::string::npos ||
+              text.find("every node of a job must use the same") == std::string::npos) {
+            return fail("rank " + std::to_string(rank) + ": unexpected error: " + text);
+          }
+        }
+        return kOk;
+      },
+      {}, 2);
   for (int status : statuses) CHECK(exit_code(status) == kOk);
 }
 

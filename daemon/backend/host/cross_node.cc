@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <future>
 #include <memory>
 
@@ -34,10 +35,12 @@ struct Header {
   uint64_t slice_bytes = 0;  // the engine's: nodes that slice differently would make different calls
   uint32_t wire = 0;         // the wire compression's dtype (0: none); it changes the engine calls
   uint32_t health = 0;       // fused health asked: staged rather than in place on every node
+  uint64_t integrity_every = 0;  // --integrity-check-every: nodes that differ make different calls
 };
 
-Header header_of(const BucketCall& c) {
+Header header_of(const BucketCall& c, uint64_t integrity_every) {
   Header h;
+  h.integrity_every = integrity_every;
   h.seq = c.seq;
   h.kind = static_cast<uint32_t>(c.desc.kind);
   h.set = c.desc.set_id;
@@ -69,7 +72,8 @@ std::string describe(const Header& h) {
 bool same(const Header& a, const Header& b) {
   return a.seq == b.seq && a.kind == b.kind && a.set == b.set && a.bucket == b.bucket && a.reduce_op == b.reduce_op &&
          a.root == b.root && a.scaling == b.scaling && a.divisor == b.divisor && a.elements == b.elements &&
-         a.slice_bytes == b.slice_bytes && a.wire == b.wire && a.health == b.health;
+         a.slice_bytes == b.slice_bytes && a.wire == b.wire && a.health == b.health &&
+         a.integrity_every == b.integrity_every;
 }
 
 // The node's index within the group's nodes, for a global rank.
@@ -125,7 +129,14 @@ ReduceSpec spec_of(const reduce::KernelArgs& args) {
 // between nodes (on its own thread), the pool accumulates slice k + 1 and finishes slice k - 1,
 // so the network and memory stages overlap.
 
-Status allreduce_in_place(const BucketCall& c, ThreadPool& pool) {
+// Where a reduction left the node's reduced copy of the bucket, in canonical order: what the
+// integrity check hashes.
+struct Reduced {
+  std::byte* data = nullptr;
+  size_t bytes = 0;
+};
+
+Status allreduce_in_place(const BucketCall& c, ThreadPool& pool, Reduced* reduced) {
   const TensorSet& set = *c.set;
   const auto& members = set.participants[c.bucket];
   const BucketRun& run = set.runs[c.bucket][0];
@@ -134,6 +145,7 @@ Status allreduce_in_place(const BucketCall& c, ThreadPool& pool) {
   const uint64_t slice = std::max<uint64_t>(1, c.engine->slice_bytes() / element);
   const size_t slices = static_cast<size_t>((elements + slice - 1) / slice);
   std::byte* node_buffer = run.address[members[0]];
+  *reduced = Reduced{node_buffer, elements * element};
   const ReduceSpec spec = spec_of(c.args);
 
   auto chunks_of = [&](size_t k, auto&& body) {
@@ -204,7 +216,7 @@ enum class Results { kEveryone, kRoot, kShards };
 // ranks' shards: the same engine calls as the staged allreduce, and twice the bytes a native
 // reduce-scatter would move (docs/limitations.md).
 Status reduce_across(const BucketCall& c, ThreadPool& pool, const std::shared_ptr<NodeBuffers>& buffers,
-                     Results results) {
+                     Results results, Reduced* reduced) {
   const TensorSet& set = *c.set;
   const bool to_root = results == Results::kRoot;
   // In place, the clients' memory holds the node's partial sums: only an allreduce, which then
@@ -215,7 +227,7 @@ Status reduce_across(const BucketCall& c, ThreadPool& pool, const std::shared_pt
   const bool compressed = c.desc.wire != DType::kFloat32;
   if (results == Results::kEveryone && set.canonical_run[c.bucket] && !c.health && !compressed &&
       reduce::accumulation_dtype(c.args.dtype) == c.args.dtype) {
-    return allreduce_in_place(c, pool);
+    return allreduce_in_place(c, pool, reduced);
   }
   const auto& members = set.participants[c.bucket];
   const DType acc_type = reduce::accumulation_dtype(c.args.dtype);
@@ -224,6 +236,7 @@ Status reduce_across(const BucketCall& c, ThreadPool& pool, const std::shared_pt
   const uint64_t elements = set.bucket_elements[c.bucket];
   buffers->work.resize(elements * acc_size);
   std::byte* acc = buffers->work.data();
+  *reduced = Reduced{acc, elements * acc_size};
   const std::vector<Piece> pieces = pieces_of(set, c.bucket, pool.size());
   {
     PhaseTimer timer(local_time(c));
@@ -403,13 +416,14 @@ Status allgather(const BucketCall& c, const std::shared_ptr<NodeBuffers>& owned)
 
 }  // namespace
 
-Status check_sequence(const BucketCall& c) {
+Status check_sequence(const BucketCall& c, uint64_t integrity_every) {
   // On the heap and held by the call's Done, like a bucket's buffers (engine.h).
   struct Exchange {
     Header mine;
     std::vector<Header> all;
   };
-  auto exchange = std::make_shared<Exchange>(Exchange{header_of(c), std::vector<Header>(static_cast<size_t>(c.engine->nodes()))});
+  auto exchange = std::make_shared<Exchange>(
+      Exchange{header_of(c, integrity_every), std::vector<Header>(static_cast<size_t>(c.engine->nodes()))});
   const Header& mine = exchange->mine;
   const std::vector<Header>& all = exchange->all;
   if (Status s = run_engine_call(
@@ -428,6 +442,12 @@ Status check_sequence(const BucketCall& c) {
                                       " with " + std::to_string(all[n].slice_bytes) +
                                       ": every node of a job must use the same");
     }
+    if (all[n].integrity_every != mine.integrity_every) {
+      return Status::layout_mismatch("node " + std::to_string(c.topology->node) + " runs with --integrity-check-every " +
+                                     std::to_string(mine.integrity_every) + ", node " + std::to_string(nodes[n]) +
+                                     " with " + std::to_string(all[n].integrity_every) +
+                                     ": every node of a job must use the same");
+    }
     if (!same(all[n], mine)) {
       return Status::layout_mismatch("sequence mismatch: node " + std::to_string(c.topology->node) + " is at " +
                                      describe(mine) + ", node " + std::to_string(nodes[n]) + " is at " +
@@ -437,16 +457,119 @@ Status check_sequence(const BucketCall& c) {
   return Status();
 }
 
-Status execute_across_nodes(const BucketCall& c, ThreadPool& pool, std::shared_ptr<NodeBuffers>& buffers) {
+namespace {
+
+// The sample the integrity check hashes: all of the bytes up to 64 KiB, else 256 stretches of
+// 256 bytes spread evenly, shifted by an amount drawn from the operation's sequence number, so
+// that successive checks look at different bytes (every node draws the same).
+constexpr size_t kStretch = 256, kStretches = 256;
+
+// Stretch k starts at k * sample_step(bytes) + sample_shift(bytes, seq); the shift is below the
+// gap between stretches, so the last one ends inside the bytes.
+size_t sample_step(size_t bytes) { return (bytes - kStretch) / kStretches; }
+
+size_t sample_shift(size_t bytes, uint64_t seq) {
+  if (bytes <= kStretch * kStretches) return 0;
+  const size_t step = sample_step(bytes);
+  const size_t room = step >= kStretch ? step - kStretch + 1 : 1;
+  return static_cast<size_t>((seq * 2654435761ull) % room);
+}
+
+// A 64-bit FNV-1a hash of that sample.
+uint64_t sample_hash(const std::byte* data, size_t bytes, uint64_t seq) {
+  uint64_t hash = 14695981039346656037ull;
+  const auto add = [&](const std::byte* from, size_t count) {
+    for (size_t i = 0; i < count; ++i) hash = (hash ^ static_cast<uint8_t>(from[i])) * 1099511628211ull;
+  };
+  if (bytes <= kStretch * kStretches) {
+    add(data, bytes);
+    return hash;
+  }
+  const size_t shift = sample_shift(bytes, seq);
+  for (size_t k = 0; k < kStretches; ++k) add(data + k * sample_step(bytes) + shift, kStretch);
+  return hash;
+}
+
+// The integrity check (executor.h): the group's nodes allgather their hashes of the reduced
+// bucket; every node sees the same table and reaches the same verdict.
+Status compare_results(const BucketCall& c, const std::byte* data, size_t bytes) {
+  struct Digest {
+    uint64_t seq = 0;
+    uint64_t hash = 0;
+    uint64_t bucket = 0;
+  };
+  struct Exchange {
+    Digest mine;
+    std::vector<Digest> all;
+  };
+  auto exchange = std::make_shared<Exchange>(
+      Exchange{Digest{c.seq, sample_hash(data, bytes, c.seq), c.bucket},
+               std::vector<Digest>(static_cast<size_t>(c.engine->nodes()))});
+  if (Status s = run_engine_call(
+          [&](EngineDone done) {
+            c.engine->allgather(&exchange->mine, sizeof(Digest), exchange->all.data(), std::move(done));
+          },
+          exchange);
+      !s.ok()) {
+    return s;
+  }
+  const std::vector<int> nodes = c.topology->nodes_of(c.set->plan.buckets[c.bucket].group);
+  std::map<uint64_t, std::vector<int>> by_hash;
+  for (size_t n = 0; n < exchange->all.size(); ++n) by_hash[exchange->all[n].hash].push_back(nodes[n]);
+  if (by_hash.size() == 1) return Status();
+  // The largest agreeing group is taken for the right result (on a tie, the one with the
+  // lowest node); the others are named.
+  auto majority = by_hash.begin();
+  for (auto it = by_hash.begin(); it != by_hash.end(); ++it) {
+    if (it->second.size() > majority->second.size() ||
+        (it->second.size() == majority->second.size() && it->second.front() < majority->second.front())) {
+      majority = it;
+    }
+  }
+  const auto list = [](const std::vector<int>& ns) {
+    std::string text;
+    for (size_t i = 0; i < ns.size(); ++i) text += (i ? (i + 1 == ns.size() ? " and " : ", ") : "") + std::to_string(ns[i]);
+    return text;
+  };
+  std::vector<int> odd;
+  for (const auto& [hash, ns] : by_hash) {
+    if (hash != majority->first) odd.insert(odd.end(), ns.begin(), ns.end());
+  }
+  std::sort(odd.begin(), odd.end());
+  return Status::internal("silent data corruption: operation " + std::to_string(c.seq) + " (" +
+                          describe(c.desc, c.set.get()) + "), bucket " + std::to_string(c.bucket) + ": node" +
+                          (odd.size() > 1 ? "s " : " ") + list(odd) + " reduced it to different bytes than node" +
+                          (majority->second.size() > 1 ? "s " : " ") + list(majority->second) +
+                          " (--integrity-check-every compares a sample of every node's copy); the job is failed "
+                          "rather than train on it: check those nodes' memory and CPUs");
+}
+
+}  // namespace
+
+Status execute_across_nodes(const BucketCall& c, ThreadPool& pool, std::shared_ptr<NodeBuffers>& buffers,
+                            const IntegrityCheck& integrity) {
   // Only engine calls share the buffers, and only release them: a count above one means a call
   // answered early still holds them, and may still write into them. Seeing one, the fence
   // orders that call's last writes (before its release of the count) before this bucket's use.
   if (!buffers || buffers.use_count() > 1) buffers = std::make_shared<NodeBuffers>();
   std::atomic_thread_fence(std::memory_order_acquire);
   switch (c.desc.kind) {
-    case OpKind::kAllreduce: return reduce_across(c, pool, buffers, Results::kEveryone);
-    case OpKind::kReduce: return reduce_across(c, pool, buffers, Results::kRoot);
-    case OpKind::kReduceScatter: return reduce_across(c, pool, buffers, Results::kShards);
+    case OpKind::kAllreduce:
+    case OpKind::kReduceScatter: {
+      Reduced reduced;
+      const Status status = reduce_across(
+          c, pool, buffers, c.desc.kind == OpKind::kAllreduce ? Results::kEveryone : Results::kShards, &reduced);
+      if (!status.ok() || integrity.every == 0 || c.seq % integrity.every != 0) return status;
+      // The test hook flips a byte the sample looks at (a sample misses what it does not touch).
+      if (integrity.corrupt_at_seq == c.seq && reduced.bytes > 0) {
+        reduced.data[sample_shift(reduced.bytes, c.seq)] ^= std::byte{0x40};
+      }
+      return compare_results(c, reduced.data, reduced.bytes);
+    }
+    case OpKind::kReduce: {
+      Reduced reduced;
+      return reduce_across(c, pool, buffers, Results::kRoot, &reduced);
+    }
     case OpKind::kBroadcast: return broadcast(c, buffers);
     case OpKind::kAllgather: return allgather(c, buffers);
   }

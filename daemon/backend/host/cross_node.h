@@ -25,10 +25,13 @@ struct NodeBuffers {
 
 // Compares (sequence, operation, set, bucket) across the group's nodes and refuses to go on
 // when they disagree, rather than mixing unrelated data.
-Status check_sequence(const BucketCall& call);
+Status check_sequence(const BucketCall& call, uint64_t integrity_every = 0);
 
 // `buffers` is the caller's slot: when an engine call that was answered early (aborted) still
 // holds the buffers in it, this bucket leaves them to that call and puts new ones in the slot.
-Status execute_across_nodes(const BucketCall& call, ThreadPool& pool, std::shared_ptr<NodeBuffers>& buffers);
+// `integrity`: the silent-data-corruption check's setting (executor.h), applied to allreduce
+// and reduce-scatter buckets.
+Status execute_across_nodes(const BucketCall& call, ThreadPool& pool, std::shared_ptr<NodeBuffers>& buffers,
+                            const IntegrityCheck& integrity = {});
 
 }  // namespace gradsync::host

@@ -4,7 +4,8 @@
 
 namespace gradsync::host {
 
-HostExecutor::HostExecutor(ThreadPool* pool, Logger log) : pool_(pool), log_(std::move(log)) {}
+HostExecutor::HostExecutor(ThreadPool* pool, Logger log, IntegrityCheck integrity)
+    : pool_(pool), log_(std::move(log)), integrity_(integrity) {}
 
 HostExecutor::~HostExecutor() {
   {
@@ -80,9 +81,9 @@ void HostExecutor::run() {
     BucketTimings* timings = next.call.timings.get();
     if (status.ok()) {
       PhaseTimer timer(timings ? &timings->peers : nullptr);
-      status = check_sequence(next.call);
+      status = check_sequence(next.call, integrity_.every);
     }
-    if (status.ok()) status = execute_across_nodes(next.call, *pool_, buffers_);
+    if (status.ok()) status = execute_across_nodes(next.call, *pool_, buffers_, integrity_);
     if (timings) {
       timings->reported = true;
       timings->cross_node = true;

@@ -20,7 +20,7 @@ namespace gradsync::host {
 
 class HostExecutor final : public BucketExecutor {
  public:
-  HostExecutor(ThreadPool* pool, Logger log);
+  HostExecutor(ThreadPool* pool, Logger log, IntegrityCheck integrity = {});
   ~HostExecutor() override;  // finishes the queued buckets (they fail at once after abort)
   HostExecutor(const HostExecutor&) = delete;
   HostExecutor& operator=(const HostExecutor&) = delete;
@@ -39,6 +39,7 @@ class HostExecutor final : public BucketExecutor {
 
   ThreadPool* pool_;
   Logger log_;
+  const IntegrityCheck integrity_;
   std::shared_ptr<NodeBuffers> buffers_;  // cross-node thread only
 
   mutable Mutex mutex_;
