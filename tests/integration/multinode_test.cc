@@ -348,7 +348,31 @@ TEST_CASE("multi-node: float32 compressed to bfloat16 or float16 on the wire sta
               return c;
             }
           }
+          for (uint64_t t = 0; t < tensors.size(); ++t) {
+            const std::span<float> x = tensors[t].as<float>();
+            for (uint64_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(wire_value(rank, t, i));
+          }
           if (!client.reduce_scatter(set, sum).wait(std::chrono::seconds(60))) return fail("reduce_scatter timed out");
+          // The shard, element by element, against the same bound.
+          const std::span<const float> shard = set.shard().as<const float>();
+          const double u = 0x1p-8;
+          for (uint64_t k = 0; k < shard.size(); ++k) {
+            uint64_t flat = set.shard_first() + k, t = 0;
+            while (flat >= tensors[t].numel()) flat -= tensors[t++].numel();
+            double exact = 0, magnitude = 0;
+            for (int n = 0; n < nodes; ++n) {
+              double node_sum = 0;
+              for (int r : ranks) {
+                if (r / kLocal == n) node_sum += wire_value(r, t, flat);
+              }
+              exact += node_sum;
+              magnitude += std::fabs(node_sum);
+            }
+            if (std::fabs(static_cast<double>(shard[k]) - exact) > (nodes + 1) * u * magnitude) {
+              return fail("rank " + std::to_string(rank) + " shard element " + std::to_string(k) + ": " +
+                          std::to_string(shard[k]) + " is outside the bound around " + std::to_string(exact));
+            }
+          }
           return kOk;
         },
         {}, nodes);
