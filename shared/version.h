@@ -6,6 +6,8 @@
 //      RegisterReply (a version-2 client would announce through events nobody waits on)
 //   4: reduce-scatter (operation 5) and the shard output a RegisterRequest reserves for it (a
 //      version-3 daemon would accept the registration and fail the job at the first operation)
+//   5: masked sets (RegisterRequest.has_mask; a version-4 daemon would ignore the mask and
+//      reduce every element)
 #pragma once
 
 #include <cstdint>
@@ -13,7 +15,7 @@
 namespace gradsync {
 
 inline constexpr const char* kGradsyncVersion = "0.2.4";
-inline constexpr uint32_t kProtocolVersion = 4;
+inline constexpr uint32_t kProtocolVersion = 5;
 
 // The cross-node protocol: what the daemons of one job say to each other (the node record at
 // formation, the sequence-check header, the engine calls each bucket makes, the store keys).
@@ -29,6 +31,8 @@ inline constexpr uint32_t kProtocolVersion = 4;
 //      the calling node, whose per-member quotas the store keeps
 //   5: reduce-scatter: the header's kind 5, and the set layout states whether a set has a shard
 //      output
-inline constexpr uint32_t kCrossNodeProtocol = 5;
+//   6: masked sets: the layout record states the mask's count and digest, and the header its
+//      digest, with the kept count as the bucket's elements
+inline constexpr uint32_t kCrossNodeProtocol = 6;
 
 }  // namespace gradsync

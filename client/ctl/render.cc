@@ -96,6 +96,7 @@ std::string print_stats(const v1::GetStatsReply& r) {
   for (const auto& j : r.jobs()) {
     out += "job " + j.job() + " (uid " + std::to_string(j.uid()) + "): " + std::to_string(j.operations()) +
            " operations, " + std::to_string(j.buckets()) + " buckets, " + human_bytes(j.bytes()) + " reduced, " +
+           (j.cross_node_bytes() > 0 ? human_bytes(j.cross_node_bytes()) + " carried across nodes, " : "") +
            std::to_string(j.operations_pending()) + " pending\n";
     Table table({"  TIME", "QUANTILES"});
     table.add({"  operation latency", histogram_text(j.operation_latency())});

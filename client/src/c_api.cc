@@ -240,6 +240,10 @@ gs_status gs_register_ex(gs_client* client, const gs_tensor* tensors, size_t cou
     register_options.allgather = options.allgather != 0;
     register_options.reduce_scatter = options.reduce_scatter != 0;
     if (options.label) register_options.label = options.label;
+    if (options.mask_count > 0) {
+      if (!options.mask) throw gradsync::Error(Status::invalid_argument("gs_register_options.mask is NULL"));
+      register_options.mask.assign(options.mask, options.mask + options.mask_count);
+    }
     auto set = std::make_unique<gs_set>();
     set->set = client->client->register_tensors(shared, register_options);
     *out = set.release();

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstring>
 #include <cstdlib>
 #include <optional>
 #include <utility>
@@ -326,7 +327,17 @@ TensorSet ClientImpl::register_tensors(std::span<const SharedTensor> tensors, co
     set.packed_bytes_ += tensor.bytes();
   }
   // Checked before any output is made, so a refusal leaves nothing behind.
+  if (!options.mask.empty()) check_mask(options.mask, tensors);
   if (options.reduce_scatter) reserve_shard(tensors, body, &set);
+  if (!options.mask.empty()) {
+    // The indices travel in a segment of their own, which the daemon copies at registration.
+    Segment& indices = new_segment(std::max<size_t>(64, options.mask.size() * sizeof(uint64_t)));
+    std::memcpy(indices.memory.data(), options.mask.data(), options.mask.size() * sizeof(uint64_t));
+    body->set_has_mask(true);
+    body->set_mask_segment_id(indices.id);
+    body->set_mask_offset(0);
+    body->set_mask_count(options.mask.size());
+  }
   if (options.allgather) {
     // The outputs live where the tensors do: a device set's in device memory on its GPU.
     const uint64_t bytes = std::max<uint64_t>(64, set.packed_bytes_ * static_cast<uint64_t>(set.world_size_));
@@ -359,6 +370,7 @@ TensorSet ClientImpl::register_tensors(std::span<const SharedTensor> tensors, co
   kept.name = set_name(set.id_, set.label_);
   kept.has_integers = std::any_of(set.tensors_.begin(), set.tensors_.end(),
                                   [](const SharedTensor& t) { return !dtype_is_floating(t.dtype()); });
+  kept.masked = !options.mask.empty();
   kept.all_float32 = std::all_of(set.tensors_.begin(), set.tensors_.end(),
                                  [](const SharedTensor& t) { return t.dtype() == DType::kFloat32; });
   if (tensors[0].device() >= 0) {
@@ -373,6 +385,24 @@ TensorSet ClientImpl::register_tensors(std::span<const SharedTensor> tensors, co
   }
   per_join_.sets[set.id_] = std::move(kept);
   return set;
+}
+
+void ClientImpl::check_mask(const std::vector<uint64_t>& mask, std::span<const SharedTensor> tensors) const {
+  // The daemon checks the same (registration_check.cc); checked here too, to fail before any
+  // memory is made, naming the index.
+  uint64_t elements = 0;
+  for (const SharedTensor& t : tensors) elements += t.numel();
+  for (size_t i = 0; i < mask.size(); ++i) {
+    if (mask[i] >= elements) {
+      throw Error(Status::invalid_argument("mask: index " + std::to_string(i) + " is " + std::to_string(mask[i]) +
+                                           ", past the set's " + std::to_string(elements) + " elements"));
+    }
+    if (i > 0 && mask[i] <= mask[i - 1]) {
+      throw Error(Status::invalid_argument("mask: index " + std::to_string(i) + " (" + std::to_string(mask[i]) +
+                                           ") does not follow index " + std::to_string(i - 1) + " (" +
+                                           std::to_string(mask[i - 1]) + "); the indices must be strictly increasing"));
+    }
+  }
 }
 
 void ClientImpl::reserve_shard(std::span<const SharedTensor> tensors, control::RegisterRequest* body,
@@ -481,6 +511,10 @@ void ClientImpl::fill_reduce(SubmitEntry* entry, const ReduceOptions& options) c
     if (it != per_join_.sets.end() && it->second.events) {
       throw Error(Status::not_supported("ReduceOptions::health: " + name_of(entry->set_id) +
                                         " is in device memory, where it is not computed yet"));
+    }
+    if (it != per_join_.sets.end() && it->second.masked) {
+      throw Error(Status::not_supported("ReduceOptions::health: " + name_of(entry->set_id) +
+                                        " has a mask, for which it is not computed yet (docs/limitations.md)"));
     }
     entry->flags |= kSubmitHealth;
   }

@@ -59,6 +59,7 @@ class ClientImpl final : public Client {
     size_t size = 0;
     bool has_integers = false;  // an integer tensor: no avg
     bool all_float32 = false;   // wire compression applies
+    bool masked = false;        // RegisterOptions::mask: no health
     std::string name;           // how messages name it (shared/set_name.h)
     // Device sets: their event rings, shared with the Work handles of their operations.
     std::shared_ptr<DeviceEvents> events;
@@ -73,6 +74,9 @@ class ClientImpl final : public Client {
   };
 
   Segment& new_segment(size_t bytes);
+  // RegisterOptions::mask: strictly increasing, within the tensors' elements; throws naming the
+  // first bad index.
+  void check_mask(const std::vector<uint64_t>& mask, std::span<const SharedTensor> tensors) const;
   DeviceSegment& new_device_segment(int device, size_t bytes);
   void require_joined(const char* what) const;
   SubmitEntry op_entry(OpKind kind, const TensorSet& set) const;

@@ -72,6 +72,7 @@ grpc::Status AdminService::GetStats(grpc::ServerContext* context, const v1::GetS
     out->set_operations(j.stats.operations);
     out->set_buckets(j.stats.buckets);
     out->set_bytes(j.stats.bytes);
+    out->set_cross_node_bytes(j.stats.cross_node_bytes);
     out->set_operations_pending(j.job.operations_pending);
     fill(j.stats.operation_latency, out->mutable_operation_latency());
     fill(j.stats.waiting_for_ranks, out->mutable_waiting_for_ranks());

@@ -136,6 +136,12 @@ std::string render_metrics(const DaemonStatus& status, const std::vector<JobStat
   out << "# HELP gradsync_reduced_bytes_total Bucket bytes reduced (one rank's share).\n"
       << "# TYPE gradsync_reduced_bytes_total counter\n";
   for (const auto& j : jobs) out << "gradsync_reduced_bytes_total{" << labels(j) << "} " << j.stats.bytes << "\n";
+  out << "# HELP gradsync_cross_node_bytes_total Payload bytes this node handed to cross-node collectives (a masked "
+         "set's kept elements only, half with wire compression).\n"
+      << "# TYPE gradsync_cross_node_bytes_total counter\n";
+  for (const auto& j : jobs) {
+    out << "gradsync_cross_node_bytes_total{" << labels(j) << "} " << j.stats.cross_node_bytes << "\n";
+  }
   out << "# HELP gradsync_operations_pending Operations submitted and not finished (queue depth).\n"
       << "# TYPE gradsync_operations_pending gauge\n";
   for (const auto& j : jobs) {

@@ -13,6 +13,10 @@ struct BucketTimings {
   std::chrono::nanoseconds peers{0};       // the sequence check: until every node reached it
   std::chrono::nanoseconds collective{0};  // inside the engine's collective calls
   std::chrono::nanoseconds local{0};       // combining, scaling, copies and fan-out on this node
+  // The payload this node handed to the engine's collectives for the bucket (a masked set's
+  // kept elements only; half of it with wire compression). What the algorithm sends on the
+  // links is a multiple of it that depends on the node count (a ring's 2(n-1)/n).
+  uint64_t carried_bytes = 0;
 };
 
 // Adds the time from construction to destruction to a duration: for the executor's phases.

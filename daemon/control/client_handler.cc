@@ -340,6 +340,7 @@ asio::awaitable<Status> ClientHandler::on_register(control::Request* request, An
           result.reg.address = std::move(resolved.address);
           result.reg.gather_output = resolved.gather_output;
           result.reg.shard_output = resolved.shard_output;
+          result.reg.mask = std::move(resolved.mask);
           result.reg.regions = std::move(resolved.regions);
         }
         // The decoded request's memory goes back to the system now, on this thread.

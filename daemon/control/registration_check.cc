@@ -1,6 +1,7 @@
 #include "daemon/control/registration_check.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "shared/set_name.h"
 #include "shared/dtype.h"
@@ -131,6 +132,58 @@ Status check_shard_output(const control::RegisterRequest& request, const Topolog
   return Status::ok_status();
 }
 
+// The mask: copied out of the client's segment first (the client may still write there), then
+// checked, naming the first bad index.
+Status read_mask(const control::RegisterRequest& request, const SegmentMap& segments, ResolvedSet* reg) {
+  if (reg->shard_output != nullptr) {
+    return Status::invalid_argument("mask: a masked set cannot have a reduce-scatter output (a shard of a masked "
+                                    "range is not offered); register the two separately");
+  }
+  uint64_t elements = 0;
+  for (const auto& t : reg->layout) elements += t.numel;
+  const uint64_t count = request.mask_count();
+  if (count == 0) {
+    return Status::invalid_argument("mask: it keeps no element; register the set without a mask, or keep some");
+  }
+  if (count > elements) {
+    return Status::invalid_argument("mask: " + std::to_string(count) + " indices for a set of " +
+                                    std::to_string(elements) + " elements");
+  }
+  auto it = segments.find(request.mask_segment_id());
+  if (it == segments.end()) {
+    return Status::invalid_argument("mask: unknown segment " + std::to_string(request.mask_segment_id()));
+  }
+  if (it->second->kind() != MemoryKind::kHostMemfd) {
+    return Status::invalid_argument("mask: segment " + std::to_string(request.mask_segment_id()) +
+                                    " is not host memory; the indices are read by the daemon's CPU");
+  }
+  const uint64_t size = it->second->size();
+  const uint64_t bytes = count * sizeof(uint64_t);
+  if (request.mask_offset() > size || bytes > size - request.mask_offset() || request.mask_offset() % 8 != 0) {
+    return Status::invalid_argument("mask: " + std::to_string(count) + " indices (" + std::to_string(bytes) +
+                                    " bytes) at offset " + std::to_string(request.mask_offset()) +
+                                    " do not fit, 8-byte aligned, in segment " +
+                                    std::to_string(request.mask_segment_id()) + " of " + std::to_string(size) + " bytes");
+  }
+  auto mask = std::make_shared<std::vector<uint64_t>>(count);
+  std::memcpy(mask->data(), it->second->base() + request.mask_offset(), bytes);
+  for (uint64_t i = 0; i < count; ++i) {
+    const uint64_t index = (*mask)[i];
+    if (index >= elements) {
+      return Status::invalid_argument("mask: index " + std::to_string(i) + " is " + std::to_string(index) +
+                                      ", past the set's " + std::to_string(elements) + " elements");
+    }
+    if (i > 0 && index <= (*mask)[i - 1]) {
+      return Status::invalid_argument("mask: index " + std::to_string(i) + " (" + std::to_string(index) +
+                                      ") does not follow index " + std::to_string(i - 1) + " (" +
+                                      std::to_string((*mask)[i - 1]) +
+                                      "); the indices must be strictly increasing");
+    }
+  }
+  reg->mask = std::move(mask);
+  return Status::ok_status();
+}
+
 }  // namespace
 
 // Resolves and checks a whole registration against the client's segments (a snapshot: the
@@ -176,6 +229,9 @@ Status check_registration(const control::RegisterRequest& request, const Topolog
   }
   if (request.has_shard_output()) {
     if (Status status = check_shard_output(request, topology, segments, reg); !status.ok()) return status;
+  }
+  if (request.has_mask()) {
+    if (Status status = read_mask(request, segments, reg); !status.ok()) return status;
   }
   std::sort(used.begin(), used.end());
   used.erase(std::unique(used.begin(), used.end()), used.end());

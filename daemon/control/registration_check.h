@@ -1,6 +1,6 @@
 // A registration checked against the client's own segments: every tensor's dtype, segment,
 // range and alignment, its process group, no two tensors sharing bytes, and the allgather
-// and reduce-scatter outputs' room. Runs off the io thread (client_handler.cc), and is what the request fuzzer
+// and reduce-scatter outputs' room, and the mask's indices. Runs off the io thread (client_handler.cc), and is what the request fuzzer
 // drives (tests/fuzz/request_fuzzer.cc). The errors name the tensor and what is wrong.
 #pragma once
 
@@ -27,6 +27,9 @@ struct ResolvedSet {
   std::vector<std::byte*> address;  // by tensor
   std::byte* gather_output = nullptr;
   std::byte* shard_output = nullptr;
+  // The mask's indices (RegisterRequest.has_mask), copied out of the client's segment and
+  // checked: strictly increasing, within the set's elements. Null without a mask.
+  std::shared_ptr<const std::vector<uint64_t>> mask;
   std::vector<std::shared_ptr<const MemoryRegion>> regions;  // the segments the set uses
   std::vector<const MemoryRegion*> used;                     // the same, sorted, unowned
 };

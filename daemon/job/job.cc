@@ -296,8 +296,20 @@ Status build_set(const std::string& job_id, uint32_t set_id, const Topology& top
                                      " a reduce-scatter output, rank " + std::to_string(local_rank) +
                                      (reg.shard_output ? " did" : " did not"));
     }
+    if ((reg.mask == nullptr) != (first.mask == nullptr) || (reg.mask && *reg.mask != *first.mask)) {
+      const auto kept = [](const SetRegistration& r) {
+        return r.mask ? "a mask keeping " + std::to_string(r.mask->size()) + " elements" : std::string("no mask");
+      };
+      return Status::layout_mismatch(name + ": rank " + std::to_string(regs.begin()->first) + " registered " +
+                                     kept(first) + ", rank " + std::to_string(local_rank) + " " + kept(reg) +
+                                     (reg.mask && first.mask && reg.mask->size() == first.mask->size()
+                                          ? " (other indices)"
+                                          : "") +
+                                     "; every rank gives the same mask");
+    }
   }
   auto set = std::make_shared<TensorSet>();
+  set->mask = first.mask;
   set->id = set_id;
   set->label = first.label;
   set->layout = first.layout;
@@ -320,6 +332,10 @@ Status build_set(const std::string& job_id, uint32_t set_id, const Topology& top
     return Status::invalid_argument(name + " mixes memory kinds (" + std::string(memory_kind_name(set->memory_kind)) +
                                     " and " + std::string(memory_kind_name(region->kind())) +
                                     "); register one set per kind");
+  }
+  if (set->mask && set->memory_kind != MemoryKind::kHostMemfd) {
+    return Status::not_supported(name + ": masked reduction is offered for host sets only so far; a device set "
+                                        "cannot have a mask (docs/limitations.md)");
   }
   complete_tensor_set(set.get(), topology);
   *out = std::move(set);

@@ -96,6 +96,7 @@ struct SetRegistration {
   std::vector<std::byte*> address;
   std::byte* gather_output = nullptr;  // nullptr: no allgather on this set
   std::byte* shard_output = nullptr;   // nullptr: no reduce-scatter on this set
+  std::shared_ptr<const std::vector<uint64_t>> mask;  // null: no mask (TensorSet::mask)
   uint64_t bucket_cap = plan::kDefaultBucketCapBytes;
   std::vector<std::shared_ptr<const MemoryRegion>> regions;
   std::shared_ptr<const ClientEvents> events;  // device sets: the client's event rings

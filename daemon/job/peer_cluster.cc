@@ -19,19 +19,28 @@ constexpr auto kProbeTimeout = std::chrono::milliseconds(1000);
 constexpr int kGatherOutput = 1;
 constexpr int kShardOutput = 2;
 
-// A layout as text for the store: "<fingerprint>\n<cap> <outputs>\n<dtype> <numel> <group>\n...".
+// A layout as text for the store:
+// "<fingerprint>\n<cap> <outputs> <mask count> <mask digest>\n<dtype> <numel> <group>\n...".
 std::string encode_layout(const TensorSet& set) {
   const int outputs = (set.gather_output.empty() ? 0 : kGatherOutput) | (set.shard_output.empty() ? 0 : kShardOutput);
   std::ostringstream out;
-  out << plan::fingerprint(set.layout) << "\n" << set.bucket_cap << " " << outputs << "\n";
+  out << plan::fingerprint(set.layout) << "\n" << set.bucket_cap << " " << outputs << " "
+      << (set.mask ? set.mask->size() : 0) << " " << set.mask_digest << "\n";
   for (const auto& t : set.layout) out << static_cast<uint32_t>(t.dtype) << " " << t.numel << " " << t.group << "\n";
   return out.str();
 }
 
-bool decode_layout(const std::string& text, uint64_t* fingerprint, uint64_t* cap, int* gather,
+// A set's mask as the layout record states it.
+struct MaskRecord {
+  uint64_t count = 0;  // 0: no mask
+  uint64_t digest = 0;
+  bool operator==(const MaskRecord&) const = default;
+};
+
+bool decode_layout(const std::string& text, uint64_t* fingerprint, uint64_t* cap, int* gather, MaskRecord* mask,
                    std::vector<plan::TensorLayout>* layout) {
   std::istringstream in(text);
-  if (!(in >> *fingerprint >> *cap >> *gather)) return false;
+  if (!(in >> *fingerprint >> *cap >> *gather >> mask->count >> mask->digest)) return false;
   uint32_t dtype = 0;
   plan::TensorLayout t;
   while (in >> dtype >> t.numel >> t.group) {
@@ -158,13 +167,15 @@ Status PeerCluster::check_layout(const TensorSet& set) {
   }
   uint64_t fp0 = 0, cap0 = 0;
   int gather0 = 0;
+  MaskRecord mask0;
   std::vector<plan::TensorLayout> layout0;
-  if (!decode_layout(values[0], &fp0, &cap0, &gather0, &layout0)) return Status::protocol("undecodable layout from node 0");
+  if (!decode_layout(values[0], &fp0, &cap0, &gather0, &mask0, &layout0)) return Status::protocol("undecodable layout from node 0");
   for (int n = 1; n < t.nodes; ++n) {
     uint64_t fp = 0, cap = 0;
     int gather = 0;
+    MaskRecord mask;
     std::vector<plan::TensorLayout> layout;
-    if (!decode_layout(values[static_cast<size_t>(n)], &fp, &cap, &gather, &layout)) {
+    if (!decode_layout(values[static_cast<size_t>(n)], &fp, &cap, &gather, &mask, &layout)) {
       return Status::protocol("undecodable layout from node " + std::to_string(n));
     }
     const std::string where = "job " + options_.job_id + ": " + set.name() + " differs between " +
@@ -179,6 +190,14 @@ Status PeerCluster::check_layout(const TensorSet& set) {
     }
     if ((gather ^ gather0) & kShardOutput) {
       return Status::layout_mismatch(where + "only one registered a reduce-scatter output");
+    }
+    if (!(mask == mask0)) {
+      const auto kept = [](const MaskRecord& m) {
+        return m.count == 0 ? std::string("no mask") : "a mask keeping " + std::to_string(m.count) + " elements";
+      };
+      return Status::layout_mismatch(where + "node 0 registered " + kept(mask0) + ", node " + std::to_string(n) + " " +
+                                     kept(mask) + (mask.count == mask0.count ? " (other indices)" : "") +
+                                     "; every rank gives the same mask");
     }
   }
   return Status();

@@ -48,6 +48,7 @@ void JobStats::bucket_landed(uint32_t bucket, uint64_t bytes, std::chrono::nanos
   if (parts.reported) {
     data_.local_reduction.add(parts.local);
     if (parts.cross_node) {
+      data_.cross_node_bytes += parts.carried_bytes;
       data_.waiting_for_peers.add(parts.peers);
       data_.collective.add(parts.collective);
     }

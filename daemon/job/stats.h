@@ -46,6 +46,9 @@ struct JobStatsSnapshot {
   uint64_t operations = 0;
   uint64_t buckets = 0;
   uint64_t bytes = 0;                 // bucket bytes reduced (one rank's share)
+  // Payload bytes this node handed to cross-node collectives (BucketTimings::carried_bytes):
+  // a masked set's kept elements only, half with wire compression.
+  uint64_t cross_node_bytes = 0;
   Histogram operation_latency;        // first submission to completion
   Histogram waiting_for_ranks;        // per bucket: the previous step of the op to every local rank ready
   Histogram executing;                // per bucket: launch to landing (local reduce, cross-node, fan-out)

@@ -57,6 +57,31 @@ void build_runs(TensorSet* set) {
   }
 }
 
+namespace {
+
+// Splits the mask (flat indices, checked at registration to be increasing and in range) by
+// bucket, as canonical positions.
+void build_kept(TensorSet* set) {
+  set->kept.assign(set->plan.buckets.size(), {});
+  set->mask_digest = 0;
+  if (!set->mask) return;
+  set->mask_digest = mask_digest(*set->mask);
+  std::vector<uint32_t> bucket_of(set->layout.size());
+  for (uint32_t b = 0; b < set->plan.buckets.size(); ++b) {
+    for (uint32_t t : set->plan.buckets[b].tensors) bucket_of[t] = b;
+  }
+  size_t t = 0;
+  for (uint64_t flat : *set->mask) {
+    while (flat >= set->flat_offset[t] + set->layout[t].numel) ++t;
+    set->kept[bucket_of[t]].push_back(set->offset_in_bucket[t] + (flat - set->flat_offset[t]));
+  }
+  for (auto& kept : set->kept) {
+    if (!std::is_sorted(kept.begin(), kept.end())) std::sort(kept.begin(), kept.end());
+  }
+}
+
+}  // namespace
+
 void complete_tensor_set(TensorSet* set, const Topology& topology) {
   set->plan = plan::plan_buckets(set->layout, plan::PlanOptions{set->bucket_cap});
   set->participants.clear();
@@ -98,6 +123,15 @@ void complete_tensor_set(TensorSet* set, const Topology& topology) {
     }
   }
   build_runs(set);
+  build_kept(set);
+}
+
+uint64_t mask_digest(const std::vector<uint64_t>& mask) {
+  uint64_t hash = 14695981039346656037ull;
+  for (uint64_t index : mask) {
+    for (int byte = 0; byte < 8; ++byte) hash = (hash ^ ((index >> (8 * byte)) & 0xff)) * 1099511628211ull;
+  }
+  return hash;
 }
 
 std::vector<ShardPiece> shard_pieces(const TensorSet& set, size_t bucket, uint32_t local_rank) {

@@ -65,6 +65,18 @@ struct TensorSet {
   // set's health_blocks, in registration order.
   std::vector<uint64_t> health_block;  // [tensor]
   uint64_t health_blocks = 0;
+  // Masked reduction (seeds S09): the elements of the flat range (flat_offset) that reductions
+  // keep, strictly increasing, as every local rank registered them; null for a set without a
+  // mask. kept[b] is bucket b's share of them as canonical positions (offset_in_bucket),
+  // increasing: the order in which the kept elements are gathered and cross nodes.
+  // mask_digest fingerprints the mask, for nodes to compare.
+  std::shared_ptr<const std::vector<uint64_t>> mask;
+  std::vector<std::vector<uint64_t>> kept;  // [bucket]
+  uint64_t mask_digest = 0;
+  bool masked() const { return mask != nullptr; }
+  // Elements of bucket b that a reduction combines and carries across nodes: the kept ones of
+  // a masked set, else all of them.
+  uint64_t reduced_elements(size_t b) const { return masked() ? kept[b].size() : bucket_elements[b]; }
   // Local rank c's shard, as a flat range; empty for a rank outside the group.
   ShardRange shard(uint32_t local_rank) const;
   // The regions the addresses point into; they outlive any use by the worker.
@@ -94,9 +106,13 @@ std::vector<ShardPiece> shard_pieces(const TensorSet& set, size_t bucket, uint32
 // must already be filled.
 void build_runs(TensorSet* set);
 
-// Derives everything else from id, layout, bucket_cap, address, gather_output and
-// shard_output: the plan, each bucket's participants (the members of its group on this node),
-// the packed allgather offsets, the flat offsets and shard positions, and the runs.
+// A 64-bit FNV-1a hash of a mask's indices: what nodes compare.
+uint64_t mask_digest(const std::vector<uint64_t>& mask);
+
+// Derives everything else from id, layout, bucket_cap, address, gather_output, shard_output
+// and mask: the plan, each bucket's participants (the members of its group on this node),
+// the packed allgather offsets, the flat offsets and shard positions, the runs and the
+// buckets' kept elements.
 void complete_tensor_set(TensorSet* set, const Topology& topology);
 
 }  // namespace gradsync

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <regex>
 #include <thread>
 
 #include "daemon/peer/peer_auth.h"
@@ -376,6 +377,150 @@ TEST_CASE("multi-node: float32 compressed to bfloat16 or float16 on the wire sta
           return kOk;
         },
         {}, nodes);
+    for (int status : statuses) CHECK(exit_code(status) == kOk);
+  }
+}
+
+namespace {
+
+// About one element in ten of a set of `sizes`, none of tensor 0's, the last element kept.
+std::vector<uint64_t> tenth_mask(const std::vector<uint64_t>& sizes) {
+  std::vector<uint64_t> mask;
+  uint64_t flat = 0, total = 0;
+  for (uint64_t n : sizes) total += n;
+  for (uint64_t t = 0; t < sizes.size(); ++t) {
+    for (uint64_t i = 0; i < sizes[t]; ++i, ++flat) {
+      if (t > 0 && ((i * 2654435761ull >> 11) % 10 == 0 || flat + 1 == total)) mask.push_back(flat);
+    }
+  }
+  return mask;
+}
+
+// After a masked reduction over `ranks`: the reference at the kept elements, zero elsewhere; or
+// the rank's own input everywhere when `untouched` (a reduce's non-root).
+int check_masked(const std::vector<SharedTensor>& tensors, const std::vector<uint64_t>& mask, const ReduceOptions& o,
+                 const std::vector<int>& ranks, int rank, int seed, bool untouched, const std::string& what) {
+  uint64_t flat = 0;
+  size_t next = 0;
+  for (uint64_t t = 0; t < tensors.size(); ++t) {
+    const DType dtype = tensors[t].dtype();
+    for (uint64_t i = 0; i < tensors[t].numel(); ++i, ++flat) {
+      const bool kept = next < mask.size() && mask[next] == flat;
+      if (kept) ++next;
+      const auto want = untouched ? expected(dtype, ReduceOptions{ReduceOp::kSum}, {rank}, t, i, seed)
+                        : kept    ? expected(dtype, o, ranks, t, i, seed)
+                                  : bytes_of(dtype, 0);
+      if (int c = check(tensors[t], i, want, what + " rank " + std::to_string(rank) + " tensor " + std::to_string(t) +
+                                                 (kept ? " (kept)" : " (masked out)"));
+          c != kOk) {
+        return c;
+      }
+    }
+  }
+  return kOk;
+}
+
+// The job's cross_node_bytes on `daemon` (gradsyncctl stats --json), once it reads `want`
+// (the stats land just after the clients hear of completion), or the last value read.
+uint64_t carried_bytes(const TestDaemon& daemon, const std::string& job, uint64_t want) {
+  uint64_t seen = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  do {
+    const CommandRun stats = gradsyncctl(daemon, "stats --json " + job);
+    std::smatch m;
+    seen = std::regex_search(stats.output, m, std::regex(R"("crossNodeBytes": "?(\d+))")) ? std::stoull(m[1].str()) : 0;
+    if (seen == want) return seen;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  } while (std::chrono::steady_clock::now() < deadline);
+  return seen;
+}
+
+}  // namespace
+
+// Masked reduction across nodes: only the kept elements are combined and carried, the others
+// are zero on every rank, every dtype, in 64 KiB slices; and the daemon's counter shows the
+// bytes carried: a mask keeping a tenth of a float32 set carries a tenth of the unmasked bytes.
+TEST_CASE("multi-node: masked allreduce and reduce keep only the mask's elements on 3 and 2 daemons, every dtype",
+          "[integration][multinode][masked]") {
+  for (int nodes : {3, 2}) {
+    INFO(nodes << " nodes");
+    TestCluster cluster(nodes, {"--gloo-slice-bytes", "65536"});
+    const std::string job = unique_job("nodes-mask");
+    std::vector<int> ranks;
+    for (int r = 0; r < nodes * kLocal; ++r) ranks.push_back(r);
+    const std::vector<uint64_t> sizes = {3, 70'000, 517};
+    const std::vector<uint64_t> mask = tenth_mask(sizes);
+    const auto statuses = run_job(
+        cluster, job,
+        [&](int rank, Client& client) {
+          int seed = 90;
+          for (DType dtype : kAllDTypes) {
+            std::vector<SharedTensor> tensors;
+            for (uint64_t n : sizes) tensors.push_back(client.allocate(TensorSpec{dtype, n, "dp"}));
+            const TensorSet set = client.register_tensors(tensors, RegisterOptions{.mask = mask});
+            std::vector<ReduceOptions> modes = {{ReduceOp::kSum}, {ReduceOp::kMin}, {ReduceOp::kMax}};
+            if (dtype_is_floating(dtype)) {
+              modes.push_back({ReduceOp::kAvg});
+              modes.push_back({ReduceOp::kAvg, Scaling::kBefore});
+            }
+            for (const ReduceOptions& o : modes) {
+              ++seed;
+              for (uint64_t t = 0; t < tensors.size(); ++t) fill_exact(tensors[t], rank, t, seed);
+              if (!client.allreduce(set, o).wait(std::chrono::seconds(60))) return fail("allreduce timed out");
+              if (int c = check_masked(tensors, mask, o, ranks, rank, seed, false, "masked allreduce"); c != kOk) {
+                return c;
+              }
+            }
+            ++seed;
+            for (uint64_t t = 0; t < tensors.size(); ++t) fill_exact(tensors[t], rank, t, seed);
+            if (!client.reduce(set, 1, ReduceOptions{ReduceOp::kSum}).wait(std::chrono::seconds(60))) {
+              return fail("reduce timed out");
+            }
+            if (int c = check_masked(tensors, mask, ReduceOptions{ReduceOp::kSum}, ranks, rank, seed, rank != 1,
+                                     "masked reduce");
+                c != kOk) {
+              return c;
+            }
+          }
+          return kOk;
+        },
+        {}, nodes);
+    for (int status : statuses) CHECK(exit_code(status) == kOk);
+  }
+  // The counter: one allreduce of 1,000,000 float32 elements, masked to a tenth and not.
+  TestCluster cluster(2);
+  for (bool masked : {true, false}) {
+    const std::string job = unique_job(masked ? "nodes-mask-bytes" : "nodes-plain-bytes");
+    std::vector<uint64_t> mask;
+    for (uint64_t i = 0; i < 1'000'000; i += 10) mask.push_back(i);
+    const uint64_t want = (masked ? mask.size() : 1'000'000) * sizeof(float);
+    const auto statuses = run_job(
+        cluster, job,
+        [&](int rank, Client& client) {
+          const std::vector<SharedTensor> flat =
+              client.allocate_flat(std::vector<TensorSpec>{{DType::kFloat32, 1'000'000, "dp"}});
+          const TensorSet set =
+              client.register_tensors(flat, RegisterOptions{.bucket_cap_bytes = 0, .mask = masked ? mask : std::vector<uint64_t>{}});
+          if (!client.allreduce(set, ReduceOptions{ReduceOp::kSum}).wait(std::chrono::seconds(60))) {
+            return fail("allreduce timed out");
+          }
+          int code = kOk;
+          if (rank % kLocal == 0) {
+            const uint64_t seen = carried_bytes(cluster.node(rank / kLocal), job, want);
+            if (seen != want) {
+              code = fail("node " + std::to_string(rank / kLocal) + " counted " + std::to_string(seen) +
+                          " bytes carried across nodes, not " + std::to_string(want));
+            }
+          }
+          // Every rank stays until the counters were read (the job's stats go with it).
+          const std::vector<SharedTensor> one = {client.allocate(TensorSpec{DType::kFloat32, 1, "dp"})};
+          const TensorSet barrier = client.register_tensors(one, RegisterOptions{});
+          if (!client.allreduce(barrier, ReduceOptions{ReduceOp::kSum}).wait(std::chrono::seconds(60))) {
+            return fail("barrier timed out");
+          }
+          return code;
+        },
+        {}, 2);
     for (int status : statuses) CHECK(exit_code(status) == kOk);
   }
 }
@@ -754,6 +899,33 @@ TEST_CASE("multi-node: different layouts on different nodes fail the job everywh
     }
     return kOk;
   });
+  for (int status : statuses) CHECK(exit_code(status) == kOk);
+}
+
+TEST_CASE("multi-node: nodes whose ranks give different masks fail the registration everywhere, naming both",
+          "[integration][multinode][masked]") {
+  TestCluster cluster(2);
+  const std::string job = unique_job("nodes-mask-differ");
+  const auto statuses = run_job(
+      cluster, job,
+      [&](int rank, Client& client) {
+        const std::vector<uint64_t> mask = rank / kLocal == 1 ? std::vector<uint64_t>{1, 5, 7} : std::vector<uint64_t>{1, 5, 8};
+        try {
+          client.register_tensors(client.allocate_flat(std::vector<TensorSpec>{{DType::kFloat32, 100, "dp"}}),
+                                  RegisterOptions{.mask = mask});
+          return fail("registration should have failed");
+        } catch (const Error& e) {
+          const std::string text = e.what();
+          if (e.code() != ErrorCode::kLayoutMismatch) return fail("wrong error: " + text);
+          if (text.find("node 1 (ranks 2-3") == std::string::npos ||
+              text.find("node 0 registered a mask keeping 3 elements, node 1 a mask keeping 3 elements (other "
+                        "indices)") == std::string::npos) {
+            return fail("does not name the nodes and the masks: " + text);
+          }
+        }
+        return kOk;
+      },
+      {}, 2);
   for (int status : statuses) CHECK(exit_code(status) == kOk);
 }
 

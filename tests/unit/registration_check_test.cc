@@ -5,6 +5,9 @@
 #include <catch2/catch.hpp>
 
 #include "daemon/control/registration_check.h"
+
+#include <cstring>
+#include <optional>
 #include "shared/shard.h"
 
 namespace gradsync {
@@ -160,6 +163,58 @@ TEST_CASE("registration check: a reduce-scatter output on a set of no tensors is
   ResolvedSet out;
   CHECK_THAT(check_registration(request, topology, 2, segments, &out).message(),
              Catch::Contains("reduce-scatter output: the set has no tensors"));
+}
+
+namespace {
+
+// A registration of two float32 tensors of 8 elements (16 in the flat range) in segment 1, with
+// `indices` as its mask at `offset` of segment 2 (`count` of them; default: all).
+Status register_with_mask(const std::vector<uint64_t>& indices, uint64_t offset, ResolvedSet* out,
+                          std::optional<uint64_t> count = std::nullopt) {
+  Topology topology;
+  REQUIRE(make_topology(2, 2, 0, 0, {}, &topology).ok());
+  SegmentMap segments;
+  segments[1] = std::make_shared<HostRegion>(64);
+  auto mask = std::make_shared<HostRegion>(std::max<size_t>(64, offset + indices.size() * 8));
+  std::memcpy(mask->base() + offset, indices.data(), indices.size() * 8);
+  segments[2] = mask;
+  control::RegisterRequest request;
+  for (uint64_t at : {0, 32}) {
+    auto* t = request.add_tensors();
+    t->set_dtype(control::FLOAT32);
+    t->set_numel(8);
+    t->set_segment_id(1);
+    t->set_offset(at);
+  }
+  request.set_has_mask(true);
+  request.set_mask_segment_id(2);
+  request.set_mask_offset(offset);
+  request.set_mask_count(count.value_or(indices.size()));
+  return check_registration(request, topology, 2, segments, out);
+}
+
+}  // namespace
+
+TEST_CASE("registration check: a mask is strictly increasing indices within the set, read from its segment",
+          "[registration]") {
+  ResolvedSet ok;
+  REQUIRE(register_with_mask({0, 7, 8, 15}, 8, &ok).ok());
+  REQUIRE(ok.mask != nullptr);
+  CHECK(*ok.mask == std::vector<uint64_t>{0, 7, 8, 15});
+  ResolvedSet refused;
+  CHECK_THAT(register_with_mask({3, 3}, 0, &refused).message(),
+             Catch::Contains("mask: index 1 (3) does not follow index 0 (3)"));
+  CHECK_THAT(register_with_mask({5, 2}, 0, &refused).message(),
+             Catch::Contains("mask: index 1 (2) does not follow index 0 (5)"));
+  CHECK_THAT(register_with_mask({0, 16}, 0, &refused).message(),
+             Catch::Contains("mask: index 1 is 16, past the set's 16 elements"));
+  CHECK_THAT(register_with_mask({0, ~0ull}, 0, &refused).message(), Catch::Contains("past the set's 16 elements"));
+  CHECK_THAT(register_with_mask({}, 0, &refused, 0).message(), Catch::Contains("mask: it keeps no element"));
+  CHECK_THAT(register_with_mask({1}, 0, &refused, 17).message(), Catch::Contains("mask: 17 indices for a set of 16"));
+  // More indices than the segment holds, a count whose bytes overflow, and a misaligned offset.
+  CHECK_THAT(register_with_mask({1, 2}, 56, &refused, 9).message(), Catch::Contains("do not fit, 8-byte aligned"));
+  CHECK_THAT(register_with_mask({1, 2}, 0, &refused, (1ull << 61) + 1).message(), Catch::Contains("indices for a set"));
+  CHECK_THAT(register_with_mask({1, 2}, 4, &refused).message(), Catch::Contains("do not fit, 8-byte aligned"));
 }
 
 TEST_CASE("shards: the flat range split evenly over the group, the last ones shorter", "[registration]") {

@@ -94,6 +94,10 @@ typedef struct gs_register_options {
   int32_t allgather;        /* reserve allgather's outputs */
   int32_t reduce_scatter;   /* reserve this rank's reduce-scatter shard (one dtype and group) */
   const char* label;        /* what the set is ("DDP bucket 3"); NULL or "": named by its number */
+  /* Masked reduction (RegisterOptions::mask): mask_count strictly increasing indices into the
+   * set's flat range that reductions keep; NULL / 0: no mask. Copied during the call. */
+  const uint64_t* mask;
+  uint64_t mask_count;
 } gs_register_options;
 
 /* A process group beyond "dp": the global ranks it spans. */

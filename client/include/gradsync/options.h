@@ -72,6 +72,13 @@ struct RegisterOptions {
   // client's and the daemon's, names it so ("DDP bucket 3 (set 0)"). Empty: "set 0". At most
   // 128 bytes.
   std::string label;
+  // Masked reduction (the seeds' pruned-model DDP): the elements that reductions keep, as
+  // strictly increasing indices into the set's flat range (its tensors, in registration order,
+  // as one range). allreduce and reduce then combine and send across nodes only those; every
+  // other element of each result is set to zero. broadcast and allgather move every element.
+  // Every rank gives the same mask. Host sets only; not with reduce_scatter or health. Empty:
+  // no mask. The daemon copies it at registration (8 bytes per index, kept for the set's life).
+  std::vector<uint64_t> mask;
 };
 
 enum class ReduceOp { kSum, kAvg, kMin, kMax };

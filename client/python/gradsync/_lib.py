@@ -35,7 +35,8 @@ class OpOptions(ctypes.Structure):
 
 class RegisterOptions(ctypes.Structure):
     _fields_ = [("size", c_uint32), ("bucket_cap_bytes", c_int64), ("allgather", c_int32),
-                ("reduce_scatter", c_int32), ("label", c_char_p)]
+                ("reduce_scatter", c_int32), ("label", c_char_p), ("mask", ctypes.c_void_p),
+                ("mask_count", ctypes.c_uint64)]
 
 
 class Group(ctypes.Structure):

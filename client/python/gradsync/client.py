@@ -183,16 +183,20 @@ class Client:
 
     # -- the coalesced operations (gradsync.torch._coalesced)
     def allreduce_coalesced(self, tensors, op="avg", divisor=None, prescale=False, fp32_accumulate=None,
-                            bucket_bytes=None, group=None, health=False, wire_dtype=None):
+                            bucket_bytes=None, group=None, health=False, wire_dtype=None, mask=None):
         """Reduces the tensors in place across the group's ranks (default "dp": every rank).
         health=True (floating-point CPU tensors): the daemon also computes, in the same pass,
         whether the result holds an inf or a NaN and its sum of squares: Work.found_inf() and
         Work.sq_norm() once it completed. wire_dtype=torch.bfloat16 or torch.float16 (float32 CPU
         tensors): the nodes exchange their sums compressed to it (half the bytes), with the error
-        bounded in docs/how-it-works.md."""
+        bounded in docs/how-it-works.md. mask (CPU tensors; a contiguous 1-D torch.int64 tensor of
+        strictly increasing indices into the tensors flattened in order, the same on every rank):
+        only those elements are reduced and cross nodes; every other element becomes zero (the
+        seeds' pruned-model DDP). Keep the mask tensor unchanged between calls: a changed one
+        registers a new set."""
         from .torch import _coalesced
         return _coalesced.allreduce(self, tensors, op, divisor, prescale, fp32_accumulate, bucket_bytes, group,
-                                    health=health, wire_dtype=wire_dtype)
+                                    health=health, wire_dtype=wire_dtype, mask=mask)
 
     def broadcast_coalesced(self, tensors, root=0, group=None):
         """Copies the root rank's tensors into every rank's, in place."""
@@ -215,7 +219,8 @@ class Client:
         return _coalesced.reduce_scatter(self, tensors, op, divisor, prescale, fp32_accumulate, bucket_bytes, group,
                                          wire_dtype=wire_dtype)
 
-    def reduce_coalesced(self, tensors, root=0, op="sum", group=None):
-        """Reduces into the root rank's tensors; the other ranks' tensors are unchanged."""
+    def reduce_coalesced(self, tensors, root=0, op="sum", group=None, mask=None):
+        """Reduces into the root rank's tensors; the other ranks' tensors are unchanged. mask: as
+        for allreduce_coalesced (the root's other elements become zero)."""
         from .torch import _coalesced
-        return _coalesced.reduce(self, tensors, root, op, group)
+        return _coalesced.reduce(self, tensors, root, op, group, mask=mask)

@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "daemon/backend/host/local.h"
+#include "daemon/backend/host/masked.h"
 #include "daemon/reduce/simd.h"
 #include "daemon/reduce/staged.h"
 
@@ -36,6 +37,7 @@ struct Header {
   uint32_t wire = 0;         // the wire compression's dtype (0: none); it changes the engine calls
   uint32_t health = 0;       // fused health asked: staged rather than in place on every node
   uint64_t integrity_every = 0;  // --integrity-check-every: nodes that differ make different calls
+  uint64_t mask_digest = 0;      // a masked set's mask (TensorSet::mask_digest); 0 without one
 };
 
 Header header_of(const BucketCall& c, uint64_t integrity_every) {
@@ -49,7 +51,8 @@ Header header_of(const BucketCall& c, uint64_t integrity_every) {
   h.root = c.desc.root;
   h.scaling = static_cast<uint32_t>(c.desc.scaling);
   h.divisor = c.desc.divisor;
-  h.elements = c.set->bucket_elements[c.bucket];
+  h.elements = c.set->reduced_elements(c.bucket);
+  h.mask_digest = c.set->mask_digest;
   h.slice_bytes = c.engine->slice_bytes();
   h.wire = c.desc.wire == DType::kFloat32 ? 0 : static_cast<uint32_t>(c.desc.wire);
   h.health = c.desc.health ? 1 : 0;
@@ -73,7 +76,7 @@ bool same(const Header& a, const Header& b) {
   return a.seq == b.seq && a.kind == b.kind && a.set == b.set && a.bucket == b.bucket && a.reduce_op == b.reduce_op &&
          a.root == b.root && a.scaling == b.scaling && a.divisor == b.divisor && a.elements == b.elements &&
          a.slice_bytes == b.slice_bytes && a.wire == b.wire && a.health == b.health &&
-         a.integrity_every == b.integrity_every;
+         a.integrity_every == b.integrity_every && a.mask_digest == b.mask_digest;
 }
 
 // The node's index within the group's nodes, for a global rank.
@@ -105,9 +108,17 @@ std::shared_ptr<const Regions> regions_overlapping(const TensorSet& set, const s
   return found;
 }
 
-// An engine call whose buffers live in the node buffers, timed as collective time.
-Status timed_engine_call(const BucketCall& c, std::shared_ptr<NodeBuffers> buffers,
+// The payload bytes this node hands to the engine's collectives for the bucket (what the job's
+// cross_node_bytes counter adds up).
+void count_carried(const BucketCall& c, uint64_t bytes) {
+  if (c.timings) c.timings->carried_bytes += bytes;
+}
+
+// An engine call whose buffers live in the node buffers, timed as collective time; `bytes` is
+// its payload.
+Status timed_engine_call(const BucketCall& c, std::shared_ptr<NodeBuffers> buffers, uint64_t bytes,
                          const std::function<void(EngineDone)>& start) {
+  count_carried(c, bytes);
   PhaseTimer timer(collective_time(c));
   return run_engine_call(start, std::move(buffers));
 }
@@ -189,6 +200,7 @@ Status allreduce_in_place(const BucketCall& c, ThreadPool& pool, Reduced* reduce
     // it overlaps the local work on the next and previous slices.
     const auto started = std::chrono::steady_clock::now();
     std::chrono::nanoseconds* into = collective_time(c);
+    count_carried(c, std::min(slice, elements - first) * element);
     c.engine->allreduce(node_buffer + first * element, std::min(slice, elements - first), spec,
                         [done, started, into, pinned](const Status& status) {
                           if (into) *into += std::chrono::steady_clock::now() - started;
@@ -224,8 +236,10 @@ Status reduce_across(const BucketCall& c, ThreadPool& pool, const std::shared_pt
   // The fused health is computed tensor by tensor (reduce/health.h), which the in-place path's
   // slices are not, and wire compression needs a buffer of its own: with either, the bucket is
   // staged (the engine calls are the same).
+  // A masked set's kept elements are gathered into the node buffer (masked.h), never in place.
   const bool compressed = c.desc.wire != DType::kFloat32;
-  if (results == Results::kEveryone && set.canonical_run[c.bucket] && !c.health && !compressed &&
+  const bool masked = set.masked();
+  if (results == Results::kEveryone && set.canonical_run[c.bucket] && !c.health && !compressed && !masked &&
       reduce::accumulation_dtype(c.args.dtype) == c.args.dtype) {
     return allreduce_in_place(c, pool, reduced);
   }
@@ -233,12 +247,15 @@ Status reduce_across(const BucketCall& c, ThreadPool& pool, const std::shared_pt
   const DType acc_type = reduce::accumulation_dtype(c.args.dtype);
   const size_t acc_size = dtype_size(acc_type);
   const size_t element = dtype_size(c.args.dtype);
-  const uint64_t elements = set.bucket_elements[c.bucket];
+  const uint64_t elements = set.reduced_elements(c.bucket);
   buffers->work.resize(elements * acc_size);
   std::byte* acc = buffers->work.data();
   *reduced = Reduced{acc, elements * acc_size};
   const std::vector<Piece> pieces = pieces_of(set, c.bucket, pool.size());
-  {
+  if (masked) {
+    PhaseTimer timer(local_time(c));
+    masked_accumulate(set, c.bucket, c.args, acc, pool);
+  } else {
     PhaseTimer timer(local_time(c));
     pool.parallel_for(pieces.size(), [&](size_t i) {
       const Piece& p = pieces[i];
@@ -271,8 +288,12 @@ Status reduce_across(const BucketCall& c, ThreadPool& pool, const std::shared_pt
     const int root = c.desc.root;
     const int root_node = group_node_of(*c.topology, group, root);
     to_wire(0, elements);
-    status = timed_engine_call(
-        c, buffers, [&](EngineDone done) { c.engine->reduce(carried(0), elements, spec, root_node, std::move(done)); });
+    // A masked bucket may keep nothing (every node agrees: the header carries the mask).
+    if (elements > 0) {
+      status = timed_engine_call(c, buffers, elements * wire_size, [&](EngineDone done) {
+        c.engine->reduce(carried(0), elements, spec, root_node, std::move(done));
+      });
+    }
     if (root / c.topology->local_world_size == c.topology->node) root_local = root % c.topology->local_world_size;
     if (status.ok() && root_local >= 0) from_wire(0, elements);
   } else if (compressed) {
@@ -281,8 +302,9 @@ Status reduce_across(const BucketCall& c, ThreadPool& pool, const std::shared_pt
     for (uint64_t first = 0; first < elements && status.ok(); first += slice) {
       const uint64_t count = std::min(slice, elements - first);
       to_wire(first, count);
-      status = timed_engine_call(
-          c, buffers, [&](EngineDone done) { c.engine->allreduce(carried(first), count, spec, std::move(done)); });
+      status = timed_engine_call(c, buffers, count * wire_size, [&](EngineDone done) {
+        c.engine->allreduce(carried(first), count, spec, std::move(done));
+      });
       if (status.ok()) from_wire(first, count);
     }
   } else {
@@ -292,8 +314,9 @@ Status reduce_across(const BucketCall& c, ThreadPool& pool, const std::shared_pt
     // types are staged on every node and cross in one call.
     const uint64_t slice = acc_type == c.args.dtype ? std::max<uint64_t>(1, c.engine->slice_bytes() / acc_size) : elements;
     for (uint64_t first = 0; first < elements && status.ok(); first += slice) {
-      status = timed_engine_call(c, buffers, [&](EngineDone done) {
-        c.engine->allreduce(acc + first * acc_size, std::min(slice, elements - first), spec, std::move(done));
+      const uint64_t count = std::min(slice, elements - first);
+      status = timed_engine_call(c, buffers, count * acc_size, [&](EngineDone done) {
+        c.engine->allreduce(acc + first * acc_size, count, spec, std::move(done));
       });
     }
   }
@@ -301,6 +324,12 @@ Status reduce_across(const BucketCall& c, ThreadPool& pool, const std::shared_pt
   if (to_root && root_local < 0) return Status();
   const reduce::KernelArgs fan_out = fan_out_args(c, elements * element);
   PhaseTimer timer(local_time(c));
+  if (masked) {
+    const std::vector<uint32_t> destinations =
+        to_root ? std::vector<uint32_t>{static_cast<uint32_t>(root_local)} : members;
+    masked_finish(set, c.bucket, fan_out, acc, destinations, pool);
+    return Status();
+  }
   if (results == Results::kShards) {
     const std::vector<ShardTask> tasks = shard_tasks(set, c.bucket, pool.size());
     pool.parallel_for(tasks.size(), [&](size_t i) {
@@ -345,7 +374,7 @@ Status broadcast(const BucketCall& c, const std::shared_ptr<NodeBuffers>& buffer
     }
   }
   const int root_node = group_node_of(*c.topology, bucket.group, root);
-  if (Status s = timed_engine_call(c, buffers,
+  if (Status s = timed_engine_call(c, buffers, bytes,
                                    [&](EngineDone done) { c.engine->broadcast(buffer, bytes, root_node, std::move(done)); });
       !s.ok()) {
     return s;
@@ -389,7 +418,7 @@ Status allgather(const BucketCall& c, const std::shared_ptr<NodeBuffers>& owned)
       }
   }
   }
-  if (Status s = timed_engine_call(c, owned, [&](EngineDone done) {
+  if (Status s = timed_engine_call(c, owned, members.size() * bytes, [&](EngineDone done) {
         c.engine->allgather(buffers.work.data(), members.size() * bytes, buffers.gathered.data(), std::move(done));
       });
       !s.ok()) {

@@ -1,6 +1,7 @@
 #include "daemon/backend/host/executor.h"
 
 #include "daemon/backend/host/local.h"
+#include "daemon/backend/host/masked.h"
 
 namespace gradsync::host {
 
@@ -55,6 +56,14 @@ void HostExecutor::run_local(const BucketCall& call) {
   const Topology& topology = *call.topology;
   // The group lives on this node only, so the root (a member) is a local rank here.
   const uint32_t root = static_cast<uint32_t>(call.desc.root % topology.local_world_size);
+  // A masked set's reductions combine only its kept elements (masked.h); broadcast and
+  // allgather move every element.
+  if (set.masked() && (call.desc.kind == OpKind::kAllreduce || call.desc.kind == OpKind::kReduce)) {
+    const std::vector<uint32_t> root_only = {root};
+    execute_masked(set, call.bucket, call.args,
+                   call.desc.kind == OpKind::kAllreduce ? set.participants[call.bucket] : root_only, *pool_);
+    return;
+  }
   switch (call.desc.kind) {
     case OpKind::kAllreduce:
       execute_allreduce(set, call.bucket, call.args, *pool_, call.health ? call.health->data() : nullptr);

@@ -59,17 +59,19 @@ class RegisteredSet:
             _lib.lib().gs_set_free(handle)
 
 
-def register(client, tensors, device, group, bucket_bytes, allgather, label, reduce_scatter=False):
+def register(client, tensors, device, group, bucket_bytes, allgather, label, reduce_scatter=False, mask=None):
     """Registers contiguous tensors in the client's memory as a set (a barrier across local ranks).
     `label` is what the user knows the set as ("DDP bucket 3"): every error about the set names
-    it so, never by the set number the user never saw."""
+    it so, never by the set number the user never saw. `mask` (an int64 CPU tensor, checked by
+    _mask_key) is the set's mask."""
     group_name = (group or "dp").encode()
     array = (_lib.Tensor * len(tensors))()
     for i, t in enumerate(tensors):
         array[i] = _lib.Tensor(t.data_ptr(), t.numel(), dtype_code(t.dtype), device, group_name)
     handle = ctypes.c_void_p()
     options = _lib.RegisterOptions(ctypes.sizeof(_lib.RegisterOptions), -1 if bucket_bytes is None else int(bucket_bytes),
-                                   1 if allgather else 0, 1 if reduce_scatter else 0, _label_bytes(label))
+                                   1 if allgather else 0, 1 if reduce_scatter else 0, _label_bytes(label),
+                                   None if mask is None else mask.data_ptr(), 0 if mask is None else mask.numel())
     _check(_lib.lib().gs_register_ex(client._h(), array, len(tensors), ctypes.byref(options), ctypes.byref(handle)))
     return handle
 
@@ -94,7 +96,23 @@ def _validate(client, tensors, group):
     return tensors, device
 
 
-def set_for(client, tensors, device, group, bucket_bytes, allgather=False, tag=None, reduce_scatter=False):
+def _mask_key(mask):
+    """What tells one mask from another in the set cache: the tensor's memory and its version
+    counter (an in-place change makes a new set), without reading its indices each step."""
+    if mask is None:
+        return None
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.int64 or mask.device.type != "cpu" \
+            or mask.dim() != 1 or not mask.is_contiguous():
+        got = f"a {mask.dtype} tensor on {mask.device} of {mask.dim()} dimensions" if isinstance(mask, torch.Tensor) \
+            else f"a {type(mask).__name__}"
+        raise InvalidArgumentError(f"gradsync: mask must be a contiguous 1-D torch.int64 CPU tensor of the flat "
+                                   f"indices to keep, not {got}")
+    if mask.numel() == 0:
+        raise InvalidArgumentError("gradsync: mask keeps no element; pass mask=None for none")
+    return (mask.data_ptr(), mask.numel(), mask._version)
+
+
+def set_for(client, tensors, device, group, bucket_bytes, allgather=False, tag=None, reduce_scatter=False, mask=None):
     """The registered set for these tensors: their own (zero-copy) when they all lie in the
     client's memory, else the staging set of their layout (and `tag`, which callers that keep
     several same-layout lists in flight use to tell them apart, e.g. DDP's bucket index)."""
@@ -102,10 +120,10 @@ def set_for(client, tensors, device, group, bucket_bytes, allgather=False, tag=N
                  for t in tensors)
     if direct:
         key = ("direct", tuple((t.data_ptr(), t.numel(), t.dtype) for t in tensors), device, group, bucket_bytes,
-               allgather, reduce_scatter)
+               allgather, reduce_scatter, _mask_key(mask))
     else:
         key = ("staging", tuple((t.numel(), t.dtype) for t in tensors), device, group, bucket_bytes, allgather,
-               reduce_scatter, tag)
+               reduce_scatter, tag, _mask_key(mask))
     found = client._sets.get(key)
     if found is not None:
         return found
@@ -113,8 +131,11 @@ def set_for(client, tensors, device, group, bucket_bytes, allgather=False, tag=N
     if len(client._sets) == _MANY_SETS:
         warnings.warn(f"gradsync: this client registered {_MANY_SETS} sets; each new list layout registers one more, "
                       "and sets (with their staging memory) live until the client closes")
+    if mask is not None and int(mask.min()) < 0:
+        raise InvalidArgumentError(f"gradsync: mask holds a negative index ({int(mask.min())})")
     if direct:
-        made = RegisteredSet(register(client, tensors, device, group, bucket_bytes, allgather, label, reduce_scatter))
+        made = RegisteredSet(register(client, tensors, device, group, bucket_bytes, allgather, label, reduce_scatter,
+                                      mask))
     else:
         offsets, total = [], 0
         for t in tensors:
@@ -122,8 +143,8 @@ def set_for(client, tensors, device, group, bucket_bytes, allgather=False, tag=N
             total = align(total + t.numel() * t.element_size())
         buffer = wrap(client.alloc(total, device), total, device, client._core)
         views = [carve(buffer, off, t.dtype, (t.numel(),)) for off, t in zip(offsets, tensors)]
-        made = RegisteredSet(register(client, views, device, group, bucket_bytes, allgather, label, reduce_scatter),
-                             buffer, views)
+        made = RegisteredSet(register(client, views, device, group, bucket_bytes, allgather, label, reduce_scatter,
+                                      mask), buffer, views)
     client._sets[key] = made
     return made
 
@@ -214,11 +235,12 @@ def _reduce_options(client, op, divisor, prescale, fp32_accumulate, health=False
     return options, extra
 
 
-def _prepare(client, tensors, device, group, bucket_bytes, copy_in, allgather=False, tag=None, reduce_scatter=False):
+def _prepare(client, tensors, device, group, bucket_bytes, copy_in, allgather=False, tag=None, reduce_scatter=False,
+             mask=None):
     """Every operation's start: its set, free of earlier work; the stream it is ordered on; and,
     for a staging set, the tensors copied in when this rank's inputs matter (`copy_in`)."""
     registered = set_for(client, tensors, device, group, bucket_bytes, allgather=allgather, tag=tag,
-                         reduce_scatter=reduce_scatter)
+                         reduce_scatter=reduce_scatter, mask=mask)
     registered.take(device)
     _order_on_current_stream(client, device)
     if registered.staging is not None and copy_in:
@@ -227,10 +249,10 @@ def _prepare(client, tensors, device, group, bucket_bytes, copy_in, allgather=Fa
 
 
 def allreduce(client, tensors, op, divisor, prescale, fp32_accumulate, bucket_bytes, group, tag=None, health=False,
-              wire_dtype=None):
+              wire_dtype=None, mask=None):
     tensors, device = _validate(client, tensors, group)
     options, extra = _reduce_options(client, op, divisor, prescale, fp32_accumulate, health, wire_dtype)
-    registered = _prepare(client, tensors, device, group, bucket_bytes, True, tag=tag)
+    registered = _prepare(client, tensors, device, group, bucket_bytes, True, tag=tag, mask=mask)
     handle = ctypes.c_void_p()
     _check(_lib.lib().gs_allreduce_ex(client._h(), registered.handle, ctypes.byref(options), ctypes.byref(extra),
                                       ctypes.byref(handle)))
@@ -248,11 +270,11 @@ def broadcast(client, tensors, root, group):
                                    device))
 
 
-def reduce(client, tensors, root, op, group):
+def reduce(client, tensors, root, op, group, mask=None):
     tensors, device = _validate(client, tensors, group)
     _check_root(client, root, group)
     options, _ = _reduce_options(client, op, None, False, None)
-    registered = _prepare(client, tensors, device, group, None, True)
+    registered = _prepare(client, tensors, device, group, None, True, mask=mask)
     handle = ctypes.c_void_p()
     _check(_lib.lib().gs_reduce(client._h(), registered.handle, int(root), ctypes.byref(options),
                                 ctypes.byref(handle)))

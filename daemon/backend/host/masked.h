@@ -1,0 +1,34 @@
+// Masked reduction (seeds S09, TensorSet::kept) on the host: only a bucket's kept elements are
+// combined, and only they cross nodes. They are gathered from every member into one compact
+// buffer of the accumulation dtype, in kept order (the same order on every node, which is what
+// the engine carries); the finished results are scattered back, and every other element of the
+// bucket in each destination becomes zero, as the seeds' `temp_zero[mask] = reduced` does.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "daemon/model/tensor_set.h"
+#include "daemon/reduce/kernel.h"
+#include "daemon/util/thread_pool.h"
+
+namespace gradsync::host {
+
+// acc[i] = the members' element kept[bucket][i] combined in local rank order, with the
+// prescale of Scale::kBefore and no post-divide (reduce::accumulate); acc holds the bucket's
+// kept count of accumulation-dtype elements.
+void masked_accumulate(const TensorSet& set, size_t bucket, const reduce::KernelArgs& args, std::byte* acc,
+                       ThreadPool& pool);
+
+// Every destination (local ranks) gets the finished acc[i] (reduce::finish) at its element
+// kept[bucket][i] and zero at the bucket's other elements.
+void masked_finish(const TensorSet& set, size_t bucket, const reduce::KernelArgs& args, const std::byte* acc,
+                   const std::vector<uint32_t>& destinations, ThreadPool& pool);
+
+// A bucket within this node: the participants' kept elements combined into every destination
+// (allreduce: the participants; reduce: the root), the rest zeroed.
+void execute_masked(const TensorSet& set, size_t bucket, const reduce::KernelArgs& args,
+                    const std::vector<uint32_t>& destinations, ThreadPool& pool);
+
+}  // namespace gradsync::host
