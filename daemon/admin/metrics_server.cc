@@ -113,15 +113,21 @@ std::string render_metrics(const DaemonStatus& status, const std::vector<JobStat
   }
   // Daemon-wide, surviving the end of the jobs they count: what to alert on.
   uint64_t operations = failures.ended_operations(), bytes = failures.ended_bytes();
+  uint64_t carried = failures.ended_cross_node_bytes();
   for (const auto& j : jobs) {
     operations += j.stats.operations;
     bytes += j.stats.bytes;
+    carried += j.stats.cross_node_bytes;
   }
   out << "# HELP gradsync_daemon_operations_total Operations completed by every job since gradsyncd started.\n"
       << "# TYPE gradsync_daemon_operations_total counter\ngradsync_daemon_operations_total " << operations << "\n";
   out << "# HELP gradsync_daemon_reduced_bytes_total Bucket bytes reduced (one rank's share) by every job since "
          "gradsyncd started.\n# TYPE gradsync_daemon_reduced_bytes_total counter\n"
       << "gradsync_daemon_reduced_bytes_total " << bytes << "\n";
+  out << "# HELP gradsync_daemon_cross_node_bytes_total Payload bytes every job handed to cross-node collectives "
+         "since gradsyncd started (a masked set's kept elements only, half with wire compression).\n"
+         "# TYPE gradsync_daemon_cross_node_bytes_total counter\n"
+      << "gradsync_daemon_cross_node_bytes_total " << carried << "\n";
   out << "# HELP gradsync_jobs_ended_total Jobs that ended: cleanly (every rank left between operations) or "
          "failed (work was pending).\n# TYPE gradsync_jobs_ended_total counter\n"
       << "gradsync_jobs_ended_total{how=\"clean\"} " << failures.clean_jobs() << "\n"

@@ -71,7 +71,7 @@ void Job::retire() {
   retired_ = true;
   if (options_.services.failures && worker_ && worker_->stats()) {
     const JobStatsSnapshot done = worker_->stats()->snapshot();
-    options_.services.failures->add_ended(done.operations, done.bytes, failed_with_work_);
+    options_.services.failures->add_ended(done.operations, done.bytes, done.cross_node_bytes, failed_with_work_);
   }
 }
 

@@ -29,6 +29,7 @@
 #include "gradsync/client.h"
 #include "tests/bench/floors.h"
 #include "tests/bench/report.h"
+#include "tests/bench/scrape.h"
 #include "tests/bench/supervise.h"
 #include "tests/bench/trainer.h"
 
@@ -59,7 +60,7 @@ struct BenchOptions {
 // The names --only takes, one per row (or pair of rows) of the table.
 constexpr const char* kRowKeys[] = {"float32", "float16", "bfloat16", "resnet50", "small",   "mark161",
                                     "mark10k", "eight",   "2x2",      "4x1",      "latency", "reduce_scatter",
-                                    "health"};
+                                    "health",  "mask"};
 
 // The daemon's anonymous resident memory (heap, stacks, staging; not the clients' segments).
 long rss_anon_kib(pid_t pid) {
@@ -91,6 +92,9 @@ struct JobSamples {
   Measurement mark;     // us per tensor spent in mark_ready (mark mode)
   long rss_warm_kib = -1, rss_peak_kib = -1, rss_end_kib = -1;
   double daemon_cpu_ms_per_step = -1;  // all the scenario's daemons together, after warm-up
+  // Multi-node jobs: node 0's count of the bytes it carried across nodes
+  // (gradsync_daemon_cross_node_bytes_total), per step of the job (warm-up included).
+  double carried_bytes_per_step = -1;
 };
 
 std::vector<double> read_values(const std::string& file, const std::string& key) {
@@ -130,10 +134,21 @@ class Daemons {
     for (int n = 0; n < nodes; ++n) {
       std::vector<std::string> args = common;
       args.insert(args.end(), {"--peer-listen", n == 0 && nodes > 1 ? rendezvous_ : "127.0.0.1:0"});
+      // Node 0's metrics: its own count of the bytes it carried across nodes.
+      if (n == 0 && nodes > 1) {
+        metrics_port_ = free_loopback_port();
+        args.insert(args.end(), {"--metrics", "127.0.0.1:" + std::to_string(metrics_port_)});
+      }
       daemons_.push_back(std::make_unique<DaemonProcess>(DaemonProcess::Options{o.daemon, args, ""}));
     }
   }
   DaemonProcess& at(int n) { return *daemons_[static_cast<size_t>(n)]; }
+  // Node 0's gradsync_daemon_cross_node_bytes_total (jobs ended and running); nullopt on one
+  // node or when it cannot be read.
+  std::optional<double> carried_bytes() const {
+    if (metrics_port_ == 0) return std::nullopt;
+    return scrape_counter(metrics_port_, "gradsync_daemon_cross_node_bytes_total");
+  }
   const std::string& rendezvous() const { return rendezvous_; }
   // CPU time (user and system) of all of them together, in milliseconds.
   double cpu_ms() const {
@@ -150,6 +165,7 @@ class Daemons {
  private:
   std::unique_ptr<ClusterToken> token_;
   std::string rendezvous_;
+  int metrics_port_ = 0;
   std::vector<std::unique_ptr<DaemonProcess>> daemons_;
 };
 
@@ -163,6 +179,7 @@ JobSamples run_job_once(Daemons& daemons, int nodes, int per_node, TrainerArgs s
   shape.world = nodes * per_node;
   shape.local_world = per_node;
   shape.rendezvous = nodes > 1 ? daemons.rendezvous() : "";
+  const std::optional<double> carried_before = daemons.carried_bytes();
   std::vector<ChildProcess> trainers;
   for (int r = 0; r < shape.world; ++r) {
     TrainerArgs a = shape;
@@ -213,6 +230,18 @@ JobSamples run_job_once(Daemons& daemons, int nodes, int per_node, TrainerArgs s
         (cpu_at_end - cpu_at_warm) / static_cast<double>(result.step.samples.size() - samples_at_warm);
   }
   if (shape.mode == "mark") result.mark = measured(read_values(out, "mark"));
+  if (carried_before) {
+    // The job's share lands in the daemon-wide counter when its stats are retired, just after
+    // its trainers leave: read until it stops growing.
+    std::optional<double> after = daemons.carried_bytes();
+    for (int i = 0; i < 40; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      const std::optional<double> again = daemons.carried_bytes();
+      if (again && after && *again == *after && *after > *carried_before) break;
+      after = again;
+    }
+    if (after) result.carried_bytes_per_step = (*after - *carried_before) / (shape.warmup + shape.steps);
+  }
   return result;
 }
 
@@ -407,20 +436,23 @@ int run_bench(const BenchOptions& o) {
             std::string("the one-node scenario stopped: ") + e.what());
   }
   // A multi-node row: `nodes` daemons on loopback, `per_node` trainers each, when selected.
-  auto across_nodes = [&](const char* key, int nodes, int per_node) {
-    if (o.floors_only || !want({key})) return unselected;
+  auto across_nodes = [&](std::initializer_list<const char*> keys, int nodes, int per_node, int mask_percent = 0) {
+    if (o.floors_only || !want(keys)) return unselected;
     JobSamples job;
     try {
       Daemons daemons(o, nodes);
-      job = run_job(daemons, nodes, per_node, big, o.repeat);
+      TrainerArgs shape = big;
+      shape.mask_percent = mask_percent;
+      job = run_job(daemons, nodes, per_node, shape, o.repeat);
       daemons_ok &= daemons.terminate_all();
     } catch (const std::exception& e) {
       stopped({&job}, "the " + std::to_string(nodes) + "-node scenario stopped: " + e.what());
     }
     return job;
   };
-  const JobSamples two_by_two = across_nodes("2x2", 2, 2);
-  const JobSamples four_by_one = across_nodes("4x1", 4, 1);
+  const JobSamples two_by_two = across_nodes({"2x2", "mask"}, 2, 2);
+  const JobSamples four_by_one = across_nodes({"4x1"}, 4, 1);
+  const JobSamples masked = across_nodes({"mask"}, 2, 2, 10);
   auto ms = [&](const JobSamples& j) { return o.floors_only ? not_run : scaled(j.step, 1e-3); };
   auto us = [&](const JobSamples& j) { return o.floors_only ? not_run : j.step; };
 
@@ -486,6 +518,16 @@ int run_bench(const BenchOptions& o) {
                   "Gloo alone as above, each process also reducing 2 x 100 MiB in place on " + threads +
                       " at the same time (the memory floor): the nodes share these CPUs",
                   na, cpu_per_step(two_by_two, gloo2_local, "the floor's ranks")});
+  std::string carried = "bytes carried across nodes not read";
+  if (masked.carried_bytes_per_step > 0 && two_by_two.carried_bytes_per_step > 0) {
+    char text[200];
+    std::snprintf(text, sizeof(text), "node 0 carried %.1f MiB per step, %.1f%% of the unmasked %.1f MiB (its counter)",
+                  masked.carried_bytes_per_step / kMiB, 100.0 * masked.carried_bytes_per_step / two_by_two.carried_bytes_per_step,
+                  two_by_two.carried_bytes_per_step / kMiB);
+    carried = text;
+  }
+  rows.push_back({"2 nodes x 2 clients x 100 MiB float32, mask keeping 10% (loopback), per step", "ms", ms(masked),
+                  ms(two_by_two), "the unmasked 2 x 2 row, same run", na, carried});
   rows.push_back({"4 nodes x 1 client x 100 MiB float32 (loopback), per step", "ms", ms(four_by_one), gloo4.ms,
                   std::string("Gloo alone, 4 processes, ") + slices + ", ring", peer4, cpu_per_step(four_by_one, gloo4)});
   std::string p99;
@@ -576,7 +618,8 @@ constexpr const char* kHelp =
     "  --only ROWS       measure only these rows, comma-separated (the others print as skipped):\n"
     "                    float32, float16, bfloat16, resnet50, small, mark161, mark10k, eight,\n"
     "                    2x2 (two rows: against Gloo alone and against the shared-CPU floor),\n"
-    "                    4x1, latency\n"
+    "                    4x1, latency, reduce_scatter, health, mask (2 x 2 with a mask keeping\n"
+    "                    10%, beside the unmasked 2 x 2 and with the bytes node 0 counted)\n"
     "  --json FILE       also write the table to FILE as JSON\n"
     "  --python PATH     the Python with torch for the peer (default /usr/bin/python3; without\n"
     "                    torch the peer is printed as skipped)\n"

@@ -84,6 +84,7 @@ std::vector<std::string> trainer_argv(const TrainerArgs& a) {
                                    std::to_string(a.steps), "--warmup", std::to_string(a.warmup)};
   if (!a.rendezvous.empty()) argv.insert(argv.end(), {"--rendezvous", a.rendezvous});
   if (!a.barrier) argv.push_back("--no-barrier");
+  if (a.mask_percent > 0) argv.insert(argv.end(), {"--mask-percent", std::to_string(a.mask_percent)});
   return argv;
 }
 
@@ -107,6 +108,7 @@ bool parse_trainer_flag(int argc, char** argv, int& i, TrainerArgs& a) {
   else if (flag == "--local-world") number = &a.local_world;
   else if (flag == "--steps") number = &a.steps;
   else if (flag == "--warmup") number = &a.warmup;
+  else if (flag == "--mask-percent") number = &a.mask_percent;
   else return false;
   if (i + 1 >= argc) throw std::invalid_argument(flag + " needs a value");
   const std::string value = argv[++i];
@@ -125,7 +127,15 @@ int run_trainer(const TrainerArgs& a) {
   const std::vector<TensorSpec> specs = layout_specs(a);
   const std::vector<SharedTensor> tensors = client->allocate_flat(specs);
   const bool scatter = a.mode == "reduce_scatter";
-  const TensorSet set = client->register_tensors(tensors, RegisterOptions{.reduce_scatter = scatter});
+  RegisterOptions options{.reduce_scatter = scatter};
+  if (a.mask_percent > 0) {
+    uint64_t elements = 0;
+    for (const TensorSpec& spec : specs) elements += spec.numel;
+    for (uint64_t i = 0; i < elements; ++i) {
+      if ((i * 2654435761ull >> 11) % 100 < static_cast<uint64_t>(a.mask_percent)) options.mask.push_back(i);
+    }
+  }
+  const TensorSet set = client->register_tensors(tensors, options);
   const std::vector<SharedTensor> token = {client->allocate(TensorSpec{DType::kFloat32, 1, "dp"})};
   const TensorSet barrier = client->register_tensors(token, {});
   const auto deadline = std::chrono::seconds(120);

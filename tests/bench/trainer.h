@@ -24,6 +24,9 @@ struct TrainerArgs {
   // reduce_scatter(set) per step; health: allreduce with the fused health; separate-health:
   // allreduce, then the trainer's own pass over the results for inf, NaN and the norm
   std::string mode = "step";
+  // A mask keeping about this percentage of the set's elements (spread as a pruned model's
+  // are); 0: no mask.
+  int mask_percent = 0;
   int steps = 10;
   int warmup = 2;
   bool barrier = true;            // line the ranks up before every timed step

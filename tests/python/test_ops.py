@@ -35,3 +35,14 @@ def test_fused_health_and_master_params(daemon):
 
 def test_fused_health_three_ranks(daemon):
     assert_all_ok(run_ranks("health.py", 3, daemon), daemon)
+
+
+def test_masked_allreduce_and_reduce_every_dtype_and_mode_match_torch(daemon):
+    results = run_ranks("masked.py", 2, daemon)
+    assert_all_ok(results, daemon)
+    for code, out in results:
+        assert "72 cases" in out, out
+
+
+def test_masked_three_ranks(daemon):
+    assert_all_ok(run_ranks("masked.py", 3, daemon), daemon)

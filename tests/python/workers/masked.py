@@ -1,0 +1,101 @@
+"""allreduce_coalesced and reduce_coalesced with a mask on every dtype and reduce mode, on
+ordinary tensors (the staging path) and on tensors in the client's memory (direct), against
+torch: the kept elements hold every rank's inputs combined in rank order, the others zero (the
+seeds' S09: flat[mask] reduced, scattered into zeros). Bad masks are refused, naming why."""
+import sys
+
+import torch
+
+import gradsync
+import gradsync.torch
+from ops import DTYPES, SIZES, Direct, combine, inputs
+
+failures = []
+
+
+def expect(what, got, want, exact):
+    if exact:
+        if not torch.equal(got, want):
+            bad = (got != want).nonzero()
+            failures.append(f"{what}: {bad.numel()} elements differ, the first at {bad[0].tolist()}")
+        return
+    try:
+        torch.testing.assert_close(got, want)
+    except AssertionError as e:
+        failures.append(f"{what}: {str(e).splitlines()[0]}")
+
+
+def masked(flat, mask):
+    out = torch.zeros_like(flat)
+    out[mask] = flat[mask]
+    return out
+
+
+def main():
+    client = gradsync.connect()
+    rank, world = client.rank, client.world_size
+    direct = Direct(client)
+    total = sum(SIZES)
+    # The same on every rank: about a third of the elements, the first and the last.
+    g = torch.Generator().manual_seed(11)
+    mask = torch.nonzero(torch.rand(total, generator=g) < 0.3).flatten()
+    mask = torch.unique(torch.cat([mask, torch.tensor([0, total - 1])]))
+    case = 0
+    for path in ("staging", "direct"):
+        place = (lambda ts: [t.clone() for t in ts]) if path == "staging" else direct.like
+        for dtype in DTYPES:
+            modes = [("sum", {}), ("min", {}), ("max", {})]
+            if dtype.is_floating_point:
+                modes += [("avg", {}), ("avg", {"prescale": True})]
+            for op, kwargs in modes:
+                case += 1
+                everyone = [inputs(r, dtype, case) for r in range(world)]
+                flat = torch.cat([combine([e[i] for e in everyone], op, dtype, world, kwargs.get("prescale", False))
+                                  for i in range(len(SIZES))])
+                want = masked(flat, mask)
+                mine = place(everyone[rank])
+                before = len(client._sets)
+                client.allreduce_coalesced(mine, op=op, mask=mask, **kwargs).wait(60)
+                what = f"{path} masked allreduce {op} {kwargs} {dtype}"
+                expect(what, torch.cat(mine), want, exact=op != "avg")
+                # The same tensors and mask again find the same set.
+                for m, e in zip(mine, everyone[rank]):
+                    m.copy_(e)
+                client.allreduce_coalesced(mine, op=op, mask=mask, **kwargs).wait(60)
+                expect(what + " (again)", torch.cat(mine), want, exact=op != "avg")
+                if len(client._sets) > before + 1:
+                    failures.append(f"{what}: the same tensors and mask registered {len(client._sets) - before} sets")
+            # A reduce to rank 1 with the mask: the root's other elements are zero, the others'
+            # tensors unchanged.
+            case += 1
+            everyone = [inputs(r, dtype, case) for r in range(world)]
+            mine = place(everyone[rank])
+            client.reduce_coalesced(mine, root=1, op="sum", mask=mask).wait(60)
+            flat = torch.cat([combine([e[i] for e in everyone], "sum", dtype) for i in range(len(SIZES))])
+            want = masked(flat, mask) if rank == 1 else torch.cat(everyone[rank])
+            expect(f"{path} masked reduce {dtype}", torch.cat(mine), want, exact=True)
+    tensors = [torch.ones(4), torch.ones(3)]
+    refusals = [
+        (torch.tensor([0.0, 1.0]), "mask must be a contiguous 1-D torch.int64 CPU tensor"),
+        ([0, 1], "mask must be a contiguous 1-D torch.int64 CPU tensor"),
+        (torch.tensor([], dtype=torch.int64), "mask keeps no element"),
+        (torch.tensor([-1, 2]), "mask holds a negative index (-1)"),
+        (torch.tensor([3, 2]), "mask: index 1 (2) does not follow index 0 (3)"),
+        (torch.tensor([1, 7]), "mask: index 1 is 7, past the set's 7 elements"),
+    ]
+    for bad, needle in refusals:
+        try:
+            client.allreduce_coalesced(tensors, op="sum", mask=bad).wait(60)
+            failures.append(f"mask {bad!r} was accepted")
+        except gradsync.InvalidArgumentError as e:
+            if needle not in str(e):
+                failures.append(f"mask {bad!r}: unexpected message {e}")
+    print(f"rank {rank}: {case} cases")
+    if failures:
+        print("\n".join(failures[:40]))
+        print(f"{len(failures)} failures")
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
