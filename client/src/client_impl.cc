@@ -327,14 +327,18 @@ TensorSet ClientImpl::register_tensors(std::span<const SharedTensor> tensors, co
     set.packed_bytes_ += tensor.bytes();
   }
   // Checked before any output is made, so a refusal leaves nothing behind.
-  if (!options.mask.empty()) check_mask(options.mask, tensors);
+  if (!options.mask.empty()) check_mask(options, tensors);
   if (options.reduce_scatter) reserve_shard(tensors, body, &set);
   if (!options.mask.empty()) {
-    // The indices travel in a segment of their own, which the daemon copies at registration.
-    Segment& indices = new_segment(std::max<size_t>(64, options.mask.size() * sizeof(uint64_t)));
-    std::memcpy(indices.memory.data(), options.mask.data(), options.mask.size() * sizeof(uint64_t));
+    // The indices travel in the client's mask segment, which the daemon copies at registration.
+    const size_t bytes = options.mask.size() * sizeof(uint64_t);
+    if (!mask_segment_ || mask_segment_->memory.size() < bytes) {
+      const size_t before = mask_segment_ ? mask_segment_->memory.size() : 0;
+      mask_segment_ = &new_segment(std::max<size_t>({4096, bytes, 2 * before}));
+    }
+    std::memcpy(mask_segment_->memory.data(), options.mask.data(), bytes);
     body->set_has_mask(true);
-    body->set_mask_segment_id(indices.id);
+    body->set_mask_segment_id(mask_segment_->id);
     body->set_mask_offset(0);
     body->set_mask_count(options.mask.size());
   }
@@ -387,9 +391,18 @@ TensorSet ClientImpl::register_tensors(std::span<const SharedTensor> tensors, co
   return set;
 }
 
-void ClientImpl::check_mask(const std::vector<uint64_t>& mask, std::span<const SharedTensor> tensors) const {
-  // The daemon checks the same (registration_check.cc); checked here too, to fail before any
-  // memory is made, naming the index.
+void ClientImpl::check_mask(const RegisterOptions& options, std::span<const SharedTensor> tensors) const {
+  // The daemon checks the same (registration_check.cc, job.cc); checked here too, to fail
+  // before any memory is made, naming the index.
+  const std::vector<uint64_t>& mask = options.mask;
+  if (options.reduce_scatter) {
+    throw Error(Status::invalid_argument("mask: a masked set cannot have a reduce-scatter output (a shard of a "
+                                         "masked range is not offered); register the two separately"));
+  }
+  if (!tensors.empty() && tensors[0].device() >= 0) {
+    throw Error(Status::not_supported("mask: masked reduction is offered for host sets only so far; a device set "
+                                      "cannot have a mask (docs/limitations.md)"));
+  }
   uint64_t elements = 0;
   for (const SharedTensor& t : tensors) elements += t.numel();
   for (size_t i = 0; i < mask.size(); ++i) {

@@ -76,7 +76,7 @@ class ClientImpl final : public Client {
   Segment& new_segment(size_t bytes);
   // RegisterOptions::mask: strictly increasing, within the tensors' elements; throws naming the
   // first bad index.
-  void check_mask(const std::vector<uint64_t>& mask, std::span<const SharedTensor> tensors) const;
+  void check_mask(const RegisterOptions& options, std::span<const SharedTensor> tensors) const;
   DeviceSegment& new_device_segment(int device, size_t bytes);
   void require_joined(const char* what) const;
   SubmitEntry op_entry(OpKind kind, const TensorSet& set) const;
@@ -88,6 +88,9 @@ class ClientImpl final : public Client {
   std::shared_ptr<Connection> connection_;
   ConnectOptions options_;
   std::vector<std::unique_ptr<Segment>> segments_;
+  // Where masks travel (RegisterOptions::mask): the daemon copies them at registration, so one
+  // segment serves every later mask that fits; a larger one replaces it (doubling).
+  Segment* mask_segment_ = nullptr;
   // Device memory: the allocator is made on first use (it loads the CUDA driver), and outlives
   // the allocations (declared first, destroyed last).
   std::unique_ptr<DeviceMemory> device_memory_;

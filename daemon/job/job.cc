@@ -310,6 +310,7 @@ Status build_set(const std::string& job_id, uint32_t set_id, const Topology& top
   }
   auto set = std::make_shared<TensorSet>();
   set->mask = first.mask;
+  if (set->mask) set->mask_digest = mask_digest(*set->mask);
   set->id = set_id;
   set->label = first.label;
   set->layout = first.layout;

@@ -63,9 +63,7 @@ namespace {
 // bucket, as canonical positions.
 void build_kept(TensorSet* set) {
   set->kept.assign(set->plan.buckets.size(), {});
-  set->mask_digest = 0;
   if (!set->mask) return;
-  set->mask_digest = mask_digest(*set->mask);
   std::vector<uint32_t> bucket_of(set->layout.size());
   for (uint32_t b = 0; b < set->plan.buckets.size(); ++b) {
     for (uint32_t t : set->plan.buckets[b].tensors) bucket_of[t] = b;

@@ -69,7 +69,8 @@ struct TensorSet {
   // keep, strictly increasing, as every local rank registered them; null for a set without a
   // mask. kept[b] is bucket b's share of them as canonical positions (offset_in_bucket),
   // increasing: the order in which the kept elements are gathered and cross nodes.
-  // mask_digest fingerprints the mask, for nodes to compare.
+  // mask_digest fingerprints the mask, for nodes to compare (set once when the set is built:
+  // a replan recomputes only `kept`).
   std::shared_ptr<const std::vector<uint64_t>> mask;
   std::vector<std::vector<uint64_t>> kept;  // [bucket]
   uint64_t mask_digest = 0;
@@ -110,7 +111,7 @@ void build_runs(TensorSet* set);
 uint64_t mask_digest(const std::vector<uint64_t>& mask);
 
 // Derives everything else from id, layout, bucket_cap, address, gather_output, shard_output
-// and mask: the plan, each bucket's participants (the members of its group on this node),
+// and mask (but mask_digest, which the builder sets): the plan, each bucket's participants (the members of its group on this node),
 // the packed allgather offsets, the flat offsets and shard positions, the runs and the
 // buckets' kept elements.
 void complete_tensor_set(TensorSet* set, const Topology& topology);

@@ -457,7 +457,8 @@ TEST_CASE("multi-node: masked allreduce and reduce keep only the mask's elements
           for (DType dtype : kAllDTypes) {
             std::vector<SharedTensor> tensors;
             for (uint64_t n : sizes) tensors.push_back(client.allocate(TensorSpec{dtype, n, "dp"}));
-            const TensorSet set = client.register_tensors(tensors, RegisterOptions{.mask = mask});
+            // A bucket per tensor: tensor 0's keeps nothing, and crosses without an engine call.
+            const TensorSet set = client.register_tensors(tensors, RegisterOptions{.bucket_cap_bytes = 64, .mask = mask});
             std::vector<ReduceOptions> modes = {{ReduceOp::kSum}, {ReduceOp::kMin}, {ReduceOp::kMax}};
             if (dtype_is_floating(dtype)) {
               modes.push_back({ReduceOp::kAvg});
@@ -468,6 +469,19 @@ TEST_CASE("multi-node: masked allreduce and reduce keep only the mask's elements
               for (uint64_t t = 0; t < tensors.size(); ++t) fill_exact(tensors[t], rank, t, seed);
               if (!client.allreduce(set, o).wait(std::chrono::seconds(60))) return fail("allreduce timed out");
               if (int c = check_masked(tensors, mask, o, ranks, rank, seed, false, "masked allreduce"); c != kOk) {
+                return c;
+              }
+            }
+            if (dtype == DType::kFloat32) {
+              // Compressed to bfloat16 on the wire: these small integers and their sums are
+              // exact in it, so the result is too.
+              ++seed;
+              for (uint64_t t = 0; t < tensors.size(); ++t) fill_exact(tensors[t], rank, t, seed);
+              ReduceOptions wire{ReduceOp::kSum};
+              wire.wire_dtype = DType::kBFloat16;
+              if (!client.allreduce(set, wire).wait(std::chrono::seconds(60))) return fail("allreduce timed out");
+              if (int c = check_masked(tensors, mask, wire, ranks, rank, seed, false, "masked bf16-wire allreduce");
+                  c != kOk) {
                 return c;
               }
             }

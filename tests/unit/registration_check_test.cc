@@ -217,6 +217,28 @@ TEST_CASE("registration check: a mask is strictly increasing indices within the 
   CHECK_THAT(register_with_mask({1, 2}, 4, &refused).message(), Catch::Contains("do not fit, 8-byte aligned"));
 }
 
+TEST_CASE("registration check: a masked set takes no reduce-scatter output", "[registration]") {
+  Topology topology;
+  REQUIRE(make_topology(2, 2, 0, 0, {}, &topology).ok());
+  SegmentMap segments;
+  segments[1] = std::make_shared<HostRegion>(64);
+  segments[2] = std::make_shared<HostRegion>(64);
+  segments[3] = std::make_shared<HostRegion>(64);
+  control::RegisterRequest request;
+  auto* t = request.add_tensors();
+  t->set_dtype(control::FLOAT32);
+  t->set_numel(16);
+  t->set_segment_id(1);
+  request.set_has_shard_output(true);
+  request.set_shard_segment_id(2);
+  request.set_has_mask(true);
+  request.set_mask_segment_id(3);
+  request.set_mask_count(1);
+  ResolvedSet refused;
+  CHECK_THAT(check_registration(request, topology, 2, segments, &refused).message(),
+             Catch::Contains("a masked set cannot have a reduce-scatter output"));
+}
+
 TEST_CASE("shards: the flat range split evenly over the group, the last ones shorter", "[registration]") {
   CHECK(shard_capacity(10, 3) == 4);
   CHECK(shard_of(10, 3, 0).first == 0);

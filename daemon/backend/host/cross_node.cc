@@ -251,7 +251,7 @@ Status reduce_across(const BucketCall& c, ThreadPool& pool, const std::shared_pt
   buffers->work.resize(elements * acc_size);
   std::byte* acc = buffers->work.data();
   *reduced = Reduced{acc, elements * acc_size};
-  const std::vector<Piece> pieces = pieces_of(set, c.bucket, pool.size());
+  const std::vector<Piece> pieces = masked ? std::vector<Piece>{} : pieces_of(set, c.bucket, pool.size());
   if (masked) {
     PhaseTimer timer(local_time(c));
     masked_accumulate(set, c.bucket, c.args, acc, pool);

@@ -19,7 +19,9 @@ struct Location {
   uint64_t element = 0;
 };
 
-// The bucket's tensors by their canonical offset (TensorSet::offset_in_bucket).
+// The bucket's non-empty tensors in canonical order (TensorSet::offset_in_bucket: by tensor
+// index, build_runs), with their offsets, which then strictly increase. Empty tensors are left
+// out: one shares its successor's offset and would catch a position that is not its own.
 struct CanonicalOrder {
   std::vector<uint64_t> offset;
   std::vector<uint32_t> tensor;
@@ -27,10 +29,10 @@ struct CanonicalOrder {
 
 CanonicalOrder canonical_order(const TensorSet& set, size_t bucket) {
   std::vector<uint32_t> tensors = set.plan.buckets[bucket].tensors;
-  std::stable_sort(tensors.begin(), tensors.end(),
-                   [&](uint32_t a, uint32_t b) { return set.offset_in_bucket[a] < set.offset_in_bucket[b]; });
+  std::sort(tensors.begin(), tensors.end());
   CanonicalOrder order;
   for (uint32_t t : tensors) {
+    if (set.layout[t].numel == 0) continue;
     order.offset.push_back(set.offset_in_bucket[t]);
     order.tensor.push_back(t);
   }
@@ -42,8 +44,7 @@ void locate(const TensorSet& set, const CanonicalOrder& order, const uint64_t* k
             std::vector<Location>* out) {
   out->resize(count);
   if (count == 0) return;
-  // The last tensor starting at or before the first position; empty tensors share their
-  // successor's offset and are skipped by the walk below.
+  // The last tensor starting at or before the first position (a kept position lies in one).
   size_t k = static_cast<size_t>(std::upper_bound(order.offset.begin(), order.offset.end(), kept[0]) -
                                  order.offset.begin()) - 1;
   for (size_t i = 0; i < count; ++i) {

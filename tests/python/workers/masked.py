@@ -74,6 +74,16 @@ def main():
             flat = torch.cat([combine([e[i] for e in everyone], "sum", dtype) for i in range(len(SIZES))])
             want = masked(flat, mask) if rank == 1 else torch.cat(everyone[rank])
             expect(f"{path} masked reduce {dtype}", torch.cat(mine), want, exact=True)
+    # A new mask with the count of a dropped one is honoured, wherever torch puts it (the set
+    # of the dropped one holds it, so its memory cannot come back as the new mask's).
+    for generation in range(20):
+        keep = torch.tensor([generation % 7, 7 + generation % 5])
+        ones = [torch.ones(7), torch.ones(5)]
+        client.allreduce_coalesced(ones, op="sum", mask=keep).wait(60)
+        want = torch.zeros(12)
+        want[keep] = float(world)
+        expect(f"mask generation {generation}", torch.cat(ones), want, exact=True)
+        del keep
     tensors = [torch.ones(4), torch.ones(3)]
     refusals = [
         (torch.tensor([0.0, 1.0]), "mask must be a contiguous 1-D torch.int64 CPU tensor"),

@@ -39,6 +39,9 @@ class RegisteredSet:
         self.views = views      # the staging area's typed views, one per tensor
         self.in_flight = None   # the last Work that used the staging area or the gather output
         self.copied_back = None  # CUDA: an event after the last copy out of the staging area
+        # The mask tensor the set was registered with, held so that its memory, part of the set's
+        # cache key, is not reused by another mask while the set lives.
+        self.mask = None
 
     def take(self, device):
         """Waits until the last operation that used the set's staging area or gather output
@@ -98,7 +101,8 @@ def _validate(client, tensors, group):
 
 def _mask_key(mask):
     """What tells one mask from another in the set cache: the tensor's memory and its version
-    counter (an in-place change makes a new set), without reading its indices each step."""
+    counter (an in-place change makes a new set), without reading its indices each step. The
+    set holds the tensor (RegisteredSet.mask), so no later mask can take its memory."""
     if mask is None:
         return None
     if not isinstance(mask, torch.Tensor) or mask.dtype != torch.int64 or mask.device.type != "cpu" \
@@ -131,6 +135,8 @@ def set_for(client, tensors, device, group, bucket_bytes, allgather=False, tag=N
     if len(client._sets) == _MANY_SETS:
         warnings.warn(f"gradsync: this client registered {_MANY_SETS} sets; each new list layout registers one more, "
                       "and sets (with their staging memory) live until the client closes")
+    if mask is not None and device >= 0:
+        raise InvalidArgumentError("gradsync: a mask applies to CPU tensors only so far (docs/limitations.md)")
     if mask is not None and int(mask.min()) < 0:
         raise InvalidArgumentError(f"gradsync: mask holds a negative index ({int(mask.min())})")
     if direct:
@@ -145,6 +151,7 @@ def set_for(client, tensors, device, group, bucket_bytes, allgather=False, tag=N
         views = [carve(buffer, off, t.dtype, (t.numel(),)) for off, t in zip(offsets, tensors)]
         made = RegisteredSet(register(client, views, device, group, bucket_bytes, allgather, label, reduce_scatter,
                                       mask), buffer, views)
+    made.mask = mask
     client._sets[key] = made
     return made
 
