@@ -1,5 +1,13 @@
 """Every coalesced operation, dtype and scaling mode from Python, against torch's results."""
+import socket
+
 from conftest import assert_all_ok, run_ranks
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def test_every_operation_dtype_and_scaling_mode_matches_torch(daemon):
@@ -46,3 +54,14 @@ def test_masked_allreduce_and_reduce_every_dtype_and_mode_match_torch(daemon):
 
 def test_masked_three_ranks(daemon):
     assert_all_ok(run_ranks("masked.py", 3, daemon), daemon)
+
+
+def test_sparse_gradients_match_torch_and_ddp_on_gloo(daemon):
+    results = run_ranks("sparse.py", 2, daemon, env={"TEST_PORT": str(free_port())})
+    assert_all_ok(results, daemon)
+    for code, out in results:
+        assert "16 cases" in out, out
+
+
+def test_sparse_gradients_three_ranks(daemon):
+    assert_all_ok(run_ranks("sparse.py", 3, daemon, env={"TEST_PORT": str(free_port())}), daemon)

@@ -183,7 +183,8 @@ class Client:
 
     # -- the coalesced operations (gradsync.torch._coalesced)
     def allreduce_coalesced(self, tensors, op="avg", divisor=None, prescale=False, fp32_accumulate=None,
-                            bucket_bytes=None, group=None, health=False, wire_dtype=None, mask=None):
+                            bucket_bytes=None, group=None, health=False, wire_dtype=None, mask=None,
+                            sparse_result="coalesced"):
         """Reduces the tensors in place across the group's ranks (default "dp": every rank).
         health=True (floating-point CPU tensors): the daemon also computes, in the same pass,
         whether the result holds an inf or a NaN and its sum of squares: Work.found_inf() and
@@ -193,7 +194,17 @@ class Client:
         strictly increasing indices into the tensors flattened in order, the same on every rank):
         only those elements are reduced and cross nodes; every other element becomes zero (the
         seeds' pruned-model DDP). Keep the mask tensor unchanged between calls: a changed one
-        registers a new set."""
+        registers a new set. Sparse COO tensors (nn.Embedding(sparse=True)'s gradients; a list is
+        all sparse or all dense; CPU, floating point; op "sum" or "avg"): every rank's entries
+        are gathered through the daemon and summed, and wait() returns one result per tensor, a
+        coalesced sparse tensor, or a dense one with sparse_result="dense"
+        (gradsync.torch.sparse). The call finishes the reduction before it returns."""
+        if any(getattr(t, "is_sparse", False) for t in tensors):
+            from .torch import sparse
+            if prescale or health or wire_dtype is not None or mask is not None or fp32_accumulate is not None:
+                raise InvalidArgumentError("gradsync: sparse tensors take op, divisor, group and sparse_result only "
+                                           "(not prescale, fp32_accumulate, health, wire_dtype or mask)")
+            return sparse.allreduce(self, tensors, op, divisor, group, sparse_result)
         from .torch import _coalesced
         return _coalesced.allreduce(self, tensors, op, divisor, prescale, fp32_accumulate, bucket_bytes, group,
                                     health=health, wire_dtype=wire_dtype, mask=mask)

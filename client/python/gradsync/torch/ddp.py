@@ -25,7 +25,7 @@ import threading
 
 import torch
 
-from . import _coalesced
+from . import _coalesced, sparse
 
 
 class _Outcome:
@@ -115,6 +115,18 @@ def allreduce_hook(state, bucket):
         future = torch.futures.Future()
         stream = None
     outcome = _Outcome()
+    if tensor.is_sparse:
+        # A sparse gradient (nn.Embedding(sparse=True)): gathered and summed in the call
+        # (gradsync.torch.sparse); DDP takes the coalesced average as the parameter's gradient.
+        try:
+            future.set_result(sparse.allreduce(client, [tensor], "avg", None, group).wait()[0])
+        except Exception as e:
+            outcome.fail(future, e)
+            if not _at_backward_end(outcome):
+                raise
+            return future
+        outcome.done.set()
+        return future
     try:
         work = _coalesced.allreduce(client, [tensor], "avg", None, False, None, 0, group,
                                     tag=("ddp", bucket.index()))

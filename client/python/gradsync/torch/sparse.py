@@ -1,0 +1,154 @@
+"""Sparse (COO) gradients: allreduce_coalesced of torch sparse tensors, as nn.Embedding(sparse=True)
+makes them (the seeds' S16 S35 S36).
+
+A sparse tensor's entries differ in number from rank to rank and from step to step, and a sum
+of sparse tensors is their union, so nothing can be reduced in place. Each call therefore
+allgathers through the daemon, in two operations on sets of the client's memory:
+1. every rank's entry count per tensor (one int64 each);
+2. every rank's entries, each tensor's indices (int64, its sparse dimensions flattened to one
+   row-major index) and values (its dense dimensions flattened) in separate tensors of one set,
+   each padded to the tensor's capacity: the largest count any rank had so far, rounded up to a
+   power of two. Every rank saw the same counts in (1), so every rank grows a capacity (and
+   registers the larger set) alike; a set per capacity is kept, so a steady model registers
+   few.
+Each rank then sums what it gathered, in rank order, in float32 for the half types (float64
+for float64), into the coalesced sum (indices sorted, duplicates summed) or, when asked, the
+dense result. Every rank gathers the same bytes and sums them alike, so every rank gets the same
+bits. Sum and avg only: a missing entry is a zero, for which min and max mean little.
+"""
+import torch
+
+from ..errors import InvalidArgumentError
+from . import _coalesced
+
+RESULTS = ("coalesced", "dense")
+
+
+class DoneWork:
+    """The Work of an operation that already finished: sparse reductions finish in the call."""
+
+    def __init__(self, result):
+        self._result = result
+
+    def wait(self, timeout=None):
+        return self._result
+
+    def is_completed(self):
+        return True
+
+    def wait_stream(self, stream=None):
+        return None
+
+
+def _check(tensors, op, result):
+    if op not in ("sum", "avg"):
+        raise InvalidArgumentError(f"gradsync: sparse tensors are reduced with op='sum' or 'avg', not {op!r}")
+    if result not in RESULTS:
+        raise InvalidArgumentError(f"gradsync: sparse_result must be one of {RESULTS}, not {result!r}")
+    for i, t in enumerate(tensors):
+        if not isinstance(t, torch.Tensor) or not t.is_sparse:
+            got = t.layout if isinstance(t, torch.Tensor) else type(t).__name__
+            raise InvalidArgumentError(f"gradsync: item {i} is {got}, not a sparse COO tensor; a list is either all "
+                                       "sparse or all dense (reduce the two kinds in two calls)")
+        if t.device.type != "cpu":
+            raise InvalidArgumentError(f"gradsync: sparse tensor {i} is on {t.device}; sparse gradients are reduced "
+                                       "from CPU memory only so far (docs/limitations.md)")
+        if t.dtype not in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
+            raise InvalidArgumentError(f"gradsync: sparse tensor {i} is {t.dtype}; sparse reduction takes "
+                                       "floating-point values")
+
+
+def _flat_parts(t):
+    """A sparse tensor as (row-major linear indices [nnz] int64, values [nnz, width])."""
+    sparse_dims = t.sparse_dim()
+    indices = t._indices()
+    linear = torch.zeros(indices.shape[1], dtype=torch.int64)
+    for d in range(sparse_dims):
+        linear = linear * t.shape[d] + indices[d]
+    width = 1
+    for size in t.shape[sparse_dims:]:
+        width *= size
+    values = t._values().reshape(indices.shape[1], width)
+    return linear, values
+
+
+def _unflatten_indices(linear, shape, sparse_dims):
+    rows = []
+    rest = linear.clone()
+    for d in reversed(range(sparse_dims)):
+        rows.append(rest % shape[d])
+        rest = rest // shape[d]
+    return torch.stack(list(reversed(rows))) if rows else linear.new_zeros((0, linear.numel()))
+
+
+def _capacity(client, key, maxima):
+    """The data set's capacity per tensor: grown to the next power of two at or above the
+    largest count gathered, never shrunk (the same on every rank: every rank saw the counts)."""
+    caps = getattr(client, "_sparse_capacity", None)
+    if caps is None:
+        caps = client._sparse_capacity = {}
+    current = caps.get(key, [0] * len(maxima))
+    grown = []
+    for have, need in zip(current, maxima):
+        size = max(have, 1)
+        while size < need:
+            size *= 2
+        grown.append(size)
+    caps[key] = grown
+    return grown
+
+
+def allreduce(client, tensors, op="avg", divisor=None, group=None, result="coalesced"):
+    """Sums (or averages) sparse COO tensors across the group's ranks; returns a finished Work
+    whose wait() gives one result per tensor: a coalesced sparse tensor, or a dense one when
+    result="dense"."""
+    tensors = list(tensors)
+    if not tensors:
+        raise InvalidArgumentError("gradsync: an operation needs at least one tensor")
+    _check(tensors, op, result)
+    if divisor is not None and op != "avg":
+        raise InvalidArgumentError("gradsync: divisor applies to op='avg' only")
+    if divisor is not None and not divisor > 0:
+        raise InvalidArgumentError(f"gradsync: divisor must be positive, not {divisor!r}")
+    parts = [_flat_parts(t) for t in tensors]
+    counts = torch.tensor([linear.numel() for linear, _ in parts], dtype=torch.int64)
+    gathered_counts = _coalesced.all_gather(client, [counts], group).wait()
+    per_rank = [row[0].tolist() for row in gathered_counts]
+    maxima = [max(rank_counts[i] for rank_counts in per_rank) for i in range(len(tensors))]
+    shapes = tuple((tuple(t.shape), t.sparse_dim(), t.dtype) for t in tensors)
+    caps = _capacity(client, (shapes, group), maxima)
+    padded = []
+    for (linear, values), cap in zip(parts, caps):
+        index = torch.zeros(cap, dtype=torch.int64)
+        index[:linear.numel()] = linear
+        padded.append(index)
+    for (linear, values), cap in zip(parts, caps):
+        width = values.shape[1]
+        flat = torch.zeros(max(cap * width, 1), dtype=values.dtype)
+        flat[:values.numel()] = values.reshape(-1)
+        padded.append(flat)
+    everyone = _coalesced.all_gather(client, padded, group).wait()
+    n = len(tensors)
+    divide = (divisor or len(everyone)) if op == "avg" else None
+    out = []
+    for i, t in enumerate(tensors):
+        width = parts[i][1].shape[1]
+        wide = torch.float64 if t.dtype == torch.float64 else torch.float32
+        indices = torch.cat([row[i][:per_rank[r][i]] for r, row in enumerate(everyone)])
+        values = torch.cat([row[n + i][:per_rank[r][i] * width].reshape(-1, width)
+                            for r, row in enumerate(everyone)]).to(wide)
+        # Rank order, then each rank's own order, for equal indices: a stable sort keeps it, and
+        # index_add_ then sums them in that order.
+        order = torch.sort(indices, stable=True).indices
+        indices, values = indices[order], values[order]
+        unique, position = torch.unique_consecutive(indices, return_inverse=True)
+        summed = torch.zeros((unique.numel(), width), dtype=wide)
+        summed.index_add_(0, position, values)
+        if divide is not None:
+            summed = summed / divide
+        dense_shape = t.shape[t.sparse_dim():]
+        reduced = torch.sparse_coo_tensor(_unflatten_indices(unique, t.shape, t.sparse_dim()),
+                                          summed.to(t.dtype).reshape((unique.numel(),) + tuple(dense_shape)),
+                                          t.shape, dtype=t.dtype)._coalesced_(True)
+        out.append(reduced.to_dense() if result == "dense" else reduced)
+    return DoneWork(out)

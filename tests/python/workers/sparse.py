@@ -1,0 +1,123 @@
+"""Sparse COO gradients: allreduce_coalesced of sparse tensors against torch's own sum of every
+rank's tensors (each rank makes them all from seeds), every floating dtype, sum and avg,
+coalesced and dense results, entries that grow from step to step and a rank with none; then an
+nn.Embedding(sparse=True) model trained under DDP with the gradsync hook against DDP on gloo,
+in the same process, from the same start and data."""
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import gradsync
+import gradsync.torch
+
+failures = []
+SHAPES = [((50, 4), 1), ((7, 3, 2), 2), ((30,), 1)]  # (shape, sparse dims)
+
+
+def sparse_input(rank, case, shape, sparse_dims, dtype):
+    g = torch.Generator().manual_seed(case * 1000 + rank * 10 + len(shape))
+    nnz = 0 if rank == 1 and case % 3 == 0 else int(torch.randint(1, 12 + 4 * case, (1,), generator=g))
+    indices = torch.stack([torch.randint(0, shape[d], (nnz,), generator=g) for d in range(sparse_dims)])
+    values = (torch.randint(-8, 8, (nnz,) + shape[sparse_dims:], generator=g).to(torch.float64) / 4).to(dtype)
+    return torch.sparse_coo_tensor(indices, values, shape)  # uncoalesced: duplicates included
+
+
+def check_ops(client, rank, world):
+    case = 0
+    for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
+        for op in ("sum", "avg"):
+            for result in ("coalesced", "dense"):
+                case += 1
+                everyone = [[sparse_input(r, case, s, d, dtype) for s, d in SHAPES] for r in range(world)]
+                got = client.allreduce_coalesced(everyone[rank], op=op, sparse_result=result).wait()
+                for i in range(len(SHAPES)):
+                    # Quarters, summed over a few ranks: exact in every dtype, so exact here.
+                    want = everyone[0][i].to(torch.float64)
+                    for e in everyone[1:]:
+                        want = want + e[i].to(torch.float64)
+                    want = want.coalesce()
+                    if op == "avg":
+                        want = want / world
+                    want = want.to(dtype)
+                    what = f"{dtype} {op} {result} tensor {i}"
+                    if result == "dense":
+                        if got[i].is_sparse or not torch.equal(got[i], want.to_dense()):
+                            failures.append(f"{what}: differs from torch's dense sum")
+                    elif not got[i].is_sparse or not got[i].is_coalesced():
+                        failures.append(f"{what}: not a coalesced sparse tensor")
+                    elif not (torch.equal(got[i]._indices(), want._indices()) and
+                              torch.equal(got[i]._values(), want._values())):
+                        failures.append(f"{what}: differs from torch's coalesced sum")
+    for bad, needle in [([torch.ones(3)], None), ([torch.ones(3).to_sparse(), torch.ones(3)], "all sparse or all dense")]:
+        if needle is None:
+            continue
+        try:
+            client.allreduce_coalesced(bad, op="sum")
+            failures.append("a list mixing sparse and dense was accepted")
+        except gradsync.InvalidArgumentError as e:
+            if needle not in str(e):
+                failures.append(f"mixed list: unexpected message {e}")
+    try:
+        client.allreduce_coalesced([torch.ones(3).to_sparse()], op="max")
+        failures.append("a sparse max was accepted")
+    except gradsync.InvalidArgumentError as e:
+        if "op='sum' or 'avg'" not in str(e):
+            failures.append(f"sparse max: unexpected message {e}")
+    return case
+
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embedding = torch.nn.Embedding(100, 8, sparse=True)
+        self.head = torch.nn.Linear(8, 1)
+
+    def forward(self, tokens):
+        return self.head(self.embedding(tokens).mean(dim=1))
+
+
+def train(rank, client, steps=15):
+    torch.manual_seed(3)
+    reference, ours = Model(), Model()
+    ours.load_state_dict(reference.state_dict())
+    nets = [DDP(reference), DDP(ours)]
+    nets[1].register_comm_hook(client, gradsync.torch.allreduce_hook)
+    optimizers = [torch.optim.SGD(n.parameters(), lr=0.5) for n in nets]
+    for step in range(steps):
+        g = torch.Generator().manual_seed(100 * rank + step)
+        tokens = torch.randint(0, 100, (4, 6), generator=g)
+        target = torch.randn(4, 1, generator=g)
+        for net, optimizer in zip(nets, optimizers):
+            optimizer.zero_grad()
+            torch.nn.functional.mse_loss(net(tokens), target).backward()
+            if not net.module.embedding.weight.grad.is_sparse:
+                failures.append(f"step {step}: the embedding's gradient is not sparse")
+            optimizer.step()
+    for name, value in reference.state_dict().items():
+        try:
+            torch.testing.assert_close(ours.state_dict()[name], value, rtol=1e-5, atol=1e-6)
+        except AssertionError as e:
+            failures.append(f"after {steps} steps, {name} differs from DDP on gloo: {str(e).splitlines()[0]}")
+    if torch.equal(reference.embedding.weight, Model().embedding.weight):
+        failures.append("the embedding did not train")
+
+
+def main():
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + os.environ["TEST_PORT"], rank=rank,
+                            world_size=world)
+    client = gradsync.connect()
+    cases = check_ops(client, rank, world)
+    train(rank, client)
+    print(f"rank {rank}: {cases} cases")
+    if failures:
+        print("\n".join(failures[:40]))
+        print(f"{len(failures)} failures")
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
