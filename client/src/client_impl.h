@@ -38,6 +38,7 @@ class ClientImpl final : public Client {
   Work allgather(const TensorSet& set) override;
   Work reduce_scatter(const TensorSet& set, const ReduceOptions& options) override;
   std::chrono::milliseconds job_timeout() const override { return timeout_; }
+  int world_size() const override { return joined_ ? joined_->world_size : 0; }
 
  private:
   struct Segment {

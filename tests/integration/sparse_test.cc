@@ -24,10 +24,13 @@ struct Made {
   std::vector<double> values;  // indices.size() x row_elements
 };
 
-// Rank r's entries of tensor t at `step`: repeats included; rank 1 has none every third step.
+// Rank r's entries of tensor t at `step`: repeats included; rank 1 has none every third step,
+// and no rank has any at step 6.
 Made entries_of(int rank, int step, size_t t) {
   Made m;
-  const uint64_t count = (rank == 1 && step % 3 == 0) ? 0 : (static_cast<uint64_t>(rank * 5 + step * 7 + t) % 9) + step * 3;
+  const uint64_t count = (rank == 1 && step % 3 == 0) || step == 6
+                             ? 0
+                             : (static_cast<uint64_t>(rank * 5 + step * 7 + t) % 9) + static_cast<uint64_t>(step) * 3;
   for (uint64_t k = 0; k < count; ++k) {
     m.indices.push_back(static_cast<int64_t>((k * 7 + static_cast<uint64_t>(rank) * 3 + t) % kSpecs[t].rows));
     for (uint64_t e = 0; e < kSpecs[t].row_elements; ++e) {
@@ -55,9 +58,12 @@ std::vector<std::byte> bytes_of(DType dtype, const std::vector<double>& values) 
 int scenario(const std::string& socket, const std::string& job, int rank, int world, int local, const std::string& rendezvous) {
   auto client = local == world ? join(socket, job, rank, world) : join_nodes(socket, job, rank, world, local, rendezvous);
   for (SparseResult result : {SparseResult::kCoalesced, SparseResult::kDense}) {
-    SparseReducer reducer(*client, kSpecs, SparseOptions{.result = result, .world_size = world});
-    for (int step = 0; step < 6; ++step) {
-      for (const ReduceOptions& o : {ReduceOptions{ReduceOp::kSum}, ReduceOptions{ReduceOp::kAvg, Scaling::kAfter, 4.0}}) {
+    SparseReducer reducer(*client, kSpecs, SparseOptions{.result = result});
+    // Averages by 4 stay exact: the world size's default divisor only with 4 ranks.
+    std::vector<ReduceOptions> modes = {ReduceOptions{ReduceOp::kSum}, ReduceOptions{ReduceOp::kAvg, Scaling::kAfter, 4.0}};
+    if (world == 4) modes.push_back(ReduceOptions{ReduceOp::kAvg});
+    for (int step = 0; step < 7; ++step) {
+      for (const ReduceOptions& o : modes) {
         std::vector<Made> made;
         std::vector<std::vector<std::byte>> raw;
         std::vector<SparseEntries> entries;
@@ -77,7 +83,7 @@ int scenario(const std::string& socket, const std::string& job, int rank, int wo
               for (uint64_t e = 0; e < spec.row_elements; ++e) row[e] += theirs.values[k * spec.row_elements + e];
             }
           }
-          const double divisor = o.op == ReduceOp::kAvg ? 4.0 : 1.0;
+          const double divisor = o.op == ReduceOp::kAvg ? (o.divisor != 0 ? o.divisor : world) : 1.0;
           std::vector<int64_t> want_indices;
           std::vector<double> want_values;
           if (result == SparseResult::kDense) want_values.assign(spec.rows * spec.row_elements, 0.0);
@@ -99,28 +105,41 @@ int scenario(const std::string& socket, const std::string& job, int rank, int wo
       }
     }
   }
-  // Refusals, named, before anything is sent (every rank refuses alike).
-  SparseReducer reducer(*client, kSpecs, SparseOptions{.world_size = world});
+  // One rank's bad input fails the call on every rank, naming that rank; the reducer is then
+  // spent, and a new one works.
+  SparseReducer reducer(*client, kSpecs, SparseOptions{});
   const std::vector<int64_t> outside = {50};
   const float value[4] = {};
   std::vector<SparseEntries> bad(kSpecs.size());
-  bad[0] = {outside, value};
+  if (rank == 1) bad[0] = {outside, value};
   try {
     reducer.allreduce(bad, ReduceOptions{ReduceOp::kSum});
     return fail("an index outside the rows was accepted");
   } catch (const Error& e) {
-    if (std::string(e.what()).find("entry 0 has index 50, outside its 50 rows") == std::string::npos) {
-      return fail(std::string("unexpected error: ") + e.what());
-    }
+    const std::string want = rank == 1 ? "entry 0 has index 50, outside its 50 rows" : "rank 1 refused its entries";
+    if (std::string(e.what()).find(want) == std::string::npos) return fail(std::string("unexpected error: ") + e.what());
   }
   try {
-    reducer.allreduce(std::vector<SparseEntries>(kSpecs.size()), ReduceOptions{ReduceOp::kMax});
+    reducer.allreduce(std::vector<SparseEntries>(kSpecs.size()), ReduceOptions{ReduceOp::kSum});
+    return fail("a failed reducer was used again");
+  } catch (const Error& e) {
+    if (std::string(e.what()).find("failed earlier") == std::string::npos) return fail(std::string("unexpected: ") + e.what());
+  }
+  SparseReducer fresh(*client, kSpecs, SparseOptions{});
+  const std::vector<int64_t> row = {static_cast<int64_t>(rank)};
+  std::vector<SparseEntries> one(kSpecs.size());
+  one[0] = {row, value};
+  if (fresh.allreduce(one, ReduceOptions{ReduceOp::kSum})[0].indices.size() != static_cast<size_t>(world)) {
+    return fail("a new reducer after a failed one did not gather every rank's row");
+  }
+  try {
+    fresh.allreduce(std::vector<SparseEntries>(kSpecs.size()), ReduceOptions{ReduceOp::kMax});
     return fail("a sparse max was accepted");
   } catch (const Error& e) {
     if (std::string(e.what()).find("kSum or kAvg only") == std::string::npos) return fail(std::string("unexpected: ") + e.what());
   }
   try {
-    SparseReducer integers(*client, {{DType::kInt32, 4, 1}}, SparseOptions{.world_size = world});
+    SparseReducer integers(*client, {{DType::kInt32, 4, 1}}, SparseOptions{});
     return fail("an integer sparse tensor was accepted");
   } catch (const Error& e) {
     if (std::string(e.what()).find("takes floating-point values") == std::string::npos) return fail(std::string("unexpected: ") + e.what());

@@ -103,6 +103,8 @@ class Client {
 
   // The job's timeout as the daemon applies it.
   virtual std::chrono::milliseconds job_timeout() const = 0;
+  // The job this client joined: its world size (0 before a join).
+  virtual int world_size() const = 0;
 };
 
 

@@ -1,16 +1,20 @@
 // Sparse (COO) gradients across ranks, as an embedding table makes them (the seeds' S16 S35
 // S36): each rank has, per tensor, some entries (a row index and that row's values), different
 // in number from rank to rank and step to step. A sum of them is their union, so nothing is
-// reduced in place: every rank's entries are gathered through the daemon, in two allgathers
-// of sets in the client's memory, and each rank sums what it gathered.
-//   1. every rank's entry count per tensor (one int64 each);
+// reduced in place: each rank first sums its own repeated rows (so a tensor never has more
+// entries than rows), then every rank's entries are gathered through the daemon, in two
+// allgathers of sets in the client's memory, and each rank sums what it gathered.
+//   1. every rank's entry count per tensor (one int64 each; -1 when the rank refused its input,
+//      so that every rank fails the call alike rather than fall a step apart);
 //   2. every rank's entries: all tensors' indices (int64) and all tensors' values flattened
-//      separately, each padded to the tensor's capacity, the largest count any rank had so far
-//      rounded up to a power of two. Every rank saw the same counts, so every rank grows a
-//      capacity (and registers the larger set) alike; one set per capacity is kept.
-// The sum runs in rank order, then each rank's own order, in float32 for the half types (the
-// dtype itself otherwise), rounding once: every rank gets the same bits. Python's
-// gradsync.torch.sparse speaks the same two operations.
+//      separately, each padded to the tensor's capacity: the smallest one registered so far
+//      that holds this call's largest count, else that count rounded up to a power of two (at
+//      most the rows). Every rank saw the same counts, so every rank picks (and registers) the
+//      same set.
+// The sums run in rank order, then row order, in float32 for the half types (the dtype itself
+// otherwise), rounding each rank's own sum and the total once each: every rank gets the same
+// bits. Python's gradsync.torch.sparse speaks the same two operations. Over the whole job
+// only ("dp"): a named group's non-members would see no counts and pick other sets.
 //
 //   gradsync::SparseReducer reducer(*client, {{DType::kFloat32, 50'000, 64}}, {});
 //   auto sums = reducer.allreduce({{indices, values}}, {ReduceOp::kAvg});  // collective, blocking
@@ -49,12 +53,7 @@ enum class SparseResult {
 
 struct SparseOptions {
   SparseResult result = SparseResult::kCoalesced;
-  // The ranks taking part, as the group "dp" or a group declared at join with these ranks
-  // (sorted); `world_size` for "dp". Every one of them calls allreduce alike.
-  std::string group = "dp";
-  std::vector<int> ranks;
-  int world_size = 0;
-  std::string label = "sparse gradients";  // names the reducer's sets in messages
+  std::string label = "sparse gradients";  // names the reducer's sets in messages (<= 100 bytes)
 };
 
 // One tensor's result: for kCoalesced, `indices` (sorted, unique) and their rows in `values`;
@@ -67,15 +66,21 @@ struct SparseReduced {
 
 class SparseReducer {
  public:
-  // Checks the specs and options (throws Error naming what is wrong); registers nothing yet.
+  // Checks the specs and options (throws Error naming what is wrong) and registers the counts'
+  // set: a registration, so every rank of the job makes its reducers alike, in the same order
+  // as its other sets. A reducer belongs to the job incarnation it was made in.
   SparseReducer(Client& client, std::vector<SparseSpec> specs, SparseOptions options);
 
-  // Collective across the group: sums (kSum) or averages (kAvg: by `divisor`, or the group's
-  // size) every rank's entries, one result per tensor. Blocks until done or `timeout` (then
-  // throws Error(Timeout)). Other ops are refused: a missing entry is a zero, for which min
-  // and max mean little.
+  // Collective across every rank of the job: sums (kSum) or averages (kAvg: by `divisor`, or
+  // the world size, after summing) every rank's entries, one result per tensor. Blocks until
+  // done or `timeout` (zero: the job's timeout and 5 s more), then throws Error(Timeout). A
+  // rank's bad input (an index outside the rows, values missing) fails the call on every rank,
+  // naming that rank. Other ops, prescale, health, wire compression and fp32_accumulate = false
+  // are refused: a missing entry is a zero, for which min and max mean little. After an error
+  // the reducer refuses further calls (an exchange may still be in flight): make a new one on
+  // every rank.
   std::vector<SparseReduced> allreduce(std::span<const SparseEntries> entries, const ReduceOptions& options,
-                                       std::chrono::milliseconds timeout = std::chrono::minutes(5));
+                                       std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
 
  private:
   // The entries' set for one capacity vector: indices then values, packed, with allgather.
@@ -85,14 +90,17 @@ class SparseReducer {
   };
   DataSet& data_set(const std::vector<uint64_t>& capacity);
 
+  std::vector<SparseReduced> exchange(std::span<const SparseEntries> entries, const ReduceOptions& options,
+                                      std::chrono::milliseconds timeout);
+
   Client& client_;
   std::vector<SparseSpec> specs_;
   SparseOptions options_;
+  int world_ = 0;
   std::vector<SharedTensor> counts_;  // one int64 per tensor
   TensorSet counts_set_;
-  bool registered_counts_ = false;
-  std::vector<uint64_t> capacity_;  // grown, never shrunk
-  std::map<std::vector<uint64_t>, DataSet> data_;
+  std::map<std::vector<uint64_t>, DataSet> data_;  // by capacity
+  std::string broken_;  // why the reducer refuses further calls; empty while it works
 };
 
 }  // namespace gradsync

@@ -32,7 +32,8 @@ def check_ops(client, rank, world):
             for result in ("coalesced", "dense"):
                 case += 1
                 everyone = [[sparse_input(r, case, s, d, dtype) for s, d in SHAPES] for r in range(world)]
-                got = client.allreduce_coalesced(everyone[rank], op=op, sparse_result=result).wait()
+                mine = [t.clone() for t in everyone[rank]]
+                got = client.allreduce_coalesced(mine, op=op, sparse_result=result).wait()
                 for i in range(len(SHAPES)):
                     # Quarters, summed over a few ranks: exact in every dtype, so exact here.
                     want = everyone[0][i].to(torch.float64)
@@ -43,6 +44,11 @@ def check_ops(client, rank, world):
                         want = want / world
                     want = want.to(dtype)
                     what = f"{dtype} {op} {result} tensor {i}"
+                    # Coalesced results land in the inputs (in place); dense ones leave them.
+                    if result == "coalesced" and got[i] is not mine[i]:
+                        failures.append(f"{what}: the result is not the input, reduced in place")
+                    if result == "dense" and not torch.equal(mine[i].to_dense(), everyone[rank][i].to_dense()):
+                        failures.append(f"{what}: a dense result changed the input")
                     if result == "dense":
                         if got[i].is_sparse or not torch.equal(got[i], want.to_dense()):
                             failures.append(f"{what}: differs from torch's dense sum")
@@ -51,15 +57,17 @@ def check_ops(client, rank, world):
                     elif not (torch.equal(got[i]._indices(), want._indices()) and
                               torch.equal(got[i]._values(), want._values())):
                         failures.append(f"{what}: differs from torch's coalesced sum")
-    for bad, needle in [([torch.ones(3)], None), ([torch.ones(3).to_sparse(), torch.ones(3)], "all sparse or all dense")]:
-        if needle is None:
-            continue
+    refusals = [(dict(tensors=[torch.ones(3).to_sparse(), torch.ones(3)]), "all sparse or all dense"),
+                (dict(tensors=[torch.ones(3).to_sparse()], group="dp2"), "over the whole job, not group 'dp2'"),
+                (dict(tensors=[torch.ones(3, 0).to_sparse(1)]), "with no elements"),
+                (dict(tensors=[torch.ones(3).to_sparse()], prescale=True), "sparse tensors take op, divisor")]
+    for kwargs, needle in refusals:
         try:
-            client.allreduce_coalesced(bad, op="sum")
-            failures.append("a list mixing sparse and dense was accepted")
+            client.allreduce_coalesced(op="sum", **kwargs)
+            failures.append(f"{kwargs} was accepted")
         except gradsync.InvalidArgumentError as e:
             if needle not in str(e):
-                failures.append(f"mixed list: unexpected message {e}")
+                failures.append(f"{kwargs}: unexpected message {e}")
     try:
         client.allreduce_coalesced([torch.ones(3).to_sparse()], op="max")
         failures.append("a sparse max was accepted")

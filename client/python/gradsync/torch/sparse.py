@@ -2,19 +2,22 @@
 makes them (the seeds' S16 S35 S36).
 
 A sparse tensor's entries differ in number from rank to rank and from step to step, and a sum
-of sparse tensors is their union, so nothing can be reduced in place. Each call therefore
-allgathers through the daemon, in two operations on sets of the client's memory:
+of sparse tensors is their union. Each rank first coalesces its own tensors (repeated rows
+summed, so a tensor never has more entries than rows), then allgathers through the daemon, in
+two operations on sets of the client's memory:
 1. every rank's entry count per tensor (one int64 each);
 2. every rank's entries, each tensor's indices (int64, its sparse dimensions flattened to one
    row-major index) and values (its dense dimensions flattened) in separate tensors of one set,
-   each padded to the tensor's capacity: the largest count any rank had so far, rounded up to a
-   power of two. Every rank saw the same counts in (1), so every rank grows a capacity (and
-   registers the larger set) alike; a set per capacity is kept, so a steady model registers
-   few.
+   each padded to the tensor's capacity: the smallest set registered so far that holds this
+   call's largest counts, else those counts rounded up to a power of two (at most the rows).
+   Every rank saw the same counts in (1) and registered the same sets, so every rank picks the
+   same one.
 Each rank then sums what it gathered, in rank order, in float32 for the half types (float64
 for float64), into the coalesced sum (indices sorted, duplicates summed) or, when asked, the
 dense result. Every rank gathers the same bytes and sums them alike, so every rank gets the same
-bits. Sum and avg only: a missing entry is a zero, for which min and max mean little.
+bits. Sum and avg only: a missing entry is a zero, for which min and max mean little. Over the
+whole job only: a named group's non-members would see no counts and pick other sets. C++'s
+gradsync::SparseReducer (client/include/gradsync/sparse.h) speaks the same two operations.
 """
 import torch
 
@@ -40,7 +43,10 @@ class DoneWork:
         return None
 
 
-def _check(tensors, op, result):
+def _check(tensors, op, result, group):
+    if group not in (None, "dp"):
+        raise InvalidArgumentError(f"gradsync: sparse tensors are reduced over the whole job, not group {group!r} "
+                                   "(docs/limitations.md)")
     if op not in ("sum", "avg"):
         raise InvalidArgumentError(f"gradsync: sparse tensors are reduced with op='sum' or 'avg', not {op!r}")
     if result not in RESULTS:
@@ -56,10 +62,17 @@ def _check(tensors, op, result):
         if t.dtype not in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
             raise InvalidArgumentError(f"gradsync: sparse tensor {i} is {t.dtype}; sparse reduction takes "
                                        "floating-point values")
+        if any(size == 0 for size in t.shape):
+            raise InvalidArgumentError(f"gradsync: sparse tensor {i} has shape {tuple(t.shape)}, with no elements")
 
 
 def _flat_parts(t):
-    """A sparse tensor as (row-major linear indices [nnz] int64, values [nnz, width])."""
+    """A sparse tensor, coalesced (the half types summed in float32, then rounded), as (row-major
+    linear indices [nnz] int64, values [nnz, width])."""
+    if t.dtype in (torch.float16, torch.bfloat16):
+        t = t.to(torch.float32).coalesce().to(t.dtype)
+    else:
+        t = t.coalesce()
     sparse_dims = t.sparse_dim()
     indices = t._indices()
     linear = torch.zeros(indices.shape[1], dtype=torch.int64)
@@ -81,31 +94,36 @@ def _unflatten_indices(linear, shape, sparse_dims):
     return torch.stack(list(reversed(rows))) if rows else linear.new_zeros((0, linear.numel()))
 
 
-def _capacity(client, key, maxima):
-    """The data set's capacity per tensor: grown to the next power of two at or above the
-    largest count gathered, never shrunk (the same on every rank: every rank saw the counts)."""
-    caps = getattr(client, "_sparse_capacity", None)
-    if caps is None:
-        caps = client._sparse_capacity = {}
-    current = caps.get(key, [0] * len(maxima))
+def _capacity(client, key, maxima, rows, widths):
+    """The data set's capacity per tensor: the smallest registered for these shapes that holds
+    the largest counts, else the counts rounded up to powers of two (at most the rows). Every
+    rank saw the same counts and registered the same sets, so every rank picks the same."""
+    known = getattr(client, "_sparse_capacities", None)
+    if known is None:
+        known = client._sparse_capacities = {}
+    made = known.setdefault(key, [])
+    fitting = [c for c in made if all(have >= need for have, need in zip(c, maxima))]
+    if fitting:
+        return min(fitting, key=lambda c: sum(cap * (1 + w) for cap, w in zip(c, widths)))
     grown = []
-    for have, need in zip(current, maxima):
-        size = max(have, 1)
+    for need, limit in zip(maxima, rows):
+        size = 1
         while size < need:
             size *= 2
-        grown.append(size)
-    caps[key] = grown
+        grown.append(min(size, limit))
+    made.append(grown)
     return grown
 
 
 def allreduce(client, tensors, op="avg", divisor=None, group=None, result="coalesced"):
-    """Sums (or averages) sparse COO tensors across the group's ranks; returns a finished Work
-    whose wait() gives one result per tensor: a coalesced sparse tensor, or a dense one when
-    result="dense"."""
+    """Sums (or averages, after summing) sparse COO tensors across the job's ranks; returns a
+    finished Work whose wait() gives one result per tensor: the input itself, which now holds
+    the coalesced result (as the dense operations reduce in place), or, with result="dense", a
+    new dense tensor (the input is left as it was)."""
     tensors = list(tensors)
     if not tensors:
         raise InvalidArgumentError("gradsync: an operation needs at least one tensor")
-    _check(tensors, op, result)
+    _check(tensors, op, result, group)
     if divisor is not None and op != "avg":
         raise InvalidArgumentError("gradsync: divisor applies to op='avg' only")
     if divisor is not None and not divisor > 0:
@@ -116,7 +134,13 @@ def allreduce(client, tensors, op="avg", divisor=None, group=None, result="coale
     per_rank = [row[0].tolist() for row in gathered_counts]
     maxima = [max(rank_counts[i] for rank_counts in per_rank) for i in range(len(tensors))]
     shapes = tuple((tuple(t.shape), t.sparse_dim(), t.dtype) for t in tensors)
-    caps = _capacity(client, (shapes, group), maxima)
+    rows = []
+    for t in tensors:
+        count = 1
+        for size in t.shape[:t.sparse_dim()]:
+            count *= size
+        rows.append(count)
+    caps = _capacity(client, shapes, maxima, rows, [values.shape[1] for _, values in parts])
     padded = []
     for (linear, values), cap in zip(parts, caps):
         index = torch.zeros(cap, dtype=torch.int64)
@@ -135,7 +159,7 @@ def allreduce(client, tensors, op="avg", divisor=None, group=None, result="coale
         width = parts[i][1].shape[1]
         wide = torch.float64 if t.dtype == torch.float64 else torch.float32
         indices = torch.cat([row[i][:per_rank[r][i]] for r, row in enumerate(everyone)])
-        values = torch.cat([row[n + i][:per_rank[r][i] * width].reshape(-1, width)
+        values = torch.cat([row[n + i][:per_rank[r][i] * width].reshape(per_rank[r][i], width)
                             for r, row in enumerate(everyone)]).to(wide)
         # Rank order, then each rank's own order, for equal indices: a stable sort keeps it, and
         # index_add_ then sums them in that order.
@@ -150,5 +174,11 @@ def allreduce(client, tensors, op="avg", divisor=None, group=None, result="coale
         reduced = torch.sparse_coo_tensor(_unflatten_indices(unique, t.shape, t.sparse_dim()),
                                           summed.to(t.dtype).reshape((unique.numel(),) + tuple(dense_shape)),
                                           t.shape, dtype=t.dtype)._coalesced_(True)
-        out.append(reduced.to_dense() if result == "dense" else reduced)
+        if result == "dense":
+            out.append(reduced.to_dense())
+        else:
+            # In place, as the dense operations: the input becomes the coalesced result.
+            with torch.no_grad():
+                t.copy_(reduced)
+            out.append(t)
     return DoneWork(out)
