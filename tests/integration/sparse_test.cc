@@ -157,14 +157,17 @@ TEST_CASE("sparse: 3 ranks gather and sum their entries, every dtype, coalesced 
   for (int status : group.wait_all(std::chrono::seconds(120))) CHECK(exit_code(status) == kOk);
 }
 
-TEST_CASE("sparse: 2 daemons x 2 clients gather and sum their entries across nodes, bit-exact",
+TEST_CASE("sparse: 2 and 3 daemons x 2 clients gather and sum their entries across nodes, bit-exact",
           "[integration][multinode][sparse]") {
-  TestCluster cluster(2);
-  const std::string job = unique_job("sparse-nodes");
-  ClientGroup group(4, [&](int rank) {
-    return scenario(cluster.node(rank / 2).socket(), job, rank, 4, 2, cluster.rendezvous());
-  });
-  for (int status : group.wait_all(std::chrono::seconds(120))) CHECK(exit_code(status) == kOk);
+  for (int nodes : {2, 3}) {
+    INFO(nodes << " nodes");
+    TestCluster cluster(nodes);
+    const std::string job = unique_job("sparse-nodes");
+    ClientGroup group(2 * nodes, [&](int rank) {
+      return scenario(cluster.node(rank / 2).socket(), job, rank, 2 * nodes, 2, cluster.rendezvous());
+    });
+    for (int status : group.wait_all(std::chrono::seconds(120))) CHECK(exit_code(status) == kOk);
+  }
 }
 
 }  // namespace gradsync::test
