@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "gradsync/client.h"
+#include "shared/version.h"
 
 struct gs_client {
   std::unique_ptr<gradsync::Client> client;
@@ -78,11 +79,29 @@ gradsync::ReduceOptions reduce_options(const gs_reduce_options* o) {
   return options;
 }
 
+// A versioned struct (`size` first) from a caller built against a newer header may carry fields
+// this library does not know: refused when any of them is set, rather than silently ignored (a
+// mask or an option dropped would change results without a word).
+template <class T>
+Status unknown_fields(const T* given, const char* name) {
+  if (given->size <= sizeof(T)) return Status::ok_status();
+  const auto* bytes = reinterpret_cast<const unsigned char*>(given);
+  for (size_t i = sizeof(T); i < given->size; ++i) {
+    if (bytes[i] != 0) {
+      return Status::not_supported(std::string(name) + " sets fields past the " + std::to_string(sizeof(T)) +
+                                   " bytes this gradsync library (" + gradsync::kGradsyncVersion +
+                                   ") knows; use a library at least as new as the header");
+    }
+  }
+  return Status::ok_status();
+}
+
 // gs_reduce_options and, when given, what gs_op_options adds (fields past its size: defaults).
 gradsync::ReduceOptions reduce_options(const gs_reduce_options* o, const gs_op_options* given) {
   gradsync::ReduceOptions options = reduce_options(o);
   if (!given) return options;
   if (given->size < sizeof(uint32_t)) throw Error(Status::invalid_argument("gs_op_options.size is not set"));
+  if (Status s = unknown_fields(given, "gs_op_options"); !s.ok()) throw Error(s);
   gs_op_options extra{};
   std::memcpy(&extra, given, std::min<size_t>(given->size, sizeof(extra)));
   options.health = extra.health != 0;
@@ -229,6 +248,7 @@ gs_status gs_register_ex(gs_client* client, const gs_tensor* tensors, size_t cou
   options.bucket_cap_bytes = -1;
   if (given) {
     if (given->size < sizeof(uint32_t)) return fail(Status::invalid_argument("gs_register_options.size is not set"));
+    if (Status s = unknown_fields(given, "gs_register_options"); !s.ok()) return fail(s);
     std::memcpy(&options, given, std::min<size_t>(given->size, sizeof(options)));
   }
   return guarded([&] {

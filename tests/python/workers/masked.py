@@ -2,12 +2,15 @@
 ordinary tensors (the staging path) and on tensors in the client's memory (direct), against
 torch: the kept elements hold every rank's inputs combined in rank order, the others zero (the
 seeds' S09: flat[mask] reduced, scattered into zeros). Bad masks are refused, naming why."""
+import ctypes
 import sys
 
 import torch
 
 import gradsync
 import gradsync.torch
+from gradsync import _lib
+from gradsync.torch._memory import dtype_code
 from ops import DTYPES, SIZES, Direct, combine, inputs
 
 failures = []
@@ -100,6 +103,24 @@ def main():
         except gradsync.InvalidArgumentError as e:
             if needle not in str(e):
                 failures.append(f"mask {bad!r}: unexpected message {e}")
+    # A caller built against a newer header, setting a field this library does not know, is
+    # refused rather than silently served without it.
+    class Newer(ctypes.Structure):
+        _fields_ = [("base", _lib.RegisterOptions), ("future", ctypes.c_uint64)]
+
+    newer = Newer()
+    newer.base.size = ctypes.sizeof(Newer)
+    newer.base.bucket_cap_bytes = -1
+    newer.future = 1
+    ones = direct.like([torch.ones(4)])[0]
+    array = (_lib.Tensor * 1)()
+    array[0] = _lib.Tensor(ones.data_ptr(), 4, dtype_code(torch.float32), -1, b"dp")
+    handle = ctypes.c_void_p()
+    status = _lib.lib().gs_register_ex(client._h(), array, 1, ctypes.cast(ctypes.pointer(newer),
+                                       ctypes.POINTER(_lib.RegisterOptions)), ctypes.byref(handle))
+    if status == 0 or "fields past the" not in _lib.last_error():
+        failures.append(f"a newer gs_register_options with an unknown field set: status {status}, "
+                        f"{_lib.last_error()!r}")
     print(f"rank {rank}: {case} cases")
     if failures:
         print("\n".join(failures[:40]))
