@@ -541,9 +541,10 @@ void ClientImpl::fill_reduce(SubmitEntry* entry, const ReduceOptions& options) c
       throw Error(Status::invalid_argument("ReduceOptions::wire_dtype compresses float32, and " +
                                            name_of(entry->set_id) + " has tensors of other dtypes"));
     }
-    if (it != per_join_.sets.end() && it->second.events) {
+    if (it != per_join_.sets.end() && it->second.events && entry->op == static_cast<uint32_t>(OpKind::kReduceScatter)) {
       throw Error(Status::not_supported("ReduceOptions::wire_dtype: " + name_of(entry->set_id) +
-                                        " is in device memory, where it is not compressed yet"));
+                                        " is in device memory, where a reduce-scatter is not compressed yet "
+                                        "(allreduce and reduce are)"));
     }
     entry->flags |= *options.wire_dtype == DType::kBFloat16 ? kSubmitWireBFloat16 : kSubmitWireFloat16;
   }

@@ -137,8 +137,9 @@ Status check_op(const OpDesc& desc, const TensorSet& set, const Topology& topolo
     }
   }
   if (desc.wire != DType::kFloat32) {
-    if (set.memory_kind != MemoryKind::kHostMemfd) {
-      return Status::not_supported("wire compression on " + set.name() + ": not on device memory yet");
+    if (set.memory_kind != MemoryKind::kHostMemfd && desc.kind == OpKind::kReduceScatter) {
+      return Status::not_supported("wire compression on " + set.name() +
+                                   ": a reduce-scatter of device memory is not compressed yet (allreduce and reduce are)");
     }
     for (const auto& tensor : set.layout) {
       if (tensor.dtype != DType::kFloat32) {

@@ -3,6 +3,10 @@
 // share "GPU 0"; every operation it supports is checked bit for bit against the host reduction.
 #include "cuda_fixture.h"
 
+#include <cmath>
+
+#include "shared/half.h"
+
 namespace gradsync::cuda {
 
 using namespace testing;  // the fixture, the fake device and engines (cuda_fixture.h)
@@ -685,6 +689,82 @@ TEST_CASE("cuda executor: reduce_scatter across GPUs is NCCL's reduce-scatter wh
         REQUIRE(calls.size() == f.set->plan.buckets.size());
         const std::string want = layout.native ? "reduce_scatter of " + std::to_string(f.set->shard_capacity) : "allreduce";
         for (const std::string& call : calls) CHECK(call == want);
+      }
+    }
+  }
+}
+
+}  // namespace gradsync::cuda
+
+namespace gradsync::cuda {
+
+// Wire compression on device sets (ReduceOptions::wire_dtype): where the group spans nodes,
+// each GPU's float32 sums are narrowed to the half type, NCCL carries and combines that type,
+// and the result is widened back before the scatter; within one node nothing changes.
+TEST_CASE("cuda executor: wire compression narrows the sums around NCCL across nodes, not within one",
+          "[cuda][executor][nccl][wire]") {
+  for (DType wire : {DType::kBFloat16, DType::kFloat16}) {
+    for (bool across_nodes : {true, false}) {
+      for (const reduce::KernelArgs& args :
+           {reduce::KernelArgs{.dtype = DType::kFloat32},
+            reduce::KernelArgs{.dtype = DType::kFloat32, .scale = reduce::Scale::kAfter, .divisor = 3}}) {
+        INFO(dtype_name(wire) << (across_nodes ? " across nodes" : " on one node") << ", "
+                              << reduce::cases::describe(args));
+        Fixture f(DType::kFloat32, {0, 1, 2});
+        HostDeviceEngines engines;
+        CudaExecutor executor(options_for(f, &engines));
+        LocalRendezvous local;
+        REQUIRE(executor.admit(*f.set, SetAdmission{"j", &local, &f.topology}).ok());
+        // The same local ranks as node 0 of two: the group "dp" now spans nodes.
+        if (across_nodes) REQUIRE(make_topology(2 * kClients, kClients, 0, 0, {}, &f.topology).ok());
+        for (size_t b = 0; b < f.set->plan.buckets.size(); ++b) {
+          BucketCall call = f.call(OpKind::kAllreduce, 1, b);
+          call.args = args;
+          call.desc.wire = wire;
+          std::optional<Status> answer;
+          executor.launch(call, [&](const Status& s) { answer = s; });
+          if (!answer) REQUIRE(engines.made.front()->finish());
+          REQUIRE(answer.has_value());
+          REQUIRE(answer->ok());
+        }
+        const auto narrow = [&](float x) {
+          return wire == DType::kBFloat16 ? bfloat16_to_float(float_to_bfloat16(x)) : half_to_float(float_to_half(x));
+        };
+        size_t inexact = 0;
+        for (size_t t = 0; t < f.set->layout.size(); ++t) {
+          const Bytes exact = f.reduced(args, t);
+          for (int c = 0; c < kClients; ++c) {
+            const Bytes got = f.tensor(c, t);
+            for (uint64_t i = 0; i < f.set->layout[t].numel; ++i) {
+              float want = 0;
+              std::memcpy(&want, exact.data() + i * 4, 4);
+              if (across_nodes) {
+                // The fake NCCL, as NCCL: each GPU's value in the wire type, summed in float32
+                // in rank order, rounded to it once; then widened and divided.
+                float sum = 0;
+                for (int k = 0; k < kClients; ++k) {
+                  float x = 0;
+                  std::memcpy(&x, f.original_tensor(k, t).data() + i * 4, 4);
+                  sum = k == 0 ? narrow(x) : sum + narrow(x);
+                }
+                want = narrow(sum);
+                if (args.scale == reduce::Scale::kAfter) want = want / 3.0f;
+              }
+              float have = 0;
+              std::memcpy(&have, got.data() + i * 4, 4);
+              if (std::isnan(want) && std::isnan(have)) continue;
+              CHECK(std::memcmp(&have, &want, 4) == 0);
+              if (std::memcmp(exact.data() + i * 4, &have, 4) != 0) ++inexact;
+            }
+          }
+        }
+        // Compressed for real across nodes (most float32 sums do not fit the half type), and
+        // not at all within one node.
+        if (across_nodes) {
+          CHECK(inexact > 1000);
+        } else {
+          CHECK(inexact == 0);
+        }
       }
     }
   }

@@ -271,7 +271,7 @@ class HostDeviceEngine final : public DeviceCollectiveEngine {
  private:
   // In the accumulation type, GPU 0's buffer first; into every buffer, or the root's only.
   static void combine(std::span<const DeviceBuffer> buffers, size_t count, const ReduceSpec& s, int root) {
-    const DType acc = reduce::accumulation_dtype(s.element);
+    const DType acc = s.wire.value_or(reduce::accumulation_dtype(s.element));  // as NCCL: the wire's type
     std::vector<Bytes> copies;
     std::vector<const void*> inputs;
     for (const auto& b : buffers) {

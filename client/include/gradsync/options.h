@@ -98,7 +98,8 @@ struct ReduceOptions {
   // Work::found_inf() and Work::sq_norm() (mixed precision's overflow check and the gradient
   // norm, without a second pass over the gradients).
   bool health = false;
-  // Wire compression (Horovod's fp16 compression) for float32 host sets: each node's float32
+  // Wire compression (Horovod's fp16 compression) for float32 sets (device sets: allreduce and
+  // reduce only): each node's float32
   // sums cross nodes as bfloat16 or float16 (half the bytes), combined in float32 at every hop
   // and rounded back; the local stages stay float32. Adds an error bounded in
   // docs/how-it-works.md; float16 overflows above 65504. nullopt: none. Only nodes pay; a job

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstddef>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -24,8 +25,11 @@ namespace gradsync::cuda {
 // every participant's allgather output, at the slot of one source rank (the table's `only`).
 // kScatterShards: each participant on the GPU gets its reduce-scatter shard's part of the
 // bucket (TensorSet::shard_pieces) in its shard output: one destination per piece, so the
-// table has one "client" whatever the number of participants.
-enum class Side { kGather, kScatter, kScatterGathered, kScatterShards };
+// table has one "client" whatever the number of participants. kWire: the whole bucket buffer
+// against the table's own buffer of the wire dtype (wire compression): a scatter with the wire
+// dtype's arithmetic narrows the float32 sums into it, a gather of its one "client" widens them
+// back.
+enum class Side { kGather, kScatter, kScatterGathered, kScatterShards, kWire };
 
 // Which launches a bucket makes on one GPU around its collective.
 struct Launches {
@@ -62,6 +66,9 @@ struct AcrossBucket {
   int root_gpu = -1;
   bool root_here = false;
   bool direct = false;  // zero-copy: the buffers are the clients' own flat runs
+  // Wire compression (ReduceOptions::wire_dtype): the buffers the collective gets hold this half
+  // type, narrowed from the float32 sums and widened after; unset: none.
+  std::optional<DType> wire;
 };
 
 // The executor's steps that a collective interleaves with its own calls (allgather's, source

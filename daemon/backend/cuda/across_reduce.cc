@@ -18,7 +18,7 @@ class ReduceAcross final : public AcrossPlanner {
 
   Status collective(const AcrossBucket& bucket, std::span<const DeviceBuffer> buffers, AcrossSteps&) const override {
     const ReduceSpec spec{.op = bucket.args.combine, .element = bucket.dtype,
-                          .wide_accumulate = bucket.args.wide_accumulate};
+                          .wide_accumulate = bucket.args.wide_accumulate, .wire = bucket.wire};
     return bucket.engine->reduce(buffers, bucket.count, spec, bucket.root_rank);
   }
 };

@@ -107,6 +107,7 @@ CudaExecutor::~CudaExecutor() {
     void* stream = devices_.at(entry.first).stream;
     (void)api_->free(entry.first, entry.second.segments, stream);
     (void)api_->free(entry.first, entry.second.items, stream);
+    if (entry.second.wire) (void)api_->free(entry.first, entry.second.wire, stream);
   }
   for (auto& [device, state] : devices_) {
     if (state.bucket_buffer) (void)api_->free(device, state.bucket_buffer, state.stream);
@@ -616,7 +617,21 @@ Status CudaExecutor::table(const BucketCall& call, int device, Side side, int on
   }
   const uint64_t unit = bytes ? dtype_size(bucket.dtype) : 1;  // a byte table counts bytes
   std::vector<Segment> segments;
-  if (side == Side::kScatterShards) {
+  void* wire = nullptr;
+  if (side == Side::kWire) {
+    // One segment, the whole bucket buffer, against a wire buffer of the table's own (its
+    // address is part of the table, so the table owns it; the half types are both 2 bytes).
+    const uint64_t elements = set.bucket_elements[call.bucket];
+    if (Status s = api_->allocate(device, std::max<uint64_t>(1, elements) * 2, devices_.at(device).stream, &wire);
+        !s.ok()) {
+      return s;
+    }
+    Segment s;
+    s.count = elements;
+    s.address[0] = wire;
+    segments.push_back(s);
+    clients.assign(1, 0);
+  } else if (side == Side::kScatterShards) {
     segments = shard_segments(set, call.bucket, clients);
     // The table's one "client" column: every piece has its own destination.
     clients.assign(segments.empty() ? 0 : 1, 0);
@@ -636,6 +651,7 @@ Status CudaExecutor::table(const BucketCall& call, int device, Side side, int on
   }
   const std::vector<WorkItem> items = cut_into_items(segments);
   Table table;
+  table.wire = wire;
   table.item_count = items.size();
   table.clients = static_cast<uint32_t>(clients.size());
   // On the GPU's stream, like everything else: no device synchronisation (device_state() made
@@ -653,6 +669,7 @@ Status CudaExecutor::table(const BucketCall& call, int device, Side side, int on
   if (!status.ok()) {
     if (table.segments) (void)api_->free(device, table.segments, stream);
     if (table.items) (void)api_->free(device, table.items, stream);
+    if (table.wire) (void)api_->free(device, table.wire, stream);
     return on_device(device, status);
   }
   auto [it, inserted] = tables_.emplace(key, std::make_pair(device, table));
@@ -701,6 +718,25 @@ Status CudaExecutor::enqueue(const BucketCall& call, int device, Side side, cons
                                  t->item_count, t->clients, bucket ? bucket : state.bucket_buffer};
   return gather ? kernels_->gather(args, bucket_table, state.stream)
                 : kernels_->scatter(args, bucket_table, state.stream);
+}
+
+Status CudaExecutor::enqueue_wire(const BucketCall& call, DType wire, bool narrow,
+                                  std::span<const DeviceBuffer> buffers) {
+  // The half type's own arithmetic with one "client" and no scaling: its scatter stores each
+  // float32 sum rounded to it (ScatterItem), its gather loads each back as float32 (GatherItem).
+  const reduce::KernelArgs args{.dtype = wire};
+  for (const DeviceBuffer& buffer : buffers) {
+    const Table* t = nullptr;
+    Status status = api_->make_current(buffer.device);
+    if (status.ok()) status = table(call, buffer.device, Side::kWire, -1, false, false, &t);
+    if (!status.ok()) return status;
+    const BucketTable bucket_table{static_cast<const Segment*>(t->segments), static_cast<const WorkItem*>(t->items),
+                                   t->item_count, t->clients, buffer.data};
+    status = narrow ? kernels_->scatter(args, bucket_table, buffer.stream)
+                    : kernels_->gather(args, bucket_table, buffer.stream);
+    if (!status.ok()) return status;
+  }
+  return Status();
 }
 
 Status CudaExecutor::enqueue_gather_from(const BucketCall& call, int device, int source_local) {
@@ -836,12 +872,17 @@ void CudaExecutor::run_across(const BucketCall& call, DeviceCollectiveEngine* en
     }
   } steps(*this, call);
 
+  // Wire compression, as on the host: only where the group spans nodes (check_op admits it for
+  // float32 allreduce and reduce).
+  if (call.desc.wire != DType::kFloat32 && topology.nodes_of(set.plan.buckets[b].group).size() > 1) {
+    bucket.wire = call.desc.wire;
+  }
   const bool ordered = device_ordered(call);
   std::vector<DeviceBuffer> buffers;
   Status status = ready_devices(*engine, bucket.bytes, ordered, &buffers);
   // Zero-copy: NCCL in the clients' own flat runs; the kernels only scale, in place.
   std::vector<void*> runs;
-  bucket.direct = status.ok() && planner.zero_copy() && zero_copy(call, engine->devices(), &runs);
+  bucket.direct = status.ok() && planner.zero_copy() && !bucket.wire && zero_copy(call, engine->devices(), &runs);
   if (bucket.direct) {
     for (size_t i = 0; i < buffers.size(); ++i) buffers[i].data = runs[i];
   }
@@ -853,6 +894,7 @@ void CudaExecutor::run_across(const BucketCall& call, DeviceCollectiveEngine* en
     for (const TableRequest& r : planner.tables(bucket, buffers[i].device, steps)) {
       if (status.ok()) status = table(call, buffers[i].device, r.side, r.only, r.skip_root, r.bytes, &t);
     }
+    if (status.ok() && bucket.wire) status = table(call, buffers[i].device, Side::kWire, -1, false, false, &t);
   }
   for (size_t i = 0; i < buffers.size() && status.ok(); ++i) {
     const int device = buffers[i].device;
@@ -863,7 +905,19 @@ void CudaExecutor::run_across(const BucketCall& call, DeviceCollectiveEngine* en
                        bucket.direct ? buffers[i].data : nullptr);
     }
   }
-  if (status.ok()) status = planner.collective(bucket, buffers, steps);
+  if (status.ok() && bucket.wire) {
+    status = enqueue_wire(call, *bucket.wire, true, buffers);
+    std::vector<DeviceBuffer> carried = buffers;
+    for (size_t i = 0; i < carried.size() && status.ok(); ++i) {
+      const Table* t = nullptr;
+      status = table(call, carried[i].device, Side::kWire, -1, false, false, &t);
+      if (status.ok()) carried[i].data = t->wire;
+    }
+    if (status.ok()) status = planner.collective(bucket, carried, steps);
+    if (status.ok()) status = enqueue_wire(call, *bucket.wire, false, buffers);
+  } else if (status.ok()) {
+    status = planner.collective(bucket, buffers, steps);
+  }
   auto watched = ordered ? std::make_shared<std::atomic<int>>(kWatching) : nullptr;
   std::vector<std::pair<int, void*>> events;  // (device, event after the bucket)
   if (status.ok()) status = finish_across(call, planner, bucket, buffers, where, watched, &events);

@@ -102,6 +102,7 @@ class CudaExecutor final : public BucketExecutor {
     void* items = nullptr;
     uint64_t item_count = 0;
     uint32_t clients = 0;
+    void* wire = nullptr;  // Side::kWire: the table's own buffer of 2-byte wire elements
   };
   // (set id, bucket, side, GPU, the one client of a root-only launch or -1, the root it skips
   // or -1, whether it counts bytes rather than elements)
@@ -175,6 +176,9 @@ class CudaExecutor final : public BucketExecutor {
   // allgather, one source rank at a time: its tensors into the bucket buffer on its GPU (when
   // `source_local` is a local rank there), then from the bucket buffer into every local
   // participant's output on `device`. Byte copies.
+  // Wire compression around a collective: every GPU's bucket buffer (float32 sums) narrowed into
+  // its kWire table's buffer, or widened back from it.
+  Status enqueue_wire(const BucketCall& call, DType wire, bool narrow, std::span<const DeviceBuffer> buffers);
   Status enqueue_gather_from(const BucketCall& call, int device, int source_local);
   Status enqueue_scatter_gathered(const BucketCall& call, int device, int source_rank);
   // Enqueues one GPU's gather (before the collective) or scatter (after it), through the GPU's

@@ -431,7 +431,7 @@ Status NcclEngine::group_call(const std::string& what, std::span<const DeviceBuf
 }
 
 Status NcclEngine::allreduce(std::span<const DeviceBuffer> buffers, size_t count, const ReduceSpec& spec) {
-  const DType dtype = reduce::accumulation_dtype(spec.element);
+  const DType dtype = spec.wire.value_or(reduce::accumulation_dtype(spec.element));  // wire: the half type
   return group_call("allreduce of " + std::to_string(count) + " elements", buffers, [&](size_t i) {
     return api_->all_reduce(input_of(buffers[i]), buffers[i].data, count, dtype, spec.op, comms_[i],
                             buffers[i].stream);
@@ -448,7 +448,7 @@ Status NcclEngine::broadcast(std::span<const DeviceBuffer> buffers, size_t bytes
 
 Status NcclEngine::reduce(std::span<const DeviceBuffer> buffers, size_t count, const ReduceSpec& spec, int root) {
   if (root < 0 || root >= plan_.ranks) return Status::internal(spec_.what + ": reduce root " + std::to_string(root));
-  const DType dtype = reduce::accumulation_dtype(spec.element);
+  const DType dtype = spec.wire.value_or(reduce::accumulation_dtype(spec.element));  // wire: the half type
   return group_call("reduce of " + std::to_string(count) + " elements", buffers, [&](size_t i) {
     return api_->reduce(input_of(buffers[i]), buffers[i].data, count, dtype, spec.op, root, comms_[i],
                         buffers[i].stream);
@@ -465,7 +465,7 @@ Status NcclEngine::allgather(std::span<const DeviceBuffer> in, std::span<const D
 Status NcclEngine::reduce_scatter(std::span<const DeviceBuffer> in, std::span<const DeviceBuffer> out, size_t count,
                                   const ReduceSpec& spec) {
   if (in.size() != out.size()) return Status::internal(spec_.what + ": reduce-scatter with mismatched buffer lists");
-  const DType dtype = reduce::accumulation_dtype(spec.element);
+  const DType dtype = spec.wire.value_or(reduce::accumulation_dtype(spec.element));  // wire: the half type
   return group_call("reduce-scatter of " + std::to_string(count) + " elements per rank", in, [&](size_t i) {
     return api_->reduce_scatter(in[i].data, out[i].data, count, dtype, spec.op, comms_[i], in[i].stream);
   });
