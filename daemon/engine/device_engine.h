@@ -65,8 +65,9 @@ class DeviceCollectiveEngine {
   virtual std::span<const int> devices() const = 0;
   virtual int rank_of(int node, int local_rank) const = 0;
 
-  // `count` elements of reduce::accumulation_dtype(spec.element), into each buffer's data, from
-  // its source (or in place).
+  // `count` elements of reduce::accumulation_dtype(spec.element), or of spec.wire when set (wire
+  // compression: the buffers hold the half type, which NCCL reduces), into each buffer's data,
+  // from its source (or in place). reduce() alike; reduce_scatter() never gets a wire type.
   virtual Status allreduce(std::span<const DeviceBuffer> buffers, size_t count, const ReduceSpec& spec) = 0;
   // Root's buffer is the input (its source, or its data).
   virtual Status broadcast(std::span<const DeviceBuffer> buffers, size_t bytes, int root) = 0;

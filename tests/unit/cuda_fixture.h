@@ -271,7 +271,8 @@ class HostDeviceEngine final : public DeviceCollectiveEngine {
  private:
   // In the accumulation type, GPU 0's buffer first; into every buffer, or the root's only.
   static void combine(std::span<const DeviceBuffer> buffers, size_t count, const ReduceSpec& s, int root) {
-    const DType acc = s.wire.value_or(reduce::accumulation_dtype(s.element));  // as NCCL: the wire's type
+    if (s.wire) return combine_wire(buffers, count, s, root);
+    const DType acc = reduce::accumulation_dtype(s.element);
     std::vector<Bytes> copies;
     std::vector<const void*> inputs;
     for (const auto& b : buffers) {
@@ -284,6 +285,15 @@ class HostDeviceEngine final : public DeviceCollectiveEngine {
       if (root < 0 || static_cast<int>(i) == root) outputs.push_back(buffers[i].data);
     }
     reduce::reduce(reduce::KernelArgs{.dtype = acc, .combine = s.op}, inputs, outputs, count);
+  }
+  // As NCCL reduces a half type: in rank order, each step widened to float32 and rounded back.
+  static void combine_wire(std::span<const DeviceBuffer> buffers, size_t count, const ReduceSpec& s, int root) {
+    Bytes result(static_cast<const std::byte*>(buffers[0].data), static_cast<const std::byte*>(buffers[0].data) + count * 2);
+    const reduce::CombinerFn step = reduce::wire_combiner(s.op, *s.wire);
+    for (size_t i = 1; i < buffers.size(); ++i) step(result.data(), result.data(), buffers[i].data, count);
+    for (size_t i = 0; i < buffers.size(); ++i) {
+      if (root < 0 || static_cast<int>(i) == root) std::memcpy(buffers[i].data, result.data(), count * 2);
+    }
   }
 };
 

@@ -101,7 +101,8 @@ struct ReduceOptions {
   // Wire compression (Horovod's fp16 compression) for float32 sets (device sets: allreduce and
   // reduce only): each node's float32
   // sums cross nodes as bfloat16 or float16 (half the bytes), combined in float32 at every hop
-  // and rounded back; the local stages stay float32. Adds an error bounded in
+  // and rounded back; the local stages stay float32 (on device sets the hops between a node's
+  // GPUs, inside NCCL, carry the half type too). Adds an error bounded in
   // docs/how-it-works.md; float16 overflows above 65504. nullopt: none. Only nodes pay; a job
   // on one node is unaffected.
   std::optional<DType> wire_dtype;

@@ -107,10 +107,10 @@ CudaExecutor::~CudaExecutor() {
     void* stream = devices_.at(entry.first).stream;
     (void)api_->free(entry.first, entry.second.segments, stream);
     (void)api_->free(entry.first, entry.second.items, stream);
-    if (entry.second.wire) (void)api_->free(entry.first, entry.second.wire, stream);
   }
   for (auto& [device, state] : devices_) {
     if (state.bucket_buffer) (void)api_->free(device, state.bucket_buffer, state.stream);
+    if (state.wire_buffer) (void)api_->free(device, state.wire_buffer, state.stream);
     if (state.done_event) (void)api_->destroy_event(device, state.done_event);
     for (const Queued& q : state.queued) (void)api_->destroy_event(device, q.event);
     for (void* e : state.spare_events) (void)api_->destroy_event(device, e);
@@ -617,18 +617,12 @@ Status CudaExecutor::table(const BucketCall& call, int device, Side side, int on
   }
   const uint64_t unit = bytes ? dtype_size(bucket.dtype) : 1;  // a byte table counts bytes
   std::vector<Segment> segments;
-  void* wire = nullptr;
   if (side == Side::kWire) {
-    // One segment, the whole bucket buffer, against a wire buffer of the table's own (its
-    // address is part of the table, so the table owns it; the half types are both 2 bytes).
-    const uint64_t elements = set.bucket_elements[call.bucket];
-    if (Status s = api_->allocate(device, std::max<uint64_t>(1, elements) * 2, devices_.at(device).stream, &wire);
-        !s.ok()) {
-      return s;
-    }
+    // One segment, the whole bucket buffer, against the GPU's wire buffer (wire_buffer() made
+    // it large enough for this bucket; the half types are both 2 bytes).
     Segment s;
-    s.count = elements;
-    s.address[0] = wire;
+    s.count = set.bucket_elements[call.bucket];
+    s.address[0] = devices_.at(device).wire_buffer;
     segments.push_back(s);
     clients.assign(1, 0);
   } else if (side == Side::kScatterShards) {
@@ -651,7 +645,6 @@ Status CudaExecutor::table(const BucketCall& call, int device, Side side, int on
   }
   const std::vector<WorkItem> items = cut_into_items(segments);
   Table table;
-  table.wire = wire;
   table.item_count = items.size();
   table.clients = static_cast<uint32_t>(clients.size());
   // On the GPU's stream, like everything else: no device synchronisation (device_state() made
@@ -669,7 +662,6 @@ Status CudaExecutor::table(const BucketCall& call, int device, Side side, int on
   if (!status.ok()) {
     if (table.segments) (void)api_->free(device, table.segments, stream);
     if (table.items) (void)api_->free(device, table.items, stream);
-    if (table.wire) (void)api_->free(device, table.wire, stream);
     return on_device(device, status);
   }
   auto [it, inserted] = tables_.emplace(key, std::make_pair(device, table));
@@ -718,6 +710,27 @@ Status CudaExecutor::enqueue(const BucketCall& call, int device, Side side, cons
                                  t->item_count, t->clients, bucket ? bucket : state.bucket_buffer};
   return gather ? kernels_->gather(args, bucket_table, state.stream)
                 : kernels_->scatter(args, bucket_table, state.stream);
+}
+
+Status CudaExecutor::wire_buffer(int device, size_t bytes) {
+  Device& state = devices_.at(device);
+  if (state.wire_bytes >= bytes) return Status();
+  // In the stream's order, as the bucket buffer: buckets queued before still use the old one.
+  for (auto it = tables_.begin(); it != tables_.end();) {
+    if (std::get<2>(it->first) == Side::kWire && it->second.first == device) {
+      (void)api_->free(device, it->second.second.segments, state.stream);
+      (void)api_->free(device, it->second.second.items, state.stream);
+      it = tables_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  if (state.wire_buffer) (void)api_->free(device, state.wire_buffer, state.stream);
+  state.wire_buffer = nullptr;
+  state.wire_bytes = 0;
+  if (Status s = api_->allocate(device, bytes, state.stream, &state.wire_buffer); !s.ok()) return on_device(device, s);
+  state.wire_bytes = bytes;
+  return Status();
 }
 
 Status CudaExecutor::enqueue_wire(const BucketCall& call, DType wire, bool narrow,
@@ -875,6 +888,11 @@ void CudaExecutor::run_across(const BucketCall& call, DeviceCollectiveEngine* en
   // Wire compression, as on the host: only where the group spans nodes (check_op admits it for
   // float32 allreduce and reduce).
   if (call.desc.wire != DType::kFloat32 && topology.nodes_of(set.plan.buckets[b].group).size() > 1) {
+    // Only these planners hand NCCL the wire type (check_op refuses the others first).
+    if (call.desc.kind != OpKind::kAllreduce && call.desc.kind != OpKind::kReduce) {
+      return done(Status::not_supported(where + ": wire compression of a device " + kind_name(call.desc.kind) +
+                                        " is not offered"));
+    }
     bucket.wire = call.desc.wire;
   }
   const bool ordered = device_ordered(call);
@@ -894,6 +912,7 @@ void CudaExecutor::run_across(const BucketCall& call, DeviceCollectiveEngine* en
     for (const TableRequest& r : planner.tables(bucket, buffers[i].device, steps)) {
       if (status.ok()) status = table(call, buffers[i].device, r.side, r.only, r.skip_root, r.bytes, &t);
     }
+    if (status.ok() && bucket.wire) status = wire_buffer(buffers[i].device, std::max<size_t>(1, bucket.count) * 2);
     if (status.ok() && bucket.wire) status = table(call, buffers[i].device, Side::kWire, -1, false, false, &t);
   }
   for (size_t i = 0; i < buffers.size() && status.ok(); ++i) {
@@ -908,13 +927,14 @@ void CudaExecutor::run_across(const BucketCall& call, DeviceCollectiveEngine* en
   if (status.ok() && bucket.wire) {
     status = enqueue_wire(call, *bucket.wire, true, buffers);
     std::vector<DeviceBuffer> carried = buffers;
-    for (size_t i = 0; i < carried.size() && status.ok(); ++i) {
-      const Table* t = nullptr;
-      status = table(call, carried[i].device, Side::kWire, -1, false, false, &t);
-      if (status.ok()) carried[i].data = t->wire;
-    }
+    for (DeviceBuffer& buffer : carried) buffer.data = devices_.at(buffer.device).wire_buffer;
     if (status.ok()) status = planner.collective(bucket, carried, steps);
-    if (status.ok()) status = enqueue_wire(call, *bucket.wire, false, buffers);
+    // Widened only where a scatter reads it (a reduce's root GPU; every GPU of an allreduce).
+    std::vector<DeviceBuffer> read;
+    for (const DeviceBuffer& buffer : buffers) {
+      if (planner.launches(bucket, buffer.device).scatter) read.push_back(buffer);
+    }
+    if (status.ok()) status = enqueue_wire(call, *bucket.wire, false, read);
   } else if (status.ok()) {
     status = planner.collective(bucket, buffers, steps);
   }

@@ -102,7 +102,6 @@ class CudaExecutor final : public BucketExecutor {
     void* items = nullptr;
     uint64_t item_count = 0;
     uint32_t clients = 0;
-    void* wire = nullptr;  // Side::kWire: the table's own buffer of 2-byte wire elements
   };
   // (set id, bucket, side, GPU, the one client of a root-only launch or -1, the root it skips
   // or -1, whether it counts bytes rather than elements)
@@ -123,6 +122,10 @@ class CudaExecutor final : public BucketExecutor {
     void* stream = nullptr;
     void* bucket_buffer = nullptr;
     size_t bucket_bytes = 0;
+    // Wire compression: the compressed copy of the bucket buffer (2-byte elements), grown like
+    // it. Its address is in the GPU's kWire tables, which are dropped when it grows.
+    void* wire_buffer = nullptr;
+    size_t wire_bytes = 0;
     void* done_event = nullptr;  // recorded after a bucket's last kernel (unordered sets, quiesce)
     // Buckets answered at enqueue, oldest first, at most kMaxQueued: how the executor bounds
     // the work ahead of the GPU and notices a stream that stopped moving.
@@ -176,6 +179,9 @@ class CudaExecutor final : public BucketExecutor {
   // allgather, one source rank at a time: its tensors into the bucket buffer on its GPU (when
   // `source_local` is a local rank there), then from the bucket buffer into every local
   // participant's output on `device`. Byte copies.
+  // Makes `device`'s wire buffer hold `bytes` (growing it drops the GPU's kWire tables, whose
+  // segment holds its address; the old buffer and tables are freed in the stream's order).
+  Status wire_buffer(int device, size_t bytes);
   // Wire compression around a collective: every GPU's bucket buffer (float32 sums) narrowed into
   // its kWire table's buffer, or widened back from it.
   Status enqueue_wire(const BucketCall& call, DType wire, bool narrow, std::span<const DeviceBuffer> buffers);

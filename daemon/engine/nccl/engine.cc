@@ -465,7 +465,7 @@ Status NcclEngine::allgather(std::span<const DeviceBuffer> in, std::span<const D
 Status NcclEngine::reduce_scatter(std::span<const DeviceBuffer> in, std::span<const DeviceBuffer> out, size_t count,
                                   const ReduceSpec& spec) {
   if (in.size() != out.size()) return Status::internal(spec_.what + ": reduce-scatter with mismatched buffer lists");
-  const DType dtype = spec.wire.value_or(reduce::accumulation_dtype(spec.element));  // wire: the half type
+  const DType dtype = reduce::accumulation_dtype(spec.element);  // never compressed (check_op)
   return group_call("reduce-scatter of " + std::to_string(count) + " elements per rank", in, [&](size_t i) {
     return api_->reduce_scatter(in[i].data, out[i].data, count, dtype, spec.op, comms_[i], in[i].stream);
   });
