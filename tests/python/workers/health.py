@@ -3,13 +3,12 @@ reference written from the definition in daemon/reduce/health.h (32 sequential f
 bit; an inf on one rank found on all; and MasterParams stepping, skipping and rescaling alike on
 every rank."""
 import math
-import sys
 
 import torch
 
 import gradsync
 import gradsync.torch
-from ops import Direct, inputs
+from ops import Direct, exit_on_failures, inputs
 
 FLOATING = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 failures = []
@@ -112,10 +111,7 @@ def main():
     if abs(moved - 0.5) > 1e-3:  # lr 0.5 times a gradient of norm 1
         failures.append(f"MasterParams: a clipped step moved the parameters by {moved}, not 0.5")
     print(f"rank {rank}: {case} cases, loss scale {master.loss_scale}, skipped {master.skipped_steps}")
-    if failures:
-        print("\n".join(failures[:40]))
-        print(f"{len(failures)} failures")
-        sys.exit(1)
+    exit_on_failures(failures)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,6 @@ ordinary tensors (the staging path) and on tensors in the client's memory (direc
 torch: the kept elements hold every rank's inputs combined in rank order, the others zero (the
 seeds' S09: flat[mask] reduced, scattered into zeros). Bad masks are refused, naming why."""
 import ctypes
-import sys
 
 import torch
 
@@ -11,21 +10,9 @@ import gradsync
 import gradsync.torch
 from gradsync import _lib
 from gradsync.torch._memory import dtype_code
-from ops import DTYPES, SIZES, Direct, combine, inputs
+from ops import DTYPES, SIZES, Direct, combine, exit_on_failures, expect, inputs
 
 failures = []
-
-
-def expect(what, got, want, exact):
-    if exact:
-        if not torch.equal(got, want):
-            bad = (got != want).nonzero()
-            failures.append(f"{what}: {bad.numel()} elements differ, the first at {bad[0].tolist()}")
-        return
-    try:
-        torch.testing.assert_close(got, want)
-    except AssertionError as e:
-        failures.append(f"{what}: {str(e).splitlines()[0]}")
 
 
 def masked(flat, mask):
@@ -60,12 +47,12 @@ def main():
                 before = len(client._sets)
                 client.allreduce_coalesced(mine, op=op, mask=mask, **kwargs).wait(60)
                 what = f"{path} masked allreduce {op} {kwargs} {dtype}"
-                expect(what, torch.cat(mine), want, exact=op != "avg")
+                expect(failures, what, torch.cat(mine), want, exact=op != "avg")
                 # The same tensors and mask again find the same set.
                 for m, e in zip(mine, everyone[rank]):
                     m.copy_(e)
                 client.allreduce_coalesced(mine, op=op, mask=mask, **kwargs).wait(60)
-                expect(what + " (again)", torch.cat(mine), want, exact=op != "avg")
+                expect(failures, what + " (again)", torch.cat(mine), want, exact=op != "avg")
                 if len(client._sets) > before + 1:
                     failures.append(f"{what}: the same tensors and mask registered {len(client._sets) - before} sets")
             # A reduce to rank 1 with the mask: the root's other elements are zero, the others'
@@ -76,7 +63,7 @@ def main():
             client.reduce_coalesced(mine, root=1, op="sum", mask=mask).wait(60)
             flat = torch.cat([combine([e[i] for e in everyone], "sum", dtype) for i in range(len(SIZES))])
             want = masked(flat, mask) if rank == 1 else torch.cat(everyone[rank])
-            expect(f"{path} masked reduce {dtype}", torch.cat(mine), want, exact=True)
+            expect(failures, f"{path} masked reduce {dtype}", torch.cat(mine), want, exact=True)
     # A new mask with the count of a dropped one is honoured, wherever torch puts it (the set
     # of the dropped one holds it, so its memory cannot come back as the new mask's).
     for generation in range(20):
@@ -85,7 +72,7 @@ def main():
         client.allreduce_coalesced(ones, op="sum", mask=keep).wait(60)
         want = torch.zeros(12)
         want[keep] = float(world)
-        expect(f"mask generation {generation}", torch.cat(ones), want, exact=True)
+        expect(failures, f"mask generation {generation}", torch.cat(ones), want, exact=True)
         del keep
     tensors = [torch.ones(4), torch.ones(3)]
     refusals = [
@@ -122,10 +109,7 @@ def main():
         failures.append(f"a newer gs_register_options with an unknown field set: status {status}, "
                         f"{_lib.last_error()!r}")
     print(f"rank {rank}: {case} cases")
-    if failures:
-        print("\n".join(failures[:40]))
-        print(f"{len(failures)} failures")
-        sys.exit(1)
+    exit_on_failures(failures)
 
 
 if __name__ == "__main__":

@@ -38,6 +38,31 @@ def combine(parts, op, dtype, divisor=None, prescale=False, fp32=True):
     return out.to(dtype)
 
 
+def expect(failures, what, got, want, exact):
+    """Records in `failures` how `got` differs from `want`: its dtype or shape, any element
+    (exact), or beyond torch's tolerance."""
+    if got.shape != want.shape or got.dtype != want.dtype:
+        failures.append(f"{what}: got {got.dtype}{tuple(got.shape)}, want {want.dtype}{tuple(want.shape)}")
+        return
+    if exact:
+        if not torch.equal(got, want):
+            bad = (got != want).nonzero()
+            failures.append(f"{what}: {bad.numel()} elements differ, the first at {bad[0].tolist()}")
+        return
+    try:
+        torch.testing.assert_close(got, want)
+    except AssertionError as e:
+        failures.append(f"{what}: {str(e).splitlines()[0]}")
+
+
+def exit_on_failures(failures):
+    """A worker's end: the first 40 failures and their count, and exit status 1, if any."""
+    if failures:
+        print("\n".join(failures[:40]))
+        print(f"{len(failures)} failures")
+        sys.exit(1)
+
+
 failures = []
 
 
@@ -112,10 +137,7 @@ def main():
                     check(f"{path} all_gather {dtype} rank {r} tensor {i}", t, everyone[r][i])
     # The same list again reuses its set; the staging path copied, the direct one did not.
     print(f"rank {rank}: {case} cases, {len(client._sets)} sets, staging copies {client.staging_copies}")
-    if failures:
-        print("\n".join(failures[:40]))
-        print(f"{len(failures)} failures")
-        sys.exit(1)
+    exit_on_failures(failures)
 
 
 if __name__ == "__main__":

@@ -1,30 +1,14 @@
 """reduce_scatter_coalesced on every dtype and reduce mode, on ordinary tensors (the staging path)
 and on tensors in the client's memory (direct), against torch: each rank combines every rank's
 inputs (seeded by rank) in rank order, flattens them and takes its shard of ceil(N / W)."""
-import sys
 
 import torch
 
 import gradsync
 import gradsync.torch
-from ops import DTYPES, Direct, combine, inputs
+from ops import DTYPES, Direct, combine, exit_on_failures, expect, inputs
 
 failures = []
-
-
-def expect(what, got, want, exact):
-    if got.shape != want.shape or got.dtype != want.dtype:
-        failures.append(f"{what}: got {got.dtype}{tuple(got.shape)}, want {want.dtype}{tuple(want.shape)}")
-        return
-    if exact:
-        if not torch.equal(got, want):
-            bad = (got != want).nonzero()
-            failures.append(f"{what}: {bad.numel()} elements differ, the first at {bad[0].tolist()}")
-        return
-    try:
-        torch.testing.assert_close(got, want)
-    except AssertionError as e:
-        failures.append(f"{what}: {str(e).splitlines()[0]}")
 
 
 def main():
@@ -54,9 +38,9 @@ def main():
                     failures.append(f"{what}: shard_first {work.shard_first}, want {first}")
                 # sum, min and max are exact in any order of rank-ordered float32 accumulation;
                 # avg's division is compared with torch's tolerance.
-                expect(what, shard, want, exact=op != "avg")
+                expect(failures, what, shard, want, exact=op != "avg")
                 for i, t in enumerate(mine):
-                    expect(f"{what}: input {i} after", t, everyone[rank][i], exact=True)
+                    expect(failures, f"{what}: input {i} after", t, everyone[rank][i], exact=True)
     # A list of mixed dtypes is refused before anything is registered.
     try:
         client.reduce_scatter_coalesced([torch.zeros(4), torch.zeros(4, dtype=torch.float64)], op="sum")
@@ -65,10 +49,7 @@ def main():
         if "one reduce-scatter takes tensors of one dtype" not in str(e):
             failures.append(f"mixed dtypes: unexpected message {e}")
     print(f"rank {rank}: {case} cases")
-    if failures:
-        print("\n".join(failures[:40]))
-        print(f"{len(failures)} failures")
-        sys.exit(1)
+    exit_on_failures(failures)
 
 
 if __name__ == "__main__":

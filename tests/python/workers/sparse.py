@@ -4,7 +4,6 @@ coalesced and dense results, entries that grow from step to step and a rank with
 nn.Embedding(sparse=True) model trained under DDP with the gradsync hook against DDP on gloo,
 in the same process, from the same start and data."""
 import os
-import sys
 
 import torch
 import torch.distributed as dist
@@ -12,6 +11,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import gradsync
 import gradsync.torch
+from ops import exit_on_failures
 
 failures = []
 SHAPES = [((50, 4), 1), ((7, 3, 2), 2), ((30,), 1)]  # (shape, sparse dims)
@@ -121,10 +121,7 @@ def main():
     cases = check_ops(client, rank, world)
     train(rank, client)
     print(f"rank {rank}: {cases} cases")
-    if failures:
-        print("\n".join(failures[:40]))
-        print(f"{len(failures)} failures")
-        sys.exit(1)
+    exit_on_failures(failures)
 
 
 if __name__ == "__main__":
