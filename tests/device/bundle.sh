@@ -12,7 +12,8 @@ build=${1:?usage: bundle.sh BUILD_DIR OUT_DIR}
 out=${2:?usage: bundle.sh BUILD_DIR OUT_DIR}
 here=$(cd "$(dirname "$0")" && pwd)
 limit=$((64 * 1024 * 1024))
-binaries=(gradsync_gpu_tests gradsync_gpu_e2e_tests gradsync-gpu-bench gradsync-gpu-daemon-bench gradsyncd)
+binaries=(gradsync_gpu_tests gradsync_gpu_e2e_tests gradsync-gpu-bench gradsync-gpu-daemon-bench gradsync-gpu-ipc-floor
+          gradsyncd)
 # On every Linux machine, or provided by the GPU machine itself. libstdc++ too: Debian 12's needs
 # glibc 2.36, which an Ubuntu 22.04 machine lacks, while our binaries need only GLIBC_2.34 and
 # GLIBCXX_3.4.30, which the machine's own libstdc++ (GCC 12+) provides.

@@ -81,6 +81,11 @@ for rank in 0 1; do
 done
 EOF
 
+stub "$out/bin/gradsync-gpu-ipc-floor" <<'EOF'
+echo "ipc_floor: mode=processes p50_us=20.0 p99_us=40.0"
+echo "ipc_floor: mode=threads p50_us=8.0 p99_us=15.0"
+EOF
+
 stub "$out/fakebin/nvidia-smi" <<'EOF'
 # Fake nvidia-smi: -q prints a few lines; --query-gpu=a,b,... prints those fields for one GPU.
 if [[ " $* " == *" -q "* ]]; then echo "==============NVSMI LOG=============="; echo "Product Name : NVIDIA H200 (fake)"; exit 0; fi

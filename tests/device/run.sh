@@ -30,8 +30,8 @@
 #                        the NCCL wheel, the bundle complete, ldd of every binary and library, the
 #                        GLIBCXX_/CXXABI_/GLIBC_/GCC_ symbol versions they need against the
 #                        machine's libstdc++/libc; stops the run, saying what is wrong
-#   gpu-tests      40 s  gradsync_gpu_tests: kernels vs the host reduction; single-rank NCCL
-#   e2e            55 s  gradsync_gpu_e2e_tests: gradsyncd + trainer processes sharing GPU 0
+#   gpu-tests      60 s  gradsync_gpu_tests: kernels vs the host reduction; single-rank NCCL
+#   e2e            35 s  gradsync_gpu_e2e_tests: gradsyncd + trainer processes sharing GPU 0
 #   kernels        20 s  (a) gradsync-gpu-bench: gather + scatter of ResNet-50's 161 tensors
 #   daemon-bench   30 s  (b) (c) (d) gradsync-gpu-daemon-bench: gradsyncd + 2 trainers
 #   python-cpu     80 s  training_check.py --cpu   } 150 s: each run starts 3+ Python processes
@@ -58,7 +58,7 @@ set -uo pipefail
 
 SELF="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")"
 STAGES=(preflight gpu-tests e2e kernels daemon-bench python-cpu python-cuda torch-flatten mps)
-declare -A BUDGET=([preflight]=25 [gpu-tests]=40 [e2e]=55 [kernels]=20 [daemon-bench]=30
+declare -A BUDGET=([preflight]=25 [gpu-tests]=60 [e2e]=35 [kernels]=20 [daemon-bench]=30
                    [python-cpu]=80 [python-cuda]=65 [torch-flatten]=25 [mps]=30 [mps-stop]=10)
 BOUND=${GRADSYNC_DEVICE_CHECK_BOUND_S:-395}
 OUTER_KILL_GRACE=8  # after the bound's TERM, before the KILL
@@ -68,6 +68,7 @@ MIN_DRIVER=580      # CUDA 13.0 and nvidia-nccl-cu13 need 580 or later
 MIN_FREE_MIB=8192
 BENCH_LOG=${GRADSYNC_DEVICE_CHECK_BENCH_LOG:-/tmp/gradsync-daemon-bench.log}  # fixed in bench_daemon.cc
 REQUIRED=(bin/gradsync_gpu_tests bin/gradsync_gpu_e2e_tests bin/gradsync-gpu-bench bin/gradsync-gpu-daemon-bench
+          bin/gradsync-gpu-ipc-floor
           bin/gradsyncd run.sh gradsyncd-logged.sh torch_flatten.py python/gradsync/__init__.py
           python/gradsync/_lib.py python/gradsync/libgradsync_client.so python-tests/harness.py
           python-tests/training_check.py python-tests/workers/train.py)
@@ -114,7 +115,9 @@ stage_gpu-tests() { catch2 "$BUNDLE/bin/gradsync_gpu_tests"; }
 stage_e2e() { logged_daemon_env; catch2 "$BUNDLE/bin/gradsync_gpu_e2e_tests"; }
 stage_kernels() { ours linebuf "$BUNDLE/bin/gradsync-gpu-bench" --iterations 50; }
 stage_daemon-bench() {
-  ours linebuf "$BUNDLE/bin/gradsync-gpu-daemon-bench" --gradsyncd "$BUNDLE/bin/gradsyncd" --steps 20 --round-trips 500
+  ours linebuf "$BUNDLE/bin/gradsync-gpu-daemon-bench" --gradsyncd "$BUNDLE/bin/gradsyncd" --steps 20 --round-trips 500 ||
+    return
+  ours linebuf "$BUNDLE/bin/gradsync-gpu-ipc-floor" --round-trips 500  # row (b)'s floor, without gradsync
 }
 python_check() {  # the machine's torch, our package; the bundle's libraries reach only gradsyncd
   logged_daemon_env
@@ -132,7 +135,8 @@ stage_mps() {  # the control daemon on a private pipe folder: only this stage's 
   : >"$SCRATCH/mps-running"
   echo "MPS control daemon started (CUDA_MPS_PIPE_DIRECTORY=$CUDA_MPS_PIPE_DIRECTORY)"
   sleep 1
-  ours "$BUNDLE/bin/gradsync-gpu-daemon-bench" --gradsyncd "$BUNDLE/bin/gradsyncd" --steps 20 --round-trips 100
+  ours "$BUNDLE/bin/gradsync-gpu-daemon-bench" --gradsyncd "$BUNDLE/bin/gradsyncd" --steps 20 --round-trips 100 || return
+  ours "$BUNDLE/bin/gradsync-gpu-ipc-floor" --round-trips 200
 }
 
 # The preflight: one line per check into $OUT/preflight.txt; exits 1 if a check failed.
@@ -374,7 +378,7 @@ declare -A TITLE COVERS RESULT FLOOR PEER TARGET STATUS VALUES STAGE_OF
 def_row() { TITLE[$1]=$3; STAGE_OF[$1]=$2; COVERS[$1]=$4; TARGET[$1]=${5:-}; RESULT[$1]=""; FLOOR[$1]=""; PEER[$1]="";
             VALUES[$1]=""; STATUS[$1]=pending; }
 def_row preflight preflight "preflight" "this machine: driver, compute mode, MIG, free memory, NCCL wheel, ldd and symbol versions of the bundle (preflight.txt)"
-def_row gpu-tests gpu-tests "GPU tests (gradsync_gpu_tests)" "the coalescing kernels on the GPU against the host reduction, bit for bit; one single-rank NCCL communicator through the engine: allreduce, watchdog, a stuck stream's timeout and abort, a restarted job's re-join, a split off a parent communicator"
+def_row gpu-tests gpu-tests "GPU tests (gradsync_gpu_tests)" "the coalescing kernels on the GPU against the host reduction, bit for bit (two NaNs equal whatever their payload); one single-rank NCCL communicator through the engine: allreduce, watchdog, a stuck stream's timeout and abort, a restarted job's re-join, a split off a parent communicator"
 def_row e2e e2e "end to end (gradsync_gpu_e2e_tests)" "gradsyncd + 2-3 trainer processes sharing GPU 0: allreduce sum/avg, broadcast, reduce, allgather, clients killed mid-step and mid-job, stream ordering, legacy IPC (trusted user only); single node, NCCL single-rank"
 def_row python-cpu python-cpu "Python training check, CPU tensors (training_check.py --cpu)" "DDP with gradsync's comm hook, and GradBuffer, each equal to DDP on gloo after 60 steps, 2 trainer processes, with this machine's torch (its post-accumulate-grad hook path, which CI's torch never takes)"
 def_row python-cuda python-cuda "Python training check, CUDA tensors (training_check.py --cuda)" "the same with both trainer processes' tensors on GPU 0"
@@ -546,6 +550,10 @@ fill_rows() {
       PEER[b-step]="none on one GPU (NCCL takes one rank per GPU)"; measured b-step "$st"
       RESULT[b-rt]="${p50:-missing} / ${p99:-missing} us"; VALUES[b-rt]="${p50:+rt4k_p50_us=$p50} ${p99:+rt4k_p99_us=$p99}"
       [[ -n "$p50" ]] && TARGET[b-rt]+=": $(met "$p50" "<=" 30)"; measured b-rt "$p50"
+      local fp ft
+      fp=$(value p50_us <(grep 'mode=processes' "$log" 2>/dev/null)); ft=$(value p50_us <(grep 'mode=threads' "$log" 2>/dev/null))
+      FLOOR[b-rt]="the same signalling without gradsync (gradsync-gpu-ipc-floor), p50: 2 processes ${fp:-missing} us, 1 process ${ft:-missing} us; gradsync / 2 processes $(ratio "$p50" "$fp")"
+      VALUES[b-rt]+=" ${fp:+floor_processes_p50_us=$fp} ${ft:+floor_threads_p50_us=$ft}"
       RESULT[c-nomps]=${cd:+$cd ms}; VALUES[c-nomps]="${cd:+compute_during_allreduce_ms=$cd} ${ca:+compute_ms=$ca}"
       FLOOR[c-nomps]="kernel alone: ${ca:-missing} ms; slowdown $(ratio "$cd" "$ca")"; measured c-nomps "$cd"
       vmm=$(sed -n 's/.*CUDA VMM segment of 104857600 bytes.*import_ms=\([0-9.]*\).*/\1/p' "$OUT/daemons/daemon-bench/gradsyncd.log" 2>/dev/null | head -1)
@@ -557,7 +565,10 @@ fill_rows() {
       ms=$(value step_ms <(echo "$rank0")); mp=$(value rt4k_p50_us <(echo "$rank0"))
       RESULT[c-mps]=${md:+$md ms}; VALUES[c-mps]="${md:+compute_during_allreduce_ms=$md} ${ma:+compute_ms=$ma} ${ms:+step_ms=$ms} ${mp:+rt4k_p50_us=$mp}"
       FLOOR[c-mps]="kernel alone: ${ma:-missing} ms; slowdown $(ratio "$md" "$ma")"
-      PEER[c-mps]="under MPS: step ${ms:-missing} ms, 4 KiB p50 ${mp:-missing} us"; measured c-mps "$md" ;;
+      local fm
+      fm=$(value p50_us <(grep 'mode=processes' "$log" 2>/dev/null))
+      PEER[c-mps]="under MPS: step ${ms:-missing} ms, 4 KiB p50 ${mp:-missing} us (its floor, 2 processes: ${fm:-missing} us)"
+      measured c-mps "$md" ;;
   esac
 }
 

@@ -207,7 +207,15 @@ TEST_CASE("nccl on one GPU: a bucket whose stream is stuck times out, and the co
     const Status status = answer.get();
     CHECK(status.code() == ErrorCode::kTimeout);
     CHECK_THAT(status.message(), Catch::Contains("did not finish within 200 ms"));
-    CHECK(std::chrono::steady_clock::now() - started < 1400ms);  // not when the stream frees up
+    // Not before the deadline, and not much after the stream frees up: ncclCommAbort (2.28.9,
+    // measured on an H200) synchronises the stream, so it returns, and the watchdog answers,
+    // once the work queued before NCCL's is through (NVIDIA/nccl#829). The daemon's streams
+    // hold only its own bounded kernels and NCCL's, which the abort stops (docs/gpu.md).
+    const auto answered = std::chrono::steady_clock::now() - started;
+    std::printf("nccl: stuck stream: the timeout was answered after abort_answer_ms=%.1f (deadline 200 ms, stream "
+                "held 1500 ms)\n", std::chrono::duration<double, std::milli>(answered).count());
+    CHECK(answered >= 200ms);
+    CHECK(answered < 3000ms);
     CHECK(counting.aborts == 1);  // by the watchdog, before it answered
     // Sticky: the engine refuses more work.
     CHECK(engine.allreduce(std::span(&buffer, 1), 1024, ReduceSpec{}).code() == ErrorCode::kTimeout);
@@ -218,9 +226,10 @@ TEST_CASE("nccl on one GPU: a bucket whose stream is stuck times out, and the co
 
 // The usual shape of a hang on a GPU: the stream is busy with a kernel, and the collective waits
 // behind it. The watchdog aborts the communicator while that kernel runs and the collective's
-// work is still queued; ncclCommAbort must return while the kernel runs, and once the kernel
-// ends the stream must drain without an error and the daemon's context must still work (an
-// abort that left a sticky error would break every job on the GPU). On one GPU the queued work
+// work is still queued. ncclCommAbort returns only once the kernel ends (it synchronises the
+// stream: seen on an H200 with NCCL 2.28.9, where an earlier version of this test expected it
+// back while the kernel ran); then the stream must drain without an error and the daemon's
+// context must still work (an abort that left a sticky error would break every job on the GPU). On one GPU the queued work
 // is NCCL's single-rank copy, so what happens to a multi-rank kernel whose communicator was
 // aborted under it is not covered here.
 TEST_CASE("nccl on one GPU: an abort while a collective waits behind a running kernel leaves the GPU usable",
@@ -244,7 +253,11 @@ TEST_CASE("nccl on one GPU: an abort while a collective waits behind a running k
     REQUIRE(answer.wait_for(5s) == std::future_status::ready);
     const Status status = answer.get();
     CHECK(status.code() == ErrorCode::kTimeout);
-    CHECK(std::chrono::steady_clock::now() - started < 1400ms);  // answered while the kernel ran
+    // After the deadline, and once the running kernel ends (the abort synchronises the stream,
+    // as above), not at the 5 s wait.
+    const auto answered = std::chrono::steady_clock::now() - started;
+    CHECK(answered >= 200ms);
+    CHECK(answered < 3000ms);
     CHECK(counting.aborts == 1);
   }
   const auto drain_started = std::chrono::steady_clock::now();

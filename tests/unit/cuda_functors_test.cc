@@ -163,3 +163,25 @@ TEST_CASE("cuda functors: work items cover every element once, none longer than 
 }
 
 }  // namespace gradsync::cuda
+
+namespace gradsync::reduce::cases {
+
+// The comparison the GPU kernel test uses: two NaNs are equal whatever their bits (the GPU's
+// default NaN is 0x7fffffff, x86's 0xffc00000), anything else must match byte for byte.
+TEST_CASE("first_difference_any_nan: NaNs of any payload match, other bits do not", "[cuda][functors]") {
+  const Bytes gpu_nan{std::byte{0xff}, std::byte{0xff}, std::byte{0xff}, std::byte{0x7f}};
+  const Bytes x86_nan{std::byte{0x00}, std::byte{0x00}, std::byte{0xc0}, std::byte{0xff}};
+  const Bytes infinity{std::byte{0x00}, std::byte{0x00}, std::byte{0x80}, std::byte{0x7f}};
+  CHECK(first_difference_any_nan(gpu_nan, x86_nan, DType::kFloat32) == "");
+  CHECK(first_difference(gpu_nan, x86_nan, 4) != "");
+  CHECK(first_difference_any_nan(infinity, x86_nan, DType::kFloat32) ==
+        "element 0 differs: bytes 0/0 0/0 80/c0 7f/ff (got/want)");
+  // The same bytes as two bfloat16: 0xffff and 0x7fff are NaNs, 0x0000 is not.
+  CHECK(first_difference_any_nan(gpu_nan, Bytes{std::byte{0xc0}, std::byte{0xff}, std::byte{0xc0}, std::byte{0x7f}},
+                                 DType::kBFloat16) == "");
+  CHECK(first_difference_any_nan(x86_nan, gpu_nan, DType::kBFloat16) == "element 0 differs: bytes 0/ff 0/ff (got/want)");
+  CHECK(first_difference_any_nan(x86_nan, x86_nan, DType::kInt32) == "");
+  CHECK(first_difference_any_nan(gpu_nan, x86_nan, DType::kInt32) != "");
+}
+
+}  // namespace gradsync::reduce::cases

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <sstream>
 #include <string>
@@ -150,6 +151,45 @@ inline std::string first_difference(const Bytes& got, const Bytes& want, size_t 
       text << " (got/want)";
       return text.str();
     }
+  }
+  return "";
+}
+
+// Whether the element at `at` is a NaN of the floating dtype (never, for the integer types).
+inline bool is_nan(DType dtype, const std::byte* at) {
+  auto bits = [&](int exponent_bits, int mantissa_bits) {
+    uint64_t raw = 0;
+    for (size_t b = 0; b < dtype_size(dtype); ++b) raw |= uint64_t{std::to_integer<uint8_t>(at[b])} << (8 * b);
+    const uint64_t all_ones = (uint64_t{1} << exponent_bits) - 1;
+    const uint64_t mantissa = raw & ((uint64_t{1} << mantissa_bits) - 1);
+    return ((raw >> mantissa_bits) & all_ones) == all_ones && mantissa != 0;
+  };
+  switch (dtype) {
+    case DType::kFloat32: return bits(8, 23);
+    case DType::kFloat64: return bits(11, 52);
+    case DType::kFloat16: return bits(5, 10);
+    case DType::kBFloat16: return bits(8, 7);
+    default: return false;
+  }
+}
+
+// Like first_difference, except that two NaNs count as equal whatever their sign and payload.
+// For comparing across processors: a NaN made by arithmetic (inf + -inf) is the default NaN of
+// the processor that made it, which is 0xffc00000 (sign set) on x86 and 0x7fffffff on NVIDIA
+// GPUs, and the half types inherit it through their conversion.
+inline std::string first_difference_any_nan(const Bytes& got, const Bytes& want, DType dtype) {
+  if (got.size() != want.size()) return "sizes differ";
+  const size_t size = dtype_size(dtype);
+  for (size_t i = 0; i + size <= got.size(); i += size) {
+    if (is_nan(dtype, got.data() + i) && is_nan(dtype, want.data() + i)) continue;
+    if (std::memcmp(got.data() + i, want.data() + i, size) == 0) continue;
+    std::ostringstream text;
+    text << "element " << i / size << " differs: bytes";
+    for (size_t b = i; b < i + size; ++b) {
+      text << ' ' << std::hex << std::to_integer<int>(got[b]) << '/' << std::to_integer<int>(want[b]);
+    }
+    text << " (got/want)";
+    return text.str();
   }
   return "";
 }
