@@ -54,7 +54,8 @@ ldd "$pylib" | awk '/=> \// {print $1, $3}' | while read -r name path; do
   [[ -e "$out/lib/$name" ]] || objcopy --strip-debug "$path" "$out/lib/$name"
 done
 cp "$here/../python/harness.py" "$here/../python/training_check.py" "$out/python-tests/"
-cp "$here/../python/workers/train.py" "$out/python-tests/workers/"
+cp "$here/../python/workers/train.py" "$here/../python/workers/sparse.py" "$here/../python/workers/ops.py" \
+  "$out/python-tests/workers/"
 
 # Everything resolves from the bundle, except what the GPU machine provides.
 missing=0

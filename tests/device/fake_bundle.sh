@@ -146,6 +146,8 @@ os.makedirs(os.path.join(tempfile.gettempdir(), "gradsync-train-left"), exist_ok
 with open(os.path.join(tempfile.gettempdir(), "gradsync-train-left", "rank0.txt"), "w") as f:
     f.write("a file the check left behind\n")  # run.sh keeps it under $OUT/scratch
 print(f"training: {device}: DDP hook and GradBuffer equal DDP on gloo after 60 steps (fake)")
+if device == "cuda":
+    print("sparse: cuda: sparse gradients, 16 cases and an embedding under DDP, equal torch and DDP on gloo (fake)")
 EOF
 cat >"$out/torch_flatten.py" <<'EOF'
 """Fake torch peer (fake_bundle.sh)."""

@@ -34,9 +34,9 @@
 #   e2e            35 s  gradsync_gpu_e2e_tests: gradsyncd + trainer processes sharing GPU 0
 #   kernels        20 s  (a) gradsync-gpu-bench: gather + scatter of ResNet-50's 161 tensors
 #   daemon-bench   30 s  (b) (c) (d) gradsync-gpu-daemon-bench: gradsyncd + 2 trainers
-#   python-cpu     80 s  training_check.py --cpu   } 150 s: each run starts 3+ Python processes
-#   python-cuda    65 s  training_check.py --cuda  } importing torch; fits two cold torch + CUDA
-#                                                    starts (30-40 s each) and the trainings
+#   python-cpu     60 s  training_check.py --cpu   } 145 s: each run starts 3+ Python processes
+#   python-cuda    85 s  training_check.py --cuda  } importing torch (33-42 s each on an H200);
+#                                                    --cuda then runs the sparse worker on the GPU
 #   torch-flatten  25 s  (a) the peer: torch flatten + unflatten (torch warm by then)
 #   mps            30 s  (c) under MPS, only with --mps; then 10 s to stop MPS (mps-stop)
 # Sum: 340 s, 380 s with --mps. Overall bound: 395 s. The script runs itself under
@@ -59,7 +59,7 @@ set -uo pipefail
 SELF="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")"
 STAGES=(preflight gpu-tests e2e kernels daemon-bench python-cpu python-cuda torch-flatten mps)
 declare -A BUDGET=([preflight]=25 [gpu-tests]=60 [e2e]=35 [kernels]=20 [daemon-bench]=30
-                   [python-cpu]=80 [python-cuda]=65 [torch-flatten]=25 [mps]=30 [mps-stop]=10)
+                   [python-cpu]=60 [python-cuda]=85 [torch-flatten]=25 [mps]=30 [mps-stop]=10)
 BOUND=${GRADSYNC_DEVICE_CHECK_BOUND_S:-395}
 OUTER_KILL_GRACE=8  # after the bound's TERM, before the KILL
 STAGE_KILL_GRACE=5
@@ -381,7 +381,7 @@ def_row preflight preflight "preflight" "this machine: driver, compute mode, MIG
 def_row gpu-tests gpu-tests "GPU tests (gradsync_gpu_tests)" "the coalescing kernels on the GPU against the host reduction, bit for bit (two NaNs equal whatever their payload); one single-rank NCCL communicator through the engine: allreduce, watchdog, a stuck stream's timeout and abort, a restarted job's re-join, a split off a parent communicator"
 def_row e2e e2e "end to end (gradsync_gpu_e2e_tests)" "gradsyncd + 2-3 trainer processes sharing GPU 0: allreduce sum/avg, broadcast, reduce, allgather, clients killed mid-step and mid-job, stream ordering, legacy IPC (trusted user only); single node, NCCL single-rank"
 def_row python-cpu python-cpu "Python training check, CPU tensors (training_check.py --cpu)" "DDP with gradsync's comm hook, and GradBuffer, each equal to DDP on gloo after 60 steps, 2 trainer processes, with this machine's torch (its post-accumulate-grad hook path, which CI's torch never takes)"
-def_row python-cuda python-cuda "Python training check, CUDA tensors (training_check.py --cuda)" "the same with both trainer processes' tensors on GPU 0"
+def_row python-cuda python-cuda "Python training check, CUDA tensors (training_check.py --cuda)" "the same with both trainer processes' tensors on GPU 0; then sparse COO gradients on the GPU (every dtype, op and result against torch on the CPU; an nn.Embedding(sparse=True) under DDP against DDP on gloo)"
 def_row a-kernels kernels "(a) ResNet-50 161 tensors: gradsync gather + scatter" "gradsync's coalescing kernels alone, on one GPU" "<= 1.25x the copy (>= 80% of copy bandwidth)"
 def_row a-torch torch-flatten "(a) peer: torch flatten + unflatten + copy back, the same 161 tensors" "torch's _flatten_dense_tensors/_unflatten_dense_tensors, as the seeds do it" "torch >= 1.5x gradsync"
 def_row b-step daemon-bench "(b) gradsyncd + 2 trainers on one GPU: 2 x 100 MiB avg-allreduce step" "one node, one GPU: gradsyncd's same-GPU kernel reduction of 2 processes' buffers; NCCL moves no data (single rank)"
@@ -519,6 +519,7 @@ fill_rows() {
     python-cpu|python-cuda)
       if [[ "$end" == passed ]]; then
         RESULT[$s]="1 check (3 trainings: gloo, hook, GradBuffer) passed in ${stage_secs[$s]} s: $(grep -m1 '^training:' "$log" | cut -c11-200)"
+        grep -q '^sparse:' "$log" && RESULT[$s]+="; $(grep -m1 '^sparse:' "$log" | cut -c9-200)"
         VALUES[$s]="passed=1 total=1 failed=0"
       else
         RESULT[$s]="0 of 1 check passed (${stage_secs[$s]} s): $(grep -v '^\s*$' "$log" 2>/dev/null | tail -1 | cut -c1-200)"

@@ -121,6 +121,7 @@ case "$case_name" in
     check "every daemon's log is kept: the daemon benchmark" grep -q 'import_ms' "$OUT/daemons/daemon-bench/gradsyncd.log"
     check "each stage's whole output is kept" grep -q '^All tests passed' "$OUT/stages/gpu-tests.log"
     check "nvidia-smi -q is kept" test -s "$OUT/nvidia-smi-q.txt"
+    check "the CUDA Python check reports its sparse run" grep -qF 'sparse gradients, 16 cases and an embedding under DDP' "$OUT/table.md"
     check "row (b)'s round trip has its floor from the same run" \
       grep -qF 'p50: 2 processes 20.0 us, 1 process 8.0 us; gradsync / 2 processes 1.25x' "$OUT/table.md"
     check "files left in a stage's temporary folder are kept" test -s "$OUT/scratch/python-cuda/gradsync-train-left/rank0.txt"

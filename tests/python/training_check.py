@@ -74,12 +74,26 @@ def compare(daemon, out_dir, device="cpu"):
             f"hook {hook_copies}, GradBuffer 0; torch {torch.__version__}, {path} hooks")
 
 
+def sparse_on_gpu(daemon):
+    """--cuda only: sparse COO gradients on the GPU (workers/sparse.py cuda): every dtype, op and
+    result against torch's sum on the CPU, and an nn.Embedding(sparse=True) model under DDP with
+    the gradsync hook against DDP on gloo. CI's tests run the same worker on the CPU."""
+    started = time.monotonic()
+    results = run_ranks("sparse.py", 2, daemon, args=("cuda",), env={"TEST_PORT": str(_free_port())})
+    assert_all_ok(results, daemon)
+    cases = re.search(r"(\d+) cases on cuda", results[0][1]).group(1)
+    return f"cuda: sparse gradients, {cases} cases and an embedding under DDP, equal torch and DDP on gloo " \
+           f"({time.monotonic() - started:.1f} s)"
+
+
 def main():
     device = "cuda" if "--cuda" in sys.argv else "cpu"  # --cpu (the default) or --cuda
     daemon = Daemon()
     try:
         with tempfile.TemporaryDirectory(prefix="gradsync-train-") as scratch:
             print("training:", compare(daemon, scratch, device))
+        if device == "cuda":
+            print("sparse:", sparse_on_gpu(daemon), flush=True)
     finally:
         daemon.close()
 

@@ -195,7 +195,7 @@ class Client:
         only those elements are reduced and cross nodes; every other element becomes zero (the
         seeds' pruned-model DDP). Keep the mask tensor unchanged between calls: a changed one
         registers a new set. Sparse COO tensors (nn.Embedding(sparse=True)'s gradients; a list is
-        all sparse or all dense; CPU, floating point; op "sum" or "avg"): every rank's entries
+        all sparse or all dense; CPU or CUDA, floating point; op "sum" or "avg"): every rank's entries
         are gathered through the daemon and summed, and wait() returns one result per tensor, a
         coalesced sparse tensor, or a dense one with sparse_result="dense"
         (gradsync.torch.sparse). The call finishes the reduction before it returns."""

@@ -15,7 +15,10 @@ two operations on sets of the client's memory:
 Each rank then sums what it gathered, in rank order, in float32 for the half types (float64
 for float64), into the coalesced sum (indices sorted, duplicates summed) or, when asked, the
 dense result. Every rank gathers the same bytes and sums them alike, so every rank gets the same
-bits. Sum and avg only: a missing entry is a zero, for which min and max mean little. Over the
+bits. CUDA tensors (all on one device) stay there: the entries are gathered through a set of
+device memory and summed on the GPU, one rank at a time, so that no element takes two additions
+in one kernel (index_add_ adds with atomics on a GPU, whose order would differ between ranks);
+the counts go through host memory, since the capacities are chosen on the host. Sum and avg only: a missing entry is a zero, for which min and max mean little. Over the
 whole job only: a named group's non-members would see no counts and pick other sets. C++'s
 gradsync::SparseReducer (client/include/gradsync/sparse.h) speaks the same two operations.
 """
@@ -56,9 +59,12 @@ def _check(tensors, op, result, group):
             got = t.layout if isinstance(t, torch.Tensor) else type(t).__name__
             raise InvalidArgumentError(f"gradsync: item {i} is {got}, not a sparse COO tensor; a list is either all "
                                        "sparse or all dense (reduce the two kinds in two calls)")
-        if t.device.type != "cpu":
+        if t.device.type not in ("cpu", "cuda"):
             raise InvalidArgumentError(f"gradsync: sparse tensor {i} is on {t.device}; sparse gradients are reduced "
-                                       "from CPU memory only so far (docs/limitations.md)")
+                                       "from CPU or CUDA memory")
+        if t.device != tensors[0].device:
+            raise InvalidArgumentError(f"gradsync: sparse tensor {i} is on {t.device} and tensor 0 on "
+                                       f"{tensors[0].device}; one call's sparse tensors share a device")
         if t.dtype not in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
             raise InvalidArgumentError(f"gradsync: sparse tensor {i} is {t.dtype}; sparse reduction takes "
                                        "floating-point values")
@@ -75,7 +81,7 @@ def _flat_parts(t):
         t = t.coalesce()
     sparse_dims = t.sparse_dim()
     indices = t._indices()
-    linear = torch.zeros(indices.shape[1], dtype=torch.int64)
+    linear = torch.zeros(indices.shape[1], dtype=torch.int64, device=t.device)
     for d in range(sparse_dims):
         linear = linear * t.shape[d] + indices[d]
     width = 1
@@ -142,13 +148,14 @@ def allreduce(client, tensors, op="avg", divisor=None, group=None, result="coale
         rows.append(count)
     caps = _capacity(client, shapes, maxima, rows, [values.shape[1] for _, values in parts])
     padded = []
+    device = tensors[0].device
     for (linear, values), cap in zip(parts, caps):
-        index = torch.zeros(cap, dtype=torch.int64)
+        index = torch.zeros(cap, dtype=torch.int64, device=device)
         index[:linear.numel()] = linear
         padded.append(index)
     for (linear, values), cap in zip(parts, caps):
         width = values.shape[1]
-        flat = torch.zeros(max(cap * width, 1), dtype=values.dtype)
+        flat = torch.zeros(max(cap * width, 1), dtype=values.dtype, device=device)
         flat[:values.numel()] = values.reshape(-1)
         padded.append(flat)
     everyone = _coalesced.all_gather(client, padded, group).wait()
@@ -158,16 +165,14 @@ def allreduce(client, tensors, op="avg", divisor=None, group=None, result="coale
     for i, t in enumerate(tensors):
         width = parts[i][1].shape[1]
         wide = torch.float64 if t.dtype == torch.float64 else torch.float32
-        indices = torch.cat([row[i][:per_rank[r][i]] for r, row in enumerate(everyone)])
-        values = torch.cat([row[n + i][:per_rank[r][i] * width].reshape(per_rank[r][i], width)
-                            for r, row in enumerate(everyone)]).to(wide)
-        # Rank order, then each rank's own order, for equal indices: a stable sort keeps it, and
-        # index_add_ then sums them in that order.
-        order = torch.sort(indices, stable=True).indices
-        indices, values = indices[order], values[order]
-        unique, position = torch.unique_consecutive(indices, return_inverse=True)
-        summed = torch.zeros((unique.numel(), width), dtype=wide)
-        summed.index_add_(0, position, values)
+        # Each rank's entries are coalesced (its indices distinct and sorted): adding one rank's
+        # at a time, in rank order, makes every sum ((0 + v0) + v1) + ..., on any device.
+        indices = [row[i][:per_rank[r][i]] for r, row in enumerate(everyone)]
+        unique = torch.unique(torch.cat(indices))
+        summed = torch.zeros((unique.numel(), width), dtype=wide, device=device)
+        for r, row in enumerate(everyone):
+            values = row[n + i][:per_rank[r][i] * width].reshape(per_rank[r][i], width).to(wide)
+            summed.index_add_(0, torch.searchsorted(unique, indices[r]), values)
         if divide is not None:
             summed = summed / divide
         dense_shape = t.shape[t.sparse_dim():]
