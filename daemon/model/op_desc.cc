@@ -126,9 +126,6 @@ Status check_op(const OpDesc& desc, const TensorSet& set, const Topology& topolo
       return Status::not_supported("health on " + set.name() + ": not computed for a masked set yet "
                                    "(docs/limitations.md)");
     }
-    if (set.memory_kind != MemoryKind::kHostMemfd) {
-      return Status::not_supported("health on " + set.name() + ": not computed for device memory yet");
-    }
     for (const auto& tensor : set.layout) {
       if (!dtype_is_floating(tensor.dtype)) {
         return Status::invalid_argument("health on " + set.name() + ": " + std::string(dtype_name(tensor.dtype)) +

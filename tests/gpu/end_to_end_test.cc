@@ -11,9 +11,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <csignal>
+#include <cstring>
 #include <vector>
 
+#include "daemon/reduce/simd.h"
 #include "gradsync/client.h"
 #include "tests/integration/harness.h"
 
@@ -90,6 +93,41 @@ TEST_CASE("gpu end to end: allreduce sum and avg across 2 and 3 clients on one G
             return kOk;
           }) == 0);
   }
+}
+
+// Fused health on the GPU: found_inf and sq_norm of the reduced set equal what the host
+// computes from the same result (reduce/health.h's blocks, bit for bit); then an inf in one
+// rank's tensor is found by every rank.
+TEST_CASE("gpu end to end: the health of a device allreduce equals the host's, and an inf is found", "[gpu][e2e][health]") {
+  CHECK(run_ranks(2, [&](int rank, Client& client, const std::vector<SharedTensor>& tensors, const TensorSet& set) {
+          ReduceOptions options{ReduceOp::kSum};
+          options.health = true;
+          Work work = client.allreduce(set, options);
+          if (!work.wait(kOperationBound)) return fail("timed out");
+          double want = 0;
+          for (const SharedTensor& t : tensors) {
+            const std::vector<float> got = read(t);
+            for (size_t first = 0; first < got.size(); first += reduce::kHealthBlockElements) {
+              const size_t n = std::min<size_t>(reduce::kHealthBlockElements, got.size() - first);
+              want = want + reduce::simd::health(DType::kFloat32, got.data() + first, n).sum_sq;
+            }
+          }
+          const double sq_norm = work.sq_norm();
+          std::printf("health: rank %d sq_norm=%.17g (host %.17g)\n", rank, sq_norm, want);
+          if (work.found_inf()) return fail("found_inf on finite gradients");
+          if (std::memcmp(&sq_norm, &want, sizeof want) != 0) return fail("sq_norm differs from the host's");
+          if (rank == 1) {
+            const float inf = INFINITY;
+            if (cudaMemcpy(tensors[2].data() + 5000 * sizeof(float), &inf, sizeof inf, cudaMemcpyHostToDevice) !=
+                cudaSuccess) {
+              return fail("cudaMemcpy to the device failed");
+            }
+          }
+          Work again = client.allreduce(set, options);
+          if (!again.wait(kOperationBound)) return fail("timed out");
+          if (!again.found_inf()) return fail("the inf in rank 1's tensor 2 was not found");
+          return kOk;
+        }) == 0);
 }
 
 TEST_CASE("gpu end to end: broadcast from rank 1 and reduce to rank 0", "[gpu][e2e]") {

@@ -4,11 +4,14 @@
 #include <catch2/catch.hpp>
 #include <cuda_runtime.h>
 
+#include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
 #include "daemon/backend/cuda/kernels.h"
 #include "daemon/backend/cuda/work_items.h"
+#include "daemon/reduce/simd.h"
 #include "daemon/reduce/staged.h"
 #include "tests/unit/reduce_cases.h"
 
@@ -104,6 +107,56 @@ TEST_CASE("gpu: gather and scatter kernels equal reduce(), bit for bit but a NaN
   }
 }
 
+// The health kernel (one warp per block) against the host's health of the same bytes: bit for
+// bit, but for a NaN sum's payload. Tensors of 1, 4096 and 9005 elements, moderate values and
+// random ones (with infs, NaNs and subnormals), every floating dtype.
+TEST_CASE("gpu: the health kernel equals the host's health, bit for bit but a NaN's payload", "[gpu][kernels][health]") {
+  std::mt19937_64 rng(20261204);
+  for (DType dtype : {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16}) {
+    for (reduce::cases::Nans nans : {reduce::cases::Nans::kExcluded, reduce::cases::Nans::kIncluded}) {
+      INFO(dtype_name(dtype) << (nans == reduce::cases::Nans::kIncluded ? ", with NaNs" : ""));
+      const size_t element = dtype_size(dtype);
+      std::vector<HealthItem> items;
+      std::vector<Bytes> tensors;
+      for (uint64_t numel : {uint64_t{1}, reduce::kHealthBlockElements, uint64_t{9005}}) {
+        tensors.emplace_back(numel * element);
+        reduce::cases::fill_random(dtype, tensors.back(), numel, nans, rng);
+      }
+      for (size_t i = 0; i < 1000 && tensors[2].size() >= 1000 * element; ++i) {  // one block of moderate values
+        reduce::cases::store_exact(dtype, tensors[2].data() + i * element, static_cast<double>(static_cast<int>(i % 9) - 4) / 2);
+      }
+      std::vector<std::unique_ptr<DeviceBuffer>> device;
+      std::vector<reduce::HealthBlock> want;
+      for (const Bytes& t : tensors) {
+        device.push_back(std::make_unique<DeviceBuffer>(t.size()));
+        CUDA_OK(cudaMemcpy(device.back()->data, t.data(), t.size(), cudaMemcpyHostToDevice));
+        const uint64_t numel = t.size() / element;
+        for (uint64_t first = 0; first < numel; first += reduce::kHealthBlockElements) {
+          const uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(reduce::kHealthBlockElements, numel - first));
+          items.push_back(HealthItem{device.back()->data + first * element, items.size(), n});
+          want.push_back(reduce::simd::health(dtype, t.data() + first * element, n));
+        }
+      }
+      DeviceBuffer table_items(items.size() * sizeof(HealthItem)), out(items.size() * sizeof(reduce::HealthBlock));
+      CUDA_OK(cudaMemcpy(table_items.data, items.data(), items.size() * sizeof(HealthItem), cudaMemcpyHostToDevice));
+      REQUIRE(launch_health(dtype,
+                            HealthTable{reinterpret_cast<const HealthItem*>(table_items.data), items.size(),
+                                        reinterpret_cast<reduce::HealthBlock*>(out.data)},
+                            nullptr)
+                  .ok());
+      std::vector<reduce::HealthBlock> got(items.size());
+      CUDA_OK(cudaMemcpy(got.data(), out.data, got.size() * sizeof(reduce::HealthBlock), cudaMemcpyDeviceToHost));
+      for (size_t b = 0; b < got.size(); ++b) {
+        INFO("block " << b << ": got " << got[b].sum_sq << " / " << got[b].nonfinite << ", want " << want[b].sum_sq
+                      << " / " << want[b].nonfinite);
+        CHECK(got[b].nonfinite == want[b].nonfinite);
+        const bool both_nan = std::isnan(got[b].sum_sq) && std::isnan(want[b].sum_sq);
+        CHECK((both_nan || std::memcmp(&got[b].sum_sq, &want[b].sum_sq, sizeof(double)) == 0));
+      }
+    }
+  }
+}
+
 }  // namespace gradsync::cuda
 
 namespace gradsync::cuda {
@@ -116,7 +169,7 @@ TEST_CASE("gpu: every kernel is loaded up front", "[gpu][kernels]") {
   const Status status = preload_kernels(&loaded);
   INFO(status.message());
   REQUIRE(status.ok());
-  CHECK(loaded == 60);  // the gather and scatter kernels tests/gpu/check_ptx.py counts in the PTX
+  CHECK(loaded == 64);  // the 60 gather and scatter kernels tests/gpu/check_ptx.py counts in the PTX, and 4 health
 }
 
 }  // namespace gradsync::cuda

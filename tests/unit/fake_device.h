@@ -136,6 +136,14 @@ class HostBackedDeviceApi final : public DeviceApi {
     std::memcpy(to, from, bytes);
     return Status();
   }
+  Status download(int device, void* to, const void* from, size_t bytes, void* stream) override {
+    std::lock_guard lock(mutex_);
+    if (Status s = gate(device); !s.ok()) return s;
+    check_device(device, stream);
+    ++downloads;
+    std::memcpy(to, from, bytes);
+    return Status();
+  }
   Status trim(int) override {
     ++trims;
     return Status();
@@ -186,6 +194,7 @@ class HostBackedDeviceApi final : public DeviceApi {
   std::string last_prefix_;
   int made_with_prefix_ = 0;
   int uploads = 0;
+  int downloads = 0;
   std::atomic<int> trims{0};
   int streams = 0;
   int synchronizations = 0;
@@ -233,12 +242,21 @@ class HostKernelLauncher final : public KernelLauncher {
     });
     return Status();
   }
+  Status health(DType dtype, const HealthTable& table, void*) override {
+    ++healths;
+    if (trace) trace->push_back("health");
+    return dispatch_health(dtype, [&]<typename Codec>() {
+      for (uint64_t i = 0; i < table.item_count; ++i) table.out[table.items[i].out] = health_of_item<Codec>(table.items[i]);
+      return Status();
+    });
+  }
   Status preload(int* loaded) override {
     *loaded = 0;
     return Status();
   }
   int gathers = 0;
   int scatters = 0;
+  int healths = 0;
   std::vector<std::string>* trace = nullptr;
 
  private:

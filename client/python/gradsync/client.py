@@ -186,7 +186,7 @@ class Client:
                             bucket_bytes=None, group=None, health=False, wire_dtype=None, mask=None,
                             sparse_result="coalesced"):
         """Reduces the tensors in place across the group's ranks (default "dp": every rank).
-        health=True (floating-point CPU tensors): the daemon also computes, in the same pass,
+        health=True (floating-point CPU or CUDA tensors): the daemon also computes, in the same pass,
         whether the result holds an inf or a NaN and its sum of squares: Work.found_inf() and
         Work.sq_norm() once it completed. wire_dtype=torch.bfloat16 or torch.float16 (float32
         tensors): the nodes exchange their sums compressed to it (half the bytes), with the error

@@ -348,6 +348,15 @@ class CudaDeviceApi final : public DeviceApi {
     return call(device, cudaMemcpyAsync(to, from, bytes, cudaMemcpyHostToDevice, static_cast<cudaStream_t>(stream)),
                 "cudaMemcpyAsync");
   }
+  Status download(int device, void* to, const void* from, size_t bytes, void* stream) override {
+    DeviceScope scope(device);
+    if (!scope.status().ok()) return scope.status();
+    Status s = call(device,
+                    cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(stream)),
+                    "cudaMemcpyAsync");
+    if (s.ok()) s = call(device, cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "cudaStreamSynchronize");
+    return s;
+  }
   Status create_stream(int device, void** stream) override {
     DeviceScope scope(device);
     if (!scope.status().ok()) return scope.status();

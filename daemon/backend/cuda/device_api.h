@@ -78,6 +78,9 @@ class DeviceApi {
   // Copies host bytes to device memory in `stream`'s order; `from` may be reused once it
   // returns (tables, once per bucket).
   virtual Status upload(int device, void* to, const void* from, size_t bytes, void* stream) = 0;
+  // Copies device bytes to host memory after the work queued on `stream` before it, and
+  // returns once they are there (it waits for that work: call it after a synchronisation).
+  virtual Status download(int device, void* to, const void* from, size_t bytes, void* stream) = 0;
   // Gives the device memory of the daemon's that nobody holds back to the driver (the pool
   // keeps freed memory otherwise): when a job's executor goes.
   virtual Status trim(int device) = 0;

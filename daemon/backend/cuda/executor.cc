@@ -108,6 +108,10 @@ CudaExecutor::~CudaExecutor() {
     (void)api_->free(entry.first, entry.second.segments, stream);
     (void)api_->free(entry.first, entry.second.items, stream);
   }
+  for (auto& [key, table] : health_tables_) {
+    const int device = std::get<2>(key);
+    free_health_table(api_, device, devices_.at(device).stream, table);
+  }
   for (auto& [device, state] : devices_) {
     if (state.bucket_buffer) (void)api_->free(device, state.bucket_buffer, state.stream);
     if (state.wire_buffer) (void)api_->free(device, state.wire_buffer, state.stream);
@@ -774,6 +778,32 @@ Status CudaExecutor::enqueue_scatter_gathered(const BucketCall& call, int device
                            state.stream);
 }
 
+Status CudaExecutor::enqueue_health(const BucketCall& call, int device, const HealthTableState** state) {
+  const TensorSet& set = *call.set;
+  void* stream = devices_.at(device).stream;
+  const auto key = std::make_tuple(set.id, call.bucket, device);
+  auto it = health_tables_.find(key);
+  if (it == health_tables_.end()) {
+    // Every participant of an allreduce holds the same result: the first on this GPU is read.
+    int reader = -1;
+    for (uint32_t c : set.participants[call.bucket]) {
+      if (device_of_client(set, call.bucket, c) == device) {
+        reader = static_cast<int>(c);
+        break;
+      }
+    }
+    if (reader < 0) return Status::internal("no participant of the bucket on GPU " + std::to_string(device));
+    HealthTableState made;
+    if (Status s = make_health_table(api_, set, call.bucket, device, static_cast<uint32_t>(reader), stream, &made);
+        !s.ok()) {
+      return on_device(device, s);
+    }
+    it = health_tables_.emplace(key, std::move(made)).first;
+  }
+  *state = &it->second;
+  return kernels_->health(set.plan.buckets[call.bucket].dtype, it->second.table(), stream);
+}
+
 Status CudaExecutor::run_single(const BucketCall& call) {
   const TensorSet& set = *call.set;
   const size_t b = call.bucket;
@@ -790,7 +820,7 @@ Status CudaExecutor::run_single(const BucketCall& call) {
   Device* state = nullptr;
   if (Status s = device_state(device, std::max<size_t>(1, set.bucket_elements[b] * acc), &state); !s.ok()) return s;
   // Device-ordered buckets are answered at enqueue: bound how many wait on the GPU.
-  if (Status s = retire(device, device_ordered(call)); !s.ok()) {
+  if (Status s = retire(device, answer_at_enqueue(call)); !s.ok()) {
     return Status(s.code(), where + ": " + s.message(), s.where());
   }
 
@@ -825,12 +855,14 @@ Status CudaExecutor::run_single(const BucketCall& call) {
     // Whatever happens next, the gather may be running: it is waited for below.
     if (status.ok()) status = enqueue(call, device, Side::kScatter, launches, args);
   }
+  const HealthTableState* health = nullptr;
+  if (status.ok() && call.health) status = enqueue_health(call, device, &health);
   if (status.ok()) status = record_done(call, device);
   status = on_device(device, status);
   // Device-ordered: the clients' streams wait on the done events, and quiesce() drains the
   // stream before a failed job lets go of client memory. The bucket joins the device's queue,
   // holding its set, so a stream that stops moving is noticed within the execution bound.
-  if (device_ordered(call)) {
+  if (answer_at_enqueue(call)) {
     void* event = nullptr;
     if (status.ok()) status = enqueue_answered(call, device, where, nullptr, &event);
     if (!status.ok()) return Status(status.code(), where + " on GPU " + std::to_string(device) + ": " + status.message());
@@ -839,6 +871,7 @@ Status CudaExecutor::run_single(const BucketCall& call) {
   // Otherwise nothing that was enqueued may still touch client memory once the answer is out.
   const Status synchronized = on_device(device, api_->synchronize(device, state->stream));
   if (status.ok()) status = synchronized;
+  if (status.ok() && health) status = on_device(device, collect_health(api_, device, state->stream, *health, call.health.get()));
   if (!status.ok()) return Status(status.code(), where + " on GPU " + std::to_string(device) + ": " + status.message());
   return Status();
 }
@@ -895,7 +928,7 @@ void CudaExecutor::run_across(const BucketCall& call, DeviceCollectiveEngine* en
     }
     bucket.wire = call.desc.wire;
   }
-  const bool ordered = device_ordered(call);
+  const bool ordered = answer_at_enqueue(call);
   std::vector<DeviceBuffer> buffers;
   Status status = ready_devices(*engine, bucket.bytes, ordered, &buffers);
   // Zero-copy: NCCL in the clients' own flat runs; the kernels only scale, in place.
@@ -940,7 +973,8 @@ void CudaExecutor::run_across(const BucketCall& call, DeviceCollectiveEngine* en
   }
   auto watched = ordered ? std::make_shared<std::atomic<int>>(kWatching) : nullptr;
   std::vector<std::pair<int, void*>> events;  // (device, event after the bucket)
-  if (status.ok()) status = finish_across(call, planner, bucket, buffers, where, watched, &events);
+  const HealthTableState* health = nullptr;
+  if (status.ok()) status = finish_across(call, planner, bucket, buffers, where, watched, &events, &health);
   if (!status.ok()) {
     // A sticky error first seen in a launch or inside NCCL: the GPU's health says so.
     for (const DeviceBuffer& buffer : buffers) {
@@ -962,7 +996,25 @@ void CudaExecutor::run_across(const BucketCall& call, DeviceCollectiveEngine* en
     }
     return done(error);
   }
+  if (health) {
+    // Answered once the GPUs are through (never at enqueue), with the health read back first.
+    const int device = health_device(call, buffers);
+    done = [done = std::move(done), api = api_, device, stream = devices_.at(device).stream, table = *health,
+            blocks = call.health](const Status& answer) {
+      done(answer.ok() ? collect_health(api, device, stream, table, blocks.get()) : answer);
+    };
+  }
   watch_across(*engine, where, std::move(watched), std::move(events), buffers, std::move(done));
+}
+
+int CudaExecutor::health_device(const BucketCall& call, std::span<const DeviceBuffer> buffers) {
+  // The first of this node's GPUs with a participant (each of an allreduce's holds the result).
+  for (const DeviceBuffer& buffer : buffers) {
+    for (uint32_t c : call.set->participants[call.bucket]) {
+      if (device_of_client(*call.set, call.bucket, c) == buffer.device) return buffer.device;
+    }
+  }
+  return buffers.empty() ? -1 : buffers.front().device;
 }
 
 Status CudaExecutor::ready_devices(DeviceCollectiveEngine& engine, size_t bytes, bool ordered,
@@ -984,10 +1036,11 @@ Status CudaExecutor::ready_devices(DeviceCollectiveEngine& engine, size_t bytes,
 Status CudaExecutor::finish_across(const BucketCall& call, const AcrossPlanner& planner, const AcrossBucket& bucket,
                                    std::span<const DeviceBuffer> buffers, const std::string& where,
                                    const std::shared_ptr<std::atomic<int>>& watched,
-                                   std::vector<std::pair<int, void*>>* events) {
-  // After the collective: the scatter, the clients' done events, and this executor's own event
-  // per GPU, which the watchdog follows.
+                                   std::vector<std::pair<int, void*>>* events, const HealthTableState** health) {
+  // After the collective: the scatter, the health kernel (on one GPU), the clients' done
+  // events, and this executor's own event per GPU, which the watchdog follows.
   const bool ordered = watched != nullptr;
+  const int health_on = call.health ? health_device(call, buffers) : -1;
   Status status;
   for (size_t i = 0; i < buffers.size() && status.ok(); ++i) {
     const int device = buffers[i].device;
@@ -996,6 +1049,7 @@ Status CudaExecutor::finish_across(const BucketCall& call, const AcrossPlanner& 
       status = enqueue(call, device, Side::kScatter, planner.launches(bucket, device), bucket.args,
                        bucket.direct ? buffers[i].data : nullptr);
     }
+    if (status.ok() && device == health_on) status = enqueue_health(call, device, health);
     if (status.ok()) status = record_done(call, device);
     void* event = devices_.at(device).done_event;
     if (status.ok() && ordered) status = enqueue_answered(call, device, where, watched, &event);

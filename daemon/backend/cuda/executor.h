@@ -58,6 +58,7 @@
 #include "daemon/backend/cuda/across.h"
 #include "daemon/backend/cuda/device_api.h"
 #include "daemon/backend/cuda/gpu_watch.h"
+#include "daemon/backend/cuda/health_table.h"
 #include "daemon/backend/cuda/launcher.h"
 #include "daemon/backend/executor.h"
 #include "daemon/engine/device_engine.h"
@@ -159,8 +160,16 @@ class CudaExecutor final : public BucketExecutor {
   Status wait_ready(const BucketCall& call, int device) { return order(call, device, true); }
   Status record_done(const BucketCall& call, int device) { return order(call, device, false); }
 
-  // One GPU in all. Answers at enqueue when the set is device-ordered; otherwise after a
-  // stream synchronisation.
+  // Fused health (call.health): the health kernel over the bucket's result as local rank
+  // `reader` on `device` holds it, after the scatter and before the clients' done events (a
+  // client may write its tensors again once its event fires). *state: its table, which
+  // collect_health() reads once the GPU is through.
+  Status enqueue_health(const BucketCall& call, int device, const HealthTableState** state);
+  // Answered at enqueue: a device-ordered set's bucket, unless it computes health (the answer
+  // carries the health, so it waits for the GPU).
+  bool answer_at_enqueue(const BucketCall& call) { return device_ordered(call) && !call.health; }
+  // One GPU in all. Answers at enqueue when answer_at_enqueue(); otherwise after a stream
+  // synchronisation.
   Status run_single(const BucketCall& call);
   // Several GPUs (this node's and others'), through `engine`: the skeleton every operation kind
   // shares, with the kind's AcrossPlanner (across.h) for what differs.
@@ -171,7 +180,11 @@ class CudaExecutor final : public BucketExecutor {
                        std::vector<DeviceBuffer>* buffers);
   Status finish_across(const BucketCall& call, const AcrossPlanner& planner, const AcrossBucket& bucket,
                        std::span<const DeviceBuffer> buffers, const std::string& where,
-                       const std::shared_ptr<std::atomic<int>>& watched, std::vector<std::pair<int, void*>>* events);
+                       const std::shared_ptr<std::atomic<int>>& watched, std::vector<std::pair<int, void*>>* events,
+                       const HealthTableState** health);
+  // The GPU whose copy of the result the health kernel reads: the first of `buffers` with a
+  // participant.
+  static int health_device(const BucketCall& call, std::span<const DeviceBuffer> buffers);
   // Answers a run_across bucket once the engine's watchdog saw its events through.
   void watch_across(DeviceCollectiveEngine& engine, const std::string& where,
                     std::shared_ptr<std::atomic<int>> watched, std::vector<std::pair<int, void*>> events,
@@ -236,6 +249,8 @@ class CudaExecutor final : public BucketExecutor {
   // Caller's thread only (the worker launches one bucket at a time).
   std::map<int, Device> devices_;
   std::map<TableKey, std::pair<int, Table>> tables_;  // with the device they live on
+  // Fused health: (set id, bucket, GPU) -> the health kernel's table there.
+  std::map<std::tuple<uint32_t, size_t, int>, HealthTableState> health_tables_;
   std::chrono::milliseconds watch_timeout_{30'000};    // the job timeout, from admit()
   std::chrono::milliseconds execution_timeout_{600'000};  // from admit()
   bool lost_ = false;  // quiesce() timed out: GPU work may still use everything; free nothing

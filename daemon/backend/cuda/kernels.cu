@@ -39,6 +39,28 @@ Status launch(const char* what, const Functor& functor, const BucketTable& table
   return Status();
 }
 
+// One warp per health block (health_functor.h): the lanes' sums added in lane order by lane 0.
+constexpr unsigned kHealthThreads = 32;
+static_assert(kHealthThreads == reduce::kHealthLanes, "a warp's lanes are the health lanes");
+
+template <typename Codec>
+__global__ void __launch_bounds__(kHealthThreads) run_health(HealthTable table) {
+  for (uint64_t item = blockIdx.x; item < table.item_count; item += gridDim.x) {
+    double sum = 0;
+    bool bad = false;
+    HealthLane<Codec>::run(table.items[item], threadIdx.x, &sum, &bad);
+    const bool any_bad = __any_sync(0xffffffffu, bad);
+    double total = 0;
+    for (int lane = 0; lane < static_cast<int>(kHealthThreads); ++lane) {
+      total = health_add(total, __shfl_sync(0xffffffffu, sum, lane));
+    }
+    if (threadIdx.x == 0) table.out[table.items[item].out] = reduce::HealthBlock{total, any_bad ? 1u : 0u};
+  }
+}
+
+// Enough blocks of one warp to keep every SM's resident-block slots busy.
+constexpr uint64_t kMaxHealthBlocks = 8192;
+
 template <typename Codec, reduce::Scale kScale>
 typename Codec::Acc divisor_of(const reduce::KernelArgs& args) {
   using Acc = typename Codec::Acc;
@@ -80,6 +102,18 @@ Status preload_kernels(int* count) {
       }
     }
   }
+  for (DType dtype : {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16}) {
+    const Status status = dispatch_health(dtype, [&]<typename Codec>() {
+      const void* kernel = reinterpret_cast<const void*>(&run_health<Codec>);
+      if (!loaded.insert(kernel).second) return Status();
+      cudaFuncAttributes attributes{};
+      if (const cudaError_t error = cudaFuncGetAttributes(&attributes, kernel); error != cudaSuccess) {
+        return Status::internal(std::string("loading a kernel failed: ") + cudaGetErrorString(error));
+      }
+      return Status();
+    });
+    if (!status.ok()) return status;
+  }
   *count = static_cast<int>(loaded.size());
   return Status();
 }
@@ -96,6 +130,21 @@ Status launch_scatter(const reduce::KernelArgs& args, const BucketTable& table, 
     // Only a sum is scaled after combining; min and max results are stored as they are.
     constexpr reduce::Scale kAfter = kCombine == reduce::Combine::kSum ? kScale : reduce::Scale::kNone;
     return launch("scatter", ScatterItem<Codec, kAfter, kRound>{divisor_of<Codec, kAfter>(args)}, table, stream);
+  });
+}
+
+Status launch_health(DType dtype, const HealthTable& table, void* stream) {
+  return dispatch_health(dtype, [&]<typename Codec>() {
+    if (table.item_count == 0) return Status();
+    const unsigned blocks = static_cast<unsigned>(std::min(table.item_count, kMaxHealthBlocks));
+    HealthTable t = table;
+    void* args[] = {&t};
+    const cudaError_t error = cudaLaunchKernel(reinterpret_cast<const void*>(&run_health<Codec>), dim3(blocks),
+                                               dim3(kHealthThreads), args, 0, static_cast<cudaStream_t>(stream));
+    if (error != cudaSuccess) {
+      return Status::internal(std::string("launching the health kernel failed: ") + cudaGetErrorString(error));
+    }
+    return Status();
   });
 }
 

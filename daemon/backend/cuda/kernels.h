@@ -4,6 +4,7 @@
 #pragma once
 
 #include "daemon/backend/cuda/functors.h"
+#include "daemon/backend/cuda/health_functor.h"
 #include "daemon/reduce/kernel.h"
 #include "shared/status.h"
 
@@ -14,8 +15,10 @@ namespace gradsync::cuda {
 // the launch that failed.
 Status launch_gather(const reduce::KernelArgs& args, const BucketTable& table, void* stream);
 Status launch_scatter(const reduce::KernelArgs& args, const BucketTable& table, void* stream);
+// Fused health (health_functor.h): one warp per item of `table`, results of `dtype`.
+Status launch_health(DType dtype, const HealthTable& table, void* stream);
 
-// Loads every gather and scatter kernel into the current device's context (cudaFuncGetAttributes
+// Loads every gather, scatter and health kernel into the current device's context (cudaFuncGetAttributes
 // on each), so that no first launch loads a module later: CUDA 12.2+ loads lazily by default,
 // and a load may synchronise the context, which would wait on every job's streams. *loaded
 // counts the kernels.

@@ -14,6 +14,9 @@ class CudaKernelLauncher final : public KernelLauncher {
   Status scatter(const reduce::KernelArgs& args, const BucketTable& table, void* stream) override {
     return launch_scatter(args, table, stream);
   }
+  Status health(DType dtype, const HealthTable& table, void* stream) override {
+    return launch_health(dtype, table, stream);
+  }
   Status preload(int* loaded) override { return preload_kernels(loaded); }
 };
 

@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "daemon/backend/cuda/functors.h"
+#include "daemon/backend/cuda/health_functor.h"
 #include "daemon/reduce/kernel.h"
 #include "shared/status.h"
 
@@ -16,6 +17,8 @@ class KernelLauncher {
   virtual ~KernelLauncher() = default;
   virtual Status gather(const reduce::KernelArgs& args, const BucketTable& table, void* stream) = 0;
   virtual Status scatter(const reduce::KernelArgs& args, const BucketTable& table, void* stream) = 0;
+  // Fused health of results of `dtype` (health_functor.h).
+  virtual Status health(DType dtype, const HealthTable& table, void* stream) = 0;
   // Loads every kernel into the current device's context (kernels.h), before any job runs
   // there; *loaded counts them.
   virtual Status preload(int* loaded) = 0;

@@ -1,0 +1,164 @@
+// Fused health on device sets: the health functor against the host's (reduce/simd.h) bit for
+// bit, and the CUDA executor reading each bucket's result once the scatter wrote it, answering
+// only once the GPU is through (the answer carries the health), on one GPU and across two.
+#include <cstring>
+#include <memory>
+#include <random>
+
+#include "cuda_fixture.h"
+#include "daemon/backend/cuda/health_functor.h"
+#include "daemon/reduce/simd.h"
+
+namespace gradsync::cuda {
+
+using namespace testing;  // the fixture, the fake device and engines (cuda_fixture.h)
+
+namespace {
+
+constexpr DType kFloating[] = {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16};
+
+// "" when the two blocks agree: the same flag, and the same sum bit for bit, except that two
+// NaN sums match whatever their bits (a NaN's payload is the processor's, docs/gpu.md).
+std::string block_difference(const reduce::HealthBlock& got, const reduce::HealthBlock& want) {
+  if (got.nonfinite != want.nonfinite) {
+    return "nonfinite " + std::to_string(got.nonfinite) + ", want " + std::to_string(want.nonfinite);
+  }
+  if (std::isnan(got.sum_sq) && std::isnan(want.sum_sq)) return "";
+  if (std::memcmp(&got.sum_sq, &want.sum_sq, sizeof(double)) != 0) {
+    std::ostringstream text;
+    text.precision(17);
+    text << "sum_sq " << got.sum_sq << ", want " << want.sum_sq;
+    return text.str();
+  }
+  return "";
+}
+
+reduce::HealthBlock functor_health(DType dtype, const HealthItem& item) {
+  reduce::HealthBlock block;
+  REQUIRE(dispatch_health(dtype, [&]<typename Codec>() {
+            block = health_of_item<Codec>(item);
+            return Status();
+          }).ok());
+  return block;
+}
+
+}  // namespace
+
+TEST_CASE("cuda health: the functor's blocks equal the host's bit for bit, every floating dtype", "[cuda][health]") {
+  std::mt19937_64 rng(20261204);
+  for (DType dtype : kFloating) {
+    for (reduce::cases::Nans nans : {reduce::cases::Nans::kExcluded, reduce::cases::Nans::kIncluded}) {
+      for (uint32_t count : {1u, 31u, 32u, 33u, 1000u, 4095u, 4096u}) {
+        for (int trial = 0; trial < 4; ++trial) {
+          INFO(dtype_name(dtype) << ", " << count << " elements, NaNs " << (nans == reduce::cases::Nans::kIncluded)
+                                 << ", trial " << trial);
+          Bytes data(count * dtype_size(dtype));
+          reduce::cases::fill_random(dtype, data, count, nans, rng);
+          // Trial 0 keeps only moderate values (most random blocks hold an inf somewhere).
+          if (trial == 0) {
+            for (uint32_t i = 0; i < count; ++i) {
+              const double v = static_cast<double>(static_cast<int>(i % 17) - 8) / 4;
+              reduce::cases::store_exact(dtype, data.data() + i * dtype_size(dtype), v);
+            }
+          }
+          const reduce::HealthBlock want = reduce::simd::health(dtype, data.data(), count);
+          const reduce::HealthBlock got = functor_health(dtype, HealthItem{data.data(), 0, count});
+          CHECK(block_difference(got, want) == "");
+          if (trial == 0) CHECK(got.nonfinite == 0);
+        }
+      }
+    }
+  }
+  // A float64 above 1e154 squares to an inf, but is finite: not flagged.
+  const double big[2] = {1e200, 1.0};
+  const reduce::HealthBlock block = functor_health(DType::kFloat64, HealthItem{big, 0, 2});
+  CHECK(block.nonfinite == 0);
+  CHECK(std::isinf(block.sum_sq));
+  CHECK(dispatch_health(DType::kInt32, [&]<typename Codec>() { return Status(); }).code() ==
+        ErrorCode::kInvalidArgument);
+}
+
+TEST_CASE("cuda executor: a device allreduce's health equals the host's, answered once the GPU is through",
+          "[cuda][executor][health]") {
+  for (DType dtype : kFloating) {
+    for (bool across : {false, true}) {
+      for (bool ordered : {false, true}) {
+        INFO(dtype_name(dtype) << (across ? ", clients on two GPUs" : ", one GPU")
+                               << (ordered ? ", device-ordered" : ""));
+        Fixture f(dtype, across ? std::vector<int>{0, 0, 1} : std::vector<int>{0, 0, 0});
+        // Moderate values (the fixture's random ones hold an inf in nearly every block), and one
+        // inf: in client 1's tensor 3 (9000 elements: blocks 0-2), in its second block.
+        for (int c = 0; c < kClients; ++c) {
+          for (size_t t = 0; t < f.set->layout.size(); ++t) {
+            for (uint64_t i = 0; i < f.set->layout[t].numel; ++i) {
+              const double v = static_cast<double>(static_cast<int>((i * 7 + c * 3 + t) % 17) - 8) / 4;
+              reduce::cases::store_exact(dtype, f.set->address[c][t] + i * dtype_size(dtype), v);
+            }
+          }
+        }
+        test::store_as(dtype, f.set->address[1][3] + 5000 * dtype_size(dtype), INFINITY);
+        f.original = f.memory;
+        if (ordered) add_event_rings(f);
+        std::vector<std::string> trace;
+        f.kernels.trace = &trace;
+        f.api.trace = &trace;
+        HostDeviceEngines engines;
+        {
+          CudaExecutor executor(options_for(f, across ? &engines : nullptr));
+          if (across) {
+            LocalRendezvous local;
+            REQUIRE(executor.admit(*f.set, SetAdmission{"j", &local, &f.topology}).ok());
+          }
+          const reduce::KernelArgs args{.dtype = dtype, .scale = reduce::Scale::kAfter, .divisor = 3};
+          auto health = std::make_shared<std::vector<reduce::HealthBlock>>(f.set->health_blocks);
+          for (size_t b = 0; b < f.set->plan.buckets.size(); ++b) {
+            BucketCall call = f.call(OpKind::kAllreduce, 1, b);
+            call.args = args;
+            call.desc.health = true;
+            call.health = health;
+            std::optional<Status> answer;
+            executor.launch(call, [&](const Status& s) { answer = s; });
+            if (across) {
+              // Not at enqueue, even device-ordered: only once the GPUs are through.
+              f.api.events_pending = true;
+              CHECK_FALSE(engines.made.front()->finish());
+              CHECK_FALSE(answer.has_value());
+              f.api.events_pending = false;
+              REQUIRE(engines.made.front()->finish());
+            }
+            REQUIRE(answer.has_value());
+            REQUIRE(answer->ok());
+          }
+          // Every block, against the host's health of the host's reduction.
+          for (size_t t = 0; t < f.set->layout.size(); ++t) {
+            const Bytes want = f.reduced(args, t);
+            const uint64_t numel = f.set->layout[t].numel;
+            for (uint64_t first = 0, k = 0; first < numel; first += reduce::kHealthBlockElements, ++k) {
+              INFO("tensor " << t << " block " << k);
+              const reduce::HealthBlock expected =
+                  reduce::simd::health(dtype, want.data() + first * dtype_size(dtype),
+                                       std::min<uint64_t>(reduce::kHealthBlockElements, numel - first));
+              CHECK(block_difference((*health)[f.set->health_block[t] + k], expected) == "");
+              CHECK((*health)[f.set->health_block[t] + k].nonfinite == (t == 3 && k == 1 ? 1u : 0u));
+            }
+          }
+          // One health launch per bucket, after its scatter and before any client's done record
+          // (a client may write its tensors again once its event fires).
+          CHECK(f.kernels.healths == static_cast<int>(f.set->plan.buckets.size()));
+          const auto health_at = std::find(trace.begin(), trace.end(), "health");
+          REQUIRE(health_at != trace.end());
+          CHECK(std::find(trace.begin(), health_at, "scatter") != health_at);
+          CHECK(std::find_if(trace.begin(), health_at, [](const std::string& s) {
+                  return s.rfind("record", 0) == 0;
+                }) == health_at);
+          if (!across) CHECK(f.api.synchronizations == static_cast<int>(f.set->plan.buckets.size()));
+          CHECK(f.api.downloads == static_cast<int>(f.set->plan.buckets.size()));
+        }
+        CHECK(f.api.allocations.empty());  // the health tables freed with the executor
+        f.set.reset();  // its event rings, before the fake device they were made on
+      }
+    }
+  }
+}
+
+}  // namespace gradsync::cuda
