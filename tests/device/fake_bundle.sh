@@ -126,6 +126,8 @@ echo '"""Fake gradsync package (fake_bundle.sh)."""' >"$out/python/gradsync/__in
 printf 'def lib():\n    return None\n' >"$out/python/gradsync/_lib.py"
 echo '"""Fake harness (fake_bundle.sh)."""' >"$out/python-tests/harness.py"
 echo '"""Fake worker (fake_bundle.sh)."""' >"$out/python-tests/workers/train.py"
+echo '"""Fake worker (fake_bundle.sh)."""' >"$out/python-tests/workers/sparse.py"
+echo '"""Fake helpers (fake_bundle.sh)."""' >"$out/python-tests/workers/ops.py"
 cat >"$out/python-tests/training_check.py" <<'EOF'
 """Fake training check (fake_bundle.sh): starts $GRADSYNCD_BINARY in a folder of its own under
 $TMPDIR, as harness.Daemon does, deletes the folder, and prints the real check's last line."""

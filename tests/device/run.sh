@@ -71,7 +71,8 @@ REQUIRED=(bin/gradsync_gpu_tests bin/gradsync_gpu_e2e_tests bin/gradsync-gpu-ben
           bin/gradsync-gpu-ipc-floor
           bin/gradsyncd run.sh gradsyncd-logged.sh torch_flatten.py python/gradsync/__init__.py
           python/gradsync/_lib.py python/gradsync/libgradsync_client.so python-tests/harness.py
-          python-tests/training_check.py python-tests/workers/train.py)
+          python-tests/training_check.py python-tests/workers/train.py python-tests/workers/sparse.py
+          python-tests/workers/ops.py)
 
 note() { echo "run.sh: $*"; }
 usage() { sed -n '2,13p' "$SELF"; exit 2; }
@@ -136,7 +137,7 @@ stage_mps() {  # the control daemon on a private pipe folder: only this stage's 
   echo "MPS control daemon started (CUDA_MPS_PIPE_DIRECTORY=$CUDA_MPS_PIPE_DIRECTORY)"
   sleep 1
   ours "$BUNDLE/bin/gradsync-gpu-daemon-bench" --gradsyncd "$BUNDLE/bin/gradsyncd" --steps 20 --round-trips 100 || return
-  ours "$BUNDLE/bin/gradsync-gpu-ipc-floor" --round-trips 200
+  ours linebuf "$BUNDLE/bin/gradsync-gpu-ipc-floor" --round-trips 200
 }
 
 # The preflight: one line per check into $OUT/preflight.txt; exits 1 if a check failed.

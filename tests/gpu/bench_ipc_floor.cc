@@ -41,6 +41,12 @@ struct Pipe {
   ~Pipe() {
     for (int f : fd) if (f >= 0) close(f);
   }
+  // Closes one end (0: read, 1: write): after a fork, each process closes the ends it does not
+  // use, so that a side that fails or exits gives the other an end of file, not a hang.
+  void close_end(int end) {
+    if (fd[end] >= 0) close(fd[end]);
+    fd[end] = -1;
+  }
   bool send(const void* data, size_t n) const { return write(fd[1], data, n) == static_cast<ssize_t>(n); }
   bool receive(void* data, size_t n) const {
     size_t got = 0;
@@ -152,9 +158,16 @@ int main(int argc, char** argv) {
     Pipe down, up;
     if (!down.open() || !up.open()) return 1;
     const pid_t child = fork();
-    if (child == 0) _exit(daemon_role(down, up, rounds, false, nullptr));
+    if (child == 0) {
+      down.close_end(1);
+      up.close_end(0);
+      _exit(daemon_role(down, up, rounds, false, nullptr));
+    }
+    down.close_end(0);
+    up.close_end(1);
     if (!ok(cudaSetDevice(0), "cudaSetDevice")) return 1;
-    const std::vector<double> us = trainer_role(down, up, rounds, interprocess_event(), false);
+    std::vector<double> us = trainer_role(down, up, rounds, interprocess_event(), false);
+    down.close_end(1);  // a daemon still reading sees the end
     int status = 0;
     waitpid(child, &status, 0);
     if (us.empty() || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
@@ -169,8 +182,12 @@ int main(int argc, char** argv) {
     if (!down.open() || !up.open()) return 1;
     const cudaEvent_t ready = interprocess_event();
     int daemon_rc = 1;
-    std::thread daemon([&] { daemon_rc = daemon_role(down, up, rounds, true, ready); });
+    std::thread daemon([&] {
+      daemon_rc = daemon_role(down, up, rounds, true, ready);
+      up.close_end(1);  // a trainer still reading sees the end
+    });
     const std::vector<double> us = trainer_role(down, up, rounds, ready, true);
+    down.close_end(1);
     daemon.join();
     if (us.empty() || daemon_rc != 0) {
       std::fprintf(stderr, "ipc_floor: the two-thread run failed\n");

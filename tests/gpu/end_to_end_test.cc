@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <csignal>
+#include <random>
 #include <cstring>
 #include <vector>
 
@@ -100,7 +101,18 @@ TEST_CASE("gpu end to end: allreduce sum and avg across 2 and 3 clients on one G
 // rank's tensor is found by every rank.
 TEST_CASE("gpu end to end: the health of a device allreduce equals the host's, and an inf is found", "[gpu][e2e][health]") {
   CHECK(run_ranks(2, [&](int rank, Client& client, const std::vector<SharedTensor>& tensors, const TensorSet& set) {
-          ReduceOptions options{ReduceOp::kSum};
+          // Random float32s (full mantissas): a sum of their squares depends on the order of
+          // the additions, which is what must match the host's.
+          std::mt19937 rng(static_cast<unsigned>(rank + 1));
+          std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+          for (const SharedTensor& t : tensors) {
+            std::vector<float> host(t.numel());
+            for (float& v : host) v = uniform(rng);
+            if (cudaMemcpy(t.data(), host.data(), t.bytes(), cudaMemcpyHostToDevice) != cudaSuccess) {
+              return fail("cudaMemcpy to the device failed");
+            }
+          }
+          ReduceOptions options{ReduceOp::kAvg};
           options.health = true;
           Work work = client.allreduce(set, options);
           if (!work.wait(kOperationBound)) return fail("timed out");

@@ -69,6 +69,22 @@ TEST_CASE("cuda health: the functor's blocks equal the host's bit for bit, every
       }
     }
   }
+  // Finite random values with full mantissas, whose sums depend on the order of the additions:
+  // the functor's lane order must be the host's, which a plain in-order sum is not.
+  for (DType dtype : kFloating) {
+    INFO(dtype_name(dtype) << ", finite random values");
+    const uint32_t count = reduce::kHealthBlockElements;
+    Bytes data(count * dtype_size(dtype));
+    std::uniform_real_distribution<double> uniform(-4.0, 4.0);
+    for (uint32_t i = 0; i < count; ++i) test::store_as(dtype, data.data() + i * dtype_size(dtype), uniform(rng));
+    const reduce::HealthBlock want = reduce::simd::health(dtype, data.data(), count);
+    CHECK(block_difference(functor_health(dtype, HealthItem{data.data(), 0, count}), want) == "");
+    double plain = 0;
+    for (uint32_t i = 0; i < count; ++i) plain = plain + reduce::simd::health(dtype, data.data() + i * dtype_size(dtype), 1).sum_sq;
+    // The data tells the orders apart for float32 and float64; a half type's squares and their
+    // sums are exact in float64 (few mantissa bits), so every order gives the same bits there.
+    if (dtype == DType::kFloat32 || dtype == DType::kFloat64) CHECK(plain != want.sum_sq);
+  }
   // A float64 above 1e154 squares to an inf, but is finite: not flagged.
   const double big[2] = {1e200, 1.0};
   const reduce::HealthBlock block = functor_health(DType::kFloat64, HealthItem{big, 0, 2});

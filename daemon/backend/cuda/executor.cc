@@ -779,6 +779,11 @@ Status CudaExecutor::enqueue_scatter_gathered(const BucketCall& call, int device
 }
 
 Status CudaExecutor::enqueue_health(const BucketCall& call, int device, const HealthTableState** state) {
+  if (Status s = health_table(call, device, state); !s.ok()) return s;
+  return kernels_->health(call.set->plan.buckets[call.bucket].dtype, (*state)->table(), devices_.at(device).stream);
+}
+
+Status CudaExecutor::health_table(const BucketCall& call, int device, const HealthTableState** state) {
   const TensorSet& set = *call.set;
   void* stream = devices_.at(device).stream;
   const auto key = std::make_tuple(set.id, call.bucket, device);
@@ -801,7 +806,7 @@ Status CudaExecutor::enqueue_health(const BucketCall& call, int device, const He
     it = health_tables_.emplace(key, std::move(made)).first;
   }
   *state = &it->second;
-  return kernels_->health(set.plan.buckets[call.bucket].dtype, it->second.table(), stream);
+  return Status();
 }
 
 Status CudaExecutor::run_single(const BucketCall& call) {
@@ -841,7 +846,10 @@ Status CudaExecutor::run_single(const BucketCall& call) {
   // "client" in, a copy out, so even NaN payloads of the half types survive.
   reduce::KernelArgs args = call.args;
   if (copy) args = reduce::KernelArgs{.dtype = DType::kUInt8};
-  Status status = wait_ready(call, device);
+  // The health table before anything of the bucket is queued, as the others (table()).
+  const HealthTableState* health = nullptr;
+  Status status = call.health ? health_table(call, device, &health) : Status();
+  if (status.ok()) status = wait_ready(call, device);
   if (call.desc.kind == OpKind::kAllgather) {
     // Source by source through the one bucket buffer; the stream keeps them in order.
     for (uint32_t source : set.participants[b]) {
@@ -855,7 +863,6 @@ Status CudaExecutor::run_single(const BucketCall& call) {
     // Whatever happens next, the gather may be running: it is waited for below.
     if (status.ok()) status = enqueue(call, device, Side::kScatter, launches, args);
   }
-  const HealthTableState* health = nullptr;
   if (status.ok() && call.health) status = enqueue_health(call, device, &health);
   if (status.ok()) status = record_done(call, device);
   status = on_device(device, status);
@@ -947,6 +954,10 @@ void CudaExecutor::run_across(const BucketCall& call, DeviceCollectiveEngine* en
     }
     if (status.ok() && bucket.wire) status = wire_buffer(buffers[i].device, std::max<size_t>(1, bucket.count) * 2);
     if (status.ok() && bucket.wire) status = table(call, buffers[i].device, Side::kWire, -1, false, false, &t);
+    if (status.ok() && call.health && buffers[i].device == health_device(call, buffers)) {
+      const HealthTableState* made = nullptr;
+      status = health_table(call, buffers[i].device, &made);
+    }
   }
   for (size_t i = 0; i < buffers.size() && status.ok(); ++i) {
     const int device = buffers[i].device;

@@ -165,6 +165,10 @@ class CudaExecutor final : public BucketExecutor {
   // client may write its tensors again once its event fires). *state: its table, which
   // collect_health() reads once the GPU is through.
   Status enqueue_health(const BucketCall& call, int device, const HealthTableState** state);
+  // The health kernel's table for the bucket on `device`, made on first use and kept; made
+  // before anything of the bucket is queued (a first upload from pageable memory may wait for
+  // the work already on the stream, which once a collective is queued includes the peers).
+  Status health_table(const BucketCall& call, int device, const HealthTableState** state);
   // Answered at enqueue: a device-ordered set's bucket, unless it computes health (the answer
   // carries the health, so it waits for the GPU).
   bool answer_at_enqueue(const BucketCall& call) { return device_ordered(call) && !call.health; }

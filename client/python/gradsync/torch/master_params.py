@@ -12,8 +12,8 @@ gradients to find an overflow: the daemon reports it with the reduction).
         norm = master.grad_norm(work)                             # before step(), which rescales
         master.step(optimizer, work, max_norm=1.0)                # False: skipped (inf or NaN)
 
-The gradients must be CPU tensors for now: the fused health is not computed on the GPU yet
-(CUDA gradients are refused with NotSupportedError).
+The daemon computes the fused health for CPU and, since 2026-12-04, CUDA gradients; this helper
+is tested with CPU tensors only (tests/python/workers/health.py); on CUDA tensors it has not run.
 """
 import math
 
