@@ -399,10 +399,6 @@ void ClientImpl::check_mask(const RegisterOptions& options, std::span<const Shar
     throw Error(Status::invalid_argument("mask: a masked set cannot have a reduce-scatter output (a shard of a "
                                          "masked range is not offered); register the two separately"));
   }
-  if (!tensors.empty() && tensors[0].device() >= 0) {
-    throw Error(Status::not_supported("mask: masked reduction is offered for host sets only so far; a device set "
-                                      "cannot have a mask (docs/limitations.md)"));
-  }
   uint64_t elements = 0;
   for (const SharedTensor& t : tensors) elements += t.numel();
   for (size_t i = 0; i < mask.size(); ++i) {

@@ -334,10 +334,6 @@ Status build_set(const std::string& job_id, uint32_t set_id, const Topology& top
                                     " and " + std::string(memory_kind_name(region->kind())) +
                                     "); register one set per kind");
   }
-  if (set->mask && set->memory_kind != MemoryKind::kHostMemfd) {
-    return Status::not_supported(name + ": masked reduction is offered for host sets only so far; a device set "
-                                        "cannot have a mask (docs/limitations.md)");
-  }
   complete_tensor_set(set.get(), topology);
   *out = std::move(set);
   return Status();

@@ -142,6 +142,39 @@ TEST_CASE("gpu end to end: the health of a device allreduce equals the host's, a
         }) == 0);
 }
 
+// Masked reduction on the GPU: every third element of the flat set and a run of 1000 are
+// summed across 2 clients; every other element becomes zero.
+TEST_CASE("gpu end to end: a masked allreduce sums the kept elements and zeroes the others", "[gpu][e2e][masked]") {
+  TestDaemon daemon;
+  const std::string job = unique_job("gpu-masked");
+  ClientGroup group(2, [&](int rank) {
+    auto client = join(daemon.socket(), job, rank, 2);
+    const std::vector<SharedTensor> tensors = client->allocate_device_flat(kSpecs, 0);
+    for (const SharedTensor& t : tensors) {
+      if (!fill(t, rank)) return fail("cudaMemcpy to the device failed");
+    }
+    uint64_t total = 0;
+    for (const SharedTensor& t : tensors) total += t.numel();
+    std::vector<uint64_t> mask;
+    for (uint64_t i = 0; i < total; ++i) {
+      if (i % 3 == 0 || (i >= 5000 && i < 6000)) mask.push_back(i);
+    }
+    const TensorSet set = client->register_tensors(tensors, RegisterOptions{.mask = mask});
+    if (!client->allreduce(set, ReduceOptions{ReduceOp::kSum}).wait(kOperationBound)) return fail("timed out");
+    uint64_t flat = 0;
+    for (const SharedTensor& t : tensors) {
+      const std::vector<float> got = read(t);
+      for (size_t i = 0; i < got.size(); ++i, ++flat) {
+        const bool kept = flat % 3 == 0 || (flat >= 5000 && flat < 6000);
+        const float want = kept ? value(0, i) + value(1, i) : 0.0f;
+        if (got[i] != want) return fail("flat element " + std::to_string(flat) + " is " + std::to_string(got[i]));
+      }
+    }
+    return kOk;
+  });
+  for (int status : group.wait_all(kCaseBound)) CHECK(exit_code(status) == kOk);
+}
+
 TEST_CASE("gpu end to end: broadcast from rank 1 and reduce to rank 0", "[gpu][e2e]") {
   CHECK(run_ranks(3, [&](int rank, Client& client, const std::vector<SharedTensor>& tensors, const TensorSet& set) {
           if (!client.reduce(set, 0, ReduceOptions{ReduceOp::kSum}).wait(kOperationBound)) return fail("timed out");

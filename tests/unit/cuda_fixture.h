@@ -181,6 +181,7 @@ class HostDeviceEngine final : public DeviceCollectiveEngine {
   }
   Status allreduce(std::span<const DeviceBuffer> buffers, size_t count, const ReduceSpec& s) override {
     calls.push_back("allreduce");
+    counts.push_back(count);
     if (on_collective) on_collective();
     if (!fail_calls.ok()) return fail_calls;
     combine(buffers, count, s, -1);
@@ -195,6 +196,7 @@ class HostDeviceEngine final : public DeviceCollectiveEngine {
   }
   Status reduce(std::span<const DeviceBuffer> buffers, size_t count, const ReduceSpec& s, int root) override {
     calls.push_back("reduce to " + std::to_string(root));
+    counts.push_back(count);
     combine(buffers, count, s, root);
     return Status();
   }
@@ -260,6 +262,7 @@ class HostDeviceEngine final : public DeviceCollectiveEngine {
   Status aborted;
   std::shared_ptr<bool> abandoned = std::make_shared<bool>(false);  // outlives the (leaked) engine
   std::vector<std::string> calls;
+  std::vector<size_t> counts;  // the element count of each allreduce and reduce
   std::function<void()> on_collective;  // called as each allreduce is issued
   std::vector<std::string> watched;
   struct Pending {

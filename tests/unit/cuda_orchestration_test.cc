@@ -73,6 +73,7 @@ class FakeDeviceApi final : public DeviceApi {
   Status free(int, void*, void*) override { return Status::not_supported("fake"); }
   Status upload(int, void*, const void*, size_t, void*) override { return Status::not_supported("fake"); }
   Status download(int, void*, const void*, size_t, void*) override { return Status::not_supported("fake"); }
+  Status zero(int, void*, size_t, void*) override { return Status::not_supported("fake"); }
   Status trim(int) override { return Status::not_supported("fake"); }
   Status create_stream(int, void**) override { return Status::not_supported("fake"); }
   Status destroy_stream(int, void*) override { return Status::not_supported("fake"); }

@@ -144,6 +144,14 @@ class HostBackedDeviceApi final : public DeviceApi {
     std::memcpy(to, from, bytes);
     return Status();
   }
+  Status zero(int device, void* at, size_t bytes, void* stream) override {
+    std::lock_guard lock(mutex_);
+    if (Status s = gate(device); !s.ok()) return s;
+    check_device(device, stream);
+    ++zeroings;
+    std::memset(at, 0, bytes);
+    return Status();
+  }
   Status trim(int) override {
     ++trims;
     return Status();
@@ -195,6 +203,7 @@ class HostBackedDeviceApi final : public DeviceApi {
   int made_with_prefix_ = 0;
   int uploads = 0;
   int downloads = 0;
+  int zeroings = 0;
   std::atomic<int> trims{0};
   int streams = 0;
   int synchronizations = 0;

@@ -76,7 +76,7 @@ struct RegisterOptions {
   // strictly increasing indices into the set's flat range (its tensors, in registration order,
   // as one range). allreduce and reduce then combine and send across nodes only those; every
   // other element of each result is set to zero. broadcast and allgather move every element.
-  // Every rank gives the same mask. Host sets only; not with reduce_scatter or health. Empty:
+  // Every rank gives the same mask. Host and device sets; not with reduce_scatter or health. Empty:
   // no mask. The daemon copies it at registration (8 bytes per index, kept for the set's life).
   std::vector<uint64_t> mask;
 };

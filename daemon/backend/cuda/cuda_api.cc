@@ -357,6 +357,11 @@ class CudaDeviceApi final : public DeviceApi {
     if (s.ok()) s = call(device, cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "cudaStreamSynchronize");
     return s;
   }
+  Status zero(int device, void* at, size_t bytes, void* stream) override {
+    DeviceScope scope(device);
+    if (!scope.status().ok()) return scope.status();
+    return call(device, cudaMemsetAsync(at, 0, bytes, static_cast<cudaStream_t>(stream)), "cudaMemsetAsync");
+  }
   Status create_stream(int device, void** stream) override {
     DeviceScope scope(device);
     if (!scope.status().ok()) return scope.status();

@@ -81,6 +81,8 @@ class DeviceApi {
   // Copies device bytes to host memory after the work queued on `stream` before it, and
   // returns once they are there (it waits for that work: call it after a synchronisation).
   virtual Status download(int device, void* to, const void* from, size_t bytes, void* stream) = 0;
+  // Sets `bytes` of device memory to zero in `stream`'s order (cudaMemsetAsync).
+  virtual Status zero(int device, void* at, size_t bytes, void* stream) = 0;
   // Gives the device memory of the daemon's that nobody holds back to the driver (the pool
   // keeps freed memory otherwise): when a job's executor goes.
   virtual Status trim(int device) = 0;

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "daemon/backend/cuda/events.h"
+#include "daemon/backend/cuda/kept_segments.h"
 #include "daemon/backend/cuda/work_items.h"
 #include "daemon/reduce/staged.h"
 #include "shared/backoff.h"
@@ -625,10 +626,13 @@ Status CudaExecutor::table(const BucketCall& call, int device, Side side, int on
     // One segment, the whole bucket buffer, against the GPU's wire buffer (wire_buffer() made
     // it large enough for this bucket; the half types are both 2 bytes).
     Segment s;
-    s.count = set.bucket_elements[call.bucket];
+    s.count = set.reduced_elements(call.bucket);
     s.address[0] = devices_.at(device).wire_buffer;
     segments.push_back(s);
     clients.assign(1, 0);
+  } else if (set.masked() && !bytes && (side == Side::kGather || side == Side::kScatter)) {
+    // A masked reduction moves the kept elements only, through a compact bucket buffer.
+    segments = kept_segments(set, call.bucket, clients);
   } else if (side == Side::kScatterShards) {
     segments = shard_segments(set, call.bucket, clients);
     // The table's one "client" column: every piece has its own destination.
@@ -677,7 +681,7 @@ bool CudaExecutor::zero_copy(const BucketCall& call, std::span<const int> device
   const TensorSet& set = *call.set;
   const size_t b = call.bucket;
   const DType dtype = set.plan.buckets[b].dtype;
-  if (call.desc.kind != OpKind::kAllreduce || !set.canonical_run[b] || set.runs[b].empty() ||
+  if (call.desc.kind != OpKind::kAllreduce || set.masked() || !set.canonical_run[b] || set.runs[b].empty() ||
       reduce::accumulation_dtype(dtype) != dtype) {
     return false;
   }
@@ -710,10 +714,29 @@ Status CudaExecutor::enqueue(const BucketCall& call, int device, Side side, cons
   }
   if (!status.ok() || t->clients == 0) return status;
   Device& state = devices_.at(device);
+  if (!gather && !launches.scatter_shards && !launches.bytes && call.set->masked()) {
+    // The seeds' temp_zero[mask] = reduced: every other element of a destination is zero.
+    if (Status s = enqueue_zero(call, device, launches); !s.ok()) return s;
+  }
   const BucketTable bucket_table{static_cast<const Segment*>(t->segments), static_cast<const WorkItem*>(t->items),
                                  t->item_count, t->clients, bucket ? bucket : state.bucket_buffer};
   return gather ? kernels_->gather(args, bucket_table, state.stream)
                 : kernels_->scatter(args, bucket_table, state.stream);
+}
+
+Status CudaExecutor::enqueue_zero(const BucketCall& call, int device, const Launches& launches) {
+  const TensorSet& set = *call.set;
+  void* stream = devices_.at(device).stream;
+  for (uint32_t c : set.participants[call.bucket]) {
+    if (device_of_client(set, call.bucket, c) != device) continue;
+    if (launches.scatter_only >= 0 && c != static_cast<uint32_t>(launches.scatter_only)) continue;
+    for (uint32_t t : set.plan.buckets[call.bucket].tensors) {
+      const size_t bytes = set.layout[t].numel * dtype_size(set.layout[t].dtype);
+      if (bytes == 0) continue;
+      if (Status s = api_->zero(device, set.address[c][t], bytes, stream); !s.ok()) return on_device(device, s);
+    }
+  }
+  return Status();
 }
 
 Status CudaExecutor::wire_buffer(int device, size_t bytes) {
@@ -894,7 +917,9 @@ void CudaExecutor::run_across(const BucketCall& call, DeviceCollectiveEngine* en
   bucket.call = &call;
   bucket.engine = engine;
   bucket.dtype = set.plan.buckets[b].dtype;
-  bucket.count = set.bucket_elements[b];
+  // A masked reduction carries the kept elements only (the compact buffer); moves carry all.
+  const bool masked = set.masked() && (call.desc.kind == OpKind::kAllreduce || call.desc.kind == OpKind::kReduce);
+  bucket.count = masked ? set.reduced_elements(b) : set.bucket_elements[b];
   bucket.bytes = planner.buffer_elements(bucket) * (planner.moves_bytes() ? dtype_size(bucket.dtype)
                                                        : dtype_size(reduce::accumulation_dtype(bucket.dtype)));
   bucket.args = planner.moves_bytes() ? reduce::KernelArgs{.dtype = DType::kUInt8} : call.args;

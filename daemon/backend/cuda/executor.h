@@ -196,9 +196,13 @@ class CudaExecutor final : public BucketExecutor {
   // allgather, one source rank at a time: its tensors into the bucket buffer on its GPU (when
   // `source_local` is a local rank there), then from the bucket buffer into every local
   // participant's output on `device`. Byte copies.
+  // A masked reduction's destinations on `device` (every participant there; a reduce's root
+  // only), each of the bucket's tensors zeroed before the scatter writes the kept elements.
+  Status enqueue_zero(const BucketCall& call, int device, const Launches& launches);
   // Makes `device`'s wire buffer hold `bytes` (growing it drops the GPU's kWire tables, whose
   // segment holds its address; the old buffer and tables are freed in the stream's order).
   Status wire_buffer(int device, size_t bytes);
+
   // Wire compression around a collective: every GPU's bucket buffer (float32 sums) narrowed into
   // its kWire table's buffer, or widened back from it.
   Status enqueue_wire(const BucketCall& call, DType wire, bool narrow, std::span<const DeviceBuffer> buffers);

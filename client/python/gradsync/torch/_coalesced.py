@@ -135,8 +135,6 @@ def set_for(client, tensors, device, group, bucket_bytes, allgather=False, tag=N
     if len(client._sets) == _MANY_SETS:
         warnings.warn(f"gradsync: this client registered {_MANY_SETS} sets; each new list layout registers one more, "
                       "and sets (with their staging memory) live until the client closes")
-    if mask is not None and device >= 0:
-        raise InvalidArgumentError("gradsync: a mask applies to CPU tensors only so far (docs/limitations.md)")
     if mask is not None and int(mask.min()) < 0:
         raise InvalidArgumentError(f"gradsync: mask holds a negative index ({int(mask.min())})")
     if direct:
