@@ -1,4 +1,6 @@
-"""PyTorch integration: GradBuffer, the DDP comm hook, sync_params, MasterParams. Imports torch."""
+"""PyTorch integration: GradBuffer, the DDP comm hook, sync_params, MasterParams, and the
+torch.distributed backend "gradsync" (registered on import). Imports torch."""
+from . import backend as _backend
 from .ddp import allreduce_hook
 from .grad_buffer import GradBuffer
 from ._memory import empty
@@ -6,3 +8,5 @@ from .master_params import MasterParams
 from .params import sync_params
 
 __all__ = ["GradBuffer", "MasterParams", "allreduce_hook", "empty", "sync_params"]
+
+_backend.register()

@@ -1,0 +1,203 @@
+"""gradsync as a torch.distributed backend: `dist.init_process_group("gradsync")`.
+
+`import gradsync.torch` registers the backend. Its process group is a Python subclass of
+torch.distributed.ProcessGroup: torch 1.13 calls a Python subclass's collectives through its
+trampoline, and torch 2.x uses a ProcessGroup that a custom backend's creator returns as it is
+(`_new_process_group_helper`), so one mechanism serves both, with no C++ extension to build
+against each installed torch. Each collective goes through this rank's gradsync client (the
+tensors staged through daemon-shared memory where they are not in it already, one registered
+set per layout, as the coalesced calls do) and returns a Work made from a torch future
+(`_create_work_from_future`): a C++ Work, whose wait() and get_future() need no Python object
+kept alive by C++.
+
+So far (issue 28, first part): CPU tensors; every collective completes before it returns
+(async_op gives a completed Work); the default (world) group only. Operations the daemon does
+not offer raise NotImplementedError naming them.
+"""
+import datetime
+import os
+import uuid
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import (AllreduceCoalescedOptions, AllreduceOptions,
+                                       BroadcastOptions, ReduceOptions, ReduceScatterOptions,
+                                       _create_work_from_future)
+from torch.distributed.constants import default_pg_timeout
+
+from .. import client as _client
+from ..errors import InvalidArgumentError
+
+NAME = "gradsync"
+
+
+def _op_name(op):
+    """torch's ReduceOp as gradsync's name; NotImplementedError for the ones it does not offer."""
+    for name, torch_op in (("sum", "SUM"), ("avg", "AVG"), ("min", "MIN"), ("max", "MAX")):
+        if hasattr(dist.ReduceOp, torch_op) and op == getattr(dist.ReduceOp, torch_op):
+            return name
+    raise NotImplementedError(f"gradsync backend: reduce op {op} is not offered (sum, avg, min and max are)")
+
+
+def _done(result):
+    future = torch.futures.Future()
+    future.set_result(result)
+    return _create_work_from_future(future)
+
+
+def _cpu_only(what, tensors):
+    for t in tensors:
+        if t.device.type != "cpu":
+            raise NotImplementedError(f"gradsync backend: {what} of a tensor on {t.device}: only CPU tensors so far "
+                                      "(docs/limitations.md)")
+
+
+class ProcessGroupGradsync(dist.ProcessGroup):
+    """The process group of `init_process_group("gradsync")`: one gradsync client of this rank,
+    joined to the job every rank of the group agreed on through torch's store."""
+
+    def __init__(self, store, rank, size, timeout):
+        super().__init__(rank, size)
+        world = os.environ.get("WORLD_SIZE")
+        if world and world.isdigit() and int(world) != size:
+            raise NotImplementedError(f"gradsync backend: a group of {size} of the {world} ranks is not offered yet "
+                                      "(the world group only); pass backend='gloo' to dist.new_group")
+        job = os.environ.get("TORCHELASTIC_RUN_ID")
+        if not job or job == "none":
+            # Not under torchrun (or under one without a run id): rank 0 names the job in the store.
+            key = "gradsync/job"
+            if rank == 0:
+                store.set(key, f"torch-{uuid.uuid4().hex[:12]}")
+            job = store.get(key).decode()
+        local_rank = int(os.environ.get("LOCAL_RANK", rank))
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", size))
+        # torch's default (30 minutes) was not chosen by the user and is past the daemon's
+        # maximum: the daemon's own default applies then. A timeout the user gave bounds every
+        # operation of the job (the daemon refuses one past its maximum, saying so).
+        seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else None
+        if seconds is not None and timeout == default_pg_timeout:
+            seconds = None
+        self._client = _client.connect(job=job, rank=rank, world_size=size, local_rank=local_rank,
+                                       local_world_size=local_world, timeout=seconds, name="torch.distributed")
+        self._barrier = torch.zeros(1)
+
+    def getBackendName(self):  # noqa: N802 (torch's name)
+        return NAME
+
+    # --- reductions ---------------------------------------------------------------------------
+
+    def allreduce(self, tensors, opts=None):
+        opts = opts or AllreduceOptions()
+        _cpu_only("all_reduce", tensors)
+        self._client.allreduce_coalesced(tensors, op=_op_name(opts.reduceOp)).wait()
+        return _done(tensors)
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        opts = opts or AllreduceCoalescedOptions()
+        _cpu_only("all_reduce_coalesced", tensors)
+        self._client.allreduce_coalesced(tensors, op=_op_name(opts.reduceOp)).wait()
+        return _done(tensors)
+
+    def reduce(self, tensors, opts=None):
+        opts = opts or ReduceOptions()
+        _cpu_only("reduce", tensors)
+        self._client.reduce_coalesced(tensors, root=opts.rootRank, op=_op_name(opts.reduceOp)).wait()
+        return _done(tensors)
+
+    def reduce_scatter(self, outputs, input_lists, opts=None):
+        opts = opts or ReduceScatterOptions()
+        # One output and its list of world_size inputs, each shaped like the output: rank r gets
+        # the reduction of every rank's input r, which is the r-th shard of their concatenation.
+        _cpu_only("reduce_scatter", list(outputs) + [t for inputs in input_lists for t in inputs])
+        for output, inputs in zip(outputs, input_lists):
+            if len(inputs) != self.size() or any(t.shape != output.shape or t.dtype != output.dtype for t in inputs):
+                raise InvalidArgumentError("gradsync backend: reduce_scatter takes world_size inputs shaped and typed "
+                                           "like the output")
+            self._reduce_scatter_flat(output, torch.cat([t.reshape(-1) for t in inputs]), opts)
+        return _done(outputs)
+
+    def _reduce_scatter_base(self, output, input, opts=None):  # noqa: A002 (torch's name)
+        opts = opts or ReduceScatterOptions()
+        _cpu_only("reduce_scatter_tensor", [output, input])
+        if input.numel() != output.numel() * self.size():
+            raise InvalidArgumentError(f"gradsync backend: reduce_scatter_tensor's input has {input.numel()} elements, "
+                                       f"not world_size ({self.size()}) x the output's {output.numel()}")
+        self._reduce_scatter_flat(output, input.reshape(-1), opts)
+        return _done([output])
+
+    def _reduce_scatter_flat(self, output, flat, opts):
+        shard = self._client.reduce_scatter_coalesced([flat.contiguous()], op=_op_name(opts.reduceOp)).wait()
+        output.copy_(shard.reshape(output.shape))
+
+    # --- moves --------------------------------------------------------------------------------
+
+    def broadcast(self, tensors, opts=None):
+        opts = opts or BroadcastOptions()
+        _cpu_only("broadcast", tensors)
+        self._client.broadcast_coalesced(tensors, root=opts.rootRank).wait()
+        return _done(tensors)
+
+    def allgather(self, output_lists, inputs, opts=None):
+        _cpu_only("all_gather", list(inputs) + [t for outputs in output_lists for t in outputs])
+        gathered = self._client.all_gather_coalesced(list(inputs)).wait()  # [rank][input]
+        for i, outputs in enumerate(output_lists):
+            if len(outputs) != self.size():
+                raise InvalidArgumentError(f"gradsync backend: all_gather takes world_size ({self.size()}) outputs, "
+                                           f"not {len(outputs)}")
+            for rank, output in enumerate(outputs):
+                output.copy_(gathered[rank][i].reshape(output.shape))
+        return _done(output_lists)
+
+    def _allgather_base(self, output, input, opts=None):  # noqa: A002 (torch's name)
+        _cpu_only("all_gather_into_tensor", [output, input])
+        if output.numel() != input.numel() * self.size():
+            raise InvalidArgumentError(f"gradsync backend: all_gather_into_tensor's output has {output.numel()} "
+                                       f"elements, not world_size ({self.size()}) x the input's {input.numel()}")
+        gathered = self._client.all_gather_coalesced([input.contiguous()]).wait()
+        output.copy_(torch.cat([row[0].reshape(-1) for row in gathered]).reshape(output.shape))
+        return _done([output])
+
+    def allgather_coalesced(self, output_lists, inputs, opts=None):
+        return self.allgather(output_lists, inputs, opts)
+
+    def barrier(self, opts=None):
+        self._client.allreduce_coalesced([self._barrier], op="sum").wait()
+        return _done([])
+
+    # --- what the daemon does not offer -------------------------------------------------------
+
+    def _not_offered(self, what):
+        raise NotImplementedError(f"gradsync backend: {what} is not offered (the daemon reduces and moves whole "
+                                  "sets: all_reduce, broadcast, all_gather, reduce_scatter, reduce, barrier); use a "
+                                  "gloo group for it (dist.new_group(backend='gloo'))")
+
+    def send(self, tensors, dst, tag):
+        self._not_offered("send")
+
+    def recv(self, tensors, src, tag):
+        self._not_offered("recv")
+
+    def recv_anysource(self, tensors, tag):
+        self._not_offered("recv")
+
+    def alltoall(self, outputs, inputs, opts=None):
+        self._not_offered("all_to_all")
+
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):  # noqa: A002
+        self._not_offered("all_to_all_single")
+
+    def scatter(self, outputs, input_lists, opts=None):
+        self._not_offered("scatter")
+
+    def gather(self, output_lists, inputs, opts=None):
+        self._not_offered("gather")
+
+
+def _create(store, rank, size, timeout):
+    return ProcessGroupGradsync(store, rank, size, timeout)
+
+
+def register():
+    """Registers the backend with torch.distributed (once; `import gradsync.torch` does it)."""
+    if getattr(dist.Backend, NAME.upper(), None) is None:
+        dist.Backend.register_backend(NAME, _create)

@@ -1,0 +1,148 @@
+"""The torch.distributed backend: init_process_group("gradsync") as the default group, and a
+gloo group of the same ranks beside it as the reference. Every collective the backend offers,
+on both groups, must give the same results; DDP without a hook on the gradsync group must train
+as DDP on the gloo group (50 steps, parameters within 1e-6 relative); what the backend does not
+offer raises NotImplementedError naming it."""
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import gradsync.torch  # noqa: F401 (registers the backend)
+from ops import exit_on_failures
+
+failures = []
+
+
+def check(condition, what):
+    if not condition:
+        failures.append(what)
+
+
+def tensors_for(rank, seed, shape=(5, 3), dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed * 100 + rank)
+    return (torch.randint(-8, 8, shape, generator=g).to(torch.float64) / 4).to(dtype)
+
+
+def same(what, got, want):
+    if got.dtype != want.dtype or got.shape != want.shape or not torch.equal(got, want):
+        failures.append(f"{what}: gradsync gave {got.flatten()[:6].tolist()}..., gloo {want.flatten()[:6].tolist()}...")
+
+
+def collectives(rank, world, gloo):
+    seed = 0
+    ops = {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
+    for dtype in (torch.float32, torch.float64, torch.int32):
+        for name, op in ops.items():
+            seed += 1
+            ours, theirs = tensors_for(rank, seed, dtype=dtype), tensors_for(rank, seed, dtype=dtype)
+            dist.all_reduce(ours, op=op)
+            dist.all_reduce(theirs, op=op, group=gloo)
+            same(f"all_reduce {name} {dtype}", ours, theirs)
+    # async_op: a Work whose wait() and get_future() work
+    t = tensors_for(rank, 50)
+    work = dist.all_reduce(t, async_op=True)
+    work.wait()
+    check(work.is_completed(), "an all_reduce Work is not completed after wait()")
+    check(torch.equal(work.get_future().wait()[0], t), "the Work's future does not hold the tensor")
+    for root in range(world):
+        ours, theirs = tensors_for(rank, 60 + root), tensors_for(rank, 60 + root)
+        dist.broadcast(ours, src=root)
+        dist.broadcast(theirs, src=root, group=gloo)
+        same(f"broadcast from {root}", ours, theirs)
+        ours, theirs = tensors_for(rank, 70 + root), tensors_for(rank, 70 + root)
+        dist.reduce(ours, dst=root)
+        dist.reduce(theirs, dst=root, group=gloo)
+        if rank == root:  # gloo leaves the others' tensors unspecified
+            same(f"reduce to {root}", ours, theirs)
+    mine = tensors_for(rank, 80)
+    ours = [torch.empty_like(mine) for _ in range(world)]
+    theirs = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(ours, mine)
+    dist.all_gather(theirs, mine, group=gloo)
+    for r in range(world):
+        same(f"all_gather rank {r}", ours[r], theirs[r])
+    if hasattr(dist, "all_gather_into_tensor"):
+        flat_ours = torch.empty(world * mine.numel())
+        dist.all_gather_into_tensor(flat_ours, mine.reshape(-1))
+        same("all_gather_into_tensor", flat_ours, torch.cat([t.reshape(-1) for t in theirs]))
+    inputs = [tensors_for(rank, 90 + r) for r in range(world)]
+    ours, theirs = torch.empty_like(inputs[0]), torch.empty_like(inputs[0])
+    dist.reduce_scatter(ours, [t.clone() for t in inputs])
+    # gloo has no reduce_scatter on torch 1.13: the reference is an all_reduce of input `rank`.
+    reference = [t.clone() for t in inputs]
+    for t in reference:
+        dist.all_reduce(t, group=gloo)
+    same("reduce_scatter", ours, reference[rank])
+    if hasattr(dist, "reduce_scatter_tensor"):
+        flat = torch.cat([t.reshape(-1) for t in inputs])
+        out = torch.empty(inputs[0].numel())
+        dist.reduce_scatter_tensor(out, flat)
+        same("reduce_scatter_tensor", out, reference[rank].reshape(-1))
+    dist.barrier()
+    for what, call in (("send", lambda: dist.send(torch.ones(1), dst=(rank + 1) % world)),
+                       ("all_to_all", lambda: dist.all_to_all([torch.ones(1)] * world, [torch.ones(1)] * world)),
+                       ("scatter", lambda: dist.scatter(torch.ones(1), [torch.ones(1)] * world if rank == 0 else None,
+                                                         src=0))):
+        try:
+            call()
+            failures.append(f"{what} was accepted")
+        except (NotImplementedError, RuntimeError) as e:
+            if f"{what} is not offered" not in str(e):
+                failures.append(f"{what}: unexpected message {e}")
+    try:
+        dist.all_reduce(torch.ones(2), op=dist.ReduceOp.PRODUCT)
+        failures.append("a product all_reduce was accepted")
+    except (NotImplementedError, RuntimeError) as e:
+        if "is not offered" not in str(e):
+            failures.append(f"product: unexpected message {e}")
+
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def train(rank, gloo, steps=50):
+    torch.manual_seed(5)
+    reference, ours = Model(), Model()
+    ours.load_state_dict(reference.state_dict())
+    nets = [DDP(reference, process_group=gloo), DDP(ours)]  # ours: the default group, gradsync
+    optimizers = [torch.optim.SGD(n.parameters(), lr=0.1) for n in nets]
+    for step in range(steps):
+        g = torch.Generator().manual_seed(1000 * rank + step)
+        x, y = torch.randn(8, 16, generator=g), torch.randn(8, 4, generator=g)
+        for net, optimizer in zip(nets, optimizers):
+            optimizer.zero_grad()
+            torch.nn.functional.mse_loss(net(x), y).backward()
+            optimizer.step()
+    for name, value in reference.state_dict().items():
+        try:
+            torch.testing.assert_close(ours.state_dict()[name], value, rtol=1e-6, atol=1e-7)
+        except AssertionError as e:
+            failures.append(f"after {steps} steps, {name} differs from DDP on gloo: {str(e).splitlines()[0]}")
+    if torch.equal(reference.net[0].weight, Model().net[0].weight):
+        failures.append("the model did not train")
+
+
+def main():
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("gradsync", init_method="tcp://127.0.0.1:" + os.environ["TEST_PORT"], rank=rank,
+                            world_size=world)
+    check(dist.get_backend() == "gradsync", f"the default group's backend is {dist.get_backend()}")
+    gloo = dist.new_group(backend="gloo")
+    collectives(rank, world, gloo)
+    if "--collectives-only" not in sys.argv:
+        train(rank, gloo)
+    print(f"rank {rank}: backend checks done")
+    exit_on_failures(failures)
+
+
+if __name__ == "__main__":
+    main()
