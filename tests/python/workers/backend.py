@@ -41,6 +41,34 @@ def collectives(rank, world, gloo):
             dist.all_reduce(ours, op=op)
             dist.all_reduce(theirs, op=op, group=gloo)
             same(f"all_reduce {name} {dtype}", ours, theirs)
+    ours, theirs = tensors_for(rank, 40), tensors_for(rank, 40)
+    if hasattr(dist.ReduceOp, "AVG"):  # gloo has no AVG: the reference is a sum, divided
+        dist.all_reduce(ours, op=dist.ReduceOp.AVG)
+        dist.all_reduce(theirs, group=gloo)
+        same("all_reduce avg", ours, theirs / world)
+    if hasattr(dist, "all_reduce_coalesced"):
+        ours = [tensors_for(rank, 41), tensors_for(rank, 42, shape=(7,))]
+        theirs = [t.clone() for t in ours]
+        dist.all_reduce_coalesced(ours)
+        for t in theirs:
+            dist.all_reduce(t, group=gloo)
+        for i in range(2):
+            same(f"all_reduce_coalesced tensor {i}", ours[i], theirs[i])
+    if hasattr(dist, "all_gather_coalesced"):
+        inputs = [tensors_for(rank, 43), tensors_for(rank, 44, shape=(2, 2))]
+        ours = [[torch.empty_like(t) for t in inputs] for _ in range(world)]
+        theirs = [[torch.empty_like(t) for t in inputs] for _ in range(world)]
+        dist.all_gather_coalesced(ours, inputs)
+        dist.all_gather_coalesced(theirs, inputs, group=gloo)
+        for r in range(world):
+            for i in range(2):
+                same(f"all_gather_coalesced rank {r} tensor {i}", ours[r][i], theirs[r][i])
+    try:
+        dist.new_group()  # the default backend, gradsync: every rank is a member, every rank refused
+        failures.append("a second gradsync group was accepted")
+    except (NotImplementedError, RuntimeError) as e:
+        if "only the default group can use the gradsync backend" not in str(e):
+            failures.append(f"new_group: unexpected message {e}")
     # async_op: a Work whose wait() and get_future() work
     t = tensors_for(rank, 50)
     work = dist.all_reduce(t, async_op=True)

@@ -2,9 +2,9 @@
 
 `import gradsync.torch` registers the backend. Its process group is a Python subclass of
 torch.distributed.ProcessGroup: torch 1.13 calls a Python subclass's collectives through its
-trampoline, and torch 2.x uses a ProcessGroup that a custom backend's creator returns as it is
-(`_new_process_group_helper`), so one mechanism serves both, with no C++ extension to build
-against each installed torch. Each collective goes through this rank's gradsync client (the
+trampoline, and torch 2.x's `_new_process_group_helper` uses a ProcessGroup that a custom
+backend's creator returns as it is, so one mechanism should serve both, with no C++ extension
+to build against each installed torch (run on 1.13 only so far). Each collective goes through this rank's gradsync client (the
 tensors staged through daemon-shared memory where they are not in it already, one registered
 set per layout, as the coalesced calls do) and returns a Work made from a torch future
 (`_create_work_from_future`): a C++ Work, whose wait() and get_future() need no Python object
@@ -16,6 +16,8 @@ not offer raise NotImplementedError naming them.
 """
 import datetime
 import os
+import socket
+import threading
 import uuid
 
 import torch
@@ -52,12 +54,35 @@ def _cpu_only(what, tensors):
                                       "(docs/limitations.md)")
 
 
+def _local_ranks(store, rank, size):
+    """This rank's place on its machine when the launcher did not say (no $LOCAL_RANK or
+    $LOCAL_WORLD_SIZE): every rank publishes its host name in torch's store; the ranks on this
+    host, in global rank order, are its local ranks."""
+    store.set(f"gradsync/host/{rank}", socket.gethostname())
+    hosts = [store.get(f"gradsync/host/{r}").decode() for r in range(size)]
+    here = [r for r in range(size) if hosts[r] == hosts[rank]]
+    return here.index(rank), len(here)
+
+
+def _locked(method):
+    def call(self, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
+    call.__name__ = method.__name__
+    call.__doc__ = method.__doc__
+    return call
+
+
 class ProcessGroupGradsync(dist.ProcessGroup):
     """The process group of `init_process_group("gradsync")`: one gradsync client of this rank,
     joined to the job every rank of the group agreed on through torch's store."""
 
     def __init__(self, store, rank, size, timeout):
         super().__init__(rank, size)
+        if dist.is_initialized():
+            # One client per rank and job: a second gradsync group would join the job again.
+            raise NotImplementedError("gradsync backend: only the default group can use the gradsync backend so far; "
+                                      "pass backend='gloo' to dist.new_group")
         world = os.environ.get("WORLD_SIZE")
         if world and world.isdigit() and int(world) != size:
             raise NotImplementedError(f"gradsync backend: a group of {size} of the {world} ranks is not offered yet "
@@ -69,8 +94,10 @@ class ProcessGroupGradsync(dist.ProcessGroup):
             if rank == 0:
                 store.set(key, f"torch-{uuid.uuid4().hex[:12]}")
             job = store.get(key).decode()
-        local_rank = int(os.environ.get("LOCAL_RANK", rank))
-        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", size))
+        if os.environ.get("LOCAL_RANK") and os.environ.get("LOCAL_WORLD_SIZE"):
+            local_rank, local_world = int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
+        else:
+            local_rank, local_world = _local_ranks(store, rank, size)
         # torch's default (30 minutes) was not chosen by the user and is past the daemon's
         # maximum: the daemon's own default applies then. A timeout the user gave bounds every
         # operation of the job (the daemon refuses one past its maximum, saying so).
@@ -80,30 +107,37 @@ class ProcessGroupGradsync(dist.ProcessGroup):
         self._client = _client.connect(job=job, rank=rank, world_size=size, local_rank=local_rank,
                                        local_world_size=local_world, timeout=seconds, name="torch.distributed")
         self._barrier = torch.zeros(1)
+        # The client is used from one thread at a time (gradsync.Client); torch may call a
+        # process group from several (DDP's reducer, a user's async_op).
+        self._lock = threading.Lock()
 
     def getBackendName(self):  # noqa: N802 (torch's name)
         return NAME
 
     # --- reductions ---------------------------------------------------------------------------
 
+    @_locked
     def allreduce(self, tensors, opts=None):
         opts = opts or AllreduceOptions()
         _cpu_only("all_reduce", tensors)
         self._client.allreduce_coalesced(tensors, op=_op_name(opts.reduceOp)).wait()
         return _done(tensors)
 
+    @_locked
     def allreduce_coalesced(self, tensors, opts=None):
         opts = opts or AllreduceCoalescedOptions()
         _cpu_only("all_reduce_coalesced", tensors)
         self._client.allreduce_coalesced(tensors, op=_op_name(opts.reduceOp)).wait()
         return _done(tensors)
 
+    @_locked
     def reduce(self, tensors, opts=None):
         opts = opts or ReduceOptions()
         _cpu_only("reduce", tensors)
         self._client.reduce_coalesced(tensors, root=opts.rootRank, op=_op_name(opts.reduceOp)).wait()
         return _done(tensors)
 
+    @_locked
     def reduce_scatter(self, outputs, input_lists, opts=None):
         opts = opts or ReduceScatterOptions()
         # One output and its list of world_size inputs, each shaped like the output: rank r gets
@@ -116,6 +150,7 @@ class ProcessGroupGradsync(dist.ProcessGroup):
             self._reduce_scatter_flat(output, torch.cat([t.reshape(-1) for t in inputs]), opts)
         return _done(outputs)
 
+    @_locked
     def _reduce_scatter_base(self, output, input, opts=None):  # noqa: A002 (torch's name)
         opts = opts or ReduceScatterOptions()
         _cpu_only("reduce_scatter_tensor", [output, input])
@@ -131,12 +166,14 @@ class ProcessGroupGradsync(dist.ProcessGroup):
 
     # --- moves --------------------------------------------------------------------------------
 
+    @_locked
     def broadcast(self, tensors, opts=None):
         opts = opts or BroadcastOptions()
         _cpu_only("broadcast", tensors)
         self._client.broadcast_coalesced(tensors, root=opts.rootRank).wait()
         return _done(tensors)
 
+    @_locked
     def allgather(self, output_lists, inputs, opts=None):
         _cpu_only("all_gather", list(inputs) + [t for outputs in output_lists for t in outputs])
         gathered = self._client.all_gather_coalesced(list(inputs)).wait()  # [rank][input]
@@ -148,6 +185,7 @@ class ProcessGroupGradsync(dist.ProcessGroup):
                 output.copy_(gathered[rank][i].reshape(output.shape))
         return _done(output_lists)
 
+    @_locked
     def _allgather_base(self, output, input, opts=None):  # noqa: A002 (torch's name)
         _cpu_only("all_gather_into_tensor", [output, input])
         if output.numel() != input.numel() * self.size():
@@ -157,9 +195,20 @@ class ProcessGroupGradsync(dist.ProcessGroup):
         output.copy_(torch.cat([row[0].reshape(-1) for row in gathered]).reshape(output.shape))
         return _done([output])
 
+    @_locked
     def allgather_coalesced(self, output_lists, inputs, opts=None):
-        return self.allgather(output_lists, inputs, opts)
+        # torch's layout: output_lists[rank][i] receives rank's inputs[i].
+        _cpu_only("all_gather_coalesced", list(inputs) + [t for outputs in output_lists for t in outputs])
+        if len(output_lists) != self.size() or any(len(outputs) != len(inputs) for outputs in output_lists):
+            raise InvalidArgumentError(f"gradsync backend: all_gather_coalesced takes world_size ({self.size()}) "
+                                       f"lists of {len(inputs)} outputs")
+        gathered = self._client.all_gather_coalesced([t.contiguous() for t in inputs]).wait()  # [rank][input]
+        for rank, outputs in enumerate(output_lists):
+            for i, output in enumerate(outputs):
+                output.copy_(gathered[rank][i].reshape(output.shape))
+        return _done(output_lists)
 
+    @_locked
     def barrier(self, opts=None):
         self._client.allreduce_coalesced([self._barrier], op="sum").wait()
         return _done([])
@@ -199,5 +248,9 @@ def _create(store, rank, size, timeout):
 
 def register():
     """Registers the backend with torch.distributed (once; `import gradsync.torch` does it)."""
-    if getattr(dist.Backend, NAME.upper(), None) is None:
+    if getattr(dist.Backend, NAME.upper(), None) is not None:
+        return
+    try:  # torch 2.x: say which devices it serves (CPU so far); 1.13 has no `devices`
+        dist.Backend.register_backend(NAME, _create, devices=["cpu"])
+    except TypeError:
         dist.Backend.register_backend(NAME, _create)
