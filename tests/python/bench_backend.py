@@ -35,16 +35,17 @@ def main():
         daemon.close()
     line = next(l for l in results[0][1].splitlines() if l.startswith("bench_backend:"))
     v = {k: float(x) for k, x in re.findall(r"(\w+)=([0-9.]+)", line)}
+    # Backend and client calls alternate, call by call; the ratios are medians of per-pair ratios.
     small_target = 1.5 * v["client_4k_us"] + 10
     print("| measurement (2 ranks, one machine) | backend | gloo backend | gradsync client | target |")
     print("|---|---|---|---|---|")
     print(f"| 4 KiB all_reduce, median | {v['backend_4k_us']:.1f} us | {v['gloo_4k_us']:.1f} us | "
           f"{v['client_4k_us']:.1f} us | <= {small_target:.1f} us (1.5x client + 10 us): "
-          f"{'met' if v['backend_4k_us'] <= small_target else 'MISSED'} |")
+          f"{'met' if v['backend_4k_us'] <= small_target else 'MISSED'} (pairs: backend / client "
+          f"{v['ratio_4k']:.2f}x) |")
     print(f"| 100 MiB all_reduce, median | {v['backend_100m_ms']:.2f} ms | {v['gloo_100m_ms']:.2f} ms | "
           f"{v['client_100m_ms']:.2f} ms | <= 1.2x client: "
-          f"{'met' if v['backend_100m_ms'] <= 1.2 * v['client_100m_ms'] else 'MISSED'} "
-          f"({v['backend_100m_ms'] / v['client_100m_ms']:.2f}x) |")
+          f"{'met' if v['ratio_100m'] <= 1.2 else 'MISSED'} (pairs: {v['ratio_100m']:.2f}x) |")
     print(f"| per-call Python overhead (backend - client, 4 KiB) | {v['backend_4k_us'] - v['client_4k_us']:.1f} us | | | |")
 
 

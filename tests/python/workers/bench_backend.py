@@ -23,6 +23,25 @@ def median_us(call, repeats):
     return statistics.median(samples)
 
 
+def paired_us(first, second, repeats):
+    """Medians of `first` and `second` timed alternately, call by call (so drift and noise fall
+    on both alike), and the median of their per-pair ratios."""
+    for _ in range(min(20, repeats)):
+        first()
+        second()
+    a, b, ratios = [], [], []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        first()
+        middle = time.perf_counter()
+        second()
+        end = time.perf_counter()
+        a.append((middle - start) * 1e6)
+        b.append((end - middle) * 1e6)
+        ratios.append(a[-1] / b[-1])
+    return statistics.median(a), statistics.median(b), statistics.median(ratios)
+
+
 def main():
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     small, large = int(sys.argv[1]), int(sys.argv[2])
@@ -34,16 +53,22 @@ def main():
     big = torch.ones(25 << 20)  # 100 MiB
     # max, not sum: the values stay ones however many times they are reduced in place.
     top = dist.ReduceOp.MAX
+    backend_4k, client_4k, ratio_4k = paired_us(lambda: dist.all_reduce(tiny, op=top),
+                                                lambda: client.allreduce_coalesced([tiny], op="max").wait(), small)
+    backend_big, client_big, ratio_big = paired_us(lambda: dist.all_reduce(big, op=top),
+                                                   lambda: client.allreduce_coalesced([big], op="max").wait(), large)
     rows = {
-        "backend_4k_us": median_us(lambda: dist.all_reduce(tiny, op=top), small),
+        "backend_4k_us": backend_4k,
         "gloo_4k_us": median_us(lambda: dist.all_reduce(tiny, op=top, group=gloo), small),
-        "client_4k_us": median_us(lambda: client.allreduce_coalesced([tiny], op="max").wait(), small),
-        "backend_100m_ms": median_us(lambda: dist.all_reduce(big, op=top), large) / 1000,
+        "client_4k_us": client_4k,
+        "ratio_4k": ratio_4k,
+        "backend_100m_ms": backend_big / 1000,
         "gloo_100m_ms": median_us(lambda: dist.all_reduce(big, op=top, group=gloo), large) / 1000,
-        "client_100m_ms": median_us(lambda: client.allreduce_coalesced([big], op="max").wait(), large) / 1000,
+        "client_100m_ms": client_big / 1000,
+        "ratio_100m": ratio_big,
     }
     if rank == 0:
-        print("bench_backend: " + " ".join(f"{k}={v:.1f}" if k.endswith("us") else f"{k}={v:.2f}"
+        print("bench_backend: " + " ".join(f"{k}={v:.1f}" if k.endswith("us") else f"{k}={v:.3f}"
                                             for k, v in rows.items()))
     dist.barrier()
 
