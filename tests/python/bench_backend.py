@@ -9,13 +9,12 @@ within 1.2x of the client's coalesced call, the DDP hook's path).
 import argparse
 import os
 import re
-import socket
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from harness import Daemon, assert_all_ok, run_ranks  # noqa: E402
+from harness import Daemon, assert_all_ok, free_port, run_ranks  # noqa: E402
 
 
 def main():
@@ -23,9 +22,7 @@ def main():
     parser.add_argument("--small", type=int, default=500, help="repeats of the 4 KiB all_reduce")
     parser.add_argument("--large", type=int, default=10, help="repeats of the 100 MiB all_reduce")
     args = parser.parse_args()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     daemon = Daemon()
     try:
         results = run_ranks("bench_backend.py", 2, daemon, args=(args.small, args.large), timeout=600,

@@ -8,6 +8,7 @@ torchrun: the tests never share a client between ranks.
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -67,6 +68,13 @@ class Daemon:
         """stop(), then removes the daemon's folder (its socket and log): nothing is left in /tmp."""
         self.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def free_port():
+    """A TCP port on loopback that nothing listens on now (for a test's torch.distributed store)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def run_ranks(script, world, daemon, args=(), timeout=240, env=None, job=None):

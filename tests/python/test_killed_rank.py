@@ -24,7 +24,7 @@ import uuid
 import pytest
 
 from conftest import HERE
-from training_check import _free_port
+from harness import free_port
 
 KILLS = int(os.environ.get("GRADSYNC_KILLS", "20"))
 JOB_TIMEOUT = 4.0
@@ -128,7 +128,7 @@ class _Job:
 
     def __init__(self, server, daemon, mode, directory, name):
         self.id = f"{name}-" + uuid.uuid4().hex[:6]
-        port = str(_free_port())
+        port = str(free_port())
         self.processes, self.paths = [], []
         for rank in range(2):
             env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2",

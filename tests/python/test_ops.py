@@ -1,13 +1,6 @@
 """Every coalesced operation, dtype and scaling mode from Python, against torch's results."""
-import socket
-
 from conftest import assert_all_ok, run_ranks
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from harness import free_port
 
 
 def test_every_operation_dtype_and_scaling_mode_matches_torch(daemon):

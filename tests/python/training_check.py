@@ -6,28 +6,21 @@ gloo, two trainer processes, STEPS steps of a small model. Used by test_training
 """
 import os
 import re
-import socket
 import sys
 import tempfile
 import time
 
 import torch
 
-from harness import Daemon, assert_all_ok, run_ranks
+from harness import Daemon, assert_all_ok, free_port, run_ranks
 
 STEPS = 60
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _train(mode, daemon, out_dir, device):
     out = os.path.join(out_dir, mode)
     started = time.monotonic()
-    results = run_ranks("train.py", 2, daemon, args=(mode, out, STEPS, device), env={"TEST_PORT": str(_free_port())})
+    results = run_ranks("train.py", 2, daemon, args=(mode, out, STEPS, device), env={"TEST_PORT": str(free_port())})
     # As each training ends, so that a run cut at its budget (the device check) shows how far it got.
     print(f"training {mode} on {device}: ranks ended in {time.monotonic() - started:.1f} s", flush=True)
     assert_all_ok(results, daemon)
@@ -79,7 +72,7 @@ def sparse_on_gpu(daemon):
     result against torch's sum on the CPU, and an nn.Embedding(sparse=True) model under DDP with
     the gradsync hook against DDP on gloo. CI's tests run the same worker on the CPU."""
     started = time.monotonic()
-    results = run_ranks("sparse.py", 2, daemon, args=("cuda",), env={"TEST_PORT": str(_free_port())})
+    results = run_ranks("sparse.py", 2, daemon, args=("cuda",), env={"TEST_PORT": str(free_port())})
     assert_all_ok(results, daemon)
     cases = re.search(r"(\d+) cases on cuda", results[0][1]).group(1)
     return f"cuda: sparse gradients, {cases} cases and an embedding under DDP, equal torch and DDP on gloo " \

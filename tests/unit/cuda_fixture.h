@@ -314,23 +314,32 @@ class HostDeviceEngines final : public DeviceEngineFactory {
 };
 
 // Runs every bucket, finishing each through the engine when it is watched.
+// Launches one bucket and returns its answer. One the executor leaves to the engine's watchdog
+// is not answered while the GPUs' events are pending, and is once they are through;
+// `must_wait_for_gpus`: it must be left to the watchdog (not answered at enqueue).
+inline Status launch_and_finish(Fixture& f, CudaExecutor& executor, HostDeviceEngines& engines,
+                                const BucketCall& call, bool must_wait_for_gpus = false) {
+  std::optional<Status> answer;
+  executor.launch(call, [&](const Status& s) { answer = s; });
+  if (must_wait_for_gpus) CHECK_FALSE(answer.has_value());
+  if (!answer) {
+    // Not before the GPUs are through: the done events say so.
+    f.api.events_pending = true;
+    CHECK_FALSE(engines.made.front()->finish());
+    CHECK_FALSE(answer.has_value());
+    f.api.events_pending = false;
+    REQUIRE(engines.made.front()->finish());
+  }
+  REQUIRE(answer.has_value());
+  return *answer;
+}
+
 inline Status run_across(Fixture& f, CudaExecutor& executor, HostDeviceEngines& engines, OpKind kind,
                   const reduce::KernelArgs& args, int root = 0) {
   for (size_t b = 0; b < f.set->plan.buckets.size(); ++b) {
     BucketCall call = f.call(kind, 1, b, root);
     call.args = args;
-    std::optional<Status> answer;
-    executor.launch(call, [&](const Status& s) { answer = s; });
-    if (!answer) {
-      // Not before the GPUs are through: the done events say so.
-      f.api.events_pending = true;
-      CHECK_FALSE(engines.made.front()->finish());
-      CHECK_FALSE(answer.has_value());
-      f.api.events_pending = false;
-      REQUIRE(engines.made.front()->finish());
-    }
-    REQUIRE(answer.has_value());
-    if (!answer->ok()) return *answer;
+    if (Status answer = launch_and_finish(f, executor, engines, call); !answer.ok()) return answer;
   }
   return Status();
 }
