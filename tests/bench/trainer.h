@@ -21,8 +21,10 @@ struct TrainerArgs {
   std::string layout = "flat:104857600";
   std::string dtype = "float32";  // float32, float16 or bfloat16 (flat layouts only)
   // step: allreduce(set) per step; mark: deferred + mark_ready each tensor; reduce_scatter:
-  // reduce_scatter(set) per step; health: allreduce with the fused health; separate-health:
-  // allreduce, then the trainer's own pass over the results for inf, NaN and the norm
+  // reduce_scatter(set) per step; health: an allreduce with the fused health and a plain one
+  // per step, in alternating order (rank 0 prints "plain <us>" beside each sample);
+  // separate-health: allreduce, then the trainer's own pass over the results for inf, NaN and
+  // the norm
   std::string mode = "step";
   // A mask keeping about this percentage of the set's elements (spread as a pruned model's
   // are); 0: no mask.
