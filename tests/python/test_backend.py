@@ -1,11 +1,15 @@
 """The torch.distributed backend "gradsync" (gradsync/torch/backend.py): init_process_group("gradsync")
 as the default group, checked against a gloo group of the same ranks in the same processes
 (workers/backend.py): every offered collective, DDP without a hook for 50 steps, and the refusals."""
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
+import uuid
 
-from conftest import assert_all_ok, run_ranks
-from harness import free_port
+from conftest import HERE, Daemon, assert_all_ok, run_ranks
+from harness import cluster_token, free_port
 
 
 def test_backend_two_ranks_matches_gloo(daemon):
@@ -17,6 +21,38 @@ def test_backend_two_ranks_matches_gloo(daemon):
 
 def test_backend_three_ranks_matches_gloo(daemon):
     assert_all_ok(run_ranks("backend.py", 3, daemon, env={"TEST_PORT": str(free_port())}), daemon)
+
+
+def test_backend_two_nodes_on_loopback_match_gloo():
+    # Two daemons ("nodes") of one cluster, two ranks on each: the cross-node path (Gloo between
+    # the daemons) under the backend, every collective and DDP against torch's gloo.
+    token_dir = tempfile.mkdtemp(prefix="gradsync-token-")
+    peer_port = free_port()
+    nodes = [Daemon("--peer-token-file", cluster_token(token_dir), peer_listen=f"127.0.0.1:{peer_port}")]
+    nodes.append(Daemon("--peer-token-file", os.path.join(token_dir, "cluster.token")))
+    try:
+        job, port, processes = "py-" + uuid.uuid4().hex[:10], str(free_port()), []
+        for rank in range(4):
+            env = dict(os.environ, RANK=str(rank), WORLD_SIZE="4", LOCAL_RANK=str(rank % 2), LOCAL_WORLD_SIZE="2",
+                       TORCHELASTIC_RUN_ID=job, OMP_NUM_THREADS="1", GRADSYNC_SOCKET=nodes[rank // 2].socket,
+                       GRADSYNC_RENDEZVOUS=f"127.0.0.1:{peer_port}", TEST_PORT=port)
+            processes.append(subprocess.Popen([sys.executable, os.path.join(HERE, "workers", "backend.py")], env=env,
+                                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        results = []
+        for p in processes:
+            try:
+                out, _ = p.communicate(timeout=240)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                out = p.communicate()[0] + "\n[killed: timed out]"
+            results.append((p.returncode, out))
+        assert_all_ok(results, nodes[1])
+        assert all("backend checks done" in out for _, out in results), results
+        assert "world size 4, node 1 of 2" in nodes[1].log(), nodes[1].log()  # the job spanned both
+    finally:
+        for node in nodes:
+            node.close()
+        shutil.rmtree(token_dir, ignore_errors=True)
 
 
 def test_importing_gradsync_does_not_import_torch_but_gradsync_torch_registers_the_backend():
@@ -51,3 +87,41 @@ def test_local_ranks_come_from_the_hosts_ranks_publish_in_the_store():
             "print('local', b._local_ranks(s, 2, 4))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert "local (1, 2)" in out.stdout, out.stdout + out.stderr
+
+
+def _scenario(daemon, name, world=2):
+    env = {"TEST_PORT": str(free_port()), "GRADSYNCD_PID": str(daemon.process.pid), "TEST_DIR": daemon.dir}
+    results = run_ranks("backend_errors.py", world, daemon, args=(name,), env=env, timeout=120)
+    assert_all_ok(results, daemon)
+    for rank, (_, out) in enumerate(results):
+        if not (name.endswith("killed-peer") and rank == 1):
+            assert f"{name} done" in out, out
+    return results
+
+
+def test_async_op_returns_at_once_and_waits_with_a_timeout(daemon):
+    _scenario(daemon, "async")
+
+
+def test_the_timeout_of_init_process_group_bounds_an_operation(daemon):
+    _scenario(daemon, "timeout")
+
+
+def test_a_layout_mismatch_raises_torchs_type_with_gradsyncs_text(daemon):
+    _scenario(daemon, "layout")
+
+
+def test_a_killed_rank_fails_the_next_operation_naming_it(daemon):
+    _scenario(daemon, "killed-peer")
+
+
+def test_a_dead_daemon_fails_every_rank_as_torchs_type(daemon):
+    _scenario(daemon, "dead-daemon")
+
+
+def test_ddp_backward_raises_when_a_rank_dies(daemon):
+    _scenario(daemon, "ddp-killed-peer")
+
+
+def test_a_rank_that_never_arrives_fails_init_within_its_timeout(daemon):
+    _scenario(daemon, "never-arrives", world=1)

@@ -3,18 +3,19 @@
 `import gradsync.torch` registers the backend. Its process group is a Python subclass of
 torch.distributed.ProcessGroup: torch 1.13 calls a Python subclass's collectives through its
 trampoline, and torch 2.x's `_new_process_group_helper` uses a ProcessGroup that a custom
-backend's creator returns as it is, so one mechanism should serve both, with no C++ extension
-to build against each installed torch (run on 1.13 only so far). Each collective goes through this rank's gradsync client (the
-tensors staged through daemon-shared memory where they are not in it already, one registered
-set per layout, as the coalesced calls do) and returns a Work made from a torch future
-(`_create_work_from_future`): a C++ Work, whose wait() and get_future() need no Python object
-kept alive by C++.
+backend's creator returns as it is, so one mechanism serves both, with no C++ extension to
+build against each installed torch. Each collective goes through this rank's gradsync client
+(the tensors staged through daemon-shared memory where they are not in it already, one
+registered set per layout, as the coalesced calls do) and returns at once a Work of the
+operation in flight (_pg_work): its wait() waits for the daemon on the caller's thread, its
+get_future() is completed by a waiter thread, so DDP's backward overlaps its buckets.
 
-So far (issue 28, first part): CPU tensors; every collective completes before it returns
-(async_op gives a completed Work); the default (world) group only. Operations the daemon does
-not offer raise NotImplementedError naming them.
+So far (issue 28): CPU tensors; the default (world) group only. Operations the daemon does not
+offer raise NotImplementedError naming them; gradsync's errors are raised as torch raises its
+own (_pg_errors).
 """
 import datetime
+import functools
 import os
 import socket
 import threading
@@ -23,12 +24,13 @@ import uuid
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import (AllreduceCoalescedOptions, AllreduceOptions,
-                                       BroadcastOptions, ReduceOptions, ReduceScatterOptions,
-                                       _create_work_from_future)
+                                       BroadcastOptions, ReduceOptions, ReduceScatterOptions)
 from torch.distributed.constants import default_pg_timeout
 
 from .. import client as _client
-from ..errors import InvalidArgumentError
+from ..errors import Error, InvalidArgumentError
+from ._pg_errors import as_torch
+from ._pg_work import GradsyncWork, Tracker
 
 NAME = "gradsync"
 
@@ -39,12 +41,6 @@ def _op_name(op):
         if hasattr(dist.ReduceOp, torch_op) and op == getattr(dist.ReduceOp, torch_op):
             return name
     raise NotImplementedError(f"gradsync backend: reduce op {op} is not offered (sum, avg, min and max are)")
-
-
-def _done(result):
-    future = torch.futures.Future()
-    future.set_result(result)
-    return _create_work_from_future(future)
 
 
 def _cpu_only(what, tensors):
@@ -65,11 +61,15 @@ def _local_ranks(store, rank, size):
 
 
 def _locked(method):
+    """A collective's start: under the group's lock (the client is used from one thread at a
+    time), gradsync's errors raised as torch raises its own."""
+    @functools.wraps(method)
     def call(self, *args, **kwargs):
         with self._lock:
-            return method(self, *args, **kwargs)
-    call.__name__ = method.__name__
-    call.__doc__ = method.__doc__
+            try:
+                return method(self, *args, **kwargs)
+            except Error as e:
+                raise as_torch(e) from None
     return call
 
 
@@ -104,12 +104,21 @@ class ProcessGroupGradsync(dist.ProcessGroup):
         seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else None
         if seconds is not None and timeout == default_pg_timeout:
             seconds = None
-        self._client = _client.connect(job=job, rank=rank, world_size=size, local_rank=local_rank,
-                                       local_world_size=local_world, timeout=seconds, name="torch.distributed")
+        try:
+            self._client = _client.connect(job=job, rank=rank, world_size=size, local_rank=local_rank,
+                                           local_world_size=local_world, timeout=seconds, name="torch.distributed")
+        except Error as e:
+            raise as_torch(e) from None
         self._barrier = torch.zeros(1)
         # The client is used from one thread at a time (gradsync.Client); torch may call a
         # process group from several (DDP's reducer, a user's async_op).
         self._lock = threading.Lock()
+        self._tracker = Tracker()
+
+    def _work(self, work, result, finish=None):
+        """The Work torch gets for gradsync's `work`, whose wait() yields `result` after
+        `finish(value)` copied the daemon's value into the caller's tensors."""
+        return GradsyncWork(self._tracker, work, finish, result)
 
     def getBackendName(self):  # noqa: N802 (torch's name)
         return NAME
@@ -120,22 +129,20 @@ class ProcessGroupGradsync(dist.ProcessGroup):
     def allreduce(self, tensors, opts=None):
         opts = opts or AllreduceOptions()
         _cpu_only("all_reduce", tensors)
-        self._client.allreduce_coalesced(tensors, op=_op_name(opts.reduceOp)).wait()
-        return _done(tensors)
+        return self._work(self._client.allreduce_coalesced(tensors, op=_op_name(opts.reduceOp)), tensors)
 
     @_locked
     def allreduce_coalesced(self, tensors, opts=None):
         opts = opts or AllreduceCoalescedOptions()
         _cpu_only("all_reduce_coalesced", tensors)
-        self._client.allreduce_coalesced(tensors, op=_op_name(opts.reduceOp)).wait()
-        return _done(tensors)
+        return self._work(self._client.allreduce_coalesced(tensors, op=_op_name(opts.reduceOp)), tensors)
 
     @_locked
     def reduce(self, tensors, opts=None):
         opts = opts or ReduceOptions()
         _cpu_only("reduce", tensors)
-        self._client.reduce_coalesced(tensors, root=opts.rootRank, op=_op_name(opts.reduceOp)).wait()
-        return _done(tensors)
+        return self._work(self._client.reduce_coalesced(tensors, root=opts.rootRank, op=_op_name(opts.reduceOp)),
+                          tensors)
 
     @_locked
     def reduce_scatter(self, outputs, input_lists, opts=None):
@@ -143,12 +150,14 @@ class ProcessGroupGradsync(dist.ProcessGroup):
         # One output and its list of world_size inputs, each shaped like the output: rank r gets
         # the reduction of every rank's input r, which is the r-th shard of their concatenation.
         _cpu_only("reduce_scatter", list(outputs) + [t for inputs in input_lists for t in inputs])
-        for output, inputs in zip(outputs, input_lists):
-            if len(inputs) != self.size() or any(t.shape != output.shape or t.dtype != output.dtype for t in inputs):
-                raise InvalidArgumentError("gradsync backend: reduce_scatter takes world_size inputs shaped and typed "
-                                           "like the output")
-            self._reduce_scatter_flat(output, torch.cat([t.reshape(-1) for t in inputs]), opts)
-        return _done(outputs)
+        if len(outputs) != 1 or len(input_lists) != 1:
+            raise InvalidArgumentError(f"gradsync backend: reduce_scatter takes one output and one list of inputs, "
+                                       f"not {len(outputs)} and {len(input_lists)}")
+        output, inputs = outputs[0], input_lists[0]
+        if len(inputs) != self.size() or any(t.shape != output.shape or t.dtype != output.dtype for t in inputs):
+            raise InvalidArgumentError("gradsync backend: reduce_scatter takes world_size inputs shaped and typed "
+                                       "like the output")
+        return self._reduce_scatter_flat(output, torch.cat([t.reshape(-1) for t in inputs]), opts, outputs)
 
     @_locked
     def _reduce_scatter_base(self, output, input, opts=None):  # noqa: A002 (torch's name)
@@ -157,12 +166,11 @@ class ProcessGroupGradsync(dist.ProcessGroup):
         if input.numel() != output.numel() * self.size():
             raise InvalidArgumentError(f"gradsync backend: reduce_scatter_tensor's input has {input.numel()} elements, "
                                        f"not world_size ({self.size()}) x the output's {output.numel()}")
-        self._reduce_scatter_flat(output, input.reshape(-1), opts)
-        return _done([output])
+        return self._reduce_scatter_flat(output, input.reshape(-1), opts, [output])
 
-    def _reduce_scatter_flat(self, output, flat, opts):
-        shard = self._client.reduce_scatter_coalesced([flat.contiguous()], op=_op_name(opts.reduceOp)).wait()
-        output.copy_(shard.reshape(output.shape))
+    def _reduce_scatter_flat(self, output, flat, opts, result):
+        work = self._client.reduce_scatter_coalesced([flat.contiguous()], op=_op_name(opts.reduceOp))
+        return self._work(work, result, lambda shard: output.copy_(shard.reshape(output.shape)))
 
     # --- moves --------------------------------------------------------------------------------
 
@@ -170,20 +178,22 @@ class ProcessGroupGradsync(dist.ProcessGroup):
     def broadcast(self, tensors, opts=None):
         opts = opts or BroadcastOptions()
         _cpu_only("broadcast", tensors)
-        self._client.broadcast_coalesced(tensors, root=opts.rootRank).wait()
-        return _done(tensors)
+        return self._work(self._client.broadcast_coalesced(tensors, root=opts.rootRank), tensors)
 
     @_locked
     def allgather(self, output_lists, inputs, opts=None):
         _cpu_only("all_gather", list(inputs) + [t for outputs in output_lists for t in outputs])
-        gathered = self._client.all_gather_coalesced(list(inputs)).wait()  # [rank][input]
-        for i, outputs in enumerate(output_lists):
+        for outputs in output_lists:
             if len(outputs) != self.size():
                 raise InvalidArgumentError(f"gradsync backend: all_gather takes world_size ({self.size()}) outputs, "
                                            f"not {len(outputs)}")
-            for rank, output in enumerate(outputs):
-                output.copy_(gathered[rank][i].reshape(output.shape))
-        return _done(output_lists)
+
+        def finish(gathered):  # [rank][input]
+            for i, outputs in enumerate(output_lists):
+                for rank, output in enumerate(outputs):
+                    output.copy_(gathered[rank][i].reshape(output.shape))
+
+        return self._work(self._client.all_gather_coalesced(list(inputs)), output_lists, finish)
 
     @_locked
     def _allgather_base(self, output, input, opts=None):  # noqa: A002 (torch's name)
@@ -191,9 +201,11 @@ class ProcessGroupGradsync(dist.ProcessGroup):
         if output.numel() != input.numel() * self.size():
             raise InvalidArgumentError(f"gradsync backend: all_gather_into_tensor's output has {output.numel()} "
                                        f"elements, not world_size ({self.size()}) x the input's {input.numel()}")
-        gathered = self._client.all_gather_coalesced([input.contiguous()]).wait()
-        output.copy_(torch.cat([row[0].reshape(-1) for row in gathered]).reshape(output.shape))
-        return _done([output])
+
+        def finish(gathered):
+            output.copy_(torch.cat([row[0].reshape(-1) for row in gathered]).reshape(output.shape))
+
+        return self._work(self._client.all_gather_coalesced([input.contiguous()]), [output], finish)
 
     @_locked
     def allgather_coalesced(self, output_lists, inputs, opts=None):
@@ -202,16 +214,17 @@ class ProcessGroupGradsync(dist.ProcessGroup):
         if len(output_lists) != self.size() or any(len(outputs) != len(inputs) for outputs in output_lists):
             raise InvalidArgumentError(f"gradsync backend: all_gather_coalesced takes world_size ({self.size()}) "
                                        f"lists of {len(inputs)} outputs")
-        gathered = self._client.all_gather_coalesced([t.contiguous() for t in inputs]).wait()  # [rank][input]
-        for rank, outputs in enumerate(output_lists):
-            for i, output in enumerate(outputs):
-                output.copy_(gathered[rank][i].reshape(output.shape))
-        return _done(output_lists)
+
+        def finish(gathered):  # [rank][input]
+            for rank, outputs in enumerate(output_lists):
+                for i, output in enumerate(outputs):
+                    output.copy_(gathered[rank][i].reshape(output.shape))
+
+        return self._work(self._client.all_gather_coalesced([t.contiguous() for t in inputs]), output_lists, finish)
 
     @_locked
     def barrier(self, opts=None):
-        self._client.allreduce_coalesced([self._barrier], op="sum").wait()
-        return _done([])
+        return self._work(self._client.allreduce_coalesced([self._barrier], op="sum"), [])
 
     # --- what the daemon does not offer -------------------------------------------------------
 

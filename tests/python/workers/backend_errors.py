@@ -1,0 +1,165 @@
+"""The torch.distributed backend's async Works and its failures, one scenario per run (argv[1]):
+
+  async         rank 1 arrives 1 s late: rank 0's async_op all_reduce (of a layout used
+                before) returns at once, not
+                completed; wait(timeout) raises a timeout and the operation goes on; wait()
+                then gives the sum, and so does get_future()
+  timeout       init_process_group(timeout=3 s); rank 1 never calls a second all_reduce: rank
+                0's fails within that bound with gradsync's error, raised as torch's type
+  layout        ranks all_reduce tensors of different lengths: both fail with gradsync's
+                LayoutMismatchError, raised as torch's type
+  killed-peer   rank 1 dies after a first all_reduce: rank 0's next one fails, naming rank 1
+  dead-daemon   the daemon is killed (SIGKILL, $GRADSYNCD_PID) after a first all_reduce: every
+                rank's next one fails, as torch's type
+  never-arrives run alone as rank 0 of 2: init_process_group fails within its timeout
+  ddp-killed-peer  DDP with no hook; rank 1 dies after 3 steps: rank 0's backward raises
+                gradsync's error, as torch's type, within the job's timeout
+
+torch's type: RuntimeError on torch 1.13, torch.distributed.DistBackendError on 2.x.
+"""
+import datetime
+import os
+import signal
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import gradsync
+import gradsync.torch  # noqa: F401 (registers the backend)
+from ops import exit_on_failures
+
+TORCH_ERROR = getattr(dist, "DistBackendError", RuntimeError)
+failures = []
+
+
+def check(condition, what):
+    if not condition:
+        failures.append(what)
+
+
+def expect_failure(what, call, gradsync_type, within, text=None):
+    """`call` must raise an error that is both gradsync_type and torch's own type, within
+    `within` seconds, its message holding `text`."""
+    start = time.monotonic()
+    try:
+        call()
+    except Exception as e:  # noqa: BLE001 (checked below)
+        took = time.monotonic() - start
+        print(f"{what}: {type(e).__name__} after {took:.2f} s: {e}", flush=True)
+        check(isinstance(e, gradsync_type), f"{what}: raised {type(e).__mro__}, not a {gradsync_type.__name__}")
+        check(isinstance(e, TORCH_ERROR), f"{what}: raised {type(e).__mro__}, not torch's {TORCH_ERROR.__name__}")
+        check(took <= within, f"{what}: took {took:.2f} s, more than {within} s")
+        check(text is None or text in str(e), f"{what}: the message does not say {text!r}: {e}")
+        return
+    failures.append(f"{what}: nothing was raised")
+
+
+def async_works(rank, world):
+    t = torch.full((4,), float(rank + 1))
+    # The first call of a layout registers its staging set, which every local rank must reach
+    # (registration is a barrier): warm it up first.
+    dist.all_reduce(torch.zeros(4))
+    if rank == 1:
+        time.sleep(1.0)
+    start = time.monotonic()
+    work = dist.all_reduce(t, async_op=True)
+    returned = time.monotonic() - start
+    if rank == 0:
+        check(returned < 0.5, f"async_op all_reduce took {returned:.2f} s to return")
+        check(not work.is_completed(), "the Work was completed before rank 1 arrived")
+        try:
+            work.wait(timeout=datetime.timedelta(milliseconds=200))
+            failures.append("wait(200 ms) returned before rank 1 arrived")
+        except Exception as e:  # noqa: BLE001
+            check(isinstance(e, TimeoutError), f"wait(200 ms) raised {type(e).__mro__}, not a TimeoutError")
+            check(isinstance(e, TORCH_ERROR), f"wait(200 ms) raised {type(e).__mro__}, not torch's type")
+    future = work.get_future()
+    check(work.wait(), "wait() did not return True")
+    check(work.is_completed() and work.is_success(), "the Work is not completed and successful after wait()")
+    want = torch.full((4,), float(sum(range(1, world + 1))))
+    check(torch.equal(t, want), f"the async all_reduce gave {t.tolist()}, not {want.tolist()}")
+    check(torch.equal(future.wait()[0], want), "the Work's future does not hold the result")
+    # Many in flight at once, waited in reverse order: each its own result.
+    tensors = [torch.full((3,), float(rank + i)) for i in range(8)]
+    works = [dist.all_reduce(x, async_op=True) for x in tensors]
+    for w in reversed(works):
+        w.wait()
+    for i, x in enumerate(tensors):
+        want = float(sum(r + i for r in range(world)))
+        check(torch.equal(x, torch.full((3,), want)), f"in-flight all_reduce {i} gave {x.tolist()}, not {want}")
+
+
+def never_arrives():
+    """Run alone, as rank 0 of 2: init_process_group fails within its timeout (in torch's own
+    store barrier, with torch's text), and nothing is left waiting."""
+    store = os.path.join(os.environ["TEST_DIR"], "store")
+    expect_failure("init_process_group without rank 1",
+                   lambda: dist.init_process_group("gradsync", init_method="file://" + store, rank=0, world_size=2,
+                                                   timeout=datetime.timedelta(seconds=3)),
+                   RuntimeError, within=8)
+
+
+def main():
+    scenario = sys.argv[1]
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if scenario == "never-arrives":
+        never_arrives()
+        print(f"rank {rank}: {scenario} done", flush=True)
+        exit_on_failures(failures)
+        return
+    timeout = datetime.timedelta(seconds=3 if scenario in ("timeout", "ddp-killed-peer") else 20)
+    dist.init_process_group("gradsync", init_method="tcp://127.0.0.1:" + os.environ["TEST_PORT"], rank=rank,
+                            world_size=world, timeout=timeout)
+    if scenario == "async":
+        async_works(rank, world)
+    elif scenario == "timeout":
+        dist.all_reduce(torch.ones(4))  # registers the set: what follows times out in the operation
+        if rank == 0:
+            expect_failure("an all_reduce rank 1 never joins", lambda: dist.all_reduce(torch.ones(4)),
+                           gradsync.TimeoutError, within=8, text="rank")
+        else:
+            time.sleep(6)  # past rank 0's failure; the job has failed by now
+            expect_failure("rank 1's late all_reduce", lambda: dist.all_reduce(torch.ones(4)), gradsync.Error,
+                           within=8)
+    elif scenario == "layout":
+        expect_failure("all_reduce of different lengths", lambda: dist.all_reduce(torch.ones(3 + rank)),
+                       gradsync.LayoutMismatchError, within=25)
+    elif scenario == "killed-peer":
+        dist.all_reduce(torch.ones(4))
+        if rank == 1:
+            os._exit(0)
+        expect_failure("an all_reduce after rank 1 died", lambda: dist.all_reduce(torch.ones(4)), gradsync.Error,
+                       within=25, text="rank 1")
+    elif scenario == "dead-daemon":
+        dist.all_reduce(torch.ones(4))
+        dist.barrier()
+        if rank == 0:
+            os.kill(int(os.environ["GRADSYNCD_PID"]), signal.SIGKILL)
+        time.sleep(0.5)
+        expect_failure("an all_reduce after the daemon died", lambda: dist.all_reduce(torch.ones(4)),
+                       gradsync.Error, within=25)
+    elif scenario == "ddp-killed-peer":
+        model = DDP(torch.nn.Linear(8, 2))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+        def steps():
+            for step in range(10):
+                if step == 3 and rank == 1:
+                    os._exit(0)
+                optimizer.zero_grad()
+                model(torch.randn(4, 8)).sum().backward()
+                optimizer.step()
+
+        if rank == 0:
+            expect_failure("DDP's backward after rank 1 died", steps, gradsync.Error, within=10)
+    else:
+        failures.append(f"unknown scenario {scenario}")
+    print(f"rank {rank}: {scenario} done", flush=True)
+    exit_on_failures(failures)
+
+
+if __name__ == "__main__":
+    main()
