@@ -128,6 +128,8 @@ echo '"""Fake harness (fake_bundle.sh)."""' >"$out/python-tests/harness.py"
 echo '"""Fake worker (fake_bundle.sh)."""' >"$out/python-tests/workers/train.py"
 echo '"""Fake worker (fake_bundle.sh)."""' >"$out/python-tests/workers/sparse.py"
 echo '"""Fake helpers (fake_bundle.sh)."""' >"$out/python-tests/workers/ops.py"
+echo '"""Fake worker (fake_bundle.sh)."""' >"$out/python-tests/workers/backend.py"
+echo '"""Fake worker (fake_bundle.sh)."""' >"$out/python-tests/workers/backend_errors.py"
 cat >"$out/python-tests/training_check.py" <<'EOF'
 """Fake training check (fake_bundle.sh): starts $GRADSYNCD_BINARY in a folder of its own under
 $TMPDIR, as harness.Daemon does, deletes the folder, and prints the real check's last line."""

@@ -1,6 +1,8 @@
 """The training comparison: DDP with the gradsync comm hook, and GradBuffer, each against DDP on
-gloo, two trainer processes, STEPS steps of a small model. Used by test_training.py and, with
---cuda (two processes sharing GPU 0), by the device check, which has no pytest:
+gloo, two trainer processes, STEPS steps of a small model; with --cpu, then the torch.distributed
+backend's checks under this torch. Used by test_training.py (compare() only: test_backend.py
+runs the backend's) and, with --cpu and --cuda (two processes sharing GPU 0), by the device check, which has
+no pytest:
 
     GRADSYNCD_BINARY=... PYTHONPATH=.../python python3 training_check.py --cuda
 """
@@ -79,16 +81,37 @@ def sparse_on_gpu(daemon):
            f"({time.monotonic() - started:.1f} s)"
 
 
+def backend_on_this_torch():
+    """--cpu only: the torch.distributed backend under this machine's torch (CI has 1.13 only):
+    every offered collective and DDP with no hook against gloo (workers/backend.py), an async
+    Work, and DDP's backward when a rank dies (workers/backend_errors.py), each with a daemon of
+    its own (the last one's job fails)."""
+    started, seen = time.monotonic(), []
+    for script, args in (("backend.py", ()), ("backend_errors.py", ("async",)),
+                         ("backend_errors.py", ("ddp-killed-peer",))):
+        daemon = Daemon()
+        try:
+            results = run_ranks(script, 2, daemon, args=args, env={"TEST_PORT": str(free_port())})
+            assert_all_ok(results, daemon)
+        finally:
+            daemon.close()
+        seen.append(" ".join((script,) + args))
+        print(f"backend: {seen[-1]} passed at {time.monotonic() - started:.1f} s", flush=True)
+    return f"cpu: init_process_group('gradsync') on torch {torch.__version__}: {', '.join(seen)} passed"
+
+
 def main():
     device = "cuda" if "--cuda" in sys.argv else "cpu"  # --cpu (the default) or --cuda
     daemon = Daemon()
     try:
         with tempfile.TemporaryDirectory(prefix="gradsync-train-") as scratch:
-            print("training:", compare(daemon, scratch, device))
+            print("training:", compare(daemon, scratch, device), flush=True)
         if device == "cuda":
             print("sparse:", sparse_on_gpu(daemon), flush=True)
     finally:
         daemon.close()
+    if device == "cpu":
+        print("backend:", backend_on_this_torch(), flush=True)
 
 
 if __name__ == "__main__":
