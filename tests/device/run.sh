@@ -34,23 +34,24 @@
 #   e2e            35 s  gradsync_gpu_e2e_tests: gradsyncd + trainer processes sharing GPU 0
 #   kernels        20 s  (a) gradsync-gpu-bench: gather + scatter of ResNet-50's 161 tensors
 #   daemon-bench   30 s  (b) (c) (d) gradsync-gpu-daemon-bench: gradsyncd + 2 trainers
-#   python-cpu    100 s  training_check.py --cpu   } 185 s: each run starts 3+ Python processes
-#   python-cuda    85 s  training_check.py --cuda  } importing torch (33-42 s each on an H200);
-#                                                    --cpu then runs the torch.distributed
-#                                                    backend's checks (3 more pairs of processes),
-#                                                    --cuda the sparse worker on the GPU
+#   python-cpu    100 s  training_check.py --cpu   } 200 s: each run starts 3+ Python processes
+#   python-cuda   100 s  training_check.py --cuda  } importing torch (33-42 s each on an H200);
+#                                                    --cuda then runs the sparse worker on the
+#                                                    GPU; both then the torch.distributed
+#                                                    backend's checks (--cpu 3 more pairs of
+#                                                    processes, --cuda 1)
 #   torch-flatten  25 s  (a) the peer: torch flatten + unflatten (torch warm by then)
 #   mps            30 s  (c) under MPS, only with --mps; then 10 s to stop MPS (mps-stop)
-# Sum: 380 s, 420 s with --mps. Overall bound: 435 s. The script runs itself under
-# `timeout -k 8 435`; every stage's budget is also cut to what is left of the bound (less 10 s
+# Sum: 395 s, 435 s with --mps. Overall bound: 450 s. The script runs itself under
+# `timeout -k 8 450`; every stage's budget is also cut to what is left of the bound (less 10 s
 # kept for the end), and at the bound a trap ends the stage, marks its rows, and prints and saves
-# the table. Worst case: 435 s + 8 s of kill grace + at most 13 s of clean-up by the outer layer
+# the table. Worst case: 450 s + 8 s of kill grace + at most 13 s of clean-up by the outer layer
 # (end the stage 2 s, stop MPS 5 s, remove the scratch folder 4 s, let tee finish 2 s) if even
-# the trap was stuck: 456 s, under 8 minutes. Every external command that can hang (nvidia-smi,
+# the trap was stuck: 471 s, under 8 minutes. Every external command that can hang (nvidia-smi,
 # python3, ldd, readelf, MPS control, our binaries) runs under `timeout -k`.
 #
 # For run.sh's own tests only (tests/device/test_run.sh, with fake_bundle.sh):
-#   GRADSYNC_DEVICE_CHECK_BOUND_S=S             the overall bound instead of 435 s
+#   GRADSYNC_DEVICE_CHECK_BOUND_S=S             the overall bound instead of 450 s
 #   GRADSYNC_DEVICE_CHECK_BUDGETS=NAME=S,...    stage budgets instead of the above
 #   GRADSYNC_DEVICE_CHECK_FAKE_STAGE=NAME:hang  stage NAME hangs instead (cut at its budget);
 #                             NAME:hang-untimed  the same without its timeout, as a bug would
@@ -61,8 +62,8 @@ set -uo pipefail
 SELF="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")"
 STAGES=(preflight gpu-tests e2e kernels daemon-bench python-cpu python-cuda torch-flatten mps)
 declare -A BUDGET=([preflight]=25 [gpu-tests]=60 [e2e]=35 [kernels]=20 [daemon-bench]=30
-                   [python-cpu]=100 [python-cuda]=85 [torch-flatten]=25 [mps]=30 [mps-stop]=10)
-BOUND=${GRADSYNC_DEVICE_CHECK_BOUND_S:-435}
+                   [python-cpu]=100 [python-cuda]=100 [torch-flatten]=25 [mps]=30 [mps-stop]=10)
+BOUND=${GRADSYNC_DEVICE_CHECK_BOUND_S:-450}
 OUTER_KILL_GRACE=8  # after the bound's TERM, before the KILL
 STAGE_KILL_GRACE=5
 END_RESERVE=$((BOUND >= 100 ? 10 : 2))  # kept at the end of the bound for the table (2 s: tests)
@@ -384,7 +385,7 @@ def_row preflight preflight "preflight" "this machine: driver, compute mode, MIG
 def_row gpu-tests gpu-tests "GPU tests (gradsync_gpu_tests)" "the coalescing kernels on the GPU against the host reduction, bit for bit (two NaNs equal whatever their payload); one single-rank NCCL communicator through the engine: allreduce, watchdog, a stuck stream's timeout and abort, a restarted job's re-join, a split off a parent communicator; the health kernel against the host's health"
 def_row e2e e2e "end to end (gradsync_gpu_e2e_tests)" "gradsyncd + 2-3 trainer processes sharing GPU 0: allreduce sum/avg, broadcast, reduce, allgather, clients killed mid-step and mid-job, stream ordering, legacy IPC (trusted user only), fused health; single node, NCCL single-rank"
 def_row python-cpu python-cpu "Python training check, CPU tensors (training_check.py --cpu)" "DDP with gradsync's comm hook, and GradBuffer, each equal to DDP on gloo after 60 steps, 2 trainer processes, with this machine's torch (its post-accumulate-grad hook path, which CI's torch never takes); then init_process_group('gradsync') on this torch: every offered collective and DDP without a hook against gloo, an async Work, DDP's backward when a rank dies"
-def_row python-cuda python-cuda "Python training check, CUDA tensors (training_check.py --cuda)" "the same with both trainer processes' tensors on GPU 0; then sparse COO gradients on the GPU (every dtype, op and result against torch on the CPU; an nn.Embedding(sparse=True) under DDP against DDP on gloo)"
+def_row python-cuda python-cuda "Python training check, CUDA tensors (training_check.py --cuda)" "the same with both trainer processes' tensors on GPU 0; then sparse COO gradients on the GPU (every dtype, op and result against torch on the CPU; an nn.Embedding(sparse=True) under DDP against DDP on gloo); then init_process_group('gradsync') with GPU 0's tensors: every offered collective against gloo, the stream rule, DDP without a hook against DDP on gloo"
 def_row a-kernels kernels "(a) ResNet-50 161 tensors: gradsync gather + scatter" "gradsync's coalescing kernels alone, on one GPU" "<= 1.25x the copy (>= 80% of copy bandwidth)"
 def_row a-torch torch-flatten "(a) peer: torch flatten + unflatten + copy back, the same 161 tensors" "torch's _flatten_dense_tensors/_unflatten_dense_tensors, as the seeds do it" "torch >= 1.5x gradsync"
 def_row b-step daemon-bench "(b) gradsyncd + 2 trainers on one GPU: 2 x 100 MiB avg-allreduce step" "one node, one GPU: gradsyncd's same-GPU kernel reduction of 2 processes' buffers; NCCL moves no data (single rank)"

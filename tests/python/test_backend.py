@@ -8,6 +8,9 @@ import sys
 import tempfile
 import uuid
 
+import pytest
+import torch
+
 from conftest import HERE, Daemon, assert_all_ok, run_ranks
 from harness import cluster_token, free_port
 
@@ -17,6 +20,15 @@ def test_backend_two_ranks_matches_gloo(daemon):
     assert_all_ok(results, daemon)
     for _, out in results:
         assert "backend checks done" in out, out
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_backend_cuda_tensors_match_gloo(daemon):
+    # Both ranks' tensors on GPU 0, staged through VMM buffers there, ordered on the current
+    # stream; gloo's reference on the CPU (and DDP's on GPU 0).
+    results = run_ranks("backend.py", 2, daemon, args=("--cuda",), env={"TEST_PORT": str(free_port())})
+    assert_all_ok(results, daemon)
 
 
 def test_backend_three_ranks_matches_gloo(daemon):

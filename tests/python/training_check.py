@@ -1,6 +1,6 @@
 """The training comparison: DDP with the gradsync comm hook, and GradBuffer, each against DDP on
-gloo, two trainer processes, STEPS steps of a small model; with --cpu, then the torch.distributed
-backend's checks under this torch. Used by test_training.py (compare() only: test_backend.py
+gloo, two trainer processes, STEPS steps of a small model; then the torch.distributed backend's
+checks under this torch (with --cuda, on GPU 0's tensors). Used by test_training.py (compare() only: test_backend.py
 runs the backend's) and, with --cpu and --cuda (two processes sharing GPU 0), by the device check, which has
 no pytest:
 
@@ -81,14 +81,16 @@ def sparse_on_gpu(daemon):
            f"({time.monotonic() - started:.1f} s)"
 
 
-def backend_on_this_torch():
-    """--cpu only: the torch.distributed backend under this machine's torch (CI has 1.13 only):
-    every offered collective and DDP with no hook against gloo (workers/backend.py), an async
-    Work, and DDP's backward when a rank dies (workers/backend_errors.py), each with a daemon of
-    its own (the last one's job fails)."""
+def backend_on_this_torch(device):
+    """The torch.distributed backend under this machine's torch (CI has 1.13 only): every
+    offered collective and DDP with no hook against gloo (workers/backend.py); on the CPU also
+    an async Work and DDP's backward when a rank dies (workers/backend_errors.py); on CUDA the
+    collectives on GPU 0's tensors and the stream rule. Each run has a daemon of its own (the
+    last CPU one's job fails)."""
     started, seen = time.monotonic(), []
-    for script, args in (("backend.py", ()), ("backend_errors.py", ("async",)),
-                         ("backend_errors.py", ("ddp-killed-peer",))):
+    runs = (("backend.py", ()), ("backend_errors.py", ("async",)), ("backend_errors.py", ("ddp-killed-peer",))) \
+        if device == "cpu" else (("backend.py", ("--cuda",)),)
+    for script, args in runs:
         daemon = Daemon()
         try:
             results = run_ranks(script, 2, daemon, args=args, env={"TEST_PORT": str(free_port())})
@@ -97,7 +99,7 @@ def backend_on_this_torch():
             daemon.close()
         seen.append(" ".join((script,) + args))
         print(f"backend: {seen[-1]} passed at {time.monotonic() - started:.1f} s", flush=True)
-    return f"cpu: init_process_group('gradsync') on torch {torch.__version__}: {', '.join(seen)} passed"
+    return f"{device}: init_process_group('gradsync') on torch {torch.__version__}: {', '.join(seen)} passed"
 
 
 def main():
@@ -110,8 +112,7 @@ def main():
             print("sparse:", sparse_on_gpu(daemon), flush=True)
     finally:
         daemon.close()
-    if device == "cpu":
-        print("backend:", backend_on_this_torch(), flush=True)
+    print("backend:", backend_on_this_torch(device), flush=True)
 
 
 if __name__ == "__main__":

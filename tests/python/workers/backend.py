@@ -10,10 +10,18 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-import gradsync.torch  # noqa: F401 (registers the backend)
+import gradsync.torch  # registers the backend
 from ops import exit_on_failures
 
 failures = []
+# --cuda: the gradsync group's tensors on GPU 0 (both ranks share it), gloo's on the CPU (the
+# values are small multiples of 1/4, so every sum is exact on both); the device check runs this.
+DEVICE = "cuda:0" if "--cuda" in sys.argv else "cpu"
+
+
+def on(t):
+    """A tensor (or a list of them) on DEVICE, for the gradsync group."""
+    return [on(x) for x in t] if isinstance(t, list) else t.to(DEVICE)
 
 
 def check(condition, what):
@@ -27,6 +35,7 @@ def tensors_for(rank, seed, shape=(5, 3), dtype=torch.float32):
 
 
 def same(what, got, want):
+    got = got.cpu()
     if got.dtype != want.dtype or got.shape != want.shape or not torch.equal(got, want):
         failures.append(f"{what}: gradsync gave {got.flatten()[:6].tolist()}..., gloo {want.flatten()[:6].tolist()}...")
 
@@ -37,18 +46,18 @@ def collectives(rank, world, gloo):
     for dtype in (torch.float32, torch.float64, torch.int32):
         for name, op in ops.items():
             seed += 1
-            ours, theirs = tensors_for(rank, seed, dtype=dtype), tensors_for(rank, seed, dtype=dtype)
+            ours, theirs = on(tensors_for(rank, seed, dtype=dtype)), tensors_for(rank, seed, dtype=dtype)
             dist.all_reduce(ours, op=op)
             dist.all_reduce(theirs, op=op, group=gloo)
             same(f"all_reduce {name} {dtype}", ours, theirs)
-    ours, theirs = tensors_for(rank, 40), tensors_for(rank, 40)
+    ours, theirs = on(tensors_for(rank, 40)), tensors_for(rank, 40)
     if hasattr(dist.ReduceOp, "AVG"):  # gloo has no AVG: the reference is a sum, divided
         dist.all_reduce(ours, op=dist.ReduceOp.AVG)
         dist.all_reduce(theirs, group=gloo)
         same("all_reduce avg", ours, theirs / world)
     if hasattr(dist, "all_reduce_coalesced"):
-        ours = [tensors_for(rank, 41), tensors_for(rank, 42, shape=(7,))]
-        theirs = [t.clone() for t in ours]
+        theirs = [tensors_for(rank, 41), tensors_for(rank, 42, shape=(7,))]
+        ours = on([t.clone() for t in theirs])
         dist.all_reduce_coalesced(ours)
         for t in theirs:
             dist.all_reduce(t, group=gloo)
@@ -56,9 +65,9 @@ def collectives(rank, world, gloo):
             same(f"all_reduce_coalesced tensor {i}", ours[i], theirs[i])
     if hasattr(dist, "all_gather_coalesced"):
         inputs = [tensors_for(rank, 43), tensors_for(rank, 44, shape=(2, 2))]
-        ours = [[torch.empty_like(t) for t in inputs] for _ in range(world)]
+        ours = [[torch.empty_like(t, device=DEVICE) for t in inputs] for _ in range(world)]
         theirs = [[torch.empty_like(t) for t in inputs] for _ in range(world)]
-        dist.all_gather_coalesced(ours, inputs)
+        dist.all_gather_coalesced(ours, on(inputs))
         dist.all_gather_coalesced(theirs, inputs, group=gloo)
         for r in range(world):
             for i in range(2):
@@ -69,47 +78,72 @@ def collectives(rank, world, gloo):
     except (NotImplementedError, RuntimeError) as e:
         if "only the default group can use the gradsync backend" not in str(e):
             failures.append(f"new_group: unexpected message {e}")
+    # Tensors in the daemon's reach (gradsync.torch.empty on the group's client) are used in
+    # place: nothing is staged.
+    client = gradsync.torch.client_of()
+    ours = gradsync.torch.empty(client, (5, 3), device=DEVICE)
+    ours.copy_(tensors_for(rank, 45))
+    theirs = tensors_for(rank, 45)
+    copies = client.staging_copies
+    dist.all_reduce(ours)
+    dist.all_reduce(theirs, group=gloo)
+    same("all_reduce of a gradsync.torch.empty tensor", ours, theirs)
+    check(client.staging_copies == copies,
+          f"an all_reduce of a gradsync.torch.empty tensor staged {client.staging_copies - copies} copies")
     # async_op: a Work whose wait() and get_future() work
-    t = tensors_for(rank, 50)
+    t = on(tensors_for(rank, 50))
     work = dist.all_reduce(t, async_op=True)
     work.wait()
     check(work.is_completed(), "an all_reduce Work is not completed after wait()")
     check(torch.equal(work.get_future().wait()[0], t), "the Work's future does not hold the tensor")
     for root in range(world):
-        ours, theirs = tensors_for(rank, 60 + root), tensors_for(rank, 60 + root)
+        ours, theirs = on(tensors_for(rank, 60 + root)), tensors_for(rank, 60 + root)
         dist.broadcast(ours, src=root)
         dist.broadcast(theirs, src=root, group=gloo)
         same(f"broadcast from {root}", ours, theirs)
-        ours, theirs = tensors_for(rank, 70 + root), tensors_for(rank, 70 + root)
+        ours, theirs = on(tensors_for(rank, 70 + root)), tensors_for(rank, 70 + root)
         dist.reduce(ours, dst=root)
         dist.reduce(theirs, dst=root, group=gloo)
         if rank == root:  # gloo leaves the others' tensors unspecified
             same(f"reduce to {root}", ours, theirs)
     mine = tensors_for(rank, 80)
-    ours = [torch.empty_like(mine) for _ in range(world)]
+    ours = [torch.empty_like(mine, device=DEVICE) for _ in range(world)]
     theirs = [torch.empty_like(mine) for _ in range(world)]
-    dist.all_gather(ours, mine)
+    dist.all_gather(ours, on(mine))
     dist.all_gather(theirs, mine, group=gloo)
     for r in range(world):
         same(f"all_gather rank {r}", ours[r], theirs[r])
     if hasattr(dist, "all_gather_into_tensor"):
-        flat_ours = torch.empty(world * mine.numel())
-        dist.all_gather_into_tensor(flat_ours, mine.reshape(-1))
+        flat_ours = torch.empty(world * mine.numel(), device=DEVICE)
+        dist.all_gather_into_tensor(flat_ours, on(mine.reshape(-1)))
         same("all_gather_into_tensor", flat_ours, torch.cat([t.reshape(-1) for t in theirs]))
     inputs = [tensors_for(rank, 90 + r) for r in range(world)]
-    ours, theirs = torch.empty_like(inputs[0]), torch.empty_like(inputs[0])
-    dist.reduce_scatter(ours, [t.clone() for t in inputs])
+    ours = torch.empty_like(inputs[0], device=DEVICE)
+    dist.reduce_scatter(ours, on([t.clone() for t in inputs]))
     # gloo has no reduce_scatter on torch 1.13: the reference is an all_reduce of input `rank`.
     reference = [t.clone() for t in inputs]
     for t in reference:
         dist.all_reduce(t, group=gloo)
     same("reduce_scatter", ours, reference[rank])
     if hasattr(dist, "reduce_scatter_tensor"):
-        flat = torch.cat([t.reshape(-1) for t in inputs])
-        out = torch.empty(inputs[0].numel())
+        flat = on(torch.cat([t.reshape(-1) for t in inputs]))
+        out = torch.empty(inputs[0].numel(), device=DEVICE)
         dist.reduce_scatter_tensor(out, flat)
         same("reduce_scatter_tensor", out, reference[rank].reshape(-1))
     dist.barrier()
+    if DEVICE != "cpu":
+        # The stream rule: a collective waits for what the caller's current stream queued
+        # before it, and wait() makes that stream wait for the result (no host sync between).
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            t = torch.full((1 << 20,), float(rank + 1), device=DEVICE)
+            t.mul_(2).add_(1)  # queued on `side` before the collective
+            work = dist.all_reduce(t, async_op=True)
+            work.wait()
+            t.sub_(1)  # queued after wait(): sees the sum
+        side.synchronize()
+        want = float(sum(2 * (r + 1) + 1 for r in range(world)) - 1)
+        check(torch.equal(t.cpu(), torch.full((1 << 20,), want)), f"stream-ordered all_reduce gave {t[0].item()}, not {want}")
     for what, call in (("send", lambda: dist.send(torch.ones(1), dst=(rank + 1) % world)),
                        ("all_to_all", lambda: dist.all_to_all([torch.ones(1)] * world, [torch.ones(1)] * world)),
                        ("scatter", lambda: dist.scatter(torch.ones(1), [torch.ones(1)] * world if rank == 0 else None,
@@ -139,13 +173,13 @@ class Model(torch.nn.Module):
 
 def train(rank, gloo, steps=50):
     torch.manual_seed(5)
-    reference, ours = Model(), Model()
+    reference, ours = Model().to(DEVICE), Model().to(DEVICE)  # gloo takes CUDA tensors too
     ours.load_state_dict(reference.state_dict())
     nets = [DDP(reference, process_group=gloo), DDP(ours)]  # ours: the default group, gradsync
     optimizers = [torch.optim.SGD(n.parameters(), lr=0.1) for n in nets]
     for step in range(steps):
         g = torch.Generator().manual_seed(1000 * rank + step)
-        x, y = torch.randn(8, 16, generator=g), torch.randn(8, 4, generator=g)
+        x, y = torch.randn(8, 16, generator=g).to(DEVICE), torch.randn(8, 4, generator=g).to(DEVICE)
         for net, optimizer in zip(nets, optimizers):
             optimizer.zero_grad()
             torch.nn.functional.mse_loss(net(x), y).backward()
@@ -155,7 +189,7 @@ def train(rank, gloo, steps=50):
             torch.testing.assert_close(ours.state_dict()[name], value, rtol=1e-6, atol=1e-7)
         except AssertionError as e:
             failures.append(f"after {steps} steps, {name} differs from DDP on gloo: {str(e).splitlines()[0]}")
-    if torch.equal(reference.net[0].weight, Model().net[0].weight):
+    if torch.equal(reference.net[0].weight.cpu(), Model().net[0].weight):
         failures.append("the model did not train")
 
 

@@ -1,12 +1,14 @@
 """PyTorch integration: GradBuffer, the DDP comm hook, sync_params, MasterParams, and the
-torch.distributed backend "gradsync" (registered on import). Imports torch."""
+torch.distributed backend "gradsync" (registered on import; client_of(group) is its client).
+Imports torch."""
 from . import backend as _backend
+from .backend import client_of
 from .ddp import allreduce_hook
 from .grad_buffer import GradBuffer
 from ._memory import empty
 from .master_params import MasterParams
 from .params import sync_params
 
-__all__ = ["GradBuffer", "MasterParams", "allreduce_hook", "empty", "sync_params"]
+__all__ = ["GradBuffer", "MasterParams", "allreduce_hook", "client_of", "empty", "sync_params"]
 
 _backend.register()

@@ -9,8 +9,13 @@ group's waiter thread completes once the daemon is done, so backward goes on mea
 Lifetime: C++ holds a Python Work subclass by a pointer that does not keep the Python object
 alive, and a call on it after the object is gone reaches the base class, whose wait() never
 returns (torch 1.13: DDP's construction hangs). So the group keeps every Work alive until it
-completes, and then the last few thousand, after dropping their tensors and the daemon's handle
-(Tracker) and holding its tensors by weak references.
+completes, and then the last few thousand, which hold their outputs by weak references only and
+the daemon's handle no more (Tracker).
+
+CUDA tensors (as NCCL's Works): the operation waits for what the caller's current stream queued
+before it; wait() makes the current stream wait for the results, and blocks the host only until
+the daemon has answered (it answers device operations once they are queued on its streams);
+get_future() gives a device-aware future completed on the stream current at that call.
 
 Errors: wait() raises gradsync's error as torch raises its own (_pg_errors). A torch 1.13
 Future cannot carry an exception to DDP's reducer (it reads set_exception's exception as the
@@ -18,6 +23,7 @@ bucket's value), so, as the DDP hook does, the failure is raised at the end of b
 callback queued when the future was asked for, and the future gets it too.
 """
 import collections
+import contextlib
 import datetime
 import queue
 import threading
@@ -71,21 +77,35 @@ class GradsyncWork(_TorchWork):
         self._work = work
         self._finish = finish
         self._result = result
+        self._device = -1 if work is None else work._device  # -1: host tensors, else the GPU
+        self._done_event = None  # CUDA: recorded where the results were made ready
         self._error = None
         self._done = work is None
         self._lock = threading.Lock()  # the waiter thread and the caller may both complete it
         tracker.started(self)
 
-    def _complete(self, timeout=None):
+    def _complete(self, timeout=None, stream=None):
         """Waits (at most `timeout` seconds; None: until the daemon answers) and finishes, once.
+        CUDA: `stream` (None: the current one) waits for the results on the GPU and the copies
+        into the caller's tensors are queued on it; the host waits only for the daemon's answer.
         Raises the operation's error, as torch raises its own, on every call after a failure."""
         with self._lock:
             if not self._done:
                 try:
-                    value = self._work.wait(timeout)
-                    if self._finish is not None:
-                        with torch.no_grad():  # the outputs may be parameters (FSDP's, say)
-                            self._finish(value)
+                    if self._device >= 0:
+                        stream = stream if stream is not None else torch.cuda.current_stream(self._device)
+                        with torch.cuda.stream(stream):
+                            value = self._work.wait_stream(stream, timeout)
+                            if self._finish is not None:
+                                with torch.no_grad():
+                                    self._finish(value)
+                            self._done_event = torch.cuda.Event()
+                            self._done_event.record(stream)
+                    else:
+                        value = self._work.wait(timeout)
+                        if self._finish is not None:
+                            with torch.no_grad():  # the outputs may be parameters (FSDP's, say)
+                                self._finish(value)
                 except _Timeout as e:
                     if timeout is not None and not self._work.is_completed():
                         raise as_torch(e) from None  # the caller's limit: the operation goes on
@@ -98,10 +118,16 @@ class GradsyncWork(_TorchWork):
                 self._tracker.completed(self)
         if self._error is not None:
             raise self._error
+        if self._done_event is not None:
+            # Completed on another stream or thread (the waiter's, an earlier wait): this
+            # stream waits for the results too (a no-op on the stream that completed it).
+            (stream if stream is not None else torch.cuda.current_stream(self._device)).wait_event(self._done_event)
 
     # --- torch's Work -------------------------------------------------------------------------
 
     def wait(self, timeout=None):
+        """Host tensors: blocks until the results are in place. CUDA tensors (as NCCL's Work):
+        the caller's current stream waits for them, the host only for the daemon's answer."""
         self._complete(_seconds(timeout))
         return True
 
@@ -132,14 +158,24 @@ class GradsyncWork(_TorchWork):
         self._complete()
 
     def get_future(self):
-        future = torch.futures.Future()
+        """A torch Future of the outputs. CUDA: a device-aware future, completed on the stream
+        that was current here, as NCCL's are."""
+        stream = None
+        if self._device >= 0:
+            future = torch.futures.Future(devices=[torch.device("cuda", self._device)])
+            stream = torch.cuda.current_stream(self._device)
+        else:
+            future = torch.futures.Future()
         if self._done and self._error is None:
-            future.set_result(_strong(self._result))
+            if stream is not None and self._done_event is not None:
+                stream.wait_event(self._done_event)
+            with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():  # where the future records
+                future.set_result(_strong(self._result))
             return future
         outcome = ddp._Outcome()
         ddp._at_backward_end(outcome)
         # The outputs, held until the future has them (the Work itself lets go once complete).
-        self._tracker.waiter().queue.put((self, _strong(self._result), future, outcome))
+        self._tracker.waiter().queue.put((self, _strong(self._result), future, stream, outcome))
         return future
 
 
@@ -153,14 +189,21 @@ class _Waiter:
 
     def _run(self):
         while True:
-            work, outputs, future, outcome = self.queue.get()
+            work, outputs, future, stream, outcome = self.queue.get()
             try:
-                work._complete()
-                future.set_result(outputs)
+                if stream is None:
+                    work._complete()
+                    future.set_result(outputs)
+                else:
+                    # The future records its events on this thread's current stream: make that
+                    # the stream the caller asked on.
+                    with torch.cuda.stream(stream):
+                        work._complete(stream=stream)
+                        future.set_result(outputs)
                 outcome.done.set()
             except Exception as e:  # noqa: BLE001 (raised at the end of backward, and by the future)
                 outcome.fail(future, e)
-            work = outputs = future = outcome = None  # hold nothing between items
+            work = outputs = future = stream = outcome = None  # hold nothing between items
 
 
 class Tracker:

@@ -10,9 +10,10 @@ registered set per layout, as the coalesced calls do) and returns at once a Work
 operation in flight (_pg_work): its wait() waits for the daemon on the caller's thread, its
 get_future() is completed by a waiter thread, so DDP's backward overlaps its buckets.
 
-So far (issue 28): CPU tensors; the default (world) group only. Operations the daemon does not
-offer raise NotImplementedError naming them; gradsync's errors are raised as torch raises its
-own (_pg_errors).
+CPU tensors go through host staging, CUDA tensors through VMM staging buffers on their GPU,
+ordered on the caller's current stream (_pg_work says how). So far (issue 28): the default
+(world) group only. Operations the daemon does not offer raise NotImplementedError naming them;
+gradsync's errors are raised as torch raises its own (_pg_errors).
 """
 import datetime
 import functools
@@ -43,11 +44,17 @@ def _op_name(op):
     raise NotImplementedError(f"gradsync backend: reduce op {op} is not offered (sum, avg, min and max are)")
 
 
-def _cpu_only(what, tensors):
-    for t in tensors:
-        if t.device.type != "cpu":
-            raise NotImplementedError(f"gradsync backend: {what} of a tensor on {t.device}: only CPU tensors so far "
-                                      "(docs/limitations.md)")
+def _device_of(what, tensors):
+    """The one device of a collective's tensors (-1: the CPU, else the GPU's index); refuses
+    tensors on several devices, and devices other than the CPU and CUDA GPUs, naming them."""
+    devices = {t.device for t in tensors}
+    if len(devices) != 1:
+        raise InvalidArgumentError(f"gradsync backend: {what} takes tensors of one device, not of "
+                                   f"{', '.join(sorted(str(d) for d in devices))}")
+    device = devices.pop()
+    if device.type not in ("cpu", "cuda"):
+        raise NotImplementedError(f"gradsync backend: {what} of a tensor on {device}: CPU and CUDA tensors only")
+    return -1 if device.type == "cpu" else (device.index if device.index is not None else torch.cuda.current_device())
 
 
 def _local_ranks(store, rank, size):
@@ -128,19 +135,19 @@ class ProcessGroupGradsync(dist.ProcessGroup):
     @_locked
     def allreduce(self, tensors, opts=None):
         opts = opts or AllreduceOptions()
-        _cpu_only("all_reduce", tensors)
+        _device_of("all_reduce", tensors)
         return self._work(self._client.allreduce_coalesced(tensors, op=_op_name(opts.reduceOp)), tensors)
 
     @_locked
     def allreduce_coalesced(self, tensors, opts=None):
         opts = opts or AllreduceCoalescedOptions()
-        _cpu_only("all_reduce_coalesced", tensors)
+        _device_of("all_reduce_coalesced", tensors)
         return self._work(self._client.allreduce_coalesced(tensors, op=_op_name(opts.reduceOp)), tensors)
 
     @_locked
     def reduce(self, tensors, opts=None):
         opts = opts or ReduceOptions()
-        _cpu_only("reduce", tensors)
+        _device_of("reduce", tensors)
         return self._work(self._client.reduce_coalesced(tensors, root=opts.rootRank, op=_op_name(opts.reduceOp)),
                           tensors)
 
@@ -149,7 +156,7 @@ class ProcessGroupGradsync(dist.ProcessGroup):
         opts = opts or ReduceScatterOptions()
         # One output and its list of world_size inputs, each shaped like the output: rank r gets
         # the reduction of every rank's input r, which is the r-th shard of their concatenation.
-        _cpu_only("reduce_scatter", list(outputs) + [t for inputs in input_lists for t in inputs])
+        _device_of("reduce_scatter", list(outputs) + [t for inputs in input_lists for t in inputs])
         if len(outputs) != 1 or len(input_lists) != 1:
             raise InvalidArgumentError(f"gradsync backend: reduce_scatter takes one output and one list of inputs, "
                                        f"not {len(outputs)} and {len(input_lists)}")
@@ -162,7 +169,7 @@ class ProcessGroupGradsync(dist.ProcessGroup):
     @_locked
     def _reduce_scatter_base(self, output, input, opts=None):  # noqa: A002 (torch's name)
         opts = opts or ReduceScatterOptions()
-        _cpu_only("reduce_scatter_tensor", [output, input])
+        _device_of("reduce_scatter_tensor", [output, input])
         if input.numel() != output.numel() * self.size():
             raise InvalidArgumentError(f"gradsync backend: reduce_scatter_tensor's input has {input.numel()} elements, "
                                        f"not world_size ({self.size()}) x the output's {output.numel()}")
@@ -177,12 +184,12 @@ class ProcessGroupGradsync(dist.ProcessGroup):
     @_locked
     def broadcast(self, tensors, opts=None):
         opts = opts or BroadcastOptions()
-        _cpu_only("broadcast", tensors)
+        _device_of("broadcast", tensors)
         return self._work(self._client.broadcast_coalesced(tensors, root=opts.rootRank), tensors)
 
     @_locked
     def allgather(self, output_lists, inputs, opts=None):
-        _cpu_only("all_gather", list(inputs) + [t for outputs in output_lists for t in outputs])
+        _device_of("all_gather", list(inputs) + [t for outputs in output_lists for t in outputs])
         for outputs in output_lists:
             if len(outputs) != self.size():
                 raise InvalidArgumentError(f"gradsync backend: all_gather takes world_size ({self.size()}) outputs, "
@@ -197,7 +204,7 @@ class ProcessGroupGradsync(dist.ProcessGroup):
 
     @_locked
     def _allgather_base(self, output, input, opts=None):  # noqa: A002 (torch's name)
-        _cpu_only("all_gather_into_tensor", [output, input])
+        _device_of("all_gather_into_tensor", [output, input])
         if output.numel() != input.numel() * self.size():
             raise InvalidArgumentError(f"gradsync backend: all_gather_into_tensor's output has {output.numel()} "
                                        f"elements, not world_size ({self.size()}) x the input's {input.numel()}")
@@ -210,7 +217,7 @@ class ProcessGroupGradsync(dist.ProcessGroup):
     @_locked
     def allgather_coalesced(self, output_lists, inputs, opts=None):
         # torch's layout: output_lists[rank][i] receives rank's inputs[i].
-        _cpu_only("all_gather_coalesced", list(inputs) + [t for outputs in output_lists for t in outputs])
+        _device_of("all_gather_coalesced", list(inputs) + [t for outputs in output_lists for t in outputs])
         if len(output_lists) != self.size() or any(len(outputs) != len(inputs) for outputs in output_lists):
             raise InvalidArgumentError(f"gradsync backend: all_gather_coalesced takes world_size ({self.size()}) "
                                        f"lists of {len(inputs)} outputs")
@@ -255,6 +262,17 @@ class ProcessGroupGradsync(dist.ProcessGroup):
         self._not_offered("gather")
 
 
+def client_of(group=None):
+    """The gradsync client behind a gradsync process group (None: the default group), for
+    tensors in the daemon's reach: `gradsync.torch.empty(client_of(), n)`, which the group's
+    collectives then use in place, copying nothing."""
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    if not isinstance(pg, ProcessGroupGradsync):
+        raise InvalidArgumentError(f"gradsync: {type(pg).__name__} is not a gradsync process group; "
+                                   "dist.init_process_group('gradsync') makes one")
+    return pg._client
+
+
 def _create(store, rank, size, timeout):
     return ProcessGroupGradsync(store, rank, size, timeout)
 
@@ -263,7 +281,7 @@ def register():
     """Registers the backend with torch.distributed (once; `import gradsync.torch` does it)."""
     if getattr(dist.Backend, NAME.upper(), None) is not None:
         return
-    try:  # torch 2.x: say which devices it serves (CPU so far); 1.13 has no `devices`
-        dist.Backend.register_backend(NAME, _create, devices=["cpu"])
+    try:  # torch 2.x: say which devices it serves; 1.13 has no `devices`
+        dist.Backend.register_backend(NAME, _create, devices=["cpu", "cuda"])
     except TypeError:
         dist.Backend.register_backend(NAME, _create)
