@@ -56,6 +56,7 @@ done
 cp "$here/../python/harness.py" "$here/../python/training_check.py" "$out/python-tests/"
 cp "$here/../python/workers/train.py" "$here/../python/workers/sparse.py" "$here/../python/workers/ops.py" \
   "$here/../python/workers/backend.py" "$here/../python/workers/backend_errors.py" \
+  "$here/../python/workers/backend_fsdp.py" \
   "$out/python-tests/workers/"
 
 # Everything resolves from the bundle, except what the GPU machine provides.

@@ -130,6 +130,7 @@ echo '"""Fake worker (fake_bundle.sh)."""' >"$out/python-tests/workers/sparse.py
 echo '"""Fake helpers (fake_bundle.sh)."""' >"$out/python-tests/workers/ops.py"
 echo '"""Fake worker (fake_bundle.sh)."""' >"$out/python-tests/workers/backend.py"
 echo '"""Fake worker (fake_bundle.sh)."""' >"$out/python-tests/workers/backend_errors.py"
+echo '"""Fake worker (fake_bundle.sh)."""' >"$out/python-tests/workers/backend_fsdp.py"
 cat >"$out/python-tests/training_check.py" <<'EOF'
 """Fake training check (fake_bundle.sh): starts $GRADSYNCD_BINARY in a folder of its own under
 $TMPDIR, as harness.Daemon does, deletes the folder, and prints the real check's last line."""

@@ -75,7 +75,8 @@ REQUIRED=(bin/gradsync_gpu_tests bin/gradsync_gpu_e2e_tests bin/gradsync-gpu-ben
           bin/gradsyncd run.sh gradsyncd-logged.sh torch_flatten.py python/gradsync/__init__.py
           python/gradsync/_lib.py python/gradsync/libgradsync_client.so python-tests/harness.py
           python-tests/training_check.py python-tests/workers/train.py python-tests/workers/sparse.py
-          python-tests/workers/ops.py python-tests/workers/backend.py python-tests/workers/backend_errors.py)
+          python-tests/workers/ops.py python-tests/workers/backend.py python-tests/workers/backend_errors.py
+          python-tests/workers/backend_fsdp.py)
 
 note() { echo "run.sh: $*"; }
 usage() { sed -n '2,13p' "$SELF"; exit 2; }
@@ -384,7 +385,7 @@ def_row() { TITLE[$1]=$3; STAGE_OF[$1]=$2; COVERS[$1]=$4; TARGET[$1]=${5:-}; RES
 def_row preflight preflight "preflight" "this machine: driver, compute mode, MIG, free memory, NCCL wheel, ldd and symbol versions of the bundle (preflight.txt)"
 def_row gpu-tests gpu-tests "GPU tests (gradsync_gpu_tests)" "the coalescing kernels on the GPU against the host reduction, bit for bit (two NaNs equal whatever their payload); one single-rank NCCL communicator through the engine: allreduce, watchdog, a stuck stream's timeout and abort, a restarted job's re-join, a split off a parent communicator; the health kernel against the host's health"
 def_row e2e e2e "end to end (gradsync_gpu_e2e_tests)" "gradsyncd + 2-3 trainer processes sharing GPU 0: allreduce sum/avg, broadcast, reduce, allgather, clients killed mid-step and mid-job, stream ordering, legacy IPC (trusted user only), fused health; single node, NCCL single-rank"
-def_row python-cpu python-cpu "Python training check, CPU tensors (training_check.py --cpu)" "DDP with gradsync's comm hook, and GradBuffer, each equal to DDP on gloo after 60 steps, 2 trainer processes, with this machine's torch (its post-accumulate-grad hook path, which CI's torch never takes); then init_process_group('gradsync') on this torch: every offered collective and DDP without a hook against gloo, an async Work, DDP's backward when a rank dies"
+def_row python-cpu python-cpu "Python training check, CPU tensors (training_check.py --cpu)" "DDP with gradsync's comm hook, and GradBuffer, each equal to DDP on gloo after 60 steps, 2 trainer processes, with this machine's torch (its post-accumulate-grad hook path, which CI's torch never takes); then init_process_group('gradsync') on this torch: every offered collective and DDP without a hook against gloo, an async Work, DDP's backward when a rank dies, FSDP on the CPU against DDP on gloo"
 def_row python-cuda python-cuda "Python training check, CUDA tensors (training_check.py --cuda)" "the same with both trainer processes' tensors on GPU 0; then sparse COO gradients on the GPU (every dtype, op and result against torch on the CPU; an nn.Embedding(sparse=True) under DDP against DDP on gloo); then init_process_group('gradsync') with GPU 0's tensors: every offered collective against gloo, the stream rule, DDP without a hook against DDP on gloo"
 def_row a-kernels kernels "(a) ResNet-50 161 tensors: gradsync gather + scatter" "gradsync's coalescing kernels alone, on one GPU" "<= 1.25x the copy (>= 80% of copy bandwidth)"
 def_row a-torch torch-flatten "(a) peer: torch flatten + unflatten + copy back, the same 161 tensors" "torch's _flatten_dense_tensors/_unflatten_dense_tensors, as the seeds do it" "torch >= 1.5x gradsync"

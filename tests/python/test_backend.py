@@ -137,3 +137,11 @@ def test_ddp_backward_raises_when_a_rank_dies(daemon):
 
 def test_a_rank_that_never_arrives_fails_init_within_its_timeout(daemon):
     _scenario(daemon, "never-arrives", world=1)
+
+
+def test_fsdp_on_the_cpu_matches_ddp_on_gloo(daemon):
+    results = run_ranks("backend_fsdp.py", 2, daemon, env={"TEST_PORT": str(free_port())})
+    assert_all_ok(results, daemon)
+    if any("fsdp: not on this torch" in out for _, out in results):
+        pytest.skip(next(line for line in results[0][1].splitlines() if line.startswith("fsdp:")))
+    assert all("fsdp checks done" in out for _, out in results), results

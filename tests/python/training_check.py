@@ -84,12 +84,13 @@ def sparse_on_gpu(daemon):
 def backend_on_this_torch(device):
     """The torch.distributed backend under this machine's torch (CI has 1.13 only): every
     offered collective and DDP with no hook against gloo (workers/backend.py); on the CPU also
-    an async Work and DDP's backward when a rank dies (workers/backend_errors.py); on CUDA the
+    an async Work and DDP's backward when a rank dies (workers/backend_errors.py), and FSDP
+    against DDP on gloo where this torch has FSDP on the CPU (workers/backend_fsdp.py); on CUDA the
     collectives on GPU 0's tensors and the stream rule. Each run has a daemon of its own (the
     last CPU one's job fails)."""
     started, seen = time.monotonic(), []
-    runs = (("backend.py", ()), ("backend_errors.py", ("async",)), ("backend_errors.py", ("ddp-killed-peer",))) \
-        if device == "cpu" else (("backend.py", ("--cuda",)),)
+    runs = (("backend.py", ()), ("backend_errors.py", ("async",)), ("backend_errors.py", ("ddp-killed-peer",)),
+            ("backend_fsdp.py", ())) if device == "cpu" else (("backend.py", ("--cuda",)),)
     for script, args in runs:
         daemon = Daemon()
         try:
@@ -97,7 +98,8 @@ def backend_on_this_torch(device):
             assert_all_ok(results, daemon)
         finally:
             daemon.close()
-        seen.append(" ".join((script,) + args))
+        skipped = [line for line in results[0][1].splitlines() if "not on this torch" in line]
+        seen.append(" ".join((script,) + args) + (f" ({skipped[0]})" if skipped else ""))
         print(f"backend: {seen[-1]} passed at {time.monotonic() - started:.1f} s", flush=True)
     return f"{device}: init_process_group('gradsync') on torch {torch.__version__}: {', '.join(seen)} passed"
 
