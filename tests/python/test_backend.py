@@ -101,8 +101,9 @@ def test_local_ranks_come_from_the_hosts_ranks_publish_in_the_store():
     assert "local (1, 2)" in out.stdout, out.stdout + out.stderr
 
 
-def _scenario(daemon, name, world=2):
-    env = {"TEST_PORT": str(free_port()), "GRADSYNCD_PID": str(daemon.process.pid), "TEST_DIR": daemon.dir}
+def _scenario(daemon, name, world=2, **env_extra):
+    env = {"TEST_PORT": str(free_port()), "GRADSYNCD_PID": str(daemon.process.pid), "TEST_DIR": daemon.dir,
+           **env_extra}
     results = run_ranks("backend_errors.py", world, daemon, args=(name,), env=env, timeout=120)
     assert_all_ok(results, daemon)
     for rank, (_, out) in enumerate(results):
@@ -135,8 +136,17 @@ def test_ddp_backward_raises_when_a_rank_dies(daemon):
     _scenario(daemon, "ddp-killed-peer")
 
 
-def test_a_rank_that_never_arrives_fails_init_within_its_timeout(daemon):
-    _scenario(daemon, "never-arrives", world=1)
+def test_a_rank_that_never_arrives_fails_after_the_timeout(daemon):
+    # One process, told it is rank 0 of 2 ranks on this node.
+    _scenario(daemon, "never-arrives", world=1, WORLD_SIZE="2", LOCAL_WORLD_SIZE="2")
+
+
+def test_ddp_buckets_overlap(daemon):
+    _scenario(daemon, "ddp-overlap")
+
+
+def test_ddp_backward_raises_through_the_futures_when_a_rank_stalls(daemon):
+    _scenario(daemon, "ddp-stalled-peer")
 
 
 def test_fsdp_on_the_cpu_matches_ddp_on_gloo(daemon):

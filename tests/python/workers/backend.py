@@ -78,6 +78,16 @@ def collectives(rank, world, gloo):
     except (NotImplementedError, RuntimeError) as e:
         if "only the default group can use the gradsync backend" not in str(e):
             failures.append(f"new_group: unexpected message {e}")
+    # A sparse COO tensor (nn.Embedding(sparse=True)'s gradient): gloo sums sparse tensors too.
+    if DEVICE == "cpu":
+        g = torch.Generator().manual_seed(46 + rank)
+        indices = torch.randint(0, 10, (1, 6), generator=g)
+        values = (torch.randint(-8, 8, (6, 3), generator=g).to(torch.float32) / 4)
+        ours = torch.sparse_coo_tensor(indices, values, (10, 3))
+        theirs = torch.sparse_coo_tensor(indices, values, (10, 3))
+        dist.all_reduce(ours)
+        dist.all_reduce(theirs, group=gloo)
+        same("all_reduce of a sparse tensor", ours.to_dense(), theirs.to_dense())
     # Tensors in the daemon's reach (gradsync.torch.empty on the group's client) are used in
     # place: nothing is staged.
     client = gradsync.torch.client_of()

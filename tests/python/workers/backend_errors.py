@@ -1,7 +1,7 @@
 """The torch.distributed backend's async Works and its failures, one scenario per run (argv[1]):
 
   async         rank 1 arrives 1 s late: rank 0's async_op all_reduce (of a layout used
-                before) returns at once, not
+                before) returns at once (three at once too), not
                 completed; wait(timeout) raises a timeout and the operation goes on; wait()
                 then gives the sum, and so does get_future()
   timeout       init_process_group(timeout=3 s); rank 1 never calls a second all_reduce: rank
@@ -11,7 +11,11 @@
   killed-peer   rank 1 dies after a first all_reduce: rank 0's next one fails, naming rank 1
   dead-daemon   the daemon is killed (SIGKILL, $GRADSYNCD_PID) after a first all_reduce: every
                 rank's next one fails, as torch's type
-  never-arrives run alone as rank 0 of 2: init_process_group fails within its timeout
+  never-arrives run alone as rank 0 of 2: init_process_group, or the first all_reduce, fails
+                after its 3 s timeout as torch's type
+  ddp-overlap   DDP with no hook and several buckets: the buckets' all_reduces overlap
+  ddp-stalled-peer  DDP; rank 1 stalls past the 3 s timeout: rank 0's backward raises
+                gradsync's TimeoutError, as torch's type, through the futures
   ddp-killed-peer  DDP with no hook; rank 1 dies after 3 steps: rank 0's backward raises
                 gradsync's error, as torch's type, within the job's timeout
 
@@ -40,7 +44,7 @@ def check(condition, what):
         failures.append(what)
 
 
-def expect_failure(what, call, gradsync_type, within, text=None):
+def expect_failure(what, call, gradsync_type, within, text=None, torch_type=True):
     """`call` must raise an error that is both gradsync_type and torch's own type, within
     `within` seconds, its message holding `text`."""
     start = time.monotonic()
@@ -50,7 +54,9 @@ def expect_failure(what, call, gradsync_type, within, text=None):
         took = time.monotonic() - start
         print(f"{what}: {type(e).__name__} after {took:.2f} s: {e}", flush=True)
         check(isinstance(e, gradsync_type), f"{what}: raised {type(e).__mro__}, not a {gradsync_type.__name__}")
-        check(isinstance(e, TORCH_ERROR), f"{what}: raised {type(e).__mro__}, not torch's {TORCH_ERROR.__name__}")
+        check(not torch_type or isinstance(e, TORCH_ERROR),
+              f"{what}: raised {type(e).__mro__}, not torch's {TORCH_ERROR.__name__}")
+        check(not isinstance(e, NotImplementedError), f"{what}: raised NotImplementedError: {e}")
         check(took <= within, f"{what}: took {took:.2f} s, more than {within} s")
         check(text is None or text in str(e), f"{what}: the message does not say {text!r}: {e}")
         return
@@ -67,39 +73,96 @@ def async_works(rank, world):
     start = time.monotonic()
     work = dist.all_reduce(t, async_op=True)
     returned = time.monotonic() - start
+    future = work.get_future()  # before wait(timeout): the waiter thread waits too
     if rank == 0:
         check(returned < 0.5, f"async_op all_reduce took {returned:.2f} s to return")
         check(not work.is_completed(), "the Work was completed before rank 1 arrived")
+        start = time.monotonic()
         try:
             work.wait(timeout=datetime.timedelta(milliseconds=200))
             failures.append("wait(200 ms) returned before rank 1 arrived")
         except Exception as e:  # noqa: BLE001
+            took = time.monotonic() - start
+            check(took < 0.6, f"wait(200 ms) took {took:.2f} s (after get_future())")
             check(isinstance(e, TimeoutError), f"wait(200 ms) raised {type(e).__mro__}, not a TimeoutError")
             check(isinstance(e, TORCH_ERROR), f"wait(200 ms) raised {type(e).__mro__}, not torch's type")
-    future = work.get_future()
     check(work.wait(), "wait() did not return True")
     check(work.is_completed() and work.is_success(), "the Work is not completed and successful after wait()")
     want = torch.full((4,), float(sum(range(1, world + 1))))
     check(torch.equal(t, want), f"the async all_reduce gave {t.tolist()}, not {want.tolist()}")
     check(torch.equal(future.wait()[0], want), "the Work's future does not hold the result")
-    # Many in flight at once, waited in reverse order: each its own result.
+    check(work.get_future() is future, "get_future() gave another future on its second call")
+    # Several of one layout in flight at once (each on a staging set of its own), returned at
+    # once while rank 1 is late, waited in reverse order: each its own result.
+    for x in [torch.zeros(3) for _ in range(4)]:  # registers the layout's staging sets
+        dist.all_reduce(x, async_op=True)
+    dist.barrier()
+    if rank == 1:
+        time.sleep(1.0)
     tensors = [torch.full((3,), float(rank + i)) for i in range(8)]
-    works = [dist.all_reduce(x, async_op=True) for x in tensors]
+    start = time.monotonic()
+    works = [dist.all_reduce(x, async_op=True) for x in tensors[:3]]
+    returned = time.monotonic() - start
+    if rank == 0:
+        check(returned < 0.5, f"3 async all_reduces of one layout took {returned:.2f} s to return")
+    works += [dist.all_reduce(x, async_op=True) for x in tensors[3:]]
     for w in reversed(works):
         w.wait()
     for i, x in enumerate(tensors):
         want = float(sum(r + i for r in range(world)))
         check(torch.equal(x, torch.full((3,), want)), f"in-flight all_reduce {i} gave {x.tolist()}, not {want}")
+    # A barrier finishes the collectives started before it: their results are in place after it.
+    x = torch.full((5,), float(rank))
+    dist.all_reduce(x, async_op=True)  # never waited
+    dist.barrier()
+    check(torch.equal(x, torch.full((5,), float(sum(range(world))))), f"after a barrier, x is {x.tolist()}")
+    # The outputs of a completed Work stay reachable through it while it is recent.
+    w = dist.all_reduce(torch.ones(2), async_op=True)
+    w.wait()
+    check(torch.equal(w.get_future().value()[0], torch.full((2,), float(world))), "a late get_future() lost the result")
+    check(torch.equal(w.result()[0], torch.full((2,), float(world))), "result() lost the result")
+
+
+def ddp_overlaps(rank):
+    """DDP without a hook and several buckets: a bucket's all_reduce starts while earlier ones are
+    still in flight (rank 1 is late, so nothing completes meanwhile)."""
+    pg = dist.distributed_c10d._get_default_group()
+    in_flight, started = [], pg.allreduce
+
+    def counting(tensors, opts=None):
+        work = started(tensors, opts)
+        in_flight.append(len(pg._tracker.in_flight()))
+        return work
+
+    pg.allreduce = counting
+    # DDP's first bucket holds 1 MiB, the others bucket_cap_mb; it re-buckets after step 0.
+    model = DDP(torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(8)]), bucket_cap_mb=0.25)
+    for step in range(3):
+        if rank == 1 and step == 2:
+            time.sleep(1.0)
+        in_flight.clear()
+        model(torch.randn(4, 256)).sum().backward()
+    if rank == 0:
+        check(len(in_flight) >= 3, f"DDP made {len(in_flight)} buckets, not several")
+        check(max(in_flight) >= 2, f"DDP's buckets never overlapped: in flight at each start {in_flight}")
+        print(f"ddp buckets in flight at each start: {in_flight}", flush=True)
 
 
 def never_arrives():
-    """Run alone, as rank 0 of 2: init_process_group fails within its timeout (in torch's own
-    store barrier, with torch's text), and nothing is left waiting."""
+    """Run alone, as rank 0 of 2 (WORLD_SIZE=2 LOCAL_WORLD_SIZE=2): init_process_group or the
+    first collective fails after the 3 s timeout, not before, as torch's type, and nothing is
+    left waiting."""
     store = os.path.join(os.environ["TEST_DIR"], "store")
-    expect_failure("init_process_group without rank 1",
-                   lambda: dist.init_process_group("gradsync", init_method="file://" + store, rank=0, world_size=2,
-                                                   timeout=datetime.timedelta(seconds=3)),
-                   RuntimeError, within=8)
+    start = time.monotonic()
+
+    def init_and_reduce():
+        dist.init_process_group("gradsync", init_method="file://" + store, rank=0, world_size=2,
+                                timeout=datetime.timedelta(seconds=3))
+        dist.all_reduce(torch.ones(2))
+
+    expect_failure("init_process_group and all_reduce without rank 1", init_and_reduce, RuntimeError, within=10)
+    took = time.monotonic() - start
+    check(took >= 2.5, f"it failed after {took:.2f} s, before the 3 s timeout: not for the missing rank")
 
 
 def main():
@@ -110,7 +173,7 @@ def main():
         print(f"rank {rank}: {scenario} done", flush=True)
         exit_on_failures(failures)
         return
-    timeout = datetime.timedelta(seconds=3 if scenario in ("timeout", "ddp-killed-peer") else 20)
+    timeout = datetime.timedelta(seconds=3 if scenario in ("timeout", "ddp-killed-peer", "ddp-stalled-peer") else 20)
     dist.init_process_group("gradsync", init_method="tcp://127.0.0.1:" + os.environ["TEST_PORT"], rank=rank,
                             world_size=world, timeout=timeout)
     if scenario == "async":
@@ -126,7 +189,7 @@ def main():
                            within=8)
     elif scenario == "layout":
         expect_failure("all_reduce of different lengths", lambda: dist.all_reduce(torch.ones(3 + rank)),
-                       gradsync.LayoutMismatchError, within=25)
+                       gradsync.LayoutMismatchError, within=5)
     elif scenario == "killed-peer":
         dist.all_reduce(torch.ones(4))
         if rank == 1:
@@ -141,6 +204,28 @@ def main():
         time.sleep(0.5)
         expect_failure("an all_reduce after the daemon died", lambda: dist.all_reduce(torch.ones(4)),
                        gradsync.Error, within=25)
+    elif scenario == "ddp-overlap":
+        ddp_overlaps(rank)
+    elif scenario == "ddp-stalled-peer":
+        # Rank 1 stalls past the job's timeout before a backward: rank 0's buckets were all
+        # submitted, so their failure reaches backward() through the futures, raised at its end.
+        model = DDP(torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(8)]), bucket_cap_mb=0.25)
+
+        def steps():
+            # By step 6 every bucket's staging sets are registered (4 slots per layout: Slots),
+            # so nothing waits for rank 1 in a registration.
+            for step in range(8):
+                if step == 6 and rank == 1:
+                    time.sleep(6)
+                model(torch.randn(4, 256)).sum().backward()
+
+        if rank == 0:
+            expect_failure("DDP's backward while rank 1 stalls", steps, gradsync.TimeoutError, within=10)
+        else:
+            try:
+                steps()
+            except Exception:  # noqa: BLE001 (the job failed while it slept)
+                pass
     elif scenario == "ddp-killed-peer":
         model = DDP(torch.nn.Linear(8, 2))
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)

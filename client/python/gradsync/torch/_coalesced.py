@@ -264,22 +264,22 @@ def allreduce(client, tensors, op, divisor, prescale, fp32_accumulate, bucket_by
     return _start(registered, Work(client, handle, _finisher(client, registered, tensors, device, True), device))
 
 
-def broadcast(client, tensors, root, group):
+def broadcast(client, tensors, root, group, tag=None):
     tensors, device = _validate(client, tensors, group)
     _check_root(client, root, group)
     is_root = client.rank == root
-    registered = _prepare(client, tensors, device, group, None, is_root)
+    registered = _prepare(client, tensors, device, group, None, is_root, tag=tag)
     handle = ctypes.c_void_p()
     _check(_lib.lib().gs_broadcast(client._h(), registered.handle, int(root), ctypes.byref(handle)))
     return _start(registered, Work(client, handle, _finisher(client, registered, tensors, device, not is_root),
                                    device))
 
 
-def reduce(client, tensors, root, op, group, mask=None):
+def reduce(client, tensors, root, op, group, mask=None, tag=None):
     tensors, device = _validate(client, tensors, group)
     _check_root(client, root, group)
     options, _ = _reduce_options(client, op, None, False, None)
-    registered = _prepare(client, tensors, device, group, None, True, mask=mask)
+    registered = _prepare(client, tensors, device, group, None, True, mask=mask, tag=tag)
     handle = ctypes.c_void_p()
     _check(_lib.lib().gs_reduce(client._h(), registered.handle, int(root), ctypes.byref(options),
                                 ctypes.byref(handle)))
@@ -287,9 +287,9 @@ def reduce(client, tensors, root, op, group, mask=None):
                                                              client.rank == root), device))
 
 
-def all_gather(client, tensors, group):
+def all_gather(client, tensors, group, tag=None):
     tensors, device = _validate(client, tensors, group)
-    registered = _prepare(client, tensors, device, group, None, True, allgather=True)
+    registered = _prepare(client, tensors, device, group, None, True, allgather=True, tag=tag)
     handle = ctypes.c_void_p()
     _check(_lib.lib().gs_allgather(client._h(), registered.handle, ctypes.byref(handle)))
     ranks = client.groups[group or "dp"]
@@ -327,14 +327,15 @@ def _mark_read(registered, device, stream):
         target.synchronize()
 
 
-def reduce_scatter(client, tensors, op, divisor, prescale, fp32_accumulate, bucket_bytes, group, wire_dtype=None):
+def reduce_scatter(client, tensors, op, divisor, prescale, fp32_accumulate, bucket_bytes, group, wire_dtype=None,
+                   tag=None):
     tensors, device = _validate(client, tensors, group)
     for i, t in enumerate(tensors):
         if t.dtype != tensors[0].dtype:
             raise InvalidArgumentError(f"gradsync: reduce_scatter: tensor {i} is {t.dtype} but tensor 0 is "
                                        f"{tensors[0].dtype}; one reduce-scatter takes tensors of one dtype")
     options, extra = _reduce_options(client, op, divisor, prescale, fp32_accumulate, wire_dtype=wire_dtype)
-    registered = _prepare(client, tensors, device, group, bucket_bytes, True, reduce_scatter=True)
+    registered = _prepare(client, tensors, device, group, bucket_bytes, True, reduce_scatter=True, tag=tag)
     handle = ctypes.c_void_p()
     _check(_lib.lib().gs_reduce_scatter(client._h(), registered.handle, ctypes.byref(options), ctypes.byref(extra),
                                         ctypes.byref(handle)))

@@ -7,29 +7,36 @@ and that torch class, with gradsync's text: `except RuntimeError`, `except DistB
 `except gradsync.PeerLostError` and `except ConnectionError` all catch a lost rank. Bad
 arguments stay gradsync.InvalidArgumentError, a ValueError, as torch's own checks raise.
 """
-import functools
-
 import torch.distributed as dist
 
-from ..errors import Error, InvalidArgumentError
+from ..errors import _BY_CODE, Error, InvalidArgumentError
 
 # torch 2.1 and later: DistBackendError; torch 1.13: RuntimeError.
 _TORCH_BASE = getattr(dist, "DistBackendError", RuntimeError)
 
 
-@functools.cache
-def _combined(cls):
-    """The combined class for one gradsync class, made once (so that `type(a) is type(b)` holds
-    for two errors of one kind)."""
-    return type(cls.__name__, (cls, _TORCH_BASE),
-                {"__module__": "gradsync.torch",
-                 "__doc__": f"{cls.__name__}, raised as torch's {_TORCH_BASE.__name__} by the gradsync process group"})
+def _combined_classes():
+    """One combined class per gradsync class, made at import and set as attributes of this
+    module under their own names (TorchPeerLostError, ...), so that their errors pickle (a pool
+    or an RPC that sends an exception back pickles it by its class's module and name)."""
+    made = {}
+    for cls in [Error, *_BY_CODE.values()]:
+        name = "Torch" + cls.__name__
+        combined = type(name, (cls, _TORCH_BASE), {
+            "__module__": __name__,
+            "__doc__": f"{cls.__name__}, raised as torch's {_TORCH_BASE.__name__} by the gradsync process group"})
+        globals()[name] = combined
+        made[cls] = combined
+    return made
+
+
+_COMBINED = _combined_classes()
 
 
 def as_torch(error):
     """`error` (a gradsync.Error) as torch's backends raise theirs; any other exception as it is."""
     if not isinstance(error, Error) or isinstance(error, (InvalidArgumentError, _TORCH_BASE)):
         return error
-    made = _combined(type(error))(*error.args)
+    made = _COMBINED.get(type(error), _COMBINED[Error])(*error.args)
     made.code = error.code
     return made.with_traceback(error.__traceback__)

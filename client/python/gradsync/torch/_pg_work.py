@@ -9,13 +9,20 @@ group's waiter thread completes once the daemon is done, so backward goes on mea
 Lifetime: C++ holds a Python Work subclass by a pointer that does not keep the Python object
 alive, and a call on it after the object is gone reaches the base class, whose wait() never
 returns (torch 1.13: DDP's construction hangs). So the group keeps every Work alive until it
-completes, and then the last few thousand, which hold their outputs by weak references only and
-the daemon's handle no more (Tracker).
+completes, and then the last few thousand: the last 64 with their outputs, the older ones
+holding their outputs by weak references only, and none the daemon's handle (Tracker).
 
 CUDA tensors (as NCCL's Works): the operation waits for what the caller's current stream queued
 before it; wait() makes the current stream wait for the results, and blocks the host only until
 the daemon has answered (it answers device operations once they are queued on its streams);
-get_future() gives a device-aware future completed on the stream current at that call.
+get_future() gives a device-aware future completed on the stream current at its first call.
+
+Staging: two async collectives of one layout in flight at once need two staging sets (the
+second would wait for the first to finish). The group picks the set by a slot per layout that
+moves on when the layout's last Work was not waited for (wait(), result(), synchronize())
+before the next call: program order, the same on every rank, unlike completion. A loop of
+synchronous calls keeps one set per layout; DDP's buckets (never waited, only futures) rotate
+through `slots` of them (Slots).
 
 Errors: wait() raises gradsync's error as torch raises its own (_pg_errors). A torch 1.13
 Future cannot carry an exception to DDP's reducer (it reads set_exception's exception as the
@@ -37,9 +44,17 @@ from . import ddp
 from ._pg_errors import as_torch
 
 
+class _Waited:
+    """Whether a Work was waited for; Slots keeps this, not the Work (and its tensors)."""
+    __slots__ = ("flag",)
+
+    def __init__(self):
+        self.flag = False
+
+
 def _weak(value):
     """Tensors (in lists, nested) as weak references: a completed Work kept alive for C++ must
-    not keep a caller's outputs alive too."""
+    not keep a caller's outputs alive for long (Tracker)."""
     if isinstance(value, torch.Tensor):
         return weakref.ref(value)
     if isinstance(value, (list, tuple)):
@@ -48,11 +63,15 @@ def _weak(value):
 
 
 def _strong(value):
-    """_weak() undone; a tensor nobody holds any more is left out."""
+    """_weak() undone; raises when a tensor is gone, rather than returning a shorter list."""
     if isinstance(value, weakref.ref):
-        return value()
+        tensor = value()
+        if tensor is None:
+            raise RuntimeError("gradsync backend: this Work's outputs were freed (nothing else held them) before "
+                               "result() or get_future() asked for them")
+        return tensor
     if isinstance(value, list):
-        return [s for s in (_strong(v) for v in value) if s is not None]
+        return [_strong(v) for v in value]
     return value
 
 
@@ -69,7 +88,12 @@ def _seconds(timeout):
 class GradsyncWork(_TorchWork):
     """One collective: `work` (a gradsync.Work, or None when the call completed it), then
     `finish(value)` (copies the daemon's results into the caller's tensors; None when the work
-    wrote them in place), and `result`, the tensors torch's Work.result() and the future hold."""
+    wrote them in place), and `result`, the tensors torch's Work.result() and the future hold.
+
+    The daemon is waited for outside any lock (a gradsync.Work may be waited on from several
+    threads at once); the lock only makes `finish` run once. So is_completed() never blocks,
+    wait(timeout) keeps its bound while the waiter thread waits too, and a new collective is
+    never held up by an earlier one."""
 
     def __init__(self, tracker, work, finish, result):
         super().__init__()
@@ -77,72 +101,99 @@ class GradsyncWork(_TorchWork):
         self._work = work
         self._finish = finish
         self._result = result
-        self._device = -1 if work is None else work._device  # -1: host tensors, else the GPU
+        # -1: host tensors, else the GPU (a sparse reduction's finished Work says nothing: host).
+        self._device = -1 if work is None else getattr(work, "_device", -1)
         self._done_event = None  # CUDA: recorded where the results were made ready
         self._error = None
         self._done = work is None
-        self._lock = threading.Lock()  # the waiter thread and the caller may both complete it
+        self.waited = _Waited()  # wait(), result() or synchronize() was called (program order)
+        self._future = None
+        self._lock = threading.Lock()
         tracker.started(self)
+
+    def _wait_daemon(self, timeout, stream):
+        """The daemon's answer for the gradsync Work (its value, or the exception it failed
+        with), outside the lock. Raises the caller's own timeout, after which it goes on."""
+        work = self._work
+        if work is None:
+            return None, None
+        try:
+            if self._device >= 0:
+                with torch.cuda.stream(stream):
+                    return work.wait_stream(stream, timeout), None
+            return work.wait(timeout), None
+        except _Timeout as e:
+            if timeout is not None and not work.is_completed():
+                raise as_torch(e) from None  # the caller's limit: the operation goes on
+            if timeout is not None:
+                return self._wait_daemon(None, stream)  # it completed just then: its real outcome
+            return None, e
+        except Exception as e:  # noqa: BLE001 (every failure is the operation's)
+            return None, e
 
     def _complete(self, timeout=None, stream=None):
         """Waits (at most `timeout` seconds; None: until the daemon answers) and finishes, once.
         CUDA: `stream` (None: the current one) waits for the results on the GPU and the copies
         into the caller's tensors are queued on it; the host waits only for the daemon's answer.
         Raises the operation's error, as torch raises its own, on every call after a failure."""
-        with self._lock:
-            if not self._done:
-                try:
-                    if self._device >= 0:
-                        stream = stream if stream is not None else torch.cuda.current_stream(self._device)
-                        with torch.cuda.stream(stream):
-                            value = self._work.wait_stream(stream, timeout)
-                            if self._finish is not None:
-                                with torch.no_grad():
-                                    self._finish(value)
-                            self._done_event = torch.cuda.Event()
-                            self._done_event.record(stream)
-                    else:
-                        value = self._work.wait(timeout)
-                        if self._finish is not None:
-                            with torch.no_grad():  # the outputs may be parameters (FSDP's, say)
-                                self._finish(value)
-                except _Timeout as e:
-                    if timeout is not None and not self._work.is_completed():
-                        raise as_torch(e) from None  # the caller's limit: the operation goes on
-                    self._error = as_torch(e)
-                except Exception as e:  # noqa: BLE001 (every failure is the operation's)
-                    self._error = as_torch(e)
-                self._done = True
-                self._work = self._finish = None
-                self._result = _weak(self._result)
-                self._tracker.completed(self)
+        if self._device >= 0 and stream is None:
+            stream = torch.cuda.current_stream(self._device)
+        if not self._done:
+            value, failed = self._wait_daemon(timeout, stream)
+            with self._lock:
+                if not self._done:
+                    self._finish_once(value, failed, stream)
         if self._error is not None:
             raise self._error
         if self._done_event is not None:
             # Completed on another stream or thread (the waiter's, an earlier wait): this
             # stream waits for the results too (a no-op on the stream that completed it).
-            (stream if stream is not None else torch.cuda.current_stream(self._device)).wait_event(self._done_event)
+            stream.wait_event(self._done_event)
+
+    def _finish_once(self, value, failed, stream):
+        """Under the lock, once: the copies into the caller's tensors, the done event, the books."""
+        try:
+            if failed is not None:
+                raise failed
+            with torch.no_grad():  # the outputs may be parameters (FSDP's, say)
+                if self._device >= 0:
+                    with torch.cuda.stream(stream):
+                        if self._finish is not None:
+                            self._finish(value)
+                        self._done_event = torch.cuda.Event()
+                        self._done_event.record(stream)
+                elif self._finish is not None:
+                    self._finish(value)
+        except Exception as e:  # noqa: BLE001 (every failure is the operation's)
+            self._error = as_torch(e)
+        self._done = True
+        self._work = self._finish = None
+        self._tracker.completed(self)
 
     # --- torch's Work -------------------------------------------------------------------------
 
     def wait(self, timeout=None):
         """Host tensors: blocks until the results are in place. CUDA tensors (as NCCL's Work):
         the caller's current stream waits for them, the host only for the daemon's answer."""
+        self.waited.flag = True
         self._complete(_seconds(timeout))
         return True
 
     def is_completed(self):
+        """Never blocks: True once the daemon answered and the results were put in place."""
         if self._done:
             return True
-        with self._lock:
-            work = self._work
+        work = self._work
         if work is not None and not work.is_completed():
             return False
+        if not self._lock.acquire(blocking=False):
+            return False  # being finished on another thread right now
+        self._lock.release()
         try:
             self._complete()
         except Exception:  # noqa: BLE001 (wait() raises it)
             pass
-        return True
+        return self._done
 
     def is_success(self):
         return self.is_completed() and self._error is None
@@ -151,30 +202,37 @@ class GradsyncWork(_TorchWork):
         return self._error
 
     def result(self):
+        self.waited.flag = True
         self._complete()
         return _strong(self._result)
 
     def synchronize(self):
+        self.waited.flag = True
         self._complete()
 
     def get_future(self):
-        """A torch Future of the outputs. CUDA: a device-aware future, completed on the stream
-        that was current here, as NCCL's are."""
-        stream = None
-        if self._device >= 0:
-            future = torch.futures.Future(devices=[torch.device("cuda", self._device)])
-            stream = torch.cuda.current_stream(self._device)
-        else:
-            future = torch.futures.Future()
-        if self._done and self._error is None:
+        """A torch Future of the outputs, the same one on every call. CUDA: a device-aware
+        future, completed on the stream that was current at the first call, as NCCL's are."""
+        with self._lock:
+            if self._future is not None:
+                return self._future
+            stream = None
+            if self._device >= 0:
+                future = torch.futures.Future(devices=[torch.device("cuda", self._device)])
+                stream = torch.cuda.current_stream(self._device)
+            else:
+                future = torch.futures.Future()
+            self._future = future
+            done = self._done and self._error is None
+        if done:
             if stream is not None and self._done_event is not None:
                 stream.wait_event(self._done_event)
-            with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():  # where the future records
+            with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():  # where it records
                 future.set_result(_strong(self._result))
             return future
         outcome = ddp._Outcome()
         ddp._at_backward_end(outcome)
-        # The outputs, held until the future has them (the Work itself lets go once complete).
+        # The outputs, held until the future has them.
         self._tracker.waiter().queue.put((self, _strong(self._result), future, stream, outcome))
         return future
 
@@ -207,13 +265,16 @@ class _Waiter:
 
 
 class Tracker:
-    """Keeps the group's Works alive (see the module's note): every one in flight, and the last
-    `keep` completed ones, which then hold no tensors. Sweeps completed ones on each start, so
-    that an async Work nobody waits for does not pile up."""
+    """Keeps the group's Works alive (see the module's note): every one in flight, the last
+    `strong` completed ones with their outputs, and the `keep` before those holding their outputs
+    by weak references only. Sweeps completed ones on each start, so that an async Work nobody
+    waits for does not pile up."""
 
-    def __init__(self, keep=4096):
+    def __init__(self, strong=64, keep=4096):
         self._lock = threading.Lock()
         self._in_flight = {}
+        self._recent = collections.deque()
+        self._strong = strong
         self._completed = collections.deque(maxlen=keep)
         self._waiter = None
 
@@ -222,22 +283,49 @@ class Tracker:
             pending = list(self._in_flight.values())
             if not work._done:
                 self._in_flight[id(work)] = work
-            else:
-                self._completed.append(work)
+        if work._done:
+            self.completed(work)
         for earlier in pending:
-            earlier.is_completed()  # completes it (and moves it) when the daemon is done with it
+            try:
+                earlier.is_completed()  # finishes it (and moves it) when the daemon is done with it
+            except Exception:  # noqa: BLE001 (its own wait() raises it; this call's Work is made)
+                pass
 
     def completed(self, work):
         with self._lock:
             self._in_flight.pop(id(work), None)
-            self._completed.append(work)
+            self._recent.append(work)
+            if len(self._recent) > self._strong:
+                old = self._recent.popleft()
+                old._result = _weak(old._result)
+                self._completed.append(old)
 
     def in_flight(self):
+        """The Works in flight now, oldest first (a barrier finishes them)."""
         with self._lock:
-            return len(self._in_flight)
+            return list(self._in_flight.values())
 
     def waiter(self):
         with self._lock:
             if self._waiter is None:
                 self._waiter = _Waiter()
             return self._waiter
+
+
+class Slots:
+    """Which staging set of a layout a collective uses (the module's note): up to `count` per
+    layout, chosen from program order only, so every rank chooses alike."""
+
+    def __init__(self, count=4):
+        self._count = count
+        self._last = {}  # layout -> (slot, the _Waited of the Work that used it last)
+
+    def slot(self, layout):
+        """The slot for the next collective of `layout`; call note() with its Work."""
+        slot, waited = self._last.get(layout, (0, None))
+        if waited is not None and not waited.flag:
+            slot = (slot + 1) % self._count
+        return slot
+
+    def note(self, layout, slot, work):
+        self._last[layout] = (slot, work.waited)

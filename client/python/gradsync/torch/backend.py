@@ -31,7 +31,8 @@ from torch.distributed.constants import default_pg_timeout
 from .. import client as _client
 from ..errors import Error, InvalidArgumentError
 from ._pg_errors import as_torch
-from ._pg_work import GradsyncWork, Tracker
+from . import _coalesced
+from ._pg_work import GradsyncWork, Slots, Tracker
 
 NAME = "gradsync"
 
@@ -121,11 +122,17 @@ class ProcessGroupGradsync(dist.ProcessGroup):
         # process group from several (DDP's reducer, a user's async_op).
         self._lock = threading.Lock()
         self._tracker = Tracker()
+        self._slots = Slots()
 
-    def _work(self, work, result, finish=None):
-        """The Work torch gets for gradsync's `work`, whose wait() yields `result` after
-        `finish(value)` copied the daemon's value into the caller's tensors."""
-        return GradsyncWork(self._tracker, work, finish, result)
+    def _start(self, kind, tensors, submit, result, finish=None):
+        """Starts `submit(tag)` on the staging set that Slots picks for this layout and returns
+        its Work, whose wait() yields `result` after `finish(value)` copied the daemon's value
+        into the caller's tensors."""
+        layout = (kind, tuple((t.numel(), t.dtype) for t in tensors), str(tensors[0].device))
+        slot = self._slots.slot(layout)
+        work = GradsyncWork(self._tracker, submit(("pg", slot)), finish, result)
+        self._slots.note(layout, slot, work)
+        return work
 
     def getBackendName(self):  # noqa: N802 (torch's name)
         return NAME
@@ -136,20 +143,33 @@ class ProcessGroupGradsync(dist.ProcessGroup):
     def allreduce(self, tensors, opts=None):
         opts = opts or AllreduceOptions()
         _device_of("all_reduce", tensors)
-        return self._work(self._client.allreduce_coalesced(tensors, op=_op_name(opts.reduceOp)), tensors)
+        op = _op_name(opts.reduceOp)
+        if any(t.is_sparse for t in tensors):
+            # Sparse COO (nn.Embedding(sparse=True)'s gradients): gathered and summed in the call
+            # (gradsync.torch.sparse); the results replace the tensors' contents, as gloo's do.
+            sums = self._client.allreduce_coalesced(tensors, op=op).wait()
+            with torch.no_grad():
+                for t, total in zip(tensors, sums):
+                    t.copy_(total)
+            return GradsyncWork(self._tracker, None, None, tensors)
+        return self._start("allreduce", tensors, lambda tag: _coalesced.allreduce(
+            self._client, tensors, op, None, False, None, None, None, tag=tag), tensors)
 
     @_locked
     def allreduce_coalesced(self, tensors, opts=None):
         opts = opts or AllreduceCoalescedOptions()
         _device_of("all_reduce_coalesced", tensors)
-        return self._work(self._client.allreduce_coalesced(tensors, op=_op_name(opts.reduceOp)), tensors)
+        op = _op_name(opts.reduceOp)
+        return self._start("allreduce", tensors, lambda tag: _coalesced.allreduce(
+            self._client, tensors, op, None, False, None, None, None, tag=tag), tensors)
 
     @_locked
     def reduce(self, tensors, opts=None):
         opts = opts or ReduceOptions()
         _device_of("reduce", tensors)
-        return self._work(self._client.reduce_coalesced(tensors, root=opts.rootRank, op=_op_name(opts.reduceOp)),
-                          tensors)
+        op = _op_name(opts.reduceOp)
+        return self._start("reduce", tensors, lambda tag: _coalesced.reduce(
+            self._client, tensors, opts.rootRank, op, None, tag=tag), tensors)
 
     @_locked
     def reduce_scatter(self, outputs, input_lists, opts=None):
@@ -170,14 +190,17 @@ class ProcessGroupGradsync(dist.ProcessGroup):
     def _reduce_scatter_base(self, output, input, opts=None):  # noqa: A002 (torch's name)
         opts = opts or ReduceScatterOptions()
         _device_of("reduce_scatter_tensor", [output, input])
-        if input.numel() != output.numel() * self.size():
-            raise InvalidArgumentError(f"gradsync backend: reduce_scatter_tensor's input has {input.numel()} elements, "
-                                       f"not world_size ({self.size()}) x the output's {output.numel()}")
+        if input.numel() != output.numel() * self.size() or input.dtype != output.dtype:
+            raise InvalidArgumentError(f"gradsync backend: reduce_scatter_tensor's input ({input.numel()} "
+                                       f"{input.dtype}) must be world_size ({self.size()}) x the output's "
+                                       f"{output.numel()} elements, of its dtype {output.dtype}")
         return self._reduce_scatter_flat(output, input.reshape(-1), opts, [output])
 
     def _reduce_scatter_flat(self, output, flat, opts, result):
-        work = self._client.reduce_scatter_coalesced([flat.contiguous()], op=_op_name(opts.reduceOp))
-        return self._work(work, result, lambda shard: output.copy_(shard.reshape(output.shape)))
+        flat, op = flat.contiguous(), _op_name(opts.reduceOp)
+        return self._start("reduce_scatter", [flat], lambda tag: _coalesced.reduce_scatter(
+            self._client, [flat], op, None, False, None, None, None, tag=tag), result,
+            lambda shard: output.copy_(shard.reshape(output.shape)))
 
     # --- moves --------------------------------------------------------------------------------
 
@@ -185,53 +208,83 @@ class ProcessGroupGradsync(dist.ProcessGroup):
     def broadcast(self, tensors, opts=None):
         opts = opts or BroadcastOptions()
         _device_of("broadcast", tensors)
-        return self._work(self._client.broadcast_coalesced(tensors, root=opts.rootRank), tensors)
+        return self._start("broadcast", tensors, lambda tag: _coalesced.broadcast(
+            self._client, tensors, opts.rootRank, None, tag=tag), tensors)
+
+    def _gathered_into(self, what, output_lists, inputs):
+        """Checks torch's [rank][input] outputs against the inputs, before anything is sent."""
+        if len(output_lists) != self.size() or any(len(outputs) != len(inputs) for outputs in output_lists):
+            raise InvalidArgumentError(f"gradsync backend: {what} takes world_size ({self.size()}) lists of "
+                                       f"{len(inputs)} outputs")
+        for outputs in output_lists:
+            for i, output in enumerate(outputs):
+                if output.numel() != inputs[i].numel():
+                    raise InvalidArgumentError(f"gradsync backend: {what}: an output of input {i} holds "
+                                               f"{output.numel()} elements, the input {inputs[i].numel()}")
+
+    def _gather(self, inputs, result, finish):
+        inputs = [t.contiguous() for t in inputs]
+        return self._start("allgather", inputs, lambda tag: _coalesced.all_gather(self._client, inputs, None, tag=tag),
+                           result, finish)
 
     @_locked
     def allgather(self, output_lists, inputs, opts=None):
+        # torch's layout here: output_lists[i][rank] receives rank's inputs[i].
         _device_of("all_gather", list(inputs) + [t for outputs in output_lists for t in outputs])
-        for outputs in output_lists:
-            if len(outputs) != self.size():
-                raise InvalidArgumentError(f"gradsync backend: all_gather takes world_size ({self.size()}) outputs, "
-                                           f"not {len(outputs)}")
+        if len(output_lists) != len(inputs):
+            raise InvalidArgumentError(f"gradsync backend: all_gather takes one list of outputs per input, "
+                                       f"not {len(output_lists)} for {len(inputs)}")
+        self._gathered_into("all_gather", [list(row) for row in zip(*output_lists)] if output_lists else [], inputs)
 
         def finish(gathered):  # [rank][input]
             for i, outputs in enumerate(output_lists):
                 for rank, output in enumerate(outputs):
                     output.copy_(gathered[rank][i].reshape(output.shape))
 
-        return self._work(self._client.all_gather_coalesced(list(inputs)), output_lists, finish)
+        return self._gather(inputs, output_lists, finish)
 
     @_locked
     def _allgather_base(self, output, input, opts=None):  # noqa: A002 (torch's name)
         _device_of("all_gather_into_tensor", [output, input])
-        if output.numel() != input.numel() * self.size():
-            raise InvalidArgumentError(f"gradsync backend: all_gather_into_tensor's output has {output.numel()} "
-                                       f"elements, not world_size ({self.size()}) x the input's {input.numel()}")
+        if output.numel() != input.numel() * self.size() or output.dtype != input.dtype:
+            raise InvalidArgumentError(f"gradsync backend: all_gather_into_tensor's output ({output.numel()} "
+                                       f"{output.dtype}) must be world_size ({self.size()}) x the input's "
+                                       f"{input.numel()} elements, of its dtype {input.dtype}")
 
         def finish(gathered):
             output.copy_(torch.cat([row[0].reshape(-1) for row in gathered]).reshape(output.shape))
 
-        return self._work(self._client.all_gather_coalesced([input.contiguous()]), [output], finish)
+        return self._gather([input], [output], finish)
 
     @_locked
     def allgather_coalesced(self, output_lists, inputs, opts=None):
         # torch's layout: output_lists[rank][i] receives rank's inputs[i].
         _device_of("all_gather_coalesced", list(inputs) + [t for outputs in output_lists for t in outputs])
-        if len(output_lists) != self.size() or any(len(outputs) != len(inputs) for outputs in output_lists):
-            raise InvalidArgumentError(f"gradsync backend: all_gather_coalesced takes world_size ({self.size()}) "
-                                       f"lists of {len(inputs)} outputs")
+        self._gathered_into("all_gather_coalesced", output_lists, inputs)
 
         def finish(gathered):  # [rank][input]
             for rank, outputs in enumerate(output_lists):
                 for i, output in enumerate(outputs):
                     output.copy_(gathered[rank][i].reshape(output.shape))
 
-        return self._work(self._client.all_gather_coalesced([t.contiguous() for t in inputs]), output_lists, finish)
+        return self._gather(inputs, output_lists, finish)
+
+    # Newer torch dispatches the tensor forms of a Python group by these names.
+    all_gather_single = _allgather_base
+    reduce_scatter_single = _reduce_scatter_base
 
     @_locked
     def barrier(self, opts=None):
-        return self._work(self._client.allreduce_coalesced([self._barrier], op="sum"), [])
+        # As gloo's: done only once every collective started before it is, in place (its
+        # results copied back), its error raised here.
+        earlier = self._tracker.in_flight()
+
+        def finish(_):
+            for work in earlier:
+                work._complete()
+
+        return self._start("barrier", [self._barrier], lambda tag: _coalesced.allreduce(
+            self._client, [self._barrier], "sum", None, False, None, None, None, tag=tag), [], finish)
 
     # --- what the daemon does not offer -------------------------------------------------------
 
