@@ -272,6 +272,12 @@ gs_status gs_register_ex(gs_client* client, const gs_tensor* tensors, size_t cou
 
 void gs_set_free(gs_set* set) { delete set; }
 
+gs_status gs_set_release(gs_client* client, gs_set* set) {
+  if (!client) return null_argument("client");
+  if (!set) return null_argument("set");
+  return guarded([&] { client->client->release(set->set); });
+}
+
 uint32_t gs_set_id(const gs_set* set) { return set ? set->set.id() : 0; }
 
 size_t gs_set_buckets(const gs_set* set) { return set ? set->set.buckets().size() : 0; }

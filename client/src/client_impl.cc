@@ -279,6 +279,7 @@ TensorSet ClientImpl::register_tensors(std::span<const SharedTensor> tensors, co
   if (tensors.empty()) throw Error(Status::invalid_argument("a tensor set needs at least one tensor"));
   throw_if_error(check_set_label(options.label));
   TensorSet set;
+  Segment* gather_segment = nullptr;  // a host allgather output, for release() to pass on
   set.id_ = per_join_.next_set_id;
   set.label_ = options.label;
   set.world_size_ = joined_->world_size;
@@ -353,9 +354,10 @@ TensorSet ClientImpl::register_tensors(std::span<const SharedTensor> tensors, co
       set.gather_base_ = out.memory->data();
       set.gather_device_ = tensors[0].device();
     } else {
-      Segment& out = new_segment(bytes);
+      Segment& out = output_segment(bytes);
       body->set_gather_segment_id(out.id);
       set.gather_base_ = out.memory.data();
+      gather_segment = &out;
     }
   }
   per_join_.next_set_id++;  // ids stay aligned across ranks even when a registration fails
@@ -387,8 +389,48 @@ TensorSet ClientImpl::register_tensors(std::span<const SharedTensor> tensors, co
                                                &events));
     kept.events = std::move(events);
   }
+  kept.outputs = {gather_segment, shard_segment(set)};
   per_join_.sets[set.id_] = std::move(kept);
   return set;
+}
+
+void ClientImpl::release(const TensorSet& set) {
+  require_joined("releasing a set");
+  if (registered(set).deferred) {
+    throw Error(Status::invalid_argument(name_of(set.id()) +
+                                         " has a deferred allreduce whose tensors are not all marked ready"));
+  }
+  control::Request request;
+  request.mutable_release()->set_set_id(set.id());
+  connection_->call(request, options_.request_timeout);
+  // Its host outputs serve later sets: a program that keeps registering and releasing sets of
+  // new sizes holds the largest it needed at once, not the sum.
+  for (Segment* output : per_join_.sets.at(set.id()).outputs) {
+    if (output) free_outputs_.push_back(output);
+  }
+  per_join_.sets.erase(set.id());
+  per_join_.released.insert(set.id());
+}
+
+ClientImpl::Segment& ClientImpl::output_segment(size_t bytes) {
+  auto best = free_outputs_.end();
+  for (auto it = free_outputs_.begin(); it != free_outputs_.end(); ++it) {
+    if ((*it)->memory.size() >= bytes && (best == free_outputs_.end() || (*it)->memory.size() < (*best)->memory.size())) {
+      best = it;
+    }
+  }
+  if (best == free_outputs_.end()) return new_segment(bytes);
+  Segment* taken = *best;
+  free_outputs_.erase(best);
+  return *taken;
+}
+
+ClientImpl::Segment* ClientImpl::shard_segment(const TensorSet& set) {
+  if (set.shard_base_ == nullptr) return nullptr;  // a device shard's id is not among these
+  for (const auto& segment : segments_) {
+    if (segment->id == set.shard_segment_) return segment.get();
+  }
+  return nullptr;
 }
 
 void ClientImpl::check_mask(const RegisterOptions& options, std::span<const SharedTensor> tensors) const {
@@ -451,7 +493,7 @@ void ClientImpl::reserve_shard(std::span<const SharedTensor> tensors, control::R
     body->set_shard_segment_id(out.id);
     set->shard_base_ = out.memory->data();
   } else {
-    Segment& out = new_segment(bytes);
+    Segment& out = output_segment(bytes);
     body->set_shard_segment_id(out.id);
     set->shard_base_ = out.memory.data();
   }
@@ -466,6 +508,9 @@ ClientImpl::RegisteredSet& ClientImpl::registered(const TensorSet& set) {
 
 const ClientImpl::RegisteredSet& ClientImpl::registered(const TensorSet& set) const {
   const auto it = per_join_.sets.find(set.id());
+  if (set.incarnation_ == incarnation_ && per_join_.released.count(set.id())) {
+    throw Error(Status::invalid_argument(set_name(set.id(), set.label()) + " was released"));
+  }
   if (set.incarnation_ != incarnation_ || it == per_join_.sets.end()) {
     throw Error(Status::invalid_argument(set_name(set.id(), set.label()) +
                                          " is not registered in the current job incarnation"));

@@ -3,6 +3,7 @@
 
 #include <deque>
 #include <map>
+#include <set>
 #include <memory>
 #include <optional>
 #include <string>
@@ -28,6 +29,7 @@ class ClientImpl final : public Client {
   std::vector<SharedTensor> allocate_device_flat(std::span<const TensorSpec> specs, int device) override;
   SharedTensor share_device(const TensorSpec& spec, void* data, int device) override;
   TensorSet register_tensors(std::span<const SharedTensor> tensors, const RegisterOptions& options) override;
+  void release(const TensorSet& set) override;
   Work allreduce(const TensorSet& set, const ReduceOptions& options) override;
   Work allreduce_deferred(const TensorSet& set, const ReduceOptions& options) override;
   void set_stream(void* stream) override { stream_ = stream; }
@@ -65,6 +67,7 @@ class ClientImpl final : public Client {
     // Device sets: their event rings, shared with the Work handles of their operations.
     std::shared_ptr<DeviceEvents> events;
     std::optional<Deferred> deferred;  // its open deferred allreduce
+    std::vector<Segment*> outputs;      // its host allgather and shard outputs (release() reuses them)
   };
   // Everything that belongs to one job incarnation's sets and operations. A join replaces it
   // whole (assignment), so nothing of the last incarnation can be left behind.
@@ -72,9 +75,15 @@ class ClientImpl final : public Client {
     uint64_t next_seq = 1;
     uint32_t next_set_id = 0;
     std::map<uint32_t, RegisteredSet> sets;
+    std::set<uint32_t> released;  // for what the refusal of an operation on one says
   };
 
   Segment& new_segment(size_t bytes);
+  // A host segment for a set's output: the smallest a released set left that holds `bytes`,
+  // else a new one.
+  Segment& output_segment(size_t bytes);
+  // The host segment of the set's shard output; nullptr for none or a device one.
+  Segment* shard_segment(const TensorSet& set);
   // RegisterOptions::mask: strictly increasing, within the tensors' elements; throws naming the
   // first bad index.
   void check_mask(const RegisterOptions& options, std::span<const SharedTensor> tensors) const;
@@ -89,6 +98,7 @@ class ClientImpl final : public Client {
   std::shared_ptr<Connection> connection_;
   ConnectOptions options_;
   std::vector<std::unique_ptr<Segment>> segments_;
+  std::vector<Segment*> free_outputs_;  // outputs of released sets, for the next sets' outputs
   // Where masks travel (RegisterOptions::mask): the daemon copies them at registration, so one
   // segment serves every later mask that fits; a larger one replaces it (doubling).
   Segment* mask_segment_ = nullptr;

@@ -123,6 +123,7 @@ asio::awaitable<ClientHandler::Answer> ClientHandler::serve(control::Request req
       case control::Request::kJoin: status = co_await on_join(request.join(), &answer); break;
       case control::Request::kSegment: status = co_await on_segment(request.segment(), &fds, &answer); break;
       case control::Request::kRegister: status = co_await on_register(&request, &answer); break;
+      case control::Request::kRelease: status = on_release(request.release(), &answer); break;
       case control::Request::BODY_NOT_SET: status = Status::invalid_argument("empty or unknown request type"); break;
     }
   }
@@ -286,6 +287,15 @@ Status create_set_events(BackendFactory* backends, const std::vector<const Memor
 }
 
 }  // namespace
+
+Status ClientHandler::on_release(const control::ReleaseRequest& release, Answer* answer) {
+  if (!job_) return Status::invalid_argument("join a job before releasing a set");
+  uint64_t tensors = 0;
+  if (Status status = job_->release_set(local_rank_, release.set_id(), &tensors); !status.ok()) return status;
+  *tensors_ -= std::min(*tensors_, tensors);  // this client's registered tensors
+  answer->reply->mutable_release();
+  return Status::ok_status();
+}
 
 asio::awaitable<Status> ClientHandler::on_register(control::Request* request, Answer* answer) {
   const control::RegisterRequest& body = request->register_();

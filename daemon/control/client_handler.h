@@ -92,6 +92,7 @@ class ClientHandler {
                                             Answer* answer);
   // Leaves answer->reply unset once the job holds the registration.
   boost::asio::awaitable<Status> on_register(control::Request* request, Answer* answer);
+  Status on_release(const control::ReleaseRequest& release, Answer* answer);
   // Awaiting what off_io(work) returns: work() on a setup thread (inline without one), its
   // result back here.
   template <class Work>

@@ -197,6 +197,7 @@ void Job::fail(const Status& status) {
   // operations, and drops its references to client memory; the job's own go now.
   worker_->fail(status);
   committed_.clear();
+  released_.clear();
 }
 
 void Job::fail_pending(const Status& status) {
@@ -249,6 +250,30 @@ void Job::register_set(int local_rank, SetRegistration registration) {
   }
   pending.by_local_rank.emplace(local_rank, std::move(registration));
   if (static_cast<int>(pending.by_local_rank.size()) == params().local_world_size) commit(set_id);
+}
+
+Status Job::release_set(int local_rank, uint32_t set_id, uint64_t* tensors) {
+  const auto it = committed_.find(set_id);
+  if (it == committed_.end()) {
+    if (!failure_.ok()) return Status::ok_status();  // the failure dropped every set already
+    if (pending_.count(set_id) || committing_.count(set_id)) {
+      return Status::invalid_argument("release: set " + std::to_string(set_id) + " of job " + params().id +
+                                      " is still being registered");
+    }
+    return Status::not_found("release: set " + std::to_string(set_id) + " is not registered in job " + params().id);
+  }
+  std::set<int>& by = released_[set_id];
+  if (!by.insert(local_rank).second) {
+    return Status::invalid_argument("release: " + it->second->name() + " was already released by " +
+                                    describe_member(local_rank));
+  }
+  *tensors = it->second->layout.size();
+  if (static_cast<int>(by.size()) < params().local_world_size) return Status::ok_status();
+  log_.info(it->second->name() + " released by every local rank");
+  committed_.erase(it);
+  released_.erase(set_id);
+  worker_->retire_set(set_id);
+  return Status::ok_status();
 }
 
 void Job::expire(uint32_t set_id, uint64_t serial) {

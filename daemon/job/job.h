@@ -139,6 +139,12 @@ class Job : public std::enable_shared_from_this<Job> {
   // last local client registered (or on mismatch, timeout or failure).
   void register_set(int local_rank, SetRegistration registration);
 
+  // The client at `local_rank` will not use set `set_id` again (its `tensors`, the set's
+  // tensor count, back to its budget). Once every local client released it, the set leaves the
+  // job and the worker (operations already submitted on it finish first). Refused, naming why,
+  // for a set not committed here or released by this client already.
+  Status release_set(int local_rank, uint32_t set_id, uint64_t* tensors);
+
   // True once every admitted member has left.
   bool empty() const;
 
@@ -183,6 +189,7 @@ class Job : public std::enable_shared_from_this<Job> {
   uint64_t next_serial_ = 1;
   std::map<uint32_t, std::shared_ptr<const TensorSet>> committed_;
   std::set<uint32_t> committing_;  // complete barriers being checked and planned
+  std::map<uint32_t, std::set<int>> released_;  // committed sets some local clients released
   Status failure_;
   bool failed_with_work_ = false;  // it failed with operations or registrations pending
   bool retired_ = false;           // its totals moved into the daemon's counters

@@ -130,10 +130,24 @@ void Worker::admit_set(std::shared_ptr<const TensorSet> set, std::function<void(
   });
 }
 
+void Worker::retire_set(uint32_t set_id) {
+  // After admit_set's task for the set (tasks run in order), so an admission in progress is
+  // not undone by it.
+  post_task([this, set_id](const Status&) {
+    MutexLock lock(mutex_);
+    if (sets_.erase(set_id)) retired_sets_.insert(set_id);
+  });
+}
+
 std::shared_ptr<const TensorSet> Worker::find_set(uint32_t id) {
   MutexLock lock(mutex_);
   auto it = sets_.find(id);
   return it == sets_.end() ? nullptr : it->second;
+}
+
+bool Worker::was_retired(uint32_t id) {
+  MutexLock lock(mutex_);
+  return retired_sets_.count(id) != 0;
 }
 
 void Worker::fail(Status status) {
@@ -252,6 +266,10 @@ Status Worker::handle_submit(uint32_t local_rank, const SubmitEntry& entry) {
   if (Status status = parse_op(entry, options_.topology.world_size, &desc); !status.ok()) return prefixed(status);
   std::shared_ptr<const TensorSet> set = find_set(desc.set_id);
   if (!set) {
+    if (was_retired(desc.set_id)) {
+      return Status::invalid_argument(prefix + "set " + std::to_string(desc.set_id) +
+                                      " was released by every local rank");
+    }
     return Status::invalid_argument(prefix + "set " + std::to_string(desc.set_id) +
                                     " is not registered (register tensors before submitting operations)");
   }

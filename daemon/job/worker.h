@@ -36,6 +36,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <set>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -97,6 +98,10 @@ class Worker {
   // done exactly once, on the worker thread: ok, or the error that failed the job.
   // Thread-safe.
   void admit_set(std::shared_ptr<const TensorSet> set, std::function<void(const Status&)> done);
+
+  // Forgets a set every local client released: later operations on it are refused; those
+  // submitted already hold it and finish. Thread-safe.
+  void retire_set(uint32_t set_id);
 
   // A client joined as `local_rank`: the worker starts draining its rings. If the job has
   // already failed, the client's rings get the failure at once. Thread-safe.
@@ -182,6 +187,7 @@ class Worker {
   Status drain_executors(const Status& failure) GS_EXCLUDES(mutex_);
   void release_cluster(const Status& status) GS_EXCLUDES(mutex_);
   std::shared_ptr<const TensorSet> find_set(uint32_t id) GS_EXCLUDES(mutex_);
+  bool was_retired(uint32_t id) GS_EXCLUDES(mutex_);
   std::string who(uint32_t local_rank) const { return local_rank_name(options_.topology, local_rank); }
 
   WorkerOptions options_;
@@ -207,6 +213,7 @@ class Worker {
 
   mutable Mutex mutex_;
   std::map<uint32_t, std::shared_ptr<const TensorSet>> sets_ GS_GUARDED_BY(mutex_);
+  std::set<uint32_t> retired_sets_ GS_GUARDED_BY(mutex_);  // released ones: named so in refusals
   std::deque<Task> tasks_ GS_GUARDED_BY(mutex_);
   bool exited_ GS_GUARDED_BY(mutex_) = false;  // later tasks run at once with the failure
   std::atomic<bool> has_tasks_{false};

@@ -398,6 +398,24 @@ TEST_CASE("limits: registered tensors are bounded per client", "[integration][li
   check_still_serving(daemon);
 }
 
+TEST_CASE("release: a set not registered, or still being registered, is refused by name", "[integration][release]") {
+  TestDaemon daemon;
+  RawClient client(daemon.socket());
+  client.hello();
+  control::Request release;
+  release.mutable_release()->set_set_id(0);
+  CHECK_THAT(error_of(client.call(release)), Catch::Contains("join a job before releasing a set"));
+  // Rank 1 never joins: set 1's registration waits for it.
+  REQUIRE(error_of(client.join(unique_job("release-raw"), 2, 0, 60'000)).empty());
+  const uint32_t segment = client.segment(4096).segment().segment_id();
+  client.send(RawClient::registration(1, segment, 1));
+  release.mutable_release()->set_set_id(1);
+  CHECK_THAT(error_of(client.call(release)), Catch::Contains("set 1 of job") && Catch::Contains("still being registered"));
+  release.mutable_release()->set_set_id(7);
+  CHECK_THAT(error_of(client.call(release)), Catch::Contains("set 7 is not registered in job"));
+  check_still_serving(daemon);
+}
+
 TEST_CASE("limits: the local world size is bounded, and a job's memory grows with the ranks that join, not the "
           "declared size",
           "[integration][limits]") {

@@ -141,6 +141,33 @@ def test_a_rank_that_never_arrives_fails_after_the_timeout(daemon):
     _scenario(daemon, "never-arrives", world=1, WORLD_SIZE="2", LOCAL_WORLD_SIZE="2")
 
 
+def test_staging_sets_of_layouts_no_longer_used_are_released(daemon):
+    _scenario(daemon, "release")
+    assert "released by every local rank" in daemon.log()
+
+
+def test_a_future_callback_may_wait_for_a_collective(daemon):
+    _scenario(daemon, "callback-waits")
+
+
+def test_newer_torchs_subclass_check_accepts_the_group():
+    # pytorch main refuses a ProcessGroup subclass whose body defines a method and its
+    # deprecated alias (all_gather_single and _allgather_base): that check, installed here.
+    code = ("import torch.distributed as dist\n"
+            "pairs = [('all_gather_single', '_allgather_base'), ('reduce_scatter_single', '_reduce_scatter_base')]\n"
+            "def check(cls, **kw):\n"
+            "    for a, b in pairs:\n"
+            "        if a in cls.__dict__ and b in cls.__dict__:\n"
+            "            raise TypeError(f'{cls.__name__} overrides both {a} and its alias {b}')\n"
+            "dist.ProcessGroup.__init_subclass__ = classmethod(check)\n"
+            "import gradsync.torch.backend as b\n"
+            "g = b.ProcessGroupGradsync\n"
+            "assert g.all_gather_single is g._allgather_base and g.reduce_scatter_single is g._reduce_scatter_base\n"
+            "print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "ok" in out.stdout, out.stdout + out.stderr
+
+
 def test_ddp_buckets_overlap(daemon):
     _scenario(daemon, "ddp-overlap")
 

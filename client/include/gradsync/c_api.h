@@ -25,8 +25,9 @@ extern "C" {
 
 /* 2: gs_register_ex (extensible options), reduce-scatter (gs_reduce_scatter, gs_set_shard), and
  *    gs_allreduce_ex / gs_reduce_ex with gs_op_options: fused health (gs_work_health) and wire
- *    compression */
-#define GS_C_API_VERSION 2
+ *    compression
+ * 3: gs_set_release */
+#define GS_C_API_VERSION 3
 
 /* The daemon's status codes (shared/status.h), and so the Python exception classes. */
 typedef enum gs_status {
@@ -140,8 +141,16 @@ gs_status gs_register_labeled(gs_client* client, const gs_tensor* tensors, size_
 /* gs_register with every option (gs_register_options; NULL: the defaults). */
 gs_status gs_register_ex(gs_client* client, const gs_tensor* tensors, size_t count, const gs_register_options* options,
                          gs_set** out);
-/* Frees the handle (the set stays registered with the daemon while the client lives). */
+/* Frees the handle (the set stays registered with the daemon while the client lives, unless
+ * gs_set_release released it). */
 void gs_set_free(gs_set* set);
+/* Releases the set: this client will not use it again (operations on it are refused from now
+ * on; those submitted already finish). The daemon drops the set once every local client of the
+ * job released it, and the client's registered tensors count no more against its limit. The
+ * set's memory stays the client's; the handle still needs gs_set_free. Not a collective, but
+ * every local client must release the set before the daemon lets it go: release in the same
+ * program order on every rank, like registrations. */
+gs_status gs_set_release(gs_client* client, gs_set* set);
 uint32_t gs_set_id(const gs_set* set);
 size_t gs_set_buckets(const gs_set* set);
 /* After an allgather: where tensor `index` as contributed by `rank` is (host or device memory

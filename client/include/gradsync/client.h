@@ -66,6 +66,11 @@ class Client {
   // (the n-th call on every rank), and throws a LayoutMismatch Error naming the first differing
   // tensor if their layouts differ.
   virtual TensorSet register_tensors(std::span<const SharedTensor> tensors, const RegisterOptions& options) = 0;
+  // This client will not use `set` again: operations on it are refused from now on (those
+  // submitted already finish), and the daemon drops it once every local client released it
+  // (release in the same program order on every rank, as registrations go). Its tensors' memory
+  // stays the client's.
+  virtual void release(const TensorSet& set) = 0;
 
   // Sets in device memory are ordered on the GPU, not by the host (DESIGN.md decision 7): an
   // operation, or a mark_ready, makes the daemon's reads wait for the work queued so far on

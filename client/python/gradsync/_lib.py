@@ -8,7 +8,7 @@ import ctypes
 import os
 import threading
 
-C_API_VERSION = 2
+C_API_VERSION = 3
 
 c_void_p = ctypes.c_void_p
 c_int32 = ctypes.c_int32
@@ -57,6 +57,7 @@ _SIGNATURES = {
     "gs_register_labeled": (c_int32, [c_void_p, _P(Tensor), c_size_t, c_int64, c_int32, c_char_p, _P(c_void_p)]),
     "gs_register_ex": (c_int32, [c_void_p, _P(Tensor), c_size_t, _P(RegisterOptions), _P(c_void_p)]),
     "gs_set_free": (None, [c_void_p]),
+    "gs_set_release": (c_int32, [c_void_p, c_void_p]),
     "gs_set_id": (c_uint32, [c_void_p]),
     "gs_set_buckets": (c_size_t, [c_void_p]),
     "gs_set_gathered": (c_int32, [c_void_p, c_int32, c_size_t, _P(c_void_p)]),

@@ -130,6 +130,8 @@ class Client:
         self.groups.update({name: list(ranks) for name, ranks in groups.items()})
         self._allocations = []  # (address, bytes, device)
         self._sets = {}  # key -> registered set (gradsync.torch._coalesced)
+        self._operations = 0  # the coalesced operations started: when a set was last used
+        self._staging_pool = []  # staging areas of released sets, for the next ones that fit
         self.staging_copies = 0  # tensors copied into or out of a staging area
         self.staging_bytes = 0
 
@@ -141,6 +143,7 @@ class Client:
         until they are garbage-collected, so they never dangle."""
         core, self._core = getattr(self, "_core", None), None
         self._sets = {}
+        self._staging_pool = []
         if core is not None:
             core.closed = True
 

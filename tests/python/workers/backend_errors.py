@@ -13,6 +13,10 @@
                 rank's next one fails, as torch's type
   never-arrives run alone as rank 0 of 2: init_process_group, or the first all_reduce, fails
                 after its 3 s timeout as torch's type
+  release       400 all_reduces (and 134 all_gathers) of ever-new sizes: unused staging sets
+                are released and their memory reused, the results right
+  callback-waits  a future's callback starts a collective and waits for it (PowerSGD's way):
+                no deadlock, both results right
   ddp-overlap   DDP with no hook and several buckets: the buckets' all_reduces overlap
   ddp-stalled-peer  DDP; rank 1 stalls past the 3 s timeout: rank 0's backward raises
                 gradsync's TimeoutError, as torch's type, through the futures
@@ -25,6 +29,7 @@ import datetime
 import os
 import signal
 import sys
+import threading
 import time
 
 import torch
@@ -123,6 +128,48 @@ def async_works(rank, world):
     check(torch.equal(w.result()[0], torch.full((2,), float(world))), "result() lost the result")
 
 
+def releases(rank, world):
+    """Ever-new layouts (all_gather_object's way): staging sets unused for release_after
+    collectives are released, their memory reused, and every result stays right."""
+    pg = dist.distributed_c10d._get_default_group()
+    pg.release_after = 100
+    client = gradsync.torch.client_of()
+    for i in range(400):
+        n = 1 + (i * 37) % 200
+        t = torch.full((n,), float(rank + i))
+        dist.all_reduce(t)
+        want = float(sum(r + i for r in range(world)))
+        if not torch.equal(t, torch.full((n,), want)):
+            failures.append(f"all_reduce {i} of {n} elements gave {t[:3].tolist()}..., not {want}")
+        if i % 3 == 0:  # allgathers too: their outputs (the client library's) are reused
+            out = [torch.empty(n) for _ in range(world)]
+            dist.all_gather(out, torch.full((n,), float(rank * 1000 + i)))
+            for r in range(world):
+                if not torch.equal(out[r], torch.full((n,), float(r * 1000 + i))):
+                    failures.append(f"all_gather {i} of {n} elements: rank {r}'s part is {out[r][:3].tolist()}...")
+    sets, allocations = len(client._sets), len(client._allocations)
+    print(f"release: {sets} sets registered, {allocations} staging allocations after 534 collectives", flush=True)
+    check(sets <= 100 + 64 + 4, f"{sets} sets still registered: unused ones were not released")
+    check(allocations < 300, f"{allocations} staging allocations: released sets' memory was not reused")
+
+
+def callback_waits(rank, world):
+    """A future's callback that starts a collective and waits for it (as torch's PowerSGD hook
+    does): the waiter thread that runs the callback must not wait for itself."""
+    a, b = torch.full((3,), float(rank)), torch.full((3,), float(rank + 10))
+
+    def then(_):
+        dist.all_reduce(b, async_op=True).get_future().wait()
+        return b
+
+    chained = dist.all_reduce(a, async_op=True).get_future().then(then)
+    done = threading.Event()
+    threading.Thread(target=lambda: (chained.wait(), done.set()), daemon=True).start()
+    check(done.wait(20), "a callback that waits for a collective never finished")
+    check(torch.equal(a, torch.full((3,), float(sum(range(world))))), f"a is {a.tolist()}")
+    check(torch.equal(b, torch.full((3,), float(sum(r + 10 for r in range(world))))), f"b is {b.tolist()}")
+
+
 def ddp_overlaps(rank):
     """DDP without a hook and several buckets: a bucket's all_reduce starts while earlier ones are
     still in flight (rank 1 is late, so nothing completes meanwhile)."""
@@ -204,6 +251,10 @@ def main():
         time.sleep(0.5)
         expect_failure("an all_reduce after the daemon died", lambda: dist.all_reduce(torch.ones(4)),
                        gradsync.Error, within=25)
+    elif scenario == "release":
+        releases(rank, world)
+    elif scenario == "callback-waits":
+        callback_waits(rank, world)
     elif scenario == "ddp-overlap":
         ddp_overlaps(rank)
     elif scenario == "ddp-stalled-peer":

@@ -20,8 +20,8 @@ from ._memory import align, carve, device_index, dtype_code, wrap
 
 _OPS = {"sum": 0, "avg": 1, "min": 2, "max": 3}
 
-# Sets cannot be unregistered yet; past this many a client warns once (each holds its staging
-# memory and the daemon's mapping until the client closes).
+# Past this many sets a client warns once (each holds its staging memory and the daemon's
+# mapping until the client closes, unless released: release_unused()).
 _MANY_SETS = 64
 
 
@@ -38,6 +38,7 @@ class RegisteredSet:
         self.staging = staging  # the staging area (uint8 tensor), or None
         self.views = views      # the staging area's typed views, one per tensor
         self.in_flight = None   # the last Work that used the staging area or the gather output
+        self.last_use = 0       # the client's operation count when it was last used (release_unused)
         self.copied_back = None  # CUDA: an event after the last copy out of the staging area
         # The mask tensor the set was registered with, held so that its memory, part of the set's
         # cache key, is not reused by another mask while the set lives.
@@ -132,7 +133,7 @@ def set_for(client, tensors, device, group, bucket_bytes, allgather=False, tag=N
     if found is not None:
         return found
     label = _label(tensors, group, tag)
-    if len(client._sets) == _MANY_SETS:
+    if len(client._sets) == _MANY_SETS and not (isinstance(tag, tuple) and tag[:1] == ("pg",)):
         warnings.warn(f"gradsync: this client registered {_MANY_SETS} sets; each new list layout registers one more, "
                       "and sets (with their staging memory) live until the client closes")
     if mask is not None and int(mask.min()) < 0:
@@ -145,13 +146,41 @@ def set_for(client, tensors, device, group, bucket_bytes, allgather=False, tag=N
         for t in tensors:
             offsets.append(total)
             total = align(total + t.numel() * t.element_size())
-        buffer = wrap(client.alloc(total, device), total, device, client._core)
+        buffer = _pooled(client, total, device)
+        if buffer is None:
+            buffer = wrap(client.alloc(total, device), total, device, client._core)
         views = [carve(buffer, off, t.dtype, (t.numel(),)) for off, t in zip(offsets, tensors)]
         made = RegisteredSet(register(client, views, device, group, bucket_bytes, allgather, label, reduce_scatter,
                                       mask), buffer, views)
     made.mask = mask
     client._sets[key] = made
     return made
+
+
+def _pooled(client, nbytes, device):
+    """The smallest staging area of a released set on `device` that holds `nbytes`, taken out of
+    the client's pool; None when none does."""
+    fits = [(b.numel(), i) for i, (b, d) in enumerate(client._staging_pool) if d == device and b.numel() >= nbytes]
+    if not fits:
+        return None
+    return client._staging_pool.pop(min(fits)[1])[0]
+
+
+def release_unused(client, owner, older_than):
+    """Releases the staging sets tagged (owner, ...) that no operation of the client used in its
+    last `older_than` operations: the daemon drops each once every local rank released it, and
+    its staging area goes to the client's pool, for the next staging set that fits. Decided by
+    operation counts only, so every rank that runs the same collectives releases the same sets
+    at the same point, and later registers the same ones again."""
+    for key, registered in list(client._sets.items()):
+        tag = key[7] if key[0] == "staging" else None
+        if not (isinstance(tag, tuple) and tag[:1] == (owner,)) or client._operations - registered.last_use < older_than:
+            continue
+        registered.take(key[2])  # nothing of it in flight, its results copied out
+        _check(_lib.lib().gs_set_release(client._h(), registered.handle))
+        del client._sets[key]
+        client._staging_pool.append((registered.staging, key[2]))
+        registered.staging = registered.views = None
 
 
 def _label_bytes(label):
@@ -246,6 +275,8 @@ def _prepare(client, tensors, device, group, bucket_bytes, copy_in, allgather=Fa
     for a staging set, the tensors copied in when this rank's inputs matter (`copy_in`)."""
     registered = set_for(client, tensors, device, group, bucket_bytes, allgather=allgather, tag=tag,
                          reduce_scatter=reduce_scatter, mask=mask)
+    client._operations += 1
+    registered.last_use = client._operations
     registered.take(device)
     _order_on_current_stream(client, device)
     if registered.staging is not None and copy_in:

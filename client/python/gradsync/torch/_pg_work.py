@@ -31,14 +31,18 @@ callback queued when the future was asked for, and the future gets it too.
 """
 import collections
 import contextlib
+import ctypes
 import datetime
+import functools
 import queue
 import threading
+import time
 import weakref
 
 import torch
 from torch._C._distributed_c10d import Work as _TorchWork
 
+from .. import _lib
 from ..errors import TimeoutError as _Timeout
 from . import ddp
 from ._pg_errors import as_torch
@@ -85,51 +89,85 @@ def _seconds(timeout):
     return None if timeout <= 0 else float(timeout)
 
 
+def _backward_end(outcome, waited):
+    """At the end of the backward that asked for a future (DDP's reducer, in program order):
+    its Work counts as waited for (Slots), and its failure is raised (ddp._raise_failed)."""
+    waited.flag = True
+    ddp._raise_failed(outcome)
+
+
+def _at_backward_end(outcome, waited):
+    try:
+        torch.autograd.Variable._execution_engine.queue_callback(functools.partial(_backward_end, outcome, waited))
+    except RuntimeError:  # "Final callbacks can only be installed during backward pass"
+        return False
+    return True
+
+
 class GradsyncWork(_TorchWork):
     """One collective: `work` (a gradsync.Work, or None when the call completed it), then
     `finish(value)` (copies the daemon's results into the caller's tensors; None when the work
     wrote them in place), and `result`, the tensors torch's Work.result() and the future hold.
+    `after`: Works that must be complete before this one is (a barrier's earlier collectives).
 
-    The daemon is waited for outside any lock (a gradsync.Work may be waited on from several
-    threads at once); the lock only makes `finish` run once. So is_completed() never blocks,
-    wait(timeout) keeps its bound while the waiter thread waits too, and a new collective is
-    never held up by an earlier one."""
+    The daemon's answer is waited for outside any lock (the library's wait, which a gradsync
+    Work allows from several threads at once); then, under the lock, once, the library's own
+    finisher (the copy back out of the staging area) and `finish` run on one stream, which
+    records the done event every other stream waits for. So is_completed() never blocks on the
+    daemon, wait(timeout) keeps its bound while the waiter thread waits too, and a new
+    collective is never held up by an earlier one."""
 
-    def __init__(self, tracker, work, finish, result):
+    def __init__(self, tracker, work, finish, result, after=()):
         super().__init__()
         self._tracker = tracker
         self._work = work
         self._finish = finish
         self._result = result
+        self._after = list(after)
         # -1: host tensors, else the GPU (a sparse reduction's finished Work says nothing: host).
         self._device = -1 if work is None else getattr(work, "_device", -1)
         self._done_event = None  # CUDA: recorded where the results were made ready
         self._error = None
-        self._done = work is None
-        self.waited = _Waited()  # wait(), result() or synchronize() was called (program order)
+        self._done = work is None and not self._after
+        self.waited = _Waited()  # waited for in program order (Slots)
         self._future = None
         self._lock = threading.Lock()
         tracker.started(self)
 
+    @classmethod
+    def failed(cls, tracker, error, result):
+        """A Work whose operation could not start: every wait raises `error`."""
+        work = cls(tracker, None, None, result)
+        work._error = error
+        return work
+
+    def _deadline_left(self, deadline):
+        return None if deadline is None else max(0.0, deadline - time.monotonic())
+
     def _wait_daemon(self, timeout, stream):
-        """The daemon's answer for the gradsync Work (its value, or the exception it failed
-        with), outside the lock. Raises the caller's own timeout, after which it goes on."""
+        """Waits, outside the lock, until the daemon answered (and, CUDA, `stream` waits on the
+        GPU for the results); None, or the operation's error. Raises the caller's own timeout,
+        after which the operation goes on."""
         work = self._work
         if work is None:
-            return None, None
+            return None
+        lib = _lib.lib()
         try:
             if self._device >= 0:
-                with torch.cuda.stream(stream):
-                    return work.wait_stream(stream, timeout), None
-            return work.wait(timeout), None
+                work._call_wait(lib.gs_work_wait_stream, ctypes.c_void_p(stream.cuda_stream), timeout=timeout)
+            else:
+                work._call_wait(lib.gs_work_wait, timeout=timeout)
+            return None
         except _Timeout as e:
-            if timeout is not None and not work.is_completed():
+            try:
+                done = work.is_completed()
+            except Exception as failed:  # noqa: BLE001 (its error is the operation's)
+                return failed
+            if timeout is not None and not done:
                 raise as_torch(e) from None  # the caller's limit: the operation goes on
-            if timeout is not None:
-                return self._wait_daemon(None, stream)  # it completed just then: its real outcome
-            return None, e
+            return self._wait_daemon(None, stream) if timeout is not None else e
         except Exception as e:  # noqa: BLE001 (every failure is the operation's)
-            return None, e
+            return e
 
     def _complete(self, timeout=None, stream=None):
         """Waits (at most `timeout` seconds; None: until the daemon answers) and finishes, once.
@@ -139,36 +177,62 @@ class GradsyncWork(_TorchWork):
         if self._device >= 0 and stream is None:
             stream = torch.cuda.current_stream(self._device)
         if not self._done:
-            value, failed = self._wait_daemon(timeout, stream)
+            deadline = None if timeout is None else time.monotonic() + timeout
+            # A barrier: the collectives before it first; the first error among them is its.
+            failed = None
+            for earlier in self._after:
+                try:
+                    earlier._complete(self._deadline_left(deadline))
+                except Exception as e:  # noqa: BLE001
+                    if isinstance(e, _Timeout) and not earlier._done:
+                        raise  # the caller's limit
+                    failed = failed or e
+            failed = self._wait_daemon(self._deadline_left(deadline), stream) or failed
             with self._lock:
                 if not self._done:
-                    self._finish_once(value, failed, stream)
+                    self._finish_once(failed, stream)
         if self._error is not None:
             raise self._error
         if self._done_event is not None:
-            # Completed on another stream or thread (the waiter's, an earlier wait): this
-            # stream waits for the results too (a no-op on the stream that completed it).
+            # Finished on another stream or thread (the waiter's, an earlier wait): this stream
+            # waits for the results too (a no-op on the stream that finished it).
             stream.wait_event(self._done_event)
 
-    def _finish_once(self, value, failed, stream):
-        """Under the lock, once: the copies into the caller's tensors, the done event, the books."""
+    def _finish_once(self, failed, stream):
+        """Under the lock, once: the library's finisher and `finish` on `stream`, the done event."""
         try:
             if failed is not None:
                 raise failed
             with torch.no_grad():  # the outputs may be parameters (FSDP's, say)
                 if self._device >= 0:
                     with torch.cuda.stream(stream):
+                        value = self._work.wait_stream(stream) if self._work is not None else None
                         if self._finish is not None:
                             self._finish(value)
                         self._done_event = torch.cuda.Event()
                         self._done_event.record(stream)
-                elif self._finish is not None:
-                    self._finish(value)
+                else:
+                    value = self._work.wait() if self._work is not None else None
+                    if self._finish is not None:
+                        self._finish(value)
         except Exception as e:  # noqa: BLE001 (every failure is the operation's)
             self._error = as_torch(e)
         self._done = True
         self._work = self._finish = None
+        self._after = []
         self._tracker.completed(self)
+
+    def _poll(self):
+        """Whether the daemon has answered and the Works before it are done, without waiting or
+        finishing anything (the Tracker's sweep)."""
+        if self._done:
+            return True
+        work = self._work
+        if work is not None:
+            done = ctypes.c_int32(0)
+            if _lib.lib().gs_work_is_completed(work._handle, ctypes.byref(done)) != 0 or not done.value:
+                return bool(done.value)
+        return all(earlier._poll() for earlier in self._after)
 
     # --- torch's Work -------------------------------------------------------------------------
 
@@ -180,20 +244,18 @@ class GradsyncWork(_TorchWork):
         return True
 
     def is_completed(self):
-        """Never blocks: True once the daemon answered and the results were put in place."""
-        if self._done:
-            return True
-        work = self._work
-        if work is not None and not work.is_completed():
+        """True once the operation is done (then it counts as waited for: a program that polls
+        and waits only when not done chooses staging sets as one that always waits). Never
+        waits for the daemon; host results are put in place here, device ones by wait()."""
+        if not self._poll():
             return False
-        if not self._lock.acquire(blocking=False):
-            return False  # being finished on another thread right now
-        self._lock.release()
-        try:
-            self._complete()
-        except Exception:  # noqa: BLE001 (wait() raises it)
-            pass
-        return self._done
+        self.waited.flag = True
+        if self._device < 0 and not self._lock.locked():
+            try:
+                self._complete()
+            except Exception:  # noqa: BLE001 (wait() raises it)
+                pass
+        return True
 
     def is_success(self):
         return self.is_completed() and self._error is None
@@ -213,6 +275,7 @@ class GradsyncWork(_TorchWork):
     def get_future(self):
         """A torch Future of the outputs, the same one on every call. CUDA: a device-aware
         future, completed on the stream that was current at the first call, as NCCL's are."""
+        outputs = _strong(self._result)  # first: a Work whose outputs are gone raises here
         with self._lock:
             if self._future is not None:
                 return self._future
@@ -224,16 +287,20 @@ class GradsyncWork(_TorchWork):
                 future = torch.futures.Future()
             self._future = future
             done = self._done and self._error is None
-        if done:
-            if stream is not None and self._done_event is not None:
-                stream.wait_event(self._done_event)
+        if done or threading.current_thread() is self._tracker.waiter().thread:
+            # Done, or asked from a future's callback on the waiter thread (PowerSGD's hook
+            # waits for a collective there): completed here, since the waiter cannot.
+            try:
+                self._complete(stream=stream)
+            except Exception as e:  # noqa: BLE001
+                future.set_exception(e)
+                return future
             with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():  # where it records
-                future.set_result(_strong(self._result))
+                future.set_result(outputs)
             return future
         outcome = ddp._Outcome()
-        ddp._at_backward_end(outcome)
-        # The outputs, held until the future has them.
-        self._tracker.waiter().queue.put((self, _strong(self._result), future, stream, outcome))
+        _at_backward_end(outcome, self.waited)
+        self._tracker.waiter().queue.put((self, outputs, future, stream, outcome))
         return future
 
 
@@ -286,8 +353,12 @@ class Tracker:
         if work._done:
             self.completed(work)
         for earlier in pending:
+            # Host Works the daemon is done with are finished (their copies back) and moved out;
+            # device Works and barriers are left to their waits, which never block here.
+            if earlier._device >= 0 or earlier._after or not earlier._poll() or earlier._lock.locked():
+                continue
             try:
-                earlier.is_completed()  # finishes it (and moves it) when the daemon is done with it
+                earlier._complete()
             except Exception:  # noqa: BLE001 (its own wait() raises it; this call's Work is made)
                 pass
 
@@ -298,6 +369,8 @@ class Tracker:
             if len(self._recent) > self._strong:
                 old = self._recent.popleft()
                 old._result = _weak(old._result)
+                if old._future is not None and old._future.done():
+                    old._future = None  # it holds the outputs too
                 self._completed.append(old)
 
     def in_flight(self):

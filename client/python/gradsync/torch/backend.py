@@ -123,14 +123,34 @@ class ProcessGroupGradsync(dist.ProcessGroup):
         self._lock = threading.Lock()
         self._tracker = Tracker()
         self._slots = Slots()
+        self._started = 0
+        # A staging set no collective used in this many is released (every 64 collectives, the
+        # same on every rank: counts, not time).
+        self.release_after = 1024
 
-    def _start(self, kind, tensors, submit, result, finish=None):
+    def _start(self, kind, tensors, submit, result, finish=None, after=()):
         """Starts `submit(tag)` on the staging set that Slots picks for this layout and returns
         its Work, whose wait() yields `result` after `finish(value)` copied the daemon's value
         into the caller's tensors."""
+        self._started += 1
+        if self._started % 64 == 0:
+            # Staging sets of layouts no longer used (all_gather_object's ever-new sizes, an
+            # evaluation's shapes) go back to the daemon, their memory to the next ones.
+            _coalesced.release_unused(self._client, "pg", self.release_after)
         layout = (kind, tuple((t.numel(), t.dtype) for t in tensors), str(tensors[0].device))
         slot = self._slots.slot(layout)
-        work = GradsyncWork(self._tracker, submit(("pg", slot)), finish, result)
+        # The kind is part of the tag: a barrier never waits in its staging set for an
+        # all_reduce of one float, nor a broadcast for an all_reduce of its layout.
+        try:
+            started = submit(("pg", kind, slot))
+        except Error as e:
+            if isinstance(e, InvalidArgumentError):
+                raise  # the caller's mistake, refused at the call as torch's backends do
+            # The job failed (a lost rank, the daemon gone): the Work carries the error, so that
+            # DDP's reducer, which calls this from backward, gets it at the end of backward as
+            # gradsync's class rather than as a RuntimeError through its C++.
+            return GradsyncWork.failed(self._tracker, as_torch(e), result)
+        work = GradsyncWork(self._tracker, started, finish, result, after)
         self._slots.note(layout, slot, work)
         return work
 
@@ -147,7 +167,12 @@ class ProcessGroupGradsync(dist.ProcessGroup):
         if any(t.is_sparse for t in tensors):
             # Sparse COO (nn.Embedding(sparse=True)'s gradients): gathered and summed in the call
             # (gradsync.torch.sparse); the results replace the tensors' contents, as gloo's do.
-            sums = self._client.allreduce_coalesced(tensors, op=op).wait()
+            try:
+                sums = self._client.allreduce_coalesced(tensors, op=op).wait()
+            except Error as e:
+                if isinstance(e, InvalidArgumentError):
+                    raise
+                return GradsyncWork.failed(self._tracker, as_torch(e), tensors)  # as in _start
             with torch.no_grad():
                 for t, total in zip(tensors, sums):
                     t.copy_(total)
@@ -269,22 +294,13 @@ class ProcessGroupGradsync(dist.ProcessGroup):
 
         return self._gather(inputs, output_lists, finish)
 
-    # Newer torch dispatches the tensor forms of a Python group by these names.
-    all_gather_single = _allgather_base
-    reduce_scatter_single = _reduce_scatter_base
-
     @_locked
     def barrier(self, opts=None):
         # As gloo's: done only once every collective started before it is, in place (its
-        # results copied back), its error raised here.
+        # results copied back), the first of their errors raised here.
         earlier = self._tracker.in_flight()
-
-        def finish(_):
-            for work in earlier:
-                work._complete()
-
         return self._start("barrier", [self._barrier], lambda tag: _coalesced.allreduce(
-            self._client, [self._barrier], "sum", None, False, None, None, None, tag=tag), [], finish)
+            self._client, [self._barrier], "sum", None, False, None, None, None, tag=tag), [], after=earlier)
 
     # --- what the daemon does not offer -------------------------------------------------------
 
@@ -313,6 +329,13 @@ class ProcessGroupGradsync(dist.ProcessGroup):
 
     def gather(self, output_lists, inputs, opts=None):
         self._not_offered("gather")
+
+
+# Newer torch dispatches the tensor forms of a Python group by these names, and refuses a
+# subclass that defines a name and its deprecated alias in its body (its __init_subclass__):
+# set after the class is made, where that check does not run.
+ProcessGroupGradsync.all_gather_single = ProcessGroupGradsync._allgather_base
+ProcessGroupGradsync.reduce_scatter_single = ProcessGroupGradsync._reduce_scatter_base
 
 
 def client_of(group=None):

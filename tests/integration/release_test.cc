@@ -1,0 +1,81 @@
+// Releasing a registered set (ReleaseRequest, Client::release, gs_set_release) with the real
+// daemon and real client processes: a set every local rank released leaves the job, its
+// operations are refused by name, the others go on, and the client's tensors count no more
+// against its limit. (Bad releases by hand on the protocol: limits_test.cc, which has RawClient.)
+#include <catch2/catch.hpp>
+
+#include <cstring>
+
+#include "tests/integration/harness.h"
+
+namespace gradsync::test {
+namespace {
+
+std::vector<SharedTensor> filled(Client& client, size_t count, float value) {
+  std::vector<TensorSpec> specs(count, TensorSpec{DType::kFloat32, 16, "dp"});
+  std::vector<SharedTensor> tensors = client.allocate_flat(specs);
+  for (SharedTensor& t : tensors) {
+    for (float& x : t.as<float>()) x = value;
+  }
+  return tensors;
+}
+
+// An allreduce (sum) of `set` whose every element must come back as `want`.
+int sums_to(Client& client, const TensorSet& set, float want, const char* what) {
+  if (!client.allreduce(set, ReduceOptions{ReduceOp::kSum}).wait(std::chrono::seconds(30))) {
+    return fail(std::string(what) + ": timed out");
+  }
+  for (const SharedTensor& t : set.tensors()) {
+    for (float x : t.as<float>()) {
+      if (x != want) return fail(std::string(what) + ": got " + std::to_string(x) + ", want " + std::to_string(want));
+    }
+  }
+  return kOk;
+}
+
+// `call` must throw an Error whose message holds `text`.
+template <class Call>
+int refused(Call call, const std::string& text, const char* what) {
+  try {
+    call();
+  } catch (const Error& e) {
+    if (std::string(e.what()).find(text) != std::string::npos) return kOk;
+    return fail(std::string(what) + ": refused with \"" + e.what() + "\", not naming \"" + text + "\"");
+  }
+  return fail(std::string(what) + ": was not refused");
+}
+
+}  // namespace
+
+TEST_CASE("release: a set every local rank released leaves the job; operations on it are refused, the others go "
+          "on, and its tensors count no more",
+          "[integration][release]") {
+  // 12 tensors per client: without releases, the 20 sets of 5 below would need 102.
+  TestDaemon daemon({"--max-tensors-per-client", "12"});
+  const std::string job = unique_job("release");
+  ClientGroup ranks(2, [&](int rank) {
+    auto client = join(daemon.socket(), job, rank, 2);
+    const TensorSet a = client->register_tensors(filled(*client, 1, float(rank + 1)), {});  // set 0
+    const TensorSet b = client->register_tensors(filled(*client, 1, float(rank + 1)), {});  // set 1
+    if (int r = sums_to(*client, a, 3, "set 0 before its release"); r != kOk) return r;
+    client->release(a);
+    if (int r = refused([&] { client->allreduce(a, ReduceOptions{}); }, "set 0 was released", "an allreduce");
+        r != kOk) {
+      return r;
+    }
+    if (int r = refused([&] { client->release(a); }, "was released", "a second release"); r != kOk) return r;
+    if (int r = sums_to(*client, b, 3, "set 1 after set 0's release"); r != kOk) return r;
+    for (int i = 0; i < 20; ++i) {
+      const TensorSet s = client->register_tensors(filled(*client, 5, 1.0f), {});
+      if (int r = sums_to(*client, s, 2, "a set made after releases"); r != kOk) return r;
+      client->release(s);
+    }
+    return kOk;
+  });
+  for (int status : ranks.wait_all(std::chrono::seconds(120))) CHECK(exit_code(status) == kOk);
+  CHECK_THAT(daemon.log(), Catch::Contains("set 0 released by every local rank") &&
+                               Catch::Contains("set 21 released by every local rank"));
+  check_still_serving(daemon);
+}
+
+}  // namespace gradsync::test
