@@ -396,6 +396,10 @@ TensorSet ClientImpl::register_tensors(std::span<const SharedTensor> tensors, co
 
 void ClientImpl::release(const TensorSet& set) {
   require_joined("releasing a set");
+  if (registered(set).events) {
+    // Its Works wait on event rings the daemon made for the set (the daemon refuses too).
+    throw Error(Status::not_supported(name_of(set.id()) + " is in device memory; only host sets are released so far"));
+  }
   if (registered(set).deferred) {
     throw Error(Status::invalid_argument(name_of(set.id()) +
                                          " has a deferred allreduce whose tensors are not all marked ready"));
@@ -404,7 +408,8 @@ void ClientImpl::release(const TensorSet& set) {
   request.mutable_release()->set_set_id(set.id());
   connection_->call(request, options_.request_timeout);
   // Its host outputs serve later sets: a program that keeps registering and releasing sets of
-  // new sizes holds the largest it needed at once, not the sum.
+  // new sizes holds the largest it needed at once, not the sum. (So a released set's gathered()
+  // and shard() may show a later set's results: read them before releasing.)
   for (Segment* output : per_join_.sets.at(set.id()).outputs) {
     if (output) free_outputs_.push_back(output);
   }

@@ -230,6 +230,14 @@ void Job::register_set(int local_rank, SetRegistration registration) {
                       nullptr);
     return;
   }
+  if (released_ids_.count(set_id)) {
+    // Per-set state elsewhere (an executor's tables, other nodes' layout records) is keyed by
+    // the id: a released id is never a new set's.
+    registration.done(Status::invalid_argument(name + " was released in job " + params().id +
+                                               "; a released set's id is not registered again"),
+                      nullptr);
+    return;
+  }
   PendingSet& pending = pending_[set_id];
   if (pending.by_local_rank.count(local_rank)) {
     registration.done(Status::already_exists(name + " is already being registered by " +
@@ -262,6 +270,12 @@ Status Job::release_set(int local_rank, uint32_t set_id, uint64_t* tensors) {
     }
     return Status::not_found("release: set " + std::to_string(set_id) + " is not registered in job " + params().id);
   }
+  if (it->second->memory_kind != MemoryKind::kHostMemfd) {
+    // A device set's event rings are the daemon's, and a client's Works of the set keep using
+    // them after a release: not released yet.
+    return Status::not_supported("release: " + it->second->name() + " is in device memory; only host sets are "
+                                 "released so far");
+  }
   std::set<int>& by = released_[set_id];
   if (!by.insert(local_rank).second) {
     return Status::invalid_argument("release: " + it->second->name() + " was already released by " +
@@ -272,6 +286,7 @@ Status Job::release_set(int local_rank, uint32_t set_id, uint64_t* tensors) {
   log_.info(it->second->name() + " released by every local rank");
   committed_.erase(it);
   released_.erase(set_id);
+  released_ids_.insert(set_id);
   worker_->retire_set(set_id);
   return Status::ok_status();
 }

@@ -278,21 +278,35 @@ void PeerCluster::abort(const Status& why) {
 
 std::map<int, PeerCluster::NodeState> PeerCluster::probe(const std::vector<int>& nodes) const {
   // Pings run at once, not one after another: a job of many nodes with several gone must not
-  // hold its worker for a probe timeout per node.
+  // hold its worker for a probe timeout per node. The rendezvous (node 0's daemon) is pinged
+  // too, whether asked about or not: its failure notices are read only when it answers, since
+  // every read of a frozen one would wait out its own deadline (2 s each, one node after
+  // another: 9 s at 4 nodes before this).
+  const int self = options_.topology.node;
   std::map<int, std::future<bool>> pings;
+  std::vector<int> asked;
   for (int n : nodes) {
-    if (n == options_.topology.node || static_cast<size_t>(n) >= addresses_.size()) continue;
+    if (n == self || static_cast<size_t>(n) >= addresses_.size()) continue;
+    asked.push_back(n);
+  }
+  std::vector<int> pinged = asked;
+  if (self != 0 && !addresses_.empty() && std::find(asked.begin(), asked.end(), 0) == asked.end()) pinged.push_back(0);
+  for (int n : pinged) {
     pings.emplace(n, std::async(std::launch::async, [address = addresses_[static_cast<size_t>(n)], auth = options_.auth] {
                     return PeerClient(address, auth).ping(kProbeTimeout).ok();
                   }));
   }
+  std::map<int, bool> answers;
+  for (auto& [n, ping] : pings) answers[n] = ping.get();
+  const bool rendezvous_answers = self == 0 || answers[0];
   std::map<int, NodeState> states;
   PeerClient rendezvous(options_.rendezvous, options_.auth);  // ours may be cancelled by now
-  for (auto& [n, ping] : pings) {
+  for (int n : asked) {
     NodeState& state = states[n];
-    state.answers = ping.get();
+    state.answers = answers[n];
     std::vector<std::string> notice;
-    if (rendezvous.get(options_.store_job, {key("failure/" + std::to_string(n))}, std::chrono::milliseconds(0), &notice)
+    if (rendezvous_answers &&
+        rendezvous.get(options_.store_job, {key("failure/" + std::to_string(n))}, std::chrono::milliseconds(0), &notice)
             .ok()) {
       state.failure = notice[0];
     }

@@ -133,7 +133,12 @@ void Worker::admit_set(std::shared_ptr<const TensorSet> set, std::function<void(
 void Worker::retire_set(uint32_t set_id) {
   // After admit_set's task for the set (tasks run in order), so an admission in progress is
   // not undone by it.
-  post_task([this, set_id](const Status&) {
+  post_task([this, set_id](const Status& failed) {
+    if (!failed.ok()) return;
+    // Each client wrote its last submissions on the set to its ring before it sent its Release
+    // on the control socket; the worker reads tasks before rings, so those may still be unread.
+    // Read now, they are admitted holding the set, and finish; later ones are refused.
+    drain_rings();
     MutexLock lock(mutex_);
     if (sets_.erase(set_id)) retired_sets_.insert(set_id);
   });

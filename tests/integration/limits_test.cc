@@ -416,6 +416,24 @@ TEST_CASE("release: a set not registered, or still being registered, is refused 
   check_still_serving(daemon);
 }
 
+TEST_CASE("release: a released set's id is never registered again", "[integration][release]") {
+  // Per-set state (an executor's tables, other nodes' layout records) is keyed by the id; a
+  // hostile client alone on its node could otherwise hand a new set another's state.
+  TestDaemon daemon;
+  RawClient client(daemon.socket());
+  client.hello();
+  REQUIRE(error_of(client.join(unique_job("release-again"), 1, 0)).empty());
+  const uint32_t segment = client.segment(4096).segment().segment_id();
+  REQUIRE(error_of(client.call(RawClient::registration(0, segment, 2))).empty());
+  control::Request release;
+  release.mutable_release()->set_set_id(0);
+  REQUIRE(error_of(client.call(release)).empty());
+  CHECK_THAT(error_of(client.call(RawClient::registration(0, segment, 2))),
+             Catch::Contains("set 0 was released in job") && Catch::Contains("not registered again"));
+  CHECK(error_of(client.call(RawClient::registration(1, segment, 2))).empty());
+  check_still_serving(daemon);
+}
+
 TEST_CASE("limits: the local world size is bounded, and a job's memory grows with the ranks that join, not the "
           "declared size",
           "[integration][limits]") {

@@ -47,7 +47,7 @@ int refused(Call call, const std::string& text, const char* what) {
 
 }  // namespace
 
-TEST_CASE("release: a set every local rank released leaves the job; operations on it are refused, the others go "
+TEST_CASE("release: a set every local rank released leaves the job, operations on it are refused, the others go "
           "on, and its tensors count no more",
           "[integration][release]") {
   // 12 tensors per client: without releases, the 20 sets of 5 below would need 102.
@@ -75,6 +75,33 @@ TEST_CASE("release: a set every local rank released leaves the job; operations o
   for (int status : ranks.wait_all(std::chrono::seconds(120))) CHECK(exit_code(status) == kOk);
   CHECK_THAT(daemon.log(), Catch::Contains("set 0 released by every local rank") &&
                                Catch::Contains("set 21 released by every local rank"));
+  check_still_serving(daemon);
+}
+
+TEST_CASE("release: a set released right after an operation was submitted on it lets that operation finish",
+          "[integration][release]") {
+  // Was: the daemon read the clients' Releases before the submissions still in their rings,
+  // retired the set and failed the job on them ("was released by every local rank").
+  TestDaemon daemon;
+  const std::string job = unique_job("release-race");
+  ClientGroup ranks(2, [&](int rank) {
+    auto client = join(daemon.socket(), job, rank, 2);
+    // A large set keeps the worker busy while the small one's submission waits in the ring.
+    const std::vector<TensorSpec> big_spec = {TensorSpec{DType::kFloat32, 1 << 22, "dp"}};
+    const TensorSet big = client->register_tensors(client->allocate_flat(big_spec), {});
+    for (int i = 0; i < 30; ++i) {
+      const TensorSet small = client->register_tensors(filled(*client, 1, float(rank + 1)), {});
+      Work busy = client->allreduce(big, ReduceOptions{});
+      Work work = client->allreduce(small, ReduceOptions{ReduceOp::kSum});
+      client->release(small);
+      if (!busy.wait(std::chrono::seconds(30)) || !work.wait(std::chrono::seconds(30))) return fail("timed out");
+      for (float x : small.tensor(0).as<float>()) {
+        if (x != 3) return fail("released set's last allreduce gave " + std::to_string(x));
+      }
+    }
+    return kOk;
+  });
+  for (int status : ranks.wait_all(std::chrono::seconds(120))) CHECK(exit_code(status) == kOk);
   check_still_serving(daemon);
 }
 

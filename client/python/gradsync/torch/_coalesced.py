@@ -176,6 +176,8 @@ def release_unused(client, owner, older_than):
         tag = key[7] if key[0] == "staging" else None
         if not (isinstance(tag, tuple) and tag[:1] == (owner,)) or client._operations - registered.last_use < older_than:
             continue
+        if key[2] >= 0:
+            continue  # device sets are not released yet (gs_set_release)
         registered.take(key[2])  # nothing of it in flight, its results copied out
         _check(_lib.lib().gs_set_release(client._h(), registered.handle))
         del client._sets[key]

@@ -133,15 +133,15 @@ class ProcessGroupGradsync(dist.ProcessGroup):
         its Work, whose wait() yields `result` after `finish(value)` copied the daemon's value
         into the caller's tensors."""
         self._started += 1
-        if self._started % 64 == 0:
-            # Staging sets of layouts no longer used (all_gather_object's ever-new sizes, an
-            # evaluation's shapes) go back to the daemon, their memory to the next ones.
-            _coalesced.release_unused(self._client, "pg", self.release_after)
         layout = (kind, tuple((t.numel(), t.dtype) for t in tensors), str(tensors[0].device))
         slot = self._slots.slot(layout)
         # The kind is part of the tag: a barrier never waits in its staging set for an
         # all_reduce of one float, nor a broadcast for an all_reduce of its layout.
         try:
+            if self._started % 64 == 0:
+                # Staging sets of layouts no longer used (all_gather_object's ever-new sizes, an
+                # evaluation's shapes) go back to the daemon, their memory to the next ones.
+                _coalesced.release_unused(self._client, "pg", self.release_after)
             started = submit(("pg", kind, slot))
         except Error as e:
             if isinstance(e, InvalidArgumentError):
