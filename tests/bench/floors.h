@@ -2,9 +2,11 @@
 // the project (no outside files):
 //   memory_floor   an in-place N-way reduction done directly on private memory by T threads:
 //                  read N*S bytes, write N*S bytes, the least any shared-memory all-reduce moves
-//                  (a reduce-scatter's: read N*S, write S)
-//   wakeup         a cross-process round trip through a futex in shared memory, and through a
-//                  pipe: the least a daemon-mediated operation waits
+//                  (a reduce-scatter's: read N*S, write S); each run the faster of plain and
+//                  streaming stores
+//   wakeup         a cross-process round trip as two processes spinning on one shared cache
+//                  line see it (the least any two processes can meet in), and, as references,
+//                  through a futex in shared memory and through a pipe
 //   gloo_alone     Gloo's allreduce between P processes on loopback in the slices and with the
 //                  algorithm gradsync's engine uses, without gradsync: the cross-node stage alone;
 //                  optionally with each process also doing the least local work of a node (the
@@ -18,12 +20,13 @@
 
 namespace gradsync::bench {
 
-// Milliseconds per pass, one sample per run. `scatter`: the reduce-scatter floor (read N x S,
+// Milliseconds per pass: the best of `runs` runs (one sample). `scatter`: the reduce-scatter floor (read N x S,
 // write S) instead of the all-reduce's (read N x S, write N x S).
 Measurement memory_floor(int clients, size_t bytes_per_client, int threads, int runs, bool scatter = false);
 
 struct Wakeup {
-  Measurement futex_us;  // one sample per round trip
+  Measurement spin_us;   // one sample per round trip; the floor
+  Measurement futex_us;
   Measurement pipe_us;
 };
 Wakeup wakeup_floor(int rounds);
