@@ -34,24 +34,24 @@
 #   e2e            35 s  gradsync_gpu_e2e_tests: gradsyncd + trainer processes sharing GPU 0
 #   kernels        20 s  (a) gradsync-gpu-bench: gather + scatter of ResNet-50's 161 tensors
 #   daemon-bench   30 s  (b) (c) (d) gradsync-gpu-daemon-bench: gradsyncd + 2 trainers
-#   python-cpu    100 s  training_check.py --cpu   } 200 s: each run starts 3+ Python processes
+#   python-cpu    130 s  training_check.py --cpu   } 230 s: each run starts 3+ Python processes
 #   python-cuda   100 s  training_check.py --cuda  } importing torch (33-42 s each on an H200);
 #                                                    --cuda then runs the sparse worker on the
 #                                                    GPU; both then the torch.distributed
-#                                                    backend's checks (--cpu 3 more pairs of
+#                                                    backend's checks (--cpu 4 more pairs of
 #                                                    processes, --cuda 1)
 #   torch-flatten  25 s  (a) the peer: torch flatten + unflatten (torch warm by then)
 #   mps            30 s  (c) under MPS, only with --mps; then 10 s to stop MPS (mps-stop)
-# Sum: 395 s, 435 s with --mps. Overall bound: 450 s. The script runs itself under
-# `timeout -k 8 450`; every stage's budget is also cut to what is left of the bound (less 10 s
+# Sum: 425 s, 465 s with --mps. Overall bound: 480 s. The script runs itself under
+# `timeout -k 8 480`; every stage's budget is also cut to what is left of the bound (less 10 s
 # kept for the end), and at the bound a trap ends the stage, marks its rows, and prints and saves
-# the table. Worst case: 450 s + 8 s of kill grace + at most 13 s of clean-up by the outer layer
+# the table. Worst case: 480 s + 8 s of kill grace + at most 13 s of clean-up by the outer layer
 # (end the stage 2 s, stop MPS 5 s, remove the scratch folder 4 s, let tee finish 2 s) if even
-# the trap was stuck: 471 s, under 8 minutes. Every external command that can hang (nvidia-smi,
+# the trap was stuck: 501 s, under 9 minutes. Every external command that can hang (nvidia-smi,
 # python3, ldd, readelf, MPS control, our binaries) runs under `timeout -k`.
 #
 # For run.sh's own tests only (tests/device/test_run.sh, with fake_bundle.sh):
-#   GRADSYNC_DEVICE_CHECK_BOUND_S=S             the overall bound instead of 450 s
+#   GRADSYNC_DEVICE_CHECK_BOUND_S=S             the overall bound instead of 480 s
 #   GRADSYNC_DEVICE_CHECK_BUDGETS=NAME=S,...    stage budgets instead of the above
 #   GRADSYNC_DEVICE_CHECK_FAKE_STAGE=NAME:hang  stage NAME hangs instead (cut at its budget);
 #                             NAME:hang-untimed  the same without its timeout, as a bug would
@@ -62,8 +62,8 @@ set -uo pipefail
 SELF="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")"
 STAGES=(preflight gpu-tests e2e kernels daemon-bench python-cpu python-cuda torch-flatten mps)
 declare -A BUDGET=([preflight]=25 [gpu-tests]=60 [e2e]=35 [kernels]=20 [daemon-bench]=30
-                   [python-cpu]=100 [python-cuda]=100 [torch-flatten]=25 [mps]=30 [mps-stop]=10)
-BOUND=${GRADSYNC_DEVICE_CHECK_BOUND_S:-450}
+                   [python-cpu]=130 [python-cuda]=100 [torch-flatten]=25 [mps]=30 [mps-stop]=10)
+BOUND=${GRADSYNC_DEVICE_CHECK_BOUND_S:-480}
 OUTER_KILL_GRACE=8  # after the bound's TERM, before the KILL
 STAGE_KILL_GRACE=5
 END_RESERVE=$((BOUND >= 100 ? 10 : 2))  # kept at the end of the bound for the table (2 s: tests)

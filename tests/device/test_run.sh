@@ -34,7 +34,7 @@ export GRADSYNC_DEVICE_CHECK_BENCH_LOG="$work/daemon-bench.log"
 unset GRADSYNC_DEVICE_CHECK_ROLE GRADSYNC_DEVICE_CHECK_BUDGETS GRADSYNC_DEVICE_CHECK_FAKE_STAGE \
       GRADSYNC_DEVICE_CHECK_FAKE_TRAP GRADSYNC_DEVICE_CHECK_BOUND_S
 args=("$work/bundle")
-bound=450 want_rc=0
+bound=480 want_rc=0
 case "$case_name" in
   pass) args+=(--mps) ;;
   hang)
