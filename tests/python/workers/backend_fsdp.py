@@ -14,18 +14,10 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import gradsync.torch  # noqa: F401 (registers the backend)
+from backend import Model  # the same model as the backend's DDP check
 from ops import exit_on_failures
 
 failures = []
-
-
-class Model(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
-
-    def forward(self, x):
-        return self.net(x)
 
 
 def main():

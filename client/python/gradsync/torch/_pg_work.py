@@ -89,6 +89,11 @@ def _seconds(timeout):
     return None if timeout <= 0 else float(timeout)
 
 
+def _left(deadline):
+    """Seconds to a time.monotonic() deadline (None: no limit)."""
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+
 def _backward_end(outcome, waited):
     """At the end of the backward that asked for a future (DDP's reducer, in program order):
     its Work counts as waited for (Slots), and its failure is raised (ddp._raise_failed)."""
@@ -141,9 +146,6 @@ class GradsyncWork(_TorchWork):
         work._error = error
         return work
 
-    def _deadline_left(self, deadline):
-        return None if deadline is None else max(0.0, deadline - time.monotonic())
-
     def _wait_daemon(self, timeout, stream):
         """Waits, outside the lock, until the daemon answered (and, CUDA, `stream` waits on the
         GPU for the results); None, or the operation's error. Raises the caller's own timeout,
@@ -182,12 +184,12 @@ class GradsyncWork(_TorchWork):
             failed = None
             for earlier in self._after:
                 try:
-                    earlier._complete(self._deadline_left(deadline))
+                    earlier._complete(_left(deadline))
                 except Exception as e:  # noqa: BLE001
                     if isinstance(e, _Timeout) and not earlier._done:
                         raise  # the caller's limit
                     failed = failed or e
-            failed = self._wait_daemon(self._deadline_left(deadline), stream) or failed
+            failed = self._wait_daemon(_left(deadline), stream) or failed
             with self._lock:
                 if not self._done:
                     self._finish_once(failed, stream)

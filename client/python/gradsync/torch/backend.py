@@ -252,6 +252,15 @@ class ProcessGroupGradsync(dist.ProcessGroup):
         return self._start("allgather", inputs, lambda tag: _coalesced.all_gather(self._client, inputs, None, tag=tag),
                            result, finish)
 
+    def _gather_into(self, inputs, by_rank, result):
+        """All-gathers `inputs` into by_rank[rank][i] (checked by _gathered_into)."""
+        def finish(gathered):  # [rank][input]
+            for outputs, row in zip(by_rank, gathered):
+                for output, part in zip(outputs, row):
+                    output.copy_(part.reshape(output.shape))
+
+        return self._gather(inputs, result, finish)
+
     @_locked
     def allgather(self, output_lists, inputs, opts=None):
         # torch's layout here: output_lists[i][rank] receives rank's inputs[i].
@@ -259,14 +268,9 @@ class ProcessGroupGradsync(dist.ProcessGroup):
         if len(output_lists) != len(inputs):
             raise InvalidArgumentError(f"gradsync backend: all_gather takes one list of outputs per input, "
                                        f"not {len(output_lists)} for {len(inputs)}")
-        self._gathered_into("all_gather", [list(row) for row in zip(*output_lists)] if output_lists else [], inputs)
-
-        def finish(gathered):  # [rank][input]
-            for i, outputs in enumerate(output_lists):
-                for rank, output in enumerate(outputs):
-                    output.copy_(gathered[rank][i].reshape(output.shape))
-
-        return self._gather(inputs, output_lists, finish)
+        by_rank = [list(row) for row in zip(*output_lists)] if output_lists else []
+        self._gathered_into("all_gather", by_rank, inputs)
+        return self._gather_into(inputs, by_rank, output_lists)
 
     @_locked
     def _allgather_base(self, output, input, opts=None):  # noqa: A002 (torch's name)
@@ -286,13 +290,7 @@ class ProcessGroupGradsync(dist.ProcessGroup):
         # torch's layout: output_lists[rank][i] receives rank's inputs[i].
         _device_of("all_gather_coalesced", list(inputs) + [t for outputs in output_lists for t in outputs])
         self._gathered_into("all_gather_coalesced", output_lists, inputs)
-
-        def finish(gathered):  # [rank][input]
-            for rank, outputs in enumerate(output_lists):
-                for i, output in enumerate(outputs):
-                    output.copy_(gathered[rank][i].reshape(output.shape))
-
-        return self._gather(inputs, output_lists, finish)
+        return self._gather_into(inputs, output_lists, output_lists)
 
     @_locked
     def barrier(self, opts=None):
