@@ -193,6 +193,17 @@ def ddp_overlaps(rank):
         check(len(in_flight) >= 3, f"DDP made {len(in_flight)} buckets, not several")
         check(max(in_flight) >= 2, f"DDP's buckets never overlapped: in flight at each start {in_flight}")
         print(f"ddp buckets in flight at each start: {in_flight}", flush=True)
+    # Each bucket's Works count as waited for at the end of the backward that asked for their
+    # futures, so later steps reuse its staging set: one per bucket (or per layout slot within a
+    # step), not a new one each step up to the four slots. And a barrier has sets of its own.
+    client = gradsync.torch.client_of()
+    pg_sets = [key for key in client._sets if key[0] == "staging" and key[7][:2] == ("pg", "allreduce")]
+    # Step 0 had one bucket of its own layout (DDP re-buckets after it).
+    check(len(pg_sets) <= len(in_flight) + 1,
+          f"{len(pg_sets)} staging sets for DDP's {len(in_flight)} buckets after 3 steps")
+    dist.barrier()
+    kinds = {key[7][1] for key in client._sets if key[0] == "staging" and key[7][:1] == ("pg",)}
+    check("barrier" in kinds, f"the barrier used no staging set of its own: kinds {sorted(kinds)}")
 
 
 def never_arrives():
