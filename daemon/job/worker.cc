@@ -362,15 +362,20 @@ std::vector<reduce::Health> Worker::fold_health(const Op& op) const {
 }
 
 void Worker::complete(Op& op) {
+  // The books first, the clients last: a client may leave the moment it reads its completion,
+  // and the io thread then asks pending_ops() whether the job ended between operations (clean)
+  // or with work in flight (failed). Counted the other way round, a job whose last rank exits
+  // at once was sometimes reported failed, with a warning, after every operation had finished.
   const std::vector<reduce::Health> health = op.health ? fold_health(op) : std::vector<reduce::Health>{};
-  for (uint32_t c = 0; c < clients_.size(); ++c) post(c, op.seq, Status::ok_status(), health.empty() ? nullptr : &health[c]);
+  const uint64_t seq = op.seq;
   const auto finished = std::chrono::steady_clock::now();
   stats_->operation_done(finished - op.started);
   trace_->add(OpTrace{op.seq, describe(op.desc, op.set.get()), op.desc.set_id, op.started, finished,
                       std::move(op.traced), op.traced_left_out});
-  ops_.pop_front();
+  ops_.pop_front();  // `op` is gone from here on
   pending_ops_.store(ops_.size());
   completed_ops_.fetch_add(1);
+  for (uint32_t c = 0; c < clients_.size(); ++c) post(c, seq, Status::ok_status(), health.empty() ? nullptr : &health[c]);
 }
 
 BucketExecutor* Worker::executor_for(MemoryKind kind, Status* status) {

@@ -150,6 +150,11 @@ def test_a_future_callback_may_wait_for_a_collective(daemon):
     _scenario(daemon, "callback-waits")
 
 
+def test_a_future_callback_running_at_exit_finishes_and_the_process_exits_cleanly(daemon):
+    for rank, (_, out) in enumerate(_scenario(daemon, "callback-outlives-main")):
+        assert f"rank {rank}: the callback finished" in out, out
+
+
 def test_newer_torchs_subclass_check_accepts_the_group():
     # pytorch main refuses a ProcessGroup subclass whose body defines a method and its
     # deprecated alias (all_gather_single and _allgather_base): that check, installed here.

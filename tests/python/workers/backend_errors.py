@@ -164,10 +164,27 @@ def callback_waits(rank, world):
 
     chained = dist.all_reduce(a, async_op=True).get_future().then(then)
     done = threading.Event()
-    threading.Thread(target=lambda: (chained.wait(), done.set()), daemon=True).start()
+    helper = threading.Thread(target=lambda: (chained.wait(), done.set()), daemon=True)
+    helper.start()
     check(done.wait(20), "a callback that waits for a collective never finished")
+    helper.join(20)
     check(torch.equal(a, torch.full((3,), float(sum(range(world))))), f"a is {a.tolist()}")
     check(torch.equal(b, torch.full((3,), float(sum(r + 10 for r in range(world))))), f"b is {b.tolist()}")
+
+
+def callback_outlives_main(rank):
+    """A future's callback still running when the main thread ends: the interpreter's exit waits
+    for it (bounded) instead of killing the waiter thread inside torch's C++ frames, which
+    aborts the process ("terminate called without an active exception")."""
+    started = threading.Event()
+
+    def slow(_):
+        started.set()
+        time.sleep(1.0)
+        print(f"rank {rank}: the callback finished", flush=True)
+
+    dist.all_reduce(torch.ones(3), async_op=True).get_future().then(slow)
+    check(started.wait(20), "the callback never started")
 
 
 def ddp_overlaps(rank):
@@ -266,6 +283,8 @@ def main():
         releases(rank, world)
     elif scenario == "callback-waits":
         callback_waits(rank, world)
+    elif scenario == "callback-outlives-main":
+        callback_outlives_main(rank)
     elif scenario == "ddp-overlap":
         ddp_overlaps(rank)
     elif scenario == "ddp-stalled-peer":

@@ -29,6 +29,7 @@ Future cannot carry an exception to DDP's reducer (it reads set_exception's exce
 bucket's value), so, as the DDP hook does, the failure is raised at the end of backward by a
 callback queued when the future was asked for, and the future gets it too.
 """
+import atexit
 import collections
 import contextlib
 import ctypes
@@ -307,16 +308,38 @@ class GradsyncWork(_TorchWork):
 
 
 class _Waiter:
-    """The thread that completes the futures of get_future(), one Work after another."""
+    """The thread that completes the futures of get_future(), one Work after another.
+
+    It is a daemon thread, so that a Work that never completes cannot hold the interpreter's
+    exit. But a daemon thread still running at the interpreter's end is killed when it next
+    takes the GIL, by a forced unwind through whatever C++ frames it is in (torch's Future
+    callbacks among them), which aborts the process ("terminate called without an active
+    exception"). So at exit it is told to stop and is joined, for a bounded time, before the
+    interpreter finalizes: it finishes the item in hand (a callback that outlived the main
+    thread's last use of its result) and leaves."""
+
+    _STOP = None
+    _EXIT_JOIN_S = 5.0
 
     def __init__(self):
         self.queue = queue.Queue()
         self.thread = threading.Thread(target=self._run, name="gradsync-pg-waiter", daemon=True)
         self.thread.start()
+        atexit.register(_Waiter._stop_at_exit, weakref.ref(self))
+
+    @staticmethod
+    def _stop_at_exit(ref):
+        waiter = ref()
+        if waiter is not None and waiter.thread.is_alive():
+            waiter.queue.put(_Waiter._STOP)
+            waiter.thread.join(_Waiter._EXIT_JOIN_S)
 
     def _run(self):
         while True:
-            work, outputs, future, stream, outcome = self.queue.get()
+            item = self.queue.get()
+            if item is _Waiter._STOP:
+                return
+            work, outputs, future, stream, outcome = item
             try:
                 if stream is None:
                     work._complete()
@@ -330,7 +353,7 @@ class _Waiter:
                 outcome.done.set()
             except Exception as e:  # noqa: BLE001 (raised at the end of backward, and by the future)
                 outcome.fail(future, e)
-            work = outputs = future = stream = outcome = None  # hold nothing between items
+            item = work = outputs = future = stream = outcome = None  # hold nothing between items
 
 
 class Tracker:
