@@ -83,6 +83,7 @@ Daemon::Daemon(DaemonConfig config, std::function<ParsedConfig()> reparse, TestH
         !s.ok()) {
       throw Error(s);
     }
+    auth.channels = std::make_shared<PeerChannels>();
     peer_auth_ = std::make_shared<const PeerAuth>(std::move(auth));
   }
   PeerServerOptions peer{config_.peer_listen, log_, {}, peer_auth_, {}};

@@ -12,6 +12,7 @@
 #include <memory>
 #include <string>
 
+#include "daemon/peer/peer_channels.h"
 #include "shared/status.h"
 
 namespace gradsync {
@@ -28,6 +29,9 @@ struct PeerAuth {
   // the member the peer stores' quotas count (kv_store.h). Empty in tools and tests that do
   // not name one.
   std::string node;
+  // The daemon's channels to its peers, one per address, which every PeerClient made with this
+  // auth shares (peer_channels.h says why). Null in tools and tests: each client makes its own.
+  std::shared_ptr<PeerChannels> channels;
 
   bool tls() const { return !tls_ca.empty(); }
   bool configured() const { return !token.empty() || tls(); }
