@@ -312,7 +312,8 @@ std::vector<SettingSpec> daemon_settings() {
                       "bound on executing one bucket (a hang, not a slow rank or peer), in milliseconds"));
   s.push_back(integer("drain-timeout-ms", GS_FIELD(drain_timeout), 0, 600'000, "", live,
                       "at SIGTERM, how long operations already submitted may take to finish before the jobs are "
-                      "failed and gradsyncd exits, in milliseconds (joins are refused meanwhile)"));
+                      "failed and gradsyncd exits (within this and 2 s more), in milliseconds (joins are refused "
+                      "meanwhile)"));
   s.push_back(integer("connection-timeout-ms", GS_FIELD(connection_timeout), 100, kDayMs, " (a day)", restart,
                       "close a control connection whose request frame stays incomplete this long, or that has not "
                       "joined a job this long after its last request, in milliseconds (joined trainers are never "

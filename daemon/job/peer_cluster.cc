@@ -127,7 +127,9 @@ Status PeerCluster::form() {
 }
 
 void PeerCluster::leave() {
-  if (!formed_) return;
+  // The failure notice just now could not reach the rendezvous: nor would this, and it would
+  // wait out its own deadline too (a stopping daemon's exit waited for both, one after the other).
+  if (!formed_ || rendezvous_unreachable_) return;
   // A fresh client: the cluster's own may have been cancelled by the abort that ended the job.
   PeerClient rendezvous(options_.rendezvous, options_.auth);
   int64_t ended = 0;
@@ -366,8 +368,10 @@ void PeerCluster::publish_failure(const Status& status) {
   // gave up, formed or not: otherwise they would wait for it and call it slow.
   if (prefix_.empty()) return;
   // Our own rendezvous client is cancelled by now (abort); the notice needs a fresh one.
-  PeerClient(options_.rendezvous, options_.auth).set(options_.store_job, key("failure/" + std::to_string(options_.topology.node)), status.message(),
-                   std::chrono::milliseconds(1000));
+  const Status sent = PeerClient(options_.rendezvous, options_.auth)
+                          .set(options_.store_job, key("failure/" + std::to_string(options_.topology.node)),
+                               status.message(), kProbeTimeout);
+  rendezvous_unreachable_ = sent.code() == ErrorCode::kTimeout || sent.code() == ErrorCode::kPeerLost;
 }
 
 }  // namespace gradsync

@@ -78,6 +78,8 @@ class PeerCluster final : public Cluster {
   ClusterOptions options_;
   std::shared_ptr<PeerClient> rendezvous_;
   bool formed_ = false;
+  // publish_failure() found the rendezvous gone: leave() does not try it again.
+  bool rendezvous_unreachable_ = false;
   std::string prefix_;                  // "g<generation>/"
   std::vector<std::string> addresses_;  // peer address of every node
   Mutex engines_mutex_;  // the worker adds engines, abort() may come from anywhere

@@ -1331,4 +1331,41 @@ TEST_CASE("multi-node: SIGTERM with a job stuck on a frozen peer exits 0 within 
   cluster.node(1).process().signal(SIGCONT);
 }
 
+TEST_CASE("multi-node: SIGTERM with the rendezvous frozen exits within the drain timeout and 2 s more, "
+          "for a drain longer than 2 s", "[integration][multinode]") {
+  // Was 4.5 s with the default 2 s drain, and drain + 2.6 s or more for longer drains: after the
+  // drain, the failure notice and the leave each waited 1 s for the frozen rendezvous, one after
+  // the other, and the peer service's shutdown up to 2 s more.
+  constexpr auto kDrain = std::chrono::milliseconds(3000);
+  TestCluster cluster(2, {"--timeout-ms", "30000", "--drain-timeout-ms", std::to_string(kDrain.count())});
+  const std::string job = unique_job("term-rendezvous");
+  const std::vector<TensorSpec> specs = {{DType::kFloat32, 1 << 16, "dp"}};
+  Latch stepping;
+  ClientGroup group(2, [&](int rank) {
+    auto client = join_nodes(cluster.node(rank).socket(), job, rank, 2, 1, cluster.rendezvous());
+    const TensorSet set = client->register_tensors(client->allocate_flat(specs), {});
+    for (int step = 0;; ++step) {
+      if (step == 1 && rank == 1) stepping.open();
+      try {
+        client->allreduce(set, ReduceOptions{}).wait(std::chrono::seconds(60));
+      } catch (const Error&) {
+        if (rank == 0) ::pause();
+        return kOk;
+      }
+    }
+  });
+  REQUIRE(stepping.wait(std::chrono::seconds(30)));
+  cluster.node(0).process().signal(SIGSTOP);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // node 1 is now blocked in the collective
+  const auto start = std::chrono::steady_clock::now();
+  cluster.node(1).process().signal(SIGTERM);
+  const int status = cluster.node(1).process().wait_for(std::chrono::seconds(30));
+  const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
+  INFO("node 1 exited " << took.count() << " ms after SIGTERM");
+  CHECK(exited_ok(status));
+  CHECK(took < kDrain + std::chrono::seconds(2));
+  CHECK(exit_code(group.wait(1, std::chrono::seconds(30))) == kOk);
+  cluster.node(0).process().signal(SIGCONT);
+}
+
 }  // namespace gradsync::test
