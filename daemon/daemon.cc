@@ -159,6 +159,7 @@ Daemon::Daemon(DaemonConfig config, std::function<ParsedConfig()> reparse, TestH
     view.log = log_;
     view.peer_auth = peer_auth_;
     view.peer_store = &peer_->store();
+    view.peer_calls = &peer_->calls();
     admin_view_ = std::make_unique<admin::IoDaemonView>(std::move(view));
   }
   if (config_.admin_address != "none" || !config_.admin_tcp.empty()) {

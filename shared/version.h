@@ -33,6 +33,8 @@ inline constexpr uint32_t kProtocolVersion = 5;
 //      output
 //   6: masked sets: the layout record states the mask's count and digest, and the header its
 //      digest, with the kept count as the bucket's elements
-inline constexpr uint32_t kCrossNodeProtocol = 6;
+//   7: formation: node 0 publishes every node's record as one table ("nodes"), which the other
+//      nodes read instead of each record; Gloo's mesh keys are read a family at a time
+inline constexpr uint32_t kCrossNodeProtocol = 7;
 
 }  // namespace gradsync

@@ -45,7 +45,7 @@ const char* kUsage =
     "that average their gradients for S steps, checking every element exactly. With --nodes M it\n"
     "runs M daemons on loopback, N trainers each, as the nodes of one job.\n"
     "  --clients N    trainer processes per node (default 4)\n"
-    "  --nodes M      daemons, one per simulated node (default 1)\n"
+    "  --nodes M      daemons, one per simulated node (default 1, at most 128)\n"
     "  --steps S      training steps (default 10)\n"
     "  --model M      parameter layout: resnet50 (161 tensors, 25.6 M floats) or tiny\n"
     "  --socket PATH  use a running gradsyncd instead of starting one\n"
@@ -78,7 +78,7 @@ bool parse(int argc, char** argv, DemoOptions* o, std::string* error) {
     if (arg == "--help" || arg == "-h") o->help = true;
     else if (arg == "--clients") { if (!number("--clients", &o->clients, 1, 64)) return false; }
     else if (arg == "--steps") { if (!number("--steps", &o->steps, 1, 1000000)) return false; }
-    else if (arg == "--nodes") { if (!number("--nodes", &o->nodes, 1, 16)) return false; }
+    else if (arg == "--nodes") { if (!number("--nodes", &o->nodes, 1, 128)) return false; }
     else if (arg == "--trainer") { if (!number("--trainer", &o->trainer_rank, 0, 1023)) return false; }
     else if (arg == "--rendezvous") { if (!(v = value("--rendezvous"))) return false; o->rendezvous = v; }
     else if (arg == "--model") { if (!(v = value("--model"))) return false; o->model = v; }

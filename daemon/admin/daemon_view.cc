@@ -89,6 +89,7 @@ Status IoDaemonView::status(DaemonStatus* out) {
     s.peer_store_bytes = usage.bytes;
     s.peer_store_waiting_gets = static_cast<uint32_t>(usage.waiters);
   }
+  if (options_.peer_calls) s.peer_calls = options_.peer_calls->snapshot();
   // Every setting gradsyncd runs with, as declared (config/settings.cc); the log level as it is
   // now (config set may have changed it); and the peer service's authentication, which two
   // settings decide.

@@ -13,6 +13,7 @@
 #include "daemon/control/server.h"
 #include "daemon/job/registry.h"
 #include "daemon/peer/kv_store.h"
+#include "daemon/peer/peer_calls.h"
 #include "daemon/peer/peer_auth.h"
 #include "daemon/util/log.h"
 #include "shared/mutex.h"
@@ -33,6 +34,7 @@ struct IoDaemonViewOptions {
   Logger log;  // the daemon's: SetConfig changes its level
   std::shared_ptr<const PeerAuth> peer_auth;  // for asking other nodes (GetInFlight)
   KvStore* peer_store = nullptr;               // its usage, for status; outlives the view
+  const PeerCallCounts* peer_calls = nullptr;  // the peer service's calls; outlives the view
 };
 
 class IoDaemonView final : public DaemonView {

@@ -102,6 +102,12 @@ std::string render_metrics(const DaemonStatus& status, const std::vector<JobStat
       << "gradsync_build_info{version=\"" << status.version << "\"} 1\n";
   out << "# HELP gradsync_uptime_seconds Time since gradsyncd started.\n# TYPE gradsync_uptime_seconds gauge\n"
       << "gradsync_uptime_seconds " << number(std::chrono::duration<double>(status.uptime).count()) << "\n";
+  out << "# HELP gradsync_peer_calls_total Calls this daemon's peer service received, by method (at the "
+         "rendezvous: the store traffic of formation, failure notices and probes).\n"
+         "# TYPE gradsync_peer_calls_total counter\n";
+  for (const auto& [method, count] : status.peer_calls) {
+    out << "gradsync_peer_calls_total{method=\"" << method << "\"} " << count << "\n";
+  }
   out << "# HELP gradsync_jobs Jobs on this daemon.\n# TYPE gradsync_jobs gauge\ngradsync_jobs " << jobs.size() << "\n";
   out << "# HELP gradsync_clients Connected trainers.\n# TYPE gradsync_clients gauge\ngradsync_clients "
       << clients.size() << "\n";

@@ -39,6 +39,7 @@ struct DaemonStatus {
   uint32_t peer_store_jobs = 0;
   uint64_t peer_store_bytes = 0;
   uint32_t peer_store_waiting_gets = 0;
+  std::vector<std::pair<std::string, uint64_t>> peer_calls;  // by method, since the start
 };
 
 struct JobStatistics {

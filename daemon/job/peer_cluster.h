@@ -13,6 +13,7 @@
 
 
 #include "daemon/job/cluster.h"
+#include "daemon/job/node_record.h"
 #include "daemon/engine/factory.h"
 #include "daemon/model/tensor_set.h"
 #include "daemon/model/topology.h"
@@ -73,6 +74,13 @@ class PeerCluster final : public Cluster {
   // The nodes whose key of `keys` (one per node) is not in the store yet, each with its
   // whereabouts: "node 2 (...), which is gone: ...; node 3 ...".
   std::string late_nodes(const std::vector<std::string>& keys) const;
+  // Formation: node 0 reads every node's record in node order and publishes them as one table
+  // (or why it refuses the job); the others read node 0's record, then the table.
+  Status publish_table(const NodeRecord& me, std::vector<NodeRecord>* records);
+  Status read_table(const NodeRecord& me, std::vector<NodeRecord>* records);
+  // Node `node`'s record `text`, checked against this node's `me`.
+  Status check_record(int node, const std::string& text, const NodeRecord& me, NodeRecord* out) const;
+  std::string did_not_join(int node, const Status& status) const;
   Status aborted();
 
   ClusterOptions options_;

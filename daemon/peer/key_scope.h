@@ -18,7 +18,8 @@
 //   g<N>/cfg/count        counter: any node of it, by add only
 //   g<N>/ended            counter: each node adds 1 once, when it leaves
 //   g<N>/.../<n>          every other key ending in a node number (layouts, exchanges,
-//                         failures): node n's daemon only
+//                         failures, and table/0, node 0's table of every node's entry): node
+//                         n's daemon only
 // Reading a generation's keys takes a node of it; deleting them takes a node that has ended,
 // once every node that took a place has. Counters move by 0 (a read) or 1, nothing else. The
 // store records who took which node under reserved keys ("g<N>/~...") no caller may name;

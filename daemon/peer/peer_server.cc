@@ -238,6 +238,7 @@ grpc::ServerUnaryReactor* PeerService::Progress(grpc::CallbackServerContext* con
 
 grpc::ServerUnaryReactor* PeerService::refuse(grpc::CallbackServerContext* context, std::string_view method,
                                               const google::protobuf::Message& request, PeerCaller* caller) {
+  calls_.add(method);
   caller->instance = instance_of(*context);
   std::string node;
   grpc::Status status = proofs_.check(*context, method, caller->instance, request, &node);

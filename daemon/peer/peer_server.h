@@ -12,6 +12,7 @@
 #include "daemon/peer/key_scope.h"
 #include "daemon/peer/token_proof.h"
 #include "daemon/peer/kv_store.h"
+#include "daemon/peer/peer_calls.h"
 #include "daemon/peer/peer_requests.h"
 #include "daemon/peer/peer_auth.h"
 #include "daemon/util/tcp_listener.h"
@@ -50,6 +51,8 @@ class PeerService final : public peer::Peer::CallbackService {
   grpc::ServerUnaryReactor* Progress(grpc::CallbackServerContext* context, const peer::ProgressRequest* request,
                                      peer::ProgressReply* reply) override;
 
+  const PeerCallCounts& calls() const { return calls_; }
+
  private:
   // Answers a call without a good proof of the cluster token (UNAUTHENTICATED) and returns its
   // reactor; null when the call may go on, with *caller filled in. Without a token or TLS
@@ -68,6 +71,7 @@ class PeerService final : public peer::Peer::CallbackService {
   std::shared_ptr<const PeerAuth> auth_;  // never null
   ProofChecker proofs_;                   // the token's proofs, and the replay cache
   std::function<void(const std::string&)> proven_;
+  PeerCallCounts calls_;  // every call that arrived, refused or not
 };
 
 struct PeerServerOptions {
@@ -90,6 +94,7 @@ class PeerServer {
 
   int port() const { return port_; }
   KvStore& store() { return store_; }
+  const PeerCallCounts& calls() const { return service_.calls(); }
 
  private:
   PeerServerOptions options_;

@@ -34,16 +34,16 @@ TEST_CASE("node record: a record from before the protocol was stated reads as pr
 
 TEST_CASE("node record: a record of another protocol is read for its protocol and version only", "[node_record]") {
   // A later protocol may change the first two fields and add more after the fourth.
-  const auto later = NodeRecord::parse("any-shape 10.0.0.2:1 7 1.0.0 and more fields");
+  const auto later = NodeRecord::parse("any-shape 10.0.0.2:1 99 1.0.0 and more fields");
   REQUIRE(later);
-  CHECK(later->protocol == 7);
+  CHECK(later->protocol == 99);
   CHECK(later->version == "1.0.0");
   CHECK(later->address == "10.0.0.2:1");
-  CHECK(later->describe_version() == "gradsyncd 1.0.0 (cross-node protocol 7)");
-  CHECK(NodeRecord::parse("x \x1b[2J 7 1.0.0")->address == "(unreadable)");
+  CHECK(later->describe_version() == "gradsyncd 1.0.0 (cross-node protocol 99)");
+  CHECK(NodeRecord::parse("x \x1b[2J 99 1.0.0")->address == "(unreadable)");
   // Its protocol and version must still be readable.
   CHECK_FALSE(NodeRecord::parse("2 10.0.0.2:1 seven 1.0.0"));
-  CHECK_FALSE(NodeRecord::parse("2 10.0.0.2:1 7 \x1b[2J"));
+  CHECK_FALSE(NodeRecord::parse("2 10.0.0.2:1 99 \x1b[2J"));
 }
 
 TEST_CASE("node record: anything a gradsyncd would not write is refused", "[node_record]") {

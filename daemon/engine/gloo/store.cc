@@ -2,15 +2,37 @@
 
 #include "daemon/engine/gloo/address_scrub.h"
 
+#include <algorithm>
+
 namespace gradsync {
 
 PeerStore::PeerStore(std::shared_ptr<PeerClient> client, std::string job, std::string prefix,
-                     std::chrono::milliseconds timeout, bool tcp_addresses)
+                     std::chrono::milliseconds timeout, bool tcp_addresses, int ranks)
     : client_(std::move(client)),
       job_(std::move(job)),
       prefix_(std::move(prefix)),
       timeout_(timeout),
-      tcp_addresses_(tcp_addresses) {}
+      tcp_addresses_(tcp_addresses),
+      ranks_(ranks) {}
+
+std::optional<std::string> PeerStore::family_of(const std::string& key) const {
+  if (ranks_ <= 0) return std::nullopt;
+  for (const std::string family : {"", "rank_"}) {
+    if (key.size() <= family.size() || key.compare(0, family.size(), family) != 0) continue;
+    const std::string number = key.substr(family.size());
+    if (number.size() > 9 || number.find_first_not_of("0123456789") != std::string::npos) continue;
+    if (std::stoi(number) < ranks_) return family;
+  }
+  return std::nullopt;
+}
+
+void PeerStore::fetch_family(const std::string& family, std::chrono::milliseconds timeout) {
+  std::vector<std::string> keys;
+  for (int r = 0; r < ranks_; ++r) keys.push_back(prefix_ + family + std::to_string(r));
+  std::vector<std::string> values;
+  throw_if_error(client_->get(job_, keys, timeout, &values));
+  for (int r = 0; r < ranks_; ++r) fetched_[family + std::to_string(r)] = values[static_cast<size_t>(r)];
+}
 
 void PeerStore::set(const std::string& key, const std::vector<char>& data) {
   std::vector<char> value = data;
@@ -26,6 +48,11 @@ void PeerStore::set(const std::string& key, const std::vector<char>& data) {
 }
 
 std::vector<char> PeerStore::get(const std::string& key) {
+  if (const auto family = family_of(key)) {
+    if (!fetched_.count(key)) fetch_family(*family, timeout_);
+    const std::string& value = fetched_.at(key);
+    return std::vector<char>(value.begin(), value.end());
+  }
   std::vector<std::string> values;
   throw_if_error(client_->get(job_, {prefix_ + key}, timeout_, &values));
   return std::vector<char>(values[0].begin(), values[0].end());
@@ -34,6 +61,12 @@ std::vector<char> PeerStore::get(const std::string& key) {
 void PeerStore::wait(const std::vector<std::string>& keys) { wait(keys, timeout_); }
 
 void PeerStore::wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) {
+  if (!keys.empty() && std::all_of(keys.begin(), keys.end(), [this](const std::string& k) { return family_of(k).has_value(); })) {
+    for (const auto& key : keys) {
+      if (!fetched_.count(key)) fetch_family(*family_of(key), timeout);
+    }
+    return;
+  }
   std::vector<std::string> scoped;
   for (const auto& key : keys) scoped.push_back(prefix_ + key);
   std::vector<std::string> values;

@@ -1,0 +1,151 @@
+"""Formation at scale: N gradsyncd on loopback (one per simulated node, node 0's peer service the
+rendezvous), one trainer each (gradsync-demo's, the tiny model, one step checked element by
+element), timed from the moment the last daemon is ready to the moment every trainer has
+verified its step; and the calls node 0's peer service answered meanwhile, by method (from its
+gradsync_peer_calls_total), which is the store traffic of one formation.
+
+    formation.py [--nodes 16,32,64] [--runs 3] [--json FILE]
+
+Loopback rather than the namespaces: formation is bound by round trips to the rendezvous and
+the Gloo mesh's connections, not by link bandwidth, and 64 namespaces add nothing to measure.
+"""
+import argparse
+import json
+import os
+import re
+import shutil
+import socket
+import statistics
+import subprocess
+import tempfile
+import time
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BUILD = os.environ.get("GRADSYNC_BUILD", os.path.join(HERE, "..", "..", "build"))
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def peer_calls(metrics_port):
+    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
+    return {m.group(1): int(float(m.group(2)))
+            for m in re.finditer(r'^gradsync_peer_calls_total\{method="(\w+)"\} (\S+)$', text, re.M)}
+
+
+class Daemons:
+    """N gradsyncd on loopback with one cluster token; node 0 serves metrics."""
+
+    def __init__(self, nodes):
+        self.dir = tempfile.mkdtemp(prefix="gradsync-formation-")
+        token = os.path.join(self.dir, "token")
+        fd = os.open(token, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(os.urandom(32).hex())
+        self.rendezvous = f"127.0.0.1:{free_port()}"
+        self.metrics = free_port()
+        self.sockets, self.procs = [], []
+        binary = os.path.join(BUILD, "bin", "gradsyncd")
+        for n in range(nodes):
+            sock = os.path.join(self.dir, f"node{n}.sock")
+            argv = [binary, "--socket", sock, "--peer-token-file", token, "--reduce-threads", "1",
+                    "--log-level", "warning", "--peer-listen", self.rendezvous if n == 0 else "127.0.0.1:0"]
+            if n == 0:
+                argv += ["--metrics", f"127.0.0.1:{self.metrics}"]
+            log = open(os.path.join(self.dir, f"node{n}.log"), "w")
+            self.procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT))
+            log.close()
+            self.sockets.append(sock)
+        end = time.monotonic() + 60
+        for n, sock in enumerate(self.sockets):
+            while not os.path.exists(sock):
+                if self.procs[n].poll() is not None or time.monotonic() > end:
+                    raise RuntimeError(f"gradsyncd of node {n} did not start:\n" + self.log(n))
+                time.sleep(0.01)
+        self.ready = time.monotonic()
+
+    def log(self, n):
+        with open(os.path.join(self.dir, f"node{n}.log")) as f:
+            return f.read()
+
+    def close(self):
+        for p in self.procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def form(daemons, job, timeout=120):
+    """Starts one trainer per node; returns seconds until every one verified its step."""
+    nodes = len(daemons.sockets)
+    demo = os.path.join(BUILD, "bin", "gradsync-demo")
+    start = time.monotonic()
+    trainers = [subprocess.Popen([demo, "--trainer", str(n), "--clients", "1", "--nodes", str(nodes), "--steps", "1",
+                                  "--model", "tiny", "--socket", daemons.sockets[n], "--job", job, "--rendezvous",
+                                  daemons.rendezvous], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                for n in range(nodes)]
+    failed = []
+    for n, t in enumerate(trainers):
+        try:
+            if t.wait(max(1, timeout - (time.monotonic() - start))) != 0:
+                failed.append(f"rank {n} exited {t.returncode}: {t.stderr.read()[-500:]}")
+        except subprocess.TimeoutExpired:
+            failed.append(f"rank {n} did not finish within {timeout} s")
+    took = time.monotonic() - start
+    for t in trainers:
+        if t.poll() is None:
+            t.kill()
+            t.wait()
+    if failed:
+        raise RuntimeError(f"{nodes}-node formation failed:\n" + "\n".join(failed[:5]))
+    return took
+
+
+def measure(nodes, runs):
+    """(seconds per formation for each run, node 0's peer calls of one formation, by method)."""
+    daemons = Daemons(nodes)
+    try:
+        times, calls = [], None
+        for run in range(runs):
+            before = peer_calls(daemons.metrics)
+            times.append(form(daemons, f"formation-{nodes}-{run}-{os.getpid()}"))
+            time.sleep(0.5)  # the last leaves reach the rendezvous
+            after = peer_calls(daemons.metrics)
+            calls = {m: after.get(m, 0) - before.get(m, 0) for m in after}
+        return times, calls
+    finally:
+        daemons.close()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", default="16,32,64", help="comma-separated node counts")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--json", help="also write the rows to this file")
+    args = parser.parse_args()
+    rows = []
+    print(f"{'nodes':>5}  {'formation s (median, min-max)':>30}  {'calls at node 0':>15}  by method")
+    for n in [int(x) for x in args.nodes.split(",")]:
+        times, calls = measure(n, args.runs)
+        total = sum(calls.values())
+        rows.append({"nodes": n, "seconds": times, "median": statistics.median(times), "calls": calls,
+                     "calls_total": total})
+        spread = f"{statistics.median(times):.2f} ({min(times):.2f}-{max(times):.2f})"
+        detail = ", ".join(f"{m} {c}" for m, c in sorted(calls.items()) if c)
+        print(f"{n:>5}  {spread:>30}  {total:>15}  {detail}  ({total / n:.1f} per node)", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
