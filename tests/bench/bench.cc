@@ -28,6 +28,7 @@
 #include "daemon/reduce/simd.h"
 #include "gradsync/client.h"
 #include "tests/bench/floors.h"
+#include "tests/bench/mpi_run.h"
 #include "tests/bench/report.h"
 #include "tests/bench/scrape.h"
 #include "tests/bench/supervise.h"
@@ -506,8 +507,25 @@ int run_bench(const BenchOptions& o) {
       want({"float32", "2x2", "4x1"}) ? torch_peer(o, torch_ok, 4, 100 * kMiB, o.steps) : not_selected;
   const Measurement peer_small =
       want({"latency"}) ? scaled(torch_peer(o, torch_ok, 2, 4096, o.rounds), 1e3) : not_selected;
+  // The second peer (Open MPI) at the first rows' shapes: 4 ranks x 100 MiB, and 2 x 4 KiB.
+  const MpiPeer no_mpi{skipped("--skip-peer"), skipped("--skip-peer"), 0, "--skip-peer"};
+  const MpiPeer mpi4 = !want({"float32"}) ? MpiPeer{not_selected, not_selected, 0, ""}
+                       : o.skip_peer      ? no_mpi
+                                          : mpi_peer(4, 100 * kMiB, o.steps);
+  const MpiPeer mpi2 = !want({"latency"}) ? MpiPeer{not_selected, not_selected, 0, ""}
+                       : o.skip_peer      ? no_mpi
+                                          : mpi_peer(2, 4096, std::min(o.rounds, 2000));
+  const auto tuned = [](const MpiPeer& p, double scale, const char* unit) {
+    if (!p.best_tuned.ok()) return p.tuned_note;
+    char text[160];
+    std::snprintf(text, sizeof(text), "%s: %.4g %s", p.tuned_note.c_str(), p.best_tuned.median() * scale, unit);
+    return std::string(text);
+  };
 
   rows.push_back({"4 clients x 100 MiB float32, per step", "ms", ms(f32), floor4, "memory floor, best run, " + threads, peer4, ""});
+  rows.push_back({"4 clients x 100 MiB float32, per step, peer Open MPI MPI_Allreduce (shared memory)", "ms", ms(f32),
+                  floor4, "memory floor, best run, " + threads, scaled(mpi4.by_default, 1e-3),
+                  "peer: Open MPI's default algorithm; " + tuned(mpi4, 1e-3, "ms")});
   rows.push_back({"4 clients x 100 MiB float16, per step", "ms", ms(f16), floor4, "memory floor, same bytes", na, ""});
   rows.push_back({"4 clients x 100 MiB bfloat16, per step", "ms", ms(bf16), floor4, "memory floor, same bytes", na, ""});
   rows.push_back({"4 clients x 100 MiB float32 reduce-scatter, per step", "ms", ms(scatter), floor_scatter,
@@ -565,6 +583,9 @@ int run_bench(const BenchOptions& o) {
   }
   rows.push_back({"2 clients x 4 KiB float32, round trip", "us", us(latency), wake.spin_us,
                   "cache-line ping-pong between two spinning processes", peer_small, p99});
+  rows.push_back({"2 clients x 4 KiB float32, round trip, peer Open MPI MPI_Allreduce (shared memory)", "us",
+                  us(latency), wake.spin_us, "cache-line ping-pong between two spinning processes", mpi2.by_default,
+                  "peer: Open MPI's default algorithm; " + tuned(mpi2, 1.0, "us")});
   // A floor is the least the work can take: a row faster than its floor shows a defect in the
   // floor (a loose reference), and says so rather than claim a ratio below 1.
   for (Row& row : rows) {
@@ -638,7 +659,9 @@ constexpr const char* kHelp =
     "between two spinning processes (with futex and pipe round trips beside it as references),\n"
     "Gloo alone between the same number of processes, and for 2x2 also Gloo alone with each\n"
     "process doing a node's least local work beside it, on the same CPUs). A row faster than its\n"
-    "physical floor says so: that is a defect in the floor.\n"
+    "physical floor says so: that is a defect in the floor. A second peer, Open MPI's MPI_Allreduce\n"
+    "over shared memory (its default algorithm and the best of its tuned ones), runs beside the\n"
+    "4 x 100 MiB and 4 KiB rows where Open MPI is installed, and is printed as skipped elsewhere.\n"
     "  --threads N       daemon reduce threads and memory-floor threads (default 2)\n"
     "  --steps S         timed steps of each large row (default 10)\n"
     "  --rounds R        4 KiB round trips (default 2000)\n"
@@ -646,8 +669,8 @@ constexpr const char* kHelp =
     "  --repeat N        run every gradsync job and Gloo floor N times, pooling their steps\n"
     "                    (default 1)\n"
     "  --idle-seconds T  measure the daemon's CPU time over T idle seconds (default 60; 0: skip)\n"
-    "  --skip-peer       do not run the torch peer (printed as skipped)\n"
-    "  --floors-only     do not run gradsync, only the floors and the peer\n"
+    "  --skip-peer       do not run the peers, torch gloo and Open MPI (printed as skipped)\n"
+    "  --floors-only     do not run gradsync, only the floors and the peers\n"
     "  --slice-bytes N   the daemons' --gloo-slice-bytes, and the slices of the Gloo floor (default\n"
     "                    64 MiB): measure the slice size for your nodes\n"
     "  --only ROWS       measure only these rows, comma-separated (the others print as skipped):\n"
@@ -668,7 +691,7 @@ constexpr const char* kHelp =
 int main(int argc, char** argv) {
   using namespace gradsync::bench;
   BenchOptions o;
-  std::string role, store;
+  std::string role, store, gloo_host = "127.0.0.1";
   int rank = 0, size = 0;
   size_t bytes = 0;
   LocalWork local;  // --role gloo-floor: the node's local work beside Gloo
@@ -691,6 +714,7 @@ int main(int argc, char** argv) {
       if (arg == "--role") role = next();
       else if (role == "trainer" && parse_trainer_flag(argc, argv, i, trainer)) continue;
       else if (arg == "--store") store = next();
+      else if (arg == "--gloo-host") gloo_host = next();
       else if (arg == "--rank") rank = std::atoi(next().c_str());
       else if (arg == "--size") size = std::atoi(next().c_str());
       else if (arg == "--bytes") bytes = std::strtoull(next().c_str(), nullptr, 10);
@@ -712,7 +736,7 @@ int main(int argc, char** argv) {
     }
     if (role == "trainer") return run_trainer(trainer);
     local.threads = o.threads;
-    if (role == "gloo-floor") return run_gloo_rank(store, rank, size, bytes, o.slice_bytes, o.steps, local);
+    if (role == "gloo-floor") return run_gloo_rank(store, rank, size, bytes, o.slice_bytes, o.steps, local, gloo_host);
     if (!role.empty()) throw std::invalid_argument("unknown --role '" + role + "'");
     return run_supervised([&] { return run_bench(o); });
   } catch (const std::invalid_argument& e) {

@@ -397,7 +397,7 @@ GlooFloor gloo_alone(const std::string& self, int processes, size_t bytes, size_
 }
 
 int run_gloo_rank(const std::string& store_dir, int rank, int size, size_t bytes, size_t slice_bytes, int steps,
-                  const LocalWork& local) {
+                  const LocalWork& local, const std::string& host) {
   try {
     std::unique_ptr<InPlaceReduction> node_work;
     if (local.clients > 0) {
@@ -408,7 +408,7 @@ int run_gloo_rank(const std::string& store_dir, int rank, int size, size_t bytes
     std::filesystem::create_directories(store_dir);
     ::gloo::rendezvous::FileStore store(store_dir);
     ::gloo::transport::tcp::attr attr;
-    attr.hostname = "127.0.0.1";
+    attr.hostname = host;
     auto device = ::gloo::transport::tcp::CreateDevice(attr);
     auto context = std::make_shared<::gloo::rendezvous::Context>(rank, size);
     context->setTimeout(std::chrono::seconds(120));

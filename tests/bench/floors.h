@@ -55,8 +55,9 @@ GlooFloor gloo_alone(const std::string& self, int processes, size_t bytes, size_
                      const LocalWork& local = {});
 
 // The child side of gloo_alone: one rank. Rank 0 prints "sample <ms>" per timed step; every rank
-// prints "cpu <ms>", its own CPU time per timed step.
+// prints "cpu <ms>", its own CPU time per timed step. `host`: the address its Gloo pairs bind
+// (loopback here; a node's own address in the simulated cluster, tests/cluster).
 int run_gloo_rank(const std::string& store_dir, int rank, int size, size_t bytes, size_t slice, int steps,
-                  const LocalWork& local);
+                  const LocalWork& local, const std::string& host = "127.0.0.1");
 
 }  // namespace gradsync::bench
