@@ -16,6 +16,9 @@ namespace {
 // text.
 constexpr char kTableOk[] = "nodes";
 constexpr char kTableRefused[] = "refused";
+// How much longer than the job timeout the other nodes wait for node 0's table: node 0 has the
+// job timeout from its arrival, and publishing takes a call.
+constexpr auto kTableSlack = std::chrono::milliseconds(2000);
 
 // How long explain() waits for a peer daemon to answer before calling it unreachable.
 constexpr auto kProbeTimeout = std::chrono::milliseconds(1000);
@@ -145,9 +148,14 @@ Status PeerCluster::publish_table(const NodeRecord& me, std::vector<NodeRecord>*
   const std::string& store = options_.store_job;
   std::string table = kTableOk;
   Status status;
+  // One bound for the whole loop, the job timeout from node 0's arrival: the other nodes wait for
+  // the table that long (and a little more) from the moment node 0's record appears.
+  const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
   for (int n = 0; n < options_.topology.nodes && status.ok(); ++n) {
     std::vector<std::string> values;
-    status = rendezvous_->get(store, {key("node/" + std::to_string(n))}, options_.timeout, &values);
+    const auto left = std::max(std::chrono::milliseconds(0), std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                                  deadline - std::chrono::steady_clock::now()));
+    status = rendezvous_->get(store, {key("node/" + std::to_string(n))}, left, &values);
     if (!status.ok()) {
       status = Status(status.code(), did_not_join(n, status));
       break;
@@ -176,10 +184,17 @@ Status PeerCluster::read_table(const NodeRecord& me, std::vector<NodeRecord>* re
   if (!status.ok()) return Status(status.code(), did_not_join(0, status));
   NodeRecord first;
   if (status = check_record(0, values[0], me, &first); !status.ok()) return status;
-  status = rendezvous_->get(store, {key("table/0")}, options_.timeout, &values);
+  status = rendezvous_->get(store, {key("table/0")}, options_.timeout + kTableSlack, &values);
+  if (Status why = aborted(); !why.ok()) return why;
   if (!status.ok()) {
+    // Node 0 publishes the table, or its refusal, within the job timeout of its arrival, unless
+    // it failed meanwhile: then its failure notice says why.
+    std::vector<std::string> notice;
+    const bool failed =
+        rendezvous_->get(store, {key("failure/0")}, std::chrono::milliseconds(0), &notice).ok();
     return Status(status.code(), "job " + options_.job_id + ": node 0 did not publish the nodes' records within " +
-                                     std::to_string(options_.timeout.count()) + " ms: " + status.message());
+                                     std::to_string((options_.timeout + kTableSlack).count()) + " ms of arriving" +
+                                     (failed ? ": it failed: " + safe_text(notice[0], 1000) : ": " + status.message()));
   }
   const std::string& table = values[0];
   const size_t line = table.find('\n');
@@ -201,7 +216,7 @@ Status PeerCluster::read_table(const NodeRecord& me, std::vector<NodeRecord>* re
     if (status = check_record(n, text, me, &record); !status.ok()) return status;
     records->push_back(record);
   }
-  if (head != kTableOk || static_cast<int>(records->size()) != nodes) {
+  if (head != kTableOk || static_cast<int>(records->size()) != nodes || std::getline(in, text)) {
     return Status::protocol("job " + options_.job_id + ": node 0 published a table of the nodes that this gradsyncd "
                             "cannot read: not one a gradsyncd writes");
   }
@@ -453,7 +468,9 @@ void PeerCluster::publish_failure(const Status& status) {
   const Status sent = PeerClient(options_.rendezvous, options_.auth)
                           .set(options_.store_job, key("failure/" + std::to_string(options_.topology.node)),
                                status.message(), kProbeTimeout);
-  rendezvous_unreachable_ = sent.code() == ErrorCode::kTimeout || sent.code() == ErrorCode::kPeerLost;
+  // Only a deadline that ran out: "unavailable" may be the channel's reconnect backoff, which
+  // the leave's own call outlasts.
+  rendezvous_unreachable_ = sent.code() == ErrorCode::kTimeout;
 }
 
 }  // namespace gradsync

@@ -14,6 +14,9 @@ grpc::ChannelArguments PeerChannels::arguments() {
   // 5 s rather than its default 20 s, so an attempt stuck on a frozen peer is given up and
   // made again once the peer is back.
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 5000);
+  // A channel nobody calls for a minute goes idle: it stops reconnecting to a peer that is gone
+  // (every second, with the backoff above) until the next call.
+  args.SetInt(GRPC_ARG_CLIENT_IDLE_TIMEOUT_MS, 60'000);
   return args;
 }
 

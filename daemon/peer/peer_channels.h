@@ -26,7 +26,7 @@ namespace gradsync {
 
 class PeerChannels {
  public:
-  explicit PeerChannels(size_t max = 1024) : max_(max) {}
+  explicit PeerChannels(size_t max = 1024) : max_(max < 1 ? 1 : max) {}
 
   // The channel to `address`, made with `credentials` the first time it is asked for.
   std::shared_ptr<grpc::Channel> get(const std::string& address,

@@ -187,7 +187,13 @@ Status PeerClient::get(const std::string& job, const std::vector<std::string>& k
   const Status status = unary("Get", job, timeout + kSlack, request, &reply, [this](auto* context, auto& r, auto* out) {
     return stub_->Get(context, r, out);
   });
-  if (status.ok()) values->assign(reply.values().begin(), reply.values().end());
+  if (!status.ok()) return status;
+  // Every caller indexes the values by its keys: a reply of another length is not an answer.
+  if (static_cast<size_t>(reply.values_size()) != keys.size()) {
+    return Status::protocol("peer daemon at " + address_ + " answered a get of " + std::to_string(keys.size()) +
+                            " keys with " + std::to_string(reply.values_size()) + " values");
+  }
+  values->assign(reply.values().begin(), reply.values().end());
   return status;
 }
 

@@ -75,10 +75,11 @@ def run_gradsync(cluster, per_node, nbytes, steps, slice_bytes):
                 trainers.append(cluster.spawn(k, argv, stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL,
                                               stderr=subprocess.PIPE, text=True))
         stages = None
-        while trainers[0].poll() is None:
+        end = time.monotonic() + 600
+        while trainers[0].poll() is None and time.monotonic() < end:
             stages = stage_means(cluster) or stages
             time.sleep(0.2)
-        out = trainers[0].stdout.read()
+        out = trainers[0].stdout.read()  # rank 0 prints a line per step: far below a pipe's buffer
         for t in trainers:
             if t.wait(120) != 0:
                 raise RuntimeError(f"a gradsync trainer exited {t.returncode}: {t.stderr.read()[-800:]}\n"

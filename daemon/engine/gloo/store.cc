@@ -5,6 +5,14 @@
 #include <algorithm>
 
 namespace gradsync {
+namespace {
+
+// The most a family fetch asks the rendezvous for in one reply, and a Gloo TCP address's size
+// (gloo/transport/tcp/address.h: a sockaddr_storage and a sequence number).
+constexpr size_t kReplyBytes = 1 << 20;
+constexpr size_t kAddressBytes = 136;
+
+}  // namespace
 
 PeerStore::PeerStore(std::shared_ptr<PeerClient> client, std::string job, std::string prefix,
                      std::chrono::milliseconds timeout, bool tcp_addresses, int ranks)
@@ -27,11 +35,20 @@ std::optional<std::string> PeerStore::family_of(const std::string& key) const {
 }
 
 void PeerStore::fetch_family(const std::string& family, std::chrono::milliseconds timeout) {
-  std::vector<std::string> keys;
-  for (int r = 0; r < ranks_; ++r) keys.push_back(prefix_ + family + std::to_string(r));
-  std::vector<std::string> values;
-  throw_if_error(client_->get(job_, keys, timeout, &values));
-  for (int r = 0; r < ranks_; ++r) fetched_[family + std::to_string(r)] = values[static_cast<size_t>(r)];
+  // A rank's "<r>" value holds an address (136 bytes in Gloo's TCP transport) for every other
+  // rank: a whole family is N² addresses, past gRPC's 4 MiB reply limit at about 170 ranks. So
+  // the keys go in batches of about kReplyBytes each; a batch still waits for all its keys.
+  const size_t value_bytes = family.empty() ? kAddressBytes * static_cast<size_t>(ranks_) + 64 : 256;
+  const size_t batch = std::max<size_t>(1, kReplyBytes / value_bytes);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (int first = 0; first < ranks_; first += static_cast<int>(batch)) {
+    const int end = std::min(ranks_, first + static_cast<int>(batch));
+    std::vector<std::string> keys, values;
+    for (int r = first; r < end; ++r) keys.push_back(prefix_ + family + std::to_string(r));
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    throw_if_error(client_->get(job_, keys, std::max(left, std::chrono::milliseconds(1)), &values));
+    for (int r = first; r < end; ++r) fetched_[family + std::to_string(r)] = values[static_cast<size_t>(r - first)];
+  }
 }
 
 void PeerStore::set(const std::string& key, const std::vector<char>& data) {

@@ -5,9 +5,11 @@
 // Gloo's full mesh asks for every other rank's keys one by one ("<r>", its pair addresses, and
 // "rank_<r>", its host), each a wait and then a get: 3 calls per peer, so N nodes made ~3.5 N²
 // calls at the rendezvous (14,368 gets at 64 nodes, 3.6 s to form). Given the node count, the
-// store fetches a whole family in one call the first time Gloo asks for one of its keys (the
-// call waits until every rank has published, as Gloo would, one key at a time) and answers
-// the rest from what it fetched: two calls per node, N in all per family.
+// store fetches a whole family the first time Gloo asks for one of its keys (the calls wait
+// until every rank has published, as Gloo would, one key at a time) and answers the rest from
+// what it fetched. A family goes in replies of about 1 MiB: one call each up to about 100
+// ranks, two calls per node in all; beyond, the "<r>" family (N addresses per value) takes
+// N / (7,700 / N) calls per node, still a fraction of one per peer.
 #pragma once
 
 #include <gloo/rendezvous/store.h>

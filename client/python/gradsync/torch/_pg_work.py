@@ -331,6 +331,13 @@ class _Waiter:
     def _stop_at_exit(ref):
         waiter = ref()
         if waiter is not None and waiter.thread.is_alive():
+            # Items not yet begun are dropped (the interpreter ends: nobody will read their
+            # futures), so that the stop comes right after the item in hand.
+            try:
+                while True:
+                    waiter.queue.get_nowait()
+            except queue.Empty:
+                pass
             waiter.queue.put(_Waiter._STOP)
             waiter.thread.join(_Waiter._EXIT_JOIN_S)
 
