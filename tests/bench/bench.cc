@@ -30,6 +30,7 @@
 #include "tests/bench/floors.h"
 #include "tests/bench/mpi_run.h"
 #include "tests/bench/report.h"
+#include "tests/bench/sampled.h"
 #include "tests/bench/scrape.h"
 #include "tests/bench/supervise.h"
 #include "tests/bench/trainer.h"
@@ -306,23 +307,7 @@ Measurement torch_peer(const BenchOptions& o, bool torch_ok, int world, size_t b
   // (supervise.h) stops when the bench is interrupted.
   const std::string command = "timeout --foreground -k 5 600 '" + o.python + "' '" + executable_directory() + "/gradsync_torch_peer.py' " +
                               std::to_string(world) + " " + std::to_string(bytes) + " " + std::to_string(steps) + " 2>&1";
-  std::string output;
-  int status = -1;
-  if (FILE* pipe = ::popen(command.c_str(), "r")) {
-    char buffer[4096];
-    size_t n;
-    while ((n = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0) output.append(buffer, n);
-    status = ::pclose(pipe);
-  }
-  if (!exited_ok(status)) return missing("`" + command + "` " + describe_wait_status(status) + ": " + output.substr(0, 300));
-  std::istringstream in(output);
-  std::vector<double> samples;
-  std::string word;
-  while (in >> word) {
-    double v;
-    if (word == "sample" && in >> v) samples.push_back(v);
-  }
-  return samples.empty() ? missing("`" + command + "` printed no samples") : measured(std::move(samples));
+  return sampled(command);
 }
 
 // "0.147 us in mark_ready" (the client's own time per tensor, median over the steps).

@@ -2,11 +2,11 @@
 
 #include <unistd.h>
 
-#include <cstdio>
-#include <sstream>
-#include <vector>
+#include <cstdlib>
+#include <string>
 
 #include "client/tools/process.h"
+#include "tests/bench/sampled.h"
 
 namespace gradsync::bench {
 namespace {
@@ -24,23 +24,7 @@ Measurement run(const std::string& peer, int ranks, size_t bytes, int steps, int
     command += " --mca coll_tuned_use_dynamic_rules 1 --mca coll_tuned_allreduce_algorithm " + std::to_string(algorithm);
   }
   command += " '" + peer + "' --bytes " + std::to_string(bytes) + " --steps " + std::to_string(steps) + " 2>&1";
-  std::string output;
-  int status = -1;
-  if (FILE* pipe = ::popen(command.c_str(), "r")) {
-    char buffer[4096];
-    size_t n;
-    while ((n = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0) output.append(buffer, n);
-    status = ::pclose(pipe);
-  }
-  if (!exited_ok(status)) return missing("`" + command + "` " + describe_wait_status(status) + ": " + output.substr(0, 300));
-  std::istringstream in(output);
-  std::vector<double> samples;
-  std::string word;
-  while (in >> word) {
-    double v;
-    if (word == "sample" && in >> v) samples.push_back(v);
-  }
-  return samples.empty() ? missing("`" + command + "` printed no samples") : measured(std::move(samples));
+  return sampled(command);
 }
 
 }  // namespace
