@@ -11,6 +11,8 @@
 #include <thread>
 
 #include "daemon/config/setting.h"
+#include "daemon/rendezvous/etcd_access.h"
+#include "daemon/rendezvous/store_opener.h"
 #include "shared/host_port.h"
 #include "shared/version.h"
 
@@ -86,6 +88,9 @@ Daemon::Daemon(DaemonConfig config, std::function<ParsedConfig()> reparse, TestH
     auth.channels = std::make_shared<PeerChannels>();
     peer_auth_ = std::make_shared<const PeerAuth>(std::move(auth));
   }
+  // Read now: a missing certificate or an unreadable password is a start-up error.
+  std::shared_ptr<const EtcdAccess> etcd;
+  if (Status s = EtcdAccess::load(config_.etcd, config_.peer_key_ttl, &etcd); !s.ok()) throw Error(s);
   PeerServerOptions peer{config_.peer_listen, log_, {}, peer_auth_, {}};
   peer.limits.job_ttl = config_.peer_key_ttl;
   peer.progress = [board = &progress_](const std::string& job, peer::ProgressReply* reply) {
@@ -139,6 +144,7 @@ Daemon::Daemon(DaemonConfig config, std::function<ParsedConfig()> reparse, TestH
     peer_auth_ = std::make_shared<const PeerAuth>(std::move(named));
   }
   registry.jobs.cluster.auth = peer_auth_;
+  registry.jobs.cluster.stores = std::make_shared<const StoreOpener>(peer_auth_, etcd);
   registry.jobs.execution = ExecutionSettings{backends_.get(), config_.execution_timeout,
                                               IntegrityCheck{config_.integrity_check_every, hooks_.corrupt_result_at_op}};
   registry_ = std::make_unique<JobRegistry>(std::move(registry));

@@ -11,6 +11,7 @@
 
 #include "daemon/config/config_file.h"
 #include "daemon/config/setting.h"
+#include "daemon/rendezvous/etcd_access.h"
 #include "daemon/util/safe_text.h"
 #include "shared/host_port.h"
 #include "shared/socket_names.h"
@@ -75,6 +76,9 @@ std::string check_together(const Origins& origins, DaemonConfig* config) {
              "--peer-tls-ca" +
              at({"peer-listen"});
     }
+  }
+  if (Status etcd = EtcdAccess::check(config->etcd); !etcd.ok()) {
+    return etcd.message() + at({"etcd-endpoints", "etcd-user", "etcd-tls-cert", "etcd-prefix"});
   }
   if (config->gloo_transport == "ibverbs" && config->gloo_ib_device.empty()) {
     return "--gloo-transport ibverbs needs --gloo-ib-device" + at({"gloo-transport"});

@@ -12,6 +12,7 @@
 
 #include "daemon/util/local_limits.h"
 #include "daemon/engine/host_engine.h"
+#include "daemon/rendezvous/etcd_settings.h"
 #include "daemon/util/log.h"
 
 namespace gradsync {
@@ -73,6 +74,8 @@ struct DaemonConfig {
   // The host other daemons reach this one at; empty: the listen host, or this machine's
   // hostname when listening on every interface.
   std::string peer_advertise_host;
+  // etcd, for jobs whose rendezvous is "etcd://..." (rendezvous/etcd_settings.h).
+  EtcdSettings etcd;
   // Gloo, the engine across nodes.
   std::string gloo_transport = "tcp";  // tcp or ibverbs
   std::string gloo_iface;              // tcp: bind this interface instead of the advertised host

@@ -392,6 +392,26 @@ std::vector<SettingSpec> daemon_settings() {
                             safe_text(v, 64) + "'";
                      return false;
                    }));
+  s.push_back(texts("etcd-endpoints", GS_FIELD(etcd.endpoints), restart,
+                    "etcd members HOST:PORT (comma-separated or repeated) that jobs whose rendezvous is etcd:// may "
+                    "use, and the only ones the daemon sends --etcd-* credentials to; a job's bare etcd:// means "
+                    "these (default: any member a job names, and no credentials)",
+                    "(any member a job names)"));
+  s.push_back(text("etcd-tls-ca", GS_FIELD(etcd.tls_ca), restart,
+                   "etcd: the CA certificate (PEM) the members' certificates are signed by; gives TLS to etcd",
+                   "(no TLS)"));
+  s.push_back(text("etcd-tls-cert", GS_FIELD(etcd.tls_cert), restart,
+                   "etcd: this daemon's client certificate (PEM), for members that require one (--client-cert-auth)",
+                   "(none)"));
+  s.push_back(text("etcd-tls-key", GS_FIELD(etcd.tls_key), restart, "etcd: its private key (PEM, mode 0600)", "(none)"));
+  s.push_back(text("etcd-user", GS_FIELD(etcd.user), restart, "etcd: the user to authenticate as", "(none)"));
+  s.push_back(text("etcd-password-file", GS_FIELD(etcd.password_file), restart,
+                   "etcd: file holding that user's password (mode 0600)", "(none)"));
+  s.push_back(integer("etcd-lease-ttl-s", GS_FIELD(etcd.lease_ttl), 2, 3600, " (an hour)", restart,
+                      "etcd: the TTL of the lease a node's keys live on, renewed while its job runs: they go this "
+                      "long after its daemon dies"));
+  s.push_back(text("etcd-prefix", GS_FIELD(etcd.prefix), restart,
+                   "etcd: where gradsync's keys live in etcd's key space (starts and ends with '/')", ""));
   s.push_back(text("gloo-transport", GS_FIELD(gloo_transport), restart, "engine transport across nodes: tcp or ibverbs",
                    "", [](const std::string& v, std::string* why) {
                      if (v == "tcp" || v == "ibverbs") return true;

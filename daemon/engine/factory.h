@@ -10,17 +10,17 @@
 
 #include "daemon/engine/device_engine.h"
 #include "daemon/engine/host_engine.h"
-#include "daemon/peer/peer_client.h"
+#include "daemon/peer/rendezvous_store.h"
 #include "shared/status.h"
 
 namespace gradsync {
 
 // What one engine connects: the nodes of one group of one job generation.
 struct EngineSpec {
-  std::shared_ptr<PeerClient> rendezvous;  // the job's node-0 peer service
-  std::string job;                         // the job's namespace in the rendezvous store
-  std::string prefix;                      // key scope: job generation and group
-  int node = 0;                            // this node's index among the group's nodes
+  std::shared_ptr<RendezvousStore> rendezvous;  // the job's rendezvous store
+  std::string job;                              // the job's namespace in the rendezvous store
+  std::string prefix;                           // key scope: job generation and group
+  int node = 0;                                 // this node's index among the group's nodes
   int nodes = 1;
   std::chrono::milliseconds timeout{30'000};  // bound for waiting on peers
 };

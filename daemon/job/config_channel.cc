@@ -6,16 +6,16 @@
 
 namespace gradsync {
 
-ConfigChannel::ConfigChannel(const std::string& rendezvous, std::shared_ptr<const PeerAuth> auth,
-                             std::string store_job, std::string prefix, int node, int nodes)
-    : client_(rendezvous, std::move(auth)), store_job_(std::move(store_job)), prefix_(std::move(prefix)), node_(node), nodes_(nodes) {}
+ConfigChannel::ConfigChannel(std::shared_ptr<RendezvousStore> store, std::string store_job, std::string prefix,
+                             int node, int nodes)
+    : client_(std::move(store)), store_job_(std::move(store_job)), prefix_(std::move(prefix)), node_(node), nodes_(nodes) {}
 
 Status ConfigChannel::propose(const std::string& settings, std::chrono::milliseconds timeout, uint64_t* k) {
   int64_t claimed = 0;
-  if (Status s = client_.add(store_job_, key("cfg/count"), 1, timeout, &claimed); !s.ok()) return s;
+  if (Status s = client_->add(store_job_, key("cfg/count"), 1, timeout, &claimed); !s.ok()) return s;
   *k = static_cast<uint64_t>(claimed);
   bool stored = false;
-  if (Status s = client_.set_if_absent(store_job_, key("cfg/" + std::to_string(*k)), settings, timeout, &stored);
+  if (Status s = client_->set_if_absent(store_job_, key("cfg/" + std::to_string(*k)), settings, timeout, &stored);
       !s.ok()) {
     return s;
   }
@@ -27,25 +27,25 @@ Status ConfigChannel::propose(const std::string& settings, std::chrono::millisec
 
 Status ConfigChannel::claimed(uint64_t k, std::chrono::milliseconds timeout, bool* out) {
   int64_t count = 0;
-  if (Status s = client_.add(store_job_, key("cfg/count"), 0, timeout, &count); !s.ok()) return s;
+  if (Status s = client_->add(store_job_, key("cfg/count"), 0, timeout, &count); !s.ok()) return s;
   *out = static_cast<uint64_t>(count) >= k;
   return Status();
 }
 
 Status ConfigChannel::give_up(uint64_t k, std::chrono::milliseconds timeout) {
   bool stored = false;
-  return client_.set_if_absent(store_job_, key("cfg/" + std::to_string(k)), kSkip, timeout, &stored);
+  return client_->set_if_absent(store_job_, key("cfg/" + std::to_string(k)), kSkip, timeout, &stored);
 }
 
 Status ConfigChannel::wait(uint64_t k, std::chrono::milliseconds timeout, std::string* settings) {
   std::vector<std::string> values;
-  if (Status s = client_.get(store_job_, {key("cfg/" + std::to_string(k))}, timeout, &values); !s.ok()) return s;
+  if (Status s = client_->get(store_job_, {key("cfg/" + std::to_string(k))}, timeout, &values); !s.ok()) return s;
   *settings = values.at(0);
   return Status();
 }
 
 Status ConfigChannel::offer(uint64_t k, uint64_t first_not_begun, std::chrono::milliseconds timeout) {
-  return client_.set(store_job_, key("cfg/" + std::to_string(k) + "/at/" + std::to_string(node_)),
+  return client_->set(store_job_, key("cfg/" + std::to_string(k) + "/at/" + std::to_string(node_)),
                      std::to_string(first_not_begun), timeout);
 }
 
@@ -53,12 +53,12 @@ Status ConfigChannel::agree(uint64_t k, std::chrono::milliseconds timeout, uint6
   std::vector<std::string> keys;
   for (int n = 0; n < nodes_; ++n) keys.push_back(key("cfg/" + std::to_string(k) + "/at/" + std::to_string(n)));
   std::vector<std::string> values;
-  if (Status s = client_.get(store_job_, keys, timeout, &values); !s.ok()) {
+  if (Status s = client_->get(store_job_, keys, timeout, &values); !s.ok()) {
     if (s.code() != ErrorCode::kTimeout) return s;
     std::string missing;
     for (int n = 0; n < nodes_; ++n) {
       std::vector<std::string> one;
-      if (!client_.get(store_job_, {keys[static_cast<size_t>(n)]}, std::chrono::milliseconds(0), &one).ok()) {
+      if (!client_->get(store_job_, {keys[static_cast<size_t>(n)]}, std::chrono::milliseconds(0), &one).ok()) {
         missing += (missing.empty() ? "node " : ", node ") + std::to_string(n);
       }
     }

@@ -1,5 +1,5 @@
 // How the nodes of a multi-node job agree on when a settings change (SetConfig) takes effect,
-// through the job's keys in the rendezvous daemon's store:
+// through the job's keys in its rendezvous store (node 0's daemon, or etcd):
 //
 //   1. The daemon that got the change claims the next change number k (a counter) and
 //      publishes the settings under "cfg/<k>".
@@ -17,7 +17,7 @@
 // given up. A
 // value no node can decode is skipped by all alike. A node that does not offer within the bound
 // fails the job: it cannot be known whether the others applied the change, and mixed settings
-// would mix buckets. Its own PeerClient, so that cancelling it (the job ended) leaves the
+// would mix buckets. Its own store handle, so that cancelling it (the job ended) leaves the
 // cluster's alone. Thread-safe.
 #pragma once
 
@@ -27,7 +27,7 @@
 #include <memory>
 #include <string>
 
-#include "daemon/peer/peer_client.h"
+#include "daemon/peer/rendezvous_store.h"
 #include "shared/status.h"
 
 namespace gradsync {
@@ -35,8 +35,8 @@ namespace gradsync {
 class ConfigChannel {
  public:
   // `prefix` is the job generation's key prefix ("g3/") in the store job `store_job`.
-  ConfigChannel(const std::string& rendezvous, std::shared_ptr<const PeerAuth> auth, std::string store_job,
-                std::string prefix, int node, int nodes);
+  ConfigChannel(std::shared_ptr<RendezvousStore> store, std::string store_job, std::string prefix, int node,
+                int nodes);
 
   static constexpr char kSkip[] = "skip";
 
@@ -56,7 +56,7 @@ class ConfigChannel {
 
   void cancel(const Status& why) {
     cancelled_.store(true);
-    client_.cancel(why);
+    client_->cancel(why);
   }
   bool cancelled() const { return cancelled_.load(); }
 
@@ -64,7 +64,7 @@ class ConfigChannel {
   std::string key(const std::string& name) const { return prefix_ + name; }
 
   std::atomic<bool> cancelled_{false};
-  PeerClient client_;
+  std::shared_ptr<RendezvousStore> client_;
   std::string store_job_;
   std::string prefix_;
   int node_;

@@ -33,6 +33,7 @@ Job::Job(JobOptions options)
     cluster.topology = worker.topology;
     cluster.timeout = options_.params.timeout;
     cluster.rendezvous = options_.params.rendezvous;
+    cluster.store = options_.store;
     cluster.advertise = options_.services.cluster.advertise;
     cluster.engines = options_.services.cluster.engines;
     cluster.auth = options_.services.cluster.auth;

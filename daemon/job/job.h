@@ -31,6 +31,8 @@
 #include "daemon/model/topology.h"
 #include "daemon/job/worker.h"
 #include "daemon/peer/peer_auth.h"
+#include "daemon/peer/rendezvous_store.h"
+#include "daemon/rendezvous/store_opener.h"
 #include "daemon/util/log.h"
 #include "daemon/util/thread_pool.h"
 #include "daemon/model/memory.h"
@@ -46,6 +48,9 @@ struct ClusterSettings {
   // How this daemon proves to its peers that it belongs to the cluster; multi-node jobs are
   // refused without it.
   std::shared_ptr<const PeerAuth> auth;
+  // Opens the store a multi-node job's rendezvous names (node 0's daemon, or etcd); null in
+  // tests: the rendezvous is node 0's daemon.
+  std::shared_ptr<const StoreOpener> stores;
 };
 
 // How this daemon executes buckets (from its configuration).
@@ -78,6 +83,9 @@ struct JobOptions {
   std::shared_ptr<JobDoorbell> doorbell;
   // The job's place against the job limits, given back once the reaper retired it.
   std::shared_ptr<UserCounts::Ticket> ticket;
+  // A multi-node job's rendezvous store, opened by the join that forms the job; null: node 0's
+  // daemon at params.rendezvous (tests).
+  std::shared_ptr<RendezvousStore> store;
 };
 
 struct MemberInfo {

@@ -7,6 +7,7 @@
 #include "daemon/job/config_channel.h"
 #include "daemon/job/node_record.h"
 #include "daemon/plan/layout.h"
+#include "daemon/rendezvous/etcd_access.h"
 #include "daemon/util/safe_text.h"
 
 namespace gradsync {
@@ -63,7 +64,9 @@ bool decode_layout(const std::string& text, uint64_t* fingerprint, uint64_t* cap
 }  // namespace
 
 PeerCluster::PeerCluster(ClusterOptions options)
-    : options_(std::move(options)), rendezvous_(std::make_shared<PeerClient>(options_.rendezvous, options_.auth)) {}
+    : options_(std::move(options)),
+      rendezvous_(options_.store ? options_.store : std::make_shared<PeerClient>(options_.rendezvous, options_.auth)),
+      store_on_node0_(!is_etcd_rendezvous(options_.rendezvous)) {}
 
 std::string PeerCluster::describe_node(int node) const {
   const int l = options_.topology.local_world_size;
@@ -83,8 +86,8 @@ Status PeerCluster::form() {
   int64_t joined = 0;
   Status status = rendezvous_->add(store, "incarnations", 1, options_.timeout, &joined);
   if (!status.ok()) {
-    return Status(status.code(), "job " + job + ": cannot reach the rendezvous daemon at " + options_.rendezvous +
-                                     ": " + status.message());
+    return Status(status.code(), "job " + job + ": cannot reach the rendezvous, " + rendezvous_->describe() + ": " +
+                                     status.message());
   }
   prefix_ = "g" + std::to_string((joined - 1) / t.nodes) + "/";
   const NodeRecord me = NodeRecord::mine(t.local_world_size, options_.advertise);
@@ -110,7 +113,7 @@ Status PeerCluster::form() {
   for (const NodeRecord& record : records) addresses_.push_back(record.address);
   formed_ = true;
   options_.log.info("formed across " + std::to_string(t.nodes) + " nodes as node " + std::to_string(t.node) +
-                    " (" + prefix_ + " at rendezvous " + options_.rendezvous + ")");
+                    " (" + prefix_ + " at " + rendezvous_->describe() + ")");
   return Status();
 }
 
@@ -227,12 +230,12 @@ void PeerCluster::leave() {
   // The failure notice just now could not reach the rendezvous: nor would this, and it would
   // wait out its own deadline too (a stopping daemon's exit waited for both, one after the other).
   if (!formed_ || rendezvous_unreachable_) return;
-  // A fresh client: the cluster's own may have been cancelled by the abort that ended the job.
-  PeerClient rendezvous(options_.rendezvous, options_.auth);
+  // A fresh handle: the cluster's own may have been cancelled by the abort that ended the job.
+  const std::shared_ptr<RendezvousStore> rendezvous = rendezvous_->fresh();
   int64_t ended = 0;
-  if (!rendezvous.add(options_.store_job, key("ended"), 1, kProbeTimeout, &ended).ok()) return;
+  if (!rendezvous->add(options_.store_job, key("ended"), 1, kProbeTimeout, &ended).ok()) return;
   if (ended == options_.topology.nodes) {
-    const Status deleted = rendezvous.delete_job(options_.store_job, kProbeTimeout, prefix_);
+    const Status deleted = rendezvous->delete_job(options_.store_job, kProbeTimeout, prefix_);
     options_.log.debug("every node left " + prefix_ + "; its keys at the rendezvous: " +
                        (deleted.ok() ? std::string("deleted") : deleted.to_string()));
   }
@@ -240,8 +243,8 @@ void PeerCluster::leave() {
 
 std::shared_ptr<ConfigChannel> PeerCluster::config_channel() {
   if (!formed_) return nullptr;
-  return std::make_shared<ConfigChannel>(options_.rendezvous, options_.auth, options_.store_job, prefix_,
-                                         options_.topology.node, options_.topology.nodes);
+  return std::make_shared<ConfigChannel>(rendezvous_->fresh(), options_.store_job, prefix_, options_.topology.node,
+                                         options_.topology.nodes);
 }
 
 Status PeerCluster::check_layout(const TensorSet& set) {
@@ -354,11 +357,10 @@ Status PeerCluster::exchange(const std::string& name, const std::string& mine, s
 
 std::string PeerCluster::late_nodes(const std::vector<std::string>& keys) const {
   std::vector<int> late;
+  std::vector<std::optional<std::string>> there;
+  if (!rendezvous_->peek(options_.store_job, keys, kProbeTimeout, &there).ok()) there.clear();
   for (int n = 0; n < options_.topology.nodes; ++n) {
-    std::vector<std::string> value;
-    if (!rendezvous_->get(options_.store_job, {keys[static_cast<size_t>(n)]}, std::chrono::milliseconds(0), &value).ok()) {
-      late.push_back(n);
-    }
+    if (static_cast<size_t>(n) >= there.size() || !there[static_cast<size_t>(n)]) late.push_back(n);
   }
   const std::map<int, NodeState> states = probe(late);
   std::string named;
@@ -377,10 +379,10 @@ void PeerCluster::abort(const Status& why) {
 
 std::map<int, PeerCluster::NodeState> PeerCluster::probe(const std::vector<int>& nodes) const {
   // Pings run at once, not one after another: a job of many nodes with several gone must not
-  // hold its worker for a probe timeout per node. The rendezvous (node 0's daemon) is pinged
+  // hold its worker for a probe timeout per node. A rendezvous at node 0's daemon is pinged
   // too, whether asked about or not: its failure notices are read only when it answers, since
   // every read of a frozen one would wait out its own deadline (2 s each, one node after
-  // another: 9 s at 4 nodes before this).
+  // another: 9 s at 4 nodes before this). Notices in etcd are read in one bounded call.
   const int self = options_.topology.node;
   std::map<int, std::future<bool>> pings;
   std::vector<int> asked;
@@ -389,7 +391,9 @@ std::map<int, PeerCluster::NodeState> PeerCluster::probe(const std::vector<int>&
     asked.push_back(n);
   }
   std::vector<int> pinged = asked;
-  if (self != 0 && !addresses_.empty() && std::find(asked.begin(), asked.end(), 0) == asked.end()) pinged.push_back(0);
+  if (store_on_node0_ && self != 0 && !addresses_.empty() && std::find(asked.begin(), asked.end(), 0) == asked.end()) {
+    pinged.push_back(0);
+  }
   for (int n : pinged) {
     pings.emplace(n, std::async(std::launch::async, [address = addresses_[static_cast<size_t>(n)], auth = options_.auth] {
                     return PeerClient(address, auth).ping(kProbeTimeout).ok();
@@ -397,18 +401,19 @@ std::map<int, PeerCluster::NodeState> PeerCluster::probe(const std::vector<int>&
   }
   std::map<int, bool> answers;
   for (auto& [n, ping] : pings) answers[n] = ping.get();
-  const bool rendezvous_answers = self == 0 || answers[0];
+  const bool rendezvous_answers = !store_on_node0_ || self == 0 || answers[0];
+  std::vector<std::string> notices;
+  for (int n : asked) notices.push_back(key("failure/" + std::to_string(n)));
+  std::vector<std::optional<std::string>> read;
+  // A fresh handle: ours may be cancelled by now.
+  if (!rendezvous_answers || !rendezvous_->fresh()->peek(options_.store_job, notices, kProbeTimeout, &read).ok()) {
+    read.clear();
+  }
   std::map<int, NodeState> states;
-  PeerClient rendezvous(options_.rendezvous, options_.auth);  // ours may be cancelled by now
-  for (int n : asked) {
-    NodeState& state = states[n];
-    state.answers = answers[n];
-    std::vector<std::string> notice;
-    if (rendezvous_answers &&
-        rendezvous.get(options_.store_job, {key("failure/" + std::to_string(n))}, std::chrono::milliseconds(0), &notice)
-            .ok()) {
-      state.failure = notice[0];
-    }
+  for (size_t i = 0; i < asked.size(); ++i) {
+    NodeState& state = states[asked[i]];
+    state.answers = answers[asked[i]];
+    if (i < read.size()) state.failure = read[i];
   }
   return states;
 }
@@ -464,10 +469,9 @@ void PeerCluster::publish_failure(const Status& status) {
   // Once this node has its generation, the other nodes of that generation must learn that it
   // gave up, formed or not: otherwise they would wait for it and call it slow.
   if (prefix_.empty()) return;
-  // Our own rendezvous client is cancelled by now (abort); the notice needs a fresh one.
-  const Status sent = PeerClient(options_.rendezvous, options_.auth)
-                          .set(options_.store_job, key("failure/" + std::to_string(options_.topology.node)),
-                               status.message(), kProbeTimeout);
+  // Our own rendezvous handle is cancelled by now (abort); the notice needs a fresh one.
+  const Status sent = rendezvous_->fresh()->set(
+      options_.store_job, key("failure/" + std::to_string(options_.topology.node)), status.message(), kProbeTimeout);
   // Only a deadline that ran out: "unavailable" may be the channel's reconnect backoff, which
   // the leave's own call outlasts.
   rendezvous_unreachable_ = sent.code() == ErrorCode::kTimeout;

@@ -1,7 +1,8 @@
-// The Cluster of a multi-node job over the daemons' peer service (gRPC): forms the job's
-// generation through the rendezvous daemon, checks that every node registered the same
+// The Cluster of a multi-node job: forms the job's generation through its rendezvous store
+// (node 0's peer service, or etcd: peer/rendezvous_store.h), checks that every node registered the same
 // layouts, creates one collective engine per process group that spans nodes through the engine
-// factory, and explains engine failures by asking the other daemons which node is gone.
+// factory, and explains engine failures by asking the other daemons (their peer services)
+// which node is gone.
 #pragma once
 
 #include <chrono>
@@ -18,6 +19,7 @@
 #include "daemon/model/tensor_set.h"
 #include "daemon/model/topology.h"
 #include "daemon/peer/peer_client.h"
+#include "daemon/peer/rendezvous_store.h"
 #include "daemon/util/log.h"
 #include "shared/mutex.h"
 
@@ -30,7 +32,8 @@ struct ClusterOptions {
   std::string store_job;
   Topology topology;
   std::chrono::milliseconds timeout{30'000};
-  std::string rendezvous;       // host:port of the node-0 daemon's peer service
+  std::string rendezvous;       // as the trainers named it: node 0's peer service, or etcd://...
+  std::shared_ptr<RendezvousStore> store;  // the store it names (rendezvous/store_opener.h)
   std::string advertise;        // host:port other daemons reach this daemon's peer service at
   HostEngineFactory* engines = nullptr;  // makes one engine per group that spans nodes
   std::shared_ptr<const PeerAuth> auth;  // how this daemon proves membership to its peers
@@ -84,7 +87,9 @@ class PeerCluster final : public Cluster {
   Status aborted();
 
   ClusterOptions options_;
-  std::shared_ptr<PeerClient> rendezvous_;
+  std::shared_ptr<RendezvousStore> rendezvous_;
+  // Whether the store is node 0's daemon: then it is pinged before its notices are read.
+  bool store_on_node0_ = true;
   bool formed_ = false;
   // publish_failure() found the rendezvous gone: leave() does not try it again.
   bool rendezvous_unreachable_ = false;

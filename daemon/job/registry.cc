@@ -1,5 +1,7 @@
 #include "daemon/job/registry.h"
 
+#include "daemon/util/safe_text.h"
+
 
 namespace gradsync {
 
@@ -35,6 +37,16 @@ Status JobRegistry::join(const control::JoinRequest& request, const MemberInfo& 
   }
   if (it == jobs_.end()) {
     if (!refusing_new_.ok()) return refusing_new_;
+    // Its rendezvous store: what is wrong with the rendezvous the trainers named is this join's
+    // error, before any job exists.
+    std::shared_ptr<RendezvousStore> store;
+    if (params.topology.nodes > 1 && options_.jobs.cluster.stores) {
+      const Logger log = options_.jobs.log.with("job=" + params.id + " uid=" + std::to_string(params.uid));
+      if (Status status = options_.jobs.cluster.stores->open(params.rendezvous, log, &store); !status.ok()) {
+        return Status(status.code(), "job " + params.id + ": rendezvous '" + safe_text(params.rendezvous, 256) +
+                                         "': " + status.message());
+      }
+    }
     // Each job has a worker thread (two across nodes): jobs are bounded per user and in all,
     // counting every Job that exists, not just those in this map (a failed job lives on while
     // members stay, and until the reaper has retired it).
@@ -48,6 +60,7 @@ Status JobRegistry::join(const control::JoinRequest& request, const MemberInfo& 
     options.services = options_.jobs;
     options.doorbell = std::move(doorbell);
     options.ticket = std::move(ticket);
+    options.store = std::move(store);
     it = jobs_.emplace(key, std::make_shared<Job>(std::move(options))).first;
   }
   const JobParams& p = it->second->params();

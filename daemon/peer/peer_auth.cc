@@ -4,31 +4,11 @@
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
 
-#include <cctype>
-#include <fstream>
-#include <sstream>
+#include "daemon/util/secret_file.h"
 
 namespace gradsync {
-namespace {
-
-Status read_file(const std::string& path, const char* flag, std::string* out) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (!in) return Status::invalid_argument(std::string(flag) + ": cannot read '" + path + "'");
-  *out = text.str();
-  return Status();
-}
-
-}  // namespace
 
 std::string PeerAuth::make_secret() {
   std::string secret(32, '\0');
@@ -58,34 +38,8 @@ Status PeerAuth::load(const std::string& token_file, const std::string& cert_fil
   PeerAuth auth;
   auth.instance_secret = make_secret();
   if (!token_file.empty()) {
-    // Examined and read through one descriptor, not followed through a link, so what was
-    // checked is what is read.
-    const int fd = ::open(token_file.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-    if (fd < 0) {
-      return Status::invalid_argument("--peer-token-file: cannot read '" + token_file + "': " + std::strerror(errno));
-    }
-    struct stat st {};
-    const bool examined = ::fstat(fd, &st) == 0;
-    std::string text;
-    char buffer[4096];
-    ssize_t got = 0;
-    while (examined && S_ISREG(st.st_mode) && text.size() <= 8192 && (got = ::read(fd, buffer, sizeof buffer)) > 0) {
-      text.append(buffer, static_cast<size_t>(got));
-    }
-    ::close(fd);
-    if (!examined || !S_ISREG(st.st_mode)) {
-      return Status::invalid_argument("--peer-token-file: '" + token_file + "' is not a regular file");
-    }
-    if (st.st_uid != ::geteuid() && st.st_uid != 0) {
-      return Status::invalid_argument("--peer-token-file: '" + token_file + "' belongs to uid " +
-                                      std::to_string(st.st_uid) + ", not to root or gradsyncd's user");
-    }
-    if (st.st_mode & (S_IRWXG | S_IRWXO)) {
-      return Status::invalid_argument("--peer-token-file: '" + token_file +
-                                      "' can be read by other users (chmod 600 it)");
-    }
-    auth.token = std::move(text);
-    while (!auth.token.empty() && std::isspace(static_cast<unsigned char>(auth.token.back()))) auth.token.pop_back();
+    // Checked as every secret file is (util/secret_file.h).
+    if (Status s = read_secret_file(token_file, "--peer-token-file", 4096, &auth.token); !s.ok()) return s;
     if (auth.token.size() < 16) {
       return Status::invalid_argument("--peer-token-file: '" + token_file +
                                       "' holds fewer than 16 bytes; make one with: openssl rand -hex 32");
@@ -104,9 +58,9 @@ Status PeerAuth::load(const std::string& token_file, const std::string& cert_fil
     return Status::invalid_argument("--peer-tls-cert, --peer-tls-key and --peer-tls-ca go together");
   }
   if (tls_given == 3) {
-    if (Status s = read_file(cert_file, "--peer-tls-cert", &auth.tls_cert); !s.ok()) return s;
-    if (Status s = read_file(key_file, "--peer-tls-key", &auth.tls_key); !s.ok()) return s;
-    if (Status s = read_file(ca_file, "--peer-tls-ca", &auth.tls_ca); !s.ok()) return s;
+    if (Status s = read_config_file(cert_file, "--peer-tls-cert", &auth.tls_cert); !s.ok()) return s;
+    if (Status s = read_config_file(key_file, "--peer-tls-key", &auth.tls_key); !s.ok()) return s;
+    if (Status s = read_config_file(ca_file, "--peer-tls-ca", &auth.tls_ca); !s.ok()) return s;
     for (const auto& [text, flag] : {std::pair{&auth.tls_cert, "--peer-tls-cert"}, {&auth.tls_key, "--peer-tls-key"},
                                      {&auth.tls_ca, "--peer-tls-ca"}}) {
       if (text->find("-----BEGIN ") == std::string::npos) {

@@ -17,13 +17,14 @@
 #include <vector>
 
 #include "daemon/peer/peer_auth.h"
+#include "daemon/peer/rendezvous_store.h"
 #include "proto/peer.grpc.pb.h"
 #include "shared/status.h"
 #include "shared/mutex.h"
 
 namespace gradsync {
 
-class PeerClient {
+class PeerClient final : public RendezvousStore {
  public:
   // `address` is host:port. Connecting is lazy; the first call reports an unreachable daemon.
   // `auth` is how this daemon proves it belongs to the cluster (null: it does not).
@@ -31,26 +32,26 @@ class PeerClient {
 
   const std::string& address() const { return address_; }
 
+  // The store (rendezvous_store.h) of the daemon at `address`.
+  std::string describe() const override { return "the rendezvous daemon at " + address_; }
   Status set(const std::string& job, const std::string& key, const std::string& value,
-             std::chrono::milliseconds timeout);
-  // Stores `value` only if the key has none yet; *stored says whether this call did.
+             std::chrono::milliseconds timeout) override;
   Status set_if_absent(const std::string& job, const std::string& key, const std::string& value,
-                       std::chrono::milliseconds timeout, bool* stored);
-  // Waits up to `timeout` for every key; kTimeout when they do not all appear.
+                       std::chrono::milliseconds timeout, bool* stored) override;
   Status get(const std::string& job, const std::vector<std::string>& keys, std::chrono::milliseconds timeout,
-             std::vector<std::string>* values);
+             std::vector<std::string>* values) override;
   Status add(const std::string& job, const std::string& key, int64_t delta, std::chrono::milliseconds timeout,
-             int64_t* value);
-  // Removes the job's keys that start with `prefix` (every key when empty).
-  Status delete_job(const std::string& job, std::chrono::milliseconds timeout, const std::string& prefix = {});
+             int64_t* value) override;
+  Status delete_job(const std::string& job, std::chrono::milliseconds timeout, const std::string& prefix) override;
+  Status delete_job(const std::string& job, std::chrono::milliseconds timeout) { return delete_job(job, timeout, {}); }
+  std::shared_ptr<RendezvousStore> fresh() const override { return std::make_shared<PeerClient>(address_, auth_); }
   // Whether the daemon answers within `timeout`; the second also gives its answer.
   Status ping(std::chrono::milliseconds timeout);
   Status ping(std::chrono::milliseconds timeout, peer::PingReply* reply);
   // Where the daemon's part of `job` (a store job) is.
   Status progress(const std::string& job, std::chrono::milliseconds timeout, peer::ProgressReply* reply);
 
-  // Cancels the calls in flight and fails every later call with `why`. Any thread; idempotent.
-  void cancel(const Status& why);
+  void cancel(const Status& why) override;
 
  private:
   class Call;  // a call in flight, cancellable

@@ -6,6 +6,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "daemon/peer/peer_client.h"
 #include "daemon/peer/peer_server.h"
 
 namespace gradsync {
@@ -32,8 +33,8 @@ TEST_CASE("config channel: numbered changes, a claimed but unpublished one given
     daemons.back()->instance_secret = PeerAuth::make_secret();
     REQUIRE(PeerClient(address, daemons.back()).set("0.job", "g0/node/" + std::to_string(n), "", 2s).ok());
   }
-  ConfigChannel node0(address, daemons[0], "0.job", "g0/", 0, 2);
-  ConfigChannel node1(address, daemons[1], "0.job", "g0/", 1, 2);
+  ConfigChannel node0(std::make_shared<PeerClient>(address, daemons[0]), "0.job", "g0/", 0, 2);
+  ConfigChannel node1(std::make_shared<PeerClient>(address, daemons[1]), "0.job", "g0/", 1, 2);
 
   // A proposer claims change 1 and dies before publishing it.
   PeerClient crashed(address, cluster());

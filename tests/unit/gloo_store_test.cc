@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "daemon/peer/peer_client.h"
 #include "daemon/peer/peer_server.h"
 
 namespace gradsync {

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <thread>
 
+#include "daemon/peer/peer_client.h"
 #include "daemon/peer/peer_server.h"
 
 namespace gradsync {
@@ -79,7 +80,8 @@ struct Rendezvous {
     }
   }
   std::shared_ptr<ConfigChannel> channel(int node) {
-    return std::make_shared<ConfigChannel>(address, daemons[static_cast<size_t>(node)], "0.job", "g0/", node, 2);
+    return std::make_shared<ConfigChannel>(std::make_shared<PeerClient>(address, daemons[static_cast<size_t>(node)]),
+                                           "0.job", "g0/", node, 2);
   }
   PeerServer server{PeerServerOptions{"127.0.0.1:0", Logger(LogLevel::kError), {}, cluster(), {}}};
   const std::string address = "127.0.0.1:" + std::to_string(server.port());

@@ -14,7 +14,7 @@ constexpr size_t kAddressBytes = 136;
 
 }  // namespace
 
-PeerStore::PeerStore(std::shared_ptr<PeerClient> client, std::string job, std::string prefix,
+PeerStore::PeerStore(std::shared_ptr<RendezvousStore> client, std::string job, std::string prefix,
                      std::chrono::milliseconds timeout, bool tcp_addresses, int ranks)
     : client_(std::move(client)),
       job_(std::move(job)),

@@ -1,6 +1,6 @@
-// gloo::rendezvous::Store over the rendezvous daemon's peer service: how the nodes' Gloo
-// contexts find each other. Keys are scoped by a prefix that names the job, its generation and
-// the process group, so incarnations and groups never see each other's keys.
+// gloo::rendezvous::Store over the job's rendezvous store (node 0's peer service, or etcd):
+// how the nodes' Gloo contexts find each other. Keys are scoped by a prefix that names the job,
+// its generation and the process group, so incarnations and groups never see each other's keys.
 //
 // Gloo's full mesh asks for every other rank's keys one by one ("<r>", its pair addresses, and
 // "rank_<r>", its host), each a wait and then a get: 3 calls per peer, so N nodes made ~3.5 N²
@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "daemon/peer/peer_client.h"
+#include "daemon/peer/rendezvous_store.h"
 
 namespace gradsync {
 
@@ -30,7 +30,7 @@ class PeerStore final : public gloo::rendezvous::Store {
   // `tcp_addresses`: the values are Gloo TCP addresses, whose unused bytes are zeroed before
   // they are published (address_scrub.h).
   // `ranks`: the mesh's size, for fetching whole families (0: every key on its own).
-  PeerStore(std::shared_ptr<PeerClient> client, std::string job, std::string prefix, std::chrono::milliseconds timeout,
+  PeerStore(std::shared_ptr<RendezvousStore> client, std::string job, std::string prefix, std::chrono::milliseconds timeout,
             bool tcp_addresses = false, int ranks = 0);
 
   // Failures throw gradsync::Error; the Gloo engine translates everything at its boundary.
@@ -45,7 +45,7 @@ class PeerStore final : public gloo::rendezvous::Store {
   // Fetches every rank's key of the family, once, into fetched_, waiting up to `timeout`.
   void fetch_family(const std::string& family, std::chrono::milliseconds timeout);
 
-  std::shared_ptr<PeerClient> client_;
+  std::shared_ptr<RendezvousStore> client_;
   std::string job_;
   std::string prefix_;
   std::chrono::milliseconds timeout_;

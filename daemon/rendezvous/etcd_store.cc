@@ -1,0 +1,266 @@
+#include "daemon/rendezvous/etcd_store.h"
+
+#include <algorithm>
+#include <map>
+
+#include "daemon/util/safe_text.h"
+
+namespace gradsync {
+namespace {
+
+// Ranges per read transaction: etcd refuses a transaction of more than --max-txn-ops (128 by
+// default).
+constexpr size_t kRangesPerTxn = 64;
+// A read that answers at once (a get of timeout 0, a peek) still needs a bound for the call.
+constexpr auto kReadBound = std::chrono::seconds(2);
+
+// The first key after every key that starts with `prefix` (etcd's range_end for a prefix).
+std::string prefix_end(std::string prefix) {
+  while (!prefix.empty()) {
+    if (static_cast<unsigned char>(prefix.back()) < 0xff) {
+      prefix.back() = static_cast<char>(prefix.back() + 1);
+      return prefix;
+    }
+    prefix.pop_back();
+  }
+  return std::string(1, '\0');  // every key
+}
+
+std::string common_prefix(const std::vector<std::string>& paths) {
+  std::string prefix = paths.empty() ? std::string() : paths.front();
+  for (const std::string& p : paths) {
+    size_t n = 0;
+    while (n < prefix.size() && n < p.size() && prefix[n] == p[n]) ++n;
+    prefix.resize(n);
+  }
+  return prefix;
+}
+
+// etcd refuses a request above its --max-request-bytes (1.5 MiB by default): say so.
+Status explain_size(Status status) {
+  if (status.ok() || status.message().find("request is too large") == std::string::npos) return status;
+  return Status(status.code(), status.message() +
+                                   " (a value above etcd's --max-request-bytes, 1.5 MiB by default: a tensor set's "
+                                   "layout record takes about 15 bytes a tensor; raise the limit on the members)");
+}
+
+}  // namespace
+
+std::string EtcdStore::path(const std::string& job, const std::string& key) const {
+  return session_->access().prefix() + job + "/" + key;
+}
+
+Status EtcdStore::read(const std::vector<std::string>& paths, Clock::time_point deadline,
+                       std::vector<std::optional<std::string>>* found, int64_t* revision) {
+  found->assign(paths.size(), std::nullopt);
+  *revision = 0;
+  for (size_t first = 0; first < paths.size(); first += kRangesPerTxn) {
+    const size_t last = std::min(paths.size(), first + kRangesPerTxn);
+    etcdserverpb::TxnRequest request;
+    for (size_t i = first; i < last; ++i) request.add_success()->mutable_request_range()->set_key(paths[i]);
+    etcdserverpb::TxnResponse response;
+    const Status status = session_->run(calls_, deadline, EtcdSession::Retry::kIdempotent, "reading keys",
+                                        [&](EtcdMember& m, grpc::ClientContext* c) {
+                                          return m.kv.Txn(c, request, &response);
+                                        });
+    if (!status.ok()) return status;
+    if (response.responses_size() != static_cast<int>(last - first)) {
+      return Status::protocol(describe() + ": a read of " + std::to_string(last - first) + " keys answered " +
+                              std::to_string(response.responses_size()));
+    }
+    for (size_t i = first; i < last; ++i) {
+      const auto& range = response.responses(static_cast<int>(i - first)).response_range();
+      if (range.kvs_size() > 0) (*found)[i] = range.kvs(0).value();
+    }
+    const int64_t at = response.header().revision();
+    *revision = *revision == 0 ? at : std::min(*revision, at);
+  }
+  return Status();
+}
+
+Status EtcdStore::watch(const std::vector<std::string>& paths, int64_t revision, Clock::time_point deadline,
+                        std::vector<std::optional<std::string>>* found, bool* compacted) {
+  *compacted = false;
+  std::map<std::string, std::vector<size_t>> wanted;  // a key may be asked for twice
+  std::vector<std::string> missing;
+  for (size_t i = 0; i < paths.size(); ++i) {
+    if ((*found)[i]) continue;
+    wanted[paths[i]].push_back(i);
+    missing.push_back(paths[i]);
+  }
+  if (wanted.empty()) return Status();
+  // One watcher over the range the missing keys share; events of other keys in it are skipped.
+  const std::string from = common_prefix(missing);
+  etcdserverpb::WatchRequest request;
+  auto* create = request.mutable_create_request();
+  create->set_key(from);
+  create->set_range_end(prefix_end(from));
+  create->set_start_revision(revision + 1);
+  create->add_filters(etcdserverpb::WatchCreateRequest::NODELETE);
+  std::string refused;
+  return session_->run(
+      calls_, deadline, EtcdSession::Retry::kIdempotent, "waiting for keys",
+      [&](EtcdMember& m, grpc::ClientContext* c) -> grpc::Status {
+        auto stream = m.watch.Watch(c);
+        if (!stream->Write(request)) return stream->Finish();
+        etcdserverpb::WatchResponse response;
+        while (stream->Read(&response)) {
+          if (response.compact_revision() > 0 || response.canceled()) {
+            *compacted = response.compact_revision() > 0;
+            refused = response.cancel_reason();
+            c->TryCancel();
+            stream->Finish();
+            if (*compacted) return grpc::Status::OK;
+            return grpc::Status(refused.find("permission denied") != std::string::npos
+                                    ? grpc::StatusCode::PERMISSION_DENIED
+                                    : grpc::StatusCode::INTERNAL,
+                                "the watch was cancelled: " + refused);
+          }
+          for (const auto& event : response.events()) {
+            auto it = wanted.find(event.kv().key());
+            if (it == wanted.end()) continue;
+            for (size_t i : it->second) (*found)[i] = event.kv().value();
+            wanted.erase(it);
+          }
+          if (wanted.empty()) {
+            c->TryCancel();  // every key is here: end the stream
+            stream->Finish();
+            return grpc::Status::OK;
+          }
+        }
+        return stream->Finish();
+      });
+}
+
+Status EtcdStore::get(const std::string& job, const std::vector<std::string>& keys, std::chrono::milliseconds timeout,
+                      std::vector<std::string>* values) {
+  const auto start = Clock::now();
+  const auto deadline = start + timeout;
+  std::vector<std::string> paths;
+  for (const std::string& key : keys) paths.push_back(path(job, key));
+  std::vector<std::optional<std::string>> found;
+  Status status;
+  while (true) {
+    int64_t revision = 0;
+    status = read(paths, std::max(deadline, start + std::chrono::duration_cast<Clock::duration>(kReadBound)), &found,
+                  &revision);
+    if (!status.ok()) return status;
+    if (std::all_of(found.begin(), found.end(), [](const auto& v) { return v.has_value(); })) break;
+    if (timeout.count() == 0 || Clock::now() >= deadline) {
+      status = Status::timeout("not there yet");
+      break;
+    }
+    bool compacted = false;
+    status = watch(paths, revision, deadline, &found, &compacted);
+    if (!status.ok() || !compacted) break;
+  }
+  if (status.code() == ErrorCode::kTimeout) {
+    size_t late = 0;
+    std::string first;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (found[i]) continue;
+      if (late++ == 0) first = keys[i];
+    }
+    return Status::timeout(describe() + ": " + std::to_string(late) + " of " + std::to_string(keys.size()) +
+                           " keys did not appear within " + std::to_string(timeout.count()) + " ms (the first: " +
+                           safe_text(first, 200) + ")");
+  }
+  if (!status.ok()) return status;
+  values->clear();
+  for (auto& value : found) values->push_back(std::move(*value));
+  return Status();
+}
+
+Status EtcdStore::peek(const std::string& job, const std::vector<std::string>& keys, std::chrono::milliseconds timeout,
+                       std::vector<std::optional<std::string>>* values) {
+  std::vector<std::string> paths;
+  for (const std::string& key : keys) paths.push_back(path(job, key));
+  int64_t revision = 0;
+  return read(paths, Clock::now() + timeout, values, &revision);
+}
+
+Status EtcdStore::set(const std::string& job, const std::string& key, const std::string& value,
+                      std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  int64_t lease = 0;
+  if (Status s = session_->node_lease(calls_, deadline, &lease); !s.ok()) return s;
+  etcdserverpb::PutRequest request;
+  request.set_key(path(job, key));
+  request.set_value(value);
+  request.set_lease(lease);
+  etcdserverpb::PutResponse response;
+  return explain_size(session_->run(calls_, deadline, EtcdSession::Retry::kIdempotent, "writing " + safe_text(key, 200),
+                                    [&](EtcdMember& m, grpc::ClientContext* c) {
+                                      return m.kv.Put(c, request, &response);
+                                    }));
+}
+
+Status EtcdStore::set_if_absent(const std::string& job, const std::string& key, const std::string& value,
+                                std::chrono::milliseconds timeout, bool* stored) {
+  const auto deadline = Clock::now() + timeout;
+  int64_t lease = 0;
+  if (Status s = session_->node_lease(calls_, deadline, &lease); !s.ok()) return s;
+  etcdserverpb::TxnRequest request;
+  auto* absent = request.add_compare();
+  absent->set_key(path(job, key));
+  absent->set_target(etcdserverpb::Compare::CREATE);
+  absent->set_result(etcdserverpb::Compare::EQUAL);
+  absent->set_create_revision(0);
+  auto* put = request.add_success()->mutable_request_put();
+  put->set_key(path(job, key));
+  put->set_value(value);
+  put->set_lease(lease);
+  etcdserverpb::TxnResponse response;
+  const Status status = session_->run(calls_, deadline, EtcdSession::Retry::kNotSent,
+                                      "writing " + safe_text(key, 200) + " if absent",
+                                      [&](EtcdMember& m, grpc::ClientContext* c) {
+                                        return m.kv.Txn(c, request, &response);
+                                      });
+  if (status.ok()) *stored = response.succeeded();
+  return explain_size(status);
+}
+
+Status EtcdStore::add(const std::string& job, const std::string& key, int64_t delta, std::chrono::milliseconds timeout,
+                      int64_t* value) {
+  const auto deadline = Clock::now() + timeout;
+  if (delta == 0) {
+    etcdserverpb::RangeRequest request;
+    request.set_key(path(job, key));
+    etcdserverpb::RangeResponse response;
+    const Status status = session_->run(calls_, deadline, EtcdSession::Retry::kIdempotent,
+                                        "reading counter " + safe_text(key, 200),
+                                        [&](EtcdMember& m, grpc::ClientContext* c) {
+                                          return m.kv.Range(c, request, &response);
+                                        });
+    if (status.ok()) *value = response.kvs_size() > 0 ? response.kvs(0).version() : 0;
+    return status;
+  }
+  if (delta != 1) {
+    return Status::invalid_argument(describe() + ": a counter in etcd counts by 0 or 1, not " + std::to_string(delta));
+  }
+  int64_t lease = 0;
+  if (Status s = session_->counter_lease(calls_, deadline, &lease); !s.ok()) return s;
+  etcdserverpb::PutRequest request;
+  request.set_key(path(job, key));
+  request.set_lease(lease);
+  request.set_prev_kv(true);
+  etcdserverpb::PutResponse response;
+  // Not made again once it may have reached etcd: a second put would count twice.
+  const Status status = session_->run(calls_, deadline, EtcdSession::Retry::kNotSent,
+                                      "counting " + safe_text(key, 200), [&](EtcdMember& m, grpc::ClientContext* c) {
+                                        return m.kv.Put(c, request, &response);
+                                      });
+  if (status.ok()) *value = response.has_prev_kv() && response.prev_kv().version() > 0 ? response.prev_kv().version() + 1 : 1;
+  return status;
+}
+
+Status EtcdStore::delete_job(const std::string& job, std::chrono::milliseconds timeout, const std::string& prefix) {
+  etcdserverpb::DeleteRangeRequest request;
+  request.set_key(path(job, prefix));
+  request.set_range_end(prefix_end(path(job, prefix)));
+  etcdserverpb::DeleteRangeResponse response;
+  return session_->run(calls_, Clock::now() + timeout, EtcdSession::Retry::kIdempotent, "deleting keys",
+                       [&](EtcdMember& m, grpc::ClientContext* c) { return m.kv.DeleteRange(c, request, &response); });
+}
+
+}  // namespace gradsync
