@@ -1,6 +1,8 @@
 // gradsync-demo: the main job. Starts a gradsyncd on a private socket and N trainer processes
 // on this machine; with --nodes M, M daemons on loopback (each its own socket and peer port,
-// node 0's peer service as the rendezvous) with N trainers each, forming one job of M * N ranks. Each trainer registers gradients laid out like a real model's parameters
+// node 0's peer service as the rendezvous, or the etcd cluster --rendezvous names) with N
+// trainers each, forming one job of M * N ranks. Each trainer registers gradients laid out
+// like a real model's parameters
 // (one flat buffer with a view per parameter, like DDP's gradient_as_bucket_view), and every
 // step fills them with rank-dependent values, marks them ready in reverse order as autograd
 // hooks would, waits for the coalesced average, and checks every element against the exact
@@ -32,14 +34,17 @@ struct DemoOptions {
   std::string socket;  // empty: start a daemon
   std::string daemon = executable_directory() + "/gradsyncd";
   std::string job = "demo";
-  std::string rendezvous;  // set in trainer processes of a multi-node run
+  // With --nodes: etcd://... to form through etcd (empty: node 0's daemon). Trainer processes
+  // of a multi-node run get the rendezvous in effect.
+  std::string rendezvous;
+  std::vector<std::string> daemon_args;  // --daemon-arg, for every daemon started
   int trainer_rank = -1;   // set in trainer processes
   bool help = false;
 };
 
 const char* kUsage =
     "Usage: gradsync-demo [--clients N] [--nodes M] [--steps S] [--model resnet50|tiny] [--socket PATH]\n"
-    "                     [--daemon PATH]\n"
+    "                     [--daemon PATH] [--rendezvous etcd://HOST:PORT[,...]] [--daemon-arg ARG]...\n"
     "\n"
     "Runs a gradsyncd on a private socket (or uses the one at --socket) and N trainer processes\n"
     "that average their gradients for S steps, checking every element exactly. With --nodes M it\n"
@@ -49,7 +54,12 @@ const char* kUsage =
     "  --steps S      training steps (default 10)\n"
     "  --model M      parameter layout: resnet50 (161 tensors, 25.6 M floats) or tiny\n"
     "  --socket PATH  use a running gradsyncd instead of starting one\n"
-    "  --daemon PATH  the gradsyncd binary to start (default: next to this program)\n";
+    "  --daemon PATH  the gradsyncd binary to start (default: next to this program)\n"
+    "  --rendezvous etcd://HOST:PORT[,HOST:PORT...]\n"
+    "                 with --nodes: the nodes form through this etcd cluster instead of node 0's\n"
+    "                 daemon\n"
+    "  --daemon-arg ARG  one more flag for every gradsyncd started (repeatable), e.g.\n"
+    "                 --daemon-arg=--etcd-tls-ca=/etc/etcd/ca.pem\n";
 
 bool parse(int argc, char** argv, DemoOptions* o, std::string* error) {
   for (int i = 1; i < argc; ++i) {
@@ -85,6 +95,8 @@ bool parse(int argc, char** argv, DemoOptions* o, std::string* error) {
     else if (arg == "--socket") { if (!(v = value("--socket"))) return false; o->socket = v; }
     else if (arg == "--daemon") { if (!(v = value("--daemon"))) return false; o->daemon = v; }
     else if (arg == "--job") { if (!(v = value("--job"))) return false; o->job = v; }
+    else if (arg == "--daemon-arg") { if (!(v = value("--daemon-arg"))) return false; o->daemon_args.push_back(v); }
+    else if (arg.rfind("--daemon-arg=", 0) == 0) o->daemon_args.push_back(arg.substr(13));
     else {
       *error = "unknown argument '" + arg + "'";
       return false;
@@ -169,20 +181,26 @@ int run_demo(const DemoOptions& o) {
     std::fprintf(stderr, "gradsync-demo: --socket and --nodes do not combine: --nodes starts its own daemons\n");
     return 2;
   }
-  // One daemon per simulated node; node 0's peer service is the rendezvous.
+  if (!o.rendezvous.empty() && o.nodes < 2) {
+    std::fprintf(stderr, "gradsync-demo: --rendezvous takes --nodes 2 or more: one node needs no rendezvous\n");
+    return 2;
+  }
+  // One daemon per simulated node; node 0's peer service is the rendezvous unless one is given.
   std::vector<std::unique_ptr<DaemonProcess>> daemons;
   std::vector<std::string> sockets;
-  std::string rendezvous;
+  std::string rendezvous = o.rendezvous;
   ClusterToken token;  // the nodes' peer services accept only each other
   if (o.socket.empty()) {
     for (int n = 0; n < o.nodes; ++n) {
       std::string listen = "127.0.0.1:0";
-      if (n == 0 && o.nodes > 1) {
+      if (n == 0 && o.nodes > 1 && o.rendezvous.empty()) {
         rendezvous = "127.0.0.1:" + std::to_string(free_loopback_port());
         listen = rendezvous;
       }
-      daemons.push_back(std::make_unique<DaemonProcess>(DaemonProcess::Options{
-          o.daemon, {"--log-level", "warning", "--peer-listen", listen, "--peer-token-file", token.path()}, ""}));
+      std::vector<std::string> args = {"--log-level", "warning", "--peer-listen", listen, "--peer-token-file",
+                                       token.path()};
+      args.insert(args.end(), o.daemon_args.begin(), o.daemon_args.end());
+      daemons.push_back(std::make_unique<DaemonProcess>(DaemonProcess::Options{o.daemon, args, ""}));
       sockets.push_back(daemons.back()->socket_path());
       std::printf("gradsyncd (node %d) started on %s\n", n, sockets.back().c_str());
     }
