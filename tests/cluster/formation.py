@@ -1,10 +1,11 @@
 """Formation at scale: N gradsyncd on loopback (one per simulated node, node 0's peer service the
-rendezvous), one trainer each (gradsync-demo's, the tiny model, one step checked element by
-element), timed from the moment the last daemon is ready to the moment every trainer has
-verified its step; and the calls node 0's peer service answered meanwhile, by method (from its
-gradsync_peer_calls_total), which is the store traffic of one formation.
+rendezvous, or a 3-member etcd cluster with --rendezvous etcd), one trainer each (gradsync-demo's,
+the tiny model, one step checked element by element), timed from the moment the last daemon is
+ready to the moment every trainer has verified its step; and the calls the rendezvous answered
+meanwhile, by method (node 0's gradsync_peer_calls_total, or the etcd members'
+grpc_server_started_total), which is the store traffic of one formation.
 
-    formation.py [--nodes 16,32,64] [--runs 3] [--json FILE]
+    formation.py [--nodes 16,32,64] [--runs 3] [--rendezvous node0|etcd] [--json FILE]
 
 Loopback rather than the namespaces: formation is bound by round trips to the rendezvous and
 the Gloo mesh's connections, not by link bandwidth, and 64 namespaces add nothing to measure.
@@ -37,16 +38,62 @@ def peer_calls(metrics_port):
             for m in re.finditer(r'^gradsync_peer_calls_total\{method="(\w+)"\} (\S+)$', text, re.M)}
 
 
+def etcd_calls(ports):
+    """gRPC calls the etcd members began, by method, summed over the members."""
+    calls = {}
+    for port in ports:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        for m in re.finditer(r'^grpc_server_started_total\{grpc_method="(\w+)",[^}]*\} (\S+)$', text, re.M):
+            calls[m.group(1)] = calls.get(m.group(1), 0) + int(float(m.group(2)))
+    return calls
+
+
+class Etcd:
+    """A 3-member etcd cluster on loopback, its data in /dev/shm (Debian's etcd-server)."""
+
+    def __init__(self, members=3):
+        self.dir = tempfile.mkdtemp(prefix="gradsync-formation-etcd-", dir="/dev/shm")
+        self.ports = [free_port() for _ in range(members)]
+        peers = [free_port() for _ in range(members)]
+        initial = ",".join(f"m{i}=http://127.0.0.1:{p}" for i, p in enumerate(peers))
+        self.procs = []
+        for i in range(members):
+            url, peer = f"http://127.0.0.1:{self.ports[i]}", f"http://127.0.0.1:{peers[i]}"
+            argv = ["etcd", "--name", f"m{i}", "--data-dir", f"{self.dir}/m{i}", "--listen-client-urls", url,
+                    "--advertise-client-urls", url, "--listen-peer-urls", peer, "--initial-advertise-peer-urls",
+                    peer, "--initial-cluster", initial, "--initial-cluster-state", "new",
+                    "--heartbeat-interval", "50", "--election-timeout", "500"]
+            self.procs.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        end = time.monotonic() + 30
+        env = dict(os.environ, ETCDCTL_API="3")
+        while subprocess.run(["etcdctl", "--endpoints", self.endpoints(), "endpoint", "health"], env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode != 0:
+            if time.monotonic() > end:
+                self.close()
+                raise RuntimeError("etcd did not come up")
+            time.sleep(0.1)
+
+    def endpoints(self):
+        return ",".join(f"127.0.0.1:{p}" for p in self.ports)
+
+    def close(self):
+        for p in self.procs:
+            p.kill()
+            p.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
 class Daemons:
     """N gradsyncd on loopback with one cluster token; node 0 serves metrics."""
 
-    def __init__(self, nodes):
+    def __init__(self, nodes, rendezvous=None):
         self.dir = tempfile.mkdtemp(prefix="gradsync-formation-")
         token = os.path.join(self.dir, "token")
         fd = os.open(token, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(os.urandom(32).hex())
-        self.rendezvous = f"127.0.0.1:{free_port()}"
+        self.node0 = rendezvous is None  # node 0's peer service is the rendezvous
+        self.rendezvous = rendezvous or f"127.0.0.1:{free_port()}"
         self.metrics = free_port()
         self.sockets, self.procs = [], []
         try:
@@ -61,7 +108,8 @@ class Daemons:
         for n in range(nodes):
             sock = os.path.join(self.dir, f"node{n}.sock")
             argv = [binary, "--socket", sock, "--peer-token-file", token, "--reduce-threads", "1",
-                    "--log-level", "warning", "--peer-listen", self.rendezvous if n == 0 else "127.0.0.1:0"]
+                    "--log-level", "warning",
+                    "--peer-listen", self.rendezvous if n == 0 and self.node0 else "127.0.0.1:0"]
             if n == 0:
                 argv += ["--metrics", f"127.0.0.1:{self.metrics}"]
             log = open(os.path.join(self.dir, f"node{n}.log"), "w")
@@ -117,16 +165,17 @@ def form(daemons, job, timeout=120):
     return took
 
 
-def measure(nodes, runs):
-    """(seconds per formation for each run, node 0's peer calls of one formation, by method)."""
-    daemons = Daemons(nodes)
+def measure(nodes, runs, etcd=None):
+    """(seconds per formation for each run, the rendezvous's calls of one formation, by method)."""
+    daemons = Daemons(nodes, "etcd://" + etcd.endpoints() if etcd else None)
+    count = (lambda: etcd_calls(etcd.ports)) if etcd else (lambda: peer_calls(daemons.metrics))
     try:
         times, calls = [], None
         for run in range(runs):
-            before = peer_calls(daemons.metrics)
+            before = count()
             times.append(form(daemons, f"formation-{nodes}-{run}-{os.getpid()}"))
             time.sleep(0.5)  # the last leaves reach the rendezvous
-            after = peer_calls(daemons.metrics)
+            after = count()
             calls = {m: after.get(m, 0) - before.get(m, 0) for m in after}
         return times, calls
     finally:
@@ -137,21 +186,34 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", default="16,32,64", help="comma-separated node counts")
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--rendezvous", choices=["node0", "etcd"], default="node0",
+                        help="node 0's peer service, or a 3-member etcd cluster this script starts")
     parser.add_argument("--json", help="also write the rows to this file")
     args = parser.parse_args()
     rows = []
-    print(f"{'nodes':>5}  {'formation s (median, min-max)':>30}  {'calls at node 0':>15}  by method")
-    for n in [int(x) for x in args.nodes.split(",")]:
-        times, calls = measure(n, args.runs)
-        total = sum(calls.values())
-        rows.append({"nodes": n, "seconds": times, "median": statistics.median(times), "calls": calls,
-                     "calls_total": total})
-        spread = f"{statistics.median(times):.2f} ({min(times):.2f}-{max(times):.2f})"
-        detail = ", ".join(f"{m} {c}" for m, c in sorted(calls.items()) if c)
-        print(f"{n:>5}  {spread:>30}  {total:>15}  {detail}  ({total / n:.1f} per node)", flush=True)
+    where = "calls at etcd" if args.rendezvous == "etcd" else "calls at node 0"
+    print(f"{'nodes':>5}  {'formation s (median, min-max)':>30}  {where:>15}  by method")
+    etcd = Etcd() if args.rendezvous == "etcd" else None
+    try:
+        for n in [int(x) for x in args.nodes.split(",")]:
+            row(n, args.runs, etcd, rows)
+    finally:
+        if etcd:
+            etcd.close()
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
+
+
+def row(n, runs, etcd, rows):
+    """Measures `n` nodes and prints and keeps its row."""
+    times, calls = measure(n, runs, etcd)
+    total = sum(calls.values())
+    rows.append({"nodes": n, "seconds": times, "median": statistics.median(times), "calls": calls,
+                 "calls_total": total})
+    spread = f"{statistics.median(times):.2f} ({min(times):.2f}-{max(times):.2f})"
+    detail = ", ".join(f"{m} {c}" for m, c in sorted(calls.items()) if c)
+    print(f"{n:>5}  {spread:>30}  {total:>15}  {detail}  ({total / n:.1f} per node)", flush=True)
 
 
 if __name__ == "__main__":
