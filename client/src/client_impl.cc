@@ -49,7 +49,7 @@ std::string resolve_rendezvous(const JoinOptions& options) {
     return std::string(master) + ":" + std::to_string(kDefaultPeerPort);
   }
   throw Error(Status::invalid_argument("a multi-node job needs a rendezvous: set JoinOptions::rendezvous, "
-                                       "GRADSYNC_RENDEZVOUS=host:port or MASTER_ADDR"));
+                                       "GRADSYNC_RENDEZVOUS=host:port (or etcd://host:port,...) or MASTER_ADDR"));
 }
 
 // The daemon uid a client trusts beyond root and itself: explicit, else $GRADSYNC_DAEMON_UID.

@@ -86,8 +86,8 @@ Status PeerCluster::form() {
   int64_t joined = 0;
   Status status = rendezvous_->add(store, "incarnations", 1, options_.timeout, &joined);
   if (!status.ok()) {
-    return Status(status.code(), "job " + job + ": cannot reach the rendezvous, " + rendezvous_->describe() + ": " +
-                                     status.message());
+    // The store's own message names it ("peer daemon at ...", "etcd at ...").
+    return Status(status.code(), "job " + job + ": cannot reach the rendezvous: " + status.message());
   }
   prefix_ = "g" + std::to_string((joined - 1) / t.nodes) + "/";
   const NodeRecord me = NodeRecord::mine(t.local_world_size, options_.advertise);

@@ -117,8 +117,8 @@ gs_status gs_connect(const char* socket_path, const char* client_name, int64_t r
  * after (works already handed out stay safe to free). NULL is allowed. */
 void gs_client_close(gs_client* client);
 
-/* Joins a job (rendezvous: HOST:PORT of node 0's peer service; NULL or "": $GRADSYNC_RENDEZVOUS,
- * else $MASTER_ADDR). timeout_ms 0: the daemon's default. */
+/* Joins a job (rendezvous: HOST:PORT of node 0's peer service, or etcd://HOST:PORT[,...]; NULL
+ * or "": $GRADSYNC_RENDEZVOUS, else $MASTER_ADDR). timeout_ms 0: the daemon's default. */
 gs_status gs_join(gs_client* client, const char* job, int32_t rank, int32_t world_size, int32_t local_rank,
                   int32_t local_world_size, int64_t timeout_ms, const char* rendezvous, const gs_group* groups,
                   size_t group_count);

@@ -46,8 +46,9 @@ struct JoinOptions {
   // Bound for every wait of the job (registration barrier, a step's stragglers). Zero: the
   // daemon's default (--timeout-ms).
   std::chrono::milliseconds timeout{0};
-  // Multi-node jobs: HOST:PORT of the node-0 daemon's peer service. Empty: $GRADSYNC_RENDEZVOUS,
-  // else $MASTER_ADDR with port kDefaultPeerPort (the torchrun convention).
+  // Multi-node jobs: HOST:PORT of the node-0 daemon's peer service, or etcd://HOST:PORT[,...]
+  // (an etcd cluster; "etcd://" alone: the daemons' --etcd-endpoints). Empty:
+  // $GRADSYNC_RENDEZVOUS, else $MASTER_ADDR with port kDefaultPeerPort (the torchrun convention).
   std::string rendezvous;
   // Process groups beyond "dp"; every rank of the job declares the same list.
   std::vector<GroupSpec> groups;

@@ -51,7 +51,8 @@ def connect(job=None, rank=None, world_size=None, local_rank=None, local_world_s
 
     Missing arguments come from torchrun's environment: RANK, WORLD_SIZE, LOCAL_RANK,
     LOCAL_WORLD_SIZE, TORCHELASTIC_RUN_ID (the job id) and, for a job on several nodes, MASTER_ADDR
-    (rendezvous, HOST or HOST:PORT of node 0's gradsyncd peer service; $GRADSYNC_RENDEZVOUS wins).
+    (rendezvous, HOST or HOST:PORT of node 0's gradsyncd peer service, or etcd://HOST:PORT[,...] for an
+    etcd cluster; $GRADSYNC_RENDEZVOUS wins).
     socket: the daemon's control socket; default $GRADSYNC_SOCKET, else /run/gradsync/gradsync.sock.
     timeout: seconds, the bound on every wait of the job (default: the daemon's).
     groups: process groups beyond "dp" (every rank), as {name: [global ranks]}.
