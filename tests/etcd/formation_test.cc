@@ -41,7 +41,7 @@ std::string keys(const EtcdCluster& etcd, const std::string& user = {}) {
 
 }  // namespace
 
-TEST_CASE("etcd formation: 3 nodes, then 16, form through a 3-member etcd and verify; only the job's counter is "
+TEST_CASE("etcd formation: 3 nodes, then 16, form through a 3-member etcd and verify, and only the job's counter is "
           "left in etcd",
           "[etcd]") {
   EtcdCluster etcd(3);
@@ -91,8 +91,8 @@ TEST_CASE("etcd formation: a member killed while 16 nodes form, the job still fo
   CHECK_THAT(text.str(), Catch::Contains("verified: 16 node(s)"));
 }
 
-TEST_CASE("etcd formation: TLS and an etcd user through --etcd-* flags; a member outside --etcd-endpoints is "
-          "refused, named",
+TEST_CASE("etcd formation: TLS and an etcd user through --etcd-* flags, and a member outside --etcd-endpoints "
+          "is refused, named",
           "[etcd]") {
   TempFolder certs("gradsync-etcd-certs-XXXXXX");
   make_certificates(certs.path(), {{"etcd", "etcd", "subjectAltName=IP:127.0.0.1"}});

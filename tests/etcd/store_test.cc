@@ -119,7 +119,7 @@ TEST_CASE("etcd store: a get waits for its keys by a watch, a timeout names them
   CHECK(present(etcd, "g0/after"));
 }
 
-TEST_CASE("etcd store: a node's keys live while its session does, and go within the lease TTL after; counters stay",
+TEST_CASE("etcd store: a node's keys live while its session does, and go within the lease TTL after, while counters stay",
           "[etcd]") {
   EtcdCluster etcd(1);
   EtcdSettings settings;

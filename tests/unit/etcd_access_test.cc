@@ -14,7 +14,7 @@ Status load(const EtcdSettings& settings, std::shared_ptr<const EtcdAccess>* out
 
 }  // namespace
 
-TEST_CASE("etcd access: a job's members, checked against --etcd-endpoints; bad settings refused naming the flag",
+TEST_CASE("etcd access: a job's members, checked against --etcd-endpoints, and bad settings refused naming the flag",
           "[etcd]") {
   CHECK(is_etcd_rendezvous("etcd://10.0.0.1:2379"));
   CHECK_FALSE(is_etcd_rendezvous("10.0.0.1:29590"));
