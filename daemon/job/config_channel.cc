@@ -55,10 +55,12 @@ Status ConfigChannel::agree(uint64_t k, std::chrono::milliseconds timeout, uint6
   std::vector<std::string> values;
   if (Status s = client_->get(store_job_, keys, timeout, &values); !s.ok()) {
     if (s.code() != ErrorCode::kTimeout) return s;
+    // Which nodes did not offer, in one read (a node whose offer cannot be read counts).
     std::string missing;
+    std::vector<std::optional<std::string>> offers;
+    if (!client_->peek(store_job_, keys, std::chrono::seconds(1), &offers).ok()) offers.clear();
     for (int n = 0; n < nodes_; ++n) {
-      std::vector<std::string> one;
-      if (!client_->get(store_job_, {keys[static_cast<size_t>(n)]}, std::chrono::milliseconds(0), &one).ok()) {
+      if (static_cast<size_t>(n) >= offers.size() || !offers[static_cast<size_t>(n)]) {
         missing += (missing.empty() ? "node " : ", node ") + std::to_string(n);
       }
     }

@@ -87,7 +87,10 @@ Status PeerCluster::form() {
   Status status = rendezvous_->add(store, "incarnations", 1, options_.timeout, &joined);
   if (!status.ok()) {
     // The store's own message names it ("peer daemon at ...", "etcd at ...").
-    return Status(status.code(), "job " + job + ": cannot reach the rendezvous: " + status.message());
+    const bool unreachable = status.code() == ErrorCode::kPeerLost || status.code() == ErrorCode::kTimeout;
+    return Status(status.code(), "job " + job + (unreachable ? ": cannot reach the rendezvous: "
+                                                             : ": the rendezvous refused the job's first call: ") +
+                                     status.message());
   }
   prefix_ = "g" + std::to_string((joined - 1) / t.nodes) + "/";
   const NodeRecord me = NodeRecord::mine(t.local_world_size, options_.advertise);
@@ -173,7 +176,7 @@ Status PeerCluster::publish_table(const NodeRecord& me, std::vector<NodeRecord>*
   if (Status why = aborted(); !why.ok()) return why;  // nothing to tell: publish_failure does
   // The refusal carries its code and text, so that every node fails with node 0's words.
   if (!status.ok()) table = std::string(kTableRefused) + " " + std::to_string(static_cast<int>(status.code())) + "\n" + status.message();
-  const Status published = rendezvous_->set(store, key("table/0"), table, options_.timeout);
+  const Status published = rendezvous_->publish(store, key("table/0"), table, options_.timeout);
   return status.ok() ? published : status;
 }
 
@@ -470,7 +473,7 @@ void PeerCluster::publish_failure(const Status& status) {
   // gave up, formed or not: otherwise they would wait for it and call it slow.
   if (prefix_.empty()) return;
   // Our own rendezvous handle is cancelled by now (abort); the notice needs a fresh one.
-  const Status sent = rendezvous_->fresh()->set(
+  const Status sent = rendezvous_->fresh()->publish(
       options_.store_job, key("failure/" + std::to_string(options_.topology.node)), status.message(), kProbeTimeout);
   // Only a deadline that ran out: "unavailable" may be the channel's reconnect backoff, which
   // the leave's own call outlasts.

@@ -30,8 +30,7 @@ std::shared_ptr<grpc::Channel> PeerChannels::get(const std::string& address,
         return a.second.used < b.second.used;
       }));
     }
-    grpc::ChannelArguments args = arguments();
-    it = channels_.emplace(address, Entry{grpc::CreateCustomChannel(address, credentials, args), 0}).first;
+    it = channels_.emplace(address, Entry{grpc::CreateCustomChannel(address, credentials, arguments_), 0}).first;
   }
   it->second.used = ++clock_;
   return it->second.channel;

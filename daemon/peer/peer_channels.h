@@ -26,7 +26,8 @@ namespace gradsync {
 
 class PeerChannels {
  public:
-  explicit PeerChannels(size_t max = 1024) : max_(max < 1 ? 1 : max) {}
+  explicit PeerChannels(size_t max = 1024, grpc::ChannelArguments arguments = PeerChannels::arguments())
+      : max_(max < 1 ? 1 : max), arguments_(std::move(arguments)) {}
 
   // The channel to `address`, made with `credentials` the first time it is asked for.
   std::shared_ptr<grpc::Channel> get(const std::string& address,
@@ -42,6 +43,7 @@ class PeerChannels {
     uint64_t used = 0;
   };
   const size_t max_;
+  const grpc::ChannelArguments arguments_;  // every channel's
   mutable Mutex mutex_;
   std::map<std::string, Entry> channels_ GS_GUARDED_BY(mutex_);
   uint64_t clock_ GS_GUARDED_BY(mutex_) = 0;

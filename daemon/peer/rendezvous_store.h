@@ -25,8 +25,15 @@ class RendezvousStore {
   // Where the store is, for messages: "the rendezvous daemon at HOST:PORT", "etcd at ...".
   virtual std::string describe() const = 0;
 
+  // A key of this node: with etcd it goes when the node's daemon dies (rendezvous/etcd_session.h).
   virtual Status set(const std::string& job, const std::string& key, const std::string& value,
                      std::chrono::milliseconds timeout) = 0;
+  // A key others must read after this node gave up (its failure notice, node 0's table of the
+  // nodes): kept until the generation's keys are deleted, or the store's job TTL.
+  virtual Status publish(const std::string& job, const std::string& key, const std::string& value,
+                         std::chrono::milliseconds timeout) {
+    return set(job, key, value, timeout);
+  }
   // Stores `value` only if the key has none yet; *stored says whether this call did.
   virtual Status set_if_absent(const std::string& job, const std::string& key, const std::string& value,
                                std::chrono::milliseconds timeout, bool* stored) = 0;

@@ -27,11 +27,40 @@ Status parse_members(const std::string& list, const std::string& what, std::vect
   out->clear();
   size_t begin = 0;
   while (begin <= list.size()) {
+    if (out->size() >= EtcdAccess::kMaxMembers) {
+      return Status::invalid_argument(what + ": more than " + std::to_string(EtcdAccess::kMaxMembers) +
+                                      " etcd members");
+    }
     const size_t comma = std::min(list.find(',', begin), list.size());
     std::string member;
     if (Status s = normalize(list.substr(begin, comma - begin), what, &member); !s.ok()) return s;
     if (std::find(out->begin(), out->end(), member) == out->end()) out->push_back(member);
     begin = comma + 1;
+  }
+  return Status();
+}
+
+// The channel arguments of etcd's members: the peer channels' reconnect backoff, HTTP/2 pings
+// while a call is open (a member that stops answering, frozen or cut off, ends the watches and
+// renewals on it within 13 s, and they move to the next member; etcd refuses pings more often
+// than every 5 s, --grpc-keepalive-min-time), and no bound on a reply's size (a watch that
+// catches up may carry many events at once; etcd's clientv3 takes any size too).
+grpc::ChannelArguments member_arguments() {
+  grpc::ChannelArguments args = PeerChannels::arguments();
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10'000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 3'000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 0);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  args.SetMaxReceiveMessageSize(-1);
+  return args;
+}
+
+// A PEM file's text, refused (naming the flag) when it holds no PEM block: an empty file would
+// otherwise turn TLS off without a word.
+Status read_pem(const std::string& path, const std::string& flag, std::string* out) {
+  if (Status s = read_config_file(path, flag, out); !s.ok()) return s;
+  if (out->find("-----BEGIN ") == std::string::npos) {
+    return Status::invalid_argument(flag + ": '" + path + "' holds no PEM block (-----BEGIN ...)");
   }
   return Status();
 }
@@ -77,12 +106,16 @@ Status EtcdAccess::load(const EtcdSettings& settings, std::chrono::seconds count
   auto access = std::make_shared<EtcdAccess>();
   if (Status s = check(settings, &access->endpoints_); !s.ok()) return s;
   const bool client_cert = !settings.tls_cert.empty();
-  if (!settings.tls_ca.empty()) {
-    if (Status s = read_config_file(settings.tls_ca, "--etcd-tls-ca", &access->tls_ca_); !s.ok()) return s;
+  access->tls_ = !settings.tls_ca.empty();
+  if (access->tls_) {
+    if (Status s = read_pem(settings.tls_ca, "--etcd-tls-ca", &access->tls_ca_); !s.ok()) return s;
   }
   if (client_cert) {
-    if (Status s = read_config_file(settings.tls_cert, "--etcd-tls-cert", &access->tls_cert_); !s.ok()) return s;
+    if (Status s = read_pem(settings.tls_cert, "--etcd-tls-cert", &access->tls_cert_); !s.ok()) return s;
     if (Status s = read_secret_file(settings.tls_key, "--etcd-tls-key", 1 << 20, &access->tls_key_); !s.ok()) return s;
+    if (access->tls_key_.find("-----BEGIN ") == std::string::npos) {
+      return Status::invalid_argument("--etcd-tls-key: '" + settings.tls_key + "' holds no PEM block (-----BEGIN ...)");
+    }
   }
   if (!settings.user.empty()) {
     access->user_ = settings.user;
@@ -105,7 +138,8 @@ Status EtcdAccess::load(const EtcdSettings& settings, std::chrono::seconds count
   } else {
     access->credentials_ = grpc::InsecureChannelCredentials();
   }
-  access->channels_ = std::make_shared<PeerChannels>();
+  access->channels_ = std::make_shared<PeerChannels>(64, member_arguments());
+  access->tokens_ = std::make_shared<EtcdTokens>();
   *out = std::move(access);
   return Status();
 }

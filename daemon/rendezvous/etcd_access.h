@@ -16,6 +16,7 @@
 
 #include "daemon/peer/peer_channels.h"
 #include "daemon/rendezvous/etcd_settings.h"
+#include "daemon/rendezvous/etcd_tokens.h"
 #include "shared/status.h"
 
 namespace gradsync {
@@ -42,8 +43,13 @@ class EtcdAccess {
 
   // The shared channel to `member`.
   std::shared_ptr<grpc::Channel> channel(const std::string& member) const;
+  // The daemon's tokens, by member (etcd_tokens.h).
+  EtcdTokens& tokens() const { return *tokens_; }
 
-  bool tls() const { return !tls_ca_.empty(); }
+  // The most members one rendezvous may name: each is a channel and a turn in every failover.
+  static constexpr size_t kMaxMembers = 16;
+
+  bool tls() const { return tls_; }
   const std::string& user() const { return user_; }
   const std::string& password() const { return password_; }
   std::chrono::seconds lease_ttl() const { return lease_ttl_; }
@@ -52,6 +58,7 @@ class EtcdAccess {
 
  private:
   std::vector<std::string> endpoints_;
+  bool tls_ = false;  // --etcd-tls-ca given (and its file a certificate)
   std::string tls_ca_, tls_cert_, tls_key_;
   std::string user_, password_;
   std::chrono::seconds lease_ttl_{10};
@@ -59,6 +66,7 @@ class EtcdAccess {
   std::string prefix_;
   std::shared_ptr<grpc::ChannelCredentials> credentials_;
   std::shared_ptr<PeerChannels> channels_;
+  std::shared_ptr<EtcdTokens> tokens_;
 };
 
 }  // namespace gradsync

@@ -1,35 +1,54 @@
 #include "daemon/rendezvous/etcd_session.h"
 
 #include <algorithm>
+#include <cstring>
+#include <limits>
 
+#include "daemon/peer/peer_auth.h"    // make_secret
 #include "daemon/peer/peer_server.h"  // from_grpc
 #include "daemon/util/safe_text.h"
 
 namespace gradsync {
 namespace {
 
-// etcd's metadata key for the authentication token (its clientv3 sends the same).
+// etcd's metadata keys: the authentication token, and "refuse this call unless you have a
+// leader" (clientv3's WithRequireLeader), so that a member cut off from the others ends our
+// watches and renewals instead of holding them.
 constexpr char kTokenKey[] = "token";
-// How long a keep-alive round or an authentication may take.
-constexpr auto kRoundBound = std::chrono::seconds(2);
+constexpr char kLeaderKey[] = "hasleader";
+// How long an authentication may take at one member.
+constexpr auto kAuthBound = std::chrono::seconds(2);
+// The pause after each round of the members that all failed: doubling, at most a second.
+constexpr auto kFirstPause = std::chrono::milliseconds(50);
+constexpr auto kMostPause = std::chrono::milliseconds(1000);
 
-// Whether etcd refused the call's token (expired, or issued by another member).
-bool token_refused(const grpc::Status& status) {
-  return status.error_code() == grpc::StatusCode::UNAUTHENTICATED ||
-         status.error_message().find("invalid auth token") != std::string::npos;
+std::chrono::system_clock::time_point system_deadline(EtcdSession::Clock::time_point deadline) {
+  return std::chrono::system_clock::now() +
+         std::max(EtcdSession::Clock::duration(0), deadline - EtcdSession::Clock::now());
 }
 
-// Whether the member (or the way to it) failed, rather than the request: another member may
-// serve it.
-bool member_failed(const grpc::Status& status) {
-  return status.error_code() == grpc::StatusCode::UNAVAILABLE;
+// Whether etcd refused the call's token: expired, issued by another member (simple tokens are
+// per member), or older than a change of etcd's users and roles (clientv3 refreshes on the
+// same three).
+bool token_refused(const grpc::Status& status) {
+  const std::string& m = status.error_message();
+  return status.error_code() == grpc::StatusCode::UNAUTHENTICATED || m.find("invalid auth token") != std::string::npos ||
+         m.find("revision of auth store is old") != std::string::npos;
 }
 
 // Whether the failed attempt never reached etcd: gRPC found no connection to the member. Any
-// other failure (a connection lost mid-call, etcd's "no leader" or timed-out proposal) may have
-// left the write applied.
+// other failure (a connection lost mid-call, an attempt past its bound, etcd's "no leader") may
+// have left a write applied.
 bool never_sent(const grpc::Status& status) {
   return status.error_message().find("failed to connect") != std::string::npos;
+}
+
+// What to do about an etcd error whose words do not say it.
+std::string hint(const grpc::Status& status) {
+  if (status.error_message().find("user name is empty") != std::string::npos) {
+    return " (etcd requires authentication: give gradsyncd --etcd-user and --etcd-password-file)";
+  }
+  return "";
 }
 
 }  // namespace
@@ -79,170 +98,211 @@ EtcdSession::~EtcdSession() {
 }
 
 Status EtcdSession::run(EtcdCalls& calls, Clock::time_point deadline, Retry retry, const std::string& what,
-                        const Attempt& attempt) {
+                        const Attempt& attempt, Clock::duration attempt_bound) {
+  std::string refused;  // the token the member refused, to be replaced
   bool reauthenticated = false;
-  size_t failed_members = 0;
-  Status last;
+  size_t failures = 0;
+  auto pause = std::chrono::duration_cast<Clock::duration>(kFirstPause);
   while (true) {
     size_t index = 0;
-    std::string token;
     {
       MutexLock lock(mutex_);
       index = current_;
-      token = token_;
     }
     Stubs& member = members_[index];
-    if (!access_->user().empty() && token.empty()) {
-      if (Status s = authenticate(member, deadline); !s.ok()) return s;
-      MutexLock lock(mutex_);
-      token = token_;
+    std::string token;
+    Status failed;
+    if (!access_->user().empty()) {
+      failed = this->token(calls, member, deadline, refused, &token);
+      refused.clear();
+      // A wrong password or a cancellation ends the call; an unreachable member is left.
+      if (!failed.ok() && failed.code() != ErrorCode::kPeerLost && failed.code() != ErrorCode::kTimeout) return failed;
     }
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() +
-                         std::max(Clock::duration(0), deadline - Clock::now()));
-    if (!token.empty()) context.AddMetadata(kTokenKey, token);
-    if (Status s = calls.enter(&context); !s.ok()) return s;
-    EtcdMember stubs{member.address, *member.kv, *member.watch, *member.lease};
-    const grpc::Status status = attempt(stubs, &context);
-    calls.leave(&context);
-    if (status.ok()) return Status();
-    if (status.error_code() == grpc::StatusCode::CANCELLED) {
-      if (Status why = calls.cancelled(); !why.ok()) return why;
-    }
-    last = from_grpc(status, describe_ + ": " + what + " at member " + member.address);
-    if (token_refused(status) && !access_->user().empty() && !reauthenticated) {
-      reauthenticated = true;
-      {
-        MutexLock lock(mutex_);
-        if (token_ == token) token_.clear();
+    if (failed.ok()) {
+      grpc::ClientContext context;
+      const auto until = attempt_bound > Clock::duration::zero() ? std::min(deadline, Clock::now() + attempt_bound)
+                                                                 : deadline;
+      context.set_deadline(system_deadline(until));
+      if (!token.empty()) context.AddMetadata(kTokenKey, token);
+      context.AddMetadata(kLeaderKey, "true");
+      if (Status s = calls.enter(&context); !s.ok()) return s;
+      EtcdMember stubs{member.address, *member.kv, *member.watch, *member.lease};
+      const grpc::Status status = attempt(stubs, &context);
+      calls.leave(&context);
+      if (status.ok()) return Status();
+      if (status.error_code() == grpc::StatusCode::CANCELLED) {
+        if (Status why = calls.cancelled(); !why.ok()) return why;
       }
-      continue;
+      failed = from_grpc(status, describe_ + ": " + what + " at member " + member.address);
+      if (!hint(status).empty()) failed = Status(failed.code(), failed.message() + hint(status));
+      if (token_refused(status) && !access_->user().empty() && !reauthenticated) {
+        reauthenticated = true;
+        refused = token;
+        continue;
+      }
+      // The attempt's own bound passed, not the call's: the member is frozen or cut off.
+      const bool stalled = status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && Clock::now() < deadline;
+      const bool member_failed = status.error_code() == grpc::StatusCode::UNAVAILABLE || stalled;
+      if (!member_failed || (retry == Retry::kNotSent && !never_sent(status))) return failed;
     }
-    const bool movable = member_failed(status) && (retry == Retry::kIdempotent || never_sent(status));
-    if (!movable || ++failed_members >= members_.size() * 2 || Clock::now() >= deadline) return last;
+    if (Clock::now() >= deadline) return failed;
     {
       MutexLock lock(mutex_);
-      if (current_ == index) {
-        current_ = (index + 1) % members_.size();
-        token_.clear();  // a simple token is valid only at the member that issued it
-      }
+      if (current_ == index) current_ = (index + 1) % members_.size();
     }
-    log_.info(describe_ + ": member " + member.address + " is unreachable (" + safe_text(status.error_message(), 200) +
-              "); trying the next");
-    // A member refused at once (connection refused) would otherwise be retried in a busy loop
-    // once every member was tried.
-    if (failed_members >= members_.size()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (failures++ == 0) {
+      log_.info(describe_ + ": member " + member.address + " failed (" + safe_text(failed.message(), 300) +
+                "); trying the next");
+    }
+    if (failures % members_.size() == 0) {
+      // Every member failed once more: pause (a member refusing at once would make a busy loop),
+      // in slices, so that a cancellation is not kept waiting.
+      const auto resume = std::min(deadline, Clock::now() + pause);
+      while (Clock::now() < resume) {
+        if (Status why = calls.cancelled(); !why.ok()) return why;
+        std::this_thread::sleep_for(std::min<Clock::duration>(std::chrono::milliseconds(50), resume - Clock::now()));
+      }
+      pause = std::min<Clock::duration>(pause * 2, kMostPause);
+    }
   }
 }
 
-Status EtcdSession::authenticate(Stubs& member, Clock::time_point deadline) {
+Status EtcdSession::token(EtcdCalls& calls, Stubs& member, Clock::time_point deadline, const std::string& refused,
+                          std::string* out) {
+  EtcdTokens& tokens = access_->tokens();
+  if (!refused.empty()) tokens.refused(member.address, refused);
+  *out = tokens.get(member.address);
+  if (!out->empty()) return Status();
+  const auto bound = std::min(deadline, Clock::now() + kAuthBound);
+  std::unique_lock<std::timed_mutex> held(tokens.authenticating(member.address), std::defer_lock);
+  if (!held.try_lock_until(bound)) {
+    return Status::timeout(describe_ + ": another authentication at member " + member.address + " took over " +
+                           std::to_string(kAuthBound.count()) + " s");
+  }
+  *out = tokens.get(member.address);  // another job's, made while this one waited
+  if (!out->empty()) return Status();
   etcdserverpb::AuthenticateRequest request;
   request.set_name(access_->user());
   request.set_password(access_->password());
   etcdserverpb::AuthenticateResponse response;
   grpc::ClientContext context;
-  const auto bound = std::min(deadline, Clock::now() + kRoundBound);
-  context.set_deadline(std::chrono::system_clock::now() + std::max(Clock::duration(0), bound - Clock::now()));
+  context.set_deadline(system_deadline(bound));
+  if (Status s = calls.enter(&context); !s.ok()) return s;
   const grpc::Status status = member.auth->Authenticate(&context, request, &response);
+  calls.leave(&context);
+  if (status.error_code() == grpc::StatusCode::CANCELLED) {
+    if (Status why = calls.cancelled(); !why.ok()) return why;
+  }
   if (!status.ok()) {
     return from_grpc(status, describe_ + ": authenticating as etcd user '" + safe_text(access_->user(), 64) +
                                  "' (--etcd-user) at member " + member.address);
   }
-  MutexLock lock(mutex_);
-  token_ = response.token();
+  tokens.set(member.address, response.token());
+  *out = response.token();
   return Status();
 }
 
 Status EtcdSession::grant(EtcdCalls& calls, Clock::time_point deadline, std::chrono::seconds ttl, int64_t* id) {
+  // The lease's ID is ours, drawn at random: a grant whose answer was lost is made again, and
+  // "already exists" then says the first one took (two grants never leave two leases).
+  int64_t wanted = 0;
+  const std::string random = PeerAuth::make_secret();
+  std::memcpy(&wanted, random.data(), sizeof wanted);
+  wanted = (wanted & std::numeric_limits<int64_t>::max()) | 1;
   etcdserverpb::LeaseGrantRequest request;
   request.set_ttl(ttl.count());
+  request.set_id(wanted);
   etcdserverpb::LeaseGrantResponse response;
-  Status status = run(calls, deadline, Retry::kIdempotent, "granting a lease", [&](EtcdMember& m, grpc::ClientContext* c) {
+  const Status status = run(calls, deadline, Retry::kIdempotent, "granting a lease", [&](EtcdMember& m, grpc::ClientContext* c) {
     return m.lease.LeaseGrant(c, request, &response);
   });
-  if (status.ok() && !response.error().empty()) {
-    status = Status::internal(describe_ + ": granting a lease: " + safe_text(response.error(), 200));
+  if (!status.ok() && status.message().find("lease already exists") != std::string::npos) {
+    *id = wanted;
+    return Status();
   }
-  if (status.ok()) *id = response.id();
-  return status;
+  if (!status.ok()) return status;
+  if (!response.error().empty()) return Status::internal(describe_ + ": granting a lease: " + safe_text(response.error(), 200));
+  // etcd grants the ID asked for; a member that grants another (or none, 0) is not etcd.
+  if (response.id() != wanted || response.ttl() <= 0) {
+    return Status::protocol(describe_ + ": a lease grant answered lease " + std::to_string(response.id()) +
+                            " with TTL " + std::to_string(response.ttl()) + ": not etcd's answer");
+  }
+  *id = wanted;
+  return Status();
 }
 
-Status EtcdSession::node_lease(EtcdCalls& calls, Clock::time_point deadline, int64_t* id) {
-  MutexLock grant_lock(lease_mutex_);
-  {
+Status EtcdSession::lease(EtcdCalls& calls, Clock::time_point deadline, Lease kind, int64_t* id) {
+  const auto held_lease = [&] {
     MutexLock lock(mutex_);
-    if (node_lease_ != 0) {
-      *id = node_lease_;
-      return Status();
-    }
-  }
+    return kind == Lease::kNode ? node_lease_ : job_lease_;
+  };
+  if ((*id = held_lease()) != 0) return Status();
+  std::unique_lock<std::timed_mutex> granting(grant_mutex_, std::defer_lock);
+  if (!granting.try_lock_until(deadline)) return Status::timeout(describe_ + ": another call's lease grant took too long");
+  if ((*id = held_lease()) != 0) return Status();  // granted while this one waited
   int64_t granted = 0;
-  if (Status s = grant(calls, deadline, access_->lease_ttl(), &granted); !s.ok()) return s;
+  const std::chrono::seconds ttl = kind == Lease::kNode ? access_->lease_ttl() : access_->counter_ttl();
+  if (Status s = grant(calls, deadline, ttl, &granted); !s.ok()) return s;
   {
     MutexLock lock(mutex_);
-    node_lease_ = granted;
+    (kind == Lease::kNode ? node_lease_ : job_lease_) = granted;
   }
-  keeper_ = std::thread([this] { keep_alive(); });
+  // keeper_ is started here only, under grant_mutex_; it renews whichever node lease is current.
+  if (kind == Lease::kNode && !keeper_.joinable()) keeper_ = std::thread([this] { keep_alive(); });
   *id = granted;
   return Status();
 }
 
-Status EtcdSession::counter_lease(EtcdCalls& calls, Clock::time_point deadline, int64_t* id) {
-  MutexLock grant_lock(lease_mutex_);
+void EtcdSession::lease_lost(Lease kind, int64_t id) {
   {
     MutexLock lock(mutex_);
-    if (counter_lease_ != 0) {
-      *id = counter_lease_;
-      return Status();
-    }
+    int64_t& held = kind == Lease::kNode ? node_lease_ : job_lease_;
+    if (held != id) return;  // already replaced
+    held = 0;
   }
-  int64_t granted = 0;
-  if (Status s = grant(calls, deadline, access_->counter_ttl(), &granted); !s.ok()) return s;
-  MutexLock lock(mutex_);
-  counter_lease_ = granted;
-  *id = granted;
-  return Status();
+  log_.error(describe_ + ": etcd no longer has this node's " +
+             (kind == Lease::kNode ? std::string("lease (it ran out while etcd could not be reached for ") +
+                                         std::to_string(access_->lease_ttl().count()) + " s, or was revoked)"
+                                   : std::string("lease of the job's counters and notices (--peer-key-ttl-s)")) +
+             ": the keys that lived on it are gone; the next write takes a new lease");
 }
 
 void EtcdSession::keep_alive() {
-  // A third of the TTL between rounds: two rounds may fail (a member killed, the next one
-  // found) before the lease runs out.
-  const auto period = std::chrono::duration_cast<std::chrono::milliseconds>(access_->lease_ttl()) / 3;
-  int64_t id = 0;
-  {
-    MutexLock lock(mutex_);
-    id = node_lease_;
-  }
+  // A third of the TTL between renewals, and half of that for an attempt: a member that stalls
+  // is left for the next within the same renewal.
+  const auto period = std::chrono::duration_cast<Clock::duration>(access_->lease_ttl()) / 3;
   bool warned = false;
   while (true) {
+    int64_t id = 0;
     {
       MutexLock lock(mutex_);
       const auto wake_at = Clock::now() + period;
       while (!stopping_ && Clock::now() < wake_at) wake_.wait_until(lock, wake_at);
       if (stopping_) return;
+      id = node_lease_;
     }
+    if (id == 0) continue;  // lost; the next write grants another
     etcdserverpb::LeaseKeepAliveRequest request;
     request.set_id(id);
     etcdserverpb::LeaseKeepAliveResponse response;
-    bool answered = false;
-    const Status status =
-        run(own_calls_, Clock::now() + std::min<Clock::duration>(period, kRoundBound), Retry::kIdempotent,
-            "keeping this node's lease alive", [&](EtcdMember& m, grpc::ClientContext* c) {
-              auto stream = m.lease.LeaseKeepAlive(c);
-              answered = stream->Write(request) && stream->Read(&response);
-              stream->WritesDone();
-              if (answered) c->TryCancel();  // one round per stream: done
-              const grpc::Status finished = stream->Finish();
-              return answered ? grpc::Status::OK : finished;
-            });
-    if (status.ok() && response.ttl() <= 0) {
-      // The lease ran out (etcd unreachable for longer than its TTL): this node's keys are gone,
-      // and the job's waits will name it. Nothing brings them back.
-      log_.error(describe_ + ": this node's lease ran out: its keys in etcd are gone");
-      return;
+    const Status status = run(
+        own_calls_, Clock::now() + period, Retry::kIdempotent, "renewing this node's lease",
+        [&](EtcdMember& m, grpc::ClientContext* c) {
+          auto stream = m.lease.LeaseKeepAlive(c);
+          const bool answered = stream->Write(request) && stream->Read(&response);
+          stream->WritesDone();
+          if (answered) c->TryCancel();  // one renewal per stream: done
+          const grpc::Status finished = stream->Finish();
+          return answered ? grpc::Status::OK : finished;
+        },
+        period / 2);
+    if ((status.ok() && response.ttl() <= 0) ||
+        (!status.ok() && status.message().find("requested lease not found") != std::string::npos)) {
+      lease_lost(Lease::kNode, id);
+      continue;
     }
     if (!status.ok() && !warned && own_calls_.cancelled().ok()) {
-      log_.warning(status.message() + "; its keys go " + std::to_string(access_->lease_ttl().count()) +
+      log_.warning(status.message() + "; this node's keys go " + std::to_string(access_->lease_ttl().count()) +
                    " s after the last renewal");
     }
     warned = !status.ok();

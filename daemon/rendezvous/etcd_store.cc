@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 
+#include "daemon/peer/peer_auth.h"
 #include "daemon/util/safe_text.h"
 
 namespace gradsync {
@@ -36,12 +37,28 @@ std::string common_prefix(const std::vector<std::string>& paths) {
   return prefix;
 }
 
-// etcd refuses a request above its --max-request-bytes (1.5 MiB by default): say so.
+// etcd refuses a request above its --max-request-bytes (1.5 MiB by default), and its gRPC server
+// one above 2 MiB: say so.
 Status explain_size(Status status) {
-  if (status.ok() || status.message().find("request is too large") == std::string::npos) return status;
+  if (status.ok() || (status.message().find("request is too large") == std::string::npos &&
+                      status.message().find("larger than max") == std::string::npos)) {
+    return status;
+  }
   return Status(status.code(), status.message() +
                                    " (a value above etcd's --max-request-bytes, 1.5 MiB by default: a tensor set's "
                                    "layout record takes about 15 bytes a tensor; raise the limit on the members)");
+}
+
+// 16 random bytes in hex: a counting put's own value.
+std::string nonce_hex() {
+  const std::string secret = PeerAuth::make_secret();
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string hex;
+  for (size_t i = 0; i < 16 && i < secret.size(); ++i) {
+    hex += kHex[static_cast<unsigned char>(secret[i]) >> 4];
+    hex += kHex[static_cast<unsigned char>(secret[i]) & 15];
+  }
+  return hex;
 }
 
 }  // namespace
@@ -90,14 +107,15 @@ Status EtcdStore::watch(const std::vector<std::string>& paths, int64_t revision,
   }
   if (wanted.empty()) return Status();
   // One watcher over the range the missing keys share; events of other keys in it are skipped.
+  // Fragmented: a watcher that catches up gets many events, in replies of bounded size.
   const std::string from = common_prefix(missing);
   etcdserverpb::WatchRequest request;
   auto* create = request.mutable_create_request();
   create->set_key(from);
   create->set_range_end(prefix_end(from));
   create->set_start_revision(revision + 1);
+  create->set_fragment(true);
   create->add_filters(etcdserverpb::WatchCreateRequest::NODELETE);
-  std::string refused;
   return session_->run(
       calls_, deadline, EtcdSession::Retry::kIdempotent, "waiting for keys",
       [&](EtcdMember& m, grpc::ClientContext* c) -> grpc::Status {
@@ -107,20 +125,23 @@ Status EtcdStore::watch(const std::vector<std::string>& paths, int64_t revision,
         while (stream->Read(&response)) {
           if (response.compact_revision() > 0 || response.canceled()) {
             *compacted = response.compact_revision() > 0;
-            refused = response.cancel_reason();
+            const std::string reason = response.cancel_reason();
             c->TryCancel();
             stream->Finish();
             if (*compacted) return grpc::Status::OK;
-            return grpc::Status(refused.find("permission denied") != std::string::npos
+            return grpc::Status(reason.find("permission denied") != std::string::npos
                                     ? grpc::StatusCode::PERMISSION_DENIED
                                     : grpc::StatusCode::INTERNAL,
-                                "the watch was cancelled: " + refused);
+                                "the watch was cancelled: " + reason);
           }
+          // Every event of the reply, so that a key put twice in it gives its latest value.
           for (const auto& event : response.events()) {
             auto it = wanted.find(event.kv().key());
             if (it == wanted.end()) continue;
             for (size_t i : it->second) (*found)[i] = event.kv().value();
-            wanted.erase(it);
+          }
+          for (auto it = wanted.begin(); it != wanted.end();) {
+            it = (*found)[it->second.front()] ? wanted.erase(it) : std::next(it);
           }
           if (wanted.empty()) {
             c->TryCancel();  // every key is here: end the stream
@@ -128,8 +149,11 @@ Status EtcdStore::watch(const std::vector<std::string>& paths, int64_t revision,
             return grpc::Status::OK;
           }
         }
-        return stream->Finish();
-      });
+        const grpc::Status finished = stream->Finish();
+        // etcd never ends a watch by itself: one that ends well without the keys is not etcd.
+        return finished.ok() ? grpc::Status(grpc::StatusCode::INTERNAL, "the watch ended without the keys") : finished;
+      },
+      EtcdSession::Clock::duration::zero());
 }
 
 Status EtcdStore::get(const std::string& job, const std::vector<std::string>& keys, std::chrono::milliseconds timeout,
@@ -153,6 +177,9 @@ Status EtcdStore::get(const std::string& job, const std::vector<std::string>& ke
     bool compacted = false;
     status = watch(paths, revision, deadline, &found, &compacted);
     if (!status.ok() || !compacted) break;
+  }
+  if (status.ok() && !std::all_of(found.begin(), found.end(), [](const auto& v) { return v.has_value(); })) {
+    status = Status::protocol(describe() + ": a watch ended without the keys it waited for");
   }
   if (status.code() == ErrorCode::kTimeout) {
     size_t late = 0;
@@ -179,27 +206,49 @@ Status EtcdStore::peek(const std::string& job, const std::vector<std::string>& k
   return read(paths, Clock::now() + timeout, values, &revision);
 }
 
-Status EtcdStore::set(const std::string& job, const std::string& key, const std::string& value,
+Status EtcdStore::write(Lease kind, Clock::time_point deadline, EtcdSession::Retry retry, const std::string& what,
+                        const LeasedAttempt& attempt) {
+  for (int round = 0;; ++round) {
+    int64_t lease = 0;
+    if (Status s = session_->lease(calls_, deadline, kind, &lease); !s.ok()) return s;
+    const Status status = session_->run(calls_, deadline, retry, what, [&](EtcdMember& m, grpc::ClientContext* c) {
+      return attempt(m, c, lease);
+    });
+    // The lease ran out (etcd unreachable for its TTL), was revoked, or, for the job's, lived
+    // its --peer-key-ttl-s: a new one, once.
+    if (round == 0 && status.message().find("requested lease not found") != std::string::npos) {
+      session_->lease_lost(kind, lease);
+      continue;
+    }
+    return explain_size(status);
+  }
+}
+
+Status EtcdStore::put(Lease kind, const std::string& job, const std::string& key, const std::string& value,
                       std::chrono::milliseconds timeout) {
-  const auto deadline = Clock::now() + timeout;
-  int64_t lease = 0;
-  if (Status s = session_->node_lease(calls_, deadline, &lease); !s.ok()) return s;
   etcdserverpb::PutRequest request;
   request.set_key(path(job, key));
   request.set_value(value);
-  request.set_lease(lease);
   etcdserverpb::PutResponse response;
-  return explain_size(session_->run(calls_, deadline, EtcdSession::Retry::kIdempotent, "writing " + safe_text(key, 200),
-                                    [&](EtcdMember& m, grpc::ClientContext* c) {
-                                      return m.kv.Put(c, request, &response);
-                                    }));
+  return write(kind, Clock::now() + timeout, EtcdSession::Retry::kIdempotent, "writing " + safe_text(key, 200),
+               [&](EtcdMember& m, grpc::ClientContext* c, int64_t lease) {
+                 request.set_lease(lease);
+                 return m.kv.Put(c, request, &response);
+               });
+}
+
+Status EtcdStore::set(const std::string& job, const std::string& key, const std::string& value,
+                      std::chrono::milliseconds timeout) {
+  return put(Lease::kNode, job, key, value, timeout);
+}
+
+Status EtcdStore::publish(const std::string& job, const std::string& key, const std::string& value,
+                          std::chrono::milliseconds timeout) {
+  return put(Lease::kJob, job, key, value, timeout);
 }
 
 Status EtcdStore::set_if_absent(const std::string& job, const std::string& key, const std::string& value,
                                 std::chrono::milliseconds timeout, bool* stored) {
-  const auto deadline = Clock::now() + timeout;
-  int64_t lease = 0;
-  if (Status s = session_->node_lease(calls_, deadline, &lease); !s.ok()) return s;
   etcdserverpb::TxnRequest request;
   auto* absent = request.add_compare();
   absent->set_key(path(job, key));
@@ -209,15 +258,15 @@ Status EtcdStore::set_if_absent(const std::string& job, const std::string& key, 
   auto* put = request.add_success()->mutable_request_put();
   put->set_key(path(job, key));
   put->set_value(value);
-  put->set_lease(lease);
   etcdserverpb::TxnResponse response;
-  const Status status = session_->run(calls_, deadline, EtcdSession::Retry::kNotSent,
-                                      "writing " + safe_text(key, 200) + " if absent",
-                                      [&](EtcdMember& m, grpc::ClientContext* c) {
-                                        return m.kv.Txn(c, request, &response);
-                                      });
+  const Status status = write(Lease::kNode, Clock::now() + timeout, EtcdSession::Retry::kNotSent,
+                              "writing " + safe_text(key, 200) + " if absent",
+                              [&](EtcdMember& m, grpc::ClientContext* c, int64_t lease) {
+                                put->set_lease(lease);
+                                return m.kv.Txn(c, request, &response);
+                              });
   if (status.ok()) *stored = response.succeeded();
-  return explain_size(status);
+  return status;
 }
 
 Status EtcdStore::add(const std::string& job, const std::string& key, int64_t delta, std::chrono::milliseconds timeout,
@@ -238,20 +287,84 @@ Status EtcdStore::add(const std::string& job, const std::string& key, int64_t de
   if (delta != 1) {
     return Status::invalid_argument(describe() + ": a counter in etcd counts by 0 or 1, not " + std::to_string(delta));
   }
-  int64_t lease = 0;
-  if (Status s = session_->counter_lease(calls_, deadline, &lease); !s.ok()) return s;
+  // The put carries a value of its own, so that when its answer is lost (the member died after
+  // taking it) the store can tell from the key's history whether it counted, rather than count
+  // twice or not at all.
+  const std::string nonce = nonce_hex();
   etcdserverpb::PutRequest request;
   request.set_key(path(job, key));
-  request.set_lease(lease);
+  request.set_value(nonce);
   request.set_prev_kv(true);
-  etcdserverpb::PutResponse response;
-  // Not made again once it may have reached etcd: a second put would count twice.
-  const Status status = session_->run(calls_, deadline, EtcdSession::Retry::kNotSent,
-                                      "counting " + safe_text(key, 200), [&](EtcdMember& m, grpc::ClientContext* c) {
-                                        return m.kv.Put(c, request, &response);
-                                      });
-  if (status.ok()) *value = response.has_prev_kv() && response.prev_kv().version() > 0 ? response.prev_kv().version() + 1 : 1;
-  return status;
+  for (int attempt = 0;; ++attempt) {
+    etcdserverpb::PutResponse response;
+    const Status status = write(Lease::kJob, deadline, EtcdSession::Retry::kNotSent, "counting " + safe_text(key, 200),
+                                [&](EtcdMember& m, grpc::ClientContext* c, int64_t lease) {
+                                  request.set_lease(lease);
+                                  return m.kv.Put(c, request, &response);
+                                });
+    if (status.ok()) {
+      *value = response.has_prev_kv() && response.prev_kv().version() > 0 ? response.prev_kv().version() + 1 : 1;
+      return status;
+    }
+    const bool lost = status.code() == ErrorCode::kPeerLost || status.code() == ErrorCode::kTimeout;
+    if (!lost || attempt >= 2 || Clock::now() >= deadline) return status;
+    bool counted = false;
+    if (Status s = recount(request.key(), nonce, deadline, &counted, value); !s.ok()) {
+      return Status(s.code(), status.message() + "; and whether it counted cannot be told: " + s.message());
+    }
+    if (counted) return Status();
+  }
+}
+
+Status EtcdStore::recount(const std::string& key, const std::string& nonce, Clock::time_point deadline, bool* counted,
+                          int64_t* value) {
+  *counted = false;
+  etcdserverpb::RangeRequest read;
+  read.set_key(key);
+  etcdserverpb::RangeResponse now;
+  if (Status s = session_->run(calls_, deadline, EtcdSession::Retry::kIdempotent, "reading a counter",
+                               [&](EtcdMember& m, grpc::ClientContext* c) { return m.kv.Range(c, read, &now); });
+      !s.ok()) {
+    return s;
+  }
+  if (now.kvs_size() == 0) return Status();  // never made: nothing counted
+  const auto& latest = now.kvs(0);
+  if (latest.value() == nonce) {
+    *counted = true;
+    *value = latest.version();
+    return Status();
+  }
+  // Counted since by others: replay the key's puts since it was made, up to the latest.
+  etcdserverpb::WatchRequest request;
+  request.mutable_create_request()->set_key(key);
+  request.mutable_create_request()->set_start_revision(latest.create_revision());
+  bool compacted = false;
+  const Status replayed = session_->run(
+      calls_, deadline, EtcdSession::Retry::kIdempotent, "replaying a counter",
+      [&](EtcdMember& m, grpc::ClientContext* c) -> grpc::Status {
+        auto stream = m.watch.Watch(c);
+        if (!stream->Write(request)) return stream->Finish();
+        etcdserverpb::WatchResponse response;
+        bool done = false;
+        while (!done && stream->Read(&response)) {
+          compacted = response.compact_revision() > 0;
+          done = compacted || response.canceled();
+          for (const auto& event : response.events()) {
+            if (event.type() == mvccpb::Event::PUT && event.kv().value() == nonce) {
+              *counted = true;
+              *value = event.kv().version();
+            }
+            done = done || *counted || event.kv().mod_revision() >= latest.mod_revision();
+          }
+        }
+        c->TryCancel();
+        stream->Finish();
+        return done ? grpc::Status::OK : grpc::Status(grpc::StatusCode::UNAVAILABLE, "the replay ended early");
+      },
+      EtcdSession::Clock::duration::zero());
+  if (!replayed.ok()) return replayed;
+  if (compacted) return Status::internal(describe() + ": the counter's history was compacted");
+  return Status();
 }
 
 Status EtcdStore::delete_job(const std::string& job, std::chrono::milliseconds timeout, const std::string& prefix) {

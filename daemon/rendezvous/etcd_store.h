@@ -3,11 +3,13 @@
 // large cluster's formation traffic lands on etcd's members.
 //
 // Keys are "<--etcd-prefix><store job>/<key>". A set puts the key on this node's lease
-// (etcd_session.h), so it goes when the node's daemon dies; a get reads its keys in
+// (etcd_session.h), so it goes when the node's daemon dies; publish() and counters use the
+// job's lease, which outlives the node; a get reads its keys in
 // transactions and waits for the missing ones with a watch from the revision it read at, so
 // nothing polls and nothing between the read and the watch is missed; a counter is a key's
 // version (every put raises it by one, atomically), so add() is one put, never a retried
-// compare-and-swap.
+// compare-and-swap; a put whose answer was lost is looked for in the key's history (each put
+// carries a value of its own) before it is made again, so nothing counts twice.
 //
 // Each handle has its own cancellation; fresh() shares the session (its member, token and
 // leases) with a handle that is not cancelled.
@@ -29,6 +31,8 @@ class EtcdStore final : public RendezvousStore {
   std::string describe() const override { return session_->describe(); }
   Status set(const std::string& job, const std::string& key, const std::string& value,
              std::chrono::milliseconds timeout) override;
+  Status publish(const std::string& job, const std::string& key, const std::string& value,
+                 std::chrono::milliseconds timeout) override;
   Status set_if_absent(const std::string& job, const std::string& key, const std::string& value,
                        std::chrono::milliseconds timeout, bool* stored) override;
   Status get(const std::string& job, const std::vector<std::string>& keys, std::chrono::milliseconds timeout,
@@ -44,7 +48,19 @@ class EtcdStore final : public RendezvousStore {
 
  private:
   using Clock = EtcdSession::Clock;
+  using Lease = EtcdSession::Lease;
+  // One write on the lease of `kind`, made once more on a new lease when etcd no longer has
+  // that one. `attempt` puts with the lease it is given.
+  using LeasedAttempt = std::function<grpc::Status(EtcdMember&, grpc::ClientContext*, int64_t lease)>;
+  Status write(Lease kind, Clock::time_point deadline, EtcdSession::Retry retry, const std::string& what,
+               const LeasedAttempt& attempt);
+  Status put(Lease kind, const std::string& job, const std::string& key, const std::string& value,
+             std::chrono::milliseconds timeout);
   std::string path(const std::string& job, const std::string& key) const;
+  // After a counting put to `key` with value `nonce` whose answer was lost: whether it counted
+  // (the key's history holds the nonce), and the count it made.
+  Status recount(const std::string& key, const std::string& nonce, Clock::time_point deadline, bool* counted,
+                 int64_t* value);
   // Reads `paths` (full etcd keys) in transactions of a bounded number of ranges into
   // `found`; *revision is the oldest revision read at.
   Status read(const std::vector<std::string>& paths, Clock::time_point deadline,

@@ -42,6 +42,12 @@ Status read_secret_file(const std::string& path, const std::string& flag, size_t
 }
 
 Status read_config_file(const std::string& path, const std::string& flag, std::string* out) {
+  // A folder opens as a stream that reads nothing, which would pass for an empty file.
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    return Status::invalid_argument(flag + ": cannot read '" + path + "': " + std::strerror(errno));
+  }
+  if (!S_ISREG(st.st_mode)) return Status::invalid_argument(flag + ": '" + path + "' is not a regular file");
   std::ifstream in(path, std::ios::binary);
   std::ostringstream text;
   text << in.rdbuf();
