@@ -260,10 +260,11 @@ void EtcdSession::lease_lost(Lease kind, int64_t id) {
     if (held != id) return;  // already replaced
     held = 0;
   }
-  log_.error(describe_ + ": etcd no longer has this node's " +
-             (kind == Lease::kNode ? std::string("lease (it ran out while etcd could not be reached for ") +
+  log_.error(describe_ + ": etcd no longer has " +
+             (kind == Lease::kNode ? "this node's lease (it ran out while etcd could not be reached for " +
                                          std::to_string(access_->lease_ttl().count()) + " s, or was revoked)"
-                                   : std::string("lease of the job's counters and notices (--peer-key-ttl-s)")) +
+                                   : std::string("the job's lease of its counters and notices (it lived its "
+                                                 "--peer-key-ttl-s, or was revoked)")) +
              ": the keys that lived on it are gone; the next write takes a new lease");
 }
 

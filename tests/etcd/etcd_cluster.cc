@@ -28,7 +28,8 @@ std::string shm_folder() {
 }
 }  // namespace
 
-EtcdCluster::EtcdCluster(int members, const Tls* tls) : folder_("gradsync-etcd-XXXXXX"), tls_(tls != nullptr) {
+EtcdCluster::EtcdCluster(int members, const Tls* tls, const std::vector<std::string>& extra_args)
+    : folder_("gradsync-etcd-XXXXXX"), tls_(tls != nullptr) {
   data_ = shm_folder();
   const std::string& data = data_;
   std::vector<int> peer_ports;
@@ -53,6 +54,7 @@ EtcdCluster::EtcdCluster(int members, const Tls* tls) : folder_("gradsync-etcd-X
                                      "--heartbeat-interval", "50", "--election-timeout", "500", "--logger", "zap",
                                      "--log-outputs", folder_.path() + "/m" + std::to_string(i) + ".log"};
     if (tls) argv.insert(argv.end(), {"--cert-file", tls->cert, "--key-file", tls->key});
+    argv.insert(argv.end(), extra_args.begin(), extra_args.end());
     members_.emplace_back(argv, folder_.path() + "/m" + std::to_string(i) + ".out");
     alive_.push_back(true);
   }
@@ -85,6 +87,10 @@ void EtcdCluster::kill(int i) {
   alive_[static_cast<size_t>(i)] = false;
 }
 
+void EtcdCluster::freeze(int i) { members_[static_cast<size_t>(i)].signal(SIGSTOP); }
+
+void EtcdCluster::thaw(int i) { members_[static_cast<size_t>(i)].signal(SIGCONT); }
+
 CommandRun EtcdCluster::ctl(const std::string& args, const std::string& user) const {
   std::string endpoints;
   for (size_t i = 0; i < client_ports_.size(); ++i) {
@@ -100,7 +106,7 @@ CommandRun EtcdCluster::ctl(const std::string& args, const std::string& user) co
 
 void EtcdCluster::enable_auth(const std::string& name, const std::string& password, const std::string& prefix) {
   for (const std::string& step :
-       {std::string("user add root:root-password --interactive=false"), std::string("role add gradsync"),
+       {std::string("user add ") + kRoot + " --interactive=false", std::string("role add gradsync"),
         "role grant-permission gradsync --prefix=true readwrite " + prefix,
         "user add " + name + ":" + password + " --interactive=false", "user grant-role " + name + " gradsync",
         std::string("auth enable")}) {

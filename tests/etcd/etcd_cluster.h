@@ -16,12 +16,13 @@ std::string etcd_binary();
 
 class EtcdCluster {
  public:
+  static constexpr char kRoot[] = "root:root-password";  // for ctl() once authentication is on
   struct Tls {
     std::string ca, cert, key;  // the members' CA, and their certificate and key
   };
   // Starts `members` members and waits (at most 30 s) until each answers; the test fails if
   // they do not.
-  explicit EtcdCluster(int members, const Tls* tls = nullptr);
+  explicit EtcdCluster(int members, const Tls* tls = nullptr, const std::vector<std::string>& extra_args = {});
   ~EtcdCluster();
   EtcdCluster(const EtcdCluster&) = delete;
   EtcdCluster& operator=(const EtcdCluster&) = delete;
@@ -31,10 +32,13 @@ class EtcdCluster {
   std::string member(int i) const { return "127.0.0.1:" + std::to_string(client_ports_[static_cast<size_t>(i)]); }
   // SIGKILL, and reaped.
   void kill(int i);
+  // SIGSTOP and SIGCONT: a member that holds its connections and answers nothing.
+  void freeze(int i);
+  void thaw(int i);
   // etcdctl against the members still running, as `user` ("name:password") when given.
   CommandRun ctl(const std::string& args, const std::string& user = {}) const;
-  // Turns authentication on: a root user, and a user `name` with `password` allowed to read
-  // and write under `prefix` only.
+  // Turns authentication on: a root user (kRoot), and a user `name` with `password` allowed to
+  // read and write under `prefix` only.
   void enable_auth(const std::string& name, const std::string& password, const std::string& prefix);
 
  private:

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <fstream>
 #include <future>
+#include <sstream>
 #include <thread>
 
 #include "tests/etcd/etcd_cluster.h"
@@ -119,7 +120,8 @@ TEST_CASE("etcd store: a get waits for its keys by a watch, a timeout names them
   CHECK(present(etcd, "g0/after"));
 }
 
-TEST_CASE("etcd store: a node's keys live while its session does, and go within the lease TTL after, while counters stay",
+TEST_CASE("etcd store: a node's keys live while its session does, and go within the lease TTL after, while counters "
+          "and notices stay",
           "[etcd]") {
   EtcdCluster etcd(1);
   EtcdSettings settings;
@@ -132,6 +134,26 @@ TEST_CASE("etcd store: a node's keys live while its session does, and go within 
     // Three TTLs: only the keep-alive keeps the key.
     std::this_thread::sleep_for(6s);
     CHECK(present(etcd, "g0/node/0"));
+    // Every lease revoked (as when one ran out while etcd was unreachable): the next writes take
+    // new ones, which are renewed in turn.
+    const CommandRun leases = etcd.ctl("lease list");
+    std::istringstream ids(leases.output);
+    int revoked = 0;
+    for (std::string word; ids >> word;) {
+      if (word.find_first_not_of("0123456789abcdef") == std::string::npos && word.size() > 8) {
+        REQUIRE(etcd.ctl("lease revoke " + word).code == 0);
+        ++revoked;
+      }
+    }
+    INFO(leases.output);
+    REQUIRE(revoked == 2);  // the node's and the job's
+    CHECK_FALSE(present(etcd, "g0/node/0"));
+    REQUIRE(node.set("0.job", "g0/node/0", "record again", 2s).ok());
+    REQUIRE(node.add("0.job", "incarnations", 1, 2s, &count).ok());
+    CHECK(count == 1);  // the counter went with its lease
+    REQUIRE(node.publish("0.job", "g0/failure/0", "node 0 failed: its trainer was killed", 2s).ok());
+    std::this_thread::sleep_for(6s);
+    CHECK(present(etcd, "g0/node/0"));
   }
   // The session is gone, as with a daemon that died: the key goes within a TTL (and a second
   // of etcd's lease checking).
@@ -141,7 +163,9 @@ TEST_CASE("etcd store: a node's keys live while its session does, and go within 
   INFO("gone after " << gone_after.count() << " ms");
   CHECK_FALSE(present(etcd, "g0/node/0"));
   CHECK(gone_after <= 3500ms);
+  // What others read after the node gave up lives on the job's lease.
   CHECK(present(etcd, "incarnations"));
+  CHECK(present(etcd, "g0/failure/0"));
 }
 
 TEST_CASE("etcd store: a killed member: calls, a waiting get and the lease's keep-alive move to the next member",
@@ -173,13 +197,51 @@ TEST_CASE("etcd store: a killed member: calls, a waiting get and the lease's kee
   CHECK(peeked[0] == std::optional<std::string>("mine"));
 }
 
-TEST_CASE("etcd store: TLS and an etcd user: the right password works, a wrong one, no CA and a prefix outside "
-          "the user's role are refused, each named",
+TEST_CASE("etcd store: a frozen member (SIGSTOP): writes, a waiting get and the lease's renewals move to the next "
+          "member",
+          "[etcd]") {
+  EtcdCluster etcd(3);
+  EtcdSettings settings;
+  settings.lease_ttl = 2s;
+  EtcdStore store(session(access(settings), {etcd.member(0), etcd.member(1), etcd.member(2)}));
+  REQUIRE(store.set("0.job", "g0/node/0", "mine", 2s).ok());
+  std::vector<std::string> values;
+  auto waiting = std::async(std::launch::async, [&] { return store.get("0.job", {"g0/node/1"}, 30s, &values); });
+  std::this_thread::sleep_for(300ms);
+  etcd.freeze(0);  // connected, answering nothing: its watch and renewals stall
+  EtcdStore other(session(access(), {etcd.member(1), etcd.member(2)}));
+  REQUIRE(other.set("0.job", "g0/node/1", "theirs", 5s).ok());
+  const auto set_at = Clock::now();
+  REQUIRE(store.set("0.job", "g0/after", "x", 10s).ok());  // an attempt's bound, then the next member
+  const Status waited = waiting.get();
+  const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - set_at);
+  INFO(waited.to_string() << " after " << took.count() << " ms");
+  REQUIRE(waited.ok());
+  CHECK(values == std::vector<std::string>{"theirs"});
+  CHECK(took < 20s);  // the watch's channel pings the member every 10 s, 3 s for an answer
+  // Three TTLs frozen: the node's key lives, renewed through another member.
+  std::this_thread::sleep_for(6s);
+  std::vector<std::optional<std::string>> peeked;
+  REQUIRE(other.peek("0.job", {"g0/node/0"}, 2s, &peeked).ok());
+  CHECK(peeked[0] == std::optional<std::string>("mine"));
+  etcd.thaw(0);
+}
+
+TEST_CASE("etcd store: TLS and an etcd user with JWT tokens: the right password works past a dead first member and "
+          "a change of etcd's users, and a wrong one, no CA and a prefix outside the user's role are refused, named",
           "[etcd]") {
   TempFolder certs("gradsync-etcd-certs-XXXXXX");
   make_certificates(certs.path(), {{"etcd", "etcd", "subjectAltName=IP:127.0.0.1"}});
+  const CommandRun jwt_keys = run_command("cd " + certs.path() + " && openssl genrsa -out jwt.key 2048 && "
+                                          "openssl rsa -in jwt.key -pubout -out jwt.pub");
+  INFO(jwt_keys.output);
+  REQUIRE(jwt_keys.code == 0);
   const EtcdCluster::Tls tls{certs.path() + "/ca.crt", certs.path() + "/etcd.crt", certs.path() + "/etcd.key"};
-  EtcdCluster etcd(1, &tls);
+  // JWT tokens name the revision of etcd's users when they were made: after a change, etcd
+  // refuses them with "revision of auth store is old".
+  EtcdCluster etcd(3, &tls,
+                   {"--auth-token", "jwt,pub-key=" + certs.path() + "/jwt.pub,priv-key=" + certs.path() +
+                                        "/jwt.key,sign-method=RS256,ttl=10m"});
   etcd.enable_auth("trainer-nodes", "right-password", "/gradsync/");
   const auto password_file = [&](const std::string& name, const std::string& password) {
     const std::string path = certs.path() + "/" + name;
@@ -188,17 +250,20 @@ TEST_CASE("etcd store: TLS and an etcd user: the right password works, a wrong o
     return path;
   };
   EtcdSettings settings;
-  settings.endpoints = {etcd.member(0)};
+  settings.endpoints = {etcd.member(0), etcd.member(1), etcd.member(2)};
   settings.tls_ca = tls.ca;
   settings.user = "trainer-nodes";
   settings.password_file = password_file("right", "right-password");
   {
-    EtcdStore store(session(access(settings), {etcd.member(0)}));
+    EtcdStore store(session(access(settings), settings.endpoints));
+    REQUIRE(store.set("0.job", "g0/node/0", "over TLS", 5s).ok());
+    // Another user added: the tokens made before are refused as old, and made anew.
+    REQUIRE(etcd.ctl("user add someone-else:other --interactive=false", EtcdCluster::kRoot).code == 0);
     REQUIRE(store.set("0.job", "g0/node/0", "over TLS", 5s).ok());
     std::vector<std::string> values;
     auto later = std::async(std::launch::async, [&] {
       std::this_thread::sleep_for(200ms);
-      return EtcdStore(session(access(settings), {etcd.member(0)})).set("0.job", "g0/node/1", "too", 5s);
+      return EtcdStore(session(access(settings), settings.endpoints)).set("0.job", "g0/node/1", "too", 5s);
     });
     REQUIRE(store.get("0.job", {"g0/node/0", "g0/node/1"}, 10s, &values).ok());
     CHECK(values == std::vector<std::string>{"over TLS", "too"});
@@ -224,9 +289,17 @@ TEST_CASE("etcd store: TLS and an etcd user: the right password works, a wrong o
     CHECK_THAT(refused.message(), Catch::Contains(etcd.member(0)));
   }
   {
+    // The first member dead before the first call: the authentication moves on with the call.
+    etcd.kill(0);
+    EtcdStore store(session(access(settings), settings.endpoints));
+    const Status written = store.set("0.job", "g0/node/2", "past a dead member", 10s);
+    INFO(written.to_string());
+    CHECK(written.ok());
+  }
+  {
     EtcdSettings elsewhere = settings;
     elsewhere.prefix = "/not-gradsync/";
-    const Status refused = EtcdStore(session(access(elsewhere), {etcd.member(0)})).set("0.job", "g0/x", "x", 5s);
+    const Status refused = EtcdStore(session(access(elsewhere), {etcd.member(1)})).set("0.job", "g0/x", "x", 5s);
     INFO(refused.to_string());
     CHECK(refused.code() == ErrorCode::kPermissionDenied);
     CHECK_THAT(refused.message(), Catch::Contains("permission denied"));

@@ -4,6 +4,10 @@
 
 #include <catch2/catch.hpp>
 
+#include <fstream>
+
+#include "client/tools/process.h"
+
 namespace gradsync {
 namespace {
 
@@ -68,6 +72,21 @@ TEST_CASE("etcd access: a job's members, checked against --etcd-endpoints, and b
   EtcdSettings ttl;
   ttl.lease_ttl = std::chrono::seconds(1);
   CHECK_THAT(load(ttl).message(), Catch::Contains("--etcd-lease-ttl-s must be at least 2"));
+
+  // A CA that is no certificate would turn TLS off without a word (the password in clear).
+  TempFolder folder("gradsync-etcd-access-XXXXXX");
+  const std::string empty = folder.path() + "/empty.pem";
+  std::ofstream(empty).close();
+  EtcdSettings ca;
+  ca.tls_ca = empty;
+  CHECK_THAT(load(ca).message(), Catch::Contains("--etcd-tls-ca: '" + empty + "' holds no PEM block"));
+  ca.tls_ca = folder.path();
+  CHECK_THAT(load(ca).message(), Catch::Contains("--etcd-tls-ca: '" + folder.path() + "' is not a regular file"));
+
+  // At most 16 members, in the flags or in a job's rendezvous.
+  std::string many = "etcd://";
+  for (int i = 0; i < 17; ++i) many += (i ? ",10.0.0." : "10.0.0.") + std::to_string(i + 1) + ":2379";
+  CHECK_THAT(open->members(many, &members).message(), Catch::Contains("more than 16 etcd members"));
 }
 
 }  // namespace gradsync
