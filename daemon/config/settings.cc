@@ -406,7 +406,9 @@ std::vector<SettingSpec> daemon_settings() {
   s.push_back(text("etcd-tls-key", GS_FIELD(etcd.tls_key), restart, "etcd: its private key (PEM, mode 0600)", "(none)"));
   s.push_back(text("etcd-user", GS_FIELD(etcd.user), restart, "etcd: the user to authenticate as", "(none)"));
   s.push_back(text("etcd-password-file", GS_FIELD(etcd.password_file), restart,
-                   "etcd: file holding that user's password (mode 0600)", "(none)"));
+                   "etcd: file holding that user's password (mode 0600; trailing whitespace and newlines are "
+                   "dropped)",
+                   "(none)"));
   s.push_back(integer("etcd-lease-ttl-s", GS_FIELD(etcd.lease_ttl), 2, 3600, " (an hour)", restart,
                       "etcd: the TTL of the lease a node's keys live on, renewed while its job runs: they go this "
                       "long after its daemon dies"));
