@@ -284,6 +284,14 @@ std::string paired_ratio(const JobSamples& health) {
   return text;
 }
 
+// Of two floors (one sample each, or none), the faster: a floor is the least the machine did. A
+// missing one gives way to the other; two missing, the later says why.
+Measurement fastest(const Measurement& a, const Measurement& b) {
+  if (!a.ok()) return b;
+  if (!b.ok()) return a;
+  return a.min() <= b.min() ? a : b;
+}
+
 Measurement scaled(Measurement m, double factor) {
   for (double& v : m.samples) v *= factor;
   return m;
@@ -356,6 +364,7 @@ int run_bench(const BenchOptions& o) {
   auto want = [&](std::initializer_list<const char*> keys) {
     return std::any_of(keys.begin(), keys.end(), [&](const char* k) { return o.wants(k); });
   };
+  Measurement floor4_beside, floor_scatter_beside, floor8_beside;  // memory floors taken beside the jobs
   JobSamples f32 = unselected, f16 = unselected, bf16 = unselected, resnet = unselected, resnet_flat = unselected,
              small = unselected, small_flat = unselected, eight = unselected, mark161 = unselected,
              mark10k = unselected, latency = unselected, scatter = unselected, health = unselected,
@@ -393,9 +402,19 @@ int run_bench(const BenchOptions& o) {
       a.mode = mode;
       *into = run_job(one, 1, 4, a, o.repeat);
     };
+    // The memory floors are also taken right after the jobs they stand beside, while the daemon
+    // idles (besides once more after every job): this VM's memory speed drifts between blocks of
+    // a run by more than the few percent between gradsync and its floor, and a floor is the
+    // least the machine did at any point of the run.
+    const auto floor_beside = [&](Measurement* floor, int clients, bool scatter) {
+      *floor = fastest(*floor, memory_floor(clients, 100 * kMiB, o.threads, o.runs, scatter));
+    };
     four(&f32, big.layout, big.dtype, "step");
+    if (!f32.step.skipped) floor_beside(&floor4_beside, 4, false);
     four(&f16, big.layout, "float16", "step");
+    if (!f16.step.skipped) floor_beside(&floor4_beside, 4, false);
     four(&bf16, big.layout, "bfloat16", "step");
+    if (!bf16.step.skipped) floor_beside(&floor4_beside, 4, false);
     four(&resnet, "resnet50", "float32", "step");
     four(&mark161, "resnet50", "float32", "mark");
     four(&resnet_flat, "resnet50-flat", "float32", "step");
@@ -403,9 +422,13 @@ int run_bench(const BenchOptions& o) {
     four(&mark10k, "small:10000:256", "float32", "mark");
     four(&small_flat, "small-flat:10000:256", "float32", "step");
     four(&scatter, big.layout, "float32", "reduce_scatter");
+    if (!scatter.step.skipped) floor_beside(&floor_scatter_beside, 4, true);
     four(&health, big.layout, "float32", "health");
     four(&separate_health, big.layout, "float32", "separate-health");
-    if (!eight.step.skipped) eight = run_job(one, 1, 8, big, o.repeat);
+    if (!eight.step.skipped) {
+      eight = run_job(one, 1, 8, big, o.repeat);
+      floor_beside(&floor8_beside, 8, false);
+    }
     if (!latency.step.skipped) {
       TrainerArgs l;
       l.layout = "flat:4096";
@@ -463,11 +486,15 @@ int run_bench(const BenchOptions& o) {
   const std::string threads = std::to_string(o.threads) + " threads";
   // Each only for a row that --only selected.
   const Measurement not_selected = skipped("not in --only");
-  const Measurement floor4 =
-      want({"float32", "float16", "bfloat16"}) ? memory_floor(4, 100 * kMiB, o.threads, o.runs) : not_selected;
+  const Measurement floor4 = want({"float32", "float16", "bfloat16"})
+                                 ? fastest(floor4_beside, memory_floor(4, 100 * kMiB, o.threads, o.runs))
+                                 : not_selected;
   const Measurement floor_scatter =
-      want({"reduce_scatter"}) ? memory_floor(4, 100 * kMiB, o.threads, o.runs, /*scatter=*/true) : not_selected;
-  const Measurement floor8 = want({"eight"}) ? memory_floor(8, 100 * kMiB, o.threads, o.runs) : not_selected;
+      want({"reduce_scatter"})
+          ? fastest(floor_scatter_beside, memory_floor(4, 100 * kMiB, o.threads, o.runs, /*scatter=*/true))
+          : not_selected;
+  const Measurement floor8 =
+      want({"eight"}) ? fastest(floor8_beside, memory_floor(8, 100 * kMiB, o.threads, o.runs)) : not_selected;
   const Wakeup wake = want({"latency"}) ? wakeup_floor(o.rounds) : Wakeup{not_selected, not_selected, not_selected};
   // Gloo alone `repeat` times, pooled like the gradsync jobs.
   auto gloo_floor = [&](int processes, LocalWork local = {}) {
