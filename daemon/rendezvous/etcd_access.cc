@@ -78,6 +78,9 @@ Status EtcdAccess::check(const EtcdSettings& settings, std::vector<std::string>*
       if (std::find(all.begin(), all.end(), m) == all.end()) all.push_back(std::move(m));
     }
   }
+  if (all.size() > kMaxMembers) {
+    return Status::invalid_argument("--etcd-endpoints: more than " + std::to_string(kMaxMembers) + " etcd members");
+  }
   const bool client_cert = !settings.tls_cert.empty() || !settings.tls_key.empty();
   if (client_cert && (settings.tls_cert.empty() || settings.tls_key.empty() || settings.tls_ca.empty())) {
     return Status::invalid_argument("--etcd-tls-cert and --etcd-tls-key go together, and with --etcd-tls-ca");

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <thread>
 
 #include "daemon/peer/peer_auth.h"
 #include "daemon/util/safe_text.h"
@@ -47,6 +48,18 @@ Status explain_size(Status status) {
   return Status(status.code(), status.message() +
                                    " (a value above etcd's --max-request-bytes, 1.5 MiB by default: a tensor set's "
                                    "layout record takes about 15 bytes a tensor; raise the limit on the members)");
+}
+
+// A watch etcd cancelled (not for compaction), as a call's status. etcd 3.4 refuses a watch
+// whose token it cannot check (expired, or from before the member restarted) as "permission
+// denied", not as a bad token: with a user, that is made a refused token, so the call logs in
+// again once before it takes the refusal for what it says.
+grpc::Status cancelled_watch(const std::string& reason, bool with_user) {
+  if (reason.find("permission denied") != std::string::npos) {
+    return grpc::Status(with_user ? grpc::StatusCode::UNAUTHENTICATED : grpc::StatusCode::PERMISSION_DENIED,
+                        "the watch was refused: " + reason);
+  }
+  return grpc::Status(grpc::StatusCode::INTERNAL, "the watch was cancelled: " + reason);
 }
 
 // 16 random bytes in hex: a counting put's own value.
@@ -129,10 +142,7 @@ Status EtcdStore::watch(const std::vector<std::string>& paths, int64_t revision,
             c->TryCancel();
             stream->Finish();
             if (*compacted) return grpc::Status::OK;
-            return grpc::Status(reason.find("permission denied") != std::string::npos
-                                    ? grpc::StatusCode::PERMISSION_DENIED
-                                    : grpc::StatusCode::INTERNAL,
-                                "the watch was cancelled: " + reason);
+            return cancelled_watch(reason, !session_->access().user().empty());
           }
           // Every event of the reply, so that a key put twice in it gives its latest value.
           for (const auto& event : response.events()) {
@@ -308,6 +318,13 @@ Status EtcdStore::add(const std::string& job, const std::string& key, int64_t de
     }
     const bool lost = status.code() == ErrorCode::kPeerLost || status.code() == ErrorCode::kTimeout;
     if (!lost || attempt >= 2 || Clock::now() >= deadline) return status;
+    // A put the member forwarded before it failed may still commit: give the cluster a second
+    // (many heartbeats) before reading the history, so that it is either there or never will be.
+    const auto settled = std::min(deadline, Clock::now() + std::chrono::seconds(1));
+    while (Clock::now() < settled) {
+      if (Status why = calls_.cancelled(); !why.ok()) return why;
+      std::this_thread::sleep_for(std::min<Clock::duration>(std::chrono::milliseconds(50), settled - Clock::now()));
+    }
     bool counted = false;
     if (Status s = recount(request.key(), nonce, deadline, &counted, value); !s.ok()) {
       return Status(s.code(), status.message() + "; and whether it counted cannot be told: " + s.message());
@@ -334,37 +351,49 @@ Status EtcdStore::recount(const std::string& key, const std::string& nonce, Cloc
     *value = latest.version();
     return Status();
   }
-  // Counted since by others: replay the key's puts since it was made, up to the latest.
-  etcdserverpb::WatchRequest request;
-  request.mutable_create_request()->set_key(key);
-  request.mutable_create_request()->set_start_revision(latest.create_revision());
-  bool compacted = false;
-  const Status replayed = session_->run(
-      calls_, deadline, EtcdSession::Retry::kIdempotent, "replaying a counter",
-      [&](EtcdMember& m, grpc::ClientContext* c) -> grpc::Status {
-        auto stream = m.watch.Watch(c);
-        if (!stream->Write(request)) return stream->Finish();
-        etcdserverpb::WatchResponse response;
-        bool done = false;
-        while (!done && stream->Read(&response)) {
-          compacted = response.compact_revision() > 0;
-          done = compacted || response.canceled();
-          for (const auto& event : response.events()) {
-            if (event.type() == mvccpb::Event::PUT && event.kv().value() == nonce) {
-              *counted = true;
-              *value = event.kv().version();
+  // Counted since by others: replay the key's puts since it was made, up to the latest; from the
+  // oldest revision etcd still has, if it compacted that (the lost put is recent).
+  int64_t from = latest.create_revision();
+  for (int replay = 0; replay < 2; ++replay) {
+    etcdserverpb::WatchRequest request;
+    request.mutable_create_request()->set_key(key);
+    request.mutable_create_request()->set_start_revision(from);
+    int64_t compacted = 0;
+    const Status replayed = session_->run(
+        calls_, deadline, EtcdSession::Retry::kIdempotent, "replaying a counter",
+        [&](EtcdMember& m, grpc::ClientContext* c) -> grpc::Status {
+          auto stream = m.watch.Watch(c);
+          if (!stream->Write(request)) return stream->Finish();
+          etcdserverpb::WatchResponse response;
+          bool done = false;
+          std::string refused;
+          while (!done && stream->Read(&response)) {
+            if (response.compact_revision() > 0) {
+              compacted = response.compact_revision();
+              done = true;
+            } else if (response.canceled()) {
+              refused = response.cancel_reason();  // never "not counted" for a replay that did not run
+              done = true;
             }
-            done = done || *counted || event.kv().mod_revision() >= latest.mod_revision();
+            for (const auto& event : response.events()) {
+              if (event.type() == mvccpb::Event::PUT && event.kv().value() == nonce) {
+                *counted = true;
+                *value = event.kv().version();
+              }
+              done = done || *counted || event.kv().mod_revision() >= latest.mod_revision();
+            }
           }
-        }
-        c->TryCancel();
-        stream->Finish();
-        return done ? grpc::Status::OK : grpc::Status(grpc::StatusCode::UNAVAILABLE, "the replay ended early");
-      },
-      EtcdSession::Clock::duration::zero());
-  if (!replayed.ok()) return replayed;
-  if (compacted) return Status::internal(describe() + ": the counter's history was compacted");
-  return Status();
+          c->TryCancel();
+          stream->Finish();
+          if (!refused.empty()) return cancelled_watch(refused, !session_->access().user().empty());
+          return done ? grpc::Status::OK : grpc::Status(grpc::StatusCode::UNAVAILABLE, "the replay ended early");
+        },
+        EtcdSession::Clock::duration::zero());
+    if (!replayed.ok()) return replayed;
+    if (compacted == 0 || *counted) return Status();
+    from = compacted;
+  }
+  return Status::internal(describe() + ": the counter's history was compacted twice while it was replayed");
 }
 
 Status EtcdStore::delete_job(const std::string& job, std::chrono::milliseconds timeout, const std::string& prefix) {
