@@ -43,6 +43,25 @@ bool present(const EtcdCluster& etcd, const std::string& key) {
   return values[0].has_value();
 }
 
+// The scene of the member-failure tests: a node's store on all three members (2 s lease),
+// holding g0/node/0 and waiting up to `wait` for g0/node/1, which another node will set.
+struct WaitingNode {
+  WaitingNode(const EtcdCluster& etcd, std::chrono::seconds wait)
+      : store(session(access(lease_of_two_seconds()), {etcd.member(0), etcd.member(1), etcd.member(2)})) {
+    REQUIRE(store.set("0.job", "g0/node/0", "mine", 2s).ok());
+    waiting = std::async(std::launch::async, [this, wait] { return store.get("0.job", {"g0/node/1"}, wait, &values); });
+    std::this_thread::sleep_for(300ms);  // the get is waiting on member 0
+  }
+  static EtcdSettings lease_of_two_seconds() {
+    EtcdSettings settings;
+    settings.lease_ttl = 2s;
+    return settings;
+  }
+  EtcdStore store;
+  std::vector<std::string> values;
+  std::future<Status> waiting;
+};
+
 }  // namespace
 
 TEST_CASE("etcd store: a get waits for its keys by a watch, a timeout names them, counters count, a prefix goes, "
@@ -171,20 +190,15 @@ TEST_CASE("etcd store: a node's keys live while its session does, and go within 
 TEST_CASE("etcd store: a killed member: calls, a waiting get and the lease's keep-alive move to the next member",
           "[etcd]") {
   EtcdCluster etcd(3);
-  EtcdSettings settings;
-  settings.lease_ttl = 2s;
-  EtcdStore store(session(access(settings), {etcd.member(0), etcd.member(1), etcd.member(2)}));
-  REQUIRE(store.set("0.job", "g0/node/0", "mine", 2s).ok());
-  std::vector<std::string> values;
-  auto waiting = std::async(std::launch::async, [&] { return store.get("0.job", {"g0/node/1"}, 20s, &values); });
-  std::this_thread::sleep_for(300ms);
+  WaitingNode node(etcd, 20s);
+  EtcdStore& store = node.store;
   etcd.kill(0);  // the member every call went to
   EtcdStore other(session(access(), {etcd.member(1), etcd.member(2)}));
   REQUIRE(other.set("0.job", "g0/node/1", "theirs", 5s).ok());
-  const Status waited = waiting.get();
+  const Status waited = node.waiting.get();
   INFO(waited.to_string());
   REQUIRE(waited.ok());
-  CHECK(values == std::vector<std::string>{"theirs"});
+  CHECK(node.values == std::vector<std::string>{"theirs"});
   REQUIRE(store.set("0.job", "g0/after", "x", 5s).ok());
   int64_t count = 0;
   REQUIRE(store.add("0.job", "incarnations", 1, 5s, &count).ok());
@@ -201,23 +215,18 @@ TEST_CASE("etcd store: a frozen member (SIGSTOP): writes, a waiting get and the 
           "member",
           "[etcd]") {
   EtcdCluster etcd(3);
-  EtcdSettings settings;
-  settings.lease_ttl = 2s;
-  EtcdStore store(session(access(settings), {etcd.member(0), etcd.member(1), etcd.member(2)}));
-  REQUIRE(store.set("0.job", "g0/node/0", "mine", 2s).ok());
-  std::vector<std::string> values;
-  auto waiting = std::async(std::launch::async, [&] { return store.get("0.job", {"g0/node/1"}, 30s, &values); });
-  std::this_thread::sleep_for(300ms);
+  WaitingNode node(etcd, 30s);
+  EtcdStore& store = node.store;
   etcd.freeze(0);  // connected, answering nothing: its watch and renewals stall
   EtcdStore other(session(access(), {etcd.member(1), etcd.member(2)}));
   REQUIRE(other.set("0.job", "g0/node/1", "theirs", 5s).ok());
   const auto set_at = Clock::now();
   REQUIRE(store.set("0.job", "g0/after", "x", 10s).ok());  // an attempt's bound, then the next member
-  const Status waited = waiting.get();
+  const Status waited = node.waiting.get();
   const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - set_at);
   INFO(waited.to_string() << " after " << took.count() << " ms");
   REQUIRE(waited.ok());
-  CHECK(values == std::vector<std::string>{"theirs"});
+  CHECK(node.values == std::vector<std::string>{"theirs"});
   CHECK(took < 20s);  // the watch's channel pings the member every 10 s, 3 s for an answer
   // Three TTLs frozen: the node's key lives, renewed through another member.
   std::this_thread::sleep_for(6s);
