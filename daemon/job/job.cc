@@ -179,6 +179,12 @@ bool Job::empty() const {
 
 Status Job::failure() const { return failure_.ok() ? worker_->failure() : failure_; }
 
+Status Job::failed_status() const {
+  // The failure's own code, so that a trainer whose registration met a job failed by a lost
+  // rank gets PeerLostError as its operations do, not a bare "aborted".
+  return Status(failure_.code(), "job " + params().id + " has failed: " + failure_.message());
+}
+
 void Job::fail(const Status& status) {
   if (!failure_.ok()) return;
   failure_ = status;
@@ -222,7 +228,7 @@ void Job::register_set(int local_rank, SetRegistration registration) {
   const uint32_t set_id = registration.set_id;
   const std::string name = set_name(set_id, registration.label);
   if (!failure_.ok()) {
-    registration.done(Status::aborted("job " + params().id + " has failed: " + failure_.message()), nullptr);
+    registration.done(failed_status(), nullptr);
     return;
   }
   if (committed_.count(set_id) || committing_.count(set_id)) {
@@ -425,7 +431,7 @@ void Job::commit(uint32_t set_id) {
 void Job::committed(uint32_t set_id, Status status, std::shared_ptr<TensorSet> set,
                     std::map<int, SetRegistration> regs) {
   committing_.erase(set_id);
-  if (status.ok() && !failure_.ok()) status = Status::aborted("job " + params().id + " has failed: " + failure_.message());
+  if (status.ok() && !failure_.ok()) status = failed_status();
   if (!status.ok()) {
     log_.warning(status.message());
     for (auto& [local_rank, reg] : regs) reg.done(status, nullptr);

@@ -175,6 +175,8 @@ class Job : public std::enable_shared_from_this<Job> {
   }
 
  private:
+  // What a registration meets once the job failed: the failure's code, naming the job.
+  Status failed_status() const;
   struct PendingSet {
     std::map<int, SetRegistration> by_local_rank;
     std::unique_ptr<boost::asio::steady_timer> deadline;

@@ -2,6 +2,7 @@
 as the default group, checked against a gloo group of the same ranks in the same processes
 (workers/backend.py): every offered collective, DDP without a hook for 50 steps, and the refusals."""
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -35,9 +36,9 @@ def test_backend_three_ranks_matches_gloo(daemon):
     assert_all_ok(run_ranks("backend.py", 3, daemon, env={"TEST_PORT": str(free_port())}), daemon)
 
 
-def test_backend_two_nodes_on_loopback_match_gloo():
-    # Two daemons ("nodes") of one cluster, two ranks on each: the cross-node path (Gloo between
-    # the daemons) under the backend, every collective and DDP against torch's gloo.
+def _on_two_nodes(worker, done):
+    """Runs `worker` as 4 ranks on two daemons ("nodes") of one cluster, two ranks on each, and
+    checks every rank printed `done`; returns the two daemons' logs."""
     token_dir = tempfile.mkdtemp(prefix="gradsync-token-")
     peer_port = free_port()
     nodes = [Daemon("--peer-token-file", cluster_token(token_dir), peer_listen=f"127.0.0.1:{peer_port}")]
@@ -48,7 +49,7 @@ def test_backend_two_nodes_on_loopback_match_gloo():
             env = dict(os.environ, RANK=str(rank), WORLD_SIZE="4", LOCAL_RANK=str(rank % 2), LOCAL_WORLD_SIZE="2",
                        TORCHELASTIC_RUN_ID=job, OMP_NUM_THREADS="1", GRADSYNC_SOCKET=nodes[rank // 2].socket,
                        GRADSYNC_RENDEZVOUS=f"127.0.0.1:{peer_port}", TEST_PORT=port)
-            processes.append(subprocess.Popen([sys.executable, os.path.join(HERE, "workers", "backend.py")], env=env,
+            processes.append(subprocess.Popen([sys.executable, os.path.join(HERE, "workers", worker)], env=env,
                                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
         results = []
         for p in processes:
@@ -59,12 +60,38 @@ def test_backend_two_nodes_on_loopback_match_gloo():
                 out = p.communicate()[0] + "\n[killed: timed out]"
             results.append((p.returncode, out))
         assert_all_ok(results, nodes[1])
-        assert all("backend checks done" in out for _, out in results), results
-        assert "world size 4, node 1 of 2" in nodes[1].log(), nodes[1].log()  # the job spanned both
+        assert all(done in out for _, out in results), results
+        return [node.log() for node in nodes]
     finally:
         for node in nodes:
             node.close()
         shutil.rmtree(token_dir, ignore_errors=True)
+
+
+def test_backend_two_nodes_on_loopback_match_gloo():
+    # The cross-node path (Gloo between the daemons) under the backend, every collective and DDP
+    # against torch's gloo.
+    logs = _on_two_nodes("backend.py", "backend checks done")
+    assert "world size 4, node 1 of 2" in logs[1], logs[1]  # the job spanned both
+
+
+def test_new_group_makes_a_gradsync_job_of_its_ranks(daemon):
+    # 4 ranks on one daemon: groups of 2 and of 3 ranks (one made with no backend named), each
+    # a job of its own, against gloo groups of the same ranks; one destroyed and made again.
+    results = run_ranks("backend_groups.py", 4, daemon, env={"TEST_PORT": str(free_port())})
+    assert_all_ok(results, daemon)
+    assert all("group checks done" in out for _, out in results), results
+    # The daemon ran each group as a job named after the default group's, with its own size.
+    log = daemon.log()
+    assert re.search(r"job=[\w.-]+\.g[0-9a-f]{8} .*: formed \(.*world size 3,", log), log
+    assert len(set(re.findall(r"job=([\w.-]+\.g[0-9a-f]{8}) .*: formed", log))) == 6, log
+
+
+def test_new_group_across_two_nodes_and_a_group_not_node_by_node_is_refused():
+    # Two daemons, two ranks each: groups of one node's ranks, groups of one rank per node (a
+    # job across both daemons, one local rank), DDP on those; [0, 1, 2] refused by its members.
+    logs = _on_two_nodes("backend_groups.py", "group checks done")
+    assert re.search(r"job=[\w.-]+\.g[0-9a-f]{8} .*: formed \(.*world size 2, node 1 of 2", logs[1]), logs[1]
 
 
 def test_importing_gradsync_does_not_import_torch_but_gradsync_torch_registers_the_backend():
@@ -74,31 +101,40 @@ def test_importing_gradsync_does_not_import_torch_but_gradsync_torch_registers_t
     assert out.returncode == 0 and "ok" in out.stdout, out.stdout + out.stderr
 
 
-def test_a_group_smaller_than_the_world_is_refused_by_name():
-    # What dist.new_group(ranks=[0, 1]) with the gradsync backend reaches on a member rank of a
-    # 3-rank job (run in one process: in a real job the non-members would wait for the members
-    # in torch's store barrier).
-    code = ("import datetime, os; os.environ['WORLD_SIZE'] = '3'; import gradsync.torch.backend as b\n"
-            "try:\n    b.ProcessGroupGradsync(None, 0, 2, datetime.timedelta(seconds=5))\n"
-            "except NotImplementedError as e:\n    print('refused:', e)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert "refused: gradsync backend: a group of 2 of the 3 ranks is not offered yet" in out.stdout, \
-        out.stdout + out.stderr
+_STAND_IN_STORE = (
+    "import os, socket; import gradsync.torch.backend as b\n"
+    "class Store(dict):\n"
+    "    def set(self, k, v): self[k] = v.encode()\n"
+    "    def get(self, k): return self[k]\n"
+    "here = socket.gethostname() + '|' + os.path.realpath(os.environ.get('GRADSYNC_SOCKET', '/run/gradsync/gradsync.sock'))\n"
+    "there = 'other|/run/gradsync/gradsync.sock'\n")
 
 
-def test_local_ranks_come_from_the_hosts_ranks_publish_in_the_store():
-    # Without $LOCAL_RANK/$LOCAL_WORLD_SIZE each rank publishes its host name; the ranks on this
-    # rank's host, in global order, are its local ranks. Rank 2 of 4 shares a host with rank 0.
-    code = ("import socket; import gradsync.torch.backend as b\n"
-            "class Store(dict):\n"
-            "    def set(self, k, v): self[k] = v.encode()\n"
-            "    def get(self, k): return self[k]\n"
-            "here, there = socket.gethostname(), socket.gethostname() + '-other'\n"
-            "s = Store({'gradsync/host/0': here.encode(), 'gradsync/host/1': there.encode(), "
-            "'gradsync/host/3': there.encode()})\n"
-            "print('local', b._local_ranks(s, 2, 4))")
+def test_local_ranks_come_from_the_nodes_ranks_publish_in_the_store():
+    # Without $LOCAL_RANK/$LOCAL_WORLD_SIZE (and for every dist.new_group group) each rank
+    # publishes its node: its host and its daemon's socket. The ranks on this rank's node, in
+    # group order, are its local ranks. Rank 1 of 4 shares a node with rank 0.
+    code = _STAND_IN_STORE + ("s = Store({'gradsync/host/0': here.encode(), 'gradsync/host/2': there.encode(), "
+                              "'gradsync/host/3': there.encode()})\n"
+                              "print('local', b._node_layout(s, 1, 4, grouped=False))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert "local (1, 2)" in out.stdout, out.stdout + out.stderr
+
+
+def test_ranks_not_node_by_node_are_refused_naming_the_layout():
+    # Ranks 0 and 2 on one node, 1 and 3 on another (not node-major), and 2 ranks on one node
+    # with 1 on another (unequal): a gradsync job cannot be either; refused on every member alike.
+    for others, layout in ((["there", "here", "there"], "ranks [0, 2]"), (["here", "there"], "ranks [0, 1]")):
+        published = ", ".join(f"'gradsync/host/{r + 1}': {n}.encode()" for r, n in enumerate(others))
+        code = _STAND_IN_STORE + (f"s = Store({{{published}}})\n"
+                                  "try:\n"
+                                  f"    b._node_layout(s, 0, {len(others) + 1}, grouped=True)\n"
+                                  "except NotImplementedError as e:\n"
+                                  "    print('refused:', e)")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        assert "refused: gradsync backend: this group's ranks are not laid out as a gradsync job is" in out.stdout, \
+            out.stdout + out.stderr
+        assert layout in out.stdout and "backend='gloo'" in out.stdout, out.stdout
 
 
 def _scenario(daemon, name, world=2, **env_extra):

@@ -81,6 +81,15 @@ def test_daemon_killed_mid_step_raises_instead_of_hanging(daemon):
     assert elapsed < 10, f"rank 0 took {elapsed:.1f} s to notice"
 
 
+def test_a_registration_in_a_job_a_lost_rank_failed_raises_peer_lost(daemon):
+    # Not a bare AbortedError: the class says why the job failed, as its operations' errors do
+    # (torch 2.x's DDP hook registers its buckets in the first backward, and met this).
+    results = run_ranks("errors.py", 2, daemon, args=("register-after-peer-left",))
+    assert_all_ok(results, daemon)
+    [line] = lines(results[0][1])
+    assert line.startswith("raised PeerLostError") and "has failed" in line and "rank 1" in line, line
+
+
 def test_world_size_not_a_whole_number_of_nodes_is_named():
     # Was: "the job spans 1 nodes, so it needs rendezvous" for world_size=3, local_world_size=2.
     code = ("import gradsync\n"

@@ -13,6 +13,7 @@
 $GRADSYNC_KILLS changes the count, $GRADSYNC_KILL_SEED the random moments (printed on failure)."""
 import json
 import os
+import re
 import random
 import select
 import signal
@@ -163,7 +164,8 @@ class _Job:
             for line in out.splitlines():
                 if line.startswith("raised at "):
                     phases[line.split()[4]] = phases.get(line.split()[4], 0) + 1
-        lines = out.splitlines()
+        # torch 2.x prints an uncaught exception's lines after "[rankN]: " in a process group.
+        lines = [re.sub(r"^\[rank\d+\]: ", "", line) for line in out.splitlines()]
         raised = [l for l in lines if l.startswith("raised ") and not l.startswith("raised at ")]
         at = [float(l.split()[2]) for l in lines if l.startswith("raised at ")]
         if not raised or not raised[0].startswith(f"raised {cls}: ") or not at:

@@ -31,11 +31,13 @@ class Work:
         self._result = None
         self._done = False
         self._lock = threading.Lock()  # a DDP waiter thread and the trainer may both finish it
+        # Held, not looked up at __del__: a Work freed at interpreter exit finds modules gone.
+        self._free = _lib.lib().gs_work_free
 
     def __del__(self):
         handle, self._handle = getattr(self, "_handle", None), None
-        if handle:
-            _lib.lib().gs_work_free(handle)
+        if handle and hasattr(self, "_free"):
+            self._free(handle)
 
     def _call_wait(self, fn, *args, timeout):
         lib = _lib.lib()

@@ -72,12 +72,15 @@ def collectives(rank, world, gloo):
         for r in range(world):
             for i in range(2):
                 same(f"all_gather_coalesced rank {r} tensor {i}", ours[r][i], theirs[r][i])
-    try:
-        dist.new_group()  # the default backend, gradsync: every rank is a member, every rank refused
-        failures.append("a second gradsync group was accepted")
-    except (NotImplementedError, RuntimeError) as e:
-        if "only the default group can use the gradsync backend" not in str(e):
-            failures.append(f"new_group: unexpected message {e}")
+    # A second group of every rank, of the default backend (gradsync): a job of its own beside
+    # the default group's, its collectives apart from the default group's.
+    again = dist.new_group()
+    ours, theirs = on(tensors_for(rank, 47)), tensors_for(rank, 47)
+    dist.all_reduce(ours, group=again)
+    dist.all_reduce(theirs, group=gloo)
+    same("all_reduce on a second group of every rank", ours, theirs)
+    check(gradsync.torch.client_of(again).job != gradsync.torch.client_of().job,
+          "a second group of every rank joined the default group's job")
     # A sparse COO tensor (nn.Embedding(sparse=True)'s gradient): gloo sums sparse tensors too.
     if DEVICE == "cpu":
         g = torch.Generator().manual_seed(46 + rank)

@@ -1,5 +1,5 @@
 """Error paths a trainer meets, each printing the exception's class and message.
-usage: errors.py absent|missing-env|killed-daemon|bad-input"""
+usage: errors.py absent|missing-env|killed-daemon|bad-input|register-after-peer-left"""
 import os
 import sys
 import time
@@ -56,6 +56,17 @@ def main():
         else:
             print("waiting", flush=True)
             time.sleep(60)
+    elif what == "register-after-peer-left":
+        # Rank 1 takes one step and exits; rank 0 then registers a set of a new layout in the
+        # job that rank 1's leaving failed: that is the lost rank's error, as an operation's is.
+        client = gradsync.connect()
+        client.allreduce_coalesced([torch.ones(10)]).wait(60)
+        if client.rank == 0:
+            time.sleep(1.0)  # rank 1 has gone by now
+            try:
+                client.allreduce_coalesced([torch.ones(20), torch.ones(3)]).wait(60)
+            except gradsync.Error as e:
+                report(e)
     elif what == "bad-input":
         client = gradsync.connect()
         cases = [

@@ -35,6 +35,7 @@ class RegisteredSet:
 
     def __init__(self, handle, staging=None, views=None):
         self.handle = handle
+        self._free = _lib.lib().gs_set_free  # held: a set freed at interpreter exit finds modules gone
         self.staging = staging  # the staging area (uint8 tensor), or None
         self.views = views      # the staging area's typed views, one per tensor
         self.in_flight = None   # the last Work that used the staging area or the gather output
@@ -59,8 +60,8 @@ class RegisteredSet:
 
     def __del__(self):
         handle, self.handle = getattr(self, "handle", None), None
-        if handle:
-            _lib.lib().gs_set_free(handle)
+        if handle and hasattr(self, "_free"):
+            self._free(handle)
 
 
 def register(client, tensors, device, group, bucket_bytes, allgather, label, reduce_scatter=False, mask=None):

@@ -11,8 +11,9 @@ operation in flight (_pg_work): its wait() waits for the daemon on the caller's 
 get_future() is completed by a waiter thread, so DDP's backward overlaps its buckets.
 
 CPU tensors go through host staging, CUDA tensors through VMM staging buffers on their GPU,
-ordered on the caller's current stream (_pg_work says how). So far (issue 28): the default
-(world) group only. Operations the daemon does not offer raise NotImplementedError naming them;
+ordered on the caller's current stream (_pg_work says how). The default group, and groups that
+dist.new_group makes with this backend: each such group is a gradsync job of its own, joined by
+a client of its own. Operations the daemon does not offer raise NotImplementedError naming them;
 gradsync's errors are raised as torch raises its own (_pg_errors).
 """
 import datetime
@@ -58,14 +59,54 @@ def _device_of(what, tensors):
     return -1 if device.type == "cpu" else (device.index if device.index is not None else torch.cuda.current_device())
 
 
-def _local_ranks(store, rank, size):
-    """This rank's place on its machine when the launcher did not say (no $LOCAL_RANK or
-    $LOCAL_WORLD_SIZE): every rank publishes its host name in torch's store; the ranks on this
-    host, in global rank order, are its local ranks."""
-    store.set(f"gradsync/host/{rank}", socket.gethostname())
-    hosts = [store.get(f"gradsync/host/{r}").decode() for r in range(size)]
-    here = [r for r in range(size) if hosts[r] == hosts[rank]]
-    return here.index(rank), len(here)
+def _named_in_store(store, rank, make):
+    """A name every rank of a group agrees on: rank 0 makes it and sets it in the group's store,
+    the others read it there (torch's store waits for the key)."""
+    key = "gradsync/job"
+    if rank == 0:
+        store.set(key, make())
+    return store.get(key).decode()
+
+
+def _subgroup_job(store, rank):
+    """The job of a group made by dist.new_group: the default group's job (when it is gradsync's)
+    or the torchrun run, with a suffix of its own, so that two groups of the same ranks are two
+    jobs, and the daemon's log names the job they came from."""
+    default = dist.distributed_c10d._get_default_group()
+    base = getattr(default, "job", None) or os.environ.get("TORCHELASTIC_RUN_ID") or "torch"
+    if base == "none":
+        base = "torch"
+    return _named_in_store(store, rank, lambda: f"{base[:100]}.g{uuid.uuid4().hex[:8]}")
+
+
+def _node_of_this_rank():
+    """What tells this rank's node from another: the host, and the daemon it reaches (its
+    control socket), since one host may run several daemons (a test's "nodes" on loopback)."""
+    sock = os.environ.get("GRADSYNC_SOCKET") or _client.DEFAULT_SOCKET
+    return f"{socket.gethostname()}|{os.path.realpath(sock)}"
+
+
+def _node_layout(store, rank, size, grouped):
+    """This rank's local rank and local world, where the launcher did not say (no $LOCAL_RANK or
+    $LOCAL_WORLD_SIZE) or for a group of some of the ranks: every rank of the group publishes its
+    node (_node_of_this_rank) in the group's store; the ranks on this node, in group rank order,
+    are its local ranks. A gradsync job is node-major with as many ranks on every node (rank =
+    node x local world + local rank): a group laid out otherwise is refused, on every member
+    alike, naming its layout. `grouped`: the group is dist.new_group's, for the error's words."""
+    store.set(f"gradsync/host/{rank}", _node_of_this_rank())
+    nodes = [store.get(f"gradsync/host/{r}").decode() for r in range(size)]
+    order = list(dict.fromkeys(nodes))  # nodes in order of their first rank
+    counts = [nodes.count(n) for n in order]
+    node_major = all(nodes[r] == order[r // counts[0]] for r in range(size)) if len(set(counts)) == 1 else False
+    if not node_major:
+        what = "this group's ranks" if grouped else "the ranks"
+        raise NotImplementedError(
+            f"gradsync backend: {what} are not laid out as a gradsync job is, node by node with the same number on "
+            "every node (rank = node x local world + local rank); by node, in group rank order: "
+            + "; ".join(f"{n.split('|')[0]} (daemon {n.split('|')[1]}): ranks {[r for r in range(size) if nodes[r] == n]}"
+                        for n in order)
+            + (": make this group with backend='gloo'" if grouped else ""))
+    return nodes[:rank].count(nodes[rank]), counts[0]
 
 
 def _locked(method):
@@ -88,24 +129,21 @@ class ProcessGroupGradsync(dist.ProcessGroup):
     def __init__(self, store, rank, size, timeout):
         super().__init__(rank, size)
         if dist.is_initialized():
-            # One client per rank and job: a second gradsync group would join the job again.
-            raise NotImplementedError("gradsync backend: only the default group can use the gradsync backend so far; "
-                                      "pass backend='gloo' to dist.new_group")
-        world = os.environ.get("WORLD_SIZE")
-        if world and world.isdigit() and int(world) != size:
-            raise NotImplementedError(f"gradsync backend: a group of {size} of the {world} ranks is not offered yet "
-                                      "(the world group only); pass backend='gloo' to dist.new_group")
-        job = os.environ.get("TORCHELASTIC_RUN_ID")
-        if not job or job == "none":
-            # Not under torchrun (or under one without a run id): rank 0 names the job in the store.
-            key = "gradsync/job"
-            if rank == 0:
-                store.set(key, f"torch-{uuid.uuid4().hex[:12]}")
-            job = store.get(key).decode()
-        if os.environ.get("LOCAL_RANK") and os.environ.get("LOCAL_WORLD_SIZE"):
-            local_rank, local_world = int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
+            # dist.new_group(ranks, backend="gradsync"), called on its members only: a job of
+            # its own, which rank 0 of the group names in the group's store (torch's prefix
+            # store of the group), its nodes and local ranks from what each member publishes.
+            job = _subgroup_job(store, rank)
+            local_rank, local_world = _node_layout(store, rank, size, grouped=True)
         else:
-            local_rank, local_world = _local_ranks(store, rank, size)
+            job = os.environ.get("TORCHELASTIC_RUN_ID")
+            if not job or job == "none":
+                # Not under torchrun (or under one without a run id): rank 0 names the job in the store.
+                job = _named_in_store(store, rank, lambda: f"torch-{uuid.uuid4().hex[:12]}")
+            if os.environ.get("LOCAL_RANK") and os.environ.get("LOCAL_WORLD_SIZE"):
+                local_rank, local_world = int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
+            else:
+                local_rank, local_world = _node_layout(store, rank, size, grouped=False)
+        self.job = job
         # torch's default (30 minutes) was not chosen by the user and is past the daemon's
         # maximum: the daemon's own default applies then. A timeout the user gave bounds every
         # operation of the job (the daemon refuses one past its maximum, saying so).
@@ -156,6 +194,30 @@ class ProcessGroupGradsync(dist.ProcessGroup):
 
     def getBackendName(self):  # noqa: N802 (torch's name)
         return NAME
+
+    # torch 2.x names a group through its C++ backends (ProcessGroup::getGroupName), and a
+    # Python group has none: destroy_process_group(group) then failed with "ProcessGroup name
+    # not set". The name torch gives is kept here instead.
+    def _set_group_name(self, name):
+        self._group_name = name
+
+    @property
+    def group_name(self):
+        return getattr(self, "_group_name", "")
+
+    def _set_group_desc(self, desc):
+        self._group_desc = desc
+
+    @property
+    def group_desc(self):
+        return getattr(self, "_group_desc", "")
+
+    def shutdown(self):
+        """torch 2.x's destroy_process_group(): this rank leaves the group's job. Its client
+        closes; Works and tensors still holding its memory keep the connection until they go
+        (gradsync.Client.close), and later collectives on the group raise."""
+        with self._lock:
+            self._client.close()
 
     # --- reductions ---------------------------------------------------------------------------
 
