@@ -396,10 +396,8 @@ TensorSet ClientImpl::register_tensors(std::span<const SharedTensor> tensors, co
 
 void ClientImpl::release(const TensorSet& set) {
   require_joined("releasing a set");
-  if (registered(set).events) {
-    // Its Works wait on event rings the daemon made for the set (the daemon refuses too).
-    throw Error(Status::not_supported(name_of(set.id()) + " is in device memory; only host sets are released so far"));
-  }
+  // A device set's Works hold its event rings (shared with them), and the daemon keeps the
+  // events they were opened from until this client leaves: a Work outliving the release is safe.
   if (registered(set).deferred) {
     throw Error(Status::invalid_argument(name_of(set.id()) +
                                          " has a deferred allreduce whose tensors are not all marked ready"));

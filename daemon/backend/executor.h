@@ -99,6 +99,10 @@ class BucketExecutor {
 
   virtual void launch(BucketCall call, BucketDone done) = 0;
 
+  // The set was released and no operation on it is left: what the executor keeps for it (a
+  // device's kernel tables, which engine serves it) can go. Worker thread, between launches.
+  virtual void retire_set(uint32_t /*set_id*/) {}
+
   // Fails the bucket in flight and every later launch with `why`. Any thread; idempotent.
   virtual void abort(const Status& why) = 0;
 

@@ -136,6 +136,7 @@ void Job::leave(int local_rank, const Status& why) {
   if (!slot) return;
   log_.info(describe_member(local_rank) + " left: " + why.message());
   slot.reset();
+  released_events_.erase(local_rank);  // its imported events went with its connection
   fail(why);
 }
 
@@ -277,12 +278,6 @@ Status Job::release_set(int local_rank, uint32_t set_id, uint64_t* tensors) {
     }
     return Status::not_found("release: set " + std::to_string(set_id) + " is not registered in job " + params().id);
   }
-  if (it->second->memory_kind != MemoryKind::kHostMemfd) {
-    // A device set's event rings are the daemon's, and a client's Works of the set keep using
-    // them after a release: not released yet.
-    return Status::not_supported("release: " + it->second->name() + " is in device memory; only host sets are "
-                                 "released so far");
-  }
   std::set<int>& by = released_[set_id];
   if (!by.insert(local_rank).second) {
     return Status::invalid_argument("release: " + it->second->name() + " was already released by " +
@@ -291,6 +286,12 @@ Status Job::release_set(int local_rank, uint32_t set_id, uint64_t* tensors) {
   *tensors = it->second->layout.size();
   if (static_cast<int>(by.size()) < params().local_world_size) return Status::ok_status();
   log_.info(it->second->name() + " released by every local rank");
+  // A device set's event rings are the daemon's; each client opened them (CUDA IPC), and its
+  // Works of the set may still wait on them after the release. An imported event must not
+  // outlive the exported one, so they stay until that client leaves the job.
+  for (size_t c = 0; c < it->second->events.size(); ++c) {
+    if (it->second->events[c]) released_events_[static_cast<int>(c)].push_back(it->second->events[c]);
+  }
   committed_.erase(it);
   released_.erase(set_id);
   released_ids_.insert(set_id);

@@ -201,6 +201,8 @@ class Job : public std::enable_shared_from_this<Job> {
   std::set<uint32_t> committing_;  // complete barriers being checked and planned
   std::map<uint32_t, std::set<int>> released_;  // committed sets some local clients released
   std::set<uint32_t> released_ids_;  // sets every local client released: never registered again
+  // The event rings of released device sets, by local rank: kept until that client leaves.
+  std::map<int, std::vector<std::shared_ptr<const ClientEvents>>> released_events_;
   Status failure_;
   bool failed_with_work_ = false;  // it failed with operations or registrations pending
   bool retired_ = false;           // its totals moved into the daemon's counters

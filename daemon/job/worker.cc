@@ -139,9 +139,32 @@ void Worker::retire_set(uint32_t set_id) {
     // on the control socket; the worker reads tasks before rings, so those may still be unread.
     // Read now, they are admitted holding the set, and finish; later ones are refused.
     drain_rings();
-    MutexLock lock(mutex_);
-    if (sets_.erase(set_id)) retired_sets_.insert(set_id);
+    std::shared_ptr<const TensorSet> set;
+    {
+      MutexLock lock(mutex_);
+      auto it = sets_.find(set_id);
+      if (it == sets_.end()) return;
+      set = std::move(it->second);
+      sets_.erase(it);
+      retired_sets_.insert(set_id);
+    }
+    retire_in_executor(*set);
   });
+}
+
+void Worker::retire_in_executor(const TensorSet& set) {
+  // Once its last operation completed: until then the executor still serves it.
+  for (const Op& op : ops_) {
+    if (op.set->id == set.id) return;
+  }
+  BucketExecutor* executor = nullptr;
+  {
+    MutexLock lock(mutex_);
+    if (sets_.count(set.id) || !retired_sets_.count(set.id)) return;
+    auto it = executors_.find(set.memory_kind);
+    if (it != executors_.end()) executor = it->second.get();
+  }
+  if (executor) executor->retire_set(set.id);
 }
 
 std::shared_ptr<const TensorSet> Worker::find_set(uint32_t id) {
@@ -372,10 +395,12 @@ void Worker::complete(Op& op) {
   stats_->operation_done(finished - op.started);
   trace_->add(OpTrace{op.seq, describe(op.desc, op.set.get()), op.desc.set_id, op.started, finished,
                       std::move(op.traced), op.traced_left_out});
+  const std::shared_ptr<const TensorSet> set = op.set;
   ops_.pop_front();  // `op` is gone from here on
   pending_ops_.store(ops_.size());
   completed_ops_.fetch_add(1);
   for (uint32_t c = 0; c < clients_.size(); ++c) post(c, seq, Status::ok_status(), health.empty() ? nullptr : &health[c]);
+  retire_in_executor(*set);  // the last operation of a released set
 }
 
 BucketExecutor* Worker::executor_for(MemoryKind kind, Status* status) {

@@ -46,6 +46,24 @@ TEST_CASE("cuda executor: tables are built once and reused every step", "[cuda][
   CHECK(f.api.uploads == uploads);
 }
 
+TEST_CASE("cuda executor: a retired set's tables are freed, and made again if needed",
+          "[cuda][executor]") {
+  Fixture f(DType::kFloat32);
+  CudaExecutor executor(options_for(f, nullptr));
+  REQUIRE(f.run(executor, OpKind::kAllreduce, reduce::KernelArgs{}).ok());
+  const size_t buckets = f.set->plan.buckets.size();
+  const size_t allocated = f.api.allocations.size();  // the tables (4 per bucket) and the bucket buffer
+  executor.retire_set(f.set->id + 1);                 // another set: nothing of this one goes
+  CHECK(f.api.allocations.size() == allocated);
+  executor.retire_set(f.set->id);
+  CHECK(f.api.allocations.size() == allocated - 4 * buckets);  // gather and scatter: segments, items
+  // A set of the same id later (not in a job: ids are never reused there) builds its own again.
+  const int uploads = f.api.uploads;
+  REQUIRE(f.run(executor, OpKind::kAllreduce, reduce::KernelArgs{}).ok());
+  CHECK(f.api.uploads == uploads + 4 * static_cast<int>(buckets));
+  CHECK(f.api.allocations.size() == allocated);
+}
+
 TEST_CASE("cuda executor: reduce lands in the root only, broadcast copies the root's bytes exactly",
           "[cuda][executor]") {
   for (DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kInt64}) {

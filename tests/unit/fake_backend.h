@@ -104,6 +104,7 @@ struct ExecutorLog {
   Status admit_error;                 // what admit() answers
   bool drains = true;                 // what quiesce() answers
   std::vector<std::shared_ptr<const void>> kept;  // what the backends were asked to keep mapped
+  std::vector<uint32_t> retired;      // the sets retire_set() let go of, in order
 
   // Waits until `count` buckets were launched; false after `timeout`.
   bool wait_launched(size_t count, std::chrono::milliseconds timeout) {
@@ -157,6 +158,12 @@ class FakeExecutor final : public BucketExecutor {
         if (!call.engine) return done(Status::internal("fake executor: the bucket has no engine"));
         return call.engine->allreduce(nullptr, 0, ReduceSpec{}, std::move(done));
     }
+  }
+
+  void retire_set(uint32_t set_id) override {
+    std::lock_guard lock(log_->mutex);
+    log_->retired.push_back(set_id);
+    log_->changed.notify_all();
   }
 
   bool quiesce(std::chrono::steady_clock::time_point) override {

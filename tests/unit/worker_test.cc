@@ -334,6 +334,43 @@ TEST_CASE("worker: a rank that never marks a bucket ready times out, named, afte
   CHECK(h.executors->snapshot() == Launches{{seq, 0}});
 }
 
+TEST_CASE("worker: a released set is let go by its executor once its last operation completed", "[worker]") {
+  Harness h(1, 2);
+  h.executors->mode = ExecutorLog::Mode::kHold;
+  const uint64_t seq = h.submit(0, true);
+  h.submit(1, true);
+  REQUIRE(h.executors->wait_launched(1, 5s));
+  h.worker->retire_set(0);  // released with bucket 0 of operation 1 in flight
+  REQUIRE(h.wait_idle());
+  std::this_thread::sleep_for(50ms);
+  {
+    std::lock_guard lock(h.executors->mutex);
+    CHECK(h.executors->retired.empty());  // its operation still needs what the executor keeps
+  }
+  for (int b = 0; b < 3; ++b) {
+    REQUIRE(h.executors->wait_launched(static_cast<size_t>(b + 1), 5s));
+    h.executors->release();
+  }
+  const auto done = h.completion(0);
+  REQUIRE(done);
+  CHECK(done->op_seq == seq);
+  CHECK(done->code == 0);
+  std::unique_lock lock(h.executors->mutex);
+  REQUIRE(h.executors->changed.wait_for(lock, 5s, [&] { return !h.executors->retired.empty(); }));
+  CHECK(h.executors->retired == std::vector<uint32_t>{0});
+}
+
+TEST_CASE("worker: a released set with nothing in flight is let go by its executor at once", "[worker]") {
+  Harness h(1, 1);
+  h.submit(0, true);
+  const auto done = h.completion(0);
+  REQUIRE(done);
+  h.worker->retire_set(0);
+  std::unique_lock lock(h.executors->mutex);
+  REQUIRE(h.executors->changed.wait_for(lock, 5s, [&] { return !h.executors->retired.empty(); }));
+  CHECK(h.executors->retired == std::vector<uint32_t>{0});
+}
+
 TEST_CASE("worker: every set is admitted by its executor, a refusal fails the admission and the job", "[worker]") {
   Harness h(1, 2);
   {

@@ -133,6 +133,7 @@ class Client:
         self._sets = {}  # key -> registered set (gradsync.torch._coalesced)
         self._operations = 0  # the coalesced operations started: when a set was last used
         self._staging_pool = []  # staging areas of released sets, for the next ones that fit
+        self._released_sets = 0  # staging sets released (release_unused), for tests
         self.staging_copies = 0  # tensors copied into or out of a staging area
         self.staging_bytes = 0
 

@@ -415,6 +415,32 @@ Status CudaExecutor::admit(const TensorSet& set, const SetAdmission& admission) 
   return Status();
 }
 
+void CudaExecutor::retire_set(uint32_t set_id) {
+  if (lost_) return;  // GPU work that never drained may still read them: kept, as in the destructor
+  for (auto it = tables_.begin(); it != tables_.end();) {
+    if (std::get<0>(it->first) != set_id) {
+      ++it;
+      continue;
+    }
+    const int device = it->second.first;
+    void* stream = devices_.at(device).stream;
+    (void)api_->free(device, it->second.second.segments, stream);
+    (void)api_->free(device, it->second.second.items, stream);
+    it = tables_.erase(it);
+  }
+  for (auto it = health_tables_.begin(); it != health_tables_.end();) {
+    if (std::get<0>(it->first) != set_id) {
+      ++it;
+      continue;
+    }
+    const int device = std::get<2>(it->first);
+    free_health_table(api_, device, devices_.at(device).stream, it->second);
+    it = health_tables_.erase(it);
+  }
+  MutexLock lock(mutex_);
+  std::erase_if(engine_by_set_, [set_id](const auto& entry) { return entry.first.first == set_id; });
+}
+
 void CudaExecutor::register_regions(const TensorSet& set, DeviceCollectiveEngine& engine, const std::string& what) {
   // VMM imports only: NCCL registers through cuMemRetainAllocationHandle, which legacy IPC
   // openings do not support when one process drives several GPUs (GPU-NOTES.md).

@@ -91,6 +91,10 @@ class CudaExecutor final : public BucketExecutor {
   // Creates and connects the engine of every group of the set that spans GPUs.
   Status admit(const TensorSet& set, const SetAdmission& admission) override;
   void launch(BucketCall call, BucketDone done) override;
+  // Frees the set's kernel and health tables in their streams' order (buckets queued before
+  // may still read them) and forgets which engines served it; the engines stay, shared by
+  // the sets of their layout.
+  void retire_set(uint32_t set_id) override;
   void abort(const Status& why) override;
   // Waits, polling, until every stream of the executor's is through what it was given, or the
   // deadline; on a timeout it marks itself lost: the destructor then frees nothing.

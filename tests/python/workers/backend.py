@@ -206,6 +206,25 @@ def train(rank, gloo, steps=50):
         failures.append("the model did not train")
 
 
+def releases(rank, world):
+    """Layouts that come and go (all_gather_object's way): their staging sets, host or CUDA,
+    are released once unused and their memory reused, every result staying right."""
+    pg = dist.distributed_c10d._get_default_group()
+    client = gradsync.torch.client_of()
+    before, pg.release_after = pg.release_after, 20
+    allocations, released = len(client._allocations), client._released_sets
+    for i in range(160):
+        n = 1 + (i * 37) % 50
+        t = on(torch.full((n,), float(rank + i)))
+        dist.all_reduce(t)
+        same(f"all_reduce {i} of {n} elements among released sets", t,
+             torch.full((n,), float(sum(r + i for r in range(world)))))
+    check(client._released_sets > released, f"no {DEVICE} staging set was released")
+    check(len(client._allocations) - allocations < 50, f"{len(client._allocations) - allocations} staging "
+                                                       "allocations for 50 layouts: released memory was not reused")
+    pg.release_after = before
+
+
 def main():
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gradsync", init_method="tcp://127.0.0.1:" + os.environ["TEST_PORT"], rank=rank,
@@ -213,6 +232,7 @@ def main():
     check(dist.get_backend() == "gradsync", f"the default group's backend is {dist.get_backend()}")
     gloo = dist.new_group(backend="gloo")
     collectives(rank, world, gloo)
+    releases(rank, world)
     if "--collectives-only" not in sys.argv:
         train(rank, gloo)
     print(f"rank {rank}: backend checks done")

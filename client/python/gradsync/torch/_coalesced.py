@@ -161,10 +161,13 @@ def set_for(client, tensors, device, group, bucket_bytes, allgather=False, tag=N
 def _pooled(client, nbytes, device):
     """The smallest staging area of a released set on `device` that holds `nbytes`, taken out of
     the client's pool; None when none does."""
-    fits = [(b.numel(), i) for i, (b, d) in enumerate(client._staging_pool) if d == device and b.numel() >= nbytes]
+    fits = [(b.numel(), i) for i, (b, d, _) in enumerate(client._staging_pool) if d == device and b.numel() >= nbytes]
     if not fits:
         return None
-    return client._staging_pool.pop(min(fits)[1])[0]
+    buffer, _, copied_back = client._staging_pool.pop(min(fits)[1])
+    if copied_back is not None:
+        torch.cuda.current_stream(device).wait_event(copied_back)
+    return buffer
 
 
 def release_unused(client, owner, older_than):
@@ -177,12 +180,16 @@ def release_unused(client, owner, older_than):
         tag = key[7] if key[0] == "staging" else None
         if not (isinstance(tag, tuple) and tag[:1] == (owner,)) or client._operations - registered.last_use < older_than:
             continue
-        if key[2] >= 0:
-            continue  # device sets are not released yet (gs_set_release)
-        registered.take(key[2])  # nothing of it in flight, its results copied out
+        device = key[2]
+        # On CUDA the last copy out of the area is an event on some stream: kept with the area,
+        # so that whichever stream next copies into it waits for it (_pooled), not only the
+        # stream current now.
+        copied_back = registered.copied_back
+        registered.take(device)  # nothing of it in flight, its results copied out
         _check(_lib.lib().gs_set_release(client._h(), registered.handle))
         del client._sets[key]
-        client._staging_pool.append((registered.staging, key[2]))
+        client._staging_pool.append((registered.staging, device, copied_back))
+        client._released_sets += 1
         registered.staging = registered.views = None
 
 
