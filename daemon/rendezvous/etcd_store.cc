@@ -281,12 +281,11 @@ Status EtcdStore::set_if_absent(const std::string& job, const std::string& key, 
 
 Status EtcdStore::add(const std::string& job, const std::string& key, int64_t delta, std::chrono::milliseconds timeout,
                       int64_t* value) {
-  const auto deadline = Clock::now() + timeout;
   if (delta == 0) {
     etcdserverpb::RangeRequest request;
     request.set_key(path(job, key));
     etcdserverpb::RangeResponse response;
-    const Status status = session_->run(calls_, deadline, EtcdSession::Retry::kIdempotent,
+    const Status status = session_->run(calls_, Clock::now() + timeout, EtcdSession::Retry::kIdempotent,
                                         "reading counter " + safe_text(key, 200),
                                         [&](EtcdMember& m, grpc::ClientContext* c) {
                                           return m.kv.Range(c, request, &response);
@@ -297,103 +296,68 @@ Status EtcdStore::add(const std::string& job, const std::string& key, int64_t de
   if (delta != 1) {
     return Status::invalid_argument(describe() + ": a counter in etcd counts by 0 or 1, not " + std::to_string(delta));
   }
-  // The put carries a value of its own, so that when its answer is lost (the member died after
-  // taking it) the store can tell from the key's history whether it counted, rather than count
-  // twice or not at all.
-  const std::string nonce = nonce_hex();
-  etcdserverpb::PutRequest request;
-  request.set_key(path(job, key));
-  request.set_value(nonce);
-  request.set_prev_kv(true);
-  for (int attempt = 0;; ++attempt) {
-    etcdserverpb::PutResponse response;
-    const Status status = write(Lease::kJob, deadline, EtcdSession::Retry::kNotSent, "counting " + safe_text(key, 200),
-                                [&](EtcdMember& m, grpc::ClientContext* c, int64_t lease) {
-                                  request.set_lease(lease);
-                                  return m.kv.Put(c, request, &response);
-                                });
-    if (status.ok()) {
-      *value = response.has_prev_kv() && response.prev_kv().version() > 0 ? response.prev_kv().version() + 1 : 1;
-      return status;
-    }
-    const bool lost = status.code() == ErrorCode::kPeerLost || status.code() == ErrorCode::kTimeout;
-    if (!lost || attempt >= 2 || Clock::now() >= deadline) return status;
-    // A put the member forwarded before it failed may still commit: give the cluster a second
-    // (many heartbeats) before reading the history, so that it is either there or never will be.
-    const auto settled = std::min(deadline, Clock::now() + std::chrono::seconds(1));
-    while (Clock::now() < settled) {
-      if (Status why = calls_.cancelled(); !why.ok()) return why;
-      std::this_thread::sleep_for(std::min<Clock::duration>(std::chrono::milliseconds(50), settled - Clock::now()));
-    }
-    bool counted = false;
-    if (Status s = recount(request.key(), nonce, deadline, &counted, value); !s.ok()) {
-      return Status(s.code(), status.message() + "; and whether it counted cannot be told: " + s.message());
-    }
-    if (counted) return Status();
-  }
+  return count_once(job, key, nonce_hex(), timeout, value);
 }
 
-Status EtcdStore::recount(const std::string& key, const std::string& nonce, Clock::time_point deadline, bool* counted,
-                          int64_t* value) {
-  *counted = false;
-  etcdserverpb::RangeRequest read;
-  read.set_key(key);
-  etcdserverpb::RangeResponse now;
-  if (Status s = session_->run(calls_, deadline, EtcdSession::Retry::kIdempotent, "reading a counter",
-                               [&](EtcdMember& m, grpc::ClientContext* c) { return m.kv.Range(c, read, &now); });
-      !s.ok()) {
-    return s;
-  }
-  if (now.kvs_size() == 0) return Status();  // never made: nothing counted
-  const auto& latest = now.kvs(0);
-  if (latest.value() == nonce) {
-    *counted = true;
-    *value = latest.version();
+Status EtcdStore::count_once(const std::string& job, const std::string& key, const std::string& nonce,
+                             std::chrono::milliseconds timeout, int64_t* value) {
+  // One transaction: if this increment's marker does not exist yet, put the counter (raising
+  // its version by one) and create the marker. Whichever copy of it commits first counts; any
+  // other (an attempt whose answer was lost, resent to another member, or committing late
+  // through a member that was frozen) finds the marker and changes nothing. So it is resent
+  // freely, and nothing counts twice or not at all.
+  const auto deadline = Clock::now() + timeout;
+  const std::string counter = path(job, key);
+  const std::string marker = counter + "/~once/" + nonce;
+  etcdserverpb::TxnRequest request;
+  auto* absent = request.add_compare();
+  absent->set_key(marker);
+  absent->set_target(etcdserverpb::Compare::CREATE);
+  absent->set_result(etcdserverpb::Compare::EQUAL);
+  absent->set_create_revision(0);
+  auto* bump = request.add_success()->mutable_request_put();
+  bump->set_key(counter);
+  bump->set_value(nonce);
+  bump->set_prev_kv(true);
+  auto* mark = request.add_success()->mutable_request_put();
+  mark->set_key(marker);
+  request.add_failure()->mutable_request_range()->set_key(marker);
+  etcdserverpb::TxnResponse response;
+  const Status status = write(Lease::kJob, deadline, EtcdSession::Retry::kIdempotent,
+                              "counting " + safe_text(key, 200), [&](EtcdMember& m, grpc::ClientContext* c, int64_t lease) {
+                                bump->set_lease(lease);
+                                mark->set_lease(lease);
+                                return m.kv.Txn(c, request, &response);
+                              });
+  if (!status.ok()) return status;
+  if (response.succeeded()) {
+    const auto& put = response.responses(0).response_put();
+    *value = put.has_prev_kv() && put.prev_kv().version() > 0 ? put.prev_kv().version() + 1 : 1;
     return Status();
   }
-  // Counted since by others: replay the key's puts since it was made, up to the latest; from the
-  // oldest revision etcd still has, if it compacted that (the lost put is recent).
-  int64_t from = latest.create_revision();
-  for (int replay = 0; replay < 2; ++replay) {
-    etcdserverpb::WatchRequest request;
-    request.mutable_create_request()->set_key(key);
-    request.mutable_create_request()->set_start_revision(from);
-    int64_t compacted = 0;
-    const Status replayed = session_->run(
-        calls_, deadline, EtcdSession::Retry::kIdempotent, "replaying a counter",
-        [&](EtcdMember& m, grpc::ClientContext* c) -> grpc::Status {
-          auto stream = m.watch.Watch(c);
-          if (!stream->Write(request)) return stream->Finish();
-          etcdserverpb::WatchResponse response;
-          bool done = false;
-          std::string refused;
-          while (!done && stream->Read(&response)) {
-            if (response.compact_revision() > 0) {
-              compacted = response.compact_revision();
-              done = true;
-            } else if (response.canceled()) {
-              refused = response.cancel_reason();  // never "not counted" for a replay that did not run
-              done = true;
-            }
-            for (const auto& event : response.events()) {
-              if (event.type() == mvccpb::Event::PUT && event.kv().value() == nonce) {
-                *counted = true;
-                *value = event.kv().version();
-              }
-              done = done || *counted || event.kv().mod_revision() >= latest.mod_revision();
-            }
-          }
-          c->TryCancel();
-          stream->Finish();
-          if (!refused.empty()) return cancelled_watch(refused, !session_->access().user().empty());
-          return done ? grpc::Status::OK : grpc::Status(grpc::StatusCode::UNAVAILABLE, "the replay ended early");
-        },
-        EtcdSession::Clock::duration::zero());
-    if (!replayed.ok()) return replayed;
-    if (compacted == 0 || *counted) return Status();
-    from = compacted;
+  // An earlier copy counted: the count it made is the counter's version at its revision.
+  const auto& found = response.responses(0).response_range();
+  if (found.kvs_size() == 0) {
+    return Status::internal(describe() + ": counting " + safe_text(key, 200) + ": its marker vanished between the "
+                            "compare and the read of one transaction");
   }
-  return Status::internal(describe() + ": the counter's history was compacted twice while it was replayed");
+  etcdserverpb::RangeRequest then;
+  then.set_key(counter);
+  then.set_revision(found.kvs(0).mod_revision());
+  etcdserverpb::RangeResponse at;
+  if (Status s = session_->run(calls_, deadline, EtcdSession::Retry::kIdempotent,
+                               "reading counter " + safe_text(key, 200) + " as this count left it",
+                               [&](EtcdMember& m, grpc::ClientContext* c) { return m.kv.Range(c, then, &at); });
+      !s.ok()) {
+    return Status(s.code(), s.message() + " (this count was made by an attempt whose answer was lost; etcd no "
+                                          "longer has the revision it made it at)");
+  }
+  if (at.kvs_size() == 0) {
+    return Status::internal(describe() + ": counter " + safe_text(key, 200) + " is missing at the revision its "
+                            "count was made at");
+  }
+  *value = at.kvs(0).version();
+  return Status();
 }
 
 Status EtcdStore::delete_job(const std::string& job, std::chrono::milliseconds timeout, const std::string& prefix) {

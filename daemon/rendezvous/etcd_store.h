@@ -7,9 +7,10 @@
 // job's lease, which outlives the node; a get reads its keys in
 // transactions and waits for the missing ones with a watch from the revision it read at, so
 // nothing polls and nothing between the read and the watch is missed; a counter is a key's
-// version (every put raises it by one, atomically), so add() is one put, never a retried
-// compare-and-swap; a put whose answer was lost is looked for in the key's history (each put
-// carries a value of its own) before it is made again, so nothing counts twice.
+// version (every put raises it by one, atomically), so add() is one transaction, never a
+// retried compare-and-swap: it puts the counter only if the increment's own marker key is
+// absent, and creates the marker, so a copy of it resent after a lost answer, or committing
+// late, counts once (count_once).
 //
 // Each handle has its own cancellation; fresh() shares the session (its member, token and
 // leases) with a handle that is not cancelled.
@@ -43,6 +44,10 @@ class EtcdStore final : public RendezvousStore {
   Status add(const std::string& job, const std::string& key, int64_t delta, std::chrono::milliseconds timeout,
              int64_t* value) override;
   Status delete_job(const std::string& job, std::chrono::milliseconds timeout, const std::string& prefix) override;
+  // add(delta 1) as increment `nonce`: however often it is made, it counts once, and each time
+  // *value is the count it made. Public for the tests (the same nonce twice).
+  Status count_once(const std::string& job, const std::string& key, const std::string& nonce,
+                    std::chrono::milliseconds timeout, int64_t* value);
   void cancel(const Status& why) override { calls_.cancel(why); }
   std::shared_ptr<RendezvousStore> fresh() const override { return std::make_shared<EtcdStore>(session_); }
 
@@ -57,10 +62,6 @@ class EtcdStore final : public RendezvousStore {
   Status put(Lease kind, const std::string& job, const std::string& key, const std::string& value,
              std::chrono::milliseconds timeout);
   std::string path(const std::string& job, const std::string& key) const;
-  // After a counting put to `key` with value `nonce` whose answer was lost: whether it counted
-  // (the key's history holds the nonce), and the count it made.
-  Status recount(const std::string& key, const std::string& nonce, Clock::time_point deadline, bool* counted,
-                 int64_t* value);
   // Reads `paths` (full etcd keys) in transactions of a bounded number of ranges into
   // `found`; *revision is the oldest revision read at.
   Status read(const std::vector<std::string>& paths, Clock::time_point deadline,

@@ -41,8 +41,8 @@ std::string keys(const EtcdCluster& etcd, const std::string& user = {}) {
 
 }  // namespace
 
-TEST_CASE("etcd formation: 3 nodes, then 16, form through a 3-member etcd and verify, and only the job's counter is "
-          "left in etcd",
+TEST_CASE("etcd formation: 3 nodes, then 16, form through a 3-member etcd and verify, and only the job's counter (and "
+          "its increments' markers) is left in etcd",
           "[etcd]") {
   EtcdCluster etcd(3);
   for (int nodes : {3, 16}) {
@@ -54,17 +54,24 @@ TEST_CASE("etcd formation: 3 nodes, then 16, form through a 3-member etcd and ve
                 r.seconds);
   }
   // Every node left, so the last deleted each generation's keys: what is left is each job's
-  // incarnation counter (on a lease of --peer-key-ttl-s).
+  // incarnation counter and the markers of its increments, one per node (on a lease of
+  // --peer-key-ttl-s).
   std::istringstream left(keys(etcd));
   int counters = 0;
+  int markers = 0;
   for (std::string key; std::getline(left, key);) {
     if (key.empty()) continue;
     INFO(key);
+    if (key.find("/incarnations/~once/") != std::string::npos) {
+      ++markers;
+      continue;
+    }
     CHECK(key.size() > 13);
     CHECK(key.substr(key.size() - 13) == "/incarnations");
     ++counters;
   }
   CHECK(counters == 2);
+  CHECK(markers == 3 + 16);
 }
 
 TEST_CASE("etcd formation: a member killed while 16 nodes form, the job still forms and verifies", "[etcd]") {

@@ -113,6 +113,20 @@ TEST_CASE("etcd store: a get waits for its keys by a watch, a timeout names them
   CHECK(count == 2);
   REQUIRE(one.add("0.job", "g0/ended", 0, 2s, &count).ok());
   CHECK(count == 0);
+  // An increment made again (its answer lost, resent to another member, or committing late
+  // through a member that was frozen) counts once, and says the count it made each time.
+  REQUIRE(one.count_once("0.job", "g0/cfg/count", "n1", 2s, &count).ok());
+  CHECK(count == 1);
+  REQUIRE(two.count_once("0.job", "g0/cfg/count", "n2", 2s, &count).ok());
+  CHECK(count == 2);
+  REQUIRE(one.count_once("0.job", "g0/cfg/count", "n1", 2s, &count).ok());
+  CHECK(count == 1);
+  REQUIRE(two.count_once("0.job", "g0/cfg/count", "n1", 2s, &count).ok());
+  CHECK(count == 1);
+  REQUIRE(one.add("0.job", "g0/cfg/count", 0, 2s, &count).ok());
+  CHECK(count == 2);
+  REQUIRE(one.add("0.job", "g0/cfg/count", 1, 2s, &count).ok());
+  CHECK(count == 3);
   const Status by_two = one.add("0.job", "incarnations", 2, 2s, &count);
   CHECK(by_two.code() == ErrorCode::kInvalidArgument);
   CHECK_THAT(by_two.message(), Catch::Contains("counts by 0 or 1, not 2"));
