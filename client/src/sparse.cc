@@ -51,7 +51,7 @@ struct Entry {
 // indices) into `out`: coalesced (indices and rows) or dense (every row), each value
 // accumulated from zero in the accumulation type and divided by `divisor` when given.
 void sum_rows(const SparseSpec& spec, const std::vector<Entry>& entries, const std::vector<const std::byte*>& values,
-              bool dense, std::optional<double> divisor, SparseReduced* out) {
+              bool dense, const std::optional<double>& divisor, SparseReduced* out) {
   const size_t element = dtype_size(spec.dtype), width = spec.row_elements;
   if (dense) out->values.assign(spec.rows * width * element, std::byte{0});
   std::vector<double> row(width);
