@@ -25,7 +25,9 @@ enum class ErrorCode : uint32_t {
   kPeerLost = 5,          // a client or daemon disconnected or died
   kProtocol = 6,          // malformed frame or ring entry
   kPermissionDenied = 7,  // the peer is not allowed to do this
-  kAborted = 8,           // the job failed earlier; this operation never ran
+  kAborted = 8,           // the job failed earlier (or is stopping); this operation never ran. A
+                          // registration in a failed job carries the failure's own code where
+                          // that says why (kPeerLost, kTimeout, kLayoutMismatch), this one else
   kInternal = 9,          // a bug or an OS resource failure
   kNotFound = 10,
   kAlreadyExists = 11,

@@ -181,9 +181,16 @@ bool Job::empty() const {
 Status Job::failure() const { return failure_.ok() ? worker_->failure() : failure_; }
 
 Status Job::failed_status() const {
-  // The failure's own code, so that a trainer whose registration met a job failed by a lost
-  // rank gets PeerLostError as its operations do, not a bare "aborted".
-  return Status(failure_.code(), "job " + params().id + " has failed: " + failure_.message());
+  // The failure's own code where it says why the job failed (a lost rank, a timeout, a layout
+  // mismatch, the daemon stopping), so that a registration meeting it raises the class its
+  // operations do (PeerLostError, ...), not a bare "aborted". A code that would call this
+  // registration the caller's own mistake (an argument, a name) is "aborted" instead.
+  ErrorCode code = failure_.code();
+  if (code == ErrorCode::kInvalidArgument || code == ErrorCode::kNotFound || code == ErrorCode::kAlreadyExists ||
+      code == ErrorCode::kNotSupported) {
+    code = ErrorCode::kAborted;
+  }
+  return Status(code, "job " + params().id + " has failed: " + failure_.message(), failure_.where());
 }
 
 void Job::fail(const Status& status) {

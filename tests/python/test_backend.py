@@ -83,15 +83,15 @@ def test_new_group_makes_a_gradsync_job_of_its_ranks(daemon):
     assert all("group checks done" in out for _, out in results), results
     # The daemon ran each group as a job named after the default group's, with its own size.
     log = daemon.log()
-    assert re.search(r"job=[\w.-]+\.g[0-9a-f]{8} .*: formed \(.*world size 3,", log), log
-    assert len(set(re.findall(r"job=([\w.-]+\.g[0-9a-f]{8}) .*: formed", log))) == 6, log
+    assert re.search(r"job=[\w.-]+\.g[0-9a-f]{12} .*: formed \(.*world size 3,", log), log
+    assert len(set(re.findall(r"job=([\w.-]+\.g[0-9a-f]{12}) .*: formed", log))) == 6, log
 
 
 def test_new_group_across_two_nodes_and_a_group_not_node_by_node_is_refused():
     # Two daemons, two ranks each: groups of one node's ranks, groups of one rank per node (a
     # job across both daemons, one local rank), DDP on those; [0, 1, 2] refused by its members.
     logs = _on_two_nodes("backend_groups.py", "group checks done")
-    assert re.search(r"job=[\w.-]+\.g[0-9a-f]{8} .*: formed \(.*world size 2, node 1 of 2", logs[1]), logs[1]
+    assert re.search(r"job=[\w.-]+\.g[0-9a-f]{12} .*: formed \(.*world size 2, node 1 of 2", logs[1]), logs[1]
 
 
 def test_importing_gradsync_does_not_import_torch_but_gradsync_torch_registers_the_backend():
@@ -101,36 +101,36 @@ def test_importing_gradsync_does_not_import_torch_but_gradsync_torch_registers_t
     assert out.returncode == 0 and "ok" in out.stdout, out.stdout + out.stderr
 
 
-_STAND_IN_STORE = (
-    "import os, socket; import gradsync.torch.backend as b\n"
-    "class Store(dict):\n"
-    "    def set(self, k, v): self[k] = v.encode()\n"
-    "    def get(self, k): return self[k]\n"
-    "here = socket.gethostname() + '|' + os.path.realpath(os.environ.get('GRADSYNC_SOCKET', '/run/gradsync/gradsync.sock'))\n"
-    "there = 'other|/run/gradsync/gradsync.sock'\n")
-
-
 def test_local_ranks_come_from_the_nodes_ranks_publish_in_the_store():
-    # Without $LOCAL_RANK/$LOCAL_WORLD_SIZE (and for every dist.new_group group) each rank
-    # publishes its node: its host and its daemon's socket. The ranks on this rank's node, in
-    # group order, are its local ranks. Rank 1 of 4 shares a node with rank 0.
-    code = _STAND_IN_STORE + ("s = Store({'gradsync/host/0': here.encode(), 'gradsync/host/2': there.encode(), "
-                              "'gradsync/host/3': there.encode()})\n"
-                              "print('local', b._node_layout(s, 1, 4, grouped=False))")
+    # Without $LOCAL_RANK/$LOCAL_WORLD_SIZE (and for a dist.new_group group when the default
+    # group is not gradsync's) each rank publishes its node, its host and its daemon's socket,
+    # under keys that carry the group's global ranks; the ranks on this rank's node, in group
+    # order, are its local ranks. Rank 1 of 4 shares a node with rank 0.
+    code = ("import gradsync.torch.backend as b\n"
+            "class Store(dict):\n"
+            "    def set(self, k, v): self[k] = v.encode()\n"
+            "    def get(self, k): return self[k]\n"
+            "key = b._scoped('gradsync/host', [4, 5, 6, 7])\n"
+            "s = Store({key + '/0': b._node_of_this_rank().encode(), key + '/2': b'host other (daemon d)', "
+            "key + '/3': b'host other (daemon d)'})\n"
+            "nodes = b._published_nodes(s, 1, 4, [4, 5, 6, 7])\n"
+            "print('local', b._node_layout(nodes, 1, [4, 5, 6, 7], grouped=True), 'other group', "
+            "b._scoped('gradsync/host', [4, 5]) != key, 'default', b._scoped('gradsync/host', []))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert "local (1, 2)" in out.stdout, out.stdout + out.stderr
+    assert "local (1, 2) other group True default gradsync/host" in out.stdout, out.stdout + out.stderr
 
 
-def test_ranks_not_node_by_node_are_refused_naming_the_layout():
+def test_ranks_not_node_by_node_are_refused_naming_the_global_ranks_by_node():
     # Ranks 0 and 2 on one node, 1 and 3 on another (not node-major), and 2 ranks on one node
-    # with 1 on another (unequal): a gradsync job cannot be either; refused on every member alike.
-    for others, layout in ((["there", "here", "there"], "ranks [0, 2]"), (["here", "there"], "ranks [0, 1]")):
-        published = ", ".join(f"'gradsync/host/{r + 1}': {n}.encode()" for r, n in enumerate(others))
-        code = _STAND_IN_STORE + (f"s = Store({{{published}}})\n"
-                                  "try:\n"
-                                  f"    b._node_layout(s, 0, {len(others) + 1}, grouped=True)\n"
-                                  "except NotImplementedError as e:\n"
-                                  "    print('refused:', e)")
+    # with 1 on another (unequal): a gradsync job cannot be either; refused, naming the group's
+    # global ranks by node.
+    for nodes, ranks, layout in ((["a", "b", "a", "b"], [0, 1, 2, 3], "a: ranks [0, 2]; b: ranks [1, 3]"),
+                                 (["a", "a", "b"], [1, 2, 5], "a: ranks [1, 2]; b: ranks [5]")):
+        code = ("import gradsync.torch.backend as b\n"
+                "try:\n"
+                f"    b._node_layout({nodes!r}, 0, {ranks!r}, grouped=True)\n"
+                "except NotImplementedError as e:\n"
+                "    print('refused:', e)")
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
         assert "refused: gradsync backend: this group's ranks are not laid out as a gradsync job is" in out.stdout, \
             out.stdout + out.stderr

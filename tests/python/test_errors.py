@@ -87,7 +87,9 @@ def test_a_registration_in_a_job_a_lost_rank_failed_raises_peer_lost(daemon):
     results = run_ranks("errors.py", 2, daemon, args=("register-after-peer-left",))
     assert_all_ok(results, daemon)
     [line] = lines(results[0][1])
-    assert line.startswith("raised PeerLostError") and "has failed" in line and "rank 1" in line, line
+    # ("has failed" when the job had failed before the registration, the failure itself when it
+    # failed while the registration waited for rank 1: either way the lost rank's class.)
+    assert line.startswith("raised PeerLostError") and "rank 1" in line, line
 
 
 def test_world_size_not_a_whole_number_of_nodes_is_named():

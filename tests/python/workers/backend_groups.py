@@ -7,11 +7,16 @@ The groups, for 4 ranks (2 per node when on two nodes):
   blocks   [0, 1] and [2, 3]   the ranks of one node (on two nodes), 2 local ranks each;
   strided  [0, 2] and [1, 3]   one rank of each node: a job across both nodes, 1 local rank;
   default  [1, 2, 3] on one node (a group of 3 of 4, made with no backend named: the default
-           group's, gradsync); on two nodes, a group not node by node, which its members
-           refuse, naming its layout (made last: its non-member skips it).
-Then a group is destroyed and one of the same ranks made again, which works as the first did.
+           group's, gradsync); on two nodes, a group not node by node, made on every rank
+           with a warning, whose collectives raise, naming its layout.
+Then a group is destroyed (it says so when used) and one of the same ranks made again, which
+works as the first did, and the destroyed groups' future waiter threads end. Every rank claims
+the same host name, which must not matter: the groups' nodes come from the default group.
 """
 import os
+import threading
+import time
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -81,11 +86,31 @@ def train(ranks, ours, gloo, rank, steps=20):
                             f"{str(e).splitlines()[0]}")
 
 
+def waiters_end(within=5.0):
+    """Whether every group's future waiter thread ended (each group's ends when it is shut down)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if not [t for t in threading.enumerate() if t.name == "gradsync-pg-waiter"]:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def destroy(group):
+    """destroy_process_group; torch 1.13's does not call the group's shutdown(): called here."""
+    dist.destroy_process_group(group)
+    if not hasattr(dist.ProcessGroup, "shutdown"):
+        group.shutdown()
+
+
 def main():
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     nodes = world // int(os.environ.get("LOCAL_WORLD_SIZE", world))
     dist.init_process_group("gradsync", init_method="tcp://127.0.0.1:" + os.environ["TEST_PORT"], rank=rank,
                             world_size=world)
+    # Every rank claims one and the same host and daemon, as clones of one machine image named
+    # alike would: the groups' nodes come from the default group's layout, not from these.
+    gradsync.torch.backend._node_of_this_rank = lambda: "host clone (daemon /run/gradsync/gradsync.sock)"
     blocks = [[0, 1], [2, 3]]
     strided = [[0, 2], [1, 3]]
     made = {}
@@ -96,28 +121,46 @@ def main():
     for seed, ((name, ranks), (ours, gloo)) in enumerate(made.items()):
         exercise(name, list(ranks), ours, gloo, rank, 10 * seed)
     for ranks in strided:
-        train(ranks, *made[("strided", tuple(ranks))], rank)
+        train(ranks, *made[("strided", tuple(ranks))], rank)  # DDP: a future waiter thread per group
 
-    # Destroyed, and made again: a new job of the same ranks.
+    # Destroyed, and made again: a new job of the same ranks. A destroyed group says so.
     ours, gloo = made.pop(("blocks", (0, 1)))
     if rank in (0, 1):
-        dist.destroy_process_group(ours)
+        destroy(ours)
+        try:
+            ours.allreduce([torch.ones(1)])  # the group's own (torch 2.x refuses it before, by its map)
+            failures.append("an all_reduce on a destroyed group ran")
+        except Exception as e:  # noqa: BLE001 (torch's type, gradsync's text)
+            check("was destroyed" in str(e), f"an all_reduce on a destroyed group raised {type(e).__name__}: {e}")
     again = dist.new_group([0, 1], backend="gradsync")
     exercise("blocks made again", [0, 1], again, gloo, rank, 90)
+    for ranks in strided:
+        if rank in ranks:
+            destroy(made[("strided", tuple(ranks))][0])
+    check(waiters_end(), "the destroyed groups' future waiter threads are still running")
 
     if nodes == 1:
         three, gloo3 = dist.new_group([1, 2, 3]), dist.new_group([1, 2, 3], backend="gloo")
         exercise("default backend", [1, 2, 3], three, gloo3, rank, 100)
-    elif rank in (0, 1, 2):
-        # Two ranks on node 0 and one on node 1: not a gradsync job. Every member refuses it
-        # alike, naming the layout; rank 3, not a member, does not make it.
-        try:
-            dist.new_group([0, 1, 2], backend="gradsync")
-            failures.append("a group of 2 ranks on one node and 1 on the other was made")
-        except NotImplementedError as e:
-            check("not laid out as a gradsync job is" in str(e) and "ranks [0, 1]" in str(e)
-                  and "ranks [2]" in str(e) and "backend='gloo'" in str(e), f"the refusal says: {e}")
-            print(f"rank {rank}: refused: {e}", flush=True)
+    else:
+        # Two ranks on node 0 and one on node 1: not a gradsync job. new_group returns on every
+        # rank (torch 1.13's barrier after it does not wait for the timeout), with a warning on
+        # the members, and each collective on it raises, naming the layout by global ranks.
+        with warnings.catch_warnings(record=True) as warned:
+            warnings.simplefilter("always")
+            odd = dist.new_group([0, 1, 2], backend="gradsync")
+        if rank in (0, 1, 2):
+            check(any("not laid out as a gradsync job is" in str(w.message) for w in warned),
+                  f"no warning at new_group: {[str(w.message) for w in warned]}")
+            try:
+                dist.all_reduce(torch.ones(1), group=odd)
+                failures.append("a group of 2 ranks on one node and 1 on the other reduced")
+            except NotImplementedError as e:
+                check("node 0: ranks [0, 1]; node 1: ranks [2]" in str(e) and "backend='gloo'" in str(e),
+                      f"the refusal says: {e}")
+                print(f"rank {rank}: refused: {e}", flush=True)
+        else:
+            check(odd == dist.GroupMember.NON_GROUP_MEMBER, "rank 3 got a group of [0, 1, 2]")
     print(f"rank {rank}: group checks done", flush=True)
     exit_on_failures(failures)
 

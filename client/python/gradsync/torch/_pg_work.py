@@ -416,6 +416,17 @@ class Tracker:
                 self._waiter = _Waiter()
             return self._waiter
 
+    def close(self):
+        """The group is done with: its waiter thread completes the futures it was handed and
+        ends (one thread per group would pile up in a program that makes groups in a loop)."""
+        with self._lock:
+            waiter, self._waiter = self._waiter, None
+        if waiter is not None:
+            waiter.queue.put(waiter._STOP)
+
+    def __del__(self):
+        self.close()
+
 
 class Slots:
     """Which staging set of a layout a collective uses (the module's note): up to `count` per

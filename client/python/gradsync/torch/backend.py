@@ -18,10 +18,12 @@ gradsync's errors are raised as torch raises its own (_pg_errors).
 """
 import datetime
 import functools
+import hashlib
 import os
 import socket
 import threading
 import uuid
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -59,16 +61,25 @@ def _device_of(what, tensors):
     return -1 if device.type == "cpu" else (device.index if device.index is not None else torch.cuda.current_device())
 
 
-def _named_in_store(store, rank, make):
+def _scoped(key, global_ranks):
+    """A key of a group in torch's store. torch gives each group a store prefix of its own, named
+    after the group; but ranks can disagree on group names (torch 2.x's
+    use_local_synchronization=True counts groups on members only), so two groups may share a
+    prefix: a group's keys carry its global ranks too. The default group's are as they were."""
+    if not global_ranks:
+        return key
+    return f"{key}/{hashlib.sha256(','.join(map(str, global_ranks)).encode()).hexdigest()[:16]}"
+
+
+def _named_in_store(store, rank, key, make):
     """A name every rank of a group agrees on: rank 0 makes it and sets it in the group's store,
     the others read it there (torch's store waits for the key)."""
-    key = "gradsync/job"
     if rank == 0:
         store.set(key, make())
     return store.get(key).decode()
 
 
-def _subgroup_job(store, rank):
+def _subgroup_job(store, rank, global_ranks):
     """The job of a group made by dist.new_group: the default group's job (when it is gradsync's)
     or the torchrun run, with a suffix of its own, so that two groups of the same ranks are two
     jobs, and the daemon's log names the job they came from."""
@@ -76,36 +87,58 @@ def _subgroup_job(store, rank):
     base = getattr(default, "job", None) or os.environ.get("TORCHELASTIC_RUN_ID") or "torch"
     if base == "none":
         base = "torch"
-    return _named_in_store(store, rank, lambda: f"{base[:100]}.g{uuid.uuid4().hex[:8]}")
+    return _named_in_store(store, rank, _scoped("gradsync/job", global_ranks),
+                           lambda: f"{base[:100]}.g{uuid.uuid4().hex[:12]}")
 
 
 def _node_of_this_rank():
     """What tells this rank's node from another: the host, and the daemon it reaches (its
     control socket), since one host may run several daemons (a test's "nodes" on loopback)."""
     sock = os.environ.get("GRADSYNC_SOCKET") or _client.DEFAULT_SOCKET
-    return f"{socket.gethostname()}|{os.path.realpath(sock)}"
+    return f"host {socket.gethostname()} (daemon {os.path.realpath(sock)})"
 
 
-def _node_layout(store, rank, size, grouped):
-    """This rank's local rank and local world, where the launcher did not say (no $LOCAL_RANK or
-    $LOCAL_WORLD_SIZE) or for a group of some of the ranks: every rank of the group publishes its
-    node (_node_of_this_rank) in the group's store; the ranks on this node, in group rank order,
-    are its local ranks. A gradsync job is node-major with as many ranks on every node (rank =
-    node x local world + local rank): a group laid out otherwise is refused, on every member
-    alike, naming its layout. `grouped`: the group is dist.new_group's, for the error's words."""
-    store.set(f"gradsync/host/{rank}", _node_of_this_rank())
-    nodes = [store.get(f"gradsync/host/{r}").decode() for r in range(size)]
+def _published_nodes(store, rank, size, global_ranks):
+    """Every rank's node, by group rank, as each published it in the group's store (one get for
+    all of them where the store has multi_get)."""
+    key = _scoped("gradsync/host", global_ranks)
+    store.set(f"{key}/{rank}", _node_of_this_rank())
+    keys = [f"{key}/{r}" for r in range(size)]
+    values = store.multi_get(keys) if hasattr(store, "multi_get") else [store.get(k) for k in keys]
+    return [bytes(v).decode() for v in values]
+
+
+def _default_nodes(global_ranks):
+    """Every member's node, by group rank, from the default group when it is gradsync's: its
+    job is node-major (rank = node x local world + local rank), so a global rank's node is known
+    without asking anyone, and two machines of one host name are not taken for one."""
+    if not global_ranks or not dist.is_initialized():
+        return None
+    default = dist.distributed_c10d._get_default_group()
+    client = getattr(default, "_client", None)
+    if not isinstance(default, ProcessGroupGradsync) or client is None:
+        return None
+    return [f"node {g // client.local_world_size}" for g in global_ranks]
+
+
+def _node_layout(nodes, rank, global_ranks, grouped):
+    """This rank's local rank and local world, from every rank's node (by group rank): the ranks
+    on this node, in group rank order, are its local ranks. A gradsync job is node-major with as
+    many ranks on every node (rank = node x local world + local rank): a group laid out
+    otherwise is refused (NotImplementedError), alike on every member, naming its global ranks
+    by node. `grouped`: the group is dist.new_group's, for the error's words."""
+    size = len(nodes)
     order = list(dict.fromkeys(nodes))  # nodes in order of their first rank
     counts = [nodes.count(n) for n in order]
-    node_major = all(nodes[r] == order[r // counts[0]] for r in range(size)) if len(set(counts)) == 1 else False
+    node_major = len(set(counts)) == 1 and all(nodes[r] == order[r // counts[0]] for r in range(size))
     if not node_major:
         what = "this group's ranks" if grouped else "the ranks"
+        named = global_ranks or list(range(size))
         raise NotImplementedError(
             f"gradsync backend: {what} are not laid out as a gradsync job is, node by node with the same number on "
-            "every node (rank = node x local world + local rank); by node, in group rank order: "
-            + "; ".join(f"{n.split('|')[0]} (daemon {n.split('|')[1]}): ranks {[r for r in range(size) if nodes[r] == n]}"
-                        for n in order)
-            + (": make this group with backend='gloo'" if grouped else ""))
+            "every node (rank = node x local world + local rank); by node: "
+            + "; ".join(f"{n}: ranks {[named[r] for r in range(size) if nodes[r] == n]}" for n in order)
+            + ("; make this group with backend='gloo'" if grouped else ""))
     return nodes[:rank].count(nodes[rank]), counts[0]
 
 
@@ -114,6 +147,8 @@ def _locked(method):
     time), gradsync's errors raised as torch raises its own."""
     @functools.wraps(method)
     def call(self, *args, **kwargs):
+        if self._unusable is not None:
+            raise self._unusable
         with self._lock:
             try:
                 return method(self, *args, **kwargs)
@@ -126,23 +161,40 @@ class ProcessGroupGradsync(dist.ProcessGroup):
     """The process group of `init_process_group("gradsync")`: one gradsync client of this rank,
     joined to the job every rank of the group agreed on through torch's store."""
 
-    def __init__(self, store, rank, size, timeout):
+    def __init__(self, store, rank, size, timeout, global_ranks=()):
         super().__init__(rank, size)
-        if dist.is_initialized():
+        # Set when the group cannot be used: every collective raises it (a refused layout, a
+        # destroyed group).
+        self._unusable = None
+        self._client = None
+        global_ranks = list(global_ranks)
+        if global_ranks or dist.is_initialized():
             # dist.new_group(ranks, backend="gradsync"), called on its members only: a job of
             # its own, which rank 0 of the group names in the group's store (torch's prefix
-            # store of the group), its nodes and local ranks from what each member publishes.
-            job = _subgroup_job(store, rank)
-            local_rank, local_world = _node_layout(store, rank, size, grouped=True)
+            # store of the group), its nodes from the default group's layout when that is
+            # gradsync's, else from what each member publishes.
+            job = _subgroup_job(store, rank, global_ranks)
+            nodes = _default_nodes(global_ranks) or _published_nodes(store, rank, size, global_ranks)
+            try:
+                local_rank, local_world = _node_layout(nodes, rank, global_ranks, grouped=True)
+            except NotImplementedError as e:
+                # Refused on every member alike, but not here: raising would leave the ranks
+                # outside the group waiting in torch's barrier after new_group (torch 1.13)
+                # for the whole timeout. The group is made, and each collective on it raises.
+                self._unusable = e
+                warnings.warn(str(e), stacklevel=3)
+                self.job = job
+                return
         else:
             job = os.environ.get("TORCHELASTIC_RUN_ID")
             if not job or job == "none":
                 # Not under torchrun (or under one without a run id): rank 0 names the job in the store.
-                job = _named_in_store(store, rank, lambda: f"torch-{uuid.uuid4().hex[:12]}")
+                job = _named_in_store(store, rank, "gradsync/job", lambda: f"torch-{uuid.uuid4().hex[:12]}")
             if os.environ.get("LOCAL_RANK") and os.environ.get("LOCAL_WORLD_SIZE"):
                 local_rank, local_world = int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
             else:
-                local_rank, local_world = _node_layout(store, rank, size, grouped=False)
+                local_rank, local_world = _node_layout(_published_nodes(store, rank, size, ()), rank, (),
+                                                       grouped=False)
         self.job = job
         # torch's default (30 minutes) was not chosen by the user and is past the daemon's
         # maximum: the daemon's own default applies then. A timeout the user gave bounds every
@@ -215,9 +267,22 @@ class ProcessGroupGradsync(dist.ProcessGroup):
     def shutdown(self):
         """torch 2.x's destroy_process_group(): this rank leaves the group's job. Its client
         closes; Works and tensors still holding its memory keep the connection until they go
-        (gradsync.Client.close), and later collectives on the group raise."""
+        (gradsync.Client.close), the futures already handed out complete, and later
+        collectives on the group raise. torch 1.13's destroy_process_group(group) does not call
+        it: call group.shutdown() there to leave at once rather than when the group is freed."""
+        if self._unusable is None:
+            self._unusable = InvalidArgumentError(f"gradsync backend: the group of job {self.job} was destroyed "
+                                                  "(destroy_process_group or shutdown)")
+        if self._client is None:
+            return
         with self._lock:
             self._client.close()
+        self._tracker.close()
+
+    def abort(self):
+        """torch 2.x's abort of a group: as shutdown(); the daemon ends operations in flight when
+        the client goes."""
+        self.shutdown()
 
     # --- reductions ---------------------------------------------------------------------------
 
@@ -406,11 +471,16 @@ def client_of(group=None):
     if not isinstance(pg, ProcessGroupGradsync):
         raise InvalidArgumentError(f"gradsync: {type(pg).__name__} is not a gradsync process group; "
                                    "dist.init_process_group('gradsync') makes one")
+    if pg._unusable is not None:
+        raise pg._unusable
     return pg._client
 
 
-def _create(store, rank, size, timeout):
-    return ProcessGroupGradsync(store, rank, size, timeout)
+def _create(options, backend_options=None):
+    """torch's extended creator API (1.13 and 2.x alike): it also names the group's global ranks
+    ([] for the default group), which a group's layout and its store keys are made from."""
+    return ProcessGroupGradsync(options.store, options.group_rank, options.group_size, options.timeout,
+                                global_ranks=list(options.global_ranks_in_group))
 
 
 def register():
@@ -418,6 +488,6 @@ def register():
     if getattr(dist.Backend, NAME.upper(), None) is not None:
         return
     try:  # torch 2.x: say which devices it serves; 1.13 has no `devices`
-        dist.Backend.register_backend(NAME, _create, devices=["cpu", "cuda"])
+        dist.Backend.register_backend(NAME, _create, extended_api=True, devices=["cpu", "cuda"])
     except TypeError:
-        dist.Backend.register_backend(NAME, _create)
+        dist.Backend.register_backend(NAME, _create, extended_api=True)
