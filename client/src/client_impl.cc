@@ -218,6 +218,21 @@ ClientImpl::DeviceSegment& ClientImpl::new_device_segment(int device, size_t byt
   return device_segments_.back();
 }
 
+ClientImpl::DeviceSegment& ClientImpl::device_output_segment(int device, size_t bytes) {
+  auto best = free_device_outputs_.end();
+  for (auto it = free_device_outputs_.begin(); it != free_device_outputs_.end(); ++it) {
+    const DeviceAllocation& m = *(*it)->memory;
+    if (m.device() == device && m.size() >= bytes &&
+        (best == free_device_outputs_.end() || m.size() < (*best)->memory->size())) {
+      best = it;
+    }
+  }
+  if (best == free_device_outputs_.end()) return new_device_segment(device, bytes);
+  DeviceSegment* reused = *best;
+  free_device_outputs_.erase(best);
+  return *reused;
+}
+
 SharedTensor ClientImpl::allocate_device(const TensorSpec& spec, int device) {
   check_spec(spec);
   DeviceSegment& segment = new_device_segment(device, spec.numel * dtype_size(spec.dtype));
@@ -280,6 +295,7 @@ TensorSet ClientImpl::register_tensors(std::span<const SharedTensor> tensors, co
   throw_if_error(check_set_label(options.label));
   TensorSet set;
   Segment* gather_segment = nullptr;  // a host allgather output, for release() to pass on
+  DeviceSegment* gather_device_segment = nullptr;  // a device one
   set.id_ = per_join_.next_set_id;
   set.label_ = options.label;
   set.world_size_ = joined_->world_size;
@@ -349,10 +365,11 @@ TensorSet ClientImpl::register_tensors(std::span<const SharedTensor> tensors, co
     body->set_has_gather_output(true);
     body->set_gather_offset(0);
     if (tensors[0].device() >= 0) {
-      DeviceSegment& out = new_device_segment(tensors[0].device(), bytes);
+      DeviceSegment& out = device_output_segment(tensors[0].device(), bytes);
       body->set_gather_segment_id(out.id);
       set.gather_base_ = out.memory->data();
       set.gather_device_ = tensors[0].device();
+      gather_device_segment = &out;
     } else {
       Segment& out = output_segment(bytes);
       body->set_gather_segment_id(out.id);
@@ -390,6 +407,7 @@ TensorSet ClientImpl::register_tensors(std::span<const SharedTensor> tensors, co
     kept.events = std::move(events);
   }
   kept.outputs = {gather_segment, shard_segment(set)};
+  kept.device_outputs = {gather_device_segment, shard_device_segment(set)};
   per_join_.sets[set.id_] = std::move(kept);
   return set;
 }
@@ -411,6 +429,9 @@ void ClientImpl::release(const TensorSet& set) {
   for (Segment* output : per_join_.sets.at(set.id()).outputs) {
     if (output) free_outputs_.push_back(output);
   }
+  for (DeviceSegment* output : per_join_.sets.at(set.id()).device_outputs) {
+    if (output) free_device_outputs_.push_back(output);
+  }
   per_join_.sets.erase(set.id());
   per_join_.released.insert(set.id());
 }
@@ -426,6 +447,14 @@ ClientImpl::Segment& ClientImpl::output_segment(size_t bytes) {
   Segment* taken = *best;
   free_outputs_.erase(best);
   return *taken;
+}
+
+ClientImpl::DeviceSegment* ClientImpl::shard_device_segment(const TensorSet& set) {
+  if (set.shard_base_ == nullptr) return nullptr;
+  for (DeviceSegment& segment : device_segments_) {
+    if (segment.id == set.shard_segment_ && segment.memory->data() == set.shard_base_) return &segment;
+  }
+  return nullptr;
 }
 
 ClientImpl::Segment* ClientImpl::shard_segment(const TensorSet& set) {
@@ -492,7 +521,7 @@ void ClientImpl::reserve_shard(std::span<const SharedTensor> tensors, control::R
   body->set_shard_offset(0);
   // The output lives where the tensors do: a device set's in device memory on its GPU.
   if (tensors[0].device() >= 0) {
-    DeviceSegment& out = new_device_segment(tensors[0].device(), bytes);
+    DeviceSegment& out = device_output_segment(tensors[0].device(), bytes);
     body->set_shard_segment_id(out.id);
     set->shard_base_ = out.memory->data();
   } else {

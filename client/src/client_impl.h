@@ -68,6 +68,7 @@ class ClientImpl final : public Client {
     std::shared_ptr<DeviceEvents> events;
     std::optional<Deferred> deferred;  // its open deferred allreduce
     std::vector<Segment*> outputs;      // its host allgather and shard outputs (release() reuses them)
+    std::vector<DeviceSegment*> device_outputs;  // the same in device memory
   };
   // Everything that belongs to one job incarnation's sets and operations. A join replaces it
   // whole (assignment), so nothing of the last incarnation can be left behind.
@@ -84,10 +85,13 @@ class ClientImpl final : public Client {
   Segment& output_segment(size_t bytes);
   // The host segment of the set's shard output; nullptr for none or a device one.
   Segment* shard_segment(const TensorSet& set);
+  DeviceSegment* shard_device_segment(const TensorSet& set);
   // RegisterOptions::mask: strictly increasing, within the tensors' elements; throws naming the
   // first bad index.
   void check_mask(const RegisterOptions& options, std::span<const SharedTensor> tensors) const;
   DeviceSegment& new_device_segment(int device, size_t bytes);
+  // A device output of `bytes` on `device`: the smallest a released set left that fits, else new.
+  DeviceSegment& device_output_segment(int device, size_t bytes);
   void require_joined(const char* what) const;
   SubmitEntry op_entry(OpKind kind, const TensorSet& set) const;
   void fill_reduce(SubmitEntry* entry, const ReduceOptions& options) const;
@@ -99,6 +103,7 @@ class ClientImpl final : public Client {
   ConnectOptions options_;
   std::vector<std::unique_ptr<Segment>> segments_;
   std::vector<Segment*> free_outputs_;  // outputs of released sets, for the next sets' outputs
+  std::vector<DeviceSegment*> free_device_outputs_;  // the same in device memory
   // Where masks travel (RegisterOptions::mask): the daemon copies them at registration, so one
   // segment serves every later mask that fits; a larger one replaces it (doubling).
   Segment* mask_segment_ = nullptr;

@@ -290,7 +290,10 @@ Status Job::release_set(int local_rank, uint32_t set_id, uint64_t* tensors) {
     return Status::invalid_argument("release: " + it->second->name() + " was already released by " +
                                     describe_member(local_rank));
   }
-  *tensors = it->second->layout.size();
+  // A device set's tensors keep counting against --max-tensors-per-client: its event rings
+  // (128 interprocess events per local rank) stay until the client leaves (below), and that
+  // limit is what bounds how many a client can make.
+  *tensors = it->second->memory_kind == MemoryKind::kHostMemfd ? it->second->layout.size() : 0;
   if (static_cast<int>(by.size()) < params().local_world_size) return Status::ok_status();
   log_.info(it->second->name() + " released by every local rank");
   // A device set's event rings are the daemon's; each client opened them (CUDA IPC), and its

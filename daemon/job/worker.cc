@@ -147,20 +147,29 @@ void Worker::retire_set(uint32_t set_id) {
       set = std::move(it->second);
       sets_.erase(it);
       retired_sets_.insert(set_id);
+      if (set->memory_kind != MemoryKind::kHostMemfd) {
+        // GPU work of its last operations may outlive them (answered once queued): a drain
+        // that fails must still keep it mapped (drain_executors).
+        std::erase_if(retired_device_sets_, [](const auto& weak) { return weak.expired(); });
+        retired_device_sets_.push_back(set);
+      }
     }
     retire_in_executor(*set);
   });
 }
 
 void Worker::retire_in_executor(const TensorSet& set) {
-  // Once its last operation completed: until then the executor still serves it.
+  // Once its last operation completed: until then the executor still serves it. Worker thread.
   for (const Op& op : ops_) {
-    if (op.set->id == set.id) return;
+    if (op.set->id == set.id) {
+      awaiting_retire_.insert(set.id);  // complete() comes back to it
+      return;
+    }
   }
+  awaiting_retire_.erase(set.id);
   BucketExecutor* executor = nullptr;
   {
     MutexLock lock(mutex_);
-    if (sets_.count(set.id) || !retired_sets_.count(set.id)) return;
     auto it = executors_.find(set.memory_kind);
     if (it != executors_.end()) executor = it->second.get();
   }
@@ -395,12 +404,12 @@ void Worker::complete(Op& op) {
   stats_->operation_done(finished - op.started);
   trace_->add(OpTrace{op.seq, describe(op.desc, op.set.get()), op.desc.set_id, op.started, finished,
                       std::move(op.traced), op.traced_left_out});
-  const std::shared_ptr<const TensorSet> set = op.set;
+  const std::shared_ptr<const TensorSet> set = awaiting_retire_.empty() ? nullptr : op.set;
   ops_.pop_front();  // `op` is gone from here on
   pending_ops_.store(ops_.size());
   completed_ops_.fetch_add(1);
   for (uint32_t c = 0; c < clients_.size(); ++c) post(c, seq, Status::ok_status(), health.empty() ? nullptr : &health[c]);
-  retire_in_executor(*set);  // the last operation of a released set
+  if (set && awaiting_retire_.count(set->id)) retire_in_executor(*set);  // perhaps a released set's last operation
 }
 
 BucketExecutor* Worker::executor_for(MemoryKind kind, Status* status) {
@@ -559,12 +568,19 @@ Status Worker::drain_executors(const Status& failure) {
   // GPU work may still read or write the clients' memory (it waits on a ready event that will
   // never fire). Unmapping it would fault the GPU context every job on it shares, so the job's
   // sets, and with them every mapping, go to the backends, which keep them until the daemon
-  // exits. (The pending operations' sets are these: only host sets are ever re-planned.)
+  // exits: the registered sets, and the released device sets something still holds.
   size_t kept = 0;
   {
     MutexLock lock(mutex_);
     for (auto& [id, set] : sets_) options_.backends->keep_until_exit(set);
     kept = sets_.size();
+    // Released device sets that queued GPU work still holds (or an operation in flight).
+    for (const auto& weak : retired_device_sets_) {
+      if (std::shared_ptr<const TensorSet> set = weak.lock()) {
+        options_.backends->keep_until_exit(set);
+        ++kept;
+      }
+    }
   }
   options_.log.error("GPU work of this job did not drain within the job timeout; its " + std::to_string(kept) +
                      " sets stay mapped until gradsyncd restarts");

@@ -216,6 +216,10 @@ class Worker {
   mutable Mutex mutex_;
   std::map<uint32_t, std::shared_ptr<const TensorSet>> sets_ GS_GUARDED_BY(mutex_);
   std::set<uint32_t> retired_sets_ GS_GUARDED_BY(mutex_);  // released ones: named so in refusals
+  // Released sets whose operations had not all completed at their release (worker thread only).
+  std::set<uint32_t> awaiting_retire_;
+  // Released device sets, for drain_executors to keep mapped if the executor still holds them.
+  std::vector<std::weak_ptr<const TensorSet>> retired_device_sets_ GS_GUARDED_BY(mutex_);
   std::deque<Task> tasks_ GS_GUARDED_BY(mutex_);
   bool exited_ GS_GUARDED_BY(mutex_) = false;  // later tasks run at once with the failure
   std::atomic<bool> has_tasks_{false};

@@ -67,9 +67,9 @@ struct EtcdMember {
 class EtcdSession {
  public:
   using Clock = std::chrono::steady_clock;
-  // May an attempt that failed on its member be made again on another? Reads, overwrites and
-  // grants (of an ID of our own) may; an increment or a set-if-absent only when the member was
-  // never reached (EtcdStore::add looks in the key's history instead).
+  // May an attempt that failed on its member be made again on another? Reads, overwrites,
+  // grants (of an ID of our own) and increments (guarded by their marker key: EtcdStore::add)
+  // may; a set-if-absent only when the member was never reached.
   enum class Retry { kIdempotent, kNotSent };
   // The two leases (above).
   enum class Lease { kNode, kJob };

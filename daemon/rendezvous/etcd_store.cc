@@ -322,6 +322,7 @@ Status EtcdStore::count_once(const std::string& job, const std::string& key, con
   auto* mark = request.add_success()->mutable_request_put();
   mark->set_key(marker);
   request.add_failure()->mutable_request_range()->set_key(marker);
+  request.add_failure()->mutable_request_range()->set_key(counter);
   etcdserverpb::TxnResponse response;
   const Status status = write(Lease::kJob, deadline, EtcdSession::Retry::kIdempotent,
                               "counting " + safe_text(key, 200), [&](EtcdMember& m, grpc::ClientContext* c, int64_t lease) {
@@ -335,11 +336,19 @@ Status EtcdStore::count_once(const std::string& job, const std::string& key, con
     *value = put.has_prev_kv() && put.prev_kv().version() > 0 ? put.prev_kv().version() + 1 : 1;
     return Status();
   }
-  // An earlier copy counted: the count it made is the counter's version at its revision.
+  // An earlier copy counted: the count it made is the counter's version at its revision; the
+  // counter as it is now, when nothing counted since (no history needed), else read at it.
   const auto& found = response.responses(0).response_range();
   if (found.kvs_size() == 0) {
     return Status::internal(describe() + ": counting " + safe_text(key, 200) + ": its marker vanished between the "
                             "compare and the read of one transaction");
+  }
+  if (response.responses_size() > 1) {
+    const auto& now = response.responses(1).response_range();
+    if (now.kvs_size() > 0 && now.kvs(0).mod_revision() == found.kvs(0).mod_revision()) {
+      *value = now.kvs(0).version();
+      return Status();
+    }
   }
   etcdserverpb::RangeRequest then;
   then.set_key(counter);

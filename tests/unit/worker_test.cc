@@ -337,24 +337,35 @@ TEST_CASE("worker: a rank that never marks a bucket ready times out, named, afte
 TEST_CASE("worker: a released set is let go by its executor once its last operation completed", "[worker]") {
   Harness h(1, 2);
   h.executors->mode = ExecutorLog::Mode::kHold;
-  const uint64_t seq = h.submit(0, true);
+  const uint64_t first = h.submit(0, true);
+  h.submit(1, true);
+  const uint64_t second = h.submit(0, true);
   h.submit(1, true);
   REQUIRE(h.executors->wait_launched(1, 5s));
-  h.worker->retire_set(0);  // released with bucket 0 of operation 1 in flight
-  REQUIRE(h.wait_idle());
-  std::this_thread::sleep_for(50ms);
-  {
+  // Released with bucket 0 of operation 1 in flight and operation 2 queued behind it.
+  h.worker->retire_set(0);
+  auto retired = [&] {
     std::lock_guard lock(h.executors->mutex);
-    CHECK(h.executors->retired.empty());  // its operation still needs what the executor keeps
-  }
+    return h.executors->retired;
+  };
   for (int b = 0; b < 3; ++b) {
     REQUIRE(h.executors->wait_launched(static_cast<size_t>(b + 1), 5s));
     h.executors->release();
   }
   const auto done = h.completion(0);
   REQUIRE(done);
-  CHECK(done->op_seq == seq);
+  CHECK(done->op_seq == first);
   CHECK(done->code == 0);
+  REQUIRE(h.executors->wait_launched(4, 5s));  // operation 2 runs on the released set
+  CHECK(retired().empty());                     // so the executor still keeps what it needs
+  for (int b = 3; b < 6; ++b) {
+    REQUIRE(h.executors->wait_launched(static_cast<size_t>(b + 1), 5s));
+    h.executors->release();
+  }
+  const auto last = h.completion(0);
+  REQUIRE(last);
+  CHECK(last->op_seq == second);
+  CHECK(last->code == 0);
   std::unique_lock lock(h.executors->mutex);
   REQUIRE(h.executors->changed.wait_for(lock, 5s, [&] { return !h.executors->retired.empty(); }));
   CHECK(h.executors->retired == std::vector<uint32_t>{0});
