@@ -348,20 +348,20 @@ TEST_CASE("worker: a released set is let go by its executor once its last operat
     std::lock_guard lock(h.executors->mutex);
     return h.executors->retired;
   };
-  for (int b = 0; b < 3; ++b) {
-    REQUIRE(h.executors->wait_launched(static_cast<size_t>(b + 1), 5s));
-    h.executors->release();
-  }
+  auto answer_buckets = [&](int from, int to) {  // launches [from, to), answered in turn
+    for (int b = from; b < to; ++b) {
+      REQUIRE(h.executors->wait_launched(static_cast<size_t>(b + 1), 5s));
+      h.executors->release();
+    }
+  };
+  answer_buckets(0, 3);
   const auto done = h.completion(0);
   REQUIRE(done);
   CHECK(done->op_seq == first);
   CHECK(done->code == 0);
   REQUIRE(h.executors->wait_launched(4, 5s));  // operation 2 runs on the released set
   CHECK(retired().empty());                     // so the executor still keeps what it needs
-  for (int b = 3; b < 6; ++b) {
-    REQUIRE(h.executors->wait_launched(static_cast<size_t>(b + 1), 5s));
-    h.executors->release();
-  }
+  answer_buckets(3, 6);
   const auto last = h.completion(0);
   REQUIRE(last);
   CHECK(last->op_seq == second);

@@ -184,19 +184,24 @@ class Model(torch.nn.Module):
         return self.net(x)
 
 
-def train(rank, gloo, steps=50):
-    torch.manual_seed(5)
-    reference, ours = Model().to(DEVICE), Model().to(DEVICE)  # gloo takes CUDA tensors too
-    ours.load_state_dict(reference.state_dict())
-    nets = [DDP(reference, process_group=gloo), DDP(ours)]  # ours: the default group, gradsync
+def side_by_side(nets, rank, steps, device="cpu"):
+    """`steps` steps of SGD on each of `nets` (wrapped copies of one model), on the same data."""
     optimizers = [torch.optim.SGD(n.parameters(), lr=0.1) for n in nets]
     for step in range(steps):
         g = torch.Generator().manual_seed(1000 * rank + step)
-        x, y = torch.randn(8, 16, generator=g).to(DEVICE), torch.randn(8, 4, generator=g).to(DEVICE)
+        x, y = torch.randn(8, 16, generator=g).to(device), torch.randn(8, 4, generator=g).to(device)
         for net, optimizer in zip(nets, optimizers):
             optimizer.zero_grad()
             torch.nn.functional.mse_loss(net(x), y).backward()
             optimizer.step()
+
+
+def train(rank, gloo, steps=50):
+    torch.manual_seed(5)
+    reference, ours = Model().to(DEVICE), Model().to(DEVICE)  # gloo takes CUDA tensors too
+    ours.load_state_dict(reference.state_dict())
+    # ours: the default group, gradsync
+    side_by_side([DDP(reference, process_group=gloo), DDP(ours)], rank, steps, DEVICE)
     for name, value in reference.state_dict().items():
         try:
             torch.testing.assert_close(ours.state_dict()[name], value, rtol=1e-6, atol=1e-7)

@@ -14,7 +14,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import gradsync.torch  # noqa: F401 (registers the backend)
-from backend import Model  # the same model as the backend's DDP check
+from backend import Model, side_by_side  # the same model and steps as the backend's DDP check
 from ops import exit_on_failures
 
 failures = []
@@ -38,15 +38,7 @@ def main():
     except Exception as e:  # noqa: BLE001 (an FSDP that wants a GPU)
         print(f"fsdp: not on this torch: FSDP on the CPU failed: {type(e).__name__}: {e}")
         return
-    nets = [DDP(reference, process_group=gloo), sharded]
-    optimizers = [torch.optim.SGD(n.parameters(), lr=0.1) for n in nets]
-    for step in range(50):
-        g = torch.Generator().manual_seed(1000 * rank + step)
-        x, y = torch.randn(8, 16, generator=g), torch.randn(8, 4, generator=g)
-        for net, optimizer in zip(nets, optimizers):
-            optimizer.zero_grad()
-            torch.nn.functional.mse_loss(net(x), y).backward()
-            optimizer.step()
+    side_by_side([DDP(reference, process_group=gloo), sharded], rank, 50)
     with FSDP.summon_full_params(sharded):
         for name, value in reference.state_dict().items():
             try:

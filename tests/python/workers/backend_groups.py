@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import gradsync.torch  # registers the backend
-from backend import Model, same, tensors_for
+from backend import Model, same, side_by_side, tensors_for
 from ops import exit_on_failures
 
 failures = []
@@ -69,15 +69,7 @@ def train(ranks, ours, gloo, rank, steps=20):
     torch.manual_seed(7)
     reference, model = Model(), Model()
     model.load_state_dict(reference.state_dict())
-    nets = [DDP(reference, process_group=gloo), DDP(model, process_group=ours)]
-    optimizers = [torch.optim.SGD(n.parameters(), lr=0.1) for n in nets]
-    for step in range(steps):
-        g = torch.Generator().manual_seed(1000 * rank + step)
-        x, y = torch.randn(8, 16, generator=g), torch.randn(8, 4, generator=g)
-        for net, optimizer in zip(nets, optimizers):
-            optimizer.zero_grad()
-            torch.nn.functional.mse_loss(net(x), y).backward()
-            optimizer.step()
+    side_by_side([DDP(reference, process_group=gloo), DDP(model, process_group=ours)], rank, steps)
     for name, value in reference.state_dict().items():
         try:
             torch.testing.assert_close(model.state_dict()[name], value, rtol=1e-6, atol=1e-7)
