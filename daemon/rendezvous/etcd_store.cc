@@ -331,6 +331,12 @@ Status EtcdStore::count_once(const std::string& job, const std::string& key, con
                                 return m.kv.Txn(c, request, &response);
                               });
   if (!status.ok()) return status;
+  // Both branches of the transaction hold two requests: an answer with other than two is not
+  // etcd's, and is not read past its end.
+  if (response.responses_size() != 2) {
+    return Status::protocol(describe() + ": counting " + safe_text(key, 200) + " answered " +
+                            std::to_string(response.responses_size()) + " responses to a transaction of 2");
+  }
   if (response.succeeded()) {
     const auto& put = response.responses(0).response_put();
     *value = put.has_prev_kv() && put.prev_kv().version() > 0 ? put.prev_kv().version() + 1 : 1;
@@ -343,12 +349,10 @@ Status EtcdStore::count_once(const std::string& job, const std::string& key, con
     return Status::internal(describe() + ": counting " + safe_text(key, 200) + ": its marker vanished between the "
                             "compare and the read of one transaction");
   }
-  if (response.responses_size() > 1) {
-    const auto& now = response.responses(1).response_range();
-    if (now.kvs_size() > 0 && now.kvs(0).mod_revision() == found.kvs(0).mod_revision()) {
-      *value = now.kvs(0).version();
-      return Status();
-    }
+  const auto& now = response.responses(1).response_range();
+  if (now.kvs_size() > 0 && now.kvs(0).mod_revision() == found.kvs(0).mod_revision()) {
+    *value = now.kvs(0).version();
+    return Status();
   }
   etcdserverpb::RangeRequest then;
   then.set_key(counter);

@@ -1,0 +1,255 @@
+// The etcd store (daemon/rendezvous/etcd_store.h) against a fake member (fake_etcd.h): answers
+// no etcd gives are refused with an error naming the member, never read past their end; a
+// watch refused for a stale token logs in again once; a renewal that finds the lease gone has
+// the next write grant another. The real members' behaviour is tests/etcd's.
+#include <sys/stat.h>
+
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <fstream>
+#include <thread>
+
+#include "client/tools/process.h"
+#include "daemon/rendezvous/etcd_store.h"
+#include "tests/unit/fake_etcd.h"
+
+namespace gradsync::test {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+// A store on `fake` alone; with `user`, it logs in (with a password from a file of its own).
+struct StoreOn {
+  explicit StoreOn(const FakeEtcd& fake, const std::string& user = {}, std::chrono::seconds lease_ttl = 10s)
+      : folder("gradsync-fake-etcd-XXXXXX") {
+    EtcdSettings settings;
+    settings.endpoints = {fake.address()};
+    settings.lease_ttl = lease_ttl;
+    if (!user.empty()) {
+      settings.user = user;
+      settings.password_file = folder.path() + "/password";
+      std::ofstream(settings.password_file) << "a password\n";
+      REQUIRE(::chmod(settings.password_file.c_str(), 0600) == 0);
+    }
+    std::shared_ptr<const EtcdAccess> access;
+    const Status loaded = EtcdAccess::load(settings, std::chrono::hours(1), &access);
+    INFO(loaded.to_string());
+    REQUIRE(loaded.ok());
+    store = std::make_unique<EtcdStore>(
+        std::make_shared<EtcdSession>(access, std::vector<std::string>{fake.address()}, Logger(LogLevel::kError)));
+  }
+  TempFolder folder;
+  std::unique_ptr<EtcdStore> store;
+};
+
+// A read transaction answered as etcd answers one that finds none of its keys.
+grpc::Status nothing_there(const std::string&, const etcdserverpb::TxnRequest& request,
+                           etcdserverpb::TxnResponse* response) {
+  response->mutable_header()->set_revision(7);
+  response->set_succeeded(true);
+  for (int i = 0; i < request.success_size(); ++i) response->add_responses()->mutable_response_range();
+  return grpc::Status::OK;
+}
+
+// One watch reply carrying puts of `kvs` (key, value).
+etcdserverpb::WatchResponse puts(const std::vector<std::pair<std::string, std::string>>& kvs) {
+  etcdserverpb::WatchResponse response;
+  for (const auto& [key, value] : kvs) {
+    auto* event = response.add_events();
+    event->set_type(mvccpb::Event::PUT);
+    event->mutable_kv()->set_key(key);
+    event->mutable_kv()->set_value(value);
+  }
+  return response;
+}
+
+etcdserverpb::WatchResponse cancelled(const std::string& reason) {
+  etcdserverpb::WatchResponse response;
+  response.set_canceled(true);
+  response.set_cancel_reason(reason);
+  return response;
+}
+
+// Job "0.job"'s key `key` as etcd holds it, under the default --etcd-prefix.
+std::string full(const std::string& key) { return "/gradsync/0.job/" + key; }
+
+}  // namespace
+
+TEST_CASE("etcd store: answers no etcd gives are refused naming the member, never read past their end",
+          "[unit][etcd]") {
+  SECTION("a read answered with fewer ranges than it asked for") {
+    FakeEtcd fake({.txn = [](const std::string&, const etcdserverpb::TxnRequest&, etcdserverpb::TxnResponse* r) {
+      r->set_succeeded(true);
+      return grpc::Status::OK;
+    }});
+    std::vector<std::optional<std::string>> values;
+    const Status status = StoreOn(fake).store->peek("0.job", {"a", "b"}, 2s, &values);
+    INFO(status.to_string());
+    CHECK(status.code() == ErrorCode::kProtocol);
+    CHECK_THAT(status.message(), Catch::Contains(fake.address()) && Catch::Contains("answered 0"));
+  }
+  SECTION("a count answered with no responses, committed or not") {
+    const bool committed = GENERATE(true, false);
+    FakeEtcd fake({.txn = [committed](const std::string&, const etcdserverpb::TxnRequest&,
+                                      etcdserverpb::TxnResponse* r) {
+      r->set_succeeded(committed);
+      return grpc::Status::OK;
+    }});
+    int64_t count = -1;
+    const Status status = StoreOn(fake).store->add("0.job", "arrived", 1, 2s, &count);
+    INFO(status.to_string());
+    CHECK(status.code() == ErrorCode::kProtocol);
+    CHECK_THAT(status.message(), Catch::Contains(fake.address()) && Catch::Contains("counting arrived"));
+    CHECK(count == -1);
+  }
+  SECTION("a lease granted under another ID than the one asked for") {
+    FakeEtcd fake({.grant = [](const std::string&, const etcdserverpb::LeaseGrantRequest& request,
+                               etcdserverpb::LeaseGrantResponse* r) {
+      r->set_id(request.id() + 2);
+      r->set_ttl(request.ttl());
+      return grpc::Status::OK;
+    }});
+    const Status status = StoreOn(fake).store->set("0.job", "a", "x", 2s);
+    INFO(status.to_string());
+    CHECK(status.code() == ErrorCode::kProtocol);
+    CHECK_THAT(status.message(), Catch::Contains(fake.address()) && Catch::Contains("not etcd's answer"));
+    CHECK(fake.calls("Put") == 0);
+  }
+  SECTION("a watch that ends well without the keys: refused at once, not waited out or retried") {
+    FakeEtcd fake({.txn = nothing_there,
+                   .watch = [](const std::string&, const etcdserverpb::WatchCreateRequest&, FakeEtcd::WatchStream*) {
+                     return grpc::Status::OK;
+                   }});
+    std::vector<std::string> values;
+    const auto start = Clock::now();
+    const Status status = StoreOn(fake).store->get("0.job", {"a"}, 10s, &values);
+    INFO(status.to_string());
+    CHECK_FALSE(status.ok());
+    CHECK_THAT(status.message(), Catch::Contains(fake.address()) && Catch::Contains("ended without the keys"));
+    CHECK(Clock::now() - start < 5s);
+    CHECK(fake.calls("Watch") == 1);
+  }
+  SECTION("a watch cancelled by the member for a reason of its own: the reason is the error") {
+    FakeEtcd fake({.txn = nothing_there,
+                   .watch = [](const std::string&, const etcdserverpb::WatchCreateRequest&, FakeEtcd::WatchStream* s) {
+                     s->Write(cancelled("mvcc: the fake's own reason"));
+                     FakeEtcd::hold(s);
+                     return grpc::Status::OK;
+                   }});
+    std::vector<std::string> values;
+    const Status status = StoreOn(fake).store->get("0.job", {"a"}, 10s, &values);
+    INFO(status.to_string());
+    CHECK_THAT(status.message(), Catch::Contains("the watch was cancelled: mvcc: the fake's own reason"));
+  }
+  SECTION("a watch's events of other keys are skipped, and a key put twice in one reply gives its latest value") {
+    FakeEtcd fake({.txn = nothing_there,
+                   .watch = [](const std::string&, const etcdserverpb::WatchCreateRequest& create,
+                               FakeEtcd::WatchStream* s) {
+                     // The watch starts after the revision the read answered at.
+                     if (create.start_revision() != 8) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "rev");
+                     s->Write(puts({{full("ab"), "another key"}, {full("a"), "old"}, {full("a"), "new"}}));
+                     s->Write(puts({{full("c"), "not asked for"}, {full("b"), "b's"}}));
+                     FakeEtcd::hold(s);
+                     return grpc::Status::OK;
+                   }});
+    std::vector<std::string> values;
+    const Status status = StoreOn(fake).store->get("0.job", {"b", "a"}, 10s, &values);
+    INFO(status.to_string());
+    REQUIRE(status.ok());
+    CHECK(values == std::vector<std::string>{"b's", "new"});
+  }
+}
+
+TEST_CASE("etcd store: a watch refused as 'permission denied' (etcd 3.4's word for a token it cannot check) logs "
+          "in again once; a call refused for its token is made again with a new one",
+          "[unit][etcd]") {
+  SECTION("the second token is taken: the get gets its key") {
+    FakeEtcd fake({.txn = nothing_there,
+                   .watch = [](const std::string& token, const etcdserverpb::WatchCreateRequest&,
+                               FakeEtcd::WatchStream* s) {
+                     s->Write(token == "token-1" ? cancelled("etcdserver: permission denied")
+                                                 : puts({{full("a"), "with " + token}}));
+                     FakeEtcd::hold(s);
+                     return grpc::Status::OK;
+                   }});
+    std::vector<std::string> values;
+    const Status status = StoreOn(fake, "trainer-nodes").store->get("0.job", {"a"}, 10s, &values);
+    INFO(status.to_string());
+    REQUIRE(status.ok());
+    CHECK(values == std::vector<std::string>{"with token-2"});
+    CHECK(fake.calls("Authenticate") == 2);
+    CHECK(fake.calls("Watch") == 2);
+  }
+  SECTION("refused again: the refusal is the error, after one more login, not a loop") {
+    FakeEtcd fake({.txn = nothing_there,
+                   .watch = [](const std::string&, const etcdserverpb::WatchCreateRequest&, FakeEtcd::WatchStream* s) {
+                     s->Write(cancelled("etcdserver: permission denied"));
+                     FakeEtcd::hold(s);
+                     return grpc::Status::OK;
+                   }});
+    std::vector<std::string> values;
+    const Status status = StoreOn(fake, "trainer-nodes").store->get("0.job", {"a"}, 10s, &values);
+    INFO(status.to_string());
+    CHECK_FALSE(status.ok());
+    CHECK_THAT(status.message(), Catch::Contains("the watch was refused: etcdserver: permission denied"));
+    CHECK(fake.calls("Authenticate") == 2);
+    CHECK(fake.calls("Watch") == 2);
+  }
+  SECTION("without a user, 'permission denied' is what it says: no login, no second watch") {
+    FakeEtcd fake({.txn = nothing_there,
+                   .watch = [](const std::string&, const etcdserverpb::WatchCreateRequest&, FakeEtcd::WatchStream* s) {
+                     s->Write(cancelled("etcdserver: permission denied"));
+                     FakeEtcd::hold(s);
+                     return grpc::Status::OK;
+                   }});
+    std::vector<std::string> values;
+    const Status status = StoreOn(fake).store->get("0.job", {"a"}, 10s, &values);
+    INFO(status.to_string());
+    CHECK(status.code() == ErrorCode::kPermissionDenied);
+    CHECK(fake.calls("Authenticate") == 0);
+    CHECK(fake.calls("Watch") == 1);
+  }
+  SECTION("a write refused as 'invalid auth token' is made once more with a new token") {
+    std::vector<std::string> tokens;  // the Put calls' tokens, in order (one call at a time)
+    FakeEtcd fake({.put = [&tokens](const std::string& token, const etcdserverpb::PutRequest&,
+                                    etcdserverpb::PutResponse*) {
+      tokens.push_back(token);
+      return token == "token-1" ? grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "etcdserver: invalid auth token")
+                                : grpc::Status::OK;
+    }});
+    const Status status = StoreOn(fake, "trainer-nodes").store->set("0.job", "a", "x", 5s);
+    INFO(status.to_string());
+    CHECK(status.ok());
+    CHECK(tokens == std::vector<std::string>{"token-1", "token-2"});
+  }
+}
+
+TEST_CASE("etcd store: a renewal that finds the node's lease gone (TTL 0): the next write grants another",
+          "[unit][etcd]") {
+  Mutex mutex;
+  std::vector<int64_t> put_leases;
+  FakeEtcd fake({.put = [&](const std::string&, const etcdserverpb::PutRequest& request, etcdserverpb::PutResponse*) {
+                   MutexLock lock(mutex);
+                   put_leases.push_back(request.lease());
+                   return grpc::Status::OK;
+                 },
+                 .renew = [](const etcdserverpb::LeaseKeepAliveRequest&,
+                             etcdserverpb::LeaseKeepAliveResponse* response) { response->set_ttl(0); }});
+  StoreOn node(fake, {}, 2s);  // renewed every 2/3 s
+  REQUIRE(node.store->set("0.job", "a", "x", 2s).ok());
+  const auto deadline = Clock::now() + 5s;
+  while (fake.calls("LeaseKeepAlive") == 0 && Clock::now() < deadline) std::this_thread::sleep_for(50ms);
+  REQUIRE(fake.calls("LeaseKeepAlive") > 0);
+  std::this_thread::sleep_for(100ms);  // the renewal's answer read
+  REQUIRE(node.store->set("0.job", "a", "y", 2s).ok());
+  CHECK(fake.calls("LeaseGrant") == 2);
+  MutexLock lock(mutex);
+  REQUIRE(put_leases.size() == 2);
+  CHECK(put_leases[0] != 0);
+  CHECK(put_leases[1] != 0);
+  CHECK(put_leases[0] != put_leases[1]);
+}
+
+}  // namespace gradsync::test
