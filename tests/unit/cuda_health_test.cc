@@ -94,6 +94,29 @@ TEST_CASE("cuda health: the functor's blocks equal the host's bit for bit, every
         ErrorCode::kInvalidArgument);
 }
 
+TEST_CASE("cuda executor: a retired set's health tables are freed with its gather and scatter tables",
+          "[cuda][executor][health]") {
+  Fixture f(DType::kFloat32);
+  CudaExecutor executor(options_for(f, nullptr));
+  REQUIRE(f.run(executor, OpKind::kAllreduce, reduce::KernelArgs{}).ok());
+  executor.retire_set(f.set->id);
+  const size_t kept = f.api.allocations.size();  // what outlives a set: the bucket buffer
+  auto health = std::make_shared<std::vector<reduce::HealthBlock>>(f.set->health_blocks);
+  for (size_t b = 0; b < f.set->plan.buckets.size(); ++b) {
+    BucketCall call = f.call(OpKind::kAllreduce, 2, b);
+    call.desc.health = true;
+    call.health = health;
+    std::optional<Status> answer;
+    executor.launch(call, [&](const Status& s) { answer = s; });
+    REQUIRE(answer.has_value());
+    REQUIRE(answer->ok());
+  }
+  // The gather and scatter tables (4 a bucket) and at least one health table a bucket.
+  CHECK(f.api.allocations.size() >= kept + 5 * f.set->plan.buckets.size());
+  executor.retire_set(f.set->id);
+  CHECK(f.api.allocations.size() == kept);
+}
+
 TEST_CASE("cuda executor: a device allreduce's health equals the host's, answered once the GPU is through",
           "[cuda][executor][health]") {
   for (DType dtype : kFloating) {
