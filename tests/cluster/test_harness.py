@@ -5,6 +5,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -98,7 +99,8 @@ def test_traffic_stays_inside_the_namespaces_the_harness_made():
 # A harness in a child process, torn down by the way it ends: `how` is normal, exception,
 # sigterm, sigint or sigkill (the next harness sweeps it).
 CHILD = textwrap.dedent("""
-    import os, sys, time, signal
+    import faulthandler, os, sys, time, signal
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # where it is, should it hang
     sys.path.insert(0, {here!r})
     import simcluster
     how = sys.argv[1]
@@ -134,7 +136,13 @@ def test_teardown_leaves_no_namespace_link_or_process_on_any_exit_path(how):
     if how in ("sigterm", "sigint", "sighup", "sigkill"):
         child.send_signal({"sigterm": signal.SIGTERM, "sigint": signal.SIGINT, "sighup": signal.SIGHUP,
                            "sigkill": signal.SIGKILL}[how])
-    child.wait(60)
+    try:
+        child.wait(60)
+    except subprocess.TimeoutExpired:
+        child.send_signal(signal.SIGUSR1)  # its threads' stacks, to stderr
+        time.sleep(1)
+        child.kill()
+        pytest.fail(f"the harness did not end within 60 s of '{how}'; its stacks:\n{child.communicate()[1]}")
     if how == "sigkill":
         assert leftovers(tag), "a harness killed with SIGKILL cannot clean up: the next one sweeps"
         with simcluster.SimCluster(1):
