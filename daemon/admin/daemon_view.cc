@@ -210,7 +210,22 @@ Status IoDaemonView::in_flight(const std::string& wanted, std::optional<uid_t> o
   }
   std::vector<std::vector<RemoteNode>> remotes(infos.size());
   constexpr size_t kParallelProbes = 16;
+  // Waves of probes start only while the view's own answer bound lasts: a job of thousands of
+  // nodes (or one a hostile store made up) must not hold the operator's query for a probe
+  // bound per wave. The nodes left are listed as not asked.
+  const auto probes_until = std::chrono::steady_clock::now() + options_.answer_within;
   for (size_t first = 0; first < wanted_probes.size(); first += kParallelProbes) {
+    if (std::chrono::steady_clock::now() >= probes_until) {
+      for (size_t p = first; p < wanted_probes.size(); ++p) {
+        RemoteNode remote;
+        remote.node = wanted_probes[p].node;
+        remote.address = wanted_probes[p].address;
+        remote.unreachable = true;
+        remote.error = "not asked: the view's time to answer ran out first";
+        remotes[wanted_probes[p].job].push_back(std::move(remote));
+      }
+      break;
+    }
     std::vector<std::future<RemoteNode>> batch;
     for (size_t p = first; p < std::min(wanted_probes.size(), first + kParallelProbes); ++p) {
       batch.push_back(std::async(std::launch::async, [probe = wanted_probes[p], job = shared->store_jobs[wanted_probes[p].job],

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <future>
 #include <sstream>
+#include <system_error>
 
 #include "daemon/job/config_channel.h"
 #include "daemon/job/node_record.h"
@@ -23,6 +24,8 @@ constexpr auto kTableSlack = std::chrono::milliseconds(2000);
 
 // How long explain() waits for a peer daemon to answer before calling it unreachable.
 constexpr auto kProbeTimeout = std::chrono::milliseconds(1000);
+// The most pings of a probe in flight at once.
+constexpr size_t kParallelPings = 64;
 
 // The outputs a set reserved, as the layout record's bit mask.
 constexpr int kGatherOutput = 1;
@@ -46,13 +49,16 @@ struct MaskRecord {
   bool operator==(const MaskRecord&) const = default;
 };
 
-bool decode_layout(const std::string& text, uint64_t* fingerprint, uint64_t* cap, int* gather, MaskRecord* mask,
-                   std::vector<plan::TensorLayout>* layout) {
+// Reads at most `most` tensors: a record of more differs from the set's own anyway (its
+// fingerprint says so, and the first difference is within the first `most`), and a store that
+// answers a huge one does not make the daemon hold it decoded.
+bool decode_layout(const std::string& text, size_t most, uint64_t* fingerprint, uint64_t* cap, int* gather,
+                   MaskRecord* mask, std::vector<plan::TensorLayout>* layout) {
   std::istringstream in(text);
   if (!(in >> *fingerprint >> *cap >> *gather >> mask->count >> mask->digest)) return false;
   uint32_t dtype = 0;
   plan::TensorLayout t;
-  while (in >> dtype >> t.numel >> t.group) {
+  while (layout->size() < most && in >> dtype >> t.numel >> t.group) {
     auto known = dtype_from_raw(dtype);
     if (!known) return false;
     t.dtype = *known;
@@ -91,6 +97,10 @@ Status PeerCluster::form() {
     return Status(status.code(), "job " + job + (unreachable ? ": cannot reach the rendezvous: "
                                                              : ": the rendezvous refused the job's first call: ") +
                                      status.message());
+  }
+  if (joined < 1) {
+    return Status::protocol("job " + job + ": the rendezvous (" + rendezvous_->describe() + ") counted " +
+                            std::to_string(joined) + " incarnations after this node's: not a count");
   }
   prefix_ = "g" + std::to_string((joined - 1) / t.nodes) + "/";
   const NodeRecord me = NodeRecord::mine(t.local_world_size, options_.advertise);
@@ -274,13 +284,16 @@ Status PeerCluster::check_layout(const TensorSet& set) {
   int gather0 = 0;
   MaskRecord mask0;
   std::vector<plan::TensorLayout> layout0;
-  if (!decode_layout(values[0], &fp0, &cap0, &gather0, &mask0, &layout0)) return Status::protocol("undecodable layout from node 0");
+  const size_t most = set.layout.size() + 1;
+  if (!decode_layout(values[0], most, &fp0, &cap0, &gather0, &mask0, &layout0)) {
+    return Status::protocol("undecodable layout from node 0");
+  }
   for (int n = 1; n < t.nodes; ++n) {
     uint64_t fp = 0, cap = 0;
     int gather = 0;
     MaskRecord mask;
     std::vector<plan::TensorLayout> layout;
-    if (!decode_layout(values[static_cast<size_t>(n)], &fp, &cap, &gather, &mask, &layout)) {
+    if (!decode_layout(values[static_cast<size_t>(n)], most, &fp, &cap, &gather, &mask, &layout)) {
       return Status::protocol("undecodable layout from node " + std::to_string(n));
     }
     const std::string where = "job " + options_.job_id + ": " + set.name() + " differs between " +
@@ -387,7 +400,6 @@ std::map<int, PeerCluster::NodeState> PeerCluster::probe(const std::vector<int>&
   // every read of a frozen one would wait out its own deadline (2 s each, one node after
   // another: 9 s at 4 nodes before this). Notices in etcd are read in one bounded call.
   const int self = options_.topology.node;
-  std::map<int, std::future<bool>> pings;
   std::vector<int> asked;
   for (int n : nodes) {
     if (n == self || static_cast<size_t>(n) >= addresses_.size()) continue;
@@ -397,13 +409,25 @@ std::map<int, PeerCluster::NodeState> PeerCluster::probe(const std::vector<int>&
   if (store_on_node0_ && self != 0 && !addresses_.empty() && std::find(asked.begin(), asked.end(), 0) == asked.end()) {
     pinged.push_back(0);
   }
-  for (int n : pinged) {
-    pings.emplace(n, std::async(std::launch::async, [address = addresses_[static_cast<size_t>(n)], auth = options_.auth] {
-                    return PeerClient(address, auth).ping(kProbeTimeout).ok();
-                  }));
-  }
+  // At most kParallelPings at once, a thread and a connection each: a job of thousands of
+  // nodes (or one a hostile store made up) must not start a thread per node at once. Up to
+  // that many nodes the probe takes one bound in all; beyond it, one a wave.
   std::map<int, bool> answers;
-  for (auto& [n, ping] : pings) answers[n] = ping.get();
+  for (size_t first = 0; first < pinged.size(); first += kParallelPings) {
+    std::vector<std::pair<int, std::future<bool>>> wave;
+    for (size_t i = first; i < std::min(pinged.size(), first + kParallelPings); ++i) {
+      const int n = pinged[i];
+      try {
+        wave.emplace_back(n, std::async(std::launch::async, [address = addresses_[static_cast<size_t>(n)],
+                                                             auth = options_.auth] {
+                            return PeerClient(address, auth).ping(kProbeTimeout).ok();
+                          }));
+      } catch (const std::system_error&) {
+        answers[n] = false;  // no thread to ask with (the process is at its limit): not heard from
+      }
+    }
+    for (auto& [n, ping] : wave) answers[n] = ping.get();
+  }
   const bool rendezvous_answers = !store_on_node0_ || self == 0 || answers[0];
   std::vector<std::string> notices;
   for (int n : asked) notices.push_back(key("failure/" + std::to_string(n)));
@@ -424,7 +448,7 @@ std::map<int, PeerCluster::NodeState> PeerCluster::probe(const std::vector<int>&
 std::string PeerCluster::whereabouts(int node, const std::map<int, NodeState>& states) const {
   auto it = states.find(node);
   if (it == states.end()) return describe_node(node);
-  if (it->second.failure) return describe_node(node) + ", which failed: " + *it->second.failure;
+  if (it->second.failure) return describe_node(node) + ", which failed: " + safe_text(*it->second.failure, 1000);
   if (it->second.answers) return describe_node(node) + ", which is slow, not gone: its daemon answers";
   return describe_node(node) + ", which is gone: its daemon does not answer";
 }
@@ -447,7 +471,7 @@ Status PeerCluster::explain(const Status& error) {
     if (!state.answers) {
       gone += (gone.empty() ? "" : "; ") + describe_node(n) + " is gone (its daemon does not answer)";
     } else if (state.failure) {
-      failed += (failed.empty() ? "" : "; ") + describe_node(n) + " failed: " + *state.failure;
+      failed += (failed.empty() ? "" : "; ") + describe_node(n) + " failed: " + safe_text(*state.failure, 1000);
     }
   }
   const std::string prefix = "job " + options_.job_id + ": ";

@@ -97,20 +97,30 @@ bool SettingsSchedule::wait_for_change(ConfigChannel& channel, uint64_t k, std::
   }
 }
 
+bool SettingsSchedule::pause_after_skip(ConfigChannel& channel) {
+  std::this_thread::sleep_for(kSkipPause);
+  return !channel.cancelled() && !options_.failed();
+}
+
 void SettingsSchedule::watch(std::shared_ptr<ConfigChannel> channel) {
   const auto bound = options_.agreement_bound;
   for (uint64_t k = 1;; ++k) {
     std::string text;
     if (!wait_for_change(*channel, k, &text)) return;
     JobSettings settings;
+    // A skipped change pauses the watcher briefly: changes come from operators, a few at a
+    // time, and a store answering every one at once (no honest store does) must not make the
+    // watcher spin and fill the log.
     if (text == ConfigChannel::kSkip) {
       options_.log.info("settings change " + std::to_string(k) + " was given up unpublished; skipped");
+      if (!pause_after_skip(*channel)) return;
       continue;
     }
     if (!JobSettings::decode(text, &settings)) {
       // Every node reads the same value, so every node skips it alike.
       options_.log.warning("settings change " + std::to_string(k) + " at the rendezvous is malformed or out of "
                            "range; skipped");
+      if (!pause_after_skip(*channel)) return;
       continue;
     }
     uint64_t hold = 0;

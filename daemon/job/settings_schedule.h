@@ -77,6 +77,9 @@ class SettingsSchedule {
   void watch(std::shared_ptr<ConfigChannel> channel);
   // Waits for change k to be published; false when the job ended meanwhile.
   bool wait_for_change(ConfigChannel& channel, uint64_t k, std::string* text);
+  // After a change that was skipped: a short pause; false when the job ended meanwhile.
+  bool pause_after_skip(ConfigChannel& channel);
+  static constexpr std::chrono::milliseconds kSkipPause{100};
 
   const SettingsScheduleOptions options_;
   Mutex mutex_;

@@ -43,15 +43,16 @@ Status parse_members(const std::string& list, const std::string& what, std::vect
 // The channel arguments of etcd's members: the peer channels' reconnect backoff, HTTP/2 pings
 // while a call is open (a member that stops answering, frozen or cut off, ends the watches and
 // renewals on it within 13 s, and they move to the next member; etcd refuses pings more often
-// than every 5 s, --grpc-keepalive-min-time), and no bound on a reply's size (a watch that
-// catches up may carry many events at once; etcd's clientv3 takes any size too).
+// than every 5 s, --grpc-keepalive-min-time), and a bound on a reply's size well above what
+// etcd sends (kMaxReply): a member a trainer named may be anyone's server, and an answer of
+// gigabytes would otherwise be taken whole, for every job of the daemon to pay for.
 grpc::ChannelArguments member_arguments() {
   grpc::ChannelArguments args = PeerChannels::arguments();
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10'000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 3'000);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 0);
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
-  args.SetMaxReceiveMessageSize(-1);
+  args.SetMaxReceiveMessageSize(static_cast<int>(EtcdAccess::kMaxReply));
   return args;
 }
 

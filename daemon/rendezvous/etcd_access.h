@@ -48,6 +48,10 @@ class EtcdAccess {
 
   // The most members one rendezvous may name: each is a channel and a turn in every failover.
   static constexpr size_t kMaxMembers = 16;
+  // The largest reply taken from a member. etcd's largest to us is a read of 64 keys
+  // (etcd_store.cc), each at most its --max-request-bytes (1.5 MiB by default): 96 MiB; a
+  // watch's replies are fragmented at that size.
+  static constexpr size_t kMaxReply = 128u << 20;
 
   bool tls() const { return tls_; }
   const std::string& user() const { return user_; }

@@ -1,6 +1,7 @@
 #include "daemon/rendezvous/etcd_store.h"
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <thread>
 
@@ -15,6 +16,8 @@ namespace {
 constexpr size_t kRangesPerTxn = 64;
 // A read that answers at once (a get of timeout 0, a peek) still needs a bound for the call.
 constexpr auto kReadBound = std::chrono::seconds(2);
+// The pause before reading again after a watch found its revision compacted.
+constexpr auto kCompactionPause = std::chrono::milliseconds(100);
 
 // The first key after every key that starts with `prefix` (etcd's range_end for a prefix).
 std::string prefix_end(std::string prefix) {
@@ -39,11 +42,16 @@ std::string common_prefix(const std::vector<std::string>& paths) {
 }
 
 // etcd refuses a request above its --max-request-bytes (1.5 MiB by default), and its gRPC server
-// one above 2 MiB: say so.
+// one above 2 MiB: say so. A reply above the daemon's own bound is said as such.
 Status explain_size(Status status) {
   if (status.ok() || (status.message().find("request is too large") == std::string::npos &&
                       status.message().find("larger than max") == std::string::npos)) {
     return status;
+  }
+  if (status.message().find(std::to_string(EtcdAccess::kMaxReply)) != std::string::npos) {
+    return Status(status.code(), status.message() + " (an answer above the " +
+                                     std::to_string(EtcdAccess::kMaxReply >> 20) +
+                                     " MiB the daemon takes from an etcd member: no etcd sends one)");
   }
   return Status(status.code(), status.message() +
                                    " (a value above etcd's --max-request-bytes, 1.5 MiB by default: a tensor set's "
@@ -93,7 +101,7 @@ Status EtcdStore::read(const std::vector<std::string>& paths, Clock::time_point 
                                         [&](EtcdMember& m, grpc::ClientContext* c) {
                                           return m.kv.Txn(c, request, &response);
                                         });
-    if (!status.ok()) return status;
+    if (!status.ok()) return explain_size(status);
     if (response.responses_size() != static_cast<int>(last - first)) {
       return Status::protocol(describe() + ": a read of " + std::to_string(last - first) + " keys answered " +
                               std::to_string(response.responses_size()));
@@ -103,6 +111,9 @@ Status EtcdStore::read(const std::vector<std::string>& paths, Clock::time_point 
       if (range.kvs_size() > 0) (*found)[i] = range.kvs(0).value();
     }
     const int64_t at = response.header().revision();
+    if (at < 0 || at == std::numeric_limits<int64_t>::max()) {
+      return Status::protocol(describe() + ": a read answered at revision " + std::to_string(at) + ": not etcd's");
+    }
     *revision = *revision == 0 ? at : std::min(*revision, at);
   }
   return Status();
@@ -187,6 +198,11 @@ Status EtcdStore::get(const std::string& job, const std::vector<std::string>& ke
     bool compacted = false;
     status = watch(paths, revision, deadline, &found, &compacted);
     if (!status.ok() || !compacted) break;
+    // etcd compacted past the read: read again, after a pause, so that a member answering
+    // every watch so (no etcd would) cannot make a busy loop of it.
+    std::this_thread::sleep_for(std::min<Clock::duration>(kCompactionPause, std::max<Clock::duration>(
+                                                                                 Clock::duration::zero(),
+                                                                                 deadline - Clock::now())));
   }
   if (status.ok() && !std::all_of(found.begin(), found.end(), [](const auto& v) { return v.has_value(); })) {
     status = Status::protocol(describe() + ": a watch ended without the keys it waited for");
@@ -202,7 +218,7 @@ Status EtcdStore::get(const std::string& job, const std::vector<std::string>& ke
                            " keys did not appear within " + std::to_string(timeout.count()) + " ms (the first: " +
                            safe_text(first, 200) + ")");
   }
-  if (!status.ok()) return status;
+  if (!status.ok()) return explain_size(status);
   values->clear();
   for (auto& value : found) values->push_back(std::move(*value));
   return Status();
@@ -339,7 +355,12 @@ Status EtcdStore::count_once(const std::string& job, const std::string& key, con
   }
   if (response.succeeded()) {
     const auto& put = response.responses(0).response_put();
-    *value = put.has_prev_kv() && put.prev_kv().version() > 0 ? put.prev_kv().version() + 1 : 1;
+    const int64_t before = put.has_prev_kv() ? put.prev_kv().version() : 0;
+    if (before < 0 || before == std::numeric_limits<int64_t>::max()) {
+      return Status::protocol(describe() + ": counting " + safe_text(key, 200) + " found version " +
+                              std::to_string(before) + ": not etcd's");
+    }
+    *value = before + 1;
     return Status();
   }
   // An earlier copy counted: the count it made is the counter's version at its revision; the

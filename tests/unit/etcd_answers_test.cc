@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <fstream>
+#include <limits>
 #include <thread>
 
 #include "client/tools/process.h"
@@ -116,6 +117,63 @@ TEST_CASE("etcd store: answers no etcd gives are refused naming the member, neve
     CHECK(status.code() == ErrorCode::kProtocol);
     CHECK_THAT(status.message(), Catch::Contains(fake.address()) && Catch::Contains("not etcd's answer"));
     CHECK(fake.calls("Put") == 0);
+  }
+  SECTION("a count or a read at the end of int64's range: refused, not overflowed") {
+    FakeEtcd fake({.txn = [](const std::string&, const etcdserverpb::TxnRequest& request,
+                             etcdserverpb::TxnResponse* r) {
+      r->mutable_header()->set_revision(std::numeric_limits<int64_t>::max());
+      r->set_succeeded(true);
+      for (int i = 0; i < request.success_size(); ++i) {
+        auto* one = r->add_responses();
+        if (request.success(i).has_request_put()) {
+          one->mutable_response_put()->mutable_prev_kv()->set_version(std::numeric_limits<int64_t>::max());
+        } else {
+          one->mutable_response_range();
+        }
+      }
+      return grpc::Status::OK;
+    }});
+    StoreOn node(fake);
+    int64_t count = -1;
+    const Status counted = node.store->add("0.job", "arrived", 1, 2s, &count);
+    INFO(counted.to_string());
+    CHECK(counted.code() == ErrorCode::kProtocol);
+    CHECK_THAT(counted.message(), Catch::Contains("found version 9223372036854775807"));
+    std::vector<std::string> values;
+    const Status read = node.store->get("0.job", {"a"}, 2s, &values);
+    INFO(read.to_string());
+    CHECK(read.code() == ErrorCode::kProtocol);
+    CHECK_THAT(read.message(), Catch::Contains("revision 9223372036854775807"));
+  }
+  SECTION("a reply above the daemon's bound for one reply: refused, naming the bound, not taken whole") {
+    FakeEtcd fake({.txn = [](const std::string&, const etcdserverpb::TxnRequest&, etcdserverpb::TxnResponse* r) {
+      r->set_succeeded(true);
+      auto* kv = r->add_responses()->mutable_response_range()->add_kvs();
+      kv->set_value(std::string(EtcdAccess::kMaxReply + 1, 'x'));
+      return grpc::Status::OK;
+    }});
+    std::vector<std::optional<std::string>> values;
+    const Status status = StoreOn(fake).store->peek("0.job", {"a"}, 5s, &values);
+    INFO(status.to_string().substr(0, 500));
+    CHECK_FALSE(status.ok());
+    CHECK_THAT(status.message(), Catch::Contains(fake.address()) && Catch::Contains("128 MiB"));
+  }
+  SECTION("a member that answers every watch with a compaction: read again after a pause, no busy loop") {
+    FakeEtcd fake({.txn = nothing_there,
+                   .watch = [](const std::string&, const etcdserverpb::WatchCreateRequest&, FakeEtcd::WatchStream* s) {
+                     etcdserverpb::WatchResponse compacted;
+                     compacted.set_compact_revision(5);
+                     s->Write(compacted);
+                     FakeEtcd::hold(s);
+                     return grpc::Status::OK;
+                   }});
+    std::vector<std::string> values;
+    const Status status = StoreOn(fake).store->get("0.job", {"a"}, 1s, &values);
+    INFO(status.to_string());
+    CHECK(status.code() == ErrorCode::kTimeout);
+    // One read and one watch a pause (100 ms) at most, over the 1 s wait.
+    CHECK(fake.calls("Watch") >= 2);
+    CHECK(fake.calls("Watch") <= 12);
   }
   SECTION("a watch that ends well without the keys: refused at once, not waited out or retried") {
     FakeEtcd fake({.txn = nothing_there,

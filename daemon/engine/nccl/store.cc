@@ -2,6 +2,8 @@
 
 #include <sstream>
 
+#include "daemon/util/safe_text.h"
+
 namespace gradsync::nccl {
 namespace {
 
@@ -68,9 +70,12 @@ Status plan_ranks(Rendezvous* rendezvous, const std::string& name, int devices, 
   for (size_t n = 0; n < all.size(); ++n) {
     int count = 0;
     std::vector<int> node_slots;
-    if (!decode_ranks(all[n], &count, &node_slots) || node_slots.size() != slots.size()) {
+    // A node has at most a GPU per local rank: a count above that is no node's plan (and a sum
+    // of such counts could overflow the rank count NCCL is given).
+    if (!decode_ranks(all[n], &count, &node_slots) || node_slots.size() != slots.size() ||
+        static_cast<size_t>(count) > slots.size()) {
       return Status::protocol("node " + std::to_string(n) + " offered an undecodable GPU plan for '" + name +
-                              "': '" + all[n] + "'");
+                              "': '" + safe_text(all[n], 200) + "'");
     }
     made.base.push_back(made.ranks);
     made.ranks += count;
