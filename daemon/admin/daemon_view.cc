@@ -220,7 +220,7 @@ Status IoDaemonView::in_flight(const std::string& wanted, std::optional<uid_t> o
         RemoteNode remote;
         remote.node = wanted_probes[p].node;
         remote.address = wanted_probes[p].address;
-        remote.unreachable = true;
+        remote.not_asked = true;
         remote.error = "not asked: the view's time to answer ran out first";
         remotes[wanted_probes[p].job].push_back(std::move(remote));
       }
@@ -268,6 +268,7 @@ Status IoDaemonView::in_flight(const std::string& wanted, std::optional<uid_t> o
         PendingOperation& head = entry.operations.front();
         const uint32_t bucket = head.buckets.front().bucket;
         for (const RemoteNode& remote : entry.nodes) {
+          if (remote.not_asked) continue;
           const bool reached = !remote.unreachable && remote.error.empty() &&
                                (remote.operations_done >= head.seq ||
                                 (remote.current_seq == head.seq &&

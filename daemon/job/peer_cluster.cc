@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <future>
+#include <set>
 #include <sstream>
 #include <system_error>
 
@@ -49,18 +50,20 @@ struct MaskRecord {
   bool operator==(const MaskRecord&) const = default;
 };
 
-// Reads at most `most` tensors: a record of more differs from the set's own anyway (its
-// fingerprint says so, and the first difference is within the first `most`), and a store that
-// answers a huge one does not make the daemon hold it decoded.
+// Keeps at most `most` tensors and counts the rest (*total): a store that answers a huge record
+// does not make the daemon hold it decoded, and a mismatch beyond the first `most` is still
+// said by the counts.
 bool decode_layout(const std::string& text, size_t most, uint64_t* fingerprint, uint64_t* cap, int* gather,
-                   MaskRecord* mask, std::vector<plan::TensorLayout>* layout) {
+                   MaskRecord* mask, std::vector<plan::TensorLayout>* layout, size_t* total) {
   std::istringstream in(text);
   if (!(in >> *fingerprint >> *cap >> *gather >> mask->count >> mask->digest)) return false;
   uint32_t dtype = 0;
   plan::TensorLayout t;
-  while (layout->size() < most && in >> dtype >> t.numel >> t.group) {
+  *total = 0;
+  while (in >> dtype >> t.numel >> t.group) {
     auto known = dtype_from_raw(dtype);
     if (!known) return false;
+    if ((*total)++ >= most) continue;
     t.dtype = *known;
     layout->push_back(t);
   }
@@ -285,7 +288,8 @@ Status PeerCluster::check_layout(const TensorSet& set) {
   MaskRecord mask0;
   std::vector<plan::TensorLayout> layout0;
   const size_t most = set.layout.size() + 1;
-  if (!decode_layout(values[0], most, &fp0, &cap0, &gather0, &mask0, &layout0)) {
+  size_t total0 = 0;
+  if (!decode_layout(values[0], most, &fp0, &cap0, &gather0, &mask0, &layout0, &total0)) {
     return Status::protocol("undecodable layout from node 0");
   }
   for (int n = 1; n < t.nodes; ++n) {
@@ -293,13 +297,21 @@ Status PeerCluster::check_layout(const TensorSet& set) {
     int gather = 0;
     MaskRecord mask;
     std::vector<plan::TensorLayout> layout;
-    if (!decode_layout(values[static_cast<size_t>(n)], most, &fp, &cap, &gather, &mask, &layout)) {
+    size_t total = 0;
+    if (!decode_layout(values[static_cast<size_t>(n)], most, &fp, &cap, &gather, &mask, &layout, &total)) {
       return Status::protocol("undecodable layout from node " + std::to_string(n));
     }
     const std::string where = "job " + options_.job_id + ": " + set.name() + " differs between " +
                               describe_node(0) + " and " + describe_node(n) + ": ";
     if (fp != fp0) {
-      const auto diff = plan::first_difference(layout0, 0, layout, n * t.local_world_size);
+      // The tensors both kept first (a differing one is the sharper clue), then the full counts.
+      const size_t common = std::min(layout0.size(), layout.size());
+      const int rank = n * t.local_world_size;
+      auto diff = plan::first_difference(std::span(layout0).first(common), 0, std::span(layout).first(common), rank);
+      if (!diff && total0 != total) {
+        diff = "rank 0 registered " + std::to_string(total0) + " tensors, rank " + std::to_string(rank) +
+               " registered " + std::to_string(total);
+      }
       return Status::layout_mismatch(where + diff.value_or("layouts differ"));
     }
     if (cap != cap0) return Status::layout_mismatch(where + "bucket caps " + std::to_string(cap0) + " and " + std::to_string(cap));
@@ -413,6 +425,7 @@ std::map<int, PeerCluster::NodeState> PeerCluster::probe(const std::vector<int>&
   // nodes (or one a hostile store made up) must not start a thread per node at once. Up to
   // that many nodes the probe takes one bound in all; beyond it, one a wave.
   std::map<int, bool> answers;
+  std::set<int> unasked;
   for (size_t first = 0; first < pinged.size(); first += kParallelPings) {
     std::vector<std::pair<int, std::future<bool>>> wave;
     for (size_t i = first; i < std::min(pinged.size(), first + kParallelPings); ++i) {
@@ -423,7 +436,7 @@ std::map<int, PeerCluster::NodeState> PeerCluster::probe(const std::vector<int>&
                             return PeerClient(address, auth).ping(kProbeTimeout).ok();
                           }));
       } catch (const std::system_error&) {
-        answers[n] = false;  // no thread to ask with (the process is at its limit): not heard from
+        unasked.insert(n);  // no thread to ask with (the process is at its limit): unknown
       }
     }
     for (auto& [n, ping] : wave) answers[n] = ping.get();
@@ -439,6 +452,7 @@ std::map<int, PeerCluster::NodeState> PeerCluster::probe(const std::vector<int>&
   std::map<int, NodeState> states;
   for (size_t i = 0; i < asked.size(); ++i) {
     NodeState& state = states[asked[i]];
+    state.asked = !unasked.count(asked[i]);
     state.answers = answers[asked[i]];
     if (i < read.size()) state.failure = read[i];
   }
@@ -449,6 +463,7 @@ std::string PeerCluster::whereabouts(int node, const std::map<int, NodeState>& s
   auto it = states.find(node);
   if (it == states.end()) return describe_node(node);
   if (it->second.failure) return describe_node(node) + ", which failed: " + safe_text(*it->second.failure, 1000);
+  if (!it->second.asked) return describe_node(node) + ", which this daemon could not ask (no thread for the ping)";
   if (it->second.answers) return describe_node(node) + ", which is slow, not gone: its daemon answers";
   return describe_node(node) + ", which is gone: its daemon does not answer";
 }
@@ -467,8 +482,11 @@ Status PeerCluster::explain(const Status& error) {
   // Gone nodes lead: a node that failed usually failed because of them, and its own notice
   // names them second-hand.
   std::string gone, failed;
+  size_t unknown = 0;  // not asked: neither gone nor well as far as this node can tell
   for (const auto& [n, state] : states) {
-    if (!state.answers) {
+    if (!state.asked && !state.failure) {
+      ++unknown;
+    } else if (state.asked && !state.answers) {
       gone += (gone.empty() ? "" : "; ") + describe_node(n) + " is gone (its daemon does not answer)";
     } else if (state.failure) {
       failed += (failed.empty() ? "" : "; ") + describe_node(n) + " failed: " + safe_text(*state.failure, 1000);
@@ -482,6 +500,12 @@ Status PeerCluster::explain(const Status& error) {
                   error.where());
   }
   if (!failed.empty()) return Status(error.code(), prefix + failed + " (" + error.message() + ")", error.where());
+  if (unknown > 0) {
+    return Status(error.code(),
+                  prefix + std::to_string(unknown) + " other nodes could not be asked (this daemon could not start a "
+                           "thread for their pings); the others answer: " + error.message(),
+                  error.where());
+  }
   if (error.code() == ErrorCode::kTimeout) {
     // Every daemon answers and none reported a failure: a peer is alive but slow (its clients
     // are late, or it is still forming), not gone.

@@ -28,7 +28,8 @@ struct RemoteNode {
   int node = 0;
   std::string address;
   bool unreachable = false;
-  std::string error;  // why unreachable, or the job's failure there
+  bool not_asked = false;  // the view's time ran out before its turn: unknown, not behind
+  std::string error;  // why unreachable or not asked, or the job's failure there
   uint64_t operations_done = 0;
   uint64_t current_seq = 0;
   uint32_t current_bucket = 0;

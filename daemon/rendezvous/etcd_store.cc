@@ -41,6 +41,13 @@ std::string common_prefix(const std::vector<std::string>& paths) {
   return prefix;
 }
 
+// Whether a call failed for an answer above the daemon's bound for one reply (gRPC's words name
+// the bound).
+bool above_reply_bound(const Status& status) {
+  return status.message().find("larger than max") != std::string::npos &&
+         status.message().find(std::to_string(EtcdAccess::kMaxReply)) != std::string::npos;
+}
+
 // etcd refuses a request above its --max-request-bytes (1.5 MiB by default), and its gRPC server
 // one above 2 MiB: say so. A reply above the daemon's own bound is said as such.
 Status explain_size(Status status) {
@@ -48,10 +55,11 @@ Status explain_size(Status status) {
                       status.message().find("larger than max") == std::string::npos)) {
     return status;
   }
-  if (status.message().find(std::to_string(EtcdAccess::kMaxReply)) != std::string::npos) {
+  if (above_reply_bound(status)) {
     return Status(status.code(), status.message() + " (an answer above the " +
                                      std::to_string(EtcdAccess::kMaxReply >> 20) +
-                                     " MiB the daemon takes from an etcd member: no etcd sends one)");
+                                     " MiB the daemon takes from an etcd member in one reply: one key's value "
+                                     "alone, or a watch's fragment, was larger)");
   }
   return Status(status.code(), status.message() +
                                    " (a value above etcd's --max-request-bytes, 1.5 MiB by default: a tensor set's "
@@ -92,8 +100,11 @@ Status EtcdStore::read(const std::vector<std::string>& paths, Clock::time_point 
                        std::vector<std::optional<std::string>>* found, int64_t* revision) {
   found->assign(paths.size(), std::nullopt);
   *revision = 0;
-  for (size_t first = 0; first < paths.size(); first += kRangesPerTxn) {
-    const size_t last = std::min(paths.size(), first + kRangesPerTxn);
+  // Keys per transaction: kRangesPerTxn, halved (down to one) while an answer is above the
+  // daemon's bound for one reply, which 64 values of a raised --max-request-bytes can be.
+  size_t batch = kRangesPerTxn;
+  for (size_t first = 0; first < paths.size();) {
+    const size_t last = std::min(paths.size(), first + batch);
     etcdserverpb::TxnRequest request;
     for (size_t i = first; i < last; ++i) request.add_success()->mutable_request_range()->set_key(paths[i]);
     etcdserverpb::TxnResponse response;
@@ -101,6 +112,10 @@ Status EtcdStore::read(const std::vector<std::string>& paths, Clock::time_point 
                                         [&](EtcdMember& m, grpc::ClientContext* c) {
                                           return m.kv.Txn(c, request, &response);
                                         });
+    if (!status.ok() && last - first > 1 && above_reply_bound(status)) {
+      batch = (last - first) / 2;
+      continue;
+    }
     if (!status.ok()) return explain_size(status);
     if (response.responses_size() != static_cast<int>(last - first)) {
       return Status::protocol(describe() + ": a read of " + std::to_string(last - first) + " keys answered " +
@@ -115,6 +130,7 @@ Status EtcdStore::read(const std::vector<std::string>& paths, Clock::time_point 
       return Status::protocol(describe() + ": a read answered at revision " + std::to_string(at) + ": not etcd's");
     }
     *revision = *revision == 0 ? at : std::min(*revision, at);
+    first = last;
   }
   return Status();
 }
@@ -306,8 +322,11 @@ Status EtcdStore::add(const std::string& job, const std::string& key, int64_t de
                                         [&](EtcdMember& m, grpc::ClientContext* c) {
                                           return m.kv.Range(c, request, &response);
                                         });
-    if (status.ok()) *value = response.kvs_size() > 0 ? response.kvs(0).version() : 0;
-    return status;
+    if (!status.ok()) return status;
+    *value = response.kvs_size() > 0 ? response.kvs(0).version() : 0;
+    if (*value < 0) return Status::protocol(describe() + ": counter " + safe_text(key, 200) + " at version " +
+                                            std::to_string(*value) + ": not etcd's");
+    return Status();
   }
   if (delta != 1) {
     return Status::invalid_argument(describe() + ": a counter in etcd counts by 0 or 1, not " + std::to_string(delta));
@@ -373,7 +392,8 @@ Status EtcdStore::count_once(const std::string& job, const std::string& key, con
   const auto& now = response.responses(1).response_range();
   if (now.kvs_size() > 0 && now.kvs(0).mod_revision() == found.kvs(0).mod_revision()) {
     *value = now.kvs(0).version();
-    return Status();
+    return *value > 0 ? Status() : Status::protocol(describe() + ": counter " + safe_text(key, 200) +
+                                                    " counted at version " + std::to_string(*value) + ": not etcd's");
   }
   etcdserverpb::RangeRequest then;
   then.set_key(counter);
@@ -391,7 +411,8 @@ Status EtcdStore::count_once(const std::string& job, const std::string& key, con
                             "count was made at");
   }
   *value = at.kvs(0).version();
-  return Status();
+  return *value > 0 ? Status() : Status::protocol(describe() + ": counter " + safe_text(key, 200) +
+                                                  " counted at version " + std::to_string(*value) + ": not etcd's");
 }
 
 Status EtcdStore::delete_job(const std::string& job, std::chrono::milliseconds timeout, const std::string& prefix) {

@@ -142,6 +142,9 @@ def test_teardown_leaves_no_namespace_link_or_process_on_any_exit_path(how):
         child.send_signal(signal.SIGUSR1)  # its threads' stacks, to stderr
         time.sleep(1)
         child.kill()
+        child.wait()
+        with simcluster.SimCluster(1):  # sweeps what the killed harness left
+            pass
         pytest.fail(f"the harness did not end within 60 s of '{how}'; its stacks:\n{child.communicate()[1]}")
     if how == "sigkill":
         assert leftovers(tag), "a harness killed with SIGKILL cannot clean up: the next one sweeps"

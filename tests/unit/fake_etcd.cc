@@ -1,5 +1,7 @@
 #include "tests/unit/fake_etcd.h"
 
+#include <stdexcept>
+
 namespace gradsync::test {
 namespace {
 

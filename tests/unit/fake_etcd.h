@@ -3,7 +3,8 @@
 // what each call answers. It speaks etcd's own gRPC API (proto/etcd), so the daemon's etcd
 // store (daemon/rendezvous/etcd_store.h) talks to it as to a member.
 //
-// Every call's token (the "token" metadata) is handed to the handler. Authenticate answers
+// Every unary call's and watch's token (the "token" metadata) is handed to its handler;
+// renewals and Authenticate get none. Handlers run on gRPC's threads. Authenticate answers
 // "token-1", "token-2", ... for any user and password. A call with no handler answers what
 // etcd would for the simplest case: a lease grant grants the ID asked for with its TTL, a
 // renewal renews for 10 s; the others are refused as UNIMPLEMENTED.
@@ -57,7 +58,7 @@ class FakeEtcd {
   // Counts a call of `rpc`; returns how many there were, this one included.
   int count(const std::string& rpc);
 
-  Handlers handlers_;
+  const Handlers handlers_;
   mutable Mutex mutex_;
   std::map<std::string, int> calls_ GS_GUARDED_BY(mutex_);
   std::unique_ptr<Services> services_;
