@@ -66,11 +66,26 @@ etcdserverpb::WatchResponse puts(const std::vector<std::pair<std::string, std::s
   return response;
 }
 
+etcdserverpb::WatchResponse compacted(int64_t revision) {
+  etcdserverpb::WatchResponse response;
+  response.set_compact_revision(revision);
+  return response;
+}
+
 etcdserverpb::WatchResponse cancelled(const std::string& reason) {
   etcdserverpb::WatchResponse response;
   response.set_canceled(true);
   response.set_cancel_reason(reason);
   return response;
+}
+
+// A watch handler that answers every watch with `reply`, then holds it open.
+FakeEtcd::WatchHandler answering(etcdserverpb::WatchResponse reply) {
+  return [reply](const std::string&, const etcdserverpb::WatchCreateRequest&, FakeEtcd::WatchStream* s) {
+    s->Write(reply);
+    FakeEtcd::hold(s);
+    return grpc::Status::OK;
+  };
 }
 
 // Job "0.job"'s key `key` as etcd holds it, under the default --etcd-prefix.
@@ -183,13 +198,7 @@ TEST_CASE("etcd store: answers no etcd gives are refused naming the member, neve
   }
   SECTION("a member that answers every watch with a compaction: read again after a pause, no busy loop") {
     FakeEtcd fake({.txn = nothing_there,
-                   .watch = [](const std::string&, const etcdserverpb::WatchCreateRequest&, FakeEtcd::WatchStream* s) {
-                     etcdserverpb::WatchResponse compacted;
-                     compacted.set_compact_revision(5);
-                     s->Write(compacted);
-                     FakeEtcd::hold(s);
-                     return grpc::Status::OK;
-                   }});
+                   .watch = answering(compacted(5))});
     std::vector<std::string> values;
     const Status status = StoreOn(fake).store->get("0.job", {"a"}, 1s, &values);
     INFO(status.to_string());
@@ -214,11 +223,7 @@ TEST_CASE("etcd store: answers no etcd gives are refused naming the member, neve
   }
   SECTION("a watch cancelled by the member for a reason of its own: the reason is the error") {
     FakeEtcd fake({.txn = nothing_there,
-                   .watch = [](const std::string&, const etcdserverpb::WatchCreateRequest&, FakeEtcd::WatchStream* s) {
-                     s->Write(cancelled("mvcc: the fake's own reason"));
-                     FakeEtcd::hold(s);
-                     return grpc::Status::OK;
-                   }});
+                   .watch = answering(cancelled("mvcc: the fake's own reason"))});
     std::vector<std::string> values;
     const Status status = StoreOn(fake).store->get("0.job", {"a"}, 10s, &values);
     INFO(status.to_string());
@@ -244,7 +249,7 @@ TEST_CASE("etcd store: answers no etcd gives are refused naming the member, neve
 }
 
 TEST_CASE("etcd store: a watch refused as 'permission denied' (etcd 3.4's word for a token it cannot check) logs "
-          "in again once; a call refused for its token is made again with a new one",
+          "in again once, and a call refused for its token is made again with a new one",
           "[unit][etcd]") {
   SECTION("the second token is taken: the get gets its key") {
     FakeEtcd fake({.txn = nothing_there,
@@ -265,11 +270,7 @@ TEST_CASE("etcd store: a watch refused as 'permission denied' (etcd 3.4's word f
   }
   SECTION("refused again: the refusal is the error, after one more login, not a loop") {
     FakeEtcd fake({.txn = nothing_there,
-                   .watch = [](const std::string&, const etcdserverpb::WatchCreateRequest&, FakeEtcd::WatchStream* s) {
-                     s->Write(cancelled("etcdserver: permission denied"));
-                     FakeEtcd::hold(s);
-                     return grpc::Status::OK;
-                   }});
+                   .watch = answering(cancelled("etcdserver: permission denied"))});
     std::vector<std::string> values;
     const Status status = StoreOn(fake, "trainer-nodes").store->get("0.job", {"a"}, 10s, &values);
     INFO(status.to_string());
@@ -280,11 +281,7 @@ TEST_CASE("etcd store: a watch refused as 'permission denied' (etcd 3.4's word f
   }
   SECTION("without a user, 'permission denied' is what it says: no login, no second watch") {
     FakeEtcd fake({.txn = nothing_there,
-                   .watch = [](const std::string&, const etcdserverpb::WatchCreateRequest&, FakeEtcd::WatchStream* s) {
-                     s->Write(cancelled("etcdserver: permission denied"));
-                     FakeEtcd::hold(s);
-                     return grpc::Status::OK;
-                   }});
+                   .watch = answering(cancelled("etcdserver: permission denied"))});
     std::vector<std::string> values;
     const Status status = StoreOn(fake).store->get("0.job", {"a"}, 10s, &values);
     INFO(status.to_string());

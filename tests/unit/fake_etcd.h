@@ -25,6 +25,8 @@ namespace gradsync::test {
 class FakeEtcd {
  public:
   using WatchStream = grpc::ServerReaderWriter<etcdserverpb::WatchResponse, etcdserverpb::WatchRequest>;
+  using WatchHandler =
+      std::function<grpc::Status(const std::string& token, const etcdserverpb::WatchCreateRequest&, WatchStream*)>;
   template <typename Request, typename Response>
   using Unary = std::function<grpc::Status(const std::string& token, const Request&, Response*)>;
   struct Handlers {
@@ -35,8 +37,7 @@ class FakeEtcd {
     // One renewal of the keep-alive stream.
     std::function<void(const etcdserverpb::LeaseKeepAliveRequest&, etcdserverpb::LeaseKeepAliveResponse*)> renew;
     // A watch, given its create request; the stream stays open while this runs.
-    std::function<grpc::Status(const std::string& token, const etcdserverpb::WatchCreateRequest&, WatchStream*)>
-        watch;
+    WatchHandler watch;
   };
 
   explicit FakeEtcd(Handlers handlers);
