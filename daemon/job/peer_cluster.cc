@@ -1,13 +1,12 @@
 #include "daemon/job/peer_cluster.h"
 
 #include <algorithm>
-#include <future>
 #include <set>
 #include <sstream>
-#include <system_error>
 
 #include "daemon/job/config_channel.h"
 #include "daemon/job/node_record.h"
+#include "daemon/peer/peer_pings.h"
 #include "daemon/plan/layout.h"
 #include "daemon/rendezvous/etcd_access.h"
 #include "daemon/util/safe_text.h"
@@ -25,8 +24,6 @@ constexpr auto kTableSlack = std::chrono::milliseconds(2000);
 
 // How long explain() waits for a peer daemon to answer before calling it unreachable.
 constexpr auto kProbeTimeout = std::chrono::milliseconds(1000);
-// The most pings of a probe in flight at once.
-constexpr size_t kParallelPings = 64;
 
 // The outputs a set reserved, as the layout record's bit mask.
 constexpr int kGatherOutput = 1;
@@ -421,25 +418,17 @@ std::map<int, PeerCluster::NodeState> PeerCluster::probe(const std::vector<int>&
   if (store_on_node0_ && self != 0 && !addresses_.empty() && std::find(asked.begin(), asked.end(), 0) == asked.end()) {
     pinged.push_back(0);
   }
-  // At most kParallelPings at once, a thread and a connection each: a job of thousands of
-  // nodes (or one a hostile store made up) must not start a thread per node at once. Up to
-  // that many nodes the probe takes one bound in all; beyond it, one a wave.
+  // All at once, with one bound for them all whatever the node count, and no thread per node
+  // (peer_pings.h): at most 256 open at a time; a node not reached by the bound is not asked,
+  // which says nothing of it, rather than silent.
+  std::vector<std::string> targets;
+  for (int n : pinged) targets.push_back(addresses_[static_cast<size_t>(n)]);
+  const std::vector<PingAnswer> heard = ping_all(targets, options_.auth, kProbeTimeout);
   std::map<int, bool> answers;
   std::set<int> unasked;
-  for (size_t first = 0; first < pinged.size(); first += kParallelPings) {
-    std::vector<std::pair<int, std::future<bool>>> wave;
-    for (size_t i = first; i < std::min(pinged.size(), first + kParallelPings); ++i) {
-      const int n = pinged[i];
-      try {
-        wave.emplace_back(n, std::async(std::launch::async, [address = addresses_[static_cast<size_t>(n)],
-                                                             auth = options_.auth] {
-                            return PeerClient(address, auth).ping(kProbeTimeout).ok();
-                          }));
-      } catch (const std::system_error&) {
-        unasked.insert(n);  // no thread to ask with (the process is at its limit): unknown
-      }
-    }
-    for (auto& [n, ping] : wave) answers[n] = ping.get();
+  for (size_t i = 0; i < pinged.size(); ++i) {
+    answers[pinged[i]] = heard[i] == PingAnswer::kAnswers;
+    if (heard[i] == PingAnswer::kNotAsked) unasked.insert(pinged[i]);
   }
   const bool rendezvous_answers = !store_on_node0_ || self == 0 || answers[0];
   std::vector<std::string> notices;
@@ -463,7 +452,7 @@ std::string PeerCluster::whereabouts(int node, const std::map<int, NodeState>& s
   auto it = states.find(node);
   if (it == states.end()) return describe_node(node);
   if (it->second.failure) return describe_node(node) + ", which failed: " + safe_text(*it->second.failure, 1000);
-  if (!it->second.asked) return describe_node(node) + ", which this daemon could not ask (no thread for the ping)";
+  if (!it->second.asked) return describe_node(node) + ", which was not asked (the probe's bound passed first)";
   if (it->second.answers) return describe_node(node) + ", which is slow, not gone: its daemon answers";
   return describe_node(node) + ", which is gone: its daemon does not answer";
 }
@@ -502,8 +491,9 @@ Status PeerCluster::explain(const Status& error) {
   if (!failed.empty()) return Status(error.code(), prefix + failed + " (" + error.message() + ")", error.where());
   if (unknown > 0) {
     return Status(error.code(),
-                  prefix + std::to_string(unknown) + " other nodes could not be asked (this daemon could not start a "
-                           "thread for their pings); the others answer: " + error.message(),
+                  prefix + std::to_string(unknown) + " other nodes were not asked (the probe's " +
+                      std::to_string(kProbeTimeout.count()) + " ms passed first); the others answer: " +
+                      error.message(),
                   error.where());
   }
   if (error.code() == ErrorCode::kTimeout) {

@@ -67,7 +67,7 @@ class PeerCluster final : public Cluster {
   // What the other daemons say about `nodes`: whether each answers a ping (in parallel,
   // bounded by a probe timeout) and the failure it published, if any.
   struct NodeState {
-    bool asked = true;  // false: this daemon could not start the ping (no thread): unknown
+    bool asked = true;  // false: the probe's bound passed before its ping started: unknown
     bool answers = false;
     std::optional<std::string> failure;
   };

@@ -17,15 +17,14 @@ void bound(grpc::ClientContext* context, std::chrono::milliseconds timeout) {
   context->set_deadline(std::chrono::system_clock::now() + timeout);
 }
 
-// The daemon's shared channel to `address` (PeerChannels), or one of this client's own.
-std::shared_ptr<grpc::Channel> make_channel(const std::string& address, const std::shared_ptr<const PeerAuth>& auth) {
+}  // namespace
+
+std::shared_ptr<grpc::Channel> peer_channel(const std::string& address, const std::shared_ptr<const PeerAuth>& auth) {
   if (auth && auth->channels) return auth->channels->get(address, auth->channel_credentials());
   grpc::ChannelArguments args = PeerChannels::arguments();
   return grpc::CreateCustomChannel(address, auth ? auth->channel_credentials() : grpc::InsecureChannelCredentials(),
                                    args);
 }
-
-}  // namespace
 
 // Registers the call's context for cancel() for as long as the call runs, and gives the reason
 // of a cancellation in place of gRPC's CANCELLED.
@@ -88,7 +87,7 @@ void PeerClient::cancel(const Status& why) {
 PeerClient::PeerClient(std::string address, std::shared_ptr<const PeerAuth> auth)
     : address_(std::move(address)),
       auth_(std::move(auth)),
-      channel_(make_channel(address_, auth_)),
+      channel_(peer_channel(address_, auth_)),
       stub_(peer::Peer::NewStub(channel_)),
       instance_auth_(auth_ && !auth_->instance_secret.empty() ? auth_ : [] {
         auto own = std::make_shared<PeerAuth>();

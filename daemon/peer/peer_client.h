@@ -24,6 +24,10 @@
 
 namespace gradsync {
 
+// The daemon's shared channel to the peer daemon at `address` (auth->channels, peer_channels.h),
+// or one of the caller's own without them (tools, tests).
+std::shared_ptr<grpc::Channel> peer_channel(const std::string& address, const std::shared_ptr<const PeerAuth>& auth);
+
 class PeerClient final : public RendezvousStore {
  public:
   // `address` is host:port. Connecting is lazy; the first call reports an unreachable daemon.

@@ -88,6 +88,47 @@ struct Rendezvous {
   std::vector<std::shared_ptr<PeerAuth>> daemons;
 };
 
+// A store that answers every get at once with `value`, counting the gets: a hostile rendezvous
+// (or a broken one) for the settings watcher. Nothing else is asked of it.
+class AnsweringStore final : public RendezvousStore {
+ public:
+  explicit AnsweringStore(std::string value) : value_(std::move(value)) {}
+  std::string describe() const override { return "a store answering '" + value_ + "'"; }
+  Status set(const std::string&, const std::string&, const std::string&, std::chrono::milliseconds) override {
+    return Status();
+  }
+  Status publish(const std::string&, const std::string&, const std::string&, std::chrono::milliseconds) override {
+    return Status();
+  }
+  Status set_if_absent(const std::string&, const std::string&, const std::string&, std::chrono::milliseconds,
+                       bool* stored) override {
+    *stored = false;
+    return Status();
+  }
+  Status get(const std::string&, const std::vector<std::string>& keys, std::chrono::milliseconds,
+             std::vector<std::string>* values) override {
+    gets.fetch_add(1);
+    values->assign(keys.size(), value_);
+    return Status();
+  }
+  Status peek(const std::string&, const std::vector<std::string>& keys, std::chrono::milliseconds,
+              std::vector<std::optional<std::string>>* values) override {
+    values->assign(keys.size(), value_);
+    return Status();
+  }
+  Status add(const std::string&, const std::string&, int64_t, std::chrono::milliseconds, int64_t* value) override {
+    *value = 1;
+    return Status();
+  }
+  Status delete_job(const std::string&, std::chrono::milliseconds, const std::string&) override { return Status(); }
+  void cancel(const Status&) override {}
+  std::shared_ptr<RendezvousStore> fresh() const override { return std::make_shared<AnsweringStore>(value_); }
+  std::atomic<int> gets{0};
+
+ private:
+  const std::string value_;
+};
+
 }  // namespace
 
 TEST_CASE("settings schedule: a single-node change applies from the first operation not begun", "[settings]") {
@@ -168,6 +209,25 @@ TEST_CASE("settings schedule: a node whose peers never offer holds its operation
   CHECK(due.empty());
   schedule0.stop(Status::aborted("test over"));
   schedule0.stop(Status::aborted("again"));  // idempotent
+}
+
+TEST_CASE("settings schedule: a rendezvous that answers every change as malformed is read at a pause, not in a spin",
+          "[settings]") {
+  for (const std::string& answer : {std::string("not settings"), std::string(ConfigChannel::kSkip)}) {
+    INFO(answer);
+    auto store = std::make_shared<AnsweringStore>(answer);
+    Node node;
+    {
+      SettingsSchedule schedule(node.options(1s));
+      schedule.follow(std::make_shared<ConfigChannel>(store, "0.job", "g0/", 0, 2));
+      std::this_thread::sleep_for(1s);
+      schedule.stop(Status::aborted("the test ends"));
+    }
+    // A pause of SettingsSchedule::kSkipPause (100 ms) after each: about 10 in the second.
+    CHECK(store->gets.load() >= 2);
+    CHECK(store->gets.load() <= 15);
+    CHECK(node.failed().ok());  // skipped, not failed: every node skips a value alike
+  }
 }
 
 }  // namespace gradsync
