@@ -416,7 +416,7 @@ std::map<int, PeerCluster::NodeState> PeerCluster::probe(const std::vector<int>&
   }
   std::vector<int> pinged = asked;
   if (store_on_node0_ && self != 0 && !addresses_.empty() && std::find(asked.begin(), asked.end(), 0) == asked.end()) {
-    pinged.push_back(0);
+    pinged.insert(pinged.begin(), 0);  // first: asked whatever else the bound leaves unasked
   }
   // All at once, with one bound for them all whatever the node count, and no thread per node
   // (peer_pings.h): at most 256 open at a time; a node not reached by the bound is not asked,
