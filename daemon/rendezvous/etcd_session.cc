@@ -247,8 +247,8 @@ Status EtcdSession::lease(EtcdCalls& calls, Clock::time_point deadline, Lease ki
     MutexLock lock(mutex_);
     (kind == Lease::kNode ? node_lease_ : job_lease_) = granted;
   }
-  // keeper_ is started here only, under grant_mutex_; it renews whichever node lease is current.
-  if (kind == Lease::kNode && !keeper_.joinable()) keeper_ = std::thread([this] { keep_alive(); });
+  // keeper_ is started here only, under grant_mutex_; it renews whichever leases are current.
+  if (!keeper_.joinable()) keeper_ = std::thread([this] { keep_alive(); });
   *id = granted;
   return Status();
 }
@@ -263,43 +263,64 @@ void EtcdSession::lease_lost(Lease kind, int64_t id) {
   log_.error(describe_ + ": etcd no longer has " +
              (kind == Lease::kNode ? "this node's lease (it ran out while etcd could not be reached for " +
                                          std::to_string(access_->lease_ttl().count()) + " s, or was revoked)"
-                                   : std::string("the job's lease of its counters and notices (it lived its "
-                                                 "--peer-key-ttl-s, or was revoked)")) +
+                                   : "the job's lease of its counters and notices (it ran out while etcd could not "
+                                     "be reached for --peer-key-ttl-s, " + std::to_string(access_->counter_ttl().count()) +
+                                         " s, or was revoked)") +
              ": the keys that lived on it are gone; the next write takes a new lease");
 }
 
+Status EtcdSession::renew(int64_t id, Clock::duration bound, const std::string& what, bool* lost) {
+  *lost = false;
+  etcdserverpb::LeaseKeepAliveRequest request;
+  request.set_id(id);
+  etcdserverpb::LeaseKeepAliveResponse response;
+  const Status status = run(
+      own_calls_, Clock::now() + bound, Retry::kIdempotent, "renewing " + what,
+      [&](EtcdMember& m, grpc::ClientContext* c) {
+        auto stream = m.lease.LeaseKeepAlive(c);
+        const bool answered = stream->Write(request) && stream->Read(&response);
+        stream->WritesDone();
+        if (answered) c->TryCancel();  // one renewal per stream: done
+        const grpc::Status finished = stream->Finish();
+        return answered ? grpc::Status::OK : finished;
+      },
+      bound / 2);
+  *lost = (status.ok() && response.ttl() <= 0) ||
+          (!status.ok() && status.message().find("requested lease not found") != std::string::npos);
+  return status;
+}
+
 void EtcdSession::keep_alive() {
-  // A third of the TTL between renewals, and half of that for an attempt: a member that stalls
-  // is left for the next within the same renewal.
+  // The node's lease: a third of its TTL between renewals, and half of that for an attempt,
+  // so that a member that stalls is left for the next within the same renewal. The job's:
+  // every third of its own TTL (at least as often as the node's), so that what lives on it
+  // goes --peer-key-ttl-s after the job's last session on this node, as node 0's store keeps a
+  // job's keys that long after their last use, not that long after the lease's grant.
   const auto period = std::chrono::duration_cast<Clock::duration>(access_->lease_ttl()) / 3;
+  const auto job_period = std::max(period, std::chrono::duration_cast<Clock::duration>(access_->counter_ttl()) / 3);
   bool warned = false;
+  auto job_renewed = Clock::now();
   while (true) {
-    int64_t id = 0;
+    int64_t node = 0, job = 0;
     {
       MutexLock lock(mutex_);
       const auto wake_at = Clock::now() + period;
       while (!stopping_ && Clock::now() < wake_at) wake_.wait_until(lock, wake_at);
       if (stopping_) return;
-      id = node_lease_;
+      node = node_lease_;
+      job = job_lease_;
     }
-    if (id == 0) continue;  // lost; the next write grants another
-    etcdserverpb::LeaseKeepAliveRequest request;
-    request.set_id(id);
-    etcdserverpb::LeaseKeepAliveResponse response;
-    const Status status = run(
-        own_calls_, Clock::now() + period, Retry::kIdempotent, "renewing this node's lease",
-        [&](EtcdMember& m, grpc::ClientContext* c) {
-          auto stream = m.lease.LeaseKeepAlive(c);
-          const bool answered = stream->Write(request) && stream->Read(&response);
-          stream->WritesDone();
-          if (answered) c->TryCancel();  // one renewal per stream: done
-          const grpc::Status finished = stream->Finish();
-          return answered ? grpc::Status::OK : finished;
-        },
-        period / 2);
-    if ((status.ok() && response.ttl() <= 0) ||
-        (!status.ok() && status.message().find("requested lease not found") != std::string::npos)) {
-      lease_lost(Lease::kNode, id);
+    if (job != 0 && Clock::now() - job_renewed >= job_period) {
+      bool lost = false;
+      const Status status = renew(job, period, "the job's lease", &lost);
+      if (lost) lease_lost(Lease::kJob, job);
+      if (status.ok() || lost) job_renewed = Clock::now();
+    }
+    if (node == 0) continue;  // lost; the next write grants another
+    bool lost = false;
+    const Status status = renew(node, period, "this node's lease", &lost);
+    if (lost) {
+      lease_lost(Lease::kNode, node);
       continue;
     }
     if (!status.ok() && !warned && own_calls_.cancelled().ok()) {

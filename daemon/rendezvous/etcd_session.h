@@ -12,8 +12,9 @@
 // Leases: the keys a node publishes for itself live on its node lease (--etcd-lease-ttl-s,
 // 10 s), renewed by a thread every third of the TTL while the session lives: when the daemon
 // dies they go within the TTL. Keys that must outlive the node (counters, failure notices,
-// node 0's table) live on a job lease of --peer-key-ttl-s, as the peer store keeps a job's
-// keys. A lease etcd no longer has (it ran out while etcd was unreachable, or was revoked) is
+// node 0's table) live on a job lease of --peer-key-ttl-s, renewed by the same thread every
+// third of its TTL while the session lives: they go that long after the job's last session on
+// the node, as the peer store keeps a job's keys that long after their last use. A lease etcd no longer has (it ran out while etcd was unreachable, or was revoked) is
 // granted anew on the next write; what lived on the old one is gone, and the daemon logs so.
 // Neither is revoked when the session ends: a node's keys outlive its session by the TTL.
 //
@@ -110,6 +111,8 @@ class EtcdSession {
   Status token(EtcdCalls& calls, Stubs& member, Clock::time_point deadline, const std::string& refused,
                std::string* out);
   Status grant(EtcdCalls& calls, Clock::time_point deadline, std::chrono::seconds ttl, int64_t* id);
+  // One renewal of lease `id` within `bound`; *lost when etcd no longer has it.
+  Status renew(int64_t id, Clock::duration bound, const std::string& what, bool* lost);
   void keep_alive();
 
   std::shared_ptr<const EtcdAccess> access_;
@@ -124,7 +127,7 @@ class EtcdSession {
   bool stopping_ GS_GUARDED_BY(mutex_) = false;
   CondVar wake_;
   EtcdCalls own_calls_;  // the renewals', cancelled when the session ends
-  std::thread keeper_;   // started with the first node lease; renews whichever is current
+  std::thread keeper_;   // started with the first lease; renews whichever are current
 };
 
 }  // namespace gradsync

@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <fstream>
+#include <map>
 #include <limits>
 #include <thread>
 
@@ -23,7 +24,8 @@ using Clock = std::chrono::steady_clock;
 
 // A store on `fake` alone; with `user`, it logs in (with a password from a file of its own).
 struct StoreOn {
-  explicit StoreOn(const FakeEtcd& fake, const std::string& user = {}, std::chrono::seconds lease_ttl = 10s)
+  explicit StoreOn(const FakeEtcd& fake, const std::string& user = {}, std::chrono::seconds lease_ttl = 10s,
+                   std::chrono::seconds counter_ttl = std::chrono::hours(1))
       : folder("gradsync-fake-etcd-XXXXXX") {
     EtcdSettings settings;
     settings.endpoints = {fake.address()};
@@ -35,7 +37,7 @@ struct StoreOn {
       REQUIRE(::chmod(settings.password_file.c_str(), 0600) == 0);
     }
     std::shared_ptr<const EtcdAccess> access;
-    const Status loaded = EtcdAccess::load(settings, std::chrono::hours(1), &access);
+    const Status loaded = EtcdAccess::load(settings, counter_ttl, &access);
     INFO(loaded.to_string());
     REQUIRE(loaded.ok());
     store = std::make_unique<EtcdStore>(
@@ -333,6 +335,48 @@ TEST_CASE("etcd store: a renewal that finds the node's lease gone (TTL 0): the n
   CHECK(put_leases.front() != 0);
   CHECK(put_leases.back() != 0);
   CHECK(put_leases.front() != put_leases.back());
+}
+
+TEST_CASE("etcd store: the job's lease is renewed while the session lives, every third of its TTL, as the node's is",
+          "[unit][etcd]") {
+  Mutex mutex;
+  std::map<int64_t, int> renewals;  // by lease
+  std::map<int64_t, int64_t> ttls;  // granted, by lease
+  FakeEtcd fake({.txn =
+                     [](const std::string&, const etcdserverpb::TxnRequest& request, etcdserverpb::TxnResponse* r) {
+                       r->set_succeeded(true);
+                       for (int i = 0; i < request.success_size(); ++i) r->add_responses();
+                       return grpc::Status::OK;
+                     },
+                 .put = [](const std::string&, const etcdserverpb::PutRequest&,
+                           etcdserverpb::PutResponse*) { return grpc::Status::OK; },
+                 .grant =
+                     [&](const std::string&, const etcdserverpb::LeaseGrantRequest& request,
+                         etcdserverpb::LeaseGrantResponse* r) {
+                       MutexLock lock(mutex);
+                       ttls[request.id()] = request.ttl();
+                       r->set_id(request.id());
+                       r->set_ttl(request.ttl());
+                       return grpc::Status::OK;
+                     },
+                 .renew = [&](const etcdserverpb::LeaseKeepAliveRequest& request,
+                              etcdserverpb::LeaseKeepAliveResponse*) {
+                   MutexLock lock(mutex);
+                   ++renewals[request.id()];
+                 }});
+  {
+    StoreOn node(fake, {}, 3s, 3s);  // both renewed every second
+    int64_t count = 0;
+    REQUIRE(node.store->add("0.job", "incarnations", 1, 2s, &count).ok());  // the job's lease
+    REQUIRE(node.store->set("0.job", "g0/node/0", "mine", 2s).ok());         // the node's
+    std::this_thread::sleep_for(3500ms);
+  }
+  MutexLock lock(mutex);
+  REQUIRE(ttls.size() == 2);  // the job's lease and the node's, both of TTL 3 s
+  for (const auto& [lease, ttl] : ttls) {
+    INFO("lease " << lease << " of TTL " << ttl);
+    CHECK(renewals[lease] >= 2);  // about three times in 3.5 s; before, the job's never
+  }
 }
 
 }  // namespace gradsync::test
