@@ -291,43 +291,48 @@ Status EtcdSession::renew(int64_t id, Clock::duration bound, const std::string& 
 }
 
 void EtcdSession::keep_alive() {
-  // The node's lease: a third of its TTL between renewals, and half of that for an attempt,
-  // so that a member that stalls is left for the next within the same renewal. The job's:
-  // every third of its own TTL (at least as often as the node's), so that what lives on it
-  // goes --peer-key-ttl-s after the job's last session on this node, as node 0's store keeps a
-  // job's keys that long after their last use, not that long after the lease's grant.
-  const auto period = std::chrono::duration_cast<Clock::duration>(access_->lease_ttl()) / 3;
-  const auto job_period = std::max(period, std::chrono::duration_cast<Clock::duration>(access_->counter_ttl()) / 3);
+  // Each lease every third of its own TTL, the node's first: the node's (--etcd-lease-ttl-s)
+  // so that a member that stalls is left for the next within the same renewal (half the period
+  // for an attempt); the job's (--peer-key-ttl-s) so that what lives on it goes that long
+  // after the job's last session on this node, as node 0's store keeps a job's keys that long
+  // after their last use, not that long after the lease's grant. The thread wakes at the
+  // shorter of the two periods.
+  const auto node_period = std::chrono::duration_cast<Clock::duration>(access_->lease_ttl()) / 3;
+  const auto job_period = std::chrono::duration_cast<Clock::duration>(access_->counter_ttl()) / 3;
+  const auto tick = std::min(node_period, job_period);
   bool warned = false;
-  auto job_renewed = Clock::now();
+  auto node_tried = Clock::now();
+  auto job_tried = Clock::now();
   while (true) {
     int64_t node = 0, job = 0;
     {
       MutexLock lock(mutex_);
-      const auto wake_at = Clock::now() + period;
+      const auto wake_at = Clock::now() + tick;
       while (!stopping_ && Clock::now() < wake_at) wake_.wait_until(lock, wake_at);
       if (stopping_) return;
       node = node_lease_;
       job = job_lease_;
     }
-    if (job != 0 && Clock::now() - job_renewed >= job_period) {
+    if (node != 0 && Clock::now() - node_tried >= node_period) {
       bool lost = false;
-      const Status status = renew(job, period, "the job's lease", &lost);
+      const Status status = renew(node, node_period, "this node's lease", &lost);
+      node_tried = Clock::now();
+      if (lost) {
+        lease_lost(Lease::kNode, node);
+      } else {
+        if (!status.ok() && !warned && own_calls_.cancelled().ok()) {
+          log_.warning(status.message() + "; this node's keys go " + std::to_string(access_->lease_ttl().count()) +
+                       " s after the last renewal");
+        }
+        warned = !status.ok();
+      }
+    }
+    if (job != 0 && Clock::now() - job_tried >= job_period) {
+      bool lost = false;
+      const Status status = renew(job, std::min(node_period, job_period), "the job's lease", &lost);
+      job_tried = Clock::now();
       if (lost) lease_lost(Lease::kJob, job);
-      if (status.ok() || lost) job_renewed = Clock::now();
     }
-    if (node == 0) continue;  // lost; the next write grants another
-    bool lost = false;
-    const Status status = renew(node, period, "this node's lease", &lost);
-    if (lost) {
-      lease_lost(Lease::kNode, node);
-      continue;
-    }
-    if (!status.ok() && !warned && own_calls_.cancelled().ok()) {
-      log_.warning(status.message() + "; this node's keys go " + std::to_string(access_->lease_ttl().count()) +
-                   " s after the last renewal");
-    }
-    warned = !status.ok();
   }
 }
 

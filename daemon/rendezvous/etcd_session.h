@@ -13,8 +13,9 @@
 // 10 s), renewed by a thread every third of the TTL while the session lives: when the daemon
 // dies they go within the TTL. Keys that must outlive the node (counters, failure notices,
 // node 0's table) live on a job lease of --peer-key-ttl-s, renewed by the same thread every
-// third of its TTL while the session lives: they go that long after the job's last session on
-// the node, as the peer store keeps a job's keys that long after their last use. A lease etcd no longer has (it ran out while etcd was unreachable, or was revoked) is
+// third of its own TTL while the session lives: they go that long after the job's last
+// session on the node, as the peer store keeps a job's keys that long after their last use.
+// A lease etcd no longer has (it ran out while etcd was unreachable, or was revoked) is
 // granted anew on the next write; what lived on the old one is gone, and the daemon logs so.
 // Neither is revoked when the session ends: a node's keys outlive its session by the TTL.
 //

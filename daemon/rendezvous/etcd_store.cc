@@ -256,8 +256,7 @@ Status EtcdStore::write(Lease kind, Clock::time_point deadline, EtcdSession::Ret
     const Status status = session_->run(calls_, deadline, retry, what, [&](EtcdMember& m, grpc::ClientContext* c) {
       return attempt(m, c, lease);
     });
-    // The lease ran out (etcd unreachable for its TTL), was revoked, or, for the job's, lived
-    // its --peer-key-ttl-s: a new one, once.
+    // The lease ran out (etcd unreachable for its TTL) or was revoked: a new one, once.
     if (round == 0 && status.message().find("requested lease not found") != std::string::npos) {
       session_->lease_lost(kind, lease);
       continue;

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <fstream>
 #include <map>
+#include <tuple>
 #include <limits>
 #include <thread>
 
@@ -337,11 +338,18 @@ TEST_CASE("etcd store: a renewal that finds the node's lease gone (TTL 0): the n
   CHECK(put_leases.front() != put_leases.back());
 }
 
-TEST_CASE("etcd store: the job's lease is renewed while the session lives, every third of its TTL, as the node's is",
+TEST_CASE("etcd store: the job's lease is renewed while the session lives, every third of its own TTL, as the "
+          "node's is",
           "[unit][etcd]") {
+  // (node TTL, job TTL, fewest and most renewals of the node's lease, and of the job's, in 3.5 s)
+  const auto [node_ttl, job_ttl, node_least, node_most, job_least, job_most] =
+      GENERATE(std::make_tuple(3, 3, 2, 4, 2, 4),     // both every second
+               std::make_tuple(3, 12, 2, 4, 0, 1),    // the job's every 4 s: once at most
+               std::make_tuple(12, 3, 0, 1, 2, 4));   // the job's below the node's: still every second
+  INFO("node TTL " << node_ttl << " s, job TTL " << job_ttl << " s");
   Mutex mutex;
   std::map<int64_t, int> renewals;  // by lease
-  std::map<int64_t, int64_t> ttls;  // granted, by lease
+  std::vector<int64_t> granted;     // in order: the job's lease (the count), then the node's (the set)
   FakeEtcd fake({.txn =
                      [](const std::string&, const etcdserverpb::TxnRequest& request, etcdserverpb::TxnResponse* r) {
                        r->set_succeeded(true);
@@ -354,7 +362,7 @@ TEST_CASE("etcd store: the job's lease is renewed while the session lives, every
                      [&](const std::string&, const etcdserverpb::LeaseGrantRequest& request,
                          etcdserverpb::LeaseGrantResponse* r) {
                        MutexLock lock(mutex);
-                       ttls[request.id()] = request.ttl();
+                       granted.push_back(request.id());
                        r->set_id(request.id());
                        r->set_ttl(request.ttl());
                        return grpc::Status::OK;
@@ -365,18 +373,20 @@ TEST_CASE("etcd store: the job's lease is renewed while the session lives, every
                    ++renewals[request.id()];
                  }});
   {
-    StoreOn node(fake, {}, 3s, 3s);  // both renewed every second
+    StoreOn node(fake, {}, std::chrono::seconds(node_ttl), std::chrono::seconds(job_ttl));
     int64_t count = 0;
     REQUIRE(node.store->add("0.job", "incarnations", 1, 2s, &count).ok());  // the job's lease
     REQUIRE(node.store->set("0.job", "g0/node/0", "mine", 2s).ok());         // the node's
     std::this_thread::sleep_for(3500ms);
   }
   MutexLock lock(mutex);
-  REQUIRE(ttls.size() == 2);  // the job's lease and the node's, both of TTL 3 s
-  for (const auto& [lease, ttl] : ttls) {
-    INFO("lease " << lease << " of TTL " << ttl);
-    CHECK(renewals[lease] >= 2);  // about three times in 3.5 s; before, the job's never
-  }
+  REQUIRE(granted.size() == 2);
+  const int64_t job_lease = granted[0], node_lease = granted[1];
+  INFO("node lease renewed " << renewals[node_lease] << " times, job lease " << renewals[job_lease]);
+  CHECK(renewals[node_lease] >= node_least);
+  CHECK(renewals[node_lease] <= node_most);
+  CHECK(renewals[job_lease] >= job_least);  // before, the job's never
+  CHECK(renewals[job_lease] <= job_most);
 }
 
 }  // namespace gradsync::test
