@@ -1,7 +1,6 @@
 #include "daemon/job/peer_cluster.h"
 
 #include <algorithm>
-#include <set>
 #include <sstream>
 
 #include "daemon/job/config_channel.h"
@@ -424,13 +423,13 @@ std::map<int, PeerCluster::NodeState> PeerCluster::probe(const std::vector<int>&
   std::vector<std::string> targets;
   for (int n : pinged) targets.push_back(addresses_[static_cast<size_t>(n)]);
   const std::vector<PingAnswer> heard = ping_all(targets, options_.auth, kProbeTimeout);
-  std::map<int, bool> answers;
-  std::set<int> unasked;
-  for (size_t i = 0; i < pinged.size(); ++i) {
-    answers[pinged[i]] = heard[i] == PingAnswer::kAnswers;
-    if (heard[i] == PingAnswer::kNotAsked) unasked.insert(pinged[i]);
-  }
-  const bool rendezvous_answers = !store_on_node0_ || self == 0 || answers[0];
+  std::map<int, PingAnswer> answers;
+  for (size_t i = 0; i < pinged.size(); ++i) answers[pinged[i]] = heard[i];
+  const auto heard_of = [&](int n) {
+    auto it = answers.find(n);
+    return it == answers.end() ? PingAnswer::kNotAsked : it->second;
+  };
+  const bool rendezvous_answers = !store_on_node0_ || self == 0 || heard_of(0) == PingAnswer::kAnswers;
   std::vector<std::string> notices;
   for (int n : asked) notices.push_back(key("failure/" + std::to_string(n)));
   std::vector<std::optional<std::string>> read;
@@ -441,8 +440,8 @@ std::map<int, PeerCluster::NodeState> PeerCluster::probe(const std::vector<int>&
   std::map<int, NodeState> states;
   for (size_t i = 0; i < asked.size(); ++i) {
     NodeState& state = states[asked[i]];
-    state.asked = !unasked.count(asked[i]);
-    state.answers = answers[asked[i]];
+    state.asked = heard_of(asked[i]) != PingAnswer::kNotAsked;
+    state.answers = heard_of(asked[i]) == PingAnswer::kAnswers;
     if (i < read.size()) state.failure = read[i];
   }
   return states;

@@ -78,6 +78,18 @@ grpc::Status cancelled_watch(const std::string& reason, bool with_user) {
   return grpc::Status(grpc::StatusCode::INTERNAL, "the watch was cancelled: " + reason);
 }
 
+// A counter's version as etcd answered it, checked: at least `least` (a count made is at least
+// 1, a read may find none) and short of int64's end (a count adds one to it).
+Status checked_version(const std::string& store, const std::string& key, int64_t version, int64_t least,
+                       int64_t* out) {
+  if (version < least || version == std::numeric_limits<int64_t>::max()) {
+    return Status::protocol(store + ": counter " + safe_text(key, 200) + " found version " + std::to_string(version) +
+                            ": not etcd's");
+  }
+  *out = version;
+  return Status();
+}
+
 // 16 random bytes in hex: a counting put's own value.
 std::string nonce_hex() {
   const std::string secret = PeerAuth::make_secret();
@@ -322,10 +334,7 @@ Status EtcdStore::add(const std::string& job, const std::string& key, int64_t de
                                           return m.kv.Range(c, request, &response);
                                         });
     if (!status.ok()) return status;
-    *value = response.kvs_size() > 0 ? response.kvs(0).version() : 0;
-    if (*value < 0) return Status::protocol(describe() + ": counter " + safe_text(key, 200) + " at version " +
-                                            std::to_string(*value) + ": not etcd's");
-    return Status();
+    return checked_version(describe(), key, response.kvs_size() > 0 ? response.kvs(0).version() : 0, 0, value);
   }
   if (delta != 1) {
     return Status::invalid_argument(describe() + ": a counter in etcd counts by 0 or 1, not " + std::to_string(delta));
@@ -373,10 +382,10 @@ Status EtcdStore::count_once(const std::string& job, const std::string& key, con
   }
   if (response.succeeded()) {
     const auto& put = response.responses(0).response_put();
-    const int64_t before = put.has_prev_kv() ? put.prev_kv().version() : 0;
-    if (before < 0 || before == std::numeric_limits<int64_t>::max()) {
-      return Status::protocol(describe() + ": counting " + safe_text(key, 200) + " found version " +
-                              std::to_string(before) + ": not etcd's");
+    int64_t before = 0;
+    if (Status s = checked_version(describe(), key, put.has_prev_kv() ? put.prev_kv().version() : 0, 0, &before);
+        !s.ok()) {
+      return s;
     }
     *value = before + 1;
     return Status();
@@ -390,9 +399,7 @@ Status EtcdStore::count_once(const std::string& job, const std::string& key, con
   }
   const auto& now = response.responses(1).response_range();
   if (now.kvs_size() > 0 && now.kvs(0).mod_revision() == found.kvs(0).mod_revision()) {
-    *value = now.kvs(0).version();
-    return *value > 0 ? Status() : Status::protocol(describe() + ": counter " + safe_text(key, 200) +
-                                                    " counted at version " + std::to_string(*value) + ": not etcd's");
+    return checked_version(describe(), key, now.kvs(0).version(), 1, value);
   }
   etcdserverpb::RangeRequest then;
   then.set_key(counter);
@@ -409,9 +416,7 @@ Status EtcdStore::count_once(const std::string& job, const std::string& key, con
     return Status::internal(describe() + ": counter " + safe_text(key, 200) + " is missing at the revision its "
                             "count was made at");
   }
-  *value = at.kvs(0).version();
-  return *value > 0 ? Status() : Status::protocol(describe() + ": counter " + safe_text(key, 200) +
-                                                  " counted at version " + std::to_string(*value) + ": not etcd's");
+  return checked_version(describe(), key, at.kvs(0).version(), 1, value);
 }
 
 Status EtcdStore::delete_job(const std::string& job, std::chrono::milliseconds timeout, const std::string& prefix) {
