@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "daemon/admin/group_membership.h"
+#include "daemon/admin/remote_progress.h"
 #include "daemon/config/setting.h"
 #include "daemon/util/local_limits.h"
 #include "daemon/peer/peer_client.h"
@@ -193,65 +194,38 @@ Status IoDaemonView::in_flight(const std::string& wanted, std::optional<uid_t> o
     return s;
   }
   if (!wanted.empty() && infos.empty()) return Status::not_found("no job '" + wanted + "' on this gradsyncd");
-  // Meanwhile, every other node of each multi-node job is asked where it is, up to
-  // kParallelProbes at a time; one that does not answer within the probe bound is reported
-  // unreachable, not waited for.
-  struct Probe {
-    size_t job = 0;
-    int node = 0;
-    std::string address;
-  };
-  std::vector<Probe> wanted_probes;
+  // Meanwhile, every other node of each multi-node job is asked where it is (remote_progress.h):
+  // one that does not answer within the probe bound is reported unreachable, not waited for,
+  // and those whose turn has not come when the view's own bound is up are not asked.
+  std::vector<NodeToAsk> others;
   for (size_t i = 0; i < infos.size(); ++i) {
     const auto& addresses = shared->node_addresses[i];
     for (size_t n = 0; n < addresses.size(); ++n) {
-      if (static_cast<int>(n) != infos[i].node) wanted_probes.push_back(Probe{i, static_cast<int>(n), addresses[n]});
+      if (static_cast<int>(n) != infos[i].node) others.push_back(NodeToAsk{i, static_cast<int>(n), addresses[n]});
     }
   }
-  std::vector<std::vector<RemoteNode>> remotes(infos.size());
-  constexpr size_t kParallelProbes = 16;
-  // Waves of probes start only while the view's own answer bound lasts: a job of thousands of
-  // nodes (or one a hostile store made up) must not hold the operator's query for a probe
-  // bound per wave. The nodes left are listed as not asked.
-  const auto probes_until = std::chrono::steady_clock::now() + options_.answer_within;
-  for (size_t first = 0; first < wanted_probes.size(); first += kParallelProbes) {
-    if (std::chrono::steady_clock::now() >= probes_until) {
-      for (size_t p = first; p < wanted_probes.size(); ++p) {
-        RemoteNode remote;
-        remote.node = wanted_probes[p].node;
-        remote.address = wanted_probes[p].address;
-        remote.not_asked = true;
-        remote.error = "not asked: the view's time to answer ran out first";
-        remotes[wanted_probes[p].job].push_back(std::move(remote));
-      }
-      break;
+  const AskNode ask = [shared, within = options_.probe_within, auth = options_.peer_auth](const NodeToAsk& node) {
+    RemoteNode remote;
+    remote.node = node.node;
+    remote.address = node.address;
+    PeerClient client(node.address, auth);
+    peer::ProgressReply reply;
+    if (Status s = client.progress(shared->store_jobs[node.job], within, &reply); !s.ok()) {
+      remote.unreachable = true;
+      remote.error = s.message();
+    } else if (!reply.found()) {
+      remote.error = "its daemon does not have this job (it ended there, or never formed)";
+    } else {
+      remote.operations_done = reply.operations_done();
+      remote.current_seq = reply.current_seq();
+      remote.current_bucket = reply.current_bucket();
+      remote.executing = reply.executing();
+      remote.error = reply.failure();
     }
-    std::vector<std::future<RemoteNode>> batch;
-    for (size_t p = first; p < std::min(wanted_probes.size(), first + kParallelProbes); ++p) {
-      batch.push_back(std::async(std::launch::async, [probe = wanted_probes[p], job = shared->store_jobs[wanted_probes[p].job],
-                                                      within = options_.probe_within, auth = options_.peer_auth] {
-        RemoteNode remote;
-        remote.node = probe.node;
-        remote.address = probe.address;
-        PeerClient client(probe.address, auth);
-        peer::ProgressReply reply;
-        if (Status s = client.progress(job, within, &reply); !s.ok()) {
-          remote.unreachable = true;
-          remote.error = s.message();
-        } else if (!reply.found()) {
-          remote.error = "its daemon does not have this job (it ended there, or never formed)";
-        } else {
-          remote.operations_done = reply.operations_done();
-          remote.current_seq = reply.current_seq();
-          remote.current_bucket = reply.current_bucket();
-          remote.executing = reply.executing();
-          remote.error = reply.failure();
-        }
-        return remote;
-      }));
-    }
-    for (size_t b = 0; b < batch.size(); ++b) remotes[wanted_probes[first + b].job].push_back(batch[b].get());
-  }
+    return remote;
+  };
+  std::vector<std::vector<RemoteNode>> remotes =
+      ask_nodes(others, infos.size(), std::chrono::steady_clock::now() + options_.answer_within, ask);
   const auto deadline = std::chrono::steady_clock::now() + options_.answer_within;
   for (auto& done : shared->answered) done->get_future().wait_until(deadline);
   MutexLock lock(shared->mutex);

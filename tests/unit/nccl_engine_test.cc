@@ -451,6 +451,32 @@ TEST_CASE("nccl engine: a node that sends a malformed plan is named", "[nccl][en
   CHECK(nccl.comms.empty());
 }
 
+TEST_CASE("nccl engine: a node whose plan counts more GPUs than it has local ranks is named", "[nccl][engine]") {
+  // Each slot is in range of the count, but no node brings more GPUs than local ranks; two such
+  // counts near INT_MAX would overflow the rank count NCCL is given.
+  for (const std::string plan : {"3 0 1", "2147483647 0 -1"}) {
+    class Liar final : public Rendezvous {
+     public:
+      explicit Liar(std::string plan) : plan_(std::move(plan)) {}
+      int node() const override { return 0; }
+      int nodes() const override { return 3; }
+      Status exchange(const std::string&, const std::string& mine, std::vector<std::string>* all) override {
+        *all = {mine, plan_, plan_};
+        return Status();
+      }
+
+     private:
+      std::string plan_;
+    } liar(plan);
+    FakeNccl nccl;
+    NcclEngine engine(&nccl, spec_of({0}, {0, -1}), fast());
+    const Status status = engine.connect(&liar);
+    CHECK(status.code() == ErrorCode::kProtocol);
+    CHECK_THAT(status.message(), Catch::Contains("node 1 offered an undecodable GPU plan for 'nccl/s1/dp': '" + plan + "'"));
+    CHECK(nccl.comms.empty());
+  }
+}
+
 TEST_CASE("nccl engine: initialisation that fails, hangs or is aborted ends every communicator", "[nccl][engine]") {
   LocalRendezvous local;
   SECTION("a rank fails to initialise") {
