@@ -219,18 +219,8 @@ ClientImpl::DeviceSegment& ClientImpl::new_device_segment(int device, size_t byt
 }
 
 ClientImpl::DeviceSegment& ClientImpl::device_output_segment(int device, size_t bytes) {
-  auto best = free_device_outputs_.end();
-  for (auto it = free_device_outputs_.begin(); it != free_device_outputs_.end(); ++it) {
-    const DeviceAllocation& m = *(*it)->memory;
-    if (m.device() == device && m.size() >= bytes &&
-        (best == free_device_outputs_.end() || m.size() < (*best)->memory->size())) {
-      best = it;
-    }
-  }
-  if (best == free_device_outputs_.end()) return new_device_segment(device, bytes);
-  DeviceSegment* reused = *best;
-  free_device_outputs_.erase(best);
-  return *reused;
+  DeviceSegment* kept = free_device_outputs_.take(device, bytes);
+  return kept ? *kept : new_device_segment(device, bytes);
 }
 
 SharedTensor ClientImpl::allocate_device(const TensorSpec& spec, int device) {
@@ -427,26 +417,18 @@ void ClientImpl::release(const TensorSet& set) {
   // new sizes holds the largest it needed at once, not the sum. (So a released set's gathered()
   // and shard() may show a later set's results: read them before releasing.)
   for (Segment* output : per_join_.sets.at(set.id()).outputs) {
-    if (output) free_outputs_.push_back(output);
+    if (output) free_outputs_.give(output, -1, output->memory.size());
   }
   for (DeviceSegment* output : per_join_.sets.at(set.id()).device_outputs) {
-    if (output) free_device_outputs_.push_back(output);
+    if (output) free_device_outputs_.give(output, output->memory->device(), output->memory->size());
   }
   per_join_.sets.erase(set.id());
   per_join_.released.insert(set.id());
 }
 
 ClientImpl::Segment& ClientImpl::output_segment(size_t bytes) {
-  auto best = free_outputs_.end();
-  for (auto it = free_outputs_.begin(); it != free_outputs_.end(); ++it) {
-    if ((*it)->memory.size() >= bytes && (best == free_outputs_.end() || (*it)->memory.size() < (*best)->memory.size())) {
-      best = it;
-    }
-  }
-  if (best == free_outputs_.end()) return new_segment(bytes);
-  Segment* taken = *best;
-  free_outputs_.erase(best);
-  return *taken;
+  Segment* kept = free_outputs_.take(-1, bytes);
+  return kept ? *kept : new_segment(bytes);
 }
 
 ClientImpl::DeviceSegment* ClientImpl::shard_device_segment(const TensorSet& set) {

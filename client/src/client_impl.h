@@ -12,6 +12,7 @@
 #include "client/src/completions.h"
 #include "client/src/connection.h"
 #include "client/src/device_memory.h"
+#include "client/src/output_pool.h"
 #include "gradsync/client.h"
 #include "shared/memfd.h"
 
@@ -102,8 +103,8 @@ class ClientImpl final : public Client {
   std::shared_ptr<Connection> connection_;
   ConnectOptions options_;
   std::vector<std::unique_ptr<Segment>> segments_;
-  std::vector<Segment*> free_outputs_;  // outputs of released sets, for the next sets' outputs
-  std::vector<DeviceSegment*> free_device_outputs_;  // the same in device memory
+  OutputPool<Segment> free_outputs_;  // outputs of released sets, for the next sets' outputs
+  OutputPool<DeviceSegment> free_device_outputs_;  // the same in device memory
   // Where masks travel (RegisterOptions::mask): the daemon copies them at registration, so one
   // segment serves every later mask that fits; a larger one replaces it (doubling).
   Segment* mask_segment_ = nullptr;

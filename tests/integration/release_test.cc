@@ -107,4 +107,53 @@ TEST_CASE("release: a set released right after an operation was submitted on it 
   check_still_serving(daemon);
 }
 
+TEST_CASE("release: a released set's allgather and shard outputs serve the next sets that fit, results exact",
+          "[integration][release]") {
+  // The client's output pool (client/src/output_pool.h): the smallest released output that
+  // holds a new set's is reused, so a program of ever-new layouts holds the most it needed at
+  // once. Each set's allgather and reduce-scatter results are checked where they land.
+  TestDaemon daemon;
+  const std::string job = unique_job("release-outputs");
+  ClientGroup ranks(2, [&](int rank) {
+    auto client = join(daemon.socket(), job, rank, 2);
+    RegisterOptions with_outputs;
+    with_outputs.allgather = true;
+    with_outputs.reduce_scatter = true;
+    // One set of n floats, its outputs' addresses, and both of its results checked.
+    const auto round = [&](size_t n, std::byte** gathered, std::byte** shard) -> int {
+      const TensorSet set = client->register_tensors(filled(*client, n / 16, float(rank + 1)), with_outputs);
+      if (!client->allgather(set).wait(std::chrono::seconds(30))) return fail("allgather timed out");
+      for (int r = 0; r < 2; ++r) {
+        for (float x : set.gathered(r, 0).as<float>()) {
+          if (x != float(r + 1)) return fail("rank " + std::to_string(r) + "'s gathered part holds " + std::to_string(x));
+        }
+      }
+      *gathered = set.gathered(0, 0).data();
+      if (!client->reduce_scatter(set, ReduceOptions{ReduceOp::kSum}).wait(std::chrono::seconds(30))) {
+        return fail("reduce-scatter timed out");
+      }
+      for (float x : set.shard().as<float>()) {
+        if (x != 3) return fail("the shard holds " + std::to_string(x));
+      }
+      *shard = set.shard().data();
+      client->release(set);
+      return kOk;
+    };
+    std::byte *gathered_big = nullptr, *shard_big = nullptr, *gathered = nullptr, *shard = nullptr;
+    if (int r = round(4096, &gathered_big, &shard_big); r != kOk) return r;
+    for (size_t n : {1024, 2048, 4096}) {  // each fits in the first set's outputs
+      if (int r = round(n, &gathered, &shard); r != kOk) return r;
+      // Either released output may serve either kind: the smallest that holds each.
+      const bool reused = (gathered == gathered_big && shard == shard_big) || (gathered == shard_big && shard == gathered_big);
+      if (!reused) return fail("a set of " + std::to_string(n) + " floats got new outputs, not the released set's");
+    }
+    // Larger than any released output: new ones.
+    if (int r = round(8192, &gathered, &shard); r != kOk) return r;
+    if (gathered == gathered_big || gathered == shard_big) return fail("a larger set's gather output is a smaller set's");
+    return kOk;
+  });
+  for (int status : ranks.wait_all(std::chrono::seconds(120))) CHECK(exit_code(status) == kOk);
+  check_still_serving(daemon);
+}
+
 }  // namespace gradsync::test
