@@ -335,40 +335,57 @@ TensorSet ClientImpl::register_tensors(std::span<const SharedTensor> tensors, co
   }
   // Checked before any output is made, so a refusal leaves nothing behind.
   if (!options.mask.empty()) check_mask(options, tensors);
-  if (options.reduce_scatter) reserve_shard(tensors, body, &set);
-  if (!options.mask.empty()) {
-    // The indices travel in the client's mask segment, which the daemon copies at registration.
-    const size_t bytes = options.mask.size() * sizeof(uint64_t);
-    if (!mask_segment_ || mask_segment_->memory.size() < bytes) {
-      const size_t before = mask_segment_ ? mask_segment_->memory.size() : 0;
-      mask_segment_ = &new_segment(std::max<size_t>({4096, bytes, 2 * before}));
+  // The outputs taken from the pool or made for this set go back to the pool if the daemon does
+  // not accept the set: they are this client's segments either way, and orphaned they would
+  // count against --max-segments-per-client for nothing.
+  control::Reply reply;
+  try {
+    if (options.reduce_scatter) reserve_shard(tensors, body, &set);
+    if (!options.mask.empty()) {
+      // The indices travel in the client's mask segment, which the daemon copies at registration.
+      const size_t bytes = options.mask.size() * sizeof(uint64_t);
+      if (!mask_segment_ || mask_segment_->memory.size() < bytes) {
+        const size_t before = mask_segment_ ? mask_segment_->memory.size() : 0;
+        mask_segment_ = &new_segment(std::max<size_t>({4096, bytes, 2 * before}));
+      }
+      std::memcpy(mask_segment_->memory.data(), options.mask.data(), bytes);
+      body->set_has_mask(true);
+      body->set_mask_segment_id(mask_segment_->id);
+      body->set_mask_offset(0);
+      body->set_mask_count(options.mask.size());
     }
-    std::memcpy(mask_segment_->memory.data(), options.mask.data(), bytes);
-    body->set_has_mask(true);
-    body->set_mask_segment_id(mask_segment_->id);
-    body->set_mask_offset(0);
-    body->set_mask_count(options.mask.size());
-  }
-  if (options.allgather) {
-    // The outputs live where the tensors do: a device set's in device memory on its GPU.
-    const uint64_t bytes = std::max<uint64_t>(64, set.packed_bytes_ * static_cast<uint64_t>(set.world_size_));
-    body->set_has_gather_output(true);
-    body->set_gather_offset(0);
-    if (tensors[0].device() >= 0) {
-      DeviceSegment& out = device_output_segment(tensors[0].device(), bytes);
-      body->set_gather_segment_id(out.id);
-      set.gather_base_ = out.memory->data();
-      set.gather_device_ = tensors[0].device();
-      gather_device_segment = &out;
-    } else {
-      Segment& out = output_segment(bytes);
-      body->set_gather_segment_id(out.id);
-      set.gather_base_ = out.memory.data();
-      gather_segment = &out;
+    if (options.allgather) {
+      // The outputs live where the tensors do: a device set's in device memory on its GPU.
+      const uint64_t bytes = std::max<uint64_t>(64, set.packed_bytes_ * static_cast<uint64_t>(set.world_size_));
+      body->set_has_gather_output(true);
+      body->set_gather_offset(0);
+      if (tensors[0].device() >= 0) {
+        DeviceSegment& out = device_output_segment(tensors[0].device(), bytes);
+        body->set_gather_segment_id(out.id);
+        set.gather_base_ = out.memory->data();
+        set.gather_device_ = tensors[0].device();
+        gather_device_segment = &out;
+      } else {
+        Segment& out = output_segment(bytes);
+        body->set_gather_segment_id(out.id);
+        set.gather_base_ = out.memory.data();
+        gather_segment = &out;
+      }
     }
+    per_join_.next_set_id++;  // ids stay aligned across ranks even when a registration fails
+    reply = connection_->call(request, barrier_bound(timeout_));
+  } catch (...) {
+    free_outputs_.give(gather_segment, -1, gather_segment ? gather_segment->memory.size() : 0);
+    if (Segment* shard = shard_segment(set)) free_outputs_.give(shard, -1, shard->memory.size());
+    if (gather_device_segment) {
+      free_device_outputs_.give(gather_device_segment, gather_device_segment->memory->device(),
+                                gather_device_segment->memory->size());
+    }
+    if (DeviceSegment* shard = shard_device_segment(set)) {
+      free_device_outputs_.give(shard, shard->memory->device(), shard->memory->size());
+    }
+    throw;
   }
-  per_join_.next_set_id++;  // ids stay aligned across ranks even when a registration fails
-  const control::Reply reply = connection_->call(request, barrier_bound(timeout_));
   set.tensors_.assign(tensors.begin(), tensors.end());
   for (const auto& info : reply.register_().buckets()) {
     BucketInfo bucket;

@@ -3,7 +3,8 @@
 #include <algorithm>
 #include <future>
 #include <optional>
-#include <system_error>
+#include <exception>
+#include <string>
 
 namespace gradsync::admin {
 namespace {
@@ -33,8 +34,19 @@ std::vector<std::vector<RemoteNode>> ask_nodes(const std::vector<NodeToAsk>& nod
     std::vector<std::optional<std::future<RemoteNode>>> wave;
     for (size_t p = first; p < end; ++p) {
       try {
-        wave.emplace_back(std::async(std::launch::async, [&ask, &node = nodes[p]] { return ask(node); }));
-      } catch (const std::system_error&) {
+        wave.emplace_back(std::async(std::launch::async, [&ask, &node = nodes[p]] {
+          try {
+            return ask(node);
+          } catch (const std::exception& e) {  // the view answers for every node, whatever one call does
+            RemoteNode remote;
+            remote.node = node.node;
+            remote.address = node.address;
+            remote.unreachable = true;
+            remote.error = std::string("asking it failed: ") + e.what();
+            return remote;
+          }
+        }));
+      } catch (const std::exception&) {  // std::system_error, std::bad_alloc
         wave.emplace_back(std::nullopt);  // no thread to ask with: unknown, not unreachable
       }
     }

@@ -22,8 +22,8 @@ struct NodeToAsk {
   std::string address;  // its daemon's peer service
 };
 
-// Asks one node (a PeerClient progress call in the daemon); never throws, and answers within
-// the probe bound.
+// Asks one node (a PeerClient progress call in the daemon), within the probe bound. Should it
+// throw, the node is reported unreachable with the exception's text.
 using AskNode = std::function<RemoteNode(const NodeToAsk&)>;
 
 // At most this many calls at once.
@@ -31,7 +31,8 @@ inline constexpr size_t kParallelAsks = 16;
 
 // One RemoteNode for every node of `nodes`, grouped by job (`jobs` groups), in the order given.
 // Waves of calls start until `until`; the nodes left are not_asked. A call that cannot get a
-// thread (the process is at its limit) is not_asked too, not unreachable.
+// thread (the process is at its limit) is not_asked too, not unreachable. Every node's job is
+// below `jobs`.
 std::vector<std::vector<RemoteNode>> ask_nodes(const std::vector<NodeToAsk>& nodes, size_t jobs,
                                                std::chrono::steady_clock::time_point until, const AskNode& ask);
 

@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "daemon/job/config_channel.h"
+#include "daemon/job/layout_record.h"
 #include "daemon/job/node_record.h"
 #include "daemon/peer/peer_pings.h"
 #include "daemon/plan/layout.h"
@@ -23,48 +24,6 @@ constexpr auto kTableSlack = std::chrono::milliseconds(2000);
 
 // How long explain() waits for a peer daemon to answer before calling it unreachable.
 constexpr auto kProbeTimeout = std::chrono::milliseconds(1000);
-
-// The outputs a set reserved, as the layout record's bit mask.
-constexpr int kGatherOutput = 1;
-constexpr int kShardOutput = 2;
-
-// A layout as text for the store:
-// "<fingerprint>\n<cap> <outputs> <mask count> <mask digest>\n<dtype> <numel> <group>\n...".
-std::string encode_layout(const TensorSet& set) {
-  const int outputs = (set.gather_output.empty() ? 0 : kGatherOutput) | (set.shard_output.empty() ? 0 : kShardOutput);
-  std::ostringstream out;
-  out << plan::fingerprint(set.layout) << "\n" << set.bucket_cap << " " << outputs << " "
-      << (set.mask ? set.mask->size() : 0) << " " << set.mask_digest << "\n";
-  for (const auto& t : set.layout) out << static_cast<uint32_t>(t.dtype) << " " << t.numel << " " << t.group << "\n";
-  return out.str();
-}
-
-// A set's mask as the layout record states it.
-struct MaskRecord {
-  uint64_t count = 0;  // 0: no mask
-  uint64_t digest = 0;
-  bool operator==(const MaskRecord&) const = default;
-};
-
-// Keeps at most `most` tensors and counts the rest (*total): a store that answers a huge record
-// does not make the daemon hold it decoded, and a mismatch beyond the first `most` is still
-// said by the counts.
-bool decode_layout(const std::string& text, size_t most, uint64_t* fingerprint, uint64_t* cap, int* gather,
-                   MaskRecord* mask, std::vector<plan::TensorLayout>* layout, size_t* total) {
-  std::istringstream in(text);
-  if (!(in >> *fingerprint >> *cap >> *gather >> mask->count >> mask->digest)) return false;
-  uint32_t dtype = 0;
-  plan::TensorLayout t;
-  *total = 0;
-  while (in >> dtype >> t.numel >> t.group) {
-    auto known = dtype_from_raw(dtype);
-    if (!known) return false;
-    if ((*total)++ >= most) continue;
-    t.dtype = *known;
-    layout->push_back(t);
-  }
-  return true;
-}
 
 }  // namespace
 

@@ -48,10 +48,10 @@ def assert_daemons_up(g):
         assert proc.poll() is None, f"node {k}'s gradsyncd exited:\n{g.log(k)[-3000:]}"
 
 
-def check_failed_naming(cluster, job, victim, since_ms):
-    """Every trainer failed, within the bound, naming the victim (the victim's naming the
-    others); returns the slowest time to error."""
-    bound = (TIMEOUT_S + PROBE_S + SLACK_S) * 1000
+def check_failed_naming(cluster, job, victim, since_ms, timeout_s=TIMEOUT_S):
+    """Every trainer failed, within the bound (the job's timeout, the probe and the slack),
+    naming the victim (the victim's naming the others); returns the slowest time to error."""
+    bound = (timeout_s + PROBE_S + SLACK_S) * 1000
     assert job.wait_for(job.ended, 60), "a trainer hangs:\n" + job.describe()
     slowest = 0
     for t in job.trainers:
@@ -70,7 +70,7 @@ def check_failed_naming(cluster, job, victim, since_ms):
     return slowest
 
 
-def finished_or_named(cluster, job, victim, since_ms, steps_after):
+def finished_or_named(cluster, job, victim, since_ms, steps_after, timeout_s=TIMEOUT_S):
     """The job went on (every trainer `steps_after` more verified steps, no error) or every
     trainer failed in bound naming the victim. Returns 'continued' or 'failed'."""
     def settled():
@@ -78,7 +78,7 @@ def finished_or_named(cluster, job, victim, since_ms, steps_after):
 
     assert job.wait_for(settled, 120), "neither finished nor failed:\n" + job.describe()
     if any(t.first("error") for t in job.trainers):
-        check_failed_naming(cluster, job, victim, since_ms)
+        check_failed_naming(cluster, job, victim, since_ms, timeout_s)
         return "failed"
     return "continued"
 
@@ -132,25 +132,32 @@ def test_two_percent_packet_loss_for_five_seconds_slows_the_job_and_it_goes_on(c
         time.sleep(5)
         during = last_step(job.trainers[0]) - before
         cluster.clear(victim)
-        outcome = finished_or_named(cluster, job, victim, start, steps_after=last_step(job.trainers[0]) + 20)
+        outcome = finished_or_named(cluster, job, victim, start, steps_after=last_step(job.trainers[0]) + 20,
+                                    timeout_s=TIMEOUT_S * 2)
+        # The issue allows either outcome; a loss of 2% slows the job but does not stop it.
+        assert outcome == "failed" or during > 0, f"no step in 5 s of 2% loss:\n{job.describe()}"
         print(f"2% loss on node {victim}'s link of {count} for 5 s: the job {outcome}; {during} steps during the loss")
         g.stop_job(job)
         assert_daemons_up(g)
         reform(g, f"packet loss, {count} nodes")
 
 
-@pytest.mark.parametrize("count, numel", SHAPES)
-def test_two_hundred_ms_of_latency_on_one_link_slows_every_step_and_the_job_goes_on(count, numel):
+@pytest.mark.parametrize("count", [3, 16])
+def test_two_hundred_ms_of_latency_on_one_link_slows_every_step_and_the_job_goes_on(count):
     victim = victim_of(count, 2)
+    # Steps counted after the delay is added, and how long to wait for them: a step took 1.6 s
+    # at 3 nodes and 9.2 s at 16 (docs/cluster.md), so 16 nodes wait for fewer, with room.
+    steps_wanted, budget_s = (6, 60) if count == 3 else (3, 90)
     with simcluster.SimCluster(count) as cluster, nodes.GradsyncNodes(cluster) as g:
-        # 4 KiB: a step is then a few crossings of the slow link, not TCP's slow start at a
-        # 400 ms round trip (256 KiB steps took 2.4 s, close to the timeout).
+        # 4 KiB at either size: a step is then a few crossings of the slow link, not TCP's slow
+        # start at a 400 ms round trip (256 KiB steps took 2.4 s, close to the timeout).
         job = g.start_job(timeout=TIMEOUT_S, numel=1 << 10)
         running(g, job, 10)
         cluster.impair(victim, delay_ms=200)
         start = nodes.now_ms()
         t0 = job.trainers[0]
-        assert job.wait_for(lambda: sum(1 for ms, _ in t0.events() if ms > start) >= 6, 60), job.describe()
+        assert job.wait_for(lambda: sum(1 for ms, _ in t0.events() if ms > start) >= steps_wanted, budget_s), \
+            job.describe()
         steps = [ms for ms, text in t0.events() if ms > start and text.startswith("step")]
         gaps = [b - a for a, b in zip(steps, steps[1:])]
         assert min(gaps) >= 200, gaps  # at least one crossing of the slow link per step
@@ -180,6 +187,8 @@ def test_a_link_that_goes_down_and_comes_back(count, numel, down_s):
             print(f"node {victim}'s link of {count} down {down_s} s: every node failed within {slowest} ms")
         else:
             outcome = finished_or_named(cluster, job, victim, cut, steps_after=last_step(job.trainers[0]) + 10)
+            # A second's outage is shorter than the job timeout: the job rides it out.
+            assert outcome == "continued", job.describe()
             print(f"node {victim}'s link of {count} down {down_s} s: the job {outcome} "
                   f"({nodes.now_ms() - healed} ms after the link came back)")
         g.stop_job(job)

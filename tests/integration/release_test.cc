@@ -119,13 +119,22 @@ TEST_CASE("release: a released set's allgather and shard outputs serve the next 
     RegisterOptions with_outputs;
     with_outputs.allgather = true;
     with_outputs.reduce_scatter = true;
-    // One set of n floats, its outputs' addresses, and both of its results checked.
+    // One set of n floats, its outputs' addresses, and both of its results checked in full. Each
+    // round's values are its own, so a reused output the daemon did not write shows the last
+    // round's.
+    int round_number = 0;
     const auto round = [&](size_t n, std::byte** gathered, std::byte** shard) -> int {
-      const TensorSet set = client->register_tensors(filled(*client, n / 16, float(rank + 1)), with_outputs);
+      const float base = float(10 * ++round_number);
+      const TensorSet set = client->register_tensors(filled(*client, n / 16, base + float(rank + 1)), with_outputs);
       if (!client->allgather(set).wait(std::chrono::seconds(30))) return fail("allgather timed out");
       for (int r = 0; r < 2; ++r) {
-        for (float x : set.gathered(r, 0).as<float>()) {
-          if (x != float(r + 1)) return fail("rank " + std::to_string(r) + "'s gathered part holds " + std::to_string(x));
+        for (size_t i = 0; i < set.size(); ++i) {
+          for (float x : set.gathered(r, i).as<float>()) {
+            if (x != base + float(r + 1)) {
+              return fail("round " + std::to_string(round_number) + ": rank " + std::to_string(r) + "'s tensor " +
+                          std::to_string(i) + " gathered holds " + std::to_string(x));
+            }
+          }
         }
       }
       *gathered = set.gathered(0, 0).data();
@@ -133,7 +142,7 @@ TEST_CASE("release: a released set's allgather and shard outputs serve the next 
         return fail("reduce-scatter timed out");
       }
       for (float x : set.shard().as<float>()) {
-        if (x != 3) return fail("the shard holds " + std::to_string(x));
+        if (x != 2 * base + 3) return fail("round " + std::to_string(round_number) + ": the shard holds " + std::to_string(x));
       }
       *shard = set.shard().data();
       client->release(set);
@@ -147,12 +156,50 @@ TEST_CASE("release: a released set's allgather and shard outputs serve the next 
       const bool reused = (gathered == gathered_big && shard == shard_big) || (gathered == shard_big && shard == gathered_big);
       if (!reused) return fail("a set of " + std::to_string(n) + " floats got new outputs, not the released set's");
     }
-    // Larger than any released output: new ones.
+    // Its allgather output is larger than any released one: a new one. (Its shard output fits in
+    // the released allgather output, and takes it.)
     if (int r = round(8192, &gathered, &shard); r != kOk) return r;
     if (gathered == gathered_big || gathered == shard_big) return fail("a larger set's gather output is a smaller set's");
     return kOk;
   });
   for (int status : ranks.wait_all(std::chrono::seconds(120))) CHECK(exit_code(status) == kOk);
+  check_still_serving(daemon);
+}
+
+TEST_CASE("release: outputs made for a registration the daemon refuses serve the next registrations",
+          "[integration][release]") {
+  // Each refused registration made an allgather output and a shard output that no set held: 20
+  // refusals left 40 segments, and with a cap of 8 the fifth refusal was for the cap, not for
+  // the registration's own mistake.
+  TestDaemon daemon({"--max-segments-per-client", "8"});
+  ClientGroup ranks(1, [&](int) {
+    auto client = join(daemon.socket(), unique_job("refused-outputs"), 0, 1);
+    const SharedTensor real = client->allocate(TensorSpec{DType::kFloat32, 1024, "dp"});
+    // Segment 999 is not the client's: only the daemon can tell, after the outputs are made.
+    const std::vector<SharedTensor> foreign = {SharedTensor(DType::kFloat32, 1024, "dp", real.data(), 999, 0)};
+    RegisterOptions with_outputs;
+    with_outputs.allgather = true;
+    with_outputs.reduce_scatter = true;
+    for (int i = 0; i < 20; ++i) {
+      try {
+        client->register_tensors(foreign, with_outputs);
+        return fail("a set in segment 999 was registered");
+      } catch (const Error& e) {
+        if (std::string(e.what()).find("unknown segment 999") == std::string::npos) {
+          return fail("refusal " + std::to_string(i) + " is not for segment 999: " + e.what());
+        }
+      }
+    }
+    // And a good set still gets its outputs, within the cap, its results exact.
+    const TensorSet set = client->register_tensors(std::vector<SharedTensor>{real}, with_outputs);
+    for (float& x : real.as<float>()) x = 5;
+    if (!client->allgather(set).wait(std::chrono::seconds(30))) return fail("allgather timed out");
+    for (float x : set.gathered(0, 0).as<float>()) {
+      if (x != 5) return fail("the gathered part holds " + std::to_string(x));
+    }
+    return kOk;
+  });
+  for (int status : ranks.wait_all(std::chrono::seconds(60))) CHECK(exit_code(status) == kOk);
   check_still_serving(daemon);
 }
 
