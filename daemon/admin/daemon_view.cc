@@ -90,7 +90,10 @@ Status IoDaemonView::status(DaemonStatus* out) {
     s.peer_store_bytes = usage.bytes;
     s.peer_store_waiting_gets = static_cast<uint32_t>(usage.waiters);
   }
-  if (options_.peer_calls) s.peer_calls = options_.peer_calls->snapshot();
+  if (options_.peer_calls) {
+    s.peer_calls = options_.peer_calls->snapshot();
+    s.peer_get_bytes = options_.peer_calls->get_bytes();
+  }
   // Every setting gradsyncd runs with, as declared (config/settings.cc); the log level as it is
   // now (config set may have changed it); and the peer service's authentication, which two
   // settings decide.

@@ -108,6 +108,10 @@ std::string render_metrics(const DaemonStatus& status, const std::vector<JobStat
   for (const auto& [method, count] : status.peer_calls) {
     out << "gradsync_peer_calls_total{method=\"" << method << "\"} " << count << "\n";
   }
+  out << "# HELP gradsync_peer_get_bytes_total Bytes of the values this daemon's peer service answered Get "
+         "calls with (at the rendezvous: what formation reads).\n"
+         "# TYPE gradsync_peer_get_bytes_total counter\ngradsync_peer_get_bytes_total "
+      << status.peer_get_bytes << "\n";
   out << "# HELP gradsync_jobs Jobs on this daemon.\n# TYPE gradsync_jobs gauge\ngradsync_jobs " << jobs.size() << "\n";
   out << "# HELP gradsync_clients Connected trainers.\n# TYPE gradsync_clients gauge\ngradsync_clients "
       << clients.size() << "\n";

@@ -40,6 +40,7 @@ struct DaemonStatus {
   uint64_t peer_store_bytes = 0;
   uint32_t peer_store_waiting_gets = 0;
   std::vector<std::pair<std::string, uint64_t>> peer_calls;  // by method, since the start
+  uint64_t peer_get_bytes = 0;  // values its peer service's Get answered, since the start
 };
 
 struct JobStatistics {

@@ -1,5 +1,6 @@
 // The calls a daemon's peer service received, by method, since it started: the rendezvous
-// traffic of formation, failure notices and probes (gradsync_peer_calls_total). Any thread.
+// traffic of formation, failure notices and probes (gradsync_peer_calls_total), and the bytes
+// of the values its Get calls answered (gradsync_peer_get_bytes_total). Any thread.
 #pragma once
 
 #include <array>
@@ -24,6 +25,9 @@ class PeerCallCounts {
       }
     }
   }
+  void add_get_bytes(uint64_t bytes) { get_bytes_.fetch_add(bytes, std::memory_order_relaxed); }
+  uint64_t get_bytes() const { return get_bytes_.load(std::memory_order_relaxed); }
+
   std::vector<std::pair<std::string, uint64_t>> snapshot() const {
     std::vector<std::pair<std::string, uint64_t>> out;
     for (size_t i = 0; i < kMethods.size(); ++i) {
@@ -34,6 +38,7 @@ class PeerCallCounts {
 
  private:
   std::array<std::atomic<uint64_t>, kMethods.size()> counts_{};
+  std::atomic<uint64_t> get_bytes_{0};
 };
 
 }  // namespace gradsync

@@ -188,8 +188,11 @@ grpc::ServerUnaryReactor* PeerService::Get(grpc::CallbackServerContext* context,
   const auto timeout = std::min(kMaxWait, std::chrono::milliseconds(request->timeout_ms()));
   const uint64_t id = store_->get(
       request->job(), std::move(keys), timeout,
-      [reactor, reply](const Status& status, std::vector<std::string> values) {
-        for (auto& value : values) reply->add_values(std::move(value));
+      [reactor, reply, calls = &calls_](const Status& status, std::vector<std::string> values) {
+        for (auto& value : values) {
+          calls->add_get_bytes(value.size());
+          reply->add_values(std::move(value));
+        }
         reactor->Finish(to_grpc(status));
       },
       caller.member);

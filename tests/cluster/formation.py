@@ -3,7 +3,8 @@ rendezvous, or a 3-member etcd cluster with --rendezvous etcd), one trainer each
 the tiny model, one step checked element by element), timed from the moment the last daemon is
 ready to the moment every trainer has verified its step; and the calls the rendezvous answered
 meanwhile, by method (node 0's gradsync_peer_calls_total, or the etcd members'
-grpc_server_started_total), which is the store traffic of one formation.
+grpc_server_started_total), which is the store traffic of one formation, and through node 0 the
+bytes its Gets answered (gradsync_peer_get_bytes_total).
 
     formation.py [--nodes 16,32,64] [--runs 3] [--rendezvous node0|etcd] [--json FILE]
 
@@ -23,6 +24,7 @@ import time
 import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+BYTES_READ = "bytes read"  # not a method: the bytes of the values node 0's Gets answered
 BUILD = os.environ.get("GRADSYNC_BUILD", os.path.join(HERE, "..", "..", "build"))
 
 
@@ -33,9 +35,14 @@ def free_port():
 
 
 def peer_calls(metrics_port):
+    """Node 0's peer calls by method, and (under "bytes read") the bytes its Gets answered."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
-    return {m.group(1): int(float(m.group(2)))
-            for m in re.finditer(r'^gradsync_peer_calls_total\{method="(\w+)"\} (\S+)$', text, re.M)}
+    calls = {m.group(1): int(float(m.group(2)))
+             for m in re.finditer(r'^gradsync_peer_calls_total\{method="(\w+)"\} (\S+)$', text, re.M)}
+    read = re.search(r'^gradsync_peer_get_bytes_total (\S+)$', text, re.M)
+    if read:
+        calls[BYTES_READ] = int(float(read.group(1)))
+    return calls
 
 
 def etcd_calls(ports):
@@ -208,12 +215,14 @@ def main():
 def row(n, runs, etcd, rows):
     """Measures `n` nodes and prints and keeps its row."""
     times, calls = measure(n, runs, etcd)
+    read = calls.pop(BYTES_READ, None)
     total = sum(calls.values())
     rows.append({"nodes": n, "seconds": times, "median": statistics.median(times), "calls": calls,
-                 "calls_total": total})
+                 "calls_total": total, "bytes_read": read})
     spread = f"{statistics.median(times):.2f} ({min(times):.2f}-{max(times):.2f})"
     detail = ", ".join(f"{m} {c}" for m, c in sorted(calls.items()) if c)
-    print(f"{n:>5}  {spread:>30}  {total:>15}  {detail}  ({total / n:.1f} per node)", flush=True)
+    bytes_note = f"; Gets answered {read:,} bytes ({read / n:,.0f} per node)" if read is not None else ""
+    print(f"{n:>5}  {spread:>30}  {total:>15}  {detail}  ({total / n:.1f} per node){bytes_note}", flush=True)
 
 
 if __name__ == "__main__":

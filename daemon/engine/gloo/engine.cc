@@ -305,7 +305,8 @@ std::shared_ptr<::gloo::transport::Device> make_device(const GlooTransport& opti
 }  // namespace
 
 Status make_engine(const EngineSpec& spec, const GlooTransport& transport, std::unique_ptr<HostCollectiveEngine>* out) {
-  PeerStore store(spec.rendezvous, spec.job, spec.prefix, spec.timeout, transport.transport == "tcp", spec.nodes);
+  PeerStore store(spec.rendezvous, spec.job, spec.prefix, spec.timeout, transport.transport == "tcp", spec.nodes,
+                  spec.node);
   return make_engine(spec, transport, store, out);
 }
 

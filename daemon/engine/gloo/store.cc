@@ -11,17 +11,24 @@ namespace {
 // (gloo/transport/tcp/address.h: a sockaddr_storage and a sequence number).
 constexpr size_t kReplyBytes = 1 << 20;
 constexpr size_t kAddressBytes = 136;
+// A column that says "read the whole lists" (store.h).
+constexpr char kWhole[] = "whole";
+
+// Where rank `rank`'s entry is in rank r's list of pair addresses (Gloo's extractAddress):
+// the list skips r itself.
+size_t slot_of(int rank, int r) { return static_cast<size_t>(rank > r ? rank - 1 : rank); }
 
 }  // namespace
 
 PeerStore::PeerStore(std::shared_ptr<RendezvousStore> client, std::string job, std::string prefix,
-                     std::chrono::milliseconds timeout, bool tcp_addresses, int ranks)
+                     std::chrono::milliseconds timeout, bool tcp_addresses, int ranks, int rank)
     : client_(std::move(client)),
       job_(std::move(job)),
       prefix_(std::move(prefix)),
       timeout_(timeout),
       tcp_addresses_(tcp_addresses),
-      ranks_(ranks) {}
+      ranks_(ranks),
+      rank_(rank) {}
 
 std::optional<std::string> PeerStore::family_of(const std::string& key) const {
   if (ranks_ <= 0) return std::nullopt;
@@ -51,6 +58,68 @@ void PeerStore::fetch_family(const std::string& family, std::chrono::millisecond
   }
 }
 
+void PeerStore::fetch_addresses(std::chrono::milliseconds timeout) {
+  addresses_fetched_ = true;
+  if (rank_ == 0) {
+    fetch_family("", timeout);
+    publish_columns();
+    return;
+  }
+  const std::string key = "col_" + std::to_string(rank_);
+  std::vector<std::string> values;
+  throw_if_error(client_->get(job_, {prefix_ + key}, std::max(timeout, std::chrono::milliseconds(1)), &values));
+  const std::string& column = values[0];
+  if (column == kWhole) {
+    fetch_family("", timeout);
+    return;
+  }
+  const size_t others = static_cast<size_t>(ranks_ - 1);
+  if (column.empty() || column.size() % others != 0) {
+    throw Error(Status::protocol("rank 0 of the Gloo mesh published a column of " + std::to_string(column.size()) +
+                                 " bytes for rank " + std::to_string(rank_) + ": not " + std::to_string(others) +
+                                 " addresses of one size"));
+  }
+  const size_t entry = column.size() / others;
+  size_t at = 0;
+  for (int r = 0; r < ranks_; ++r) {
+    if (r == rank_) continue;
+    own_entry_[std::to_string(r)] = column.substr(at, entry);
+    at += entry;
+  }
+}
+
+void PeerStore::publish_columns() {
+  // Every list must be N - 1 entries of one size for its columns to mean what Gloo reads.
+  const size_t others = static_cast<size_t>(ranks_ - 1);
+  size_t entry = 0;
+  bool columns = others > 0;
+  for (int r = 0; r < ranks_ && columns; ++r) {
+    const std::string& list = fetched_.at(std::to_string(r));
+    columns = !list.empty() && list.size() % others == 0 && (entry == 0 || list.size() / others == entry);
+    entry = columns ? list.size() / others : 0;
+  }
+  for (int s = 1; s < ranks_; ++s) {
+    std::string column;
+    if (!columns) {
+      column = kWhole;
+    } else {
+      column.reserve(entry * others);
+      for (int r = 0; r < ranks_; ++r) {
+        if (r != s) column.append(fetched_.at(std::to_string(r)), slot_of(s, r) * entry, entry);
+      }
+    }
+    throw_if_error(client_->set(job_, prefix_ + "col_" + std::to_string(s), column, timeout_));
+  }
+}
+
+void PeerStore::ensure(const std::string& family, const std::string& key, std::chrono::milliseconds timeout) {
+  if (family.empty()) {
+    if (!addresses_fetched_) fetch_addresses(timeout);
+  } else if (!fetched_.count(key)) {
+    fetch_family(family, timeout);
+  }
+}
+
 void PeerStore::set(const std::string& key, const std::vector<char>& data) {
   std::vector<char> value = data;
   // Gloo publishes its pair addresses under the rank's number ("rank_N" holds the hostname).
@@ -66,7 +135,14 @@ void PeerStore::set(const std::string& key, const std::vector<char>& data) {
 
 std::vector<char> PeerStore::get(const std::string& key) {
   if (const auto family = family_of(key)) {
-    if (!fetched_.count(key)) fetch_family(*family, timeout_);
+    ensure(*family, key, timeout_);
+    if (const auto own = own_entry_.find(key); own != own_entry_.end()) {
+      // Rank r's list as Gloo reads it: this rank's entry in its slot, the others zero.
+      const std::string& entry = own->second;
+      std::vector<char> list(entry.size() * static_cast<size_t>(ranks_ - 1), 0);
+      std::copy(entry.begin(), entry.end(), list.begin() + static_cast<std::ptrdiff_t>(slot_of(rank_, std::stoi(key)) * entry.size()));
+      return list;
+    }
     const std::string& value = fetched_.at(key);
     return std::vector<char>(value.begin(), value.end());
   }
@@ -79,9 +155,7 @@ void PeerStore::wait(const std::vector<std::string>& keys) { wait(keys, timeout_
 
 void PeerStore::wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) {
   if (!keys.empty() && std::all_of(keys.begin(), keys.end(), [this](const std::string& k) { return family_of(k).has_value(); })) {
-    for (const auto& key : keys) {
-      if (!fetched_.count(key)) fetch_family(*family_of(key), timeout);
-    }
+    for (const auto& key : keys) ensure(*family_of(key), key, timeout);
     return;
   }
   std::vector<std::string> scoped;
