@@ -18,6 +18,10 @@
   callback-waits  a future's callback starts a collective and waits for it (PowerSGD's way):
                 no deadlock, both results right
   ddp-overlap   DDP with no hook and several buckets: the buckets' all_reduces overlap
+  powersgd      DDP with torch's PowerSGD hook (collectives started in future callbacks) and
+                several buckets, rank 1 late to every bucket, under inline_futures(): 8 steps,
+                every rank's parameters the same after each (with argv[2] "unordered", without
+                inline_futures(): the job is expected to fail, and what happened is printed)
   ddp-stalled-peer  DDP; rank 1 stalls past the 3 s timeout: rank 0's backward raises
                 gradsync's TimeoutError, as torch's type, through the futures
   ddp-killed-peer  DDP with no hook; rank 1 dies after 3 steps: rank 0's backward raises
@@ -223,6 +227,46 @@ def ddp_overlaps(rank):
     check("barrier" in kinds, f"the barrier used no staging set of its own: kinds {sorted(kinds)}")
 
 
+def powersgd(rank, ordered=True):
+    """torch's PowerSGD DDP hook starts its P and Q all_reduces inside future callbacks. Rank 1
+    comes late to every bucket's hook, so without inline_futures() its callbacks' collectives
+    start before its next bucket's while rank 0's start after: the orders differ."""
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd_hook
+
+    if ordered:
+        gradsync.torch.inline_futures()
+    torch.manual_seed(0)
+    model = DDP(torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(6)]), bucket_cap_mb=0.02)
+    state = powersgd_hook.PowerSGDState(process_group=None, matrix_approximation_rank=1, start_powerSGD_iter=2)
+
+    def late_on_rank_1(state, bucket):
+        if rank == 1:
+            time.sleep(0.02)
+        return powersgd_hook.powerSGD_hook(state, bucket)
+
+    model.register_comm_hook(state, late_on_rank_1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    generator = torch.Generator().manual_seed(rank)
+    try:
+        for step in range(8):
+            optimizer.zero_grad()
+            model(torch.randn(8, 64, generator=generator)).square().sum().backward()
+            optimizer.step()
+            flat = torch.cat([p.detach().flatten() for p in model.parameters()])
+            high, low = flat.clone(), flat.clone()
+            dist.all_reduce(high, op=dist.ReduceOp.MAX)
+            dist.all_reduce(low, op=dist.ReduceOp.MIN)
+            check(torch.equal(high, low), f"step {step}: the ranks' parameters differ by up to "
+                                          f"{(high - low).abs().max().item()}")
+    except Exception as e:  # noqa: BLE001
+        if ordered:
+            raise
+        print(f"rank {rank}: PowerSGD without inline_futures failed: {type(e).__name__}: {e}", flush=True)
+        os._exit(0)
+    if not ordered:
+        print(f"rank {rank}: PowerSGD without inline_futures went through 8 steps", flush=True)
+
+
 def never_arrives():
     """Run alone, as rank 0 of 2 (WORLD_SIZE=2 LOCAL_WORLD_SIZE=2): init_process_group or the
     first collective fails after the 3 s timeout, not before, as torch's type, and nothing is
@@ -287,6 +331,8 @@ def main():
         callback_outlives_main(rank)
     elif scenario == "ddp-overlap":
         ddp_overlaps(rank)
+    elif scenario == "powersgd":
+        powersgd(rank, ordered=sys.argv[2:3] != ["unordered"])
     elif scenario == "ddp-stalled-peer":
         # Rank 1 stalls past the job's timeout before a backward: rank 0's buckets were all
         # submitted, so their failure reaches backward() through the futures, raised at its end.

@@ -290,19 +290,24 @@ class GradsyncWork(_TorchWork):
                 future = torch.futures.Future()
             self._future = future
             done = self._done and self._error is None
-        if done or threading.current_thread() is self._tracker.waiter().thread:
-            # Done, or asked from a future's callback on the waiter thread (PowerSGD's hook
-            # waits for a collective there): completed here, since the waiter cannot.
+        outcome = ddp._Outcome()
+        # Counts as waited for at the end of the backward that asked (Slots), however it is
+        # completed: whether the daemon was done already is timing, which differs by rank.
+        _at_backward_end(outcome, self.waited)
+        if done or self._tracker.inline_futures or threading.current_thread() is self._tracker.waiter().thread:
+            # Done; or the group completes futures where they are asked for (inline_futures(),
+            # for hooks that start collectives in callbacks); or asked from a future's callback
+            # on the waiter thread (PowerSGD's hook waits for a collective there): completed
+            # here, since the waiter cannot.
             try:
                 self._complete(stream=stream)
             except Exception as e:  # noqa: BLE001
-                future.set_exception(e)
+                outcome.fail(future, e)
                 return future
             with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():  # where it records
                 future.set_result(outputs)
+            outcome.done.set()
             return future
-        outcome = ddp._Outcome()
-        _at_backward_end(outcome, self.waited)
         self._tracker.waiter().queue.put((self, outputs, future, stream, outcome))
         return future
 
@@ -376,6 +381,9 @@ class Tracker:
         self._strong = strong
         self._completed = collections.deque(maxlen=keep)
         self._waiter = None
+        # get_future() completes the Work on the calling thread, blocking it until the daemon is
+        # done, so that callbacks run there, in program order (inline_futures()).
+        self.inline_futures = False
 
     def started(self, work):
         with self._lock:

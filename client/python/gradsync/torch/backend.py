@@ -476,6 +476,26 @@ def client_of(group=None):
     return pg._client
 
 
+def inline_futures(group=None, enabled=True):
+    """Makes a gradsync process group (None: the default group) complete each Work's future on
+    the thread that asks for it, blocking that thread until the daemon is done, so that the
+    future's callbacks run there at once, in program order, as NCCL's do.
+
+    For DDP comm hooks that start collectives inside future callbacks (torch's PowerSGD and
+    batched PowerSGD hooks): otherwise a callback's collective starts whenever the group's
+    waiter thread gets to it, in an order that differs by rank, and the job fails as a layout
+    mismatch. The cost: backward waits for each bucket's reduction where DDP asks for its
+    future, so reduction no longer overlaps backward (PowerSGD's own decompression synchronizes
+    once per bucket anyway). Call it on every rank, before the first collective."""
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    if not isinstance(pg, ProcessGroupGradsync):
+        raise InvalidArgumentError(f"gradsync: {type(pg).__name__} is not a gradsync process group; "
+                                   "dist.init_process_group('gradsync') makes one")
+    if pg._unusable is not None:
+        raise pg._unusable
+    pg._tracker.inline_futures = bool(enabled)
+
+
 def _create(options, backend_options=None):
     """torch's extended creator API (1.13 and 2.x alike): it also names the group's global ranks
     ([] for the default group), which a group's layout and its store keys are made from."""
