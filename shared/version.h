@@ -35,6 +35,9 @@ inline constexpr uint32_t kProtocolVersion = 5;
 //      digest, with the kept count as the bucket's elements
 //   7: formation: node 0 publishes every node's record as one table ("nodes"), which the other
 //      nodes read instead of each record; Gloo's mesh keys are read a family at a time
-inline constexpr uint32_t kCrossNodeProtocol = 7;
+//   8: Gloo's mesh: node 0 publishes each other rank's column of the pair addresses
+//      ("col_<s>", or "whole"), which that rank reads instead of every rank's list (a rank of
+//      protocol 7 as node 0 would never publish it)
+inline constexpr uint32_t kCrossNodeProtocol = 8;
 
 }  // namespace gradsync

@@ -335,10 +335,27 @@ TensorSet ClientImpl::register_tensors(std::span<const SharedTensor> tensors, co
   }
   // Checked before any output is made, so a refusal leaves nothing behind.
   if (!options.mask.empty()) check_mask(options, tensors);
-  // The outputs taken from the pool or made for this set go back to the pool if the daemon does
-  // not accept the set: they are this client's segments either way, and orphaned they would
-  // count against --max-segments-per-client for nothing.
+  // The id is used up here, after the checks every rank makes alike and before anything that
+  // can fail on one rank only (memory for the outputs), so ids stay aligned across ranks even
+  // when a registration fails.
+  per_join_.next_set_id++;
+  // The outputs taken from the pool or made for this set go back to the pool if the set is not
+  // registered: when making them failed, or when the daemon refused the set. Not when the call
+  // itself failed (timed out, connection lost): the daemon may still have registered the set
+  // with them.
   control::Reply reply;
+  bool asked = false;
+  const auto give_back_outputs = [&] {
+    free_outputs_.give(gather_segment, -1, gather_segment ? gather_segment->memory.size() : 0);
+    if (Segment* shard = shard_segment(set)) free_outputs_.give(shard, -1, shard->memory.size());
+    if (gather_device_segment) {
+      free_device_outputs_.give(gather_device_segment, gather_device_segment->memory->device(),
+                                gather_device_segment->memory->size());
+    }
+    if (DeviceSegment* shard = shard_device_segment(set)) {
+      free_device_outputs_.give(shard, shard->memory->device(), shard->memory->size());
+    }
+  };
   try {
     if (options.reduce_scatter) reserve_shard(tensors, body, &set);
     if (!options.mask.empty()) {
@@ -346,7 +363,11 @@ TensorSet ClientImpl::register_tensors(std::span<const SharedTensor> tensors, co
       const size_t bytes = options.mask.size() * sizeof(uint64_t);
       if (!mask_segment_ || mask_segment_->memory.size() < bytes) {
         const size_t before = mask_segment_ ? mask_segment_->memory.size() : 0;
+        Segment* outgrown = mask_segment_;
         mask_segment_ = &new_segment(std::max<size_t>({4096, bytes, 2 * before}));
+        // No registration reads the old one again (the daemon copied its masks): it serves
+        // later outputs that fit.
+        if (outgrown) free_outputs_.give(outgrown, -1, outgrown->memory.size());
       }
       std::memcpy(mask_segment_->memory.data(), options.mask.data(), bytes);
       body->set_has_mask(true);
@@ -372,18 +393,13 @@ TensorSet ClientImpl::register_tensors(std::span<const SharedTensor> tensors, co
         gather_segment = &out;
       }
     }
-    per_join_.next_set_id++;  // ids stay aligned across ranks even when a registration fails
+    asked = true;
     reply = connection_->call(request, barrier_bound(timeout_));
+  } catch (const Refused&) {
+    give_back_outputs();
+    throw;
   } catch (...) {
-    free_outputs_.give(gather_segment, -1, gather_segment ? gather_segment->memory.size() : 0);
-    if (Segment* shard = shard_segment(set)) free_outputs_.give(shard, -1, shard->memory.size());
-    if (gather_device_segment) {
-      free_device_outputs_.give(gather_device_segment, gather_device_segment->memory->device(),
-                                gather_device_segment->memory->size());
-    }
-    if (DeviceSegment* shard = shard_device_segment(set)) {
-      free_device_outputs_.give(shard, shard->memory->device(), shard->memory->size());
-    }
+    if (!asked) give_back_outputs();
     throw;
   }
   set.tensors_.assign(tensors.begin(), tensors.end());

@@ -162,7 +162,7 @@ control::Reply Connection::call(control::Request request, std::chrono::milliseco
       }
       if (reply.id() != id && reply.id() != 0) continue;  // a stale reply to an abandoned call; its fds close
       if (reply.has_error() && reply.error().code() != 0) {
-        throw Error(Status(static_cast<ErrorCode>(reply.error().code()), reply.error().message()));
+        throw Refused(Status(static_cast<ErrorCode>(reply.error().code()), reply.error().message()));
       }
       if (reply_fds) *reply_fds = std::move(mine);
       return reply;

@@ -20,6 +20,14 @@
 
 namespace gradsync {
 
+// The daemon's error reply to a call: it answered, refusing the request, which took no effect
+// (unlike a transport failure or a call that timed out, after which the daemon may still carry
+// it out). An Error like any other to whoever catches Error.
+class Refused : public Error {
+ public:
+  using Error::Error;
+};
+
 class Connection {
  public:
   // Connects to the daemon's socket and checks who serves it (SO_PEERCRED): root, this
@@ -33,7 +41,7 @@ class Connection {
 
   // Sends the request (its id and fd_count are filled in) with `fds`, and waits at most
   // `timeout` for its reply. The descriptors sent with the reply go to *reply_fds (closed when
-  // it is null). Throws Error for transport failures and for an error reply.
+  // it is null). Throws Refused for an error reply, Error for transport failures and timeouts.
   control::Reply call(control::Request request, std::chrono::milliseconds timeout, std::span<const int> fds = {},
                       std::vector<UniqueFd>* reply_fds = nullptr);
 

@@ -137,10 +137,10 @@ def test_ranks_not_node_by_node_are_refused_naming_the_global_ranks_by_node():
         assert layout in out.stdout and "backend='gloo'" in out.stdout, out.stdout
 
 
-def _scenario(daemon, name, world=2, **env_extra):
+def _scenario(daemon, name, world=2, extra_args=(), **env_extra):
     env = {"TEST_PORT": str(free_port()), "GRADSYNCD_PID": str(daemon.process.pid), "TEST_DIR": daemon.dir,
            **env_extra}
-    results = run_ranks("backend_errors.py", world, daemon, args=(name,), env=env, timeout=120)
+    results = run_ranks("backend_errors.py", world, daemon, args=(name, *extra_args), env=env, timeout=120)
     assert_all_ok(results, daemon)
     for rank, (_, out) in enumerate(results):
         if not (name.endswith("killed-peer") and rank == 1):
@@ -227,7 +227,16 @@ def test_fsdp_on_the_cpu_matches_ddp_on_gloo(daemon):
 
 def test_ddp_with_powersgd_under_inline_futures_keeps_every_rank_alike(daemon):
     # torch's PowerSGD hook starts collectives in future callbacks; rank 1 comes late to every
-    # bucket. Without inline_futures() the ranks' orders differ and the job fails (seen by hand
-    # with the scenario's "unordered" variant, docs/client-api.md).
-    _scenario(daemon, "powersgd")
+    # one of 6 buckets. Under inline_futures() every rank's parameters stay equal.
+    for rank, (_, out) in enumerate(_scenario(daemon, "powersgd")):
+        assert f"rank {rank}: PowerSGD with inline_futures went through 6 steps of 6 buckets" in out, out
 
+
+def test_ddp_with_powersgd_without_inline_futures_fails_as_a_layout_mismatch(daemon):
+    # The same run without it: rank 1's callbacks start their collectives before its next
+    # bucket's, rank 0's after all of its buckets', and the daemon refuses the different orders
+    # (this is what the test above would see without inline_futures()).
+    results = _scenario(daemon, "powersgd", extra_args=("unordered",))
+    failed = [out for _, out in results if "PowerSGD without inline_futures failed" in out]
+    assert failed, results
+    assert any("LayoutMismatch" in out for out in failed), failed

@@ -40,7 +40,7 @@ TEST_CASE("gloo store: 200 ranks' address lists, 5.4 MB in all, come back whole 
   for (int r = 0; r < kRanks; ++r) {
     REQUIRE(client->set("0.job", "g0/group/dp/" + std::to_string(r), value_of(r), 2s).ok());
   }
-  PeerStore store(client, "0.job", "g0/group/dp/", 10s, /*tcp_addresses=*/false, kRanks);
+  PeerStore store(client, "0.job", "g0/group/dp/", 10s, /*tcp_addresses=*/false, kRanks, /*rank=*/0);
   store.wait({"150"});
   for (int r : {0, 99, 150, 199}) {
     const std::vector<char> got = store.get(std::to_string(r));

@@ -13,6 +13,9 @@ constexpr size_t kReplyBytes = 1 << 20;
 constexpr size_t kAddressBytes = 136;
 // A column that says "read the whole lists" (store.h).
 constexpr char kWhole[] = "whole";
+// How much longer than its own timeout a rank waits for its column: rank 0 publishes it only
+// after every list arrived, one call per rank (as PeerCluster's kTableSlack for node 0's table).
+constexpr auto kColumnSlack = std::chrono::milliseconds(2000);
 
 // Where rank `rank`'s entry is in rank r's list of pair addresses (Gloo's extractAddress):
 // the list skips r itself.
@@ -59,18 +62,21 @@ void PeerStore::fetch_family(const std::string& family, std::chrono::millisecond
 }
 
 void PeerStore::fetch_addresses(std::chrono::milliseconds timeout) {
-  addresses_fetched_ = true;
   if (rank_ == 0) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
     fetch_family("", timeout);
-    publish_columns();
+    publish_columns(deadline);
+    addresses_fetched_ = true;
     return;
   }
   const std::string key = "col_" + std::to_string(rank_);
   std::vector<std::string> values;
-  throw_if_error(client_->get(job_, {prefix_ + key}, std::max(timeout, std::chrono::milliseconds(1)), &values));
+  throw_if_error(client_->get(job_, {prefix_ + key}, std::max(timeout, std::chrono::milliseconds(1)) + kColumnSlack,
+                              &values));
   const std::string& column = values[0];
   if (column == kWhole) {
     fetch_family("", timeout);
+    addresses_fetched_ = true;
     return;
   }
   const size_t others = static_cast<size_t>(ranks_ - 1);
@@ -86,9 +92,10 @@ void PeerStore::fetch_addresses(std::chrono::milliseconds timeout) {
     own_entry_[std::to_string(r)] = column.substr(at, entry);
     at += entry;
   }
+  addresses_fetched_ = true;
 }
 
-void PeerStore::publish_columns() {
+void PeerStore::publish_columns(std::chrono::steady_clock::time_point deadline) {
   // Every list must be N - 1 entries of one size for its columns to mean what Gloo reads.
   const size_t others = static_cast<size_t>(ranks_ - 1);
   size_t entry = 0;
@@ -108,7 +115,10 @@ void PeerStore::publish_columns() {
         if (r != s) column.append(fetched_.at(std::to_string(r)), slot_of(s, r) * entry, entry);
       }
     }
-    throw_if_error(client_->set(job_, prefix_ + "col_" + std::to_string(s), column, timeout_));
+    // One bound for them all: the rest of this rank's wait for the mesh.
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    throw_if_error(client_->set(job_, prefix_ + "col_" + std::to_string(s), column,
+                                std::max(left, std::chrono::milliseconds(1))));
   }
 }
 

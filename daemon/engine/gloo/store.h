@@ -40,7 +40,7 @@ class PeerStore final : public gloo::rendezvous::Store {
   // `ranks`: the mesh's size, for fetching whole families (0: every key on its own);
   // `rank`: this node's rank in it.
   PeerStore(std::shared_ptr<RendezvousStore> client, std::string job, std::string prefix, std::chrono::milliseconds timeout,
-            bool tcp_addresses = false, int ranks = 0, int rank = 0);
+            bool tcp_addresses, int ranks, int rank);
 
   // Failures throw gradsync::Error; the Gloo engine translates everything at its boundary.
   void set(const std::string& key, const std::vector<char>& data) override;
@@ -57,8 +57,8 @@ class PeerStore final : public gloo::rendezvous::Store {
   // whole lists (it then publishes the columns); elsewhere its column, or the whole lists when
   // rank 0's column says "whole".
   void fetch_addresses(std::chrono::milliseconds timeout);
-  // Rank 0: publishes "col_<s>" for every other rank s from the lists in fetched_.
-  void publish_columns();
+  // Rank 0: publishes "col_<s>" for every other rank s from the lists in fetched_, by `deadline`.
+  void publish_columns(std::chrono::steady_clock::time_point deadline);
   // Gets the key's family (or, for "<r>", what this rank needs of it) unless it was fetched.
   void ensure(const std::string& family, const std::string& key, std::chrono::milliseconds timeout);
 

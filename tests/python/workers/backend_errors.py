@@ -19,9 +19,9 @@
                 no deadlock, both results right
   ddp-overlap   DDP with no hook and several buckets: the buckets' all_reduces overlap
   powersgd      DDP with torch's PowerSGD hook (collectives started in future callbacks) and
-                several buckets, rank 1 late to every bucket, under inline_futures(): 8 steps,
-                every rank's parameters the same after each (with argv[2] "unordered", without
-                inline_futures(): the job is expected to fail, and what happened is printed)
+                6 buckets, rank 1 late to every bucket, under inline_futures(): 6 steps, every
+                rank's parameters the same after each (with argv[2] "unordered", without
+                inline_futures(): what happened is printed; the job fails)
   ddp-stalled-peer  DDP; rank 1 stalls past the 3 s timeout: rank 0's backward raises
                 gradsync's TimeoutError, as torch's type, through the futures
   ddp-killed-peer  DDP with no hook; rank 1 dies after 3 steps: rank 0's backward raises
@@ -229,26 +229,36 @@ def ddp_overlaps(rank):
 
 def powersgd(rank, ordered=True):
     """torch's PowerSGD DDP hook starts its P and Q all_reduces inside future callbacks. Rank 1
-    comes late to every bucket's hook, so without inline_futures() its callbacks' collectives
-    start before its next bucket's while rank 0's start after: the orders differ."""
+    comes 100 ms late to every bucket's hook, so without inline_futures() its callbacks'
+    collectives start before its next bucket's while rank 0's start after all of its buckets':
+    the orders differ from the first PowerSGD step on."""
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd_hook
 
     if ordered:
         gradsync.torch.inline_futures()
     torch.manual_seed(0)
-    model = DDP(torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(6)]), bucket_cap_mb=0.02)
+    # Six buckets of one layer (16.6 KB) each: torch 1.13's DDP caps its first bucket at
+    # _DEFAULT_FIRST_BUCKET_BYTES (1 MiB) whatever bucket_cap_mb says; the model is 100 KB.
+    first_bucket, dist._DEFAULT_FIRST_BUCKET_BYTES = dist._DEFAULT_FIRST_BUCKET_BYTES, 15_000
+    try:
+        model = DDP(torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(6)]), bucket_cap_mb=0.015)
+    finally:
+        dist._DEFAULT_FIRST_BUCKET_BYTES = first_bucket
     state = powersgd_hook.PowerSGDState(process_group=None, matrix_approximation_rank=1, start_powerSGD_iter=2)
+    calls = []
 
     def late_on_rank_1(state, bucket):
+        calls[-1] += 1
         if rank == 1:
-            time.sleep(0.02)
+            time.sleep(0.1)
         return powersgd_hook.powerSGD_hook(state, bucket)
 
     model.register_comm_hook(state, late_on_rank_1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     generator = torch.Generator().manual_seed(rank)
     try:
-        for step in range(8):
+        for step in range(6):
+            calls.append(0)
             optimizer.zero_grad()
             model(torch.randn(8, 64, generator=generator)).square().sum().backward()
             optimizer.step()
@@ -262,9 +272,11 @@ def powersgd(rank, ordered=True):
         if ordered:
             raise
         print(f"rank {rank}: PowerSGD without inline_futures failed: {type(e).__name__}: {e}", flush=True)
-        os._exit(0)
-    if not ordered:
-        print(f"rank {rank}: PowerSGD without inline_futures went through 8 steps", flush=True)
+        print(f"rank {rank}: powersgd done", flush=True)
+        os._exit(0)  # the job failed: nothing of it to wait for at exit
+    check(min(calls[1:]) >= 3, f"DDP called the hook {calls} times per step: too few buckets to race")
+    print(f"rank {rank}: PowerSGD {'with' if ordered else 'without'} inline_futures went through "
+          f"{len(calls)} steps of {calls[-1]} buckets", flush=True)
 
 
 def never_arrives():

@@ -301,11 +301,11 @@ class GradsyncWork(_TorchWork):
             # here, since the waiter cannot.
             try:
                 self._complete(stream=stream)
-            except Exception as e:  # noqa: BLE001
+                with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():  # where it records
+                    future.set_result(outputs)
+            except Exception as e:  # noqa: BLE001 (raised at the end of backward, and by the future)
                 outcome.fail(future, e)
                 return future
-            with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():  # where it records
-                future.set_result(outputs)
             outcome.done.set()
             return future
         self._tracker.waiter().queue.put((self, outputs, future, stream, outcome))
