@@ -335,9 +335,10 @@ TensorSet ClientImpl::register_tensors(std::span<const SharedTensor> tensors, co
   }
   // Checked before any output is made, so a refusal leaves nothing behind.
   if (!options.mask.empty()) check_mask(options, tensors);
-  // The id is used up here, after the checks every rank makes alike and before anything that
-  // can fail on one rank only (memory for the outputs), so ids stay aligned across ranks even
-  // when a registration fails.
+  // The id is used up here, before anything that can fail on one rank only (memory for the
+  // outputs), so ids stay aligned across ranks even when a registration fails. (What fails
+  // before it, or in reserve_shard's checks after it, fails alike on every rank that registers
+  // the same tensors.)
   per_join_.next_set_id++;
   // The outputs taken from the pool or made for this set go back to the pool if the set is not
   // registered: when making them failed, or when the daemon refused the set. Not when the call

@@ -162,7 +162,11 @@ control::Reply Connection::call(control::Request request, std::chrono::milliseco
       }
       if (reply.id() != id && reply.id() != 0) continue;  // a stale reply to an abandoned call; its fds close
       if (reply.has_error() && reply.error().code() != 0) {
-        throw Refused(Status(static_cast<ErrorCode>(reply.error().code()), reply.error().message()));
+        Status error(static_cast<ErrorCode>(reply.error().code()), reply.error().message());
+        // Id 0 is the daemon's parting notice (it is closing the connection), not an answer to
+        // this call, which it may have carried out.
+        if (reply.id() == id) throw Refused(std::move(error));
+        throw Error(std::move(error));
       }
       if (reply_fds) *reply_fds = std::move(mine);
       return reply;

@@ -63,7 +63,9 @@ void PeerStore::fetch_family(const std::string& family, std::chrono::millisecond
 
 void PeerStore::fetch_addresses(std::chrono::milliseconds timeout) {
   if (rank_ == 0) {
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    // The columns may take half the slack the other ranks give them beyond their own timeout,
+    // so that the last list arriving just in time still leaves room to publish.
+    const auto deadline = std::chrono::steady_clock::now() + timeout + kColumnSlack / 2;
     fetch_family("", timeout);
     publish_columns(deadline);
     addresses_fetched_ = true;

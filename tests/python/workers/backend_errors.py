@@ -227,6 +227,17 @@ def ddp_overlaps(rank):
     check("barrier" in kinds, f"the barrier used no staging set of its own: kinds {sorted(kinds)}")
 
 
+class SixLayers(torch.nn.Module):
+    """Six Linear(64, 32) side by side on one input, their outputs summed."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(64, 32) for _ in range(6))
+
+    def forward(self, x):
+        return sum(layer(x) for layer in self.layers)
+
+
 def powersgd(rank, ordered=True):
     """torch's PowerSGD DDP hook starts its P and Q all_reduces inside future callbacks. Rank 1
     comes 100 ms late to every bucket's hook, so without inline_futures() its callbacks'
@@ -237,14 +248,16 @@ def powersgd(rank, ordered=True):
     if ordered:
         gradsync.torch.inline_futures()
     torch.manual_seed(0)
-    # Six buckets of one layer (16.6 KB) each: torch 1.13's DDP caps its first bucket at
-    # _DEFAULT_FIRST_BUCKET_BYTES (1 MiB) whatever bucket_cap_mb says; the model is 100 KB.
-    first_bucket, dist._DEFAULT_FIRST_BUCKET_BYTES = dist._DEFAULT_FIRST_BUCKET_BYTES, 15_000
+    # Six buckets of one layer (8,320 bytes) each: torch 1.13's DDP caps its first bucket at
+    # _DEFAULT_FIRST_BUCKET_BYTES (1 MiB) whatever bucket_cap_mb says; the model is 50 KB. A
+    # bucket's three all_reduces have three layouts (the bias: 32 floats; P: 32 x 2; Q: 64 x 2),
+    # so collectives started in different orders differ in layout, not only in staging set.
+    first_bucket, dist._DEFAULT_FIRST_BUCKET_BYTES = dist._DEFAULT_FIRST_BUCKET_BYTES, 8_000
     try:
-        model = DDP(torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(6)]), bucket_cap_mb=0.015)
+        model = DDP(SixLayers(), bucket_cap_mb=0.0079)
     finally:
         dist._DEFAULT_FIRST_BUCKET_BYTES = first_bucket
-    state = powersgd_hook.PowerSGDState(process_group=None, matrix_approximation_rank=1, start_powerSGD_iter=2)
+    state = powersgd_hook.PowerSGDState(process_group=None, matrix_approximation_rank=2, start_powerSGD_iter=2)
     calls = []
 
     def late_on_rank_1(state, bucket):
@@ -275,6 +288,8 @@ def powersgd(rank, ordered=True):
         print(f"rank {rank}: powersgd done", flush=True)
         os._exit(0)  # the job failed: nothing of it to wait for at exit
     check(min(calls[1:]) >= 3, f"DDP called the hook {calls} times per step: too few buckets to race")
+    if not ordered:
+        print(f"rank {rank}: PowerSGD without inline_futures did not fail", flush=True)
     print(f"rank {rank}: PowerSGD {'with' if ordered else 'without'} inline_futures went through "
           f"{len(calls)} steps of {calls[-1]} buckets", flush=True)
 

@@ -301,12 +301,14 @@ class GradsyncWork(_TorchWork):
             # here, since the waiter cannot.
             try:
                 self._complete(stream=stream)
-                with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():  # where it records
-                    future.set_result(outputs)
             except Exception as e:  # noqa: BLE001 (raised at the end of backward, and by the future)
                 outcome.fail(future, e)
                 return future
-            outcome.done.set()
+            try:
+                with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():  # where it records
+                    future.set_result(outputs)
+            finally:
+                outcome.done.set()  # the end of backward never waits for it, whatever set_result did
             return future
         self._tracker.waiter().queue.put((self, outputs, future, stream, outcome))
         return future

@@ -463,17 +463,23 @@ ProcessGroupGradsync.all_gather_single = ProcessGroupGradsync._allgather_base
 ProcessGroupGradsync.reduce_scatter_single = ProcessGroupGradsync._reduce_scatter_base
 
 
-def client_of(group=None):
-    """The gradsync client behind a gradsync process group (None: the default group), for
-    tensors in the daemon's reach: `gradsync.torch.empty(client_of(), n)`, which the group's
-    collectives then use in place, copying nothing."""
+def _usable(group):
+    """The gradsync process group `group` names (None: the default group), usable; raises
+    otherwise, saying why."""
     pg = group if group is not None else dist.distributed_c10d._get_default_group()
     if not isinstance(pg, ProcessGroupGradsync):
         raise InvalidArgumentError(f"gradsync: {type(pg).__name__} is not a gradsync process group; "
                                    "dist.init_process_group('gradsync') makes one")
     if pg._unusable is not None:
         raise pg._unusable
-    return pg._client
+    return pg
+
+
+def client_of(group=None):
+    """The gradsync client behind a gradsync process group (None: the default group), for
+    tensors in the daemon's reach: `gradsync.torch.empty(client_of(), n)`, which the group's
+    collectives then use in place, copying nothing."""
+    return _usable(group)._client
 
 
 def inline_futures(group=None, enabled=True):
@@ -487,13 +493,7 @@ def inline_futures(group=None, enabled=True):
     mismatch. The cost: backward waits for each bucket's reduction where DDP asks for its
     future, so reduction no longer overlaps backward (PowerSGD's own decompression synchronizes
     once per bucket anyway). Call it on every rank, before the first collective."""
-    pg = group if group is not None else dist.distributed_c10d._get_default_group()
-    if not isinstance(pg, ProcessGroupGradsync):
-        raise InvalidArgumentError(f"gradsync: {type(pg).__name__} is not a gradsync process group; "
-                                   "dist.init_process_group('gradsync') makes one")
-    if pg._unusable is not None:
-        raise pg._unusable
-    pg._tracker.inline_futures = bool(enabled)
+    _usable(group)._tracker.inline_futures = bool(enabled)
 
 
 def _create(options, backend_options=None):
