@@ -200,6 +200,12 @@ std::vector<SharedTensor> ClientImpl::allocate_flat(std::span<const TensorSpec> 
   return tensors;
 }
 
+Status ClientImpl::copy_to_host(int device, void* to, const void* from, size_t bytes) {
+  if (device < 0) return Status::invalid_argument("device must be a CUDA device ordinal, got " + std::to_string(device));
+  if (!device_memory_) device_memory_ = make_device_memory();
+  return device_memory_->copy_to_host(device, to, from, bytes, stream_);
+}
+
 ClientImpl::DeviceSegment& ClientImpl::new_device_segment(int device, size_t bytes) {
   if (device < 0) throw Error(Status::invalid_argument("device must be a CUDA device ordinal, got " + std::to_string(device)));
   if (!device_memory_) device_memory_ = make_device_memory();

@@ -43,6 +43,11 @@ class ClientImpl final : public Client {
   std::chrono::milliseconds job_timeout() const override { return timeout_; }
   int world_size() const override { return joined_ ? joined_->world_size : 0; }
 
+  // For SparseReducer's entries in device memory (not part of Client): copies device memory on
+  // `device` to the host after the work queued so far on the client's stream (set_stream), and
+  // waits. The Status names what failed (no CUDA here, memory of another device).
+  Status copy_to_host(int device, void* to, const void* from, size_t bytes);
+
  private:
   struct Segment {
     Mapping memory;

@@ -41,6 +41,7 @@ Status load_driver(Driver* d) {
        ("cuStreamDestroy_v2", &d->stream_destroy)
        ("cuStreamWaitEvent", &d->stream_wait_event)
        ("cuStreamSynchronize", &d->stream_synchronize)
+       ("cuMemcpyAsync", &d->memcpy_async)
        ("cuMemGetAddressRange_v2", &d->address_range)
        ("cuIpcGetMemHandle", &d->ipc_get_mem_handle)
        ("cuPointerGetAttribute", &d->pointer_attribute);

@@ -48,6 +48,8 @@ struct Driver {
   decltype(&::cuStreamDestroy) stream_destroy = nullptr;
   decltype(&::cuStreamWaitEvent) stream_wait_event = nullptr;
   decltype(&::cuStreamSynchronize) stream_synchronize = nullptr;
+  // Sparse entries in device memory, read to the host (SparseReducer).
+  decltype(&::cuMemcpyAsync) memcpy_async = nullptr;
 
   std::string describe(CUresult result) const {
     const char* text = nullptr;

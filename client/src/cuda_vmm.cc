@@ -196,6 +196,33 @@ class CudaVmmMemory final : public DeviceMemory {
     return open_cuda_device_events(&driver_, ordinal, ready, done, out);
   }
 
+  Status copy_to_host(int ordinal, void* to, const void* from, size_t bytes, void* stream) override {
+    if (bytes == 0) return Status();
+    CUdevice device = 0;
+    if (Status s = driver_and_device(ordinal, &device); !s.ok()) return s;
+    const Driver& d = driver_;
+    ScopedPrimaryContext context(&d, device);
+    if (!context.status().ok()) return context.status();
+    // Host memory handed over as "device" memory would be copied without complaint (unified
+    // addressing), and memory of another GPU read across: both are the caller's mistake.
+    const auto address = reinterpret_cast<CUdeviceptr>(from);
+    int on = -1;
+    if (CUresult r = d.pointer_attribute(&on, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, address); r != CUDA_SUCCESS) {
+      return Status::invalid_argument("memory at " + std::to_string(address) + " is not CUDA device memory (" +
+                                      d.describe(r) + ")");
+    }
+    if (on != ordinal) {
+      return Status::invalid_argument("memory at " + std::to_string(address) + " is on device " + std::to_string(on) +
+                                      ", not " + std::to_string(ordinal));
+    }
+    const auto cu_stream = static_cast<CUstream>(stream);
+    if (Status s = d.check(d.memcpy_async(reinterpret_cast<CUdeviceptr>(to), address, bytes, cu_stream), "cuMemcpyAsync");
+        !s.ok()) {
+      return s;
+    }
+    return d.check(d.stream_synchronize(cu_stream), "cuStreamSynchronize");
+  }
+
  private:
   // Loads the driver (once) and finds device `ordinal`; the error names which failed.
   Status driver_and_device(int ordinal, CUdevice* device) {

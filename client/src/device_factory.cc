@@ -26,6 +26,9 @@ class NoDeviceMemory final : public DeviceMemory {
                      std::unique_ptr<DeviceEvents>*) override {
     return Status::not_supported("device events: " + std::string(kNoCuda));
   }
+  Status copy_to_host(int, void*, const void*, size_t, void*) override {
+    return Status::not_supported("device memory: " + std::string(kNoCuda));
+  }
 };
 
 }  // namespace

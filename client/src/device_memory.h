@@ -69,6 +69,12 @@ class DeviceMemory {
   // fails: the daemon opens the handle instead) and owns nothing.
   virtual Status describe_foreign(int device, void* data, size_t bytes, std::unique_ptr<DeviceAllocation>* out,
                                   std::string* ipc_handle, uint64_t* ipc_offset) = 0;
+
+  // Copies `bytes` of device memory on `device` at `from` to host memory at `to`, after the work
+  // queued on `stream` so far (a CUstream; nullptr is the legacy default stream), and waits for
+  // the copy. `from` must be memory of that device (refused by name otherwise), whichever
+  // allocator made it.
+  virtual Status copy_to_host(int device, void* to, const void* from, size_t bytes, void* stream) = 0;
 };
 
 std::unique_ptr<DeviceMemory> make_device_memory();

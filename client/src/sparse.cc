@@ -6,6 +6,7 @@
 #include <numeric>
 #include <optional>
 
+#include "client/src/client_impl.h"
 #include "shared/half.h"
 
 namespace gradsync {
@@ -117,6 +118,35 @@ SparseReducer::SparseReducer(Client& client, std::vector<SparseSpec> specs, Spar
   counts_set_ = client_.register_tensors(counts_, RegisterOptions{.allgather = true, .label = options_.label + " (counts)"});
 }
 
+std::vector<SparseEntries> SparseReducer::on_host(std::span<const SparseEntries> given, std::vector<HostCopy>* copies,
+                                                  std::string* refused) {
+  std::vector<SparseEntries> entries(given.begin(), given.end());
+  copies->resize(given.size());
+  for (size_t t = 0; t < given.size(); ++t) {
+    const SparseEntries& from = given[t];
+    if (from.device < 0) continue;
+    if (!from.indices.empty() && from.values == nullptr) continue;  // refusal() names it
+    // The client library's own Client is the only one that reaches the GPU; a stand-in would
+    // have no way to read device memory.
+    auto* reader = dynamic_cast<ClientImpl*>(&client_);
+    const size_t value_bytes = from.indices.size() * specs_[t].row_elements * dtype_size(specs_[t].dtype);
+    HostCopy& copy = (*copies)[t];
+    copy.indices.resize(from.indices.size());
+    copy.values.resize(value_bytes);
+    Status read = reader ? reader->copy_to_host(from.device, copy.indices.data(), from.indices.data(),
+                                                from.indices.size() * sizeof(int64_t))
+                         : Status::not_supported("this Client cannot read device memory");
+    if (read.ok() && reader) read = reader->copy_to_host(from.device, copy.values.data(), from.values, value_bytes);
+    if (!read.ok()) {
+      *refused = "tensor " + std::to_string(t) + "'s entries on device " + std::to_string(from.device) +
+                 " could not be read: " + read.message();
+      return entries;
+    }
+    entries[t] = SparseEntries{copy.indices, copy.values.data(), -1};
+  }
+  return entries;
+}
+
 SparseReducer::DataSet& SparseReducer::data_set(const std::vector<uint64_t>& capacity) {
   auto it = data_.find(capacity);
   if (it != data_.end()) return it->second;
@@ -166,12 +196,15 @@ std::vector<SparseReduced> SparseReducer::allreduce(std::span<const SparseEntrie
   }
 }
 
-std::vector<SparseReduced> SparseReducer::exchange(std::span<const SparseEntries> entries, const ReduceOptions& options,
+std::vector<SparseReduced> SparseReducer::exchange(std::span<const SparseEntries> given, const ReduceOptions& options,
                                                    std::chrono::milliseconds timeout) {
   const size_t n = specs_.size();
   // This rank's entries, its repeated rows summed (rounded to the dtype), unless it refuses
-  // them: then it still takes part, sending -1, so that every rank fails alike.
+  // them: then it still takes part, sending -1, so that every rank fails alike. Device entries
+  // are read to the host first; a copy that fails is a refusal too.
   std::string refused;
+  std::vector<HostCopy> copies;
+  const std::vector<SparseEntries> entries = on_host(given, &copies, &refused);
   std::vector<SparseReduced> local(n);
   for (size_t t = 0; t < n && refused.empty(); ++t) refused = refusal(specs_[t], entries[t], t);
   if (refused.empty()) {

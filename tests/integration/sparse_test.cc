@@ -157,6 +157,42 @@ TEST_CASE("sparse: 3 ranks gather and sum their entries, every dtype, coalesced 
   for (int status : group.wait_all(std::chrono::seconds(120))) CHECK(exit_code(status) == kOk);
 }
 
+TEST_CASE("sparse: entries said to be in device memory that cannot be read fail the call on every rank, naming the rank",
+          "[integration][ops][sparse]") {
+  // Rank 0's entries claim device 0 but are host memory: without a CUDA driver (CI) the copy
+  // fails for want of one; with one, because the memory is not the device's. Either way rank 0
+  // refuses, and rank 1, whose entries are fine, fails the same call naming it.
+  TestDaemon daemon;
+  const std::string job = unique_job("sparse-device");
+  ClientGroup group(2, [&](int rank) {
+    auto client = join(daemon.socket(), job, rank, 2);
+    SparseReducer reducer(*client, kSpecs, SparseOptions{});
+    const std::vector<int64_t> rows = {1, 2};
+    const float values[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    std::vector<SparseEntries> entries(kSpecs.size());
+    entries[0] = SparseEntries{rows, values, rank == 0 ? 0 : -1};
+    try {
+      reducer.allreduce(entries, ReduceOptions{ReduceOp::kSum});
+      return fail("entries that cannot be read were accepted");
+    } catch (const Error& e) {
+      const std::string want = rank == 0 ? "tensor 0's entries on device 0 could not be read: " : "rank 0 refused its entries";
+      if (std::string(e.what()).find(want) == std::string::npos) return fail(std::string("unexpected error: ") + e.what());
+    }
+    // Host entries on both ranks still work through a new reducer.
+    SparseReducer fresh(*client, kSpecs, SparseOptions{});
+    entries[0].device = -1;
+    const std::vector<SparseReduced> sums = fresh.allreduce(entries, ReduceOptions{ReduceOp::kSum});
+    if (sums[0].indices != rows) return fail("the host entries' rows were not gathered");
+    float got[8];
+    std::memcpy(got, sums[0].values.data(), sizeof(got));
+    for (int i = 0; i < 8; ++i) {
+      if (got[i] != 2 * values[i]) return fail("element " + std::to_string(i) + " is " + std::to_string(got[i]));
+    }
+    return kOk;
+  });
+  for (int status : group.wait_all(std::chrono::seconds(60))) CHECK(exit_code(status) == kOk);
+}
+
 TEST_CASE("sparse: 2 and 3 daemons x 2 clients gather and sum their entries across nodes, bit-exact",
           "[integration][multinode][sparse]") {
   for (int nodes : {2, 3}) {

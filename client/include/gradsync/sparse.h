@@ -41,9 +41,14 @@ struct SparseSpec {
 
 // A rank's entries of one tensor: indices[k] is the row of values[k * row_elements ...].
 // Indices may repeat (an uncoalesced tensor); each must be below the spec's rows.
+// Entries in CUDA device memory (an embedding's gradient on the GPU) name their device: they
+// are copied to the host after the work queued so far on the client's stream (set_stream), and
+// the call waits for the copy, so the caller may reuse them once it returns. The exchange and
+// the sums then run on the host as for host entries, and the results are host memory.
 struct SparseEntries {
   std::span<const int64_t> indices;
   const void* values = nullptr;  // indices.size() * row_elements elements of the spec's dtype
+  int device = -1;               // -1: host memory; else the CUDA device (this process's ordinal)
 };
 
 enum class SparseResult {
@@ -89,6 +94,14 @@ class SparseReducer {
     TensorSet set;
   };
   DataSet& data_set(const std::vector<uint64_t>& capacity);
+
+  // Entries in device memory, read to the host; `given` as it is when all are host entries.
+  struct HostCopy {
+    std::vector<int64_t> indices;
+    std::vector<std::byte> values;
+  };
+  std::vector<SparseEntries> on_host(std::span<const SparseEntries> given, std::vector<HostCopy>* copies,
+                                     std::string* refused);
 
   std::vector<SparseReduced> exchange(std::span<const SparseEntries> entries, const ReduceOptions& options,
                                       std::chrono::milliseconds timeout);
