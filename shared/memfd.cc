@@ -1,7 +1,9 @@
 #include "shared/memfd.h"
 
 #include <sys/mman.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -86,6 +88,18 @@ Status check_memfd(int fd, unsigned required_seals, size_t expected_bytes, const
   const std::string target(link, length > 0 ? static_cast<size_t>(length) : 0);
   if (target.rfind("/memfd:", 0) != 0) {
     return Status::invalid_argument(what + " is a file (" + target.substr(0, 80) + "), not a memfd");
+  }
+  // Only shmem's: a hugetlbfs memfd (MFD_HUGETLB) can have a page punched out under its seals
+  // (FALLOC_FL_PUNCH_HOLE changes no size), and when no free huge page is left to fault back in,
+  // the reader dies of SIGBUS. A punched shmem page reads back as zeros.
+  struct statfs fs {};
+  if (::fstatfs(fd, &fs) != 0) return Status::invalid_argument(what + ": fstatfs failed: " + errno_text());
+  if (fs.f_type != TMPFS_MAGIC) {
+    return Status::invalid_argument(what + " is a memfd of " +
+                                    (fs.f_type == HUGETLBFS_MAGIC ? std::string("huge pages (MFD_HUGETLB)")
+                                                                  : "file system type " + std::to_string(fs.f_type)) +
+                                    "; only ordinary memfds are taken (a huge page punched out of one would "
+                                    "kill its reader)");
   }
   const int seals = ::fcntl(fd, F_GET_SEALS);
   if (seals < 0) return Status::invalid_argument(what + ": cannot read its seals: " + errno_text());

@@ -1,5 +1,7 @@
 #include "daemon/control/client_handler.h"
 
+#include "daemon/control/register_reply.h"
+
 #include "daemon/control/registration_check.h"
 #include "daemon/util/safe_text.h"
 
@@ -384,15 +386,7 @@ asio::awaitable<Status> ClientHandler::on_register(control::Request* request, An
       set_error(status, &reply);
     } else {
       auto* body = reply.mutable_register_();
-      for (size_t b = 0; b < set->plan.buckets.size(); ++b) {
-        const plan::Bucket& bucket = set->plan.buckets[b];
-        auto* info = body->add_buckets();
-        info->set_group(bucket.group);
-        info->set_dtype(static_cast<control::DType>(bucket.dtype));
-        for (uint32_t t : bucket.tensors) info->add_tensors(t);
-        info->set_bytes(bucket.bytes);
-        info->set_zero_copy(set->runs[b].size() <= 1);
-      }
+      fill_register_buckets(set->plan, [set](size_t b) { return set->runs[b].size() <= 1; }, body);
       for (const std::string& handle : ready_events) body->add_ready_events(handle);
       for (const std::string& handle : done_events) body->add_done_events(handle);
     }

@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <cstring>
 
+#include "daemon/control/register_reply.h"
+#include "daemon/plan/planner.h"
+#include "shared/framing.h"
 #include "shared/set_name.h"
 #include "shared/dtype.h"
 #include "shared/shard.h"
@@ -209,6 +212,15 @@ Status check_registration(const control::RegisterRequest& request, const Topolog
     if (used.empty() || used.back() != segment) used.push_back(segment);
   }
   if (Status status = check_no_overlap(reg->layout, reg->address); !status.ok()) return status;
+  // The reply names every bucket's tensors: it must fit in one frame, like the request.
+  if (const size_t reply = register_reply_bound(plan::plan_buckets(reg->layout, plan::PlanOptions{reg->bucket_cap}));
+      reply > kMaxFrameBytes) {
+    return Status::resource_exhausted(
+        "set " + std::to_string(request.set_id()) + ": its " + std::to_string(reg->layout.size()) +
+        " tensors cut at a bucket cap of " + std::to_string(reg->bucket_cap) + " bytes would make a reply of " +
+        std::to_string(reply) + " bytes, over the control protocol's frame limit of " + std::to_string(kMaxFrameBytes) +
+        ": raise bucket_cap, or register fewer tensors per set");
+  }
   if (request.has_gather_output()) {
     auto it = segments.find(request.gather_segment_id());
     if (it == segments.end()) {

@@ -83,7 +83,22 @@ void Session::send(const control::Reply& reply, std::vector<UniqueFd> fds) {
   if ((closing_ && !socket_.is_open()) || overflowed_) return;
   control::Reply copy = reply;
   copy.set_fd_count(static_cast<uint32_t>(fds.size()));
-  std::string frame = encode_frame(copy.SerializeAsString());
+  std::string payload = copy.SerializeAsString();
+  if (payload.size() > kMaxFrameBytes) {
+    // Registrations are refused before their reply could grow this large
+    // (register_reply.h); should any other reply, the call fails rather than the io thread,
+    // which an exception here would end, and with it every client of the daemon.
+    const Status too_big = Status::internal("the daemon's reply was " + std::to_string(payload.size()) +
+                                            " bytes, over the control protocol's frame limit of " +
+                                            std::to_string(kMaxFrameBytes));
+    log_.error(too_big.to_string());
+    control::Reply refused;
+    refused.set_id(reply.id());
+    set_error(too_big, &refused);
+    payload = refused.SerializeAsString();
+    fds.clear();
+  }
+  std::string frame = encode_frame(payload);
   // A client that sends requests but never reads replies must not grow the daemon's memory.
   // The queue is not touched here: a write may be in flight from its front, so the write loop
   // drops it once that write has been cancelled.

@@ -1,5 +1,6 @@
 // Bad input on the control path: each gets a clear error naming what was wrong, and the daemon
 // keeps serving.
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -471,6 +472,21 @@ TEST_CASE("fds: a descriptor that is not a memfd is refused, naming what it is",
   CHECK_THAT(error_for(daemon, segment_request(4096), {file}, 1), Catch::Contains("not a memfd"));
   ::close(file);
   ::unlink(path);
+  check_still_serving(daemon);
+}
+
+TEST_CASE("fds: a memfd of huge pages is refused, sealed or not", "[integration][control][fds]") {
+  // Its size seals do not stop a page being punched out (FALLOC_FL_PUNCH_HOLE); with no free
+  // huge page left to fault one back in, the daemon reading it died of SIGBUS. Creating one
+  // needs no huge pages reserved (they are taken when it is mapped, which this test does not).
+  TestDaemon daemon;
+  constexpr size_t kHugePage = 2u << 20;
+  UniqueFd huge(::memfd_create("test-huge", MFD_CLOEXEC | MFD_ALLOW_SEALING | MFD_HUGETLB));
+  REQUIRE(huge);  // every Linux since 4.14 with hugetlbfs, as Debian 12's
+  REQUIRE(::ftruncate(huge.get(), kHugePage) == 0);
+  REQUIRE(::fcntl(huge.get(), F_ADD_SEALS, kSizeSeals) == 0);
+  CHECK_THAT(error_for(daemon, segment_request(kHugePage), {huge.get()}, 1),
+             Catch::Contains("is a memfd of huge pages (MFD_HUGETLB); only ordinary memfds are taken"));
   check_still_serving(daemon);
 }
 

@@ -359,6 +359,32 @@ TEST_CASE("limits: waiting million-tensor registrations are charged to the user'
   CHECK(daemon.running());
 }
 
+TEST_CASE("limits: a set whose reply would not fit in a frame is refused before it is committed, and the daemon "
+          "serves on", "[integration][limits]") {
+  // A million one-element tensors, each its own bucket (a cap of 1 byte): the request is about
+  // 12 MB, within the 16 MiB frame; the reply, which names every bucket's tensors, would be
+  // about 17 MB. The daemon once committed the set and then, failing to encode the reply,
+  // let the exception end its io thread: it exited, and every job on the node with it.
+  constexpr uint64_t kTensors = 1'000'000;
+  TestDaemon daemon;
+  RawClient client(daemon.socket());
+  client.hello();
+  REQUIRE(error_of(client.join(unique_job("big-reply"), 1, 0)).empty());
+  const uint32_t segment = client.segment(kTensors * 4).segment().segment_id();
+  control::Request request = RawClient::registration(1, segment, kTensors);
+  request.mutable_register_()->set_has_bucket_cap(true);
+  request.mutable_register_()->set_bucket_cap_bytes(1);
+  const control::Reply refused = client.call(std::move(request));
+  CHECK_THAT(error_of(refused), Catch::Contains("over the control protocol's frame limit of 16777216") &&
+                                    Catch::Contains("raise bucket_cap"));
+  // The same tensors in 25 MiB buckets fit, on the same connection.
+  const control::Reply registered = client.call(RawClient::registration(2, segment, kTensors));
+  CHECK(error_of(registered).empty());
+  CHECK(registered.register_().buckets_size() == 1);
+  CHECK(daemon.running());
+  check_still_serving(daemon);
+}
+
 TEST_CASE("limits: segments are bounded per client and per user", "[integration][limits]") {
   TestDaemon daemon({"--max-segments-per-client", "3", "--max-segments-per-user", "5"});
   auto a = std::make_unique<RawClient>(daemon.socket());
