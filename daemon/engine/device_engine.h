@@ -103,6 +103,12 @@ struct DeviceEngineSpec {
   std::vector<int> slot_of_local_rank;
   std::vector<int> devices;  // this node's GPUs of the group (ordinals), without repeats
   std::chrono::milliseconds timeout{30'000};
+  // How long issuing one collective may wait for NCCL to take it. NCCL connects a communicator's
+  // peers lazily, at its first collective of each kind (NCCL_RUNTIME_CONNECT, the default), and
+  // that waits for every peer to issue the same collective: a peer late in its backward pass
+  // holds it as long as the execution bound lets it be late. So it is bounded as the bucket is:
+  // the execution bound plus the job timeout.
+  std::chrono::milliseconds enqueue_timeout{630'000};
   // Names the job and the engine the same way in every generation of the job, so that idle
   // communicators can be kept for its next one; empty: never kept. Every node sets it alike.
   std::string reuse_key;

@@ -202,7 +202,7 @@ class FakeNccl final : public NcclApi {
     Inside in(this, comm);
     std::lock_guard lock(mutex);
     ++registrations;
-    *handle = reinterpret_cast<void*>(0x99);
+    *handle = register_without_handle ? nullptr : reinterpret_cast<void*>(0x99);
     return Status();
   }
   Status deregister_buffer(void* comm, void*) override {
@@ -247,6 +247,7 @@ class FakeNccl final : public NcclApi {
   int registrations = 0;
   int deregistrations = 0;
   int polls_until_ready = 2;
+  bool register_without_handle = false;  // as NCCL answers where it does not register
   int fail_init_rank = -1;
   std::atomic<bool> hang{false};
   std::mutex abort_gate_mutex;
@@ -365,6 +366,13 @@ TEST_CASE("nccl engine: one node with two GPUs creates both ranks inside one gro
     CHECK(registered);
     REQUIRE(engine.register_buffer(1, reinterpret_cast<void*>(0x5000), 1 << 20, &registered).ok());
     CHECK(nccl.registrations == 1);  // once per buffer
+    // NCCL's success without a handle is no registration (not zero-copy), asked once too.
+    nccl.register_without_handle = true;
+    REQUIRE(engine.register_buffer(0, reinterpret_cast<void*>(0x9000), 1 << 20, &registered).ok());
+    CHECK_FALSE(registered);
+    REQUIRE(engine.register_buffer(0, reinterpret_cast<void*>(0x9000), 1 << 20, &registered).ok());
+    CHECK_FALSE(registered);
+    CHECK(nccl.registrations == 2);
   }
   CHECK(nccl.aborts == 2);  // every communicator ended, and only once
 }
@@ -606,6 +614,36 @@ TEST_CASE("nccl engine: a failed group call fails the engine and aborts every co
   nccl.fail_group_end = Status();
   CHECK(engine.allreduce(buffers_for(engine), 10, ReduceSpec{}).message() == status.message());
   CHECK(engine.allreduce(buffers_for(engine), 10, ReduceSpec{}).message() == status.message());
+}
+
+TEST_CASE("nccl engine: issuing a collective waits past the job timeout for NCCL's lazy connection, up to the "
+          "execution bound plus it", "[nccl][engine]") {
+  // NCCL connects a communicator's peers at its first collective, which stays in progress until
+  // every peer issued it: a peer late in backward by more than the job timeout once failed the
+  // job here, though the bucket's own bound (the watchdog's) allows it.
+  LocalRendezvous local;
+  FakeNccl nccl;
+  DeviceEngineSpec spec = spec_of({0, 1}, {0, 1});
+  spec.timeout = 50ms;
+  spec.enqueue_timeout = 10000ms;
+  EngineTiming timing = fast();
+  timing.enqueue_poll = 1ms;
+  NcclEngine engine(&nccl, spec, timing);
+  REQUIRE(engine.connect(&local).ok());
+  nccl.polls_until_ready = 1000;  // after the spins, 1 ms a poll: most of a second, many job timeouts
+  const auto began = std::chrono::steady_clock::now();
+  CHECK(engine.allreduce(buffers_for(engine), 10, ReduceSpec{}).ok());
+  CHECK(std::chrono::steady_clock::now() - began > 200ms);
+  // And it is still bounded: past the enqueue bound it fails naming the call.
+  DeviceEngineSpec tight = spec;
+  tight.enqueue_timeout = 20ms;
+  FakeNccl stuck;
+  NcclEngine bounded(&stuck, tight, timing);
+  REQUIRE(bounded.connect(&local).ok());
+  stuck.polls_until_ready = 1'000'000;
+  const Status status = bounded.allreduce(buffers_for(bounded), 10, ReduceSpec{});
+  CHECK(status.code() == ErrorCode::kTimeout);
+  CHECK_THAT(status.message(), Catch::Contains("allreduce of 10 elements"));
 }
 
 TEST_CASE("nccl engine: a single GPU in all needs no communicator", "[nccl][engine]") {

@@ -195,10 +195,12 @@ Status CudaExecutor::retire(int device, bool room_for_one) {
     if (!room_for_one || state.queued.size() < kMaxQueued) return Status();
     if (Status why = aborted(); !why.ok()) return why;  // the job is failing: no more waiting
     const Queued& oldest = state.queued.front();
-    if (std::chrono::steady_clock::now() - oldest.since > execution_timeout_) {
+    // The watchdog's and the worker's bound for a bucket (a cross-node peer may be as late as
+    // the execution bound lets it, and the transfer takes up to the job timeout), not less.
+    if (std::chrono::steady_clock::now() - oldest.since > watch_timeout_) {
       return Status::timeout(oldest.what + " on GPU " + std::to_string(device) + " was queued " +
-                             std::to_string(execution_timeout_.count()) +
-                             " ms ago (the execution bound) and has not finished on the GPU");
+                             std::to_string(watch_timeout_.count()) +
+                             " ms ago (the execution bound plus the job timeout) and has not finished on the GPU");
     }
     backoff.pause();
   }
@@ -362,6 +364,7 @@ Status CudaExecutor::admit(const TensorSet& set, const SetAdmission& admission) 
       spec.slot_of_local_rank[c] = static_cast<int>(std::find(devices.begin(), devices.end(), d) - devices.begin());
     }
     spec.timeout = admission.timeout;
+    spec.enqueue_timeout = admission.execution_timeout + admission.timeout;
     if (engine_of(set.id, group)) continue;  // admitted before
     // One communicator per (job, group, GPU layout), shared by every set of that layout: a DDP
     // job registers one set per DDP bucket, and a communicator each would multiply NCCL's

@@ -50,6 +50,7 @@ bool NcclEngine::park_locked() {
   }
   // The registrations are of this job's memory, which is unmapped once the job's sets go.
   for (auto& [key, handle] : registered_) {
+    if (!handle) continue;  // NCCL did not register it
     const auto at = std::find(spec_.devices.begin(), spec_.devices.end(), key.first) - spec_.devices.begin();
     if (!api_->deregister_buffer(comms_[static_cast<size_t>(at)], handle).ok()) return false;
   }
@@ -420,7 +421,7 @@ Status NcclEngine::group_call(const std::string& what, std::span<const DeviceBuf
       if (status.ok()) status = ended;
     }
   }
-  if (status.ok()) status = wait_ready(what, spec_.timeout, timing_.enqueue_poll);
+  if (status.ok()) status = wait_ready(what, spec_.enqueue_timeout, timing_.enqueue_poll);
   if (status.ok()) return status;
   if (Status why = unusable(); !why.ok()) return why;
   // An error from a group call leaves every communicator of the group unusable: fail the engine,
@@ -476,16 +477,24 @@ Status NcclEngine::register_buffer(int device, void* data, size_t bytes, bool* r
   if (Status status = unusable(); !status.ok()) return status;
   MutexLock lock(family_->calls);
   if (comms_aborted_) return Status::aborted("the communicators were aborted");
-  if (registered_.count({device, data})) {
-    *registered = true;
+  // Registrations live as long as the communicators (until parked, when they are undone, or
+  // aborted). That is sound only because a client's segment stays mapped in the daemon until
+  // the client leaves, which ends the job and with it this engine: no other memory can appear
+  // at a registered address meanwhile. A request that released one segment early would have to
+  // deregister it here first (ncclCommDeregister), once the GPU is through its sets' buckets.
+  if (auto it = registered_.find({device, data}); it != registered_.end()) {
+    *registered = it->second != nullptr;
     return Status();
   }
   for (size_t i = 0; i < comms_.size(); ++i) {
     if (spec_.devices[i] != device) continue;
     void* handle = nullptr;
     if (Status status = api_->register_buffer(comms_[i], data, bytes, &handle); !status.ok()) return status;
+    // NCCL answers success without a handle where it does not register (NCCL_LOCAL_REGISTER=0,
+    // copies through its own buffers; 2.19 without NVLS): not zero-copy, and nothing to undo.
+    // Kept either way, so that it is asked once per buffer.
     registered_[{device, data}] = handle;
-    *registered = true;
+    *registered = handle != nullptr;
     return Status();
   }
   return Status::internal(spec_.what + ": GPU " + std::to_string(device) + " is not one of this engine's");
