@@ -182,6 +182,14 @@ def test_staging_sets_of_layouts_no_longer_used_are_released(daemon):
     assert "released by every local rank" in daemon.log()
 
 
+def test_a_work_waited_on_another_thread_does_not_steer_the_next_collectives_staging_set(daemon):
+    _scenario(daemon, "comm-thread")
+
+
+def test_is_completed_means_the_results_are_in_the_tensors(daemon):
+    _scenario(daemon, "is-completed")
+
+
 def test_a_future_callback_may_wait_for_a_collective(daemon):
     _scenario(daemon, "callback-waits")
 

@@ -22,6 +22,11 @@
                 6 buckets, rank 1 late to every bucket, under inline_futures(): 6 steps, every
                 rank's parameters the same after each (with argv[2] "unordered", without
                 inline_futures(): what happened is printed; the job fails)
+  comm-thread   a communication thread waits for the async Works the training thread starts,
+                1 s later on rank 1: the next collective of the layout still picks the same
+                staging set on every rank (only waits on the starting thread count)
+  is-completed  is_completed() polled while the waiter thread copies a large result back:
+                once it says True, the result is in the tensor, every time
   ddp-stalled-peer  DDP; rank 1 stalls past the 3 s timeout: rank 0's backward raises
                 gradsync's TimeoutError, as torch's type, through the futures
   ddp-killed-peer  DDP with no hook; rank 1 dies after 3 steps: rank 0's backward raises
@@ -294,6 +299,59 @@ def powersgd(rank, ordered=True):
           f"{len(calls)} steps of {calls[-1]} buckets", flush=True)
 
 
+def comm_thread(rank, world):
+    """A Work waited on another thread than the one that started it: that wait comes before or
+    after the next collective as timing has it, differently on each rank, so it must not steer
+    which staging set the next collective of the layout uses."""
+    import queue
+
+    works = queue.Queue()
+
+    def waiter():
+        while True:
+            w = works.get()
+            if w is None:
+                return
+            if rank == 1:
+                time.sleep(1.0)
+            w.wait()
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    dist.all_reduce(torch.ones(4))  # the layout's first staging set
+    x = torch.full((4,), float(rank + 1))
+    works.put(dist.all_reduce(x, async_op=True))
+    time.sleep(0.5)  # rank 0's thread has waited by now, rank 1's not
+    z = torch.full((4,), float(rank + 10))
+    try:
+        dist.all_reduce(z)
+    except Exception as e:  # noqa: BLE001
+        failures.append(f"the all_reduce after another thread's wait failed: {e}")
+    works.put(None)
+    thread.join()
+    want = float(sum(range(1, world + 1)))
+    check(torch.equal(x, torch.full((4,), want)), f"the async all_reduce gave {x.tolist()}, not {want}")
+    want = float(sum(r + 10 for r in range(world)))
+    check(torch.equal(z, torch.full((4,), want)), f"the next all_reduce gave {z.tolist()}, not {want}")
+
+
+def is_completed_means_in_place(rank, world):
+    """torch's contract: once is_completed() is True the results are in the output tensors. The
+    waiter thread (get_future()) may be copying them back at that moment."""
+    n = 8 * 1024 * 1024
+    want = float(sum(range(1, world + 1)))
+    for step in range(6):
+        big = torch.full((n,), float(rank + 1))
+        work = dist.all_reduce(big, async_op=True)
+        future = work.get_future()
+        while not work.is_completed():
+            pass
+        first, last = big[0].item(), big[-1].item()
+        check(first == want and last == want,
+              f"step {step}: is_completed() said True with big[0]={first} big[-1]={last}, not {want}")
+        future.wait()
+
+
 def never_arrives():
     """Run alone, as rank 0 of 2 (WORLD_SIZE=2 LOCAL_WORLD_SIZE=2): init_process_group or the
     first collective fails after the 3 s timeout, not before, as torch's type, and nothing is
@@ -352,6 +410,10 @@ def main():
                        gradsync.Error, within=25)
     elif scenario == "release":
         releases(rank, world)
+    elif scenario == "comm-thread":
+        comm_thread(rank, world)
+    elif scenario == "is-completed":
+        is_completed_means_in_place(rank, world)
     elif scenario == "callback-waits":
         callback_waits(rank, world)
     elif scenario == "callback-outlives-main":

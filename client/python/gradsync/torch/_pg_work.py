@@ -50,11 +50,23 @@ from ._pg_errors import as_torch
 
 
 class _Waited:
-    """Whether a Work was waited for; Slots keeps this, not the Work (and its tensors)."""
-    __slots__ = ("flag",)
+    """Whether a Work was waited for; Slots keeps this, not the Work (and its tensors).
+
+    Only a wait on the thread that started the collective counts: that thread's program order
+    is the same on every rank, while a wait on another thread (a communication thread that
+    waits for the Works the training thread starts) happens before or after the next
+    collective as timing has it, which differs by rank, and ranks that chose different
+    staging sets for one collective would fail the job."""
+    __slots__ = ("flag", "thread")
 
     def __init__(self):
         self.flag = False
+        self.thread = threading.get_ident()
+
+    def note(self):
+        """The Work is being waited for, here."""
+        if threading.get_ident() == self.thread:
+            self.flag = True
 
 
 def _weak(value):
@@ -242,22 +254,25 @@ class GradsyncWork(_TorchWork):
     def wait(self, timeout=None):
         """Host tensors: blocks until the results are in place. CUDA tensors (as NCCL's Work):
         the caller's current stream waits for them, the host only for the daemon's answer."""
-        self.waited.flag = True
+        self.waited.note()
         self._complete(_seconds(timeout))
         return True
 
     def is_completed(self):
-        """True once the operation is done (then it counts as waited for: a program that polls
-        and waits only when not done chooses staging sets as one that always waits). Never
-        waits for the daemon; host results are put in place here, device ones by wait()."""
+        """True once the operation is done and its results are in the caller's tensors, as
+        torch promises (then it counts as waited for: a program that polls and waits only when
+        not done chooses staging sets as one that always waits). Never waits for the daemon:
+        only, briefly, for another thread that is putting the same results in place. Device
+        results are copied back on the current stream here, and True once the GPU is through."""
         if not self._poll():
             return False
-        self.waited.flag = True
-        if self._device < 0 and not self._lock.locked():
-            try:
-                self._complete()
-            except Exception:  # noqa: BLE001 (wait() raises it)
-                pass
+        self.waited.note()
+        try:
+            self._complete()
+        except Exception:  # noqa: BLE001 (done, failed: exception() and wait() have it)
+            return True
+        if self._device >= 0 and self._done_event is not None:
+            return bool(self._done_event.query())
         return True
 
     def is_success(self):
@@ -267,12 +282,12 @@ class GradsyncWork(_TorchWork):
         return self._error
 
     def result(self):
-        self.waited.flag = True
+        self.waited.note()
         self._complete()
         return _strong(self._result)
 
     def synchronize(self):
-        self.waited.flag = True
+        self.waited.note()
         self._complete()
 
     def get_future(self):
