@@ -1,6 +1,7 @@
 #include "daemon/control/session.h"
 
 #include <sys/socket.h>
+#include <sys/stat.h>
 
 #include <cerrno>
 #include <cstring>
@@ -23,6 +24,17 @@ constexpr size_t kMaxHeldFds = 4 * kMaxFdsPerMessage;
 constexpr size_t kInlineParseBytes = 64u << 10;
 // After a request this large its memory goes back to the system.
 constexpr size_t kTrimAfterBytes = 1u << 20;
+// A queued reply's cost beyond its frame: the queue's entry and the frame's heap block (a
+// 17-byte Hello reply once held about 100 bytes of heap, counted as 17), and per descriptor,
+// its table entry and kernel file beyond the memory it names.
+constexpr size_t kQueuedReplyOverhead = 256;
+constexpr size_t kQueuedFdOverhead = 4096;
+// Descriptors queued for one client at most (a well-behaved one has one reply in flight, with
+// at most three), and where the reader stops reading that client's requests.
+constexpr size_t kMaxQueuedFds = 64;
+constexpr size_t kPauseReadingBytes = 1u << 20;
+constexpr size_t kPauseReadingFds = 16;
+constexpr auto kCloseLinger = std::chrono::seconds(2);
 
 const char* request_name(const control::Request& request) {
   switch (request.body_case()) {
@@ -44,6 +56,8 @@ Session::Session(Socket socket, PeerCredentials peer, SessionOptions options)
       options_(std::move(options)),
       log_(options_.log.with("pid=" + std::to_string(peer.pid))),
       outbox_ready_(socket_.get_executor(), asio::steady_timer::time_point::max()),
+      outbox_drained_(socket_.get_executor(), asio::steady_timer::time_point::max()),
+      linger_timer_(socket_.get_executor()),
       watch_timer_(socket_.get_executor()) {
   if (!options_.context.users) options_.context.users = std::make_shared<UserCounts>(LocalLimits{});
 }
@@ -99,10 +113,13 @@ void Session::send(const control::Reply& reply, std::vector<UniqueFd> fds) {
     fds.clear();
   }
   std::string frame = encode_frame(payload);
-  // A client that sends requests but never reads replies must not grow the daemon's memory.
-  // The queue is not touched here: a write may be in flight from its front, so the write loop
-  // drops it once that write has been cancelled.
-  if (outbox_bytes_ + frame.size() > options_.max_outbox_bytes) {
+  // A client that sends requests but never reads replies must not grow the daemon's memory:
+  // the reader stops reading its requests while replies are backed up, and what is queued
+  // anyway (a registration's answer comes when the job admits it) is bounded, descriptors and
+  // what they hold included. The queue is not touched here: a write may be in flight from its
+  // front, so the write loop drops it once that write has been cancelled.
+  const size_t cost = outbox_cost(frame, fds);
+  if (outbox_bytes_ + cost > options_.max_outbox_bytes || outbox_fds_ + fds.size() > kMaxQueuedFds) {
     overflowed_ = true;
     log_.warning("closing connection: the client does not read its replies");
     close(Status::resource_exhausted("the client does not read its replies"));
@@ -111,9 +128,24 @@ void Session::send(const control::Reply& reply, std::vector<UniqueFd> fds) {
     outbox_ready_.cancel();
     return;
   }
-  outbox_bytes_ += frame.size();
-  outbox_.push_back(Outgoing{std::move(frame), std::move(fds)});
+  outbox_bytes_ += cost;
+  outbox_fds_ += fds.size();
+  outbox_.push_back(Outgoing{std::move(frame), std::move(fds), cost});
   outbox_ready_.cancel();
+}
+
+size_t Session::outbox_cost(const std::string& frame, const std::vector<UniqueFd>& fds) {
+  size_t cost = frame.size() + kQueuedReplyOverhead;
+  for (const UniqueFd& fd : fds) {
+    struct stat st {};
+    cost += kQueuedFdOverhead;
+    if (::fstat(fd.get(), &st) == 0 && S_ISREG(st.st_mode)) cost += static_cast<size_t>(st.st_size);
+  }
+  return cost;
+}
+
+bool Session::outbox_backed_up() const {
+  return outbox_bytes_ > kPauseReadingBytes || outbox_fds_ > kPauseReadingFds;
 }
 
 void Session::refuse(const Status& status) {
@@ -146,7 +178,17 @@ void Session::close(const Status& why) {
   boost::system::error_code ignored;
   socket_.shutdown(Socket::shutdown_receive, ignored);
   outbox_ready_.cancel();
+  outbox_drained_.cancel();
   watch_timer_.cancel();
+  // The last replies (the reason for closing) get a moment to be written; a client that does
+  // not read them does not keep the session, its queue and its descriptor.
+  linger_timer_.expires_after(kCloseLinger);
+  linger_timer_.async_wait([weak = weak_from_this()](const boost::system::error_code& ec) {
+    auto self = weak.lock();
+    if (ec || !self) return;
+    boost::system::error_code cancelled;
+    self->socket_.cancel(cancelled);
+  });
   if (std::function<void()> abandon = std::exchange(abandon_, nullptr)) abandon();
   // Nothing more is read: a frame cut off by the close (up to 16 MiB) goes back to the system
   // now, not to glibc's free lists when the last coroutine lets go of the session.
@@ -193,6 +235,12 @@ asio::awaitable<void> Session::read_loop() {
   std::vector<std::byte> buffer(64 << 10);
   while (!closing_) {
     boost::system::error_code ec;
+    // Backpressure: no more requests from a client that does not take its replies.
+    while (outbox_backed_up() && !closing_) {
+      outbox_drained_.expires_at(asio::steady_timer::time_point::max());
+      co_await outbox_drained_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+    }
+    if (closing_) break;
     co_await socket_.async_wait(Socket::wait_read, asio::redirect_error(asio::use_awaitable, ec));
     // The session may have closed meanwhile; nothing read after that point is served.
     if (closing_) break;
@@ -425,14 +473,18 @@ asio::awaitable<void> Session::write_loop() {
   auto self = shared_from_this();
   for (;;) {
     while (!outbox_.empty() && !overflowed_) {
+      const size_t fds = outbox_.front().fds.size();
       if (!co_await write_one(outbox_.front())) break;
-      outbox_bytes_ -= outbox_.front().frame.size();
+      outbox_bytes_ -= outbox_.front().cost;
+      outbox_fds_ -= fds;
       outbox_.pop_front();
+      if (!outbox_backed_up()) outbox_drained_.cancel();
     }
     // No write is in flight here, so the queue can go.
     if (overflowed_ || (closing_ && !outbox_.empty() && !socket_.is_open())) {
       outbox_.clear();
       outbox_bytes_ = 0;
+      outbox_fds_ = 0;
     }
     if (closing_ || overflowed_) break;
     boost::system::error_code ec;

@@ -67,7 +67,13 @@ class Session : public std::enable_shared_from_this<Session> {
   struct Outgoing {
     std::string frame;
     std::vector<UniqueFd> fds;  // sent with the frame's first bytes, closed here once sent
+    size_t cost = 0;            // what it holds of the daemon's memory (outbox_cost)
   };
+  // A queued reply's share of the outbox bound: its frame, the queue's own overhead for it, and
+  // what its descriptors keep alive (a Join reply's rings: three memfds, about 330 KiB).
+  static size_t outbox_cost(const std::string& frame, const std::vector<UniqueFd>& fds);
+  // Whether the reader should wait for the client to take its replies before reading more.
+  bool outbox_backed_up() const;
 
   boost::asio::awaitable<void> read_loop();
   boost::asio::awaitable<void> write_loop();
@@ -98,9 +104,15 @@ class Session : public std::enable_shared_from_this<Session> {
   uint64_t frame_begin_ = 0;     // stream offset of the next frame
   // Never cleared while a write may refer to its front: only the write loop pops or clears it.
   std::deque<Outgoing> outbox_;
-  size_t outbox_bytes_ = 0;
+  size_t outbox_bytes_ = 0;      // the sum of the queue's costs
+  size_t outbox_fds_ = 0;        // descriptors in the queue
   bool overflowed_ = false;      // the client stopped reading; the write loop drops the outbox
   boost::asio::steady_timer outbox_ready_;
+  // The reader waits on it while the outbox is backed up; the writer wakes it as it drains.
+  boost::asio::steady_timer outbox_drained_;
+  // After close(): how long the last replies may take to be written before the socket's
+  // operations are cancelled (a client that never reads would otherwise hold the session).
+  boost::asio::steady_timer linger_timer_;
   boost::asio::steady_timer watch_timer_;
   // When the last complete request arrived, and when the frame now in the decoder began
   // (nullopt: none begun).

@@ -4,6 +4,7 @@
 // registrations) runs off the io thread, and the daemon's memory comes back after it.
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -383,6 +384,88 @@ TEST_CASE("limits: a set whose reply would not fit in a frame is refused before 
   CHECK(registered.register_().buckets_size() == 1);
   CHECK(daemon.running());
   check_still_serving(daemon);
+}
+
+namespace {
+
+// Sends `frames` without ever reading, without blocking: as far as the daemon reads them within
+// `patience` of the last progress. Returns how many whole frames went out.
+size_t send_unread(int fd, const std::vector<std::string>& frames, std::chrono::milliseconds patience) {
+  std::string pending;
+  size_t next = 0, sent_whole = 0;
+  auto progressed = std::chrono::steady_clock::now();
+  while (std::chrono::steady_clock::now() - progressed < patience) {
+    if (pending.empty()) {
+      if (next == frames.size()) break;
+      pending = frames[next++];
+    }
+    const ssize_t n = ::send(fd, pending.data(), pending.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n > 0) {
+      pending.erase(0, static_cast<size_t>(n));
+      if (pending.empty()) ++sent_whole;
+      progressed = std::chrono::steady_clock::now();
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
+  return sent_whole;
+}
+
+control::Request numbered(control::Request request, uint64_t id) {
+  request.set_id(id);
+  return request;
+}
+
+}  // namespace
+
+TEST_CASE("limits: a client that does not read its replies is no longer read: repeated joins pin no descriptors, "
+          "others are served, and its closing frees its session", "[integration][limits]") {
+  // Each Join reply carries three memfds (the job's rings, about 330 KiB). A connection that
+  // sent 7,000 Joins and read nothing once held 20,000 descriptors and 2.2 GB in the daemon's
+  // queue, until other users' joins failed for want of descriptors.
+  TestDaemon daemon({"--connection-timeout-ms", "2000"});
+  check_still_serving(daemon);
+  const size_t before = open_fd_count(daemon.pid());
+  {
+    RawSocket attacker(daemon.socket());
+    control::Request hello;
+    hello.mutable_hello()->set_protocol_version(kProtocolVersion);
+    std::vector<std::string> frames = {frame_of(numbered(hello, 1))};
+    for (uint64_t i = 0; i < 3000; ++i) {
+      control::Request join;
+      auto* j = join.mutable_join();
+      j->set_job_id(unique_job("pin"));
+      j->set_world_size(1);
+      j->set_local_world_size(1);
+      frames.push_back(frame_of(numbered(join, i + 2)));
+    }
+    const size_t sent = send_unread(attacker.fd(), frames, std::chrono::seconds(2));
+    INFO(sent << " frames sent");
+    const size_t held = open_fd_count(daemon.pid());
+    INFO("the daemon holds " << held << " descriptors, " << before << " before");
+    CHECK(held < before + 64);
+    check_still_serving(daemon);  // another client joins and reduces meanwhile
+  }
+  // A connection that is not joined and sends Hellos it never reads: the daemon stops reading
+  // it, closes it at the idle bound, and lets the session go. (Its replies fit in the socket's
+  // buffer here, so this does not reach the 2 s linger after which close() cancels a write the
+  // client never takes; nothing here exercises that bound.)
+  {
+    RawSocket idle(daemon.socket());
+    control::Request hello;
+    hello.mutable_hello()->set_protocol_version(kProtocolVersion);
+    std::vector<std::string> frames;
+    for (uint64_t i = 0; i < 20000; ++i) frames.push_back(frame_of(numbered(hello, i + 1)));
+    send_unread(idle.fd(), frames, std::chrono::seconds(1));
+    bool freed = false;
+    for (int i = 0; i < 100 && !freed; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      freed = open_fd_count(daemon.pid()) <= before;
+    }
+    INFO("the daemon holds " << open_fd_count(daemon.pid()) << " descriptors, " << before << " before");
+    CHECK(freed);  // while this side still holds its end, unread
+  }
+  CHECK(daemon.running());
 }
 
 TEST_CASE("limits: segments are bounded per client and per user", "[integration][limits]") {
