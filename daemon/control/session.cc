@@ -134,6 +134,22 @@ void Session::send(const control::Reply& reply, std::vector<UniqueFd> fds) {
   outbox_ready_.cancel();
 }
 
+void Session::defuse(const std::vector<UniqueFd>& fds) {
+  // A client's descriptors are closed where they are refused, on the io thread among others.
+  // close() of a socket whose owner set SO_LINGER, with data its peer never reads, blocks for
+  // the linger time (up to hours), and every client of the daemon with it. Any descriptor may
+  // be a socket, whatever the request claims: those get the default linger, under which close()
+  // returns at once (the kernel goes on sending, or drops, in the background). The setting is
+  // the socket's, which its sender shares; it only made the socket a weapon.
+  for (const UniqueFd& fd : fds) {
+    int type = 0;
+    socklen_t length = sizeof(type);
+    if (::getsockopt(fd.get(), SOL_SOCKET, SO_TYPE, &type, &length) != 0) continue;  // not a socket
+    const struct linger off {};
+    (void)::setsockopt(fd.get(), SOL_SOCKET, SO_LINGER, &off, sizeof(off));
+  }
+}
+
 size_t Session::outbox_cost(const std::string& frame, const std::vector<UniqueFd>& fds) {
   size_t cost = frame.size() + kQueuedReplyOverhead;
   for (const UniqueFd& fd : fds) {
@@ -255,6 +271,7 @@ asio::awaitable<void> Session::read_loop() {
       close(Status::peer_lost(std::string("reading from it failed: ") + std::strerror(errno)));
       break;
     }
+    defuse(got.fds);
     if (got.fds_truncated) {
       refuse(Status::protocol("more than " + std::to_string(kMaxFdsPerMessage) +
                               " file descriptors were sent in one message"));

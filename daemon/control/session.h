@@ -74,6 +74,8 @@ class Session : public std::enable_shared_from_this<Session> {
   static size_t outbox_cost(const std::string& frame, const std::vector<UniqueFd>& fds);
   // Whether the reader should wait for the client to take its replies before reading more.
   bool outbox_backed_up() const;
+  // Makes closing descriptors a client sent unable to block (a lingering socket's close).
+  static void defuse(const std::vector<UniqueFd>& fds);
 
   boost::asio::awaitable<void> read_loop();
   boost::asio::awaitable<void> write_loop();

@@ -1,5 +1,6 @@
 // Bad input on the control path: each gets a clear error naming what was wrong, and the daemon
 // keeps serving.
+#include <netinet/in.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/socket.h>
@@ -473,6 +474,50 @@ TEST_CASE("fds: a descriptor that is not a memfd is refused, naming what it is",
   ::close(file);
   ::unlink(path);
   check_still_serving(daemon);
+}
+
+TEST_CASE("fds: a lingering socket sent as a descriptor is closed without blocking the daemon",
+          "[integration][control][fds]") {
+  // A TCP socket with unsent data its peer never reads and SO_LINGER of an hour: its last
+  // close() blocks that long. Sent with a request, the daemon closed it on its io thread, and
+  // no other client was served (and SIGTERM, served there too, did nothing).
+  TestDaemon daemon;
+  UniqueFd listener(::socket(AF_INET, SOCK_STREAM, 0));
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  const int small = 4096;
+  REQUIRE(::setsockopt(listener.get(), SOL_SOCKET, SO_RCVBUF, &small, sizeof(small)) == 0);
+  REQUIRE(::bind(listener.get(), reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0);
+  REQUIRE(::listen(listener.get(), 1) == 0);
+  socklen_t length = sizeof(address);
+  REQUIRE(::getsockname(listener.get(), reinterpret_cast<sockaddr*>(&address), &length) == 0);
+  UniqueFd lingering(::socket(AF_INET, SOCK_STREAM, 0));
+  REQUIRE(::setsockopt(lingering.get(), SOL_SOCKET, SO_SNDBUF, &small, sizeof(small)) == 0);
+  REQUIRE(::connect(lingering.get(), reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0);
+  UniqueFd peer(::accept(listener.get(), nullptr, nullptr));  // never reads
+  REQUIRE(peer);
+  const std::string chunk(65536, 'x');
+  size_t unsent = 0;
+  for (ssize_t n = 0; (n = ::send(lingering.get(), chunk.data(), chunk.size(), MSG_DONTWAIT | MSG_NOSIGNAL)) > 0;) {
+    unsent += static_cast<size_t>(n);
+  }
+  REQUIRE(unsent > 0);
+  const struct linger hour {1, 3600};
+  REQUIRE(::setsockopt(lingering.get(), SOL_SOCKET, SO_LINGER, &hour, sizeof(hour)) == 0);
+  {
+    RawSocket attacker(daemon.socket());
+    control::Request hello;
+    hello.set_id(1);
+    hello.set_fd_count(1);  // a Hello carries none: refused, the connection and descriptor closed
+    hello.mutable_hello()->set_protocol_version(kProtocolVersion);
+    attacker.send(frame_of(hello), {lingering.get()});
+    lingering.reset();  // the daemon holds the last reference now
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  }
+  const auto began = std::chrono::steady_clock::now();
+  check_still_serving(daemon);
+  CHECK(std::chrono::steady_clock::now() - began < std::chrono::seconds(5));
 }
 
 TEST_CASE("fds: a memfd of huge pages is refused, sealed or not", "[integration][control][fds]") {
