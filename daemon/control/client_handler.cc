@@ -130,7 +130,7 @@ asio::awaitable<ClientHandler::Answer> ClientHandler::serve(control::Request req
     }
   }
   if (!status.ok()) {
-    options_.log.info(who() + ": request refused: " + status.to_string());
+    refusals_.note(options_.log, LogLevel::kInfo, who() + ": request refused: " + status.to_string());
     answer.reply.emplace().set_id(id);
     set_error(status, &*answer.reply);
     answer.fds.clear();

@@ -121,6 +121,9 @@ class ClientHandler {
   // callbacks, which give a failed registration's back.
   std::shared_ptr<uint64_t> tensors_ = std::make_shared<uint64_t>(0);
   bool closed_ = false;  // the connection ended; a request in flight drops what it made
+  // A client may send refused requests as fast as it can write (empty frames): their log lines
+  // are one a second per connection at most, the rest counted.
+  LogThrottle refusals_;
   // Resumes the request waiting for a setup thread, as aborted (SetupThreads::offload).
   std::function<void()> abandon_;
 };

@@ -130,7 +130,11 @@ asio::awaitable<void> ControlServer::accept_loop() {
     session->start();
     std::erase_if(sessions_, [](const std::weak_ptr<Session>& s) { return s.expired(); });
     sessions_.push_back(session);
-    if (!refused.ok()) session->refuse(refused);
+    if (!refused.ok()) {
+      // Anyone who can reach the socket can connect as fast as they like: one line a second.
+      refused_connections_.note(options_.log, LogLevel::kWarning, "closing connection: " + refused.to_string());
+      session->refuse(refused, /*logged=*/true);
+    }
   }
 }
 

@@ -59,6 +59,7 @@ class ControlServer {
   boost::asio::local::stream_protocol::acceptor acceptor_;
   SocketFile socket_file_;  // removed by stop(), before the acceptor closes
   std::vector<std::weak_ptr<class Session>> sessions_;  // for shutdown; expired ones are pruned
+  LogThrottle refused_connections_;  // the acceptor's (io thread)
 };
 
 }  // namespace gradsync

@@ -164,8 +164,8 @@ bool Session::outbox_backed_up() const {
   return outbox_bytes_ > kPauseReadingBytes || outbox_fds_ > kPauseReadingFds;
 }
 
-void Session::refuse(const Status& status) {
-  log_.warning("closing connection: " + status.to_string());
+void Session::refuse(const Status& status, bool logged) {
+  if (!logged) log_.warning("closing connection: " + status.to_string());
   control::Reply reply;
   set_error(status, &reply);
   send(reply);

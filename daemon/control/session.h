@@ -50,8 +50,9 @@ class Session : public std::enable_shared_from_this<Session> {
   // Queues a frame and the descriptors that go with it; dropped once the connection is closing.
   void send(const control::Reply& reply, std::vector<UniqueFd> fds = {});
 
-  // Queues an error reply and closes the connection once it is written.
-  void refuse(const Status& status);
+  // Queues an error reply and closes the connection once it is written; `logged`: the caller
+  // logged it already (the acceptor throttles refused connections' lines).
+  void refuse(const Status& status, bool logged = false);
 
   // Daemon shutdown: tells the client `why` (id 0: whatever call it is in), leaves the
   // job (telling the other clients `why`) and ends both coroutines.

@@ -468,6 +468,38 @@ TEST_CASE("limits: a client that does not read its replies is no longer read: re
   CHECK(daemon.running());
 }
 
+TEST_CASE("limits: refused requests and refused connections are logged a line a second, not one each",
+          "[integration][limits]") {
+  // Empty frames are refused requests; a connection that wrote them as fast as it could once
+  // wrote 1.6 million log lines in 5 s. Connections over the user's limit likewise.
+  TestDaemon daemon({"--max-connections-per-user", "2"});
+  const auto count = [&](const std::string& what) {
+    const std::string log = daemon.log();
+    size_t n = 0;
+    for (size_t at = log.find(what); at != std::string::npos; at = log.find(what, at + 1)) ++n;
+    return n;
+  };
+  {
+    RawSocket flood(daemon.socket());
+    const std::string empty(kFrameHeaderBytes, '\0');  // a frame of 0 bytes: no request type
+    std::vector<std::string> frames(20000, empty);
+    const size_t sent = send_unread(flood.fd(), frames, std::chrono::seconds(2));
+    INFO(sent << " empty frames sent");
+    CHECK(sent > 1000);
+  }
+  std::vector<std::unique_ptr<RawSocket>> refused;
+  for (int i = 0; i < 200; ++i) refused.push_back(std::make_unique<RawSocket>(daemon.socket()));
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  INFO(daemon.log().substr(0, 3000));
+  CHECK(count("request refused") <= 10);
+  CHECK(count("request refused") >= 1);
+  CHECK(count("--max-connections-per-user") <= 10);
+  CHECK(count("--max-connections-per-user") >= 1);
+  refused.clear();
+  std::this_thread::sleep_for(std::chrono::seconds(1));  // the daemon sees them all go
+  check_still_serving(daemon);
+}
+
 TEST_CASE("limits: segments are bounded per client and per user", "[integration][limits]") {
   TestDaemon daemon({"--max-segments-per-client", "3", "--max-segments-per-user", "5"});
   auto a = std::make_unique<RawClient>(daemon.socket());
