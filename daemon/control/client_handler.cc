@@ -6,6 +6,7 @@
 #include "daemon/util/safe_text.h"
 
 #include <algorithm>
+#include <limits>
 #include <set>
 #include <utility>
 
@@ -54,6 +55,7 @@ void ClientHandler::leave_job(const Status& why) {
   options_.context.registry->left(job);
   // The job's sets are gone with it; callbacks still to come count against the old tally.
   tensors_ = std::make_shared<uint64_t>(0);
+  mask_tickets_ = std::make_shared<std::map<uint32_t, UserCounts::Ticket>>();
 }
 
 ClientInfo ClientHandler::info() const {
@@ -295,12 +297,14 @@ Status ClientHandler::on_release(const control::ReleaseRequest& release, Answer*
   uint64_t tensors = 0;
   if (Status status = job_->release_set(local_rank_, release.set_id(), &tensors); !status.ok()) return status;
   *tensors_ -= std::min(*tensors_, tensors);  // this client's registered tensors
+  mask_tickets_->erase(release.set_id());
   answer->reply->mutable_release();
   return Status::ok_status();
 }
 
 asio::awaitable<Status> ClientHandler::on_register(control::Request* request, Answer* answer) {
   const control::RegisterRequest& body = request->register_();
+  const bool body_has_mask = body.has_mask();  // the request moves off the io thread below
   const uint64_t count = static_cast<uint64_t>(body.tensors_size());
   const LocalLimits& limits = options_.context.users->limits();
   // Waiting registrations count, and their memory counts against the user's byte budget, until
@@ -325,6 +329,22 @@ asio::awaitable<Status> ClientHandler::on_register(control::Request* request, An
              !bytes.ok()) {
     refused = Status(bytes.code(), "registering " + std::to_string(count) + " tensors: " + bytes.message(),
                      bytes.where());
+  }
+  // A mask's indices live in the daemon as long as the set: charged for that long (one segment
+  // could otherwise serve as the mask of any number of sets, each copied anew).
+  UserCounts::Ticket mask_bytes;
+  if (refused.ok() && body.has_mask()) {
+    constexpr uint64_t kMostIndices = std::numeric_limits<uint64_t>::max() / kBytesPerMaskIndex;
+    if (body.mask_count() > kMostIndices) {
+      refused = Status::invalid_argument("set " + std::to_string(body.set_id()) + ": a mask of " +
+                                         std::to_string(body.mask_count()) + " indices");
+    } else if (Status bytes = options_.context.users->take(UserCounts::What::kBytes, options_.peer.uid,
+                                                           body.mask_count() * kBytesPerMaskIndex, &mask_bytes);
+               !bytes.ok()) {
+      refused = Status(bytes.code(), "registering set " + std::to_string(body.set_id()) + "'s mask of " +
+                                         std::to_string(body.mask_count()) + " indices: " + bytes.message(),
+                       bytes.where());
+    }
   }
   if (!refused.ok()) {
     dispose(std::move(*request));
@@ -375,14 +395,17 @@ asio::awaitable<Status> ClientHandler::on_register(control::Request* request, An
     done_events = reg.events->done_handles();
   }
   *tensors_ += count;
+  const uint32_t set_id = reg.set_id;
+  if (body_has_mask) (*mask_tickets_)[set_id] = std::move(mask_bytes);
   reg.done = [send = options_.send, request_id = answer->reply->id(), ready_events, done_events, ticket,
-              tensors = tensors_, count](const Status& status, const TensorSet* set) {
+              tensors = tensors_, count, masks = mask_tickets_, set_id](const Status& status, const TensorSet* set) {
     ticket->count.release();  // no longer waiting
     ticket->bytes.release();
     control::Reply reply;
     reply.set_id(request_id);
     if (!status.ok()) {
       *tensors -= std::min(*tensors, count);
+      masks->erase(set_id);
       set_error(status, &reply);
     } else {
       auto* body = reply.mutable_register_();

@@ -120,6 +120,10 @@ class ClientHandler {
   // Tensors in this client's registrations that are waiting or committed; shared with their
   // callbacks, which give a failed registration's back.
   std::shared_ptr<uint64_t> tensors_ = std::make_shared<uint64_t>(0);
+  // Each masked set's charge against the user's byte budget, by set id, held while the set is
+  // registered (until released, or the client goes); shared with the registrations' callbacks.
+  std::shared_ptr<std::map<uint32_t, UserCounts::Ticket>> mask_tickets_ =
+      std::make_shared<std::map<uint32_t, UserCounts::Ticket>>();
   bool closed_ = false;  // the connection ended; a request in flight drops what it made
   // A client may send refused requests as fast as it can write (empty frames): their log lines
   // are one a second per connection at most, the rest counted.

@@ -48,6 +48,9 @@ struct LocalLimits {
 // What a registration waiting to be checked and for its barrier costs the daemon per tensor:
 // its decoded request and tables (about 58 MB for a million tensors, measured by the review).
 inline constexpr uint64_t kBytesPerPendingTensor = 64;
+// What a registered set's mask holds in the daemon per kept index (its copy of the indices and
+// the kept runs made from them), charged to the user's budget for as long as the set lives.
+inline constexpr uint64_t kBytesPerMaskIndex = 32;
 
 // Fills the byte limits left at 0 from `physical` bytes of memory (sysconf at start).
 void resolve_byte_limits(uint64_t physical, LocalLimits* limits);

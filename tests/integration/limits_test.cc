@@ -96,6 +96,8 @@ class RawClient {
     return socket_.read_reply();
   }
   RawSocket& socket() { return socket_; }
+  // The memory of the last segment() made.
+  std::byte* last_segment_memory() { return memory_.back()->data(); }
 
  private:
   RawSocket socket_;
@@ -497,6 +499,50 @@ TEST_CASE("limits: refused requests and refused connections are logged a line a 
   CHECK(count("--max-connections-per-user") >= 1);
   refused.clear();
   std::this_thread::sleep_for(std::chrono::seconds(1));  // the daemon sees them all go
+  check_still_serving(daemon);
+}
+
+TEST_CASE("limits: a set's mask is charged to the user's byte budget while the set lives", "[integration][limits]") {
+  // One segment of a million indices served as the mask of any number of sets, each copied into
+  // the daemon (about 16 bytes an index), charged to nobody: a few requests took the daemon
+  // to gigabytes. Now each costs 32 bytes an index against --max-bytes-per-user until released.
+  constexpr uint64_t kIndices = 1 << 20;
+  constexpr uint64_t kSegment = kIndices * 8;
+  constexpr uint64_t kMaskCharge = kIndices * 32;
+  const uint64_t budget = kSegment + 3 * kMaskCharge + kMaskCharge / 2;  // three masks fit, not four
+  TestDaemon daemon({"--max-bytes-per-user", std::to_string(budget)});
+  RawClient client(daemon.socket());
+  client.hello();
+  REQUIRE(error_of(client.join(unique_job("masks"), 1, 0)).empty());
+  const uint32_t segment = client.segment(kSegment).segment().segment_id();
+  auto* indices = reinterpret_cast<uint64_t*>(client.last_segment_memory());
+  for (uint64_t i = 0; i < kIndices; ++i) indices[i] = i;
+  const auto masked = [&](uint32_t set_id) {
+    control::Request request;
+    auto* r = request.mutable_register_();
+    r->set_set_id(set_id);
+    auto* t = r->add_tensors();  // one uint8 tensor over the whole segment, the mask over it too
+    t->set_dtype(control::UINT8);
+    t->set_numel(kSegment);
+    t->set_segment_id(segment);
+    t->set_offset(0);
+    r->set_has_mask(true);
+    r->set_mask_segment_id(segment);
+    r->set_mask_offset(0);
+    r->set_mask_count(kIndices);
+    return client.call(std::move(request));
+  };
+  for (uint32_t set = 1; set <= 3; ++set) {
+    INFO("set " << set);
+    CHECK(error_of(masked(set)).empty());
+  }
+  CHECK_THAT(error_of(masked(4)), Catch::Contains("registering set 4's mask of 1048576 indices") &&
+                                      Catch::Contains("--max-bytes-per-user " + std::to_string(budget)));
+  // A released set gives its charge back.
+  control::Request release;
+  release.mutable_release()->set_set_id(1);
+  CHECK(error_of(client.call(std::move(release))).empty());
+  CHECK(error_of(masked(5)).empty());
   check_still_serving(daemon);
 }
 
