@@ -30,10 +30,26 @@ WireReduceOp wire(ReduceOp op) {
   throw Error(Status::invalid_argument("unknown reduce operation " + std::to_string(static_cast<int>(op))));
 }
 
+// No allocation comes near this; below it, sizes and their sums over a flat set cannot wrap.
+constexpr uint64_t kMostBytes = uint64_t{1} << 56;
+
 void check_spec(const TensorSpec& spec) {
   if (!dtype_from_raw(static_cast<uint32_t>(spec.dtype))) {
     throw Error(Status::invalid_argument("unknown dtype " + std::to_string(static_cast<uint32_t>(spec.dtype))));
   }
+  // numel * the element size would wrap, and the tensor claim more than its memory holds.
+  if (spec.numel > kMostBytes / dtype_size(spec.dtype)) {
+    throw Error(Status::invalid_argument("a tensor of " + std::to_string(spec.numel) + " " +
+                                         std::string(dtype_name(spec.dtype)) + " elements is more than any memory"));
+  }
+}
+
+// Adds a tensor's bytes to a flat set's; refuses a set whose total no memory could hold.
+uint64_t add_bytes(uint64_t total, uint64_t bytes) {
+  if (total > kMostBytes - bytes) {
+    throw Error(Status::invalid_argument("a flat set of more than " + std::to_string(kMostBytes) + " bytes"));
+  }
+  return total + bytes;
 }
 
 // Where a multi-node job rendezvous: explicit, else $GRADSYNC_RENDEZVOUS, else $MASTER_ADDR
@@ -189,7 +205,7 @@ std::vector<SharedTensor> ClientImpl::allocate_flat(std::span<const TensorSpec> 
     check_spec(spec);
     bytes = round_up(bytes, dtype_size(spec.dtype));
     offsets.push_back(bytes);
-    bytes += spec.numel * dtype_size(spec.dtype);
+    bytes = add_bytes(bytes, spec.numel * dtype_size(spec.dtype));
   }
   Segment& segment = new_segment(std::max<uint64_t>(64, round_up(bytes, 64)));
   std::vector<SharedTensor> tensors;
@@ -244,7 +260,7 @@ std::vector<SharedTensor> ClientImpl::allocate_device_flat(std::span<const Tenso
     // 16-byte aligned tensors let the daemon's kernels move them 16 bytes at a time.
     bytes = round_up(bytes, std::max<size_t>(16, dtype_size(spec.dtype)));
     offsets.push_back(bytes);
-    bytes += spec.numel * dtype_size(spec.dtype);
+    bytes = add_bytes(bytes, spec.numel * dtype_size(spec.dtype));
   }
   DeviceSegment& segment = new_device_segment(device, bytes);
   std::vector<SharedTensor> tensors;

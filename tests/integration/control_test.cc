@@ -412,6 +412,22 @@ TEST_CASE("device memory on a daemon without a usable GPU is refused clearly, an
   check_still_serving(trusting);
 }
 
+TEST_CASE("client: a tensor size whose bytes would wrap around is refused before any memory is made",
+          "[integration][control]") {
+  // 2^62 float32 elements are 2^64 bytes: once 0, rounded up to a 64-byte segment that the
+  // returned tensor claimed 2^62 elements of, so writes through it ran past the mapping.
+  TestDaemon daemon;
+  auto client = join(daemon.socket(), unique_job("wrap"), 0, 1);
+  expect_error([&] { client->allocate(TensorSpec{DType::kFloat32, uint64_t{1} << 62, "dp"}); },
+               ErrorCode::kInvalidArgument, "a tensor of 4611686018427387904 float32 elements is more than any memory");
+  const TensorSpec half_of_most{DType::kFloat64, uint64_t{1} << 53, "dp"};  // 2^56 bytes each
+  expect_error([&] { client->allocate_flat(std::vector<TensorSpec>{half_of_most, half_of_most}); },
+               ErrorCode::kInvalidArgument, "a flat set of more than");
+  const std::vector<SharedTensor> tensors = {client->allocate(TensorSpec{DType::kFloat32, 4, "dp"})};
+  const TensorSet set = client->register_tensors(tensors, {});
+  CHECK(client->allreduce(set, {}).wait(std::chrono::seconds(10)));
+}
+
 TEST_CASE("client: device memory without a usable CUDA driver is refused clearly, host memory goes on",
           "[integration][control][device]") {
   TestDaemon daemon;

@@ -34,12 +34,13 @@ def test_bad_input_is_refused_by_name_and_the_client_goes_on(daemon):
     assert_all_ok(results, daemon)
     for code, out in results:
         got = lines(out)
-        assert len(got) == 9, out
+        assert len(got) == 10, out
         # The set is named as the user knows it, never as a bare "set 0" they never made.
         want = ["at least one tensor", "op must be one of", "divisor applies to op='avg' only",
                 "torch.complex64 is not supported", "on meta", "root 5 is not a rank", "unknown group 'tp'",
                 "tensor 0 is empty",
-                "avg is not defined for integer tensors, and a list of 1 int32 tensor (set "]
+                "avg is not defined for integer tensors, and a list of 1 int32 tensor (set ",
+                "alloc of 18446744073709555712 bytes"]
         for line, needle in zip(got, want):
             assert needle in line, (needle, line)
         assert "after the errors: [3.0, 3.0, 3.0, 3.0]" in out, out

@@ -173,7 +173,7 @@ class Client:
         """Zero-filled memory the daemon can reach: host shared memory (device -1) or a CUDA VMM
         allocation on `device`. Returns its address; it lives as long as the client."""
         address = ctypes.c_void_p()
-        if int(nbytes) <= 0:
+        if int(nbytes) <= 0 or int(nbytes) >= 1 << 64:  # ctypes would wrap it to a small size
             raise InvalidArgumentError(f"gradsync: alloc of {nbytes} bytes")
         _check(_lib.lib().gs_alloc(self._h(), int(nbytes), int(device), ctypes.byref(address)))
         self._allocations.append((address.value, int(nbytes), int(device)))

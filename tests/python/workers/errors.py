@@ -81,6 +81,7 @@ def main():
             lambda: client.allreduce_coalesced([torch.ones(3)], group="tp"),
             lambda: client.allreduce_coalesced([torch.ones(0)]),
             lambda: client.allreduce_coalesced([torch.ones(3, dtype=torch.int32)], op="avg"),
+            lambda: client.alloc(2**64 + 4096),  # ctypes once wrapped it to 4 KiB, and said yes
         ]
         for case in cases:
             try:
