@@ -214,6 +214,37 @@ Status Worker::failure() const {
 }
 
 void Worker::run() {
+  // Whatever the loop throws (memory ran out: a set's buffers, an operation's bookkeeping) fails
+  // this job, naming it, and the worker still shuts down as after any failure; escaping the
+  // thread would end the daemon and every other job with it.
+  const auto failed_with = [this](const char* where) {
+    std::string what = "unknown exception";
+    try {
+      throw;
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    const Status why = Status::internal("job " + options_.job_id + ": the job's worker " + where + ": " + what);
+    try {
+      options_.log.error(why.to_string());
+    } catch (...) {
+    }
+    return why;
+  };
+  try {
+    serve();
+  } catch (...) {
+    fail(failed_with("failed"));
+  }
+  try {
+    shut_down(failure());
+  } catch (...) {
+    failed_with("failed while shutting down");
+  }
+}
+
+void Worker::serve() {
   while (!failed_.load()) {
     if (has_tasks_.load()) run_tasks();
     if (failed_.load()) break;
@@ -248,7 +279,6 @@ void Worker::run() {
         },
         deadline, polling);
   }
-  shut_down(failure());
 }
 
 bool Worker::drain_rings() {
@@ -454,7 +484,25 @@ Status Worker::launch(Op& op) {
   BucketDone done = flight_.start(BucketFlight::Launch{op.seq, bucket, b.group, cross_node, now});
   call.timings = flight_.timings();
   call.health = op.health;
-  executor->launch(std::move(call), std::move(done));
+  try {
+    executor->launch(std::move(call), done);  // a copy: should launch() throw, this one answers
+  } catch (...) {
+    // The executor threw instead of answering (memory ran out): the bucket failed, and the job
+    // with it. Answering the flight here lets the shutdown that follows wait for it as for any
+    // other; whatever the executor queued before it threw, its abort ends.
+    std::string what = "unknown exception";
+    try {
+      throw;
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    const Status failed = Status::internal("job " + options_.job_id + ": the job's worker failed launching bucket " +
+                                           std::to_string(bucket) + " of operation " + std::to_string(op.seq) + ": " +
+                                           what);
+    done(failed);
+    return failed;
+  }
   return Status::ok_status();
 }
 

@@ -162,6 +162,8 @@ class Worker {
   void formed() GS_EXCLUDES(mutex_);  // a multi-node job met its nodes: start following settings
 
   void run();
+  // The loop of run(): tasks, rings, progress, until the job fails or stops.
+  void serve();
   bool drain_rings();  // true when an entry was consumed
   Status handle_entry(uint32_t local_rank, const SubmitEntry& entry);
   Status handle_submit(uint32_t local_rank, const SubmitEntry& entry);

@@ -11,6 +11,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -92,7 +93,7 @@ class FakeEngine final : public HostCollectiveEngine {
 // What the fake executor saw; shared with the test, which keeps it after the worker owns the
 // executor.
 struct ExecutorLog {
-  enum class Mode { kAnswerAtOnce, kHold, kUseEngine };
+  enum class Mode { kAnswerAtOnce, kHold, kUseEngine, kThrowBadAlloc };
 
   std::mutex mutex;
   std::condition_variable changed;
@@ -157,6 +158,7 @@ class FakeExecutor final : public BucketExecutor {
         lock.unlock();
         if (!call.engine) return done(Status::internal("fake executor: the bucket has no engine"));
         return call.engine->allreduce(nullptr, 0, ReduceSpec{}, std::move(done));
+      case ExecutorLog::Mode::kThrowBadAlloc: lock.unlock(); throw std::bad_alloc();  // memory ran out
     }
   }
 

@@ -228,6 +228,21 @@ TEST_CASE("worker: an engine that fails fails the step, explained by the cluster
   CHECK(h.worker->failure().code() == ErrorCode::kPeerLost);
 }
 
+TEST_CASE("worker: an exception in the worker's loop fails the job naming it, not the process", "[worker]") {
+  // Memory that runs out on the worker thread (an operation's bookkeeping, a bucket's buffer)
+  // once escaped the thread: std::terminate, and every job of the daemon with it.
+  Harness h(1, 2);
+  h.executors->mode = ExecutorLog::Mode::kThrowBadAlloc;
+  const uint64_t seq = h.submit(0, true);
+  h.submit(1, true);
+  const auto done = h.completion(0);
+  REQUIRE(done);
+  CHECK(done->op_seq == seq);
+  CHECK(done->code == static_cast<uint32_t>(ErrorCode::kInternal));
+  CHECK_THAT(text_of(*done), Catch::Contains("the job's worker failed launching bucket 0 of operation 1: std::bad_alloc"));
+  CHECK(h.worker->failure().code() == ErrorCode::kInternal);
+}
+
 TEST_CASE("worker: an engine that hangs returns within 1 s of the job's failure", "[worker]") {
   auto engine = std::make_shared<FakeEngine>(FakeEngine::Mode::kHangUntilAborted);
   Harness h(2, 1, std::make_unique<FakeCluster>(engine));
