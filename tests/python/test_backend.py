@@ -156,6 +156,10 @@ def test_the_timeout_of_init_process_group_bounds_an_operation(daemon):
     _scenario(daemon, "timeout")
 
 
+def test_a_timeout_past_the_daemons_maximum_is_cut_to_it_with_a_warning_and_torchs_default_gets_it(daemon):
+    _scenario(daemon, "long-timeout")
+
+
 def test_a_layout_mismatch_raises_torchs_type_with_gradsyncs_text(daemon):
     _scenario(daemon, "layout")
 

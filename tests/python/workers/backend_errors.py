@@ -27,6 +27,9 @@
                 staging set on every rank (only waits on the starting thread count)
   is-completed  is_completed() polled while the waiter thread copies a large result back:
                 once it says True, the result is in the tensor, every time
+  long-timeout  init_process_group(timeout=1 hour): a warning, and operations bounded by the
+                daemon's maximum (600 s) instead of a refusal; a new_group with torch's default
+                timeout gets that maximum too, without a warning
   ddp-stalled-peer  DDP; rank 1 stalls past the 3 s timeout: rank 0's backward raises
                 gradsync's TimeoutError, as torch's type, through the futures
   ddp-killed-peer  DDP with no hook; rank 1 dies after 3 steps: rank 0's backward raises
@@ -378,8 +381,28 @@ def main():
         exit_on_failures(failures)
         return
     timeout = datetime.timedelta(seconds=3 if scenario in ("timeout", "ddp-killed-peer", "ddp-stalled-peer") else 20)
-    dist.init_process_group("gradsync", init_method="tcp://127.0.0.1:" + os.environ["TEST_PORT"], rank=rank,
-                            world_size=world, timeout=timeout)
+    if scenario == "long-timeout":
+        timeout = datetime.timedelta(hours=1)
+    import warnings
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        dist.init_process_group("gradsync", init_method="tcp://127.0.0.1:" + os.environ["TEST_PORT"], rank=rank,
+                                world_size=world, timeout=timeout)
+    if scenario == "long-timeout":
+        said = [str(w.message) for w in warned if "more than this gradsyncd allows" in str(w.message)]
+        check(len(said) == 1, f"init_process_group(timeout=1 hour) warned {said}")
+        check(said and "its maximum, 600 s (gradsyncd --max-timeout-ms)" in said[0], f"the warning says {said}")
+        check(gradsync.torch.client_of().job_timeout == 600.0,
+              f"the job's timeout is {gradsync.torch.client_of().job_timeout} s, not the daemon's maximum 600 s")
+        with warnings.catch_warnings(record=True) as warned:
+            warnings.simplefilter("always")
+            group = dist.new_group(ranks=list(range(world)))
+        check(not [w for w in warned if "gradsyncd allows" in str(w.message)], "torch's default timeout warned")
+        check(gradsync.torch.client_of(group).job_timeout == 600.0,
+              f"a group of torch's default timeout has {gradsync.torch.client_of(group).job_timeout} s, not 600 s")
+        x = torch.ones(3)
+        dist.all_reduce(x, group=group)
+        check(torch.equal(x, torch.full((3,), float(world))), f"the group's all_reduce gave {x.tolist()}")
     if scenario == "async":
         async_works(rank, world)
     elif scenario == "timeout":
@@ -456,6 +479,8 @@ def main():
 
         if rank == 0:
             expect_failure("DDP's backward after rank 1 died", steps, gradsync.Error, within=10)
+    elif scenario == "long-timeout":
+        pass  # checked right after init_process_group
     else:
         failures.append(f"unknown scenario {scenario}")
     print(f"rank {rank}: {scenario} done", flush=True)

@@ -20,6 +20,7 @@ import datetime
 import functools
 import hashlib
 import os
+import re
 import socket
 import threading
 import uuid
@@ -69,6 +70,22 @@ def _scoped(key, global_ranks):
     if not global_ranks:
         return key
     return f"{key}/{hashlib.sha256(','.join(map(str, global_ranks)).encode()).hexdigest()[:16]}"
+
+
+def _connect_within_maximum(args, seconds, chosen):
+    """Connects with `seconds` as the job's timeout, or the daemon's maximum where that is less
+    (its refusal names it): with a warning when the user chose the longer one."""
+    try:
+        return _client.connect(timeout=seconds, **args)
+    except InvalidArgumentError as e:
+        most = re.search(r"exceeds the daemon's maximum of (\d+) ms", str(e))
+        if seconds is None or not most:
+            raise
+    if chosen:
+        warnings.warn(f"gradsync backend: the timeout of {seconds:g} s is more than this gradsyncd allows; "
+                      f"operations are bounded by its maximum, {int(most.group(1)) / 1000:g} s "
+                      f"(gradsyncd --max-timeout-ms)", stacklevel=4)
+    return _client.connect(timeout=int(most.group(1)) / 1000, **args)
 
 
 def _named_in_store(store, rank, key, make):
@@ -196,15 +213,17 @@ class ProcessGroupGradsync(dist.ProcessGroup):
                 local_rank, local_world = _node_layout(_published_nodes(store, rank, size, ()), rank, (),
                                                        grouped=False)
         self.job = job
-        # torch's default (30 minutes) was not chosen by the user and is past the daemon's
-        # maximum: the daemon's own default applies then. A timeout the user gave bounds every
-        # operation of the job (the daemon refuses one past its maximum, saying so).
+        # The timeout bounds every operation of the job. torch's default (30 minutes, what gloo
+        # waits) asks for as long as the daemon allows: torch code expects minutes (rank 0
+        # downloads a dataset while the others wait in a barrier), not the daemon's 30 s default.
+        # A longer one the user gave is cut to the daemon's maximum, with a warning; every rank
+        # does the same, so the job's ranks agree.
         seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else None
-        if seconds is not None and timeout == default_pg_timeout:
-            seconds = None
         try:
-            self._client = _client.connect(job=job, rank=rank, world_size=size, local_rank=local_rank,
-                                           local_world_size=local_world, timeout=seconds, name="torch.distributed")
+            self._client = _connect_within_maximum(
+                dict(job=job, rank=rank, world_size=size, local_rank=local_rank, local_world_size=local_world,
+                     name="torch.distributed"),
+                seconds, chosen=seconds is not None and timeout != default_pg_timeout)
         except Error as e:
             raise as_torch(e) from None
         self._barrier = torch.zeros(1)
