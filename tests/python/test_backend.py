@@ -160,6 +160,10 @@ def test_a_timeout_past_the_daemons_maximum_is_cut_to_it_with_a_warning_and_torc
     _scenario(daemon, "long-timeout")
 
 
+def test_bool_int8_int16_tensors_move_as_bytes_empty_tensors_are_no_ops_and_ddp_takes_a_bool_buffer(daemon):
+    _scenario(daemon, "byte-dtypes")
+
+
 def test_a_layout_mismatch_raises_torchs_type_with_gradsyncs_text(daemon):
     _scenario(daemon, "layout")
 

@@ -27,6 +27,9 @@
                 staging set on every rank (only waits on the starting thread count)
   is-completed  is_completed() polled while the waiter thread copies a large result back:
                 once it says True, the result is in the tensor, every time
+  byte-dtypes   bool, int8 and int16 tensors broadcast and all-gathered (as their bytes), empty
+                tensors in every collective, and DDP of a model with a bool buffer (which it
+                broadcasts at construction)
   long-timeout  init_process_group(timeout=1 hour): a warning, and operations bounded by the
                 daemon's maximum (600 s) instead of a refusal; a new_group with torch's default
                 timeout gets that maximum too, without a warning
@@ -355,6 +358,46 @@ def is_completed_means_in_place(rank, world):
         future.wait()
 
 
+def byte_dtypes(rank, world):
+    """Dtypes the daemon does not reduce still move, as gloo moves them; empty tensors are no-ops."""
+    for dtype in (torch.bool, torch.int8, torch.int16):
+        x = (torch.arange(6) % (rank + 2)).to(dtype)
+        dist.broadcast(x, src=1)
+        want = (torch.arange(6) % 3).to(dtype)
+        check(torch.equal(x, want), f"broadcast of {dtype} gave {x.tolist()}, not {want.tolist()}")
+        mine = torch.full((2, 3), rank + 1).to(dtype)
+        outs = [torch.zeros(2, 3, dtype=dtype) for _ in range(world)]
+        dist.all_gather(outs, mine)
+        for r, out in enumerate(outs):
+            check(torch.equal(out, torch.full((2, 3), r + 1).to(dtype)), f"all_gather of {dtype}: rank {r}'s part {out.tolist()}")
+        flat = torch.zeros(world * 3, dtype=dtype)
+        dist.all_gather_into_tensor(flat, torch.full((3,), rank + 1).to(dtype)) if hasattr(dist, "all_gather_into_tensor") \
+            else dist._all_gather_base(flat, torch.full((3,), rank + 1).to(dtype))
+        want = torch.cat([torch.full((3,), r + 1) for r in range(world)]).to(dtype)
+        check(torch.equal(flat, want), f"all_gather_into_tensor of {dtype} gave {flat.tolist()}")
+    empty = torch.ones(0)
+    dist.all_reduce(empty)
+    dist.broadcast(empty, src=0)
+    dist.reduce(empty, dst=0)
+    outs = [torch.ones(0) for _ in range(world)]
+    dist.all_gather(outs, empty)
+    check(all(o.numel() == 0 for o in outs), "an empty all_gather made elements")
+
+    class Masked(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(4, 2)
+            self.register_buffer("keep", torch.tensor([rank == 0, rank != 0, True]))
+
+        def forward(self, x):
+            return self.linear(x)
+
+    model = DDP(Masked())  # broadcasts the buffers from rank 0 at construction
+    check(torch.equal(model.module.keep, torch.tensor([True, False, True])),
+          f"DDP's broadcast of a bool buffer left {model.module.keep.tolist()}")
+    model(torch.ones(3, 4)).sum().backward()
+
+
 def never_arrives():
     """Run alone, as rank 0 of 2 (WORLD_SIZE=2 LOCAL_WORLD_SIZE=2): init_process_group or the
     first collective fails after the 3 s timeout, not before, as torch's type, and nothing is
@@ -481,6 +524,8 @@ def main():
             expect_failure("DDP's backward after rank 1 died", steps, gradsync.Error, within=10)
     elif scenario == "long-timeout":
         pass  # checked right after init_process_group
+    elif scenario == "byte-dtypes":
+        byte_dtypes(rank, world)
     else:
         failures.append(f"unknown scenario {scenario}")
     print(f"rank {rank}: {scenario} done", flush=True)

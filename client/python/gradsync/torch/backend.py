@@ -72,6 +72,25 @@ def _scoped(key, global_ranks):
     return f"{key}/{hashlib.sha256(','.join(map(str, global_ranks)).encode()).hexdigest()[:16]}"
 
 
+# Dtypes the daemon does not reduce, but whose bytes a broadcast or an all_gather can move as
+# uint8: what torch puts in a model's buffers (a bool mask) and DDP broadcasts at construction.
+_MOVED_AS_BYTES = (torch.bool, torch.int8, torch.int16)
+
+
+def _as_bytes(t):
+    """A uint8 view of `t` (sharing its memory) where the daemon does not take its dtype and
+    only its bytes move; `t` itself otherwise."""
+    if t.dtype in _MOVED_AS_BYTES and t.is_contiguous():
+        return t.view(torch.uint8) if t.dim() > 0 else t.reshape(1).view(torch.uint8)
+    return t
+
+
+def _nonempty(tensors):
+    """The tensors with elements: a collective over none has nothing to do (every rank passes
+    the same shapes), and the daemon refuses an empty tensor."""
+    return [t for t in tensors if t.numel() > 0]
+
+
 def _connect_within_maximum(args, seconds, chosen):
     """Connects with `seconds` as the job's timeout, or the daemon's maximum where that is less
     (its refusal names it): with a warning when the user chose the longer one."""
@@ -323,24 +342,33 @@ class ProcessGroupGradsync(dist.ProcessGroup):
                 for t, total in zip(tensors, sums):
                     t.copy_(total)
             return GradsyncWork(self._tracker, None, None, tensors)
-        return self._start("allreduce", tensors, lambda tag: _coalesced.allreduce(
-            self._client, tensors, op, None, False, None, None, None, tag=tag), tensors)
+        moved = _nonempty(tensors)
+        if not moved:
+            return GradsyncWork(self._tracker, None, None, tensors)
+        return self._start("allreduce", moved, lambda tag: _coalesced.allreduce(
+            self._client, moved, op, None, False, None, None, None, tag=tag), tensors)
 
     @_locked
     def allreduce_coalesced(self, tensors, opts=None):
         opts = opts or AllreduceCoalescedOptions()
         _device_of("all_reduce_coalesced", tensors)
         op = _op_name(opts.reduceOp)
-        return self._start("allreduce", tensors, lambda tag: _coalesced.allreduce(
-            self._client, tensors, op, None, False, None, None, None, tag=tag), tensors)
+        moved = _nonempty(tensors)
+        if not moved:
+            return GradsyncWork(self._tracker, None, None, tensors)
+        return self._start("allreduce", moved, lambda tag: _coalesced.allreduce(
+            self._client, moved, op, None, False, None, None, None, tag=tag), tensors)
 
     @_locked
     def reduce(self, tensors, opts=None):
         opts = opts or ReduceOptions()
         _device_of("reduce", tensors)
         op = _op_name(opts.reduceOp)
-        return self._start("reduce", tensors, lambda tag: _coalesced.reduce(
-            self._client, tensors, opts.rootRank, op, None, tag=tag), tensors)
+        moved = _nonempty(tensors)
+        if not moved:
+            return GradsyncWork(self._tracker, None, None, tensors)
+        return self._start("reduce", moved, lambda tag: _coalesced.reduce(
+            self._client, moved, opts.rootRank, op, None, tag=tag), tensors)
 
     @_locked
     def reduce_scatter(self, outputs, input_lists, opts=None):
@@ -379,8 +407,11 @@ class ProcessGroupGradsync(dist.ProcessGroup):
     def broadcast(self, tensors, opts=None):
         opts = opts or BroadcastOptions()
         _device_of("broadcast", tensors)
-        return self._start("broadcast", tensors, lambda tag: _coalesced.broadcast(
-            self._client, tensors, opts.rootRank, None, tag=tag), tensors)
+        moved = [_as_bytes(t) for t in _nonempty(tensors)]  # views: the bytes land in `tensors`
+        if not moved:
+            return GradsyncWork(self._tracker, None, None, tensors)
+        return self._start("broadcast", moved, lambda tag: _coalesced.broadcast(
+            self._client, moved, opts.rootRank, None, tag=tag), tensors)
 
     def _gathered_into(self, what, output_lists, inputs):
         """Checks torch's [rank][input] outputs against the inputs, before anything is sent."""
@@ -394,9 +425,23 @@ class ProcessGroupGradsync(dist.ProcessGroup):
                                                f"{output.numel()} elements, the input {inputs[i].numel()}")
 
     def _gather(self, inputs, result, finish):
+        """All-gathers `inputs`; `finish` gets [rank][input] parts of the inputs' dtypes (those
+        the daemon does not take travel as their bytes). Empty inputs gather empty parts."""
         inputs = [t.contiguous() for t in inputs]
-        return self._start("allgather", inputs, lambda tag: _coalesced.all_gather(self._client, inputs, None, tag=tag),
-                           result, finish)
+        moved = [_as_bytes(t) for t in inputs if t.numel() > 0]
+        if not moved:
+            finish([[t.new_empty(t.shape) for t in inputs] for _ in range(self.size())])
+            return GradsyncWork(self._tracker, None, None, result)
+
+        def typed(gathered):  # [rank][moved] -> [rank][input], in the inputs' dtypes
+            rows = []
+            for row in gathered:
+                parts = iter(row)
+                rows.append([next(parts).view(t.dtype) if t.numel() > 0 else t.new_empty(t.shape) for t in inputs])
+            return finish(rows)
+
+        return self._start("allgather", moved, lambda tag: _coalesced.all_gather(self._client, moved, None, tag=tag),
+                           result, typed)
 
     def _gather_into(self, inputs, by_rank, result):
         """All-gathers `inputs` into by_rank[rank][i] (checked by _gathered_into)."""
