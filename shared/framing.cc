@@ -62,40 +62,58 @@ void FrameDecoder::feed(std::span<const std::byte> bytes) {
   // After a failure the stream cannot be resynchronized, so whatever follows is dropped rather
   // than buffered without limit.
   if (!failed_.ok()) return;
+  // Frames handed out are dropped from the front here, once per read rather than once per
+  // frame: a read of many small frames (a flood of them) is then linear, not quadratic.
+  if (consumed_ > 0) {
+    buffer_.erase(0, consumed_);
+    consumed_ = 0;
+    if (buffer_.capacity() > kDecoderKeepBytes && buffer_.size() <= kDecoderKeepBytes) buffer_.shrink_to_fit();
+  }
   buffer_.append(reinterpret_cast<const char*>(bytes.data()), bytes.size());
 }
 
 Status FrameDecoder::next(std::optional<std::string>* payload) {
   payload->reset();
   if (!failed_.ok()) return failed_;
-  if (buffer_.size() < kFrameHeaderBytes) return Status::ok_status();
+  const size_t left = buffer_.size() - consumed_;
+  if (left < kFrameHeaderBytes) return Status::ok_status();
 
   uint32_t size = 0;
-  Status status = decode_frame_header(header_at(buffer_, 0), max_bytes_, &size);
+  Status status = decode_frame_header(header_at(buffer_, consumed_), max_bytes_, &size);
   if (!status.ok()) {
     failed_ = std::move(status);
     buffer_.clear();
     buffer_.shrink_to_fit();
+    consumed_ = 0;
     return failed_;
   }
-  if (buffer_.size() - kFrameHeaderBytes < size) return Status::ok_status();
+  if (left - kFrameHeaderBytes < size) return Status::ok_status();
 
-  payload->emplace(buffer_, kFrameHeaderBytes, size);
-  // Control frames are few and small, so moving the remainder to the front is cheaper than
-  // the bookkeeping of a read offset.
-  buffer_.erase(0, kFrameHeaderBytes + size);
-  if (buffer_.capacity() > kDecoderKeepBytes && buffer_.size() <= kDecoderKeepBytes) buffer_.shrink_to_fit();
+  payload->emplace(buffer_, consumed_ + kFrameHeaderBytes, size);
+  consumed_ += kFrameHeaderBytes + size;
+  if (consumed_ == buffer_.size()) {  // the usual case: everything read was handed out
+    buffer_.clear();
+    consumed_ = 0;
+    if (buffer_.capacity() > kDecoderKeepBytes) buffer_.shrink_to_fit();
+  } else if (consumed_ > kDecoderKeepBytes) {
+    // A large frame was taken with the start of another behind it: its buffer goes back now,
+    // not at the next read (a large frame comes alone; small ones are dropped per read).
+    buffer_.erase(0, consumed_);
+    consumed_ = 0;
+    if (buffer_.capacity() > kDecoderKeepBytes && buffer_.size() <= kDecoderKeepBytes) buffer_.shrink_to_fit();
+  }
   return Status::ok_status();
 }
 
 std::optional<uint32_t> FrameDecoder::announced_bytes() const {
-  if (!failed_.ok() || buffer_.size() < kFrameHeaderBytes) return std::nullopt;
-  return read_le32(reinterpret_cast<const std::byte*>(buffer_.data()));
+  if (!failed_.ok() || buffer_.size() - consumed_ < kFrameHeaderBytes) return std::nullopt;
+  return read_le32(reinterpret_cast<const std::byte*>(buffer_.data() + consumed_));
 }
 
 size_t FrameDecoder::release() {
   const size_t held = buffer_.capacity();
   std::string().swap(buffer_);
+  consumed_ = 0;
   return held;
 }
 
@@ -103,7 +121,7 @@ Status FrameDecoder::finish() const {
   if (!failed_.ok()) return failed_;
   // Complete frames that next() has not handed out yet are not an error; only a frame cut off
   // by the end of the stream is. Walk past the complete ones to the last, possibly partial, one.
-  size_t offset = 0;
+  size_t offset = consumed_;
   while (offset < buffer_.size()) {
     const size_t left = buffer_.size() - offset;
     if (left < kFrameHeaderBytes) {

@@ -64,6 +64,7 @@ class FrameDecoder {
  private:
   uint32_t max_bytes_;
   std::string buffer_;
+  size_t consumed_ = 0;  // bytes at the front of buffer_ already handed out
   Status failed_;
 };
 

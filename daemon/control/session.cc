@@ -35,6 +35,8 @@ constexpr size_t kMaxQueuedFds = 64;
 constexpr size_t kPauseReadingBytes = 1u << 20;
 constexpr size_t kPauseReadingFds = 16;
 constexpr auto kCloseLinger = std::chrono::seconds(2);
+// Frames one connection is served in a row before the io thread turns to the others.
+constexpr size_t kFramesPerTurn = 32;
 
 const char* request_name(const control::Request& request) {
   switch (request.body_case()) {
@@ -362,7 +364,13 @@ asio::awaitable<void> Session::watch_loop() {
 }
 
 asio::awaitable<bool> Session::serve_frames() {
-  for (;;) {
+  for (size_t served = 0;; ++served) {
+    // One read may bring a thousand small frames: the io thread serves every connection, so a
+    // client that floods it with requests gets its turn in slices, the others in between.
+    if (served > 0 && served % kFramesPerTurn == 0) {
+      co_await asio::post(socket_.get_executor(), asio::use_awaitable);
+      if (closing_) co_return false;
+    }
     std::optional<std::string> payload;
     if (Status status = decoder_.next(&payload); !status.ok()) {
       refuse(status);

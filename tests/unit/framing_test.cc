@@ -234,5 +234,32 @@ TEST_CASE("encode_frame refuses a payload over the limit", "[framing]") {
   CHECK(encode_frame(std::string(kMaxFrameBytes, 'z')).size() == kFrameHeaderBytes + kMaxFrameBytes);
 }
 
+TEST_CASE("many frames in one read are handed out in order from an offset, a partial one completed by the next read",
+          "[framing]") {
+  // The decoder once moved the rest of the buffer to the front after every frame: a read of
+  // thousands of small frames (a flood) cost the io thread quadratic time. Now it hands them out
+  // from an offset and drops what it handed out once per read.
+  FrameDecoder decoder;
+  std::string stream;
+  for (int i = 0; i < 10'000; ++i) stream += encode_frame("frame " + std::to_string(i));
+  const std::string tail = encode_frame("the last, cut in two");
+  decoder.feed(bytes_of(stream + tail.substr(0, 7)));
+  std::optional<std::string> payload;
+  for (int i = 0; i < 10'000; ++i) {
+    REQUIRE(decoder.next(&payload).ok());
+    REQUIRE(payload);
+    REQUIRE(*payload == "frame " + std::to_string(i));
+  }
+  REQUIRE(decoder.next(&payload).ok());
+  CHECK_FALSE(payload);
+  CHECK(decoder.announced_bytes() == std::optional<uint32_t>(20));
+  CHECK_FALSE(decoder.finish().ok());  // the cut frame, not the ones handed out
+  decoder.feed(bytes_of(tail.substr(7)));
+  REQUIRE(decoder.next(&payload).ok());
+  REQUIRE(payload);
+  CHECK(*payload == "the last, cut in two");
+  CHECK(decoder.finish().ok());
+}
+
 }  // namespace
 }  // namespace gradsync
