@@ -11,7 +11,11 @@ ssize_t send_with_fds(int socket, std::span<const std::byte> bytes, std::span<co
   msghdr message{};
   message.msg_iov = &io;
   message.msg_iovlen = 1;
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage)] = {};
+  // Room for as many as the kernel lets one message carry (SCM_MAX_FD), and credentials: what
+  // does not fit, the kernel closes inside recvmsg, on this thread, where the last close of a
+  // hostile descriptor (a lingering socket) can block. The excess over kMaxFdsPerMessage is
+  // ours to refuse instead.
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFdsInMessage) + CMSG_SPACE(sizeof(ucred))] = {};
   if (!fds.empty()) {
     if (fds.size() > kMaxFdsPerMessage) {
       errno = EINVAL;
@@ -33,7 +37,11 @@ ssize_t receive_with_fds(int socket, std::span<std::byte> buffer, int flags, Rec
   msghdr message{};
   message.msg_iov = &io;
   message.msg_iovlen = 1;
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage)] = {};
+  // Room for as many as the kernel lets one message carry (SCM_MAX_FD), and credentials: what
+  // does not fit, the kernel closes inside recvmsg, on this thread, where the last close of a
+  // hostile descriptor (a lingering socket) can block. The excess over kMaxFdsPerMessage is
+  // ours to refuse instead.
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFdsInMessage) + CMSG_SPACE(sizeof(ucred))] = {};
   message.msg_control = control;
   message.msg_controllen = sizeof(control);
   const ssize_t n = ::recvmsg(socket, &message, flags | MSG_CMSG_CLOEXEC);
@@ -50,7 +58,7 @@ ssize_t receive_with_fds(int socket, std::span<std::byte> buffer, int flags, Rec
       out->fds.emplace_back(fd);
     }
   }
-  out->fds_truncated = (message.msg_flags & MSG_CTRUNC) != 0;
+  out->fds_truncated = (message.msg_flags & MSG_CTRUNC) != 0 || out->fds.size() > kMaxFdsPerMessage;
   return n;
 }
 

@@ -20,6 +20,8 @@ namespace gradsync {
 
 // At most this many descriptors travel with one message; more is a protocol error.
 inline constexpr size_t kMaxFdsPerMessage = 16;
+// The most descriptors the kernel passes in one message (SCM_MAX_FD).
+inline constexpr size_t kMaxFdsInMessage = 253;
 
 // sendmsg() with `fds` attached to `bytes`. Returns the bytes sent (possibly fewer than asked;
 // the descriptors went with them), or -1 with errno set.
@@ -28,7 +30,7 @@ ssize_t send_with_fds(int socket, std::span<const std::byte> bytes, std::span<co
 struct Received {
   size_t bytes = 0;            // 0 with no descriptors: end of stream
   std::vector<UniqueFd> fds;   // close-on-exec
-  bool fds_truncated = false;  // the sender attached more than kMaxFdsPerMessage; the excess was closed
+  bool fds_truncated = false;  // the sender attached more than kMaxFdsPerMessage (all of them are in `fds`)
 };
 
 // recvmsg() into `buffer`. Returns -1 with errno set on error (EAGAIN included).

@@ -395,17 +395,22 @@ asio::awaitable<Status> ClientHandler::on_register(control::Request* request, An
     done_events = reg.events->done_handles();
   }
   *tensors_ += count;
+  // This registration's own mask charge: kept by the client once the set is registered, given
+  // back with a refusal. Never by set id before then: a second registration of an id in use
+  // (refused later, by the job) must not release or replace the charge of the set that has it.
   const uint32_t set_id = reg.set_id;
-  if (body_has_mask) (*mask_tickets_)[set_id] = std::move(mask_bytes);
+  auto mask_charge = std::make_shared<UserCounts::Ticket>(std::move(mask_bytes));
   reg.done = [send = options_.send, request_id = answer->reply->id(), ready_events, done_events, ticket,
-              tensors = tensors_, count, masks = mask_tickets_, set_id](const Status& status, const TensorSet* set) {
+              tensors = tensors_, count, masks = mask_tickets_, set_id, mask_charge,
+              body_has_mask](const Status& status, const TensorSet* set) {
     ticket->count.release();  // no longer waiting
     ticket->bytes.release();
     control::Reply reply;
     reply.set_id(request_id);
+    if (status.ok() && body_has_mask) masks->try_emplace(set_id, std::move(*mask_charge));
+    mask_charge->release();  // refused, or kept in `masks` by now
     if (!status.ok()) {
       *tensors -= std::min(*tensors, count);
-      masks->erase(set_id);
       set_error(status, &reply);
     } else {
       auto* body = reply.mutable_register_();

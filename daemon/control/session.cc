@@ -1,5 +1,8 @@
 #include "daemon/control/session.h"
 
+#include <fcntl.h>
+#include <linux/sockios.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 
@@ -60,6 +63,7 @@ Session::Session(Socket socket, PeerCredentials peer, SessionOptions options)
       outbox_ready_(socket_.get_executor(), asio::steady_timer::time_point::max()),
       outbox_drained_(socket_.get_executor(), asio::steady_timer::time_point::max()),
       linger_timer_(socket_.get_executor()),
+      send_wait_timer_(socket_.get_executor()),
       watch_timer_(socket_.get_executor()) {
   if (!options_.context.users) options_.context.users = std::make_shared<UserCounts>(LocalLimits{});
 }
@@ -152,6 +156,30 @@ void Session::defuse(const std::vector<UniqueFd>& fds) {
   }
 }
 
+asio::awaitable<void> Session::until_outbox_drained() {
+  boost::system::error_code ec;
+  while (outbox_backed_up() && !closing_) {
+    outbox_drained_.expires_at(asio::steady_timer::time_point::max());
+    co_await outbox_drained_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+  }
+}
+
+bool Session::keep(const std::vector<UniqueFd>& fds) {
+  if (!options_.context.closer) return true;  // tests without one close where they close
+  // Device segments' descriptors (CUDA VMM) are not memfds: as many as a client may announce
+  // segments, and a few refused ones more.
+  const size_t most = options_.context.users ? options_.context.users->limits().segments_per_client + kMaxHeldFds
+                                             : kMaxHeldFds;
+  for (const UniqueFd& fd : fds) {
+    if (is_memfd(fd.get())) continue;
+    if (keepers_.size() >= most) return false;
+    UniqueFd keeper(::fcntl(fd.get(), F_DUPFD_CLOEXEC, 0));
+    if (!keeper) return false;  // out of descriptors: refused rather than closed here at the last
+    keepers_.push_back(std::move(keeper));
+  }
+  return true;
+}
+
 size_t Session::outbox_cost(const std::string& frame, const std::vector<UniqueFd>& fds) {
   size_t cost = frame.size() + kQueuedReplyOverhead;
   for (const UniqueFd& fd : fds) {
@@ -197,6 +225,7 @@ void Session::close(const Status& why) {
   socket_.shutdown(Socket::shutdown_receive, ignored);
   outbox_ready_.cancel();
   outbox_drained_.cancel();
+  send_wait_timer_.cancel();
   watch_timer_.cancel();
   // The last replies (the reason for closing) get a moment to be written; a client that does
   // not read them does not keep the session, its queue and its descriptor.
@@ -244,6 +273,9 @@ void Session::loop_ended() {
   // Both have ended, so no request is in flight: release the handler (its memory, its place in
   // the job) and the socket.
   handler_.reset();
+  // Every other copy of what the client sent is closed by now: the keepers are the last.
+  inbox_ = FdInbox();
+  if (options_.context.closer) options_.context.closer->close_later(std::move(keepers_));
   boost::system::error_code ignored;
   socket_.close(ignored);
 }
@@ -254,10 +286,7 @@ asio::awaitable<void> Session::read_loop() {
   while (!closing_) {
     boost::system::error_code ec;
     // Backpressure: no more requests from a client that does not take its replies.
-    while (outbox_backed_up() && !closing_) {
-      outbox_drained_.expires_at(asio::steady_timer::time_point::max());
-      co_await outbox_drained_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
-    }
+    co_await until_outbox_drained();
     if (closing_) break;
     co_await socket_.async_wait(Socket::wait_read, asio::redirect_error(asio::use_awaitable, ec));
     // The session may have closed meanwhile; nothing read after that point is served.
@@ -274,6 +303,11 @@ asio::awaitable<void> Session::read_loop() {
       break;
     }
     defuse(got.fds);
+    if (!keep(got.fds)) {
+      refuse(Status::protocol("more than " + std::to_string(keepers_.size()) +
+                              " file descriptors that are not memfds were sent on one connection"));
+      break;
+    }
     if (got.fds_truncated) {
       refuse(Status::protocol("more than " + std::to_string(kMaxFdsPerMessage) +
                               " file descriptors were sent in one message"));
@@ -371,6 +405,12 @@ asio::awaitable<bool> Session::serve_frames() {
       co_await asio::post(socket_.get_executor(), asio::use_awaitable);
       if (closing_) co_return false;
     }
+    // Frames already read wait too, while the client does not take its replies: one read can
+    // bring hundreds of Joins, each answered with descriptors.
+    if (outbox_backed_up()) {
+      co_await until_outbox_drained();
+      if (closing_) co_return false;
+    }
     std::optional<std::string> payload;
     if (Status status = decoder_.next(&payload); !status.ok()) {
       refuse(status);
@@ -464,6 +504,17 @@ asio::awaitable<bool> Session::write_one(Outgoing& out) {
   boost::system::error_code ec;
   size_t sent = 0;
   if (!out.fds.empty()) {
+    // At most one reply with descriptors in the kernel at a time: sent descriptors are counted
+    // nowhere of the daemon's, and a client that never reads could otherwise keep a socket
+    // buffer's worth of them (a Join's rings each, about 330 KiB) in flight. It is sent once
+    // the client read everything sent before it.
+    for (std::chrono::milliseconds pause{1};; pause = std::min(pause * 2, std::chrono::milliseconds(50))) {
+      int unread = 0;
+      if (::ioctl(socket_.native_handle(), SIOCOUTQ, &unread) != 0 || unread == 0) break;
+      send_wait_timer_.expires_after(pause);
+      co_await send_wait_timer_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+      if (ec || overflowed_ || closing_) co_return false;
+    }
     // The descriptors go with the frame's first bytes, in one sendmsg().
     std::vector<int> raw;
     for (const auto& fd : out.fds) raw.push_back(fd.get());

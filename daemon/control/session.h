@@ -75,8 +75,14 @@ class Session : public std::enable_shared_from_this<Session> {
   static size_t outbox_cost(const std::string& frame, const std::vector<UniqueFd>& fds);
   // Whether the reader should wait for the client to take its replies before reading more.
   bool outbox_backed_up() const;
+  // Returns once the outbox is no longer backed up, or the session closes.
+  boost::asio::awaitable<void> until_outbox_drained();
   // Makes closing descriptors a client sent unable to block (a lingering socket's close).
   static void defuse(const std::vector<UniqueFd>& fds);
+  // Keeps a duplicate of each received descriptor that is not a memfd, so that the last close
+  // of its file happens on the closer's thread when the session ends (fd_closer.h); false when
+  // the client sent more of them than any client needs.
+  bool keep(const std::vector<UniqueFd>& fds);
 
   boost::asio::awaitable<void> read_loop();
   boost::asio::awaitable<void> write_loop();
@@ -103,6 +109,7 @@ class Session : public std::enable_shared_from_this<Session> {
   std::optional<ClientHandler> handler_;
   FrameDecoder decoder_;
   FdInbox inbox_;
+  std::vector<UniqueFd> keepers_;  // keep(): handed to the closer when the session ends
   uint64_t received_bytes_ = 0;  // stream offset of the next byte read
   uint64_t frame_begin_ = 0;     // stream offset of the next frame
   // Never cleared while a write may refer to its front: only the write loop pops or clears it.
@@ -116,6 +123,8 @@ class Session : public std::enable_shared_from_this<Session> {
   // After close(): how long the last replies may take to be written before the socket's
   // operations are cancelled (a client that never reads would otherwise hold the session).
   boost::asio::steady_timer linger_timer_;
+  // write_one() waits on it for the client to read what came before a reply with descriptors.
+  boost::asio::steady_timer send_wait_timer_;
   boost::asio::steady_timer watch_timer_;
   // When the last complete request arrived, and when the frame now in the decoder began
   // (nullopt: none begun).

@@ -241,6 +241,17 @@ void Worker::run() {
     shut_down(failure());
   } catch (...) {
     failed_with("failed while shutting down");
+    // Best effort, for what shut_down() may not have reached: the job and its clients must
+    // still learn that it failed, or they would wait for it.
+    try {
+      if (!stopped_told_ && options_.on_stopped) options_.on_stopped(failure());
+    } catch (...) {
+    }
+    try {
+      clients_.publish_failure(failure());
+      clients_.wake_all();
+    } catch (...) {
+    }
   }
 }
 
@@ -565,6 +576,7 @@ void Worker::shut_down(const Status& failure) {
   // client told of it may exit at once, and its disconnect, reaching the io thread before a
   // report made after the teardown below (which may block for a second), would be taken for
   // the cause and logged as such.
+  stopped_told_ = true;
   if (options_.on_stopped) options_.on_stopped(status);
   // Publish the sticky error first so that clients fail later submissions without waiting.
   clients_.publish_failure(status);

@@ -164,6 +164,7 @@ class Worker {
   void run();
   // The loop of run(): tasks, rings, progress, until the job fails or stops.
   void serve();
+  bool stopped_told_ = false;  // shut_down() told the job (on_stopped); worker thread only
   bool drain_rings();  // true when an entry was consumed
   Status handle_entry(uint32_t local_rank, const SubmitEntry& entry);
   Status handle_submit(uint32_t local_rank, const SubmitEntry& entry);

@@ -81,7 +81,9 @@ def _as_bytes(t):
     """A uint8 view of `t` (sharing its memory) where the daemon does not take its dtype and
     only its bytes move; `t` itself otherwise."""
     if t.dtype in _MOVED_AS_BYTES and t.is_contiguous():
-        return t.view(torch.uint8) if t.dim() > 0 else t.reshape(1).view(torch.uint8)
+        # Flat first: a contiguous tensor may still have a last stride other than 1 (a size-1
+        # last dimension), which a view as a smaller dtype refuses; 0-dim ones become 1 element.
+        return t.reshape(-1).view(torch.uint8)
     return t
 
 
