@@ -5,6 +5,17 @@
 namespace gradsync {
 namespace {
 
+// What the exception being handled says; call only inside a catch block.
+std::string current_exception_text() {
+  try {
+    throw;
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "unknown exception";
+  }
+}
+
 // The worker re-checks its stop flag at least this often even if a hostile client scribbles
 // over the doorbell's waiter count and a wake-up is lost.
 constexpr auto kWakeSlice = std::chrono::milliseconds(200);
@@ -218,14 +229,8 @@ void Worker::run() {
   // this job, naming it, and the worker still shuts down as after any failure; escaping the
   // thread would end the daemon and every other job with it.
   const auto failed_with = [this](const char* where) {
-    std::string what = "unknown exception";
-    try {
-      throw;
-    } catch (const std::exception& e) {
-      what = e.what();
-    } catch (...) {
-    }
-    const Status why = Status::internal("job " + options_.job_id + ": the job's worker " + where + ": " + what);
+    const Status why = Status::internal("job " + options_.job_id + ": the job's worker " + where + ": " +
+                                        current_exception_text());
     try {
       options_.log.error(why.to_string());
     } catch (...) {
@@ -501,16 +506,9 @@ Status Worker::launch(Op& op) {
     // The executor threw instead of answering (memory ran out): the bucket failed, and the job
     // with it. Answering the flight here lets the shutdown that follows wait for it as for any
     // other; whatever the executor queued before it threw, its abort ends.
-    std::string what = "unknown exception";
-    try {
-      throw;
-    } catch (const std::exception& e) {
-      what = e.what();
-    } catch (...) {
-    }
     const Status failed = Status::internal("job " + options_.job_id + ": the job's worker failed launching bucket " +
                                            std::to_string(bucket) + " of operation " + std::to_string(op.seq) + ": " +
-                                           what);
+                                           current_exception_text());
     done(failed);
     return failed;
   }
