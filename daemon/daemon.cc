@@ -150,7 +150,7 @@ Daemon::Daemon(DaemonConfig config, std::function<ParsedConfig()> reparse, TestH
   registry_ = std::make_unique<JobRegistry>(std::move(registry));
   server_ = std::make_unique<ControlServer>(
       io_, ControlServerOptions{config_.socket_path, config_.allowed_uids,
-                                ControlContext{registry_.get(), backends_.get(), &setup_, &closer_, users_}, log_,
+                                ControlContext{registry_.get(), backends_.get(), &setup_, users_}, log_,
                                 config_.connection_timeout});
   if (config_.admin_address != "none" || !config_.admin_tcp.empty() || !config_.metrics_address.empty()) {
     admin::IoDaemonViewOptions view;

@@ -55,8 +55,6 @@ class Daemon {
   // Channel and segment setup and large requests, off the io thread; destroyed (joined) before
   // the io_context and after everything that posts to it.
   SetupThreads setup_{io_, 2};
-  // Closes the descriptors clients sent, off the io thread; outlives the sessions.
-  FdCloser closer_;
   std::shared_ptr<UserCounts> users_;  // what each local user holds (local_limits.h)
   // The device engines (NCCL) outlive the backends, whose executors use them.
   std::unique_ptr<DeviceEngineFactory> device_engines_;

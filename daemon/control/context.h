@@ -5,7 +5,6 @@
 #include <memory>
 
 #include "daemon/backend/factory.h"
-#include "daemon/control/fd_closer.h"
 #include "daemon/job/registry.h"
 #include "daemon/util/local_limits.h"
 #include "daemon/util/setup_threads.h"
@@ -17,9 +16,6 @@ struct ControlContext {
   BackendFactory* backends = nullptr;
   // Channel and segment setup, large requests' parsing and checks; null: inline (tests).
   SetupThreads* setup = nullptr;
-  // Where the last copies of descriptors clients sent are closed (fd_closer.h); null: inline
-  // (tests).
-  FdCloser* closer = nullptr;
   // Per-user limits (local_limits.h). A session without one makes a private one with the
   // default limits (tests); the server requires it.
   std::shared_ptr<UserCounts> users;

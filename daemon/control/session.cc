@@ -164,22 +164,6 @@ asio::awaitable<void> Session::until_outbox_drained() {
   }
 }
 
-bool Session::keep(const std::vector<UniqueFd>& fds) {
-  if (!options_.context.closer) return true;  // tests without one close where they close
-  // Device segments' descriptors (CUDA VMM) are not memfds: as many as a client may announce
-  // segments, and a few refused ones more.
-  const size_t most = options_.context.users ? options_.context.users->limits().segments_per_client + kMaxHeldFds
-                                             : kMaxHeldFds;
-  for (const UniqueFd& fd : fds) {
-    if (is_memfd(fd.get())) continue;
-    if (keepers_.size() >= most) return false;
-    UniqueFd keeper(::fcntl(fd.get(), F_DUPFD_CLOEXEC, 0));
-    if (!keeper) return false;  // out of descriptors: refused rather than closed here at the last
-    keepers_.push_back(std::move(keeper));
-  }
-  return true;
-}
-
 size_t Session::outbox_cost(const std::string& frame, const std::vector<UniqueFd>& fds) {
   size_t cost = frame.size() + kQueuedReplyOverhead;
   for (const UniqueFd& fd : fds) {
@@ -273,9 +257,6 @@ void Session::loop_ended() {
   // Both have ended, so no request is in flight: release the handler (its memory, its place in
   // the job) and the socket.
   handler_.reset();
-  // Every other copy of what the client sent is closed by now: the keepers are the last.
-  inbox_ = FdInbox();
-  if (options_.context.closer) options_.context.closer->close_later(std::move(keepers_));
   boost::system::error_code ignored;
   socket_.close(ignored);
 }
@@ -303,11 +284,6 @@ asio::awaitable<void> Session::read_loop() {
       break;
     }
     defuse(got.fds);
-    if (!keep(got.fds)) {
-      refuse(Status::protocol("more than " + std::to_string(keepers_.size()) +
-                              " file descriptors that are not memfds were sent on one connection"));
-      break;
-    }
     if (got.fds_truncated) {
       refuse(Status::protocol("more than " + std::to_string(kMaxFdsPerMessage) +
                               " file descriptors were sent in one message"));
@@ -408,7 +384,9 @@ asio::awaitable<bool> Session::serve_frames() {
     // Frames already read wait too, while the client does not take its replies: one read can
     // bring hundreds of Joins, each answered with descriptors.
     if (outbox_backed_up()) {
+      serving_ = false;  // the client's time, not the daemon's: the idle and half-open bounds count it
       co_await until_outbox_drained();
+      serving_ = true;
       if (closing_) co_return false;
     }
     std::optional<std::string> payload;

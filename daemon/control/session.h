@@ -79,10 +79,6 @@ class Session : public std::enable_shared_from_this<Session> {
   boost::asio::awaitable<void> until_outbox_drained();
   // Makes closing descriptors a client sent unable to block (a lingering socket's close).
   static void defuse(const std::vector<UniqueFd>& fds);
-  // Keeps a duplicate of each received descriptor that is not a memfd, so that the last close
-  // of its file happens on the closer's thread when the session ends (fd_closer.h); false when
-  // the client sent more of them than any client needs.
-  bool keep(const std::vector<UniqueFd>& fds);
 
   boost::asio::awaitable<void> read_loop();
   boost::asio::awaitable<void> write_loop();
@@ -109,7 +105,6 @@ class Session : public std::enable_shared_from_this<Session> {
   std::optional<ClientHandler> handler_;
   FrameDecoder decoder_;
   FdInbox inbox_;
-  std::vector<UniqueFd> keepers_;  // keep(): handed to the closer when the session ends
   uint64_t received_bytes_ = 0;  // stream offset of the next byte read
   uint64_t frame_begin_ = 0;     // stream offset of the next frame
   // Never cleared while a write may refer to its front: only the write loop pops or clears it.

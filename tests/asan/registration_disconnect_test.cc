@@ -96,7 +96,7 @@ struct Daemon {
     REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) == 0);
     client->reset(fds[1]);
     SessionOptions options;
-    options.context = ControlContext{registry.get(), backends.get(), &setup, nullptr, users};
+    options.context = ControlContext{registry.get(), backends.get(), &setup, users};
     options.log = log;
     REQUIRE(users->take(UserCounts::What::kConnections, ::getuid(), 1, &options.connection).ok());
     Session::Socket socket(io);
