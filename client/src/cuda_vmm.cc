@@ -158,15 +158,7 @@ class CudaVmmMemory final : public DeviceMemory {
     ScopedPrimaryContext context(&d, device);
     if (!context.status().ok()) return context.status();
     const auto address = reinterpret_cast<CUdeviceptr>(data);
-    int on = -1;
-    if (CUresult r = d.pointer_attribute(&on, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, address); r != CUDA_SUCCESS) {
-      return Status::invalid_argument("device memory at " + std::to_string(address) + " is not CUDA device memory (" +
-                                      d.describe(r) + ")");
-    }
-    if (on != ordinal) {
-      return Status::invalid_argument("device memory at " + std::to_string(address) + " is on device " +
-                                      std::to_string(on) + ", not " + std::to_string(ordinal));
-    }
+    if (Status s = check_on_device(address, ordinal); !s.ok()) return s;
     CUdeviceptr base = 0;
     size_t size = 0;
     if (Status s = d.check(d.address_range(&base, &size, address), "cuMemGetAddressRange"); !s.ok()) return s;
@@ -206,15 +198,7 @@ class CudaVmmMemory final : public DeviceMemory {
     // Host memory handed over as "device" memory would be copied without complaint (unified
     // addressing), and memory of another GPU read across: both are the caller's mistake.
     const auto address = reinterpret_cast<CUdeviceptr>(from);
-    int on = -1;
-    if (CUresult r = d.pointer_attribute(&on, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, address); r != CUDA_SUCCESS) {
-      return Status::invalid_argument("memory at " + std::to_string(address) + " is not CUDA device memory (" +
-                                      d.describe(r) + ")");
-    }
-    if (on != ordinal) {
-      return Status::invalid_argument("memory at " + std::to_string(address) + " is on device " + std::to_string(on) +
-                                      ", not " + std::to_string(ordinal));
-    }
+    if (Status s = check_on_device(address, ordinal); !s.ok()) return s;
     const auto cu_stream = static_cast<CUstream>(stream);
     if (Status s = d.check(d.memcpy_async(reinterpret_cast<CUdeviceptr>(to), address, bytes, cu_stream), "cuMemcpyAsync");
         !s.ok()) {
@@ -224,6 +208,20 @@ class CudaVmmMemory final : public DeviceMemory {
   }
 
  private:
+  // That `address` is device memory of device `ordinal`, with its primary context current.
+  Status check_on_device(CUdeviceptr address, int ordinal) const {
+    int on = -1;
+    if (CUresult r = driver_.pointer_attribute(&on, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, address); r != CUDA_SUCCESS) {
+      return Status::invalid_argument("memory at " + std::to_string(address) + " is not CUDA device memory (" +
+                                      driver_.describe(r) + ")");
+    }
+    if (on != ordinal) {
+      return Status::invalid_argument("memory at " + std::to_string(address) + " is on device " + std::to_string(on) +
+                                      ", not " + std::to_string(ordinal));
+    }
+    return Status();
+  }
+
   // Loads the driver (once) and finds device `ordinal`; the error names which failed.
   Status driver_and_device(int ordinal, CUdevice* device) {
     std::call_once(loaded_, [&] { load_status_ = load_driver(&driver_); });

@@ -164,7 +164,6 @@ class Worker {
   void run();
   // The loop of run(): tasks, rings, progress, until the job fails or stops.
   void serve();
-  bool stopped_told_ = false;  // shut_down() told the job (on_stopped); worker thread only
   bool drain_rings();  // true when an entry was consumed
   Status handle_entry(uint32_t local_rank, const SubmitEntry& entry);
   Status handle_submit(uint32_t local_rank, const SubmitEntry& entry);
@@ -233,6 +232,7 @@ class Worker {
   LocalRendezvous local_;  // a single-node job's rendezvous, for executors' admit()
   std::atomic<bool> failed_{false};
   std::atomic<bool> stopping_{false};
+  bool stopped_told_ = false;  // shut_down() told the job (on_stopped); worker thread only
   std::vector<std::string> node_addresses_ GS_GUARDED_BY(mutex_);
   // Settings changes; its watcher calls fail(), so it goes before the members fail() uses.
   SettingsSchedule settings_;
