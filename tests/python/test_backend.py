@@ -239,6 +239,19 @@ def test_fsdp_on_the_cpu_matches_ddp_on_gloo(daemon):
     if any("fsdp: not on this torch" in out for _, out in results):
         pytest.skip(next(line for line in results[0][1].splitlines() if line.startswith("fsdp:")))
     assert all("fsdp checks done" in out for _, out in results), results
+    assert all("fsdp2 checks done" in out or "fsdp2: not on this torch" in out for _, out in results), results
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_the_gloo_fallback_asked_for_at_init_serves_what_the_daemon_does_not_and_dtensor_runs(daemon, world):
+    results = run_ranks("backend_fallback.py", world, daemon, env={"TEST_PORT": str(free_port())})
+    assert_all_ok(results, daemon)
+    for rank, (_, out) in enumerate(results):
+        assert f"rank {rank}: fallback checks done" in out, out
+        # torch 2.x: DTensor over a mesh of the group (1.13 has none, and says so).
+        assert f"rank {rank}: dtensor checks done" in out or "dtensor: not on this torch" in out, out
+        # Nothing the library holds fails as the interpreter exits with groups torch still holds.
+        assert "Exception ignored" not in out, out
 
 
 def test_ddp_with_powersgd_under_inline_futures_keeps_every_rank_alike(daemon):

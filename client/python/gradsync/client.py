@@ -24,11 +24,14 @@ class _Core:
     def __init__(self, handle):
         self.handle = handle
         self.closed = False
+        # Held, not looked up at __del__: a client freed at interpreter exit (a process group
+        # torch still holds) finds the modules' globals gone.
+        self._close = _lib.lib().gs_client_close
 
     def __del__(self):
         handle, self.handle = getattr(self, "handle", None), None
-        if handle:
-            _lib.lib().gs_client_close(handle)
+        if handle and hasattr(self, "_close"):
+            self._close(handle)
 
 
 def _from_env(value, argument, variable, convert=int):

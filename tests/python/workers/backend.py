@@ -3,6 +3,7 @@ gloo group of the same ranks beside it as the reference. Every collective the ba
 on both groups, must give the same results; DDP without a hook on the gradsync group must train
 as DDP on the gloo group (50 steps, parameters within 1e-6 relative); what the backend does not
 offer raises NotImplementedError naming it."""
+import inspect
 import os
 import sys
 
@@ -143,6 +144,8 @@ def collectives(rank, world, gloo):
         out = torch.empty(inputs[0].numel(), device=DEVICE)
         dist.reduce_scatter_tensor(out, flat)
         same("reduce_scatter_tensor", out, reference[rank].reshape(-1))
+    if "async_ops" in inspect.signature(getattr(dist, "_coalescing_manager", lambda: None)).parameters:
+        coalescing_manager(rank, world, gloo)  # torch 2.x's; 1.13's takes requests, not ops
     dist.barrier()
     if DEVICE != "cpu":
         # The stream rule: a collective waits for what the caller's current stream queued
@@ -173,6 +176,51 @@ def collectives(rank, world, gloo):
     except (NotImplementedError, RuntimeError) as e:
         if "is not offered" not in str(e):
             failures.append(f"product: unexpected message {e}")
+
+
+def coalescing_manager(rank, world, gloo):
+    """torch 2.x's dist._coalescing_manager: the all_reduce, all_gather_into_tensor or
+    reduce_scatter_tensor calls made inside it are one call of the group's coalesced form
+    (allreduce_coalesced, allgather_into_tensor_coalesced, reduce_scatter_tensor_coalesced)."""
+    shapes = [(5, 3), (7,), (2, 2)]
+    theirs = [tensors_for(rank, 100 + i, shape=shape) for i, shape in enumerate(shapes)]
+    ours = on([t.clone() for t in theirs])
+    with dist._coalescing_manager():
+        for t in ours:
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    for i, t in enumerate(theirs):
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=gloo)
+        same(f"coalescing manager: all_reduce max of tensor {i}", ours[i], t)
+    inputs = [tensors_for(rank, 110 + i, shape=shape).reshape(-1) for i, shape in enumerate(shapes)]
+    outputs = [torch.empty(world * t.numel(), device=DEVICE) for t in inputs]
+    with dist._coalescing_manager(async_ops=True) as cm:
+        for output, mine in zip(outputs, on(inputs)):
+            dist.all_gather_into_tensor(output, mine)
+    cm.wait()
+    for i, t in enumerate(inputs):
+        gathered = [torch.empty_like(t) for _ in range(world)]
+        dist.all_gather(gathered, t, group=gloo)
+        same(f"coalescing manager: all_gather_into_tensor of tensor {i}", outputs[i], torch.cat(gathered))
+    # Inputs of 6, 1 and 4 elements a rank (and an empty one): each rank's outputs are its
+    # chunks of the reduced inputs, as if each were reduce-scattered alone.
+    inputs = [tensors_for(rank, 120 + i, shape=(world * n,)) for i, n in enumerate((6, 1, 0, 4))]
+    outputs = [torch.full((t.numel() // world,), -1.0, device=DEVICE) for t in inputs]
+    with dist._coalescing_manager():
+        for output, mine in zip(outputs, on(inputs)):
+            dist.reduce_scatter_tensor(output, mine, op=dist.ReduceOp.SUM)
+    for i, t in enumerate(inputs):
+        dist.all_reduce(t, group=gloo)
+        same(f"coalescing manager: reduce_scatter_tensor of tensor {i}", outputs[i], t.chunk(world)[rank]
+             if t.numel() else t)
+    try:
+        with dist._coalescing_manager():
+            dist.reduce_scatter_tensor(torch.empty(2, device=DEVICE), torch.ones(2 * world, device=DEVICE))
+            dist.reduce_scatter_tensor(torch.empty(2, dtype=torch.float64, device=DEVICE),
+                                       torch.ones(2 * world, dtype=torch.float64, device=DEVICE))
+        failures.append("a coalesced reduce_scatter_tensor of two dtypes was accepted")
+    except ValueError as e:
+        check("of several dtypes (torch.float32, torch.float64)" in str(e),
+              f"a coalesced reduce_scatter_tensor of two dtypes: unexpected message {e}")
 
 
 class Model(torch.nn.Module):

@@ -35,6 +35,7 @@ from torch.distributed.constants import default_pg_timeout
 from .. import client as _client
 from ..errors import Error, InvalidArgumentError
 from ._pg_errors import as_torch
+from ._pg_fallback import Options, fallback_group, options_of
 from . import _coalesced
 from ._pg_work import GradsyncWork, Slots, Tracker
 
@@ -199,12 +200,14 @@ class ProcessGroupGradsync(dist.ProcessGroup):
     """The process group of `init_process_group("gradsync")`: one gradsync client of this rank,
     joined to the job every rank of the group agreed on through torch's store."""
 
-    def __init__(self, store, rank, size, timeout, global_ranks=()):
+    def __init__(self, store, rank, size, timeout, global_ranks=(), options=None):
         super().__init__(rank, size)
         # Set when the group cannot be used: every collective raises it (a refused layout, a
         # destroyed group).
         self._unusable = None
         self._client = None
+        self._fallback = None
+        self.options = options or Options()
         global_ranks = list(global_ranks)
         if global_ranks or dist.is_initialized():
             # dist.new_group(ranks, backend="gradsync"), called on its members only: a job of
@@ -247,6 +250,12 @@ class ProcessGroupGradsync(dist.ProcessGroup):
                 seconds, chosen=seconds is not None and timeout != default_pg_timeout)
         except Error as e:
             raise as_torch(e) from None
+        try:
+            self._fallback = fallback_group(self.options, store, _scoped("gradsync/fallback", global_ranks), rank,
+                                            size, timeout)
+        except Exception:
+            self._client.close()  # this rank leaves the job it joined; the error says what gloo met
+            raise
         self._barrier = torch.zeros(1)
         # The client is used from one thread at a time (gradsync.Client); torch may call a
         # process group from several (DDP's reducer, a user's async_op).
@@ -313,6 +322,7 @@ class ProcessGroupGradsync(dist.ProcessGroup):
         if self._unusable is None:
             self._unusable = InvalidArgumentError(f"gradsync backend: the group of job {self.job} was destroyed "
                                                   "(destroy_process_group or shutdown)")
+        self._fallback = None  # gloo's Works in flight hold it
         if self._client is None:
             return
         with self._lock:
@@ -385,23 +395,59 @@ class ProcessGroupGradsync(dist.ProcessGroup):
         if len(inputs) != self.size() or any(t.shape != output.shape or t.dtype != output.dtype for t in inputs):
             raise InvalidArgumentError("gradsync backend: reduce_scatter takes world_size inputs shaped and typed "
                                        "like the output")
-        return self._reduce_scatter_flat(output, torch.cat([t.reshape(-1) for t in inputs]), opts, outputs)
+        return self._reduce_scatter_flat(torch.cat([t.reshape(-1) for t in inputs]), opts, outputs,
+                                         lambda shard: output.copy_(shard.reshape(output.shape)))
+
+    def _scattered_from(self, what, outputs, inputs):
+        """Checks that each input holds world_size x its output's elements, of its dtype."""
+        for i, (output, input) in enumerate(zip(outputs, inputs)):  # noqa: A001 (torch's word)
+            if input.numel() != output.numel() * self.size() or input.dtype != output.dtype:
+                which = f" {i}" if len(inputs) > 1 else ""
+                raise InvalidArgumentError(f"gradsync backend: {what}'s input{which} ({input.numel()} {input.dtype}) "
+                                           f"must be world_size ({self.size()}) x its output's {output.numel()} "
+                                           f"elements, of its dtype {output.dtype}")
 
     @_locked
     def _reduce_scatter_base(self, output, input, opts=None):  # noqa: A002 (torch's name)
         opts = opts or ReduceScatterOptions()
         _device_of("reduce_scatter_tensor", [output, input])
-        if input.numel() != output.numel() * self.size() or input.dtype != output.dtype:
-            raise InvalidArgumentError(f"gradsync backend: reduce_scatter_tensor's input ({input.numel()} "
-                                       f"{input.dtype}) must be world_size ({self.size()}) x the output's "
-                                       f"{output.numel()} elements, of its dtype {output.dtype}")
-        return self._reduce_scatter_flat(output, input.reshape(-1), opts, [output])
+        self._scattered_from("reduce_scatter_tensor", [output], [input])
+        return self._reduce_scatter_flat(input.reshape(-1), opts, [output],
+                                         lambda shard: output.copy_(shard.reshape(output.shape)))
 
-    def _reduce_scatter_flat(self, output, flat, opts, result):
+    @_locked
+    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
+        """torch 2.x's coalescing manager: the reduce_scatter_tensor calls made inside
+        `with dist._coalescing_manager()` as one reduce-scatter of one set. The daemon gives rank
+        r the r-th even shard of the set's flat range, so the inputs are laid out rank by rank:
+        rank r's shard is the r-th chunk of every input, in order."""
+        opts = opts or ReduceScatterOptions()
+        outputs, inputs = list(outputs), list(inputs)
+        _device_of("reduce_scatter_tensor_coalesced", outputs + inputs)
+        if len(outputs) != len(inputs):
+            raise InvalidArgumentError(f"gradsync backend: reduce_scatter_tensor_coalesced takes one output per "
+                                       f"input, not {len(outputs)} for {len(inputs)}")
+        self._scattered_from("reduce_scatter_tensor_coalesced", outputs, inputs)
+        dtypes = sorted({str(t.dtype) for t in inputs})
+        if len(dtypes) > 1:
+            raise InvalidArgumentError(f"gradsync backend: reduce_scatter_tensor_coalesced of several dtypes "
+                                       f"({', '.join(dtypes)}): one coalesced reduce-scatter takes one dtype")
+        pairs = [(o, i) for o, i in zip(outputs, inputs) if o.numel() > 0]
+        if not pairs:
+            return GradsyncWork(self._tracker, None, None, outputs)
+        flat = torch.cat([i.reshape(self.size(), -1) for _, i in pairs], dim=1).reshape(-1)
+
+        def finish(shard):
+            for (output, _), part in zip(pairs, shard.split([o.numel() for o, _ in pairs])):
+                output.copy_(part.reshape(output.shape))
+
+        return self._reduce_scatter_flat(flat, opts, outputs, finish)
+
+    def _reduce_scatter_flat(self, flat, opts, result, finish):
+        """Reduce-scatters `flat`, world_size even shards; `finish` gets this rank's."""
         flat, op = flat.contiguous(), _op_name(opts.reduceOp)
         return self._start("reduce_scatter", [flat], lambda tag: _coalesced.reduce_scatter(
-            self._client, [flat], op, None, False, None, None, None, tag=tag), result,
-            lambda shard: output.copy_(shard.reshape(output.shape)))
+            self._client, [flat], op, None, False, None, None, None, tag=tag), result, finish)
 
     # --- moves --------------------------------------------------------------------------------
 
@@ -472,11 +518,31 @@ class ProcessGroupGradsync(dist.ProcessGroup):
             raise InvalidArgumentError(f"gradsync backend: all_gather_into_tensor's output ({output.numel()} "
                                        f"{output.dtype}) must be world_size ({self.size()}) x the input's "
                                        f"{input.numel()} elements, of its dtype {input.dtype}")
+        return self._gather_flat([output], [input])
 
-        def finish(gathered):
-            output.copy_(torch.cat([row[0].reshape(-1) for row in gathered]).reshape(output.shape))
+    @_locked
+    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        """torch 2.x's coalescing manager: the all_gather_into_tensor calls made inside
+        `with dist._coalescing_manager()` as one all-gather of one set."""
+        outputs, inputs = list(outputs), list(inputs)
+        _device_of("all_gather_into_tensor_coalesced", outputs + inputs)
+        if len(outputs) != len(inputs):
+            raise InvalidArgumentError(f"gradsync backend: all_gather_into_tensor_coalesced takes one output per "
+                                       f"input, not {len(outputs)} for {len(inputs)}")
+        for i, (output, input) in enumerate(zip(outputs, inputs)):  # noqa: A001 (torch's word)
+            if output.numel() != input.numel() * self.size() or output.dtype != input.dtype:
+                raise InvalidArgumentError(f"gradsync backend: all_gather_into_tensor_coalesced's output {i} "
+                                           f"({output.numel()} {output.dtype}) must be world_size ({self.size()}) x "
+                                           f"its input's {input.numel()} elements, of its dtype {input.dtype}")
+        return self._gather_flat(outputs, inputs)
 
-        return self._gather([input], [output], finish)
+    def _gather_flat(self, outputs, inputs):
+        """All-gathers inputs[i] into outputs[i], rank after rank (all_gather_into_tensor)."""
+        def finish(gathered):  # [rank][input]
+            for i, output in enumerate(outputs):
+                output.copy_(torch.cat([row[i].reshape(-1) for row in gathered]).reshape(output.shape))
+
+        return self._gather(inputs, outputs, finish)
 
     @_locked
     def allgather_coalesced(self, output_lists, inputs, opts=None):
@@ -493,33 +559,45 @@ class ProcessGroupGradsync(dist.ProcessGroup):
         return self._start("barrier", [self._barrier], lambda tag: _coalesced.allreduce(
             self._client, [self._barrier], "sum", None, False, None, None, None, tag=tag), [], after=earlier)
 
-    # --- what the daemon does not offer -------------------------------------------------------
+    # --- what the daemon does not offer: gloo's, when asked for at init (_pg_fallback) --------
 
-    def _not_offered(self, what):
-        raise NotImplementedError(f"gradsync backend: {what} is not offered (the daemon reduces and moves whole "
-                                  "sets: all_reduce, broadcast, all_gather, reduce_scatter, reduce, barrier); use a "
-                                  "gloo group for it (dist.new_group(backend='gloo'))")
+    def _fallback_for(self, what):
+        if self._unusable is not None:
+            raise self._unusable
+        if self._fallback is None:
+            raise NotImplementedError(f"gradsync backend: {what} is not offered (the daemon reduces and moves whole "
+                                      "sets: all_reduce, broadcast, all_gather, reduce_scatter, reduce, barrier); "
+                                      "ask for a gloo group beside it at init, init_process_group('gradsync', "
+                                      "pg_options=gradsync.torch.Options(fallback='gloo')), or use a gloo group "
+                                      "of your own (dist.new_group(backend='gloo'))")
+        return self._fallback
 
     def send(self, tensors, dst, tag):
-        self._not_offered("send")
+        return self._fallback_for("send").send(tensors, dst, tag)
 
     def recv(self, tensors, src, tag):
-        self._not_offered("recv")
+        return self._fallback_for("recv").recv(tensors, src, tag)
 
     def recv_anysource(self, tensors, tag):
-        self._not_offered("recv")
+        return self._fallback_for("recv").recv_anysource(tensors, tag)
 
     def alltoall(self, outputs, inputs, opts=None):
-        self._not_offered("all_to_all")
+        return self._fallback_for("all_to_all").alltoall(outputs, inputs, *_given(opts))
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):  # noqa: A002
-        self._not_offered("all_to_all_single")
+        return self._fallback_for("all_to_all_single").alltoall_base(output, input, output_split_sizes,
+                                                                     input_split_sizes, *_given(opts))
 
     def scatter(self, outputs, input_lists, opts=None):
-        self._not_offered("scatter")
+        return self._fallback_for("scatter").scatter(outputs, input_lists, *_given(opts))
 
     def gather(self, output_lists, inputs, opts=None):
-        self._not_offered("gather")
+        return self._fallback_for("gather").gather(output_lists, inputs, *_given(opts))
+
+
+def _given(opts):
+    """The options argument to pass on: none where torch gave none (gloo's default then)."""
+    return () if opts is None else (opts,)
 
 
 # Newer torch dispatches the tensor forms of a Python group by these names, and refuses a
@@ -564,9 +642,12 @@ def inline_futures(group=None, enabled=True):
 
 def _create(options, backend_options=None):
     """torch's extended creator API (1.13 and 2.x alike): it also names the group's global ranks
-    ([] for the default group), which a group's layout and its store keys are made from."""
+    ([] for the default group), which a group's layout and its store keys are made from, and
+    passes on init_process_group's and new_group's `pg_options` (gradsync.torch.Options)."""
+    default = dist.distributed_c10d._get_default_group() if dist.is_initialized() else None
     return ProcessGroupGradsync(options.store, options.group_rank, options.group_size, options.timeout,
-                                global_ranks=list(options.global_ranks_in_group))
+                                global_ranks=list(options.global_ranks_in_group),
+                                options=options_of(backend_options, default))
 
 
 def register():
