@@ -202,6 +202,10 @@ def test_a_future_callback_may_wait_for_a_collective(daemon):
     _scenario(daemon, "callback-waits")
 
 
+def test_a_future_callback_may_wait_for_a_later_future_of_the_group(daemon):
+    _scenario(daemon, "callback-waits-later")
+
+
 def test_a_future_callback_running_at_exit_finishes_and_the_process_exits_cleanly(daemon):
     for rank, (_, out) in enumerate(_scenario(daemon, "callback-outlives-main")):
         assert f"rank {rank}: the callback finished" in out, out

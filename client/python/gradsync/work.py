@@ -40,7 +40,6 @@ class Work:
             self._free(handle)
 
     def _call_wait(self, fn, *args, timeout):
-        lib = _lib.lib()
         completed = ctypes.c_int32(0)
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:

@@ -17,6 +17,8 @@
                 are released and their memory reused, the results right
   callback-waits  a future's callback starts a collective and waits for it (PowerSGD's way):
                 no deadlock, both results right
+  callback-waits-later  a future's callback waits for a later future of the group: no
+                deadlock, the chained value right, later futures still complete
   ddp-overlap   DDP with no hook and several buckets: the buckets' all_reduces overlap
   powersgd      DDP with torch's PowerSGD hook (collectives started in future callbacks) and
                 6 buckets, rank 1 late to every bucket, under inline_futures(): 6 steps, every
@@ -185,6 +187,37 @@ def callback_waits(rank, world):
     helper.join(20)
     check(torch.equal(a, torch.full((3,), float(sum(range(world))))), f"a is {a.tolist()}")
     check(torch.equal(b, torch.full((3,), float(sum(r + 10 for r in range(world))))), f"b is {b.tolist()}")
+
+
+def callback_waits_later(rank, world):
+    """A future's callback that waits for a *later* future of the group (rank 1 comes 1 s late,
+    so the callback runs where the future is completed, not inline): the future that completes
+    the later one must not be held up behind the callback. Then DDP-like traffic goes on."""
+    a, b = torch.full((3,), float(rank)), torch.full((4,), float(rank + 10))
+    # Each layout's staging set registered first (a registration waits for every local rank,
+    # which would complete the first Work before its callback is added).
+    dist.all_reduce(torch.zeros(3))
+    dist.all_reduce(torch.zeros(4))
+    if rank == 1:
+        time.sleep(1.0)
+    first = dist.all_reduce(a, async_op=True).get_future()
+    second = dist.all_reduce(b, async_op=True).get_future()
+    check(rank == 1 or not first.done(), "the first future was done before its callback was added")
+    chained = first.then(lambda _: second.wait()[0] + 1)
+    done = threading.Event()
+    helper = threading.Thread(target=lambda: (chained.wait(), done.set()), daemon=True)
+    helper.start()
+    if not done.wait(20):
+        failures.append("a callback that waits for a later future never finished")
+        exit_on_failures(failures)  # its threads are stuck: the process must not wait for them
+    check(torch.equal(chained.value(), torch.full((4,), float(sum(r + 10 for r in range(world)) + 1))),
+          f"the chained value is {chained.value().tolist()}")
+    check(torch.equal(a, torch.full((3,), float(sum(range(world))))), f"a is {a.tolist()}")
+    for step in range(3):
+        t = torch.full((2,), float(rank + step))
+        check(torch.equal(dist.all_reduce(t, async_op=True).get_future().wait()[0],
+                          torch.full((2,), float(sum(r + step for r in range(world))))),
+              f"a future after the chain, step {step}, gave the wrong sum")
 
 
 def callback_outlives_main(rank):
@@ -482,6 +515,8 @@ def main():
         is_completed_means_in_place(rank, world)
     elif scenario == "callback-waits":
         callback_waits(rank, world)
+    elif scenario == "callback-waits-later":
+        callback_waits_later(rank, world)
     elif scenario == "callback-outlives-main":
         callback_outlives_main(rank)
     elif scenario == "ddp-overlap":

@@ -4,7 +4,8 @@ torch calls it in two ways. Python (`dist.all_reduce(t)`, `work.wait()` after `a
 calls wait() on this object, which waits for the daemon on the calling thread: no thread in
 between, so a small synchronous collective costs the client's round trip and little more. C++
 (DDP's reducer, which asks for get_future() and chains on it) gets a torch Future that the
-group's waiter thread completes once the daemon is done, so backward goes on meanwhile.
+group's waiter thread sees done once the daemon is, and a callback thread completes
+(_pg_waiter), so backward goes on meanwhile.
 
 Lifetime: C++ holds a Python Work subclass by a pointer that does not keep the Python object
 alive, and a call on it after the object is gone reaches the base class, whose wait() never
@@ -29,13 +30,11 @@ Future cannot carry an exception to DDP's reducer (it reads set_exception's exce
 bucket's value), so, as the DDP hook does, the failure is raised at the end of backward by a
 callback queued when the future was asked for, and the future gets it too.
 """
-import atexit
 import collections
 import contextlib
 import ctypes
 import datetime
 import functools
-import queue
 import threading
 import time
 import weakref
@@ -47,6 +46,7 @@ from .. import _lib
 from ..errors import TimeoutError as _Timeout
 from . import ddp
 from ._pg_errors import as_torch
+from ._pg_waiter import Waiter
 
 
 class _Waited:
@@ -309,11 +309,9 @@ class GradsyncWork(_TorchWork):
         # Counts as waited for at the end of the backward that asked (Slots), however it is
         # completed: whether the daemon was done already is timing, which differs by rank.
         _at_backward_end(outcome, self.waited)
-        if done or self._tracker.inline_futures or threading.current_thread() is self._tracker.waiter().thread:
+        if done or self._tracker.inline_futures:
             # Done; or the group completes futures where they are asked for (inline_futures(),
-            # for hooks that start collectives in callbacks); or asked from a future's callback
-            # on the waiter thread (PowerSGD's hook waits for a collective there): completed
-            # here, since the waiter cannot.
+            # for hooks that start collectives in callbacks): completed here.
             try:
                 self._complete(stream=stream)
             except Exception as e:  # noqa: BLE001 (raised at the end of backward, and by the future)
@@ -327,62 +325,6 @@ class GradsyncWork(_TorchWork):
             return future
         self._tracker.waiter().queue.put((self, outputs, future, stream, outcome))
         return future
-
-
-class _Waiter:
-    """The thread that completes the futures of get_future(), one Work after another.
-
-    It is a daemon thread, so that a Work that never completes cannot hold the interpreter's
-    exit. But a daemon thread still running at the interpreter's end is killed when it next
-    takes the GIL, by a forced unwind through whatever C++ frames it is in (torch's Future
-    callbacks among them), which aborts the process ("terminate called without an active
-    exception"). So at exit it is told to stop and is joined, for a bounded time, before the
-    interpreter finalizes: it finishes the item in hand (a callback that outlived the main
-    thread's last use of its result) and leaves."""
-
-    _STOP = None
-    _EXIT_JOIN_S = 5.0
-
-    def __init__(self):
-        self.queue = queue.Queue()
-        self.thread = threading.Thread(target=self._run, name="gradsync-pg-waiter", daemon=True)
-        self.thread.start()
-        atexit.register(_Waiter._stop_at_exit, weakref.ref(self))
-
-    @staticmethod
-    def _stop_at_exit(ref):
-        waiter = ref()
-        if waiter is not None and waiter.thread.is_alive():
-            # Items not yet begun are dropped (the interpreter ends: nobody will read their
-            # futures), so that the stop comes right after the item in hand.
-            try:
-                while True:
-                    waiter.queue.get_nowait()
-            except queue.Empty:
-                pass
-            waiter.queue.put(_Waiter._STOP)
-            waiter.thread.join(_Waiter._EXIT_JOIN_S)
-
-    def _run(self):
-        while True:
-            item = self.queue.get()
-            if item is _Waiter._STOP:
-                return
-            work, outputs, future, stream, outcome = item
-            try:
-                if stream is None:
-                    work._complete()
-                    future.set_result(outputs)
-                else:
-                    # The future records its events on this thread's current stream: make that
-                    # the stream the caller asked on.
-                    with torch.cuda.stream(stream):
-                        work._complete(stream=stream)
-                        future.set_result(outputs)
-                outcome.done.set()
-            except Exception as e:  # noqa: BLE001 (raised at the end of backward, and by the future)
-                outcome.fail(future, e)
-            item = work = outputs = future = stream = outcome = None  # hold nothing between items
 
 
 class Tracker:
@@ -438,7 +380,7 @@ class Tracker:
     def waiter(self):
         with self._lock:
             if self._waiter is None:
-                self._waiter = _Waiter()
+                self._waiter = Waiter()
             return self._waiter
 
     def close(self):
@@ -447,7 +389,7 @@ class Tracker:
         with self._lock:
             waiter, self._waiter = self._waiter, None
         if waiter is not None:
-            waiter.queue.put(waiter._STOP)
+            waiter.queue.put(Waiter.STOP)
 
     def __del__(self):
         self.close()
