@@ -221,6 +221,21 @@ gs_status gs_alloc(gs_client* client, uint64_t bytes, int32_t device, void** dat
   });
 }
 
+gs_status gs_free(gs_client* client, void* data) {
+  if (!client) return null_argument("client");
+  return guarded([&] {
+    auto found = std::find_if(client->allocations.begin(), client->allocations.end(),
+                              [&](const gs_client::Allocation& a) { return a.base == data; });
+    if (found == client->allocations.end()) {
+      throw Error(Status::invalid_argument("gs_free: the address is not the start of memory gs_alloc returned (or "
+                                           "it was freed already)"));
+    }
+    client->client->free_memory(gradsync::SharedTensor(gradsync::DType::kUInt8, found->bytes, "dp", found->base,
+                                                       found->segment, 0, found->device));
+    client->allocations.erase(found);
+  });
+}
+
 gs_status gs_register(gs_client* client, const gs_tensor* tensors, size_t count, int64_t bucket_cap_bytes,
                       int32_t allgather, gs_set** out) {
   return gs_register_labeled(client, tensors, count, bucket_cap_bytes, allgather, nullptr, out);

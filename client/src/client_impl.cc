@@ -194,6 +194,7 @@ ClientImpl::Segment& ClientImpl::new_segment(size_t bytes) {
 SharedTensor ClientImpl::allocate(const TensorSpec& spec) {
   check_spec(spec);
   Segment& segment = new_segment(std::max<size_t>(64, round_up(spec.numel * dtype_size(spec.dtype), 64)));
+  allocated_.insert(segment.id);
   return SharedTensor(spec.dtype, spec.numel, spec.group, segment.memory.data(), segment.id, 0);
 }
 
@@ -208,6 +209,7 @@ std::vector<SharedTensor> ClientImpl::allocate_flat(std::span<const TensorSpec> 
     bytes = add_bytes(bytes, spec.numel * dtype_size(spec.dtype));
   }
   Segment& segment = new_segment(std::max<uint64_t>(64, round_up(bytes, 64)));
+  allocated_.insert(segment.id);
   std::vector<SharedTensor> tensors;
   for (size_t i = 0; i < specs.size(); ++i) {
     tensors.emplace_back(specs[i].dtype, specs[i].numel, specs[i].group, segment.memory.data() + offsets[i], segment.id,
@@ -248,6 +250,7 @@ ClientImpl::DeviceSegment& ClientImpl::device_output_segment(int device, size_t 
 SharedTensor ClientImpl::allocate_device(const TensorSpec& spec, int device) {
   check_spec(spec);
   DeviceSegment& segment = new_device_segment(device, spec.numel * dtype_size(spec.dtype));
+  allocated_.insert(segment.id);
   return SharedTensor(spec.dtype, spec.numel, spec.group, segment.memory->data(), segment.id, 0, device);
 }
 
@@ -263,6 +266,7 @@ std::vector<SharedTensor> ClientImpl::allocate_device_flat(std::span<const Tenso
     bytes = add_bytes(bytes, spec.numel * dtype_size(spec.dtype));
   }
   DeviceSegment& segment = new_device_segment(device, bytes);
+  allocated_.insert(segment.id);
   std::vector<SharedTensor> tensors;
   for (size_t i = 0; i < specs.size(); ++i) {
     tensors.emplace_back(specs[i].dtype, specs[i].numel, specs[i].group, segment.memory->data() + offsets[i], segment.id,
@@ -452,6 +456,7 @@ TensorSet ClientImpl::register_tensors(std::span<const SharedTensor> tensors, co
                                                &events));
     kept.events = std::move(events);
   }
+  for (const SharedTensor& t : tensors) kept.segments.insert(t.segment_id());
   kept.outputs = {gather_segment, shard_segment(set)};
   kept.device_outputs = {gather_device_segment, shard_device_segment(set)};
   per_join_.sets[set.id_] = std::move(kept);
@@ -480,6 +485,66 @@ void ClientImpl::release(const TensorSet& set) {
   }
   per_join_.sets.erase(set.id());
   per_join_.released.insert(set.id());
+  trim_outputs();
+}
+
+void ClientImpl::free_memory(const SharedTensor& tensor) {
+  const uint32_t id = tensor.segment_id();
+  const std::string what = "free_memory: segment " + std::to_string(id);
+  if (!allocated_.contains(id)) {
+    throw Error(Status::invalid_argument(what + " is not memory this client's allocate calls made (or it was freed "
+                                         "already); share_device's memory is the caller's, released when the client "
+                                         "goes"));
+  }
+  for (const auto& [set_id, set] : per_join_.sets) {
+    if (set.segments.contains(id)) {
+      throw Error(Status::invalid_argument(what + " holds tensors of " + set.name + ", which is registered: release "
+                                           "it first"));
+    }
+  }
+  control::Request request;
+  request.mutable_free_segment()->set_segment_id(id);
+  connection_->call(request, options_.request_timeout);  // the daemon's refusal throws, naming why
+  allocated_.erase(id);
+  // The daemon has unmapped it: now this side (the mapping, or the device allocation).
+  std::erase_if(segments_, [id](const std::unique_ptr<Segment>& s) { return s->id == id; });
+  device_segments_.remove_if([id](const DeviceSegment& s) { return s.id == id; });
+}
+
+bool ClientImpl::free_segment(uint32_t id) {
+  control::Request request;
+  request.mutable_free_segment()->set_segment_id(id);
+  try {
+    connection_->call(request, options_.request_timeout);
+  } catch (const Error& e) {
+    // Still held by a set the other local clients have not released yet (or a daemon that
+    // predates FreeSegment, which answers it as an unknown request): kept for now.
+    if (e.code() == ErrorCode::kInvalidArgument) return false;
+    throw;
+  }
+  std::erase_if(segments_, [id](const std::unique_ptr<Segment>& s) { return s->id == id; });
+  device_segments_.remove_if([id](const DeviceSegment& s) { return s.id == id; });
+  return true;
+}
+
+void ClientImpl::trim_outputs() {
+  // A few outputs stay for the next sets of the sizes just released; the older ones go back to
+  // the daemon, oldest first. One the daemon still holds stays, for a later release to retry.
+  constexpr size_t kKeptOutputs = 8;
+  int device = -1;
+  size_t bytes = 0;
+  while (Segment* oldest = free_outputs_.take_oldest_beyond(kKeptOutputs, &device, &bytes)) {
+    if (!free_segment(oldest->id)) {
+      free_outputs_.keep_oldest(oldest, device, bytes);
+      break;
+    }
+  }
+  while (DeviceSegment* oldest = free_device_outputs_.take_oldest_beyond(kKeptOutputs, &device, &bytes)) {
+    if (!free_segment(oldest->id)) {
+      free_device_outputs_.keep_oldest(oldest, device, bytes);
+      break;
+    }
+  }
 }
 
 ClientImpl::Segment& ClientImpl::output_segment(size_t bytes) {

@@ -1,7 +1,7 @@
 // The implementation behind gradsync::Client.
 #pragma once
 
-#include <deque>
+#include <list>
 #include <map>
 #include <set>
 #include <memory>
@@ -31,6 +31,7 @@ class ClientImpl final : public Client {
   SharedTensor share_device(const TensorSpec& spec, void* data, int device) override;
   TensorSet register_tensors(std::span<const SharedTensor> tensors, const RegisterOptions& options) override;
   void release(const TensorSet& set) override;
+  void free_memory(const SharedTensor& tensor) override;
   Work allreduce(const TensorSet& set, const ReduceOptions& options) override;
   Work allreduce_deferred(const TensorSet& set, const ReduceOptions& options) override;
   void set_stream(void* stream) override { stream_ = stream; }
@@ -75,6 +76,7 @@ class ClientImpl final : public Client {
     std::optional<Deferred> deferred;  // its open deferred allreduce
     std::vector<Segment*> outputs;      // its host allgather and shard outputs (release() reuses them)
     std::vector<DeviceSegment*> device_outputs;  // the same in device memory
+    std::set<uint32_t> segments;  // where its tensors lie (free_memory refuses those)
   };
   // Everything that belongs to one job incarnation's sets and operations. A join replaces it
   // whole (assignment), so nothing of the last incarnation can be left behind.
@@ -86,6 +88,11 @@ class ClientImpl final : public Client {
   };
 
   Segment& new_segment(size_t bytes);
+  // Asks the daemon to free segment `id`, then unmaps it here. False, leaving it, where the
+  // daemon still holds it (a set not yet dropped by every local client); other errors throw.
+  bool free_segment(uint32_t id);
+  // Frees the oldest outputs of released sets beyond a few (output_pool.h).
+  void trim_outputs();
   // A host segment for a set's output: the smallest a released set left that holds `bytes`,
   // else a new one.
   Segment& output_segment(size_t bytes);
@@ -116,7 +123,10 @@ class ClientImpl final : public Client {
   // Device memory: the allocator is made on first use (it loads the CUDA driver), and outlives
   // the allocations (declared first, destroyed last).
   std::unique_ptr<DeviceMemory> device_memory_;
-  std::deque<DeviceSegment> device_segments_;  // a deque: references stay valid as it grows
+  std::list<DeviceSegment> device_segments_;  // a list: references stay valid as it changes
+  // The segments allocate* handed out, which free_memory may free (not the library's own:
+  // outputs, masks; nor share_device's, which is the caller's memory).
+  std::set<uint32_t> allocated_;
   // Per job incarnation:
   std::optional<JoinOptions> joined_;
   std::chrono::milliseconds timeout_{0};

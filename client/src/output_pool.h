@@ -1,6 +1,7 @@
 // The allgather and shard outputs of released sets, kept for the outputs of later sets: a
 // program that keeps registering and releasing sets of new sizes (torch's backend staging ever
-// new tensors) then holds the most output memory it needed at once, not the sum. One pool for
+// new tensors) reuses them where they fit, and the client frees the oldest beyond a few
+// (ClientImpl::trim_outputs), so ever-growing sizes do not hold the sum of every size made. One pool for
 // host segments (device -1) and one for device allocations, which the same code serves: the
 // device one is otherwise reachable only on a GPU.
 #pragma once
@@ -29,6 +30,20 @@ class OutputPool {
     SegmentT* taken = best->segment;
     kept_.erase(best);
     return taken;
+  }
+
+  // The kept output given longest ago, out of the pool, while it holds more than `most`;
+  // nullptr otherwise. keep_oldest() puts it back where it was.
+  SegmentT* take_oldest_beyond(size_t most, int* device, size_t* bytes) {
+    if (kept_.size() <= most) return nullptr;
+    const Kept oldest = kept_.front();
+    kept_.erase(kept_.begin());
+    *device = oldest.device;
+    *bytes = oldest.bytes;
+    return oldest.segment;
+  }
+  void keep_oldest(SegmentT* segment, int device, size_t bytes) {
+    kept_.insert(kept_.begin(), Kept{segment, device, bytes});
   }
 
   size_t size() const { return kept_.size(); }

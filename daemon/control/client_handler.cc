@@ -128,6 +128,7 @@ asio::awaitable<ClientHandler::Answer> ClientHandler::serve(control::Request req
       case control::Request::kSegment: status = co_await on_segment(request.segment(), &fds, &answer); break;
       case control::Request::kRegister: status = co_await on_register(&request, &answer); break;
       case control::Request::kRelease: status = on_release(request.release(), &answer); break;
+      case control::Request::kFreeSegment: status = co_await on_free_segment(request.free_segment(), &answer); break;
       case control::Request::BODY_NOT_SET: status = Status::invalid_argument("empty or unknown request type"); break;
     }
   }
@@ -265,7 +266,7 @@ asio::awaitable<Status> ClientHandler::on_segment(const control::SegmentRequest&
   // client killed at any later point leaves nothing behind.
   const uint32_t id = next_segment_id_++;
   segments_[id] = std::move(imported.region);
-  segment_tickets_.push_back(std::move(ticket));
+  segment_tickets_.emplace(id, std::move(ticket));
   answer->reply->mutable_segment()->set_segment_id(id);
   co_return Status::ok_status();
 }
@@ -300,6 +301,39 @@ Status ClientHandler::on_release(const control::ReleaseRequest& release, Answer*
   mask_tickets_->erase(release.set_id());
   answer->reply->mutable_release();
   return Status::ok_status();
+}
+
+asio::awaitable<Status> ClientHandler::on_free_segment(const control::FreeSegmentRequest& request, Answer* answer) {
+  const uint32_t id = request.segment_id();
+  auto found = segments_.find(id);
+  if (found == segments_.end()) {
+    co_return Status::invalid_argument("free: segment " + std::to_string(id) + " is not one of this client's (" +
+                                       std::to_string(segments_.size()) + " announced and not freed)");
+  }
+  // Only this handler holds it: no set of the client's (registered, waiting, or released but
+  // not yet dropped by every local client) and no operation in flight. Every other holder got
+  // its reference from segments_ on this thread, so none can appear while this runs.
+  if (found->second.use_count() > 1) {
+    co_return Status::invalid_argument("free: segment " + std::to_string(id) +
+                                       " is still used by a set of this client's (registered, or released but not "
+                                       "yet dropped: the daemon drops a set once every local client released it)");
+  }
+  std::shared_ptr<const MemoryRegion> region = std::move(found->second);
+  segments_.erase(found);
+  auto charged = segment_tickets_.extract(id);
+  // Unmapping (closing device memory, which may wait for the GPU) is setup work, off the io
+  // thread; the user's charge goes back once the memory is gone.
+  auto drop = [region = std::move(region), charged = std::move(charged)]() mutable {
+    region.reset();
+    charged = {};
+    return Status::ok_status();
+  };
+  auto pending = off_io(std::move(drop));
+  Status dropped = co_await std::move(pending);
+  // Aborted only when the connection closed meanwhile: the memory is gone all the same.
+  if (!dropped.ok()) co_return dropped;
+  answer->reply->mutable_free_segment();
+  co_return Status::ok_status();
 }
 
 asio::awaitable<Status> ClientHandler::on_register(control::Request* request, Answer* answer) {

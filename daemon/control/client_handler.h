@@ -93,6 +93,7 @@ class ClientHandler {
   // Leaves answer->reply unset once the job holds the registration.
   boost::asio::awaitable<Status> on_register(control::Request* request, Answer* answer);
   Status on_release(const control::ReleaseRequest& release, Answer* answer);
+  boost::asio::awaitable<Status> on_free_segment(const control::FreeSegmentRequest& request, Answer* answer);
   // Awaiting what off_io(work) returns: work() on a setup thread (inline without one), its
   // result back here.
   template <class Work>
@@ -115,7 +116,7 @@ class ClientHandler {
     UserCounts::Ticket count;
     UserCounts::Ticket bytes;
   };
-  std::vector<SegmentTickets> segment_tickets_;  // one per segment, against the user's limits
+  std::map<uint32_t, SegmentTickets> segment_tickets_;  // by segment id, against the user's limits
   uint32_t next_segment_id_ = 1;
   // Tensors in this client's registrations that are waiting or committed; shared with their
   // callbacks, which give a failed registration's back.

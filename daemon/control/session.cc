@@ -48,6 +48,7 @@ const char* request_name(const control::Request& request) {
     case control::Request::kSegment: return "Segment";
     case control::Request::kRegister: return "Register";
     case control::Request::kRelease: return "Release";
+    case control::Request::kFreeSegment: return "FreeSegment";
     case control::Request::BODY_NOT_SET: break;
   }
   return "empty";

@@ -572,6 +572,41 @@ TEST_CASE("limits: segments are bounded per client and per user", "[integration]
   CHECK(daemon.running());
 }
 
+TEST_CASE("free: a freed segment gives its count and bytes back; unknown, freed and in-use segments are refused by "
+          "name",
+          "[integration][limits][free]") {
+  // Budget for two segments of 1 MiB at once; ten rounds of two only fit if each free gives
+  // back both the count and the bytes.
+  TestDaemon daemon({"--max-segments-per-client", "2", "--max-bytes-per-user", std::to_string(2u << 20)});
+  RawClient client(daemon.socket());
+  client.hello();
+  const auto free_segment = [&](uint32_t id) {
+    control::Request request;
+    request.mutable_free_segment()->set_segment_id(id);
+    return client.call(std::move(request));
+  };
+  for (int round = 0; round < 10; ++round) {
+    INFO("round " << round);
+    const control::Reply first = client.segment(1u << 20), second = client.segment(1u << 20);
+    REQUIRE(error_of(first).empty());
+    REQUIRE(error_of(second).empty());
+    CHECK_THAT(error_of(client.segment(4096)), Catch::Contains("--max-segments-per-client 2"));
+    CHECK(error_of(free_segment(first.segment().segment_id())).empty());
+    CHECK(error_of(free_segment(second.segment().segment_id())).empty());
+    CHECK_THAT(error_of(free_segment(first.segment().segment_id())),
+               Catch::Contains("free: segment " + std::to_string(first.segment().segment_id()) +
+                               " is not one of this client's"));
+  }
+  CHECK_THAT(error_of(free_segment(999)), Catch::Contains("free: segment 999 is not one of this client's"));
+  // A set waiting for its barrier (rank 1 never joins) holds its segment: refused, naming why.
+  REQUIRE(error_of(client.join(unique_job("free-raw"), 2, 0, 60'000)).empty());
+  const uint32_t held = client.segment(4096).segment().segment_id();
+  client.send(RawClient::registration(1, held, 1));
+  CHECK_THAT(error_of(free_segment(held)), Catch::Contains("free: segment " + std::to_string(held) +
+                                                           " is still used by a set of this client's"));
+  check_still_serving(daemon);
+}
+
 TEST_CASE("limits: registered tensors are bounded per client", "[integration][limits]") {
   TestDaemon daemon({"--max-tensors-per-client", "10"});
   RawClient client(daemon.socket());

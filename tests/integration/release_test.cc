@@ -1,10 +1,13 @@
-// Releasing a registered set (ReleaseRequest, Client::release, gs_set_release) with the real
+// Releasing a registered set (ReleaseRequest, Client::release, gs_set_release), and freeing memory
+// (FreeSegmentRequest, Client::free_memory, gs_free), with the real
 // daemon and real client processes: a set every local rank released leaves the job, its
 // operations are refused by name, the others go on, and the client's tensors count no more
 // against its limit. (Bad releases by hand on the protocol: limits_test.cc, which has RawClient.)
 #include <catch2/catch.hpp>
 
+#include <chrono>
 #include <cstring>
+#include <thread>
 
 #include "tests/integration/harness.h"
 
@@ -200,6 +203,105 @@ TEST_CASE("release: outputs made for a registration the daemon refuses serve the
     return kOk;
   });
   for (int status : ranks.wait_all(std::chrono::seconds(60))) CHECK(exit_code(status) == kOk);
+  check_still_serving(daemon);
+}
+
+namespace {
+
+// free_memory right after a release: refused by the daemon until every local rank released
+// the set; retried here for up to 20 s.
+int free_once_dropped(Client& client, const SharedTensor& tensor, const char* what) {
+  for (int attempt = 0;; ++attempt) {
+    try {
+      client.free_memory(tensor);
+      return kOk;
+    } catch (const Error& e) {
+      if (std::string(e.what()).find("still used by a set") == std::string::npos || attempt == 400) {
+        return fail(std::string(what) + ": " + e.what());
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("free: free_memory gives memory back to the daemon; a set's memory is refused by name until every local "
+          "rank released it",
+          "[integration][release][free]") {
+  // 8 MiB for the user (both ranks): ten 2 MiB allocations a rank fit only if each free gives
+  // its bytes back.
+  TestDaemon daemon({"--max-bytes-per-user", std::to_string(8u << 20)});
+  const std::string job = unique_job("free");
+  ClientGroup ranks(2, [&](int rank) {
+    auto client = join(daemon.socket(), job, rank, 2);
+    RegisterOptions labeled;
+    labeled.label = "the free test's set";
+    const std::vector<SharedTensor> tensors = filled(*client, 4, float(rank + 1));
+    const TensorSet set = client->register_tensors(tensors, labeled);
+    if (int r = sums_to(*client, set, 3, "the set before its release"); r != kOk) return r;
+    if (int r = refused([&] { client->free_memory(tensors[2]); }, "holds tensors of the free test's set (set 0), which is "
+                        "registered: release it first", "freeing a registered set's memory");
+        r != kOk) {
+      return r;
+    }
+    if (rank == 1) std::this_thread::sleep_for(std::chrono::seconds(1));  // rank 0 frees before it released
+    client->release(set);
+    if (rank == 0) {
+      if (int r = refused([&] { client->free_memory(tensors[0]); }, "is still used by a set of this client's",
+                          "freeing a released set's memory before rank 1 released it");
+          r != kOk) {
+        return r;
+      }
+    }
+    if (int r = free_once_dropped(*client, tensors[0], "freeing the released set's memory"); r != kOk) return r;
+    if (int r = refused([&] { client->free_memory(tensors[1]); }, "(or it was freed already)", "freeing it twice");
+        r != kOk) {
+      return r;
+    }
+    for (int i = 0; i < 10; ++i) {
+      const SharedTensor big = client->allocate(TensorSpec{DType::kFloat32, 512 * 1024, "dp"});  // 2 MiB
+      client->free_memory(big);
+    }
+    // Fresh memory after the frees: a new set's results are right.
+    const TensorSet again = client->register_tensors(filled(*client, 2, float(rank + 3)), {});
+    return sums_to(*client, again, 7, "a set after the frees");
+  });
+  for (int status : ranks.wait_all(std::chrono::seconds(120))) CHECK(exit_code(status) == kOk);
+  check_still_serving(daemon);
+}
+
+TEST_CASE("release: the outputs of released sets beyond a few go back to the daemon: ever-growing sets hold what "
+          "they use, not the sum",
+          "[integration][release][free]") {
+  // 60 rounds of allgather sets of ever more floats (up to 3.75 MiB of output a rank), each
+  // released, its tensors freed: 230 MiB of outputs a rank in all. 160 MiB for the user (both
+  // ranks) is enough only if the client frees the old outputs (it keeps the newest 8).
+  TestDaemon daemon({"--max-bytes-per-user", std::to_string(160u << 20)});
+  const std::string job = unique_job("free-outputs");
+  ClientGroup ranks(2, [&](int rank) {
+    auto client = join(daemon.socket(), job, rank, 2);
+    RegisterOptions with_outputs;
+    with_outputs.allgather = true;
+    for (int round = 1; round <= 60; ++round) {
+      const size_t n = size_t(16 * 1024) * round;  // floats
+      const SharedTensor t = client->allocate(TensorSpec{DType::kFloat32, n, "dp"});
+      for (float& x : t.as<float>()) x = float(round * 10 + rank);
+      const TensorSet set = client->register_tensors(std::vector<SharedTensor>{t}, with_outputs);
+      if (!client->allgather(set).wait(std::chrono::seconds(30))) return fail("allgather timed out");
+      for (int r = 0; r < 2; ++r) {
+        const std::span<float> part = set.gathered(r, 0).as<float>();
+        if (part.front() != float(round * 10 + r) || part.back() != float(round * 10 + r)) {
+          return fail("round " + std::to_string(round) + ": rank " + std::to_string(r) + "'s part holds " +
+                      std::to_string(part.front()));
+        }
+      }
+      client->release(set);
+      if (int r = free_once_dropped(*client, t, "freeing a round's tensor"); r != kOk) return r;
+    }
+    return kOk;
+  });
+  for (int status : ranks.wait_all(std::chrono::seconds(180))) CHECK(exit_code(status) == kOk);
   check_still_serving(daemon);
 }
 

@@ -190,6 +190,10 @@ def test_staging_sets_of_layouts_no_longer_used_are_released(daemon):
     assert "released by every local rank" in daemon.log()
 
 
+def test_staging_memory_of_ever_growing_sizes_goes_back_to_the_daemon(daemon):
+    _scenario(daemon, "growing")
+
+
 def test_a_work_waited_on_another_thread_does_not_steer_the_next_collectives_staging_set(daemon):
     _scenario(daemon, "comm-thread")
 

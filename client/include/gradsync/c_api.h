@@ -26,8 +26,9 @@ extern "C" {
 /* 2: gs_register_ex (extensible options), reduce-scatter (gs_reduce_scatter, gs_set_shard), and
  *    gs_allreduce_ex / gs_reduce_ex with gs_op_options: fused health (gs_work_health) and wire
  *    compression
- * 3: gs_set_release */
-#define GS_C_API_VERSION 3
+ * 3: gs_set_release
+ * 4: gs_free */
+#define GS_C_API_VERSION 4
 
 /* The daemon's status codes (shared/status.h), and so the Python exception classes. */
 typedef enum gs_status {
@@ -128,6 +129,12 @@ int64_t gs_job_timeout_ms(const gs_client* client);
  * CUDA VMM allocation on that device. Each tensor carved from it must be aligned to its
  * element size (16 bytes lets the daemon move device memory fastest). */
 gs_status gs_alloc(gs_client* client, uint64_t bytes, int32_t device, void** data);
+
+/* Frees memory gs_alloc returned (`data` is what it returned): the daemon unmaps it and gives
+ * its charge back to the user's limits, then the client does. GS_INVALID_ARGUMENT, naming the
+ * set, while a registered set lies in it; the daemon drops a released set (gs_set_release)
+ * once every local client released it, and refuses the free until then. */
+gs_status gs_free(gs_client* client, void* data);
 
 /* Registers a set (a barrier across the job's local ranks); bucket_cap_bytes < 0: the default
  * (25 MiB), 0: one bucket per (group, dtype). allgather: reserve its outputs. */

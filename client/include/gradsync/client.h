@@ -72,6 +72,16 @@ class Client {
   // stays the client's.
   virtual void release(const TensorSet& set) = 0;
 
+  // Frees the allocation `tensor` lies in (one allocate, allocate_flat, allocate_device or
+  // allocate_device_flat call, with every tensor carved from it): the daemon unmaps it and
+  // gives its charge back to the user's limits (--max-bytes-per-user, segment counts), then
+  // this client unmaps it. Every tensor of that allocation is invalid afterwards. Throws an
+  // InvalidArgument Error naming the set while a registered set of this client uses it, and
+  // naming the cause for memory this client did not allocate (share_device's is the
+  // caller's). The daemon drops a released set once every local client released it: until
+  // then it refuses the free too (free later, or on every rank after a barrier).
+  virtual void free_memory(const SharedTensor& tensor) = 0;
+
   // Sets in device memory are ordered on the GPU, not by the host (DESIGN.md decision 7): an
   // operation, or a mark_ready, makes the daemon's reads wait for the work queued so far on
   // the client's current stream (a cudaStream_t; nullptr, the default, is the legacy default

@@ -8,7 +8,7 @@ import ctypes
 import os
 import threading
 
-C_API_VERSION = 3
+C_API_VERSION = 4
 
 c_void_p = ctypes.c_void_p
 c_int32 = ctypes.c_int32
@@ -53,6 +53,7 @@ _SIGNATURES = {
                           c_size_t]),
     "gs_job_timeout_ms": (c_int64, [c_void_p]),
     "gs_alloc": (c_int32, [c_void_p, c_uint64, c_int32, _P(c_void_p)]),
+    "gs_free": (c_int32, [c_void_p, c_void_p]),
     "gs_register": (c_int32, [c_void_p, _P(Tensor), c_size_t, c_int64, c_int32, _P(c_void_p)]),
     "gs_register_labeled": (c_int32, [c_void_p, _P(Tensor), c_size_t, c_int64, c_int32, c_char_p, _P(c_void_p)]),
     "gs_register_ex": (c_int32, [c_void_p, _P(Tensor), c_size_t, _P(RegisterOptions), _P(c_void_p)]),

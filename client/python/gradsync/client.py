@@ -135,7 +135,11 @@ class Client:
         self._allocations = []  # (address, bytes, device)
         self._sets = {}  # key -> registered set (gradsync.torch._coalesced)
         self._operations = 0  # the coalesced operations started: when a set was last used
-        self._staging_pool = []  # staging areas of released sets, for the next ones that fit
+        # Staging areas of released sets, for the next ones that fit: (area, device, the event
+        # of its last copy out or None, the sweep it was pooled in) (_coalesced.release_unused).
+        self._staging_pool = []
+        self._sweeps = 0
+        self._freed_staging = 0  # staging areas given back to the daemon, for tests
         self._released_sets = 0  # staging sets released (release_unused), for tests
         self.staging_copies = 0  # tensors copied into or out of a staging area
         self.staging_bytes = 0
@@ -181,6 +185,15 @@ class Client:
         _check(_lib.lib().gs_alloc(self._h(), int(nbytes), int(device), ctypes.byref(address)))
         self._allocations.append((address.value, int(nbytes), int(device)))
         return address.value
+
+    def free(self, address):
+        """Frees memory alloc() returned (`address` is what it returned): the daemon unmaps it
+        and gives its charge back to the user's limits, then this client does. Nothing may use
+        it afterwards: tensors viewing it must be gone. Refused (InvalidArgumentError, naming
+        the set) while a registered set lies in it; the daemon drops a released set once every
+        local client released it, and refuses the free until then."""
+        _check(_lib.lib().gs_free(self._h(), ctypes.c_void_p(address)))
+        self._allocations = [a for a in self._allocations if a[0] != address]
 
     def reachable(self, address, nbytes, device):
         """Whether [address, address + nbytes) lies in memory of this client's on `device`."""

@@ -15,6 +15,8 @@
                 after its 3 s timeout as torch's type
   release       400 all_reduces (and 134 all_gathers) of ever-new sizes: unused staging sets
                 are released and their memory reused, the results right
+  growing       all_reduces of ever-growing sizes: pooled staging areas no later set took are
+                freed (the client holds what its recent calls use, not the sum)
   callback-waits  a future's callback starts a collective and waits for it (PowerSGD's way):
                 no deadlock, both results right
   callback-waits-later  a future's callback waits for a later future of the group: no
@@ -168,6 +170,28 @@ def releases(rank, world):
     print(f"release: {sets} sets registered, {allocations} staging allocations after 534 collectives", flush=True)
     check(sets <= 100 + 64 + 4, f"{sets} sets still registered: unused ones were not released")
     check(allocations < 300, f"{allocations} staging allocations: released sets' memory was not reused")
+
+
+def growing(rank, world):
+    """all_reduces of ever-growing sizes (4 KiB to 1 MiB, 256 calls, 128 MiB in all): staging
+    areas that no later set took are freed, so the client holds about what its recent calls
+    use, not the sum of every size it made."""
+    pg = dist.distributed_c10d._get_default_group()
+    pg.release_after = 20
+    client = gradsync.torch.client_of()
+    sizes = [1024 * i for i in range(1, 257)]  # floats
+    for i, n in enumerate(sizes):
+        t = torch.full((n,), float(rank + i))
+        dist.all_reduce(t)
+        want = float(sum(r + i for r in range(world)))
+        if t[0].item() != want or t[-1].item() != want:
+            failures.append(f"all_reduce {i} of {n} elements gave {t[0].item()}, not {want}")
+    held = sum(nbytes for _, nbytes, _ in client._allocations)
+    recent = 4 * sum(sizes[-128:])  # what the last 128 calls' staging sets hold
+    print(f"growing: {held >> 20} MiB of client memory held, {client._freed_staging} staging areas freed; "
+          f"the last 128 calls use {recent >> 20} MiB, all 256 {4 * sum(sizes) >> 20} MiB", flush=True)
+    check(client._freed_staging > 0, "no staging area was freed")
+    check(held <= recent, f"the client holds {held} bytes, more than the last 128 calls' staging ({recent})")
 
 
 def callback_waits(rank, world):
@@ -515,6 +539,8 @@ def main():
         is_completed_means_in_place(rank, world)
     elif scenario == "callback-waits":
         callback_waits(rank, world)
+    elif scenario == "growing":
+        growing(rank, world)
     elif scenario == "callback-waits-later":
         callback_waits_later(rank, world)
     elif scenario == "callback-outlives-main":

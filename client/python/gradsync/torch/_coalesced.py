@@ -14,7 +14,7 @@ import warnings
 import torch
 
 from .. import _lib
-from ..errors import InvalidArgumentError, error_for
+from ..errors import Error, InvalidArgumentError, error_for
 from ..work import Work
 from ._memory import align, carve, device_index, dtype_code, wrap
 
@@ -161,10 +161,11 @@ def set_for(client, tensors, device, group, bucket_bytes, allgather=False, tag=N
 def _pooled(client, nbytes, device):
     """The smallest staging area of a released set on `device` that holds `nbytes`, taken out of
     the client's pool; None when none does."""
-    fits = [(b.numel(), i) for i, (b, d, _) in enumerate(client._staging_pool) if d == device and b.numel() >= nbytes]
+    fits = [(b.numel(), i) for i, (b, d, _, _) in enumerate(client._staging_pool)
+            if d == device and b.numel() >= nbytes]
     if not fits:
         return None
-    buffer, _, copied_back = client._staging_pool.pop(min(fits)[1])
+    buffer, _, copied_back, _ = client._staging_pool.pop(min(fits)[1])
     if copied_back is not None:
         torch.cuda.current_stream(device).wait_event(copied_back)
     return buffer
@@ -175,7 +176,20 @@ def release_unused(client, owner, older_than):
     last `older_than` operations: the daemon drops each once every local rank released it, and
     its staging area goes to the client's pool, for the next staging set that fits. Decided by
     operation counts only, so every rank that runs the same collectives releases the same sets
-    at the same point, and later registers the same ones again."""
+    at the same point, and later registers the same ones again.
+
+    Areas that stayed in the pool through a whole sweep (no later set took them) are freed:
+    calls of ever-growing sizes would otherwise hold the sum of every size they made, not what
+    they use. The memory goes back to the daemon only once it dropped the area's set (every
+    local rank released it); an area it still holds waits for the next sweep."""
+    client._sweeps += 1
+    kept = []
+    for entry in client._staging_pool:
+        area, _, copied_back, pooled_in = entry
+        if pooled_in < client._sweeps and _freed(client, area, copied_back):
+            continue
+        kept.append(entry)
+    client._staging_pool = kept
     for key, registered in list(client._sets.items()):
         tag = key[7] if key[0] == "staging" else None
         if not (isinstance(tag, tuple) and tag[:1] == (owner,)) or client._operations - registered.last_use < older_than:
@@ -188,9 +202,22 @@ def release_unused(client, owner, older_than):
         registered.take(device)  # nothing of it in flight, its results copied out
         _check(_lib.lib().gs_set_release(client._h(), registered.handle))
         del client._sets[key]
-        client._staging_pool.append((registered.staging, device, copied_back))
+        client._staging_pool.append((registered.staging, device, copied_back, client._sweeps))
         client._released_sets += 1
         registered.staging = registered.views = None
+
+
+def _freed(client, area, copied_back):
+    """Frees a pooled staging area: True, or False where the daemon still holds its set (it is
+    then kept). On CUDA the last copy out of it finishes first."""
+    if copied_back is not None:
+        copied_back.synchronize()
+    try:
+        client.free(area.data_ptr())
+    except Error:
+        return False
+    client._freed_staging += 1
+    return True
 
 
 def _label_bytes(label):
