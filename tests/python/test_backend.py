@@ -262,6 +262,14 @@ def test_the_gloo_fallback_asked_for_at_init_serves_what_the_daemon_does_not_and
         assert "Exception ignored" not in out, out
 
 
+@pytest.mark.parametrize("mode", ["gloo-default", "bad-interface"])
+def test_the_gloo_fallback_under_a_gloo_default_group_and_a_rank_that_cannot_make_it(daemon, mode):
+    results = run_ranks("backend_fallback.py", 2, daemon, args=(mode,), env={"TEST_PORT": str(free_port())})
+    assert_all_ok(results, daemon)
+    for rank, (_, out) in enumerate(results):
+        assert f"rank {rank}: {mode.replace('-', ' ')} checks done" in out, out
+
+
 def test_ddp_with_powersgd_under_inline_futures_keeps_every_rank_alike(daemon):
     # torch's PowerSGD hook starts collectives in future callbacks; rank 1 comes late to every
     # one of 6 buckets. Under inline_futures() every rank's parameters stay equal.

@@ -8,6 +8,8 @@ Under torch 2.x also DTensor over a 1-D mesh of the group: distribute_tensor (a 
 redistribution between shardings, a matmul, and full_tensor (an all_gather); at 4 ranks a 2-D
 mesh too."""
 import os
+import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -56,11 +58,25 @@ def personalised(rank, world):
                            input_split_sizes=[d + 1 for d in range(world)])
     equal("all_to_all_single with splits", got, torch.cat([torch.full((rank + 1,), float(10 * s + rank))
                                                            for s in range(world)]))
-    try:  # the list form: gloo itself has none, and says so
+    try:  # the list form: gloo itself has none
         dist.all_to_all([torch.empty(2) for _ in range(world)], [torch.zeros(2) for _ in range(world)])
-        failures.append("all_to_all of lists was accepted by gloo")
-    except RuntimeError as e:
-        check("gloo does not support alltoall" in str(e), f"all_to_all of lists: unexpected message {e}")
+        failures.append("all_to_all of lists was accepted")
+    except NotImplementedError as e:
+        check("all_to_all of tensor lists is not offered" in str(e) and "all_to_all_single" in str(e),
+              f"all_to_all of lists: unexpected message {e}")
+    try:  # gloo's send takes a tensor's address as it is: CPU tensors only
+        dist.send(torch.empty(2, device="meta"), (rank + 1) % world)
+        failures.append("a send of a meta tensor was accepted")
+    except NotImplementedError as e:
+        check("send of a tensor on meta through the gloo fallback" in str(e), f"send of a meta tensor: {e}")
+    # A barrier waits for what the fallback has in flight, as gloo's does.
+    big = torch.full((world * (1 << 22),), float(rank))  # 16 MiB a rank
+    out = torch.zeros_like(big)
+    work = dist.all_to_all_single(out, big, async_op=True)
+    dist.barrier()
+    check(work.is_completed(), "a barrier returned while an all_to_all_single of the fallback was in flight")
+    work.wait()
+    check(out[-1].item() == float(world - 1), f"the all_to_all_single after the barrier ends with {out[-1].item()}")
     root = world - 1
     got = torch.empty(4)
     dist.scatter(got, [torch.full((4,), float(d) * 3) for d in range(world)] if rank == root else None, src=root)
@@ -128,8 +144,19 @@ def dtensors(rank, world):
     equal("full_tensor after resharding", resharded.full_tensor(), whole)
     if world == 4:
         # A 2-D mesh: its groups (dp: ranks 0 and 2, 1 and 3; tp: 0 and 1, 2 and 3) are gradsync
-        # groups made by new_group, which inherit the fallback; a tensor sharded on both.
+        # groups made by new_group, which inherit the fallback; a tensor sharded on both. A mesh
+        # whose dp groups are made with Options() of their own (backend_override) has none there.
         square = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+        overridden = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"),
+                                      backend_override={"dp": ("gradsync", gradsync.torch.Options())})
+        try:
+            dist.all_to_all_single(torch.empty(2), torch.zeros(2), group=overridden["dp"].get_group())
+            failures.append("a backend_override with Options() kept the fallback")
+        except NotImplementedError:
+            pass
+        dist.all_to_all_single(got := torch.empty(2), torch.full((2,), float(rank)), group=overridden["tp"].get_group())
+        equal("all_to_all_single on the overridden mesh's tp group (the fallback inherited)", got,
+              torch.tensor([float(rank - rank % 2), float(rank - rank % 2 + 1)]))
         check(all(isinstance(square[d].get_group(), gradsync.torch.backend.ProcessGroupGradsync) for d in ("dp", "tp")),
               "a 2-D mesh's groups are not gradsync groups")
         whole = torch.arange(64.0).reshape(8, 8)
@@ -142,8 +169,47 @@ def dtensors(rank, world):
     print(f"rank {rank}: dtensor checks done on torch {torch.__version__}", flush=True)
 
 
+def gloo_default(rank, world):
+    """The default group gloo's, a gradsync group made by new_group: it works, and inherits no
+    fallback (torch 1.13's gloo group has `options` of its own, which are not gradsync's)."""
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + os.environ["TEST_PORT"], rank=rank,
+                            world_size=world)
+    group = dist.new_group(backend="gradsync")
+    t = torch.full((3,), float(rank + 1))
+    dist.all_reduce(t, group=group)
+    equal("all_reduce on a gradsync group under a gloo default group", t, torch.full((3,), float(sum(range(1, world + 1)))))
+    try:
+        dist.all_to_all_single(torch.empty(world), torch.zeros(world), group=group)
+        failures.append("a gradsync group under a gloo default group has a fallback it was not asked for")
+    except NotImplementedError:
+        pass
+    print(f"rank {rank}: gloo default checks done", flush=True)
+
+
+def bad_interface(rank, world):
+    """Rank 1 cannot make gloo's device (no such interface): every rank fails at init, at once,
+    naming rank 1 and gloo's reason, rather than the others waiting in gloo's connect."""
+    if rank == 1:
+        os.environ["GLOO_SOCKET_IFNAME"] = "nosuchif0"
+    started = time.monotonic()
+    try:
+        dist.init_process_group("gradsync", init_method="tcp://127.0.0.1:" + os.environ["TEST_PORT"], rank=rank,
+                                world_size=world, pg_options=gradsync.torch.Options(fallback="gloo"))
+        failures.append("init_process_group succeeded with rank 1's gloo device missing")
+    except Exception as e:  # noqa: BLE001 (torch's type with gradsync's text)
+        check("the gloo fallback cannot be made on rank(s) 1: " in str(e) and "nosuchif0" in str(e),
+              f"init with rank 1's gloo device missing: unexpected {type(e).__name__}: {e}")
+        check(time.monotonic() - started < 20, f"init failed only after {time.monotonic() - started:.1f} s")
+    print(f"rank {rank}: bad interface checks done", flush=True)
+
+
 def main():
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    mode = sys.argv[1] if len(sys.argv) > 1 else "fallback"
+    if mode != "fallback":
+        (gloo_default if mode == "gloo-default" else bad_interface)(rank, world)
+        exit_on_failures(failures)
+        return
     dist.init_process_group("gradsync", init_method="tcp://127.0.0.1:" + os.environ["TEST_PORT"], rank=rank,
                             world_size=world, pg_options=gradsync.torch.Options(fallback="gloo"))
     point_to_point(rank, world)

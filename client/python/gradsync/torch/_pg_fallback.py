@@ -10,10 +10,17 @@ of the same ranks that the gradsync group makes at init (gloo's Works, errors an
 Never silently: the choice is the user's, made once at init, and a group made by
 dist.new_group without options of its own inherits the default gradsync group's (DeviceMesh
 makes its groups so).
+
+Every rank of a group makes its gloo group at init, a full mesh of TCP connections: a rank that
+cannot (no such GLOO_SOCKET_IFNAME interface, say) says so in the group's store first, and every
+rank that asked fails at once naming it, instead of waiting in gloo's connect for the timeout.
 """
+import datetime
+import os
+
 import torch.distributed as dist
 
-from ..errors import InvalidArgumentError
+from ..errors import Error, InvalidArgumentError
 
 _FALLBACKS = (None, "gloo")
 
@@ -30,6 +37,10 @@ class Options:
         if fallback not in _FALLBACKS:
             raise InvalidArgumentError(f"gradsync.torch.Options: fallback must be None or 'gloo', not {fallback!r}")
         self.fallback = fallback
+        # What torch's DeviceMesh reads of a backend_override's options (None: the mesh's own
+        # timeout), so that init_device_mesh(..., backend_override={"dp": ("gradsync",
+        # Options(...))}) takes these.
+        self._timeout = None
 
     def __repr__(self):
         return f"gradsync.torch.Options(fallback={self.fallback!r})"
@@ -37,18 +48,53 @@ class Options:
 
 def options_of(pg_options, default_group):
     """The options of a group being made: its own `pg_options`, else the default group's when
-    that is a gradsync group (new_group and DeviceMesh pass none), else the defaults."""
+    that is a gradsync group (new_group and DeviceMesh pass none), else the defaults. (Other
+    groups have `options` of their own: torch 1.13's gloo group has.)"""
     if pg_options is None:
-        return getattr(default_group, "options", None) or Options()
+        inherited = getattr(default_group, "options", None)
+        return inherited if isinstance(inherited, Options) else Options()
     if not isinstance(pg_options, Options):
         raise InvalidArgumentError(f"gradsync backend: pg_options must be a gradsync.torch.Options, not a "
                                    f"{type(pg_options).__module__}.{type(pg_options).__qualname__}")
     return pg_options
 
 
-def fallback_group(options, store, prefix, rank, size, timeout):
+def _gloo_devices():
+    """The devices gloo's constructor would make (GLOO_SOCKET_IFNAME's interfaces, else the
+    host name's address): made here first, so that a rank that cannot says why."""
+    names = [n for n in os.environ.get("GLOO_SOCKET_IFNAME", "").split(",") if n]
+    if names:
+        return [dist.ProcessGroupGloo.create_device(interface=n) for n in names]
+    return [dist.ProcessGroupGloo.create_default_device()]
+
+
+def fallback_group(options, store, prefix, rank, size, timeout, agree_within):
     """The gloo group beside a gradsync group of these ranks (None when not asked for): made by
-    every rank of the group at init, its keys under `prefix` in the group's store."""
+    every rank of the group at init, its keys under `prefix` in the group's store. First each
+    rank says in the store whether it can make gloo's device; all of them must, within
+    `agree_within` seconds (a rank that never says did not ask for the fallback), or every
+    rank that asked raises, naming the ranks and why."""
     if options.fallback is None:
         return None
-    return dist.ProcessGroupGloo(dist.PrefixStore(prefix, store), rank, size, timeout)
+    store = dist.PrefixStore(prefix, store)
+    try:
+        _gloo_devices()
+        said = "ok"
+    except Exception as e:  # noqa: BLE001 (whatever gloo raised is what the others are told)
+        said = f"{type(e).__name__}: {e}"
+    store.set(f"can/{rank}", said)
+    keys = [f"can/{r}" for r in range(size)]
+    try:
+        store.wait(keys, datetime.timedelta(seconds=agree_within))
+    except Exception:  # noqa: BLE001 (the store's timeout: which ranks never said is what matters)
+        missing = [r for r in range(size) if not store.check([f"can/{r}"])]
+        raise InvalidArgumentError(
+            f"gradsync backend: rank(s) {missing} of this group did not make the gloo fallback within "
+            f"{agree_within:g} s: every rank must pass the same pg_options (gradsync.torch.Options(fallback='gloo'))"
+        ) from None
+    failed = {r: v for r in range(size) if (v := store.get(f"can/{r}").decode()) != "ok"}
+    if failed:
+        raise Error("gradsync backend: the gloo fallback cannot be made on rank(s) " +
+                    "; ".join(f"{r}: {why}" for r, why in sorted(failed.items())) +
+                    " (GLOO_SOCKET_IFNAME names the interface gloo uses)")
+    return dist.ProcessGroupGloo(store, rank, size, timeout)

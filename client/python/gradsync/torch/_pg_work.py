@@ -122,6 +122,26 @@ def _at_backward_end(outcome, waited):
     return True
 
 
+class ForeignWork:
+    """A Work of another backend (the gloo fallback's barrier) that a gradsync barrier waits
+    for among its earlier Works: what GradsyncWork._complete and _poll ask of those."""
+
+    def __init__(self, work):
+        self._work = work
+        self._done = False
+
+    def _poll(self):
+        return self._done or self._work.is_completed()
+
+    def _complete(self, timeout=None, stream=None):
+        if not self._done:
+            if timeout is None:
+                self._work.wait()
+            else:
+                self._work.wait(datetime.timedelta(seconds=timeout))
+            self._done = True
+
+
 class GradsyncWork(_TorchWork):
     """One collective: `work` (a gradsync.Work, or None when the call completed it), then
     `finish(value)` (copies the daemon's results into the caller's tensors; None when the work

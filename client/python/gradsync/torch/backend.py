@@ -37,7 +37,7 @@ from ..errors import Error, InvalidArgumentError
 from ._pg_errors import as_torch
 from ._pg_fallback import Options, fallback_group, options_of
 from . import _coalesced
-from ._pg_work import GradsyncWork, Slots, Tracker
+from ._pg_work import ForeignWork, GradsyncWork, Slots, Tracker
 
 NAME = "gradsync"
 
@@ -251,11 +251,13 @@ class ProcessGroupGradsync(dist.ProcessGroup):
         except Error as e:
             raise as_torch(e) from None
         try:
+            # Ranks that asked agree within the job's timeout, the daemon's bound on a rank that
+            # does not arrive.
             self._fallback = fallback_group(self.options, store, _scoped("gradsync/fallback", global_ranks), rank,
-                                            size, timeout)
-        except Exception:
+                                            size, timeout, agree_within=self._client.job_timeout)
+        except Exception as e:
             self._client.close()  # this rank leaves the job it joined; the error says what gloo met
-            raise
+            raise as_torch(e) from None
         self._barrier = torch.zeros(1)
         # The client is used from one thread at a time (gradsync.Client); torch may call a
         # process group from several (DDP's reducer, a user's async_op).
@@ -554,8 +556,11 @@ class ProcessGroupGradsync(dist.ProcessGroup):
     @_locked
     def barrier(self, opts=None):
         # As gloo's: done only once every collective started before it is, in place (its
-        # results copied back), the first of their errors raised here.
+        # results copied back), the first of their errors raised here; the gloo fallback's too
+        # (its own barrier waits for the work queued on it before).
         earlier = self._tracker.in_flight()
+        if self._fallback is not None:
+            earlier.append(ForeignWork(self._fallback.barrier()))
         return self._start("barrier", [self._barrier], lambda tag: _coalesced.allreduce(
             self._client, [self._barrier], "sum", None, False, None, None, None, tag=tag), [], after=earlier)
 
@@ -572,17 +577,30 @@ class ProcessGroupGradsync(dist.ProcessGroup):
                                       "of your own (dist.new_group(backend='gloo'))")
         return self._fallback
 
+    def _point_to_point(self, what, tensors):
+        """The gloo fallback for send and recv, of CPU tensors only: gloo's send and recv hand a
+        tensor's address to its TCP transport as it is, with no copy off a GPU and no wait for
+        the stream that writes it."""
+        fallback = self._fallback_for(what)
+        if any(t.device.type != "cpu" for t in tensors):
+            raise NotImplementedError(f"gradsync backend: {what} of a tensor on "
+                                      f"{next(t.device for t in tensors if t.device.type != 'cpu')} through the "
+                                      "gloo fallback: gloo's send and recv take CPU tensors only (copy it to the CPU)")
+        return fallback
+
     def send(self, tensors, dst, tag):
-        return self._fallback_for("send").send(tensors, dst, tag)
+        return self._point_to_point("send", tensors).send(tensors, dst, tag)
 
     def recv(self, tensors, src, tag):
-        return self._fallback_for("recv").recv(tensors, src, tag)
+        return self._point_to_point("recv", tensors).recv(tensors, src, tag)
 
     def recv_anysource(self, tensors, tag):
-        return self._fallback_for("recv").recv_anysource(tensors, tag)
+        return self._point_to_point("recv", tensors).recv_anysource(tensors, tag)
 
     def alltoall(self, outputs, inputs, opts=None):
-        return self._fallback_for("all_to_all").alltoall(outputs, inputs, *_given(opts))
+        raise NotImplementedError("gradsync backend: all_to_all of tensor lists is not offered, nor by gloo, which "
+                                  "the fallback would use: use all_to_all_single (with the gloo fallback, "
+                                  "pg_options=gradsync.torch.Options(fallback='gloo'))")
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):  # noqa: A002
         return self._fallback_for("all_to_all_single").alltoall_base(output, input, output_split_sizes,
