@@ -485,6 +485,7 @@ void ClientImpl::release(const TensorSet& set) {
   }
   per_join_.sets.erase(set.id());
   per_join_.released.insert(set.id());
+  set.released_->store(true);
   trim_outputs();
 }
 
@@ -518,8 +519,9 @@ bool ClientImpl::free_segment(uint32_t id) {
     connection_->call(request, options_.request_timeout);
   } catch (const Error& e) {
     // Still held by a set the other local clients have not released yet (or a daemon that
-    // predates FreeSegment, which answers it as an unknown request): kept for now.
-    if (e.code() == ErrorCode::kInvalidArgument) return false;
+    // predates FreeSegment, which answers it as an unknown request), or device memory, which
+    // the daemon does not free: kept.
+    if (e.code() == ErrorCode::kInvalidArgument || e.code() == ErrorCode::kNotSupported) return false;
     throw;
   }
   std::erase_if(segments_, [id](const std::unique_ptr<Segment>& s) { return s->id == id; });
@@ -539,12 +541,8 @@ void ClientImpl::trim_outputs() {
       break;
     }
   }
-  while (DeviceSegment* oldest = free_device_outputs_.take_oldest_beyond(kKeptOutputs, &device, &bytes)) {
-    if (!free_segment(oldest->id)) {
-      free_device_outputs_.keep_oldest(oldest, device, bytes);
-      break;
-    }
-  }
+  // Device outputs are kept: the daemon does not free device memory yet (its NCCL engine keeps
+  // what it registered until the job ends).
 }
 
 ClientImpl::Segment& ClientImpl::output_segment(size_t bytes) {
@@ -835,7 +833,15 @@ Work ClientImpl::reduce_scatter(const TensorSet& set, const ReduceOptions& optio
   return submit(entry, set.packed_bytes_);
 }
 
+void TensorSet::check_outputs_kept() const {
+  if (released_->load()) {
+    throw Error(Status::invalid_argument(set_name(id_, label_) + " was released: its allgather and shard outputs "
+                                         "serve later sets or were freed (read them before releasing)"));
+  }
+}
+
 SharedTensor TensorSet::shard() const {
+  check_outputs_kept();
   if (!shard_base_) {
     throw Error(
         Status::invalid_argument(set_name(id_, label_) + " was registered without RegisterOptions::reduce_scatter"));
@@ -845,6 +851,7 @@ SharedTensor TensorSet::shard() const {
 }
 
 SharedTensor TensorSet::gathered(int rank, size_t i) const {
+  check_outputs_kept();
   if (!gather_base_) {
     throw Error(Status::invalid_argument(set_name(id_, label_) + " was registered without RegisterOptions::allgather"));
   }

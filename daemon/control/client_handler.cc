@@ -264,6 +264,8 @@ asio::awaitable<Status> ClientHandler::on_segment(const control::SegmentRequest&
   if (closed_) co_return Status::aborted("the connection closed while its segment was imported");
   // The descriptor is closed; the memory lives exactly as long as the two mappings, so a
   // client killed at any later point leaves nothing behind.
+  // Ids are reused only once free (freed segments make them wrap around in time), never 0.
+  while (next_segment_id_ == 0 || segments_.contains(next_segment_id_)) ++next_segment_id_;
   const uint32_t id = next_segment_id_++;
   segments_[id] = std::move(imported.region);
   segment_tickets_.emplace(id, std::move(ticket));
@@ -309,6 +311,13 @@ asio::awaitable<Status> ClientHandler::on_free_segment(const control::FreeSegmen
   if (found == segments_.end()) {
     co_return Status::invalid_argument("free: segment " + std::to_string(id) + " is not one of this client's (" +
                                        std::to_string(segments_.size()) + " announced and not freed)");
+  }
+  if (found->second->device() >= 0) {
+    // The NCCL engine keeps its registration of device memory (ncclCommRegister, by address)
+    // until the job ends: memory freed under it, and a later segment mapped at the same
+    // address, would be reduced through the stale registration.
+    co_return Status::not_supported("free: segment " + std::to_string(id) +
+                                    " is device memory, which the daemon frees when the client leaves, not before");
   }
   // Only this handler holds it: no set of the client's (registered, waiting, or released but
   // not yet dropped by every local client) and no operation in flight. Every other holder got
@@ -413,6 +422,9 @@ asio::awaitable<Status> ClientHandler::on_register(control::Request* request, An
         const bool large = request.ByteSizeLong() > (1u << 20);
         control::Request().Swap(&request);
         if (large && setup) setup->trim();
+        // The snapshot goes before the answer does: the next request (a FreeSegment) must not
+        // find a segment still held by it (the work itself is destroyed only after delivery).
+        segments.clear();
         return result;
   };
   auto pending = off_io(std::move(check));

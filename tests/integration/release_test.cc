@@ -297,6 +297,12 @@ TEST_CASE("release: the outputs of released sets beyond a few go back to the dae
         }
       }
       client->release(set);
+      // Its outputs serve later sets or are freed: reading them now is refused by name.
+      if (int r = refused([&] { (void)set.gathered(0, 0); }, "was released: its allgather and shard outputs",
+                          "reading a released set's output");
+          r != kOk) {
+        return r;
+      }
       if (int r = free_once_dropped(*client, t, "freeing a round's tensor"); r != kOk) return r;
     }
     return kOk;

@@ -210,6 +210,40 @@ def test_a_future_callback_may_wait_for_a_later_future_of_the_group(daemon):
     _scenario(daemon, "callback-waits-later")
 
 
+def test_callback_threads_keep_order_and_start_another_only_when_a_callback_runs_long():
+    import threading
+    import time
+    from gradsync.torch._pg_waiter import _Callbacks
+    callbacks, order, done = _Callbacks(), [], threading.Event()
+
+    def job(name, seconds=0.0):
+        def run():
+            time.sleep(seconds)
+            order.append(name)
+            if name == "last":
+                done.set()
+        return run
+
+    # Short callbacks: one thread, in order, however many.
+    for i in range(20):
+        callbacks.run(job(i, 0.001))
+    callbacks.run(job("last"))
+    assert done.wait(10)
+    assert order == list(range(20)) + ["last"]
+    assert len(callbacks._threads) == 1
+    # One that runs long (waiting for a later future, say): the next ones go on without it.
+    order.clear()
+    done.clear()
+    blocked = threading.Event()
+    callbacks.run(lambda: (blocked.wait(10), order.append("blocked")))
+    callbacks.run(job(1))
+    callbacks.run(job("last"))
+    assert done.wait(5), order
+    assert order == [1, "last"]
+    blocked.set()
+    callbacks.stop()
+
+
 def test_a_future_callback_running_at_exit_finishes_and_the_process_exits_cleanly(daemon):
     for rank, (_, out) in enumerate(_scenario(daemon, "callback-outlives-main")):
         assert f"rank {rank}: the callback finished" in out, out

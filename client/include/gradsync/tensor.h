@@ -2,8 +2,10 @@
 // allocated it and stays valid as long as that Client lives.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -71,14 +73,15 @@ class TensorSet {
   const std::vector<BucketInfo>& buckets() const { return buckets_; }
 
   // After allgather: tensor i as contributed by `rank`. Requires RegisterOptions::allgather.
-  // For a set in device memory the outputs are device memory on the set's GPU.
+  // For a set in device memory the outputs are device memory on the set's GPU. Throws once the
+  // set is released (Client::release): its outputs then serve later sets, or are freed.
   SharedTensor gathered(int rank, size_t i) const;
 
   // After reduce_scatter: this rank's shard of the reduced set, as a 1-D tensor of the set's
   // dtype, and where it starts in the set's flat elements (shared/shard.h). Requires
   // RegisterOptions::reduce_scatter. Empty when this rank's shard starts past the set's end
   // (rank r with r * ceil(N / W) >= N, e.g. rank 3 of 4 for 6 elements), or when this rank is
-  // not in the set's group.
+  // not in the set's group. Throws once the set is released, as gathered() does.
   SharedTensor shard() const;
   uint64_t shard_first() const { return shard_first_; }
 
@@ -98,6 +101,9 @@ class TensorSet {
   std::vector<uint64_t> packed_offset_;
   int world_size_ = 0;
   uint64_t incarnation_ = 0;  // which join of the client it belongs to
+  // Set by Client::release, seen by every copy of the set: its outputs are no longer its own.
+  std::shared_ptr<std::atomic<bool>> released_ = std::make_shared<std::atomic<bool>>(false);
+  void check_outputs_kept() const;
 };
 
 }  // namespace gradsync

@@ -57,6 +57,7 @@ class RegisteredSet:
         event, self.copied_back = self.copied_back, None
         if event is not None:
             torch.cuda.current_stream(device).wait_event(event)
+        return event
 
     def __del__(self):
         handle, self.handle = getattr(self, "handle", None), None
@@ -178,15 +179,16 @@ def release_unused(client, owner, older_than):
     operation counts only, so every rank that runs the same collectives releases the same sets
     at the same point, and later registers the same ones again.
 
-    Areas that stayed in the pool through a whole sweep (no later set took them) are freed:
+    Host areas that stayed in the pool through a whole sweep (no later set took them) are freed:
     calls of ever-growing sizes would otherwise hold the sum of every size they made, not what
     they use. The memory goes back to the daemon only once it dropped the area's set (every
     local rank released it); an area it still holds waits for the next sweep."""
     client._sweeps += 1
     kept = []
     for entry in client._staging_pool:
-        area, _, copied_back, pooled_in = entry
-        if pooled_in < client._sweeps and _freed(client, area, copied_back):
+        area, device, copied_back, pooled_in = entry
+        # Device areas stay (the daemon does not free device memory yet: NCCL's registrations).
+        if device < 0 and pooled_in < client._sweeps and _freed(client, area, copied_back):
             continue
         kept.append(entry)
     client._staging_pool = kept
@@ -198,8 +200,8 @@ def release_unused(client, owner, older_than):
         # On CUDA the last copy out of the area is an event on some stream: kept with the area,
         # so that whichever stream next copies into it waits for it (_pooled), not only the
         # stream current now.
-        copied_back = registered.copied_back
-        registered.take(device)  # nothing of it in flight, its results copied out
+        # (The event take() consumed: a Work finished inside it records a newer one.)
+        copied_back = registered.take(device)  # nothing of it in flight, its results copied out
         _check(_lib.lib().gs_set_release(client._h(), registered.handle))
         del client._sets[key]
         client._staging_pool.append((registered.staging, device, copied_back, client._sweeps))

@@ -5,10 +5,11 @@ futures were asked for (the order the daemon completes them in). It does not com
 futures itself: completing a torch future runs its callbacks, and a callback may wait for a
 *later* future of the same group (a chain of collectives, a hook that waits for the bucket
 after it), which only this waiter could complete. So each future is completed on a callback
-thread: one normally, another started whenever every callback thread is busy, as gloo's futures
-complete on several threads. Callbacks start in order; one that blocks no longer holds up the
-futures behind it. At most _Callbacks.MOST callbacks can be blocked at once; past that, the next
-future waits for one of them to return.
+thread: normally one, so that callbacks run one after another, in order, as before; when the
+running callback has not returned within _Callbacks.GRACE_S (it may be waiting for a later
+future), another thread takes the next future, as gloo's futures complete on several threads.
+At most _Callbacks.MOST callbacks can be running at once; past that, the next future waits for
+one of them to return.
 
 Every thread here is a daemon thread, so that a Work that never completes cannot hold the
 interpreter's exit. But a daemon thread still running at the interpreter's end is killed when it
@@ -34,6 +35,7 @@ class _Callbacks:
     when none is idle (at most MOST); jobs start in the order given."""
 
     MOST = 64
+    GRACE_S = 0.02  # how long the next job waits for the running callback before another thread
     _IDLE_S = 30.0  # a spare idle thread leaves after this long; the last one stays
 
     def __init__(self):
@@ -44,13 +46,23 @@ class _Callbacks:
         self._stopping = False
 
     def run(self, job):
+        """Hands `job` to a callback thread; waits at most GRACE_S for a busy one to take it."""
         with self._cond:
             self._jobs.append(job)
-            if self._idle < len(self._jobs) and len(self._threads) < self.MOST:
-                thread = threading.Thread(target=self._serve, name="gradsync-pg-callbacks", daemon=True)
-                self._threads.append(thread)
-                thread.start()
-            self._cond.notify()
+            self._cond.notify_all()
+            if not self._threads:
+                self._start()
+                return
+            deadline = time.monotonic() + self.GRACE_S
+            while job in self._jobs and (left := deadline - time.monotonic()) > 0:
+                self._cond.wait(left)
+            if job in self._jobs and self._idle < len(self._jobs) and len(self._threads) < self.MOST:
+                self._start()
+
+    def _start(self):
+        thread = threading.Thread(target=self._serve, name="gradsync-pg-callbacks", daemon=True)
+        self._threads.append(thread)
+        thread.start()
 
     def _serve(self):
         while True:
@@ -64,6 +76,7 @@ class _Callbacks:
                     self._threads.remove(threading.current_thread())
                     return
                 job = self._jobs.popleft()
+                self._cond.notify_all()  # run() may be waiting for this job to be taken
             job()
             job = None  # hold nothing between jobs
 
@@ -113,11 +126,15 @@ class Waiter:
             return
         deadline = time.monotonic() + Waiter._EXIT_JOIN_S
         if waiter.thread.is_alive():
-            # Items not yet begun are dropped (the interpreter ends: nobody will read their
-            # futures), so that the stop comes right after the item in hand.
+            # Items not yet begun fail (the interpreter ends), so that the stop comes right
+            # after the item in hand, and a callback waiting for one of their futures returns.
             try:
                 while True:
-                    waiter.queue.get_nowait()
+                    item = waiter.queue.get_nowait()
+                    if item is not Waiter.STOP:
+                        _, _, future, _, outcome = item
+                        outcome.fail(future, RuntimeError("gradsync backend: the interpreter exited before this "
+                                                          "collective's future was completed"))
             except queue.Empty:
                 pass
             waiter.queue.put(Waiter.STOP)

@@ -134,12 +134,20 @@ class ForeignWork:
         return self._done or self._work.is_completed()
 
     def _complete(self, timeout=None, stream=None):
-        if not self._done:
-            if timeout is None:
-                self._work.wait()
-            else:
-                self._work.wait(datetime.timedelta(seconds=timeout))
-            self._done = True
+        """Waits (at most `timeout` seconds: then gradsync's TimeoutError, the caller's limit,
+        and the work goes on) and raises the work's error. Polled under a limit: gloo's own
+        wait(timeout) raises its timeout as the work's failure, and takes zero for none."""
+        if self._done:
+            return
+        if timeout is not None:
+            deadline = time.monotonic() + timeout
+            while not self._work.is_completed():
+                if time.monotonic() >= deadline:
+                    raise _Timeout(f"gradsync backend: the gloo fallback's work did not complete within {timeout:g} s "
+                                   "(it is still running)")
+                time.sleep(0.001)
+        self._work.wait()
+        self._done = True
 
 
 class GradsyncWork(_TorchWork):
