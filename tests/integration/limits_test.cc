@@ -572,7 +572,7 @@ TEST_CASE("limits: segments are bounded per client and per user", "[integration]
   CHECK(daemon.running());
 }
 
-TEST_CASE("free: a freed segment gives its count and bytes back; unknown, freed and in-use segments are refused by "
+TEST_CASE("free: a freed segment gives its count and bytes back, and unknown, freed and in-use segments are refused by "
           "name",
           "[integration][limits][free]") {
   // Budget for two segments of 1 MiB at once; ten rounds of two only fit if each free gives

@@ -226,7 +226,7 @@ int free_once_dropped(Client& client, const SharedTensor& tensor, const char* wh
 
 }  // namespace
 
-TEST_CASE("free: free_memory gives memory back to the daemon; a set's memory is refused by name until every local "
+TEST_CASE("free: free_memory gives memory back to the daemon, and a set's memory is refused by name until every local "
           "rank released it",
           "[integration][release][free]") {
   // 8 MiB for the user (both ranks): ten 2 MiB allocations a rank fit only if each free gives
