@@ -304,6 +304,14 @@ def test_the_gloo_fallback_under_a_gloo_default_group_and_a_rank_that_cannot_mak
         assert f"rank {rank}: {mode.replace('-', ' ')} checks done" in out, out
 
 
+def test_a_rank_that_did_not_ask_for_the_gloo_fallback_is_named_by_the_one_that_did(daemon):
+    results = run_ranks("backend_fallback_disagree.py", 2, daemon, timeout=60, env={"TEST_PORT": str(free_port())})
+    out = results[0][1]
+    assert "rank 0: init failed after" in out and "rank(s) [1] of this group did not make the gloo fallback" in out \
+        and "pg_options" in out, results
+    assert float(re.search(r"init failed after ([0-9.]+) s", out).group(1)) < 30, out
+
+
 def test_ddp_with_powersgd_under_inline_futures_keeps_every_rank_alike(daemon):
     # torch's PowerSGD hook starts collectives in future callbacks; rank 1 comes late to every
     # one of 6 buckets. Under inline_futures() every rank's parameters stay equal.

@@ -68,6 +68,15 @@ def _gloo_devices():
     return [dist.ProcessGroupGloo.create_default_device()]
 
 
+def _said(store, key):
+    """Whether `key` is in the store now (torch 1.13's stores have no check())."""
+    try:
+        store.wait([key], datetime.timedelta(milliseconds=10))
+        return True
+    except Exception:  # noqa: BLE001 (the store's timeout)
+        return False
+
+
 def fallback_group(options, store, prefix, rank, size, timeout, agree_within):
     """The gloo group beside a gradsync group of these ranks (None when not asked for): made by
     every rank of the group at init, its keys under `prefix` in the group's store. First each
@@ -87,7 +96,7 @@ def fallback_group(options, store, prefix, rank, size, timeout, agree_within):
     try:
         store.wait(keys, datetime.timedelta(seconds=agree_within))
     except Exception:  # noqa: BLE001 (the store's timeout: which ranks never said is what matters)
-        missing = [r for r in range(size) if not store.check([f"can/{r}"])]
+        missing = [r for r in range(size) if not _said(store, f"can/{r}")]
         raise InvalidArgumentError(
             f"gradsync backend: rank(s) {missing} of this group did not make the gloo fallback within "
             f"{agree_within:g} s: every rank must pass the same pg_options (gradsync.torch.Options(fallback='gloo'))"
