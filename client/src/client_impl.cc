@@ -503,20 +503,23 @@ void ClientImpl::free_memory(const SharedTensor& tensor) {
                                            "it first"));
     }
   }
+  drop_segment(id);  // the daemon's refusal throws, naming why
+  allocated_.erase(id);
+}
+
+void ClientImpl::drop_segment(uint32_t id) {
   control::Request request;
   request.mutable_free_segment()->set_segment_id(id);
-  connection_->call(request, options_.request_timeout);  // the daemon's refusal throws, naming why
-  allocated_.erase(id);
+  connection_->call(request, options_.request_timeout);
   // The daemon has unmapped it: now this side (the mapping, or the device allocation).
   std::erase_if(segments_, [id](const std::unique_ptr<Segment>& s) { return s->id == id; });
   device_segments_.remove_if([id](const DeviceSegment& s) { return s.id == id; });
 }
 
 bool ClientImpl::free_segment(uint32_t id) {
-  control::Request request;
-  request.mutable_free_segment()->set_segment_id(id);
   try {
-    connection_->call(request, options_.request_timeout);
+    drop_segment(id);
+    return true;
   } catch (const Error& e) {
     // Still held by a set the other local clients have not released yet (or a daemon that
     // predates FreeSegment, which answers it as an unknown request), or device memory, which
@@ -524,9 +527,6 @@ bool ClientImpl::free_segment(uint32_t id) {
     if (e.code() == ErrorCode::kInvalidArgument || e.code() == ErrorCode::kNotSupported) return false;
     throw;
   }
-  std::erase_if(segments_, [id](const std::unique_ptr<Segment>& s) { return s->id == id; });
-  device_segments_.remove_if([id](const DeviceSegment& s) { return s.id == id; });
-  return true;
 }
 
 void ClientImpl::trim_outputs() {

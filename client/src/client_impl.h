@@ -88,8 +88,10 @@ class ClientImpl final : public Client {
   };
 
   Segment& new_segment(size_t bytes);
-  // Asks the daemon to free segment `id`, then unmaps it here. False, leaving it, where the
-  // daemon still holds it (a set not yet dropped by every local client); other errors throw.
+  // Asks the daemon to free segment `id`, then unmaps it here; the daemon's refusal throws.
+  void drop_segment(uint32_t id);
+  // drop_segment, but false, leaving it, where the daemon still holds it (a set not yet dropped
+  // by every local client) or does not free it (device memory); other errors throw.
   bool free_segment(uint32_t id);
   // Frees the oldest outputs of released sets beyond a few (output_pool.h).
   void trim_outputs();
