@@ -244,6 +244,30 @@ def test_callback_threads_keep_order_and_start_another_only_when_a_callback_runs
     callbacks.stop()
 
 
+def test_a_barrier_waiting_for_the_fallbacks_work_keeps_the_callers_limit():
+    import gradsync
+    from gradsync.torch._pg_work import ForeignWork
+
+    class Gloo:  # a gloo Work in flight, then done
+        done, waits = False, 0
+
+        def is_completed(self):
+            return self.done
+
+        def wait(self, timeout=None):
+            assert timeout is None, "gloo's own wait(timeout) would fail the work at the caller's limit"
+            self.waits += 1
+
+    gloo = Gloo()
+    work = ForeignWork(gloo)
+    with pytest.raises(gradsync.TimeoutError, match="did not complete within 0.05 s"):
+        work._complete(0.05)
+    assert not work._done and gloo.waits == 0  # the caller's limit: the work goes on
+    gloo.done = True
+    work._complete(0.0)  # zero is no time left, not "no limit"
+    assert work._done and gloo.waits == 1
+
+
 def test_a_future_callback_running_at_exit_finishes_and_the_process_exits_cleanly(daemon):
     for rank, (_, out) in enumerate(_scenario(daemon, "callback-outlives-main")):
         assert f"rank {rank}: the callback finished" in out, out
