@@ -186,11 +186,32 @@ def gloo_default(rank, world):
     print(f"rank {rank}: gloo default checks done", flush=True)
 
 
+def _slow_reader():
+    """This rank reads the agreement's answers 1.5 s late: the rank that hosts the store (0) has
+    raised by then, and must not exit (taking the store's server along) before this rank has read
+    them, or this rank fails with the store's "Connection reset by peer" instead of the reason."""
+    made = dist.PrefixStore
+
+    class Slow:
+        def __init__(self, prefix, store):
+            self._store = made(prefix, store)
+
+        def __getattr__(self, name):
+            return getattr(self._store, name)
+
+        def get(self, key):
+            time.sleep(1.5)
+            return self._store.get(key)
+
+    dist.PrefixStore = Slow
+
+
 def bad_interface(rank, world):
     """Rank 1 cannot make gloo's device (no such interface): every rank fails at init, at once,
     naming rank 1 and gloo's reason, rather than the others waiting in gloo's connect."""
     if rank == 1:
         os.environ["GLOO_SOCKET_IFNAME"] = "nosuchif0"
+        _slow_reader()
     started = time.monotonic()
     try:
         dist.init_process_group("gradsync", init_method="tcp://127.0.0.1:" + os.environ["TEST_PORT"], rank=rank,

@@ -77,6 +77,18 @@ def _said(store, key):
         return False
 
 
+def _all_read(store, rank, ranks, within_s=10.0):
+    """Before ranks raise on a failed agreement: wait (bounded) until every rank has read the
+    others' answers. The store's server lives in one of these ranks (rank 0's TCPStore), and a
+    rank that raised first may exit and take it along while another rank is still reading, which
+    then fails with the store's "Connection reset by peer" instead of the reason."""
+    store.set(f"read/{rank}", "1")
+    try:
+        store.wait([f"read/{r}" for r in ranks], datetime.timedelta(seconds=within_s))
+    except Exception:  # noqa: BLE001 (a rank that went away: the reason is still worth raising)
+        pass
+
+
 def fallback_group(options, store, prefix, rank, size, timeout, agree_within):
     """The gloo group beside a gradsync group of these ranks (None when not asked for): made by
     every rank of the group at init, its keys under `prefix` in the group's store. First each
@@ -97,12 +109,14 @@ def fallback_group(options, store, prefix, rank, size, timeout, agree_within):
         store.wait(keys, datetime.timedelta(seconds=agree_within))
     except Exception:  # noqa: BLE001 (the store's timeout: which ranks never said is what matters)
         missing = [r for r in range(size) if not _said(store, f"can/{r}")]
+        _all_read(store, rank, [r for r in range(size) if r not in missing])
         raise InvalidArgumentError(
             f"gradsync backend: rank(s) {missing} of this group did not make the gloo fallback within "
             f"{agree_within:g} s: every rank must pass the same pg_options (gradsync.torch.Options(fallback='gloo'))"
         ) from None
     failed = {r: v for r in range(size) if (v := store.get(f"can/{r}").decode()) != "ok"}
     if failed:
+        _all_read(store, rank, range(size))
         raise Error("gradsync backend: the gloo fallback cannot be made on rank(s) " +
                     "; ".join(f"{r}: {why}" for r, why in sorted(failed.items())) +
                     " (GLOO_SOCKET_IFNAME names the interface gloo uses)")
