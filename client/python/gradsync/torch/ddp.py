@@ -7,7 +7,8 @@ per bucket index and layout), averaged across the ranks of the job ("dp"), or of
 pass (client, "group") as the state, the same ranks as DDP's process_group. The returned
 future completes from a waiter thread once the daemon queued (CUDA: stream-ordered, on the
 stream backward ran on, as with NCCL) or finished (CPU) the reduction, so backward never
-blocks on it.
+blocks on it. Its callbacks run on the waiter's callback threads (_pg_waiter), in order; a
+callback that waits for a later bucket's future does not hold that future up.
 
 When a reduction fails (a rank lost, the daemon stopping, the job's timeout), backward() raises
 gradsync's own error (gradsync.PeerLostError, ...) with its text, on every PyTorch. DDP's
@@ -20,12 +21,12 @@ reduction, and raises its error as it is. The future fails with the same error t
 wait() raises it), for a caller that runs the hook outside backward.
 """
 import functools
-import queue
 import threading
 
 import torch
 
 from . import _coalesced, sparse
+from ._pg_waiter import Waiter
 
 
 class _Outcome:
@@ -47,38 +48,26 @@ class _Outcome:
             self.done.set()
 
 
-class _Waiter:
-    """One thread per client that waits for CPU works and completes their futures."""
+class _HookWork:
+    """A hook call's reduction as the group waiter takes it (_pg_waiter.Waiter: work._complete
+    then the future completed on a callback thread, so that a callback waiting for a later
+    bucket's future cannot hold that future up)."""
+    __slots__ = ("work",)
 
-    def __init__(self):
-        self.queue = queue.Queue()
-        self.thread = threading.Thread(target=self._run, name="gradsync-ddp-waiter", daemon=True)
-        self.thread.start()
+    def __init__(self, work):
+        self.work = work
 
-    def _run(self):
-        while True:
-            work, future, tensor, stream, outcome = self.queue.get()
-            try:
-                if stream is None:
-                    work.wait()
-                    future.set_result(tensor)
-                else:
-                    # The CUDA future records its events on this thread's current stream: make
-                    # that the stream backward queued the bucket on.
-                    with torch.cuda.stream(stream):
-                        work.wait_stream(stream)
-                        future.set_result(tensor)
-                outcome.done.set()
-            except Exception as e:  # _raise_failed raises it at the end of backward
-                outcome.fail(future, e)
-            # Hold nothing between items: the last work would keep the client alive.
-            work = future = tensor = stream = outcome = None
+    def _complete(self, stream=None):
+        if stream is None:
+            self.work.wait()
+        else:
+            self.work.wait_stream(stream)
 
 
 def _waiter(client):
     waiter = getattr(client, "_ddp_waiter", None)
     if waiter is None:
-        waiter = client._ddp_waiter = _Waiter()
+        waiter = client._ddp_waiter = Waiter()
     return waiter
 
 
@@ -135,6 +124,6 @@ def allreduce_hook(state, bucket):
         if not _at_backward_end(outcome):
             raise
         return future
-    _waiter(client).queue.put((work, future, tensor, stream, outcome))
+    _waiter(client).queue.put((_HookWork(work), tensor, future, stream, outcome))
     _at_backward_end(outcome)
     return future
