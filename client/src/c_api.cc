@@ -177,6 +177,11 @@ gs_status gs_connect(const char* socket_path, const char* client_name, int64_t r
 
 void gs_client_close(gs_client* client) { delete client; }
 
+gs_status gs_client_abort(gs_client* client, const char* why) {
+  if (!client) return null_argument("client");
+  return guarded([&] { client->client->abort(text(why)); });
+}
+
 gs_status gs_join(gs_client* client, const char* job, int32_t rank, int32_t world_size, int32_t local_rank,
                   int32_t local_world_size, int64_t timeout_ms, const char* rendezvous, const gs_group* groups,
                   size_t group_count) {

@@ -161,7 +161,12 @@ void ClientImpl::join(const JoinOptions& options) {
   }
   channel_ = channel;
   std::weak_ptr<Connection> weak = connection_;
-  completions_ = std::make_shared<Completions>(channel_, [weak]() -> Status {
+  auto aborted = [weak]() -> std::optional<Status> {
+    auto connection = weak.lock();
+    return connection ? connection->shut_down_reason() : std::nullopt;
+  };
+  completions_ = std::make_shared<Completions>(channel_, [weak, aborted]() -> Status {
+    if (std::optional<Status> why = aborted()) return *why;
     auto connection = weak.lock();
     if (connection && !connection->peer_closed()) return Status();
     // A daemon that stops says why before it closes; one that died says nothing.
@@ -170,7 +175,7 @@ void ClientImpl::join(const JoinOptions& options) {
     }
     return Status::peer_lost("gradsyncd at " + (connection ? connection->path() : std::string("its socket")) +
                              " went away");
-  });
+  }, aborted);
   submit_.emplace(&channel_->client()->submit);
   timeout_ = std::chrono::milliseconds(body.timeout_ms());
   joined_ = options;
@@ -743,7 +748,15 @@ void ClientImpl::ready_on_device(uint32_t set_id, uint64_t seq, void* stream) {
   if (it != per_join_.sets.end() && it->second.events) throw_if_error(it->second.events->record_ready(seq, stream));
 }
 
+void ClientImpl::abort(const std::string& why) {
+  // Only the connection is touched: it lives as long as the client and is safe from any
+  // thread, while join() replaces the completions under a caller's feet. Waiters learn of it
+  // from the completions' liveness check (daemon_gone in join()), within kLivenessInterval.
+  connection_->shut_down(Status::aborted("this client was aborted" + (why.empty() ? std::string() : ": " + why)));
+}
+
 Work ClientImpl::submit(const SubmitEntry& original, uint64_t bytes) {
+  if (std::optional<Status> why = connection_->shut_down_reason()) throw Error(*why);
   throw_if_error(completions_->job_failure());
   const auto found = per_join_.sets.find(original.set_id);
   std::shared_ptr<DeviceEvents> events = found != per_join_.sets.end() ? found->second.events : nullptr;
@@ -781,6 +794,7 @@ Work ClientImpl::allreduce_deferred(const TensorSet& set, const ReduceOptions& o
 
 void ClientImpl::mark_ready(const TensorSet& set, uint32_t tensor_index, void* stream) {
   require_joined("submitting operations");
+  if (std::optional<Status> why = connection_->shut_down_reason()) throw Error(*why);
   RegisteredSet& kept = registered(set);
   if (!kept.deferred) throw Error(Status::invalid_argument(kept.name + " has no deferred allreduce open"));
   Deferred& deferred = *kept.deferred;

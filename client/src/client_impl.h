@@ -41,6 +41,7 @@ class ClientImpl final : public Client {
   Work reduce(const TensorSet& set, int root, const ReduceOptions& options) override;
   Work allgather(const TensorSet& set) override;
   Work reduce_scatter(const TensorSet& set, const ReduceOptions& options) override;
+  void abort(const std::string& why) override;
   std::chrono::milliseconds job_timeout() const override { return timeout_; }
   int world_size() const override { return joined_ ? joined_->world_size : 0; }
 

@@ -23,9 +23,11 @@ constexpr Polling kLatencyBoundPolling{50, 200};
 
 }  // namespace
 
-Completions::Completions(std::shared_ptr<JobChannel> channel, std::function<Status()> daemon_gone)
+Completions::Completions(std::shared_ptr<JobChannel> channel, std::function<Status()> daemon_gone,
+                         std::function<std::optional<Status>()> aborted)
     : channel_(std::move(channel)),
       daemon_gone_(std::move(daemon_gone)),
+      aborted_(std::move(aborted)),
       reader_(&channel_->daemon()->completion, &channel_->client()->completion_cursor) {}
 
 WakeRef Completions::completion_ready() const {
@@ -46,6 +48,13 @@ Status Completions::daemon_failure() const {
   if (code == 0) return Status();
   const size_t length = std::min<size_t>(rings->failure_length, sizeof(rings->failure_message));
   return Status(static_cast<ErrorCode>(code), std::string(rings->failure_message, length));
+}
+
+Status Completions::cause(Status seen) const {
+  if (aborted_) {
+    if (std::optional<Status> why = aborted_()) return *why;
+  }
+  return seen;
 }
 
 void Completions::expect(uint64_t seq, bool latency_bound, std::shared_ptr<OpResult> result) {
@@ -80,7 +89,7 @@ void Completions::drain_locked() {
         const size_t length = std::min<size_t>(entry.message_length, kCompletionMessageBytes);
         whole = Status(static_cast<ErrorCode>(entry.code), std::string(entry.message, length));
       }
-      failure_ = whole;
+      failure_ = cause(std::move(whole));
       failed_.store(true, std::memory_order_release);
     }
     if (entry.code != 0) first_failed_ = std::min(first_failed_, entry.op_seq);
@@ -99,7 +108,7 @@ void Completions::drain_locked() {
 }
 
 void Completions::fail_all_locked(const Status& status) {
-  if (failure_.ok()) failure_ = status;
+  if (failure_.ok()) failure_ = cause(status);
   failed_.store(true, std::memory_order_release);
   if (!pending_.empty()) first_failed_ = std::min(first_failed_, *pending_.begin());
   pending_.clear();

@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 
@@ -43,8 +44,11 @@ struct OpResult {
 class Completions {
  public:
   // `daemon_gone` is asked now and then while waiting; it returns why the daemon is gone, or ok
-  // while it is there. It must never block.
-  Completions(std::shared_ptr<JobChannel> channel, std::function<Status()> daemon_gone);
+  // while it is there. It must never block. `aborted` (may be empty) says why this client
+  // aborted (Client::abort), if it did: that, rather than the failure the daemon then posts
+  // ("rank N disconnected"), is what the operations failed by it report. Never blocks.
+  Completions(std::shared_ptr<JobChannel> channel, std::function<Status()> daemon_gone,
+              std::function<std::optional<Status>()> aborted = {});
 
   // Records that operation `seq` was submitted and awaits a completion. Sequence numbers grow.
   // `latency_bound`: a small operation (kLatencyBoundBytes or less), which completes within
@@ -77,11 +81,14 @@ class Completions {
   void fail_all_locked(const Status& status) GS_REQUIRES(mutex_);
   Status outcome_locked(uint64_t seq) const GS_REQUIRES(mutex_);
   Status daemon_failure() const;
+  // The failure to record: this client's abort, if it aborted, else `seen`.
+  Status cause(Status seen) const;
   bool check_liveness_locked() GS_REQUIRES(mutex_);
   WakeRef completion_ready() const;
 
   std::shared_ptr<JobChannel> channel_;  // keeps the rings mapped while any Work lives
   std::function<Status()> daemon_gone_;
+  std::function<std::optional<Status>()> aborted_;
   mutable Mutex mutex_;
   RingReader<CompletionRing> reader_ GS_GUARDED_BY(mutex_);
   std::set<uint64_t> pending_ GS_GUARDED_BY(mutex_);  // submitted, not yet completed

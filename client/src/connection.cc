@@ -137,8 +137,34 @@ std::optional<Status> Connection::notice_after_failed_write() {
   return parting_notice();
 }
 
+void Connection::shut_down(const Status& why) {
+  if (shutting_.exchange(true)) return;
+  shut_why_ = why;
+  shut_.store(true, std::memory_order_release);
+  ::shutdown(fd_, SHUT_RDWR);
+}
+
+std::optional<Status> Connection::shut_down_reason() const {
+  if (!shut_.load(std::memory_order_acquire)) return std::nullopt;
+  return shut_why_;
+}
+
 control::Reply Connection::call(control::Request request, std::chrono::milliseconds timeout, std::span<const int> fds,
                                 std::vector<UniqueFd>* reply_fds) {
+  // A call that shut_down() interrupts fails with the transport's error: say why instead.
+  try {
+    return call_once(std::move(request), timeout, fds, reply_fds);
+  } catch (const Refused&) {
+    throw;
+  } catch (const Error&) {
+    if (std::optional<Status> why = shut_down_reason()) throw Error(*why);
+    throw;
+  }
+}
+
+control::Reply Connection::call_once(control::Request request, std::chrono::milliseconds timeout,
+                                     std::span<const int> fds, std::vector<UniqueFd>* reply_fds) {
+  if (std::optional<Status> why = shut_down_reason()) throw Error(*why);
   const uint64_t id = next_id_++;
   request.set_id(id);
   request.set_fd_count(static_cast<uint32_t>(fds.size()));

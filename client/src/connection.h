@@ -3,6 +3,7 @@
 // registration), never on the per-step path.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <sys/types.h>
 
@@ -55,7 +56,17 @@ class Connection {
 
   const std::string& path() const { return path_; }
 
+  // Ends the connection from this side at once (shutdown(2); the descriptor stays open until
+  // the Connection goes): the daemon sees this client leave, as if it had exited. Safe from any
+  // thread, also while another thread is in call(); only the first call counts. That call and
+  // every later one throw `why`.
+  void shut_down(const Status& why);
+  // Why shut_down() was called; nullopt before. Never blocks; safe from any thread.
+  std::optional<Status> shut_down_reason() const;
+
  private:
+  control::Reply call_once(control::Request request, std::chrono::milliseconds timeout, std::span<const int> fds,
+                           std::vector<UniqueFd>* reply_fds);
   // A read error as the user needs it: bytes of HTTP/2 mean the path is an admin socket.
   Status explain_foreign(const Status& read) const;
   void write_all(const std::string& bytes, std::span<const int> fds);
@@ -67,6 +78,10 @@ class Connection {
   uint64_t next_id_ = 1;
   FrameDecoder decoder_;
   std::deque<UniqueFd> received_fds_;  // arrived, not yet claimed by a decoded reply
+  // shut_down(): `shutting_` claims the one writer of `shut_why_`, `shut_` publishes it.
+  std::atomic<bool> shutting_{false};
+  std::atomic<bool> shut_{false};
+  Status shut_why_;
 };
 
 }  // namespace gradsync

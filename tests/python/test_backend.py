@@ -172,6 +172,14 @@ def test_a_killed_rank_fails_the_next_operation_naming_it(daemon):
     _scenario(daemon, "killed-peer")
 
 
+def test_an_aborted_group_fails_its_collective_in_flight_at_once_and_the_other_rank_names_it(daemon):
+    _scenario(daemon, "abort")
+
+
+def test_an_aborted_group_ends_a_barrier_waiting_for_the_gloo_fallback(daemon):
+    _scenario(daemon, "abort-fallback")
+
+
 def test_a_dead_daemon_fails_every_rank_as_torchs_type(daemon):
     _scenario(daemon, "dead-daemon")
 

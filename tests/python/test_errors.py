@@ -105,3 +105,12 @@ def test_world_size_not_a_whole_number_of_nodes_is_named():
     assert run.returncode == 0, run.stderr
     assert "world_size 3 is not a whole number of nodes of local_world_size 2" in run.stdout, run.stdout
     assert "--nproc-per-node" in run.stdout and "spans" not in run.stdout, run.stdout
+
+
+def test_abort_from_another_thread_fails_the_calling_thread_with_aborted_error(daemon):
+    """gradsync.Client.abort while another thread is in allreduce_coalesced (workers/client_abort.py)."""
+    assert_all_ok(run_ranks("client_abort.py", 1, daemon, args=("race",)), daemon)
+
+
+def test_abort_after_close_still_leaves_the_job_a_work_holds(daemon):
+    assert_all_ok(run_ranks("client_abort.py", 2, daemon, args=("after-close",)), daemon)

@@ -27,8 +27,9 @@ extern "C" {
  *    gs_allreduce_ex / gs_reduce_ex with gs_op_options: fused health (gs_work_health) and wire
  *    compression
  * 3: gs_set_release
- * 4: gs_free */
-#define GS_C_API_VERSION 4
+ * 4: gs_free
+ * 5: gs_client_abort */
+#define GS_C_API_VERSION 5
 
 /* The daemon's status codes (shared/status.h), and so the Python exception classes. */
 typedef enum gs_status {
@@ -117,6 +118,11 @@ gs_status gs_connect(const char* socket_path, const char* client_name, int64_t r
 /* Closes the connection and frees the client's memory; sets and works of it must not be used
  * after (works already handed out stay safe to free). NULL is allowed. */
 void gs_client_close(gs_client* client);
+/* Leaves the job at once, callable from any thread, also while another thread waits or calls
+ * (Client::abort): the daemon ends the job (its other ranks fail with PeerLost), works not yet
+ * completed fail with GS_ABORTED naming `why` (NULL: none given), and later calls on the
+ * client fail with it. gs_client_close() is still needed to free the client. */
+gs_status gs_client_abort(gs_client* client, const char* why);
 
 /* Joins a job (rendezvous: HOST:PORT of node 0's peer service, or etcd://HOST:PORT[,...]; NULL
  * or "": $GRADSYNC_RENDEZVOUS, else $MASTER_ADDR). timeout_ms 0: the daemon's default. */

@@ -18,6 +18,7 @@
 #include <chrono>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "gradsync/options.h"
@@ -115,6 +116,15 @@ class Client {
   // Read it with set.shard(); the tensors are left as they were. Requires
   // RegisterOptions::reduce_scatter.
   virtual Work reduce_scatter(const TensorSet& set, const ReduceOptions& options) = 0;
+
+  // Leaves the job at once, from any thread (the one exception to "one thread"), also while
+  // another thread waits for a Work or is in a call: the connection is shut down, so the daemon
+  // ends the job (its other ranks fail with PeerLost, naming this rank) as if this process had
+  // exited. Every Work not yet completed fails with Aborted naming `why` (within 100 ms), and
+  // every later call on this client throws it. Memory stays mapped in this process until the
+  // client is destroyed; what the daemon wrote into it after the abort is undefined. For a
+  // watchdog, or torch's ProcessGroup.abort(); to leave cleanly, destroy the client instead.
+  virtual void abort(const std::string& why) = 0;
 
   // The job's timeout as the daemon applies it.
   virtual std::chrono::milliseconds job_timeout() const = 0;

@@ -8,7 +8,7 @@ import ctypes
 import os
 import threading
 
-C_API_VERSION = 4
+C_API_VERSION = 5
 
 c_void_p = ctypes.c_void_p
 c_int32 = ctypes.c_int32
@@ -49,6 +49,7 @@ _SIGNATURES = {
     "gs_last_error": (c_char_p, []),
     "gs_connect": (c_int32, [c_char_p, c_char_p, c_int64, _P(c_void_p)]),
     "gs_client_close": (None, [c_void_p]),
+    "gs_client_abort": (c_int32, [c_void_p, c_char_p]),
     "gs_join": (c_int32, [c_void_p, c_char_p, c_int32, c_int32, c_int32, c_int32, c_int64, c_char_p, _P(Group),
                           c_size_t]),
     "gs_job_timeout_ms": (c_int64, [c_void_p]),

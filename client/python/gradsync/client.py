@@ -2,6 +2,7 @@
 import ctypes
 import os
 import re
+import weakref
 
 from . import _lib
 from .errors import InvalidArgumentError, error_for
@@ -125,6 +126,7 @@ class Client:
 
     def __init__(self, core, job, rank, world_size, local_rank, local_world_size, groups):
         self._core = core
+        self._core_ref = weakref.ref(core)  # for abort() after close()
         self.job = job
         self.rank = rank
         self.world_size = world_size
@@ -155,6 +157,26 @@ class Client:
         self._staging_pool = []
         if core is not None:
             core.closed = True
+        hook_waiter = self.__dict__.pop("_ddp_waiter", None)  # gradsync.torch.allreduce_hook's
+        if hook_waiter is not None:
+            hook_waiter.stop()  # after the futures it was handed
+
+    def abort(self, why=""):
+        """Leaves the job at once, from any thread, also while another thread is in a call or
+        waits for a work (a watchdog; a signal handler; the torch backend's
+        ProcessGroup.abort()): the daemon ends the job, and its other ranks fail with
+        gradsync.PeerLostError naming this rank. Works not yet completed raise
+        gradsync.AbortedError naming `why` (the library polls every 100 ms), and so does every
+        later call. It does not close the client (the thread in a call still uses it): close()
+        it, or let it go, afterwards. Also after close(), while works still hold the connection.
+        What the daemon wrote into the client's memory after the abort is undefined."""
+        core = getattr(self, "_core", None)
+        if core is None:  # closed: works in flight may still hold the connection
+            ref = getattr(self, "_core_ref", None)
+            core = ref() if ref is not None else None
+        handle = core.handle if core is not None else None
+        if handle:
+            _check(_lib.lib().gs_client_abort(handle, str(why).encode()))
 
     def __enter__(self):
         return self

@@ -37,6 +37,13 @@
   long-timeout  init_process_group(timeout=1 hour): a warning, and operations bounded by the
                 daemon's maximum (600 s) instead of a refusal; a new_group with torch's default
                 timeout gets that maximum too, without a warning
+  abort         rank 0's group is aborted from another thread while its async all_reduce waits
+                for rank 1 (2 s late): wait() raises gradsync's AbortedError as torch's type
+                within 1 s of the abort; rank 1's all_reduce then fails naming rank 0
+  abort-fallback  as abort, with the gloo fallback: rank 0's barrier, which waits for the
+                fallback's barrier too (rank 1 is 3 s late), raises AbortedError within 1.5 s
+                of the abort, and abort() itself returns at once (it takes no lock and drops
+                no gloo group)
   ddp-stalled-peer  DDP; rank 1 stalls past the 3 s timeout: rank 0's backward raises
                 gradsync's TimeoutError, as torch's type, through the futures
   ddp-killed-peer  DDP with no hook; rank 1 dies after 3 steps: rank 0's backward raises
@@ -472,6 +479,49 @@ def never_arrives():
     check(took >= 2.5, f"it failed after {took:.2f} s, before the 3 s timeout: not for the missing rank")
 
 
+def abort_group():
+    """What a watchdog calls: torch 2.x's _abort_process_group() (every group's abort()); torch
+    1.13 has none, so the default group's abort() directly."""
+    if hasattr(dist.distributed_c10d, "_abort_process_group"):
+        dist.distributed_c10d._abort_process_group()
+    else:
+        dist.distributed_c10d._get_default_group().abort()
+
+
+def aborted(rank):
+    dist.all_reduce(torch.zeros(4))  # the layout's staging set registered by both ranks
+    if rank == 1:
+        time.sleep(2.0)
+        expect_failure("rank 1's all_reduce after rank 0's abort", lambda: dist.all_reduce(torch.ones(4)),
+                       gradsync.Error, within=10, text="rank 0")
+        return
+    work = dist.all_reduce(torch.ones(4), async_op=True)
+    at = []
+    watchdog = threading.Thread(target=lambda: (time.sleep(0.3), at.append(time.monotonic()), abort_group()))
+    watchdog.start()
+    expect_failure("an all_reduce waited on while its group is aborted", work.wait, gradsync.AbortedError,
+                   within=3, text="was aborted (ProcessGroup.abort) on rank 0")
+    watchdog.join()
+    check(at and time.monotonic() - at[0] < 1.5, "wait() returned more than 1.5 s after the abort")
+
+
+def aborted_barrier(rank):
+    dist.barrier()  # the barrier's staging set registered by both ranks
+    if rank == 1:
+        time.sleep(3.0)
+        expect_failure("rank 1's barrier after rank 0's abort", dist.barrier, gradsync.Error, within=10, text="rank 0")
+        return
+    at, returned = [], []
+    watchdog = threading.Thread(target=lambda: (time.sleep(0.3), at.append(time.monotonic()), abort_group(),
+                                                returned.append(time.monotonic())))
+    watchdog.start()
+    expect_failure("a barrier (gradsync's and the gloo fallback's) while its group is aborted", dist.barrier,
+                   gradsync.AbortedError, within=3, text="was aborted (ProcessGroup.abort) on rank 0")
+    watchdog.join()
+    check(at and time.monotonic() - at[0] < 1.5, "the barrier returned more than 1.5 s after the abort")
+    check(returned and returned[0] - at[0] < 0.5, "abort() itself took more than 0.5 s")
+
+
 def main():
     scenario = sys.argv[1]
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -487,7 +537,8 @@ def main():
     with warnings.catch_warnings(record=True) as warned:
         warnings.simplefilter("always")
         dist.init_process_group("gradsync", init_method="tcp://127.0.0.1:" + os.environ["TEST_PORT"], rank=rank,
-                                world_size=world, timeout=timeout)
+                                world_size=world, timeout=timeout,
+                                pg_options=gradsync.torch.Options(fallback="gloo" if scenario == "abort-fallback" else None))
     if scenario == "long-timeout":
         said = [str(w.message) for w in warned if "more than this gradsyncd allows" in str(w.message)]
         check(len(said) == 1, f"init_process_group(timeout=1 hour) warned {said}")
@@ -531,6 +582,10 @@ def main():
         time.sleep(0.5)
         expect_failure("an all_reduce after the daemon died", lambda: dist.all_reduce(torch.ones(4)),
                        gradsync.Error, within=25)
+    elif scenario == "abort":
+        aborted(rank)
+    elif scenario == "abort-fallback":
+        aborted_barrier(rank)
     elif scenario == "release":
         releases(rank, world)
     elif scenario == "comm-thread":

@@ -109,7 +109,9 @@ def fallback_group(options, store, prefix, rank, size, timeout, agree_within):
         store.wait(keys, datetime.timedelta(seconds=agree_within))
     except Exception:  # noqa: BLE001 (the store's timeout: which ranks never said is what matters)
         missing = [r for r in range(size) if not _said(store, f"can/{r}")]
-        _all_read(store, rank, [r for r in range(size) if r not in missing])
+        # Briefly: a rank whose own wait ended just before (the missing one said it late) goes
+        # on to gloo's connect and never says it read.
+        _all_read(store, rank, [r for r in range(size) if r not in missing], within_s=min(2.0, agree_within))
         raise InvalidArgumentError(
             f"gradsync backend: rank(s) {missing} of this group did not make the gloo fallback within "
             f"{agree_within:g} s: every rank must pass the same pg_options (gradsync.torch.Options(fallback='gloo'))"

@@ -119,6 +119,10 @@ class Waiter:
         self.thread.start()
         atexit.register(Waiter._stop_at_exit, weakref.ref(self))
 
+    def stop(self):
+        """The waiter completes the items it was handed, then its threads leave."""
+        self.queue.put(Waiter.STOP)
+
     @staticmethod
     def _stop_at_exit(ref):
         waiter = ref()

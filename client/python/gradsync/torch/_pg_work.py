@@ -126,8 +126,9 @@ class ForeignWork:
     """A Work of another backend (the gloo fallback's barrier) that a gradsync barrier waits
     for among its earlier Works: what GradsyncWork._complete and _poll ask of those."""
 
-    def __init__(self, work):
+    def __init__(self, work, aborted=lambda: None):
         self._work = work
+        self._aborted = aborted  # the group's abort error once it was aborted, else None
         self._done = False
 
     def _poll(self):
@@ -135,17 +136,21 @@ class ForeignWork:
 
     def _complete(self, timeout=None, stream=None):
         """Waits (at most `timeout` seconds: then gradsync's TimeoutError, the caller's limit,
-        and the work goes on) and raises the work's error. Polled under a limit: gloo's own
+        and the work goes on) and raises the work's error; raises the group's abort error once
+        it is aborted (gloo's own work may go on: its abort does not end it). Polled: gloo's
         wait(timeout) raises its timeout as the work's failure, and takes zero for none."""
         if self._done:
             return
-        if timeout is not None:
-            deadline = time.monotonic() + timeout
-            while not self._work.is_completed():
-                if time.monotonic() >= deadline:
-                    raise _Timeout(f"gradsync backend: the gloo fallback's work did not complete within {timeout:g} s "
-                                   "(it is still running)")
-                time.sleep(0.001)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pause = 0.0005
+        while not self._work.is_completed():
+            if (error := self._aborted()) is not None:
+                raise error
+            if deadline is not None and time.monotonic() >= deadline:
+                raise _Timeout(f"gradsync backend: the gloo fallback's work did not complete within {timeout:g} s "
+                               "(it is still running)")
+            pause = min(pause * 2, 0.01)
+            time.sleep(pause)
         self._work.wait()
         self._done = True
 
@@ -417,7 +422,7 @@ class Tracker:
         with self._lock:
             waiter, self._waiter = self._waiter, None
         if waiter is not None:
-            waiter.queue.put(Waiter.STOP)
+            waiter.stop()
 
     def __del__(self):
         self.close()

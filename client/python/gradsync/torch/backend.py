@@ -33,7 +33,7 @@ from torch._C._distributed_c10d import (AllreduceCoalescedOptions, AllreduceOpti
 from torch.distributed.constants import default_pg_timeout
 
 from .. import client as _client
-from ..errors import Error, InvalidArgumentError
+from ..errors import AbortedError, Error, InvalidArgumentError
 from ._pg_errors import as_torch
 from ._pg_fallback import Options, fallback_group, options_of
 from . import _coalesced
@@ -205,6 +205,7 @@ class ProcessGroupGradsync(dist.ProcessGroup):
         # Set when the group cannot be used: every collective raises it (a refused layout, a
         # destroyed group).
         self._unusable = None
+        self._aborted = None  # abort()'s error: also ends the waits for the gloo fallback's works
         self._client = None
         self._fallback = None
         self.options = options or Options()
@@ -332,9 +333,34 @@ class ProcessGroupGradsync(dist.ProcessGroup):
         self._tracker.close()
 
     def abort(self):
-        """torch 2.x's abort of a group: as shutdown(); the daemon ends operations in flight when
-        the client goes."""
-        self.shutdown()
+        """torch 2.x's abort of a group (torch.distributed's _abort_process_group; a watchdog, a
+        signal handler), from any thread: this rank leaves the job at once
+        (gradsync.Client.abort), so the collectives in flight fail with gradsync's AbortedError
+        (as torch's type), here within about 100 ms, and on the other ranks with PeerLostError
+        naming this rank; later collectives raise the AbortedError. Takes no lock and waits for
+        nothing: a thread inside a collective call may hold the group's lock (a signal handler
+        runs on it), and the abort is what gets it out. The client is closed when the group is
+        destroyed (shutdown()) or freed."""
+        why = f"the process group of job {self.job} was aborted (ProcessGroup.abort) on rank {self.rank()}"
+        if self._aborted is None:
+            self._aborted = as_torch(AbortedError("gradsync backend: " + why))
+        if self._unusable is None:
+            self._unusable = self._aborted
+        client = self._client
+        if client is not None:
+            try:
+                client.abort(why)
+            except Error:  # the daemon is gone already: nothing left to leave
+                pass
+        # The gloo fallback's operations in flight end too where torch's gloo can abort (2.x).
+        # Its reference is kept: dropping the last one here would wait, in the caller's
+        # thread, for gloo's queued work (its destructor joins it).
+        fallback = self._fallback
+        if fallback is not None and hasattr(fallback, "abort"):
+            try:
+                fallback.abort()
+            except Exception:  # noqa: BLE001 (best effort: the gradsync side has left already)
+                pass
 
     # --- reductions ---------------------------------------------------------------------------
 
@@ -560,7 +586,7 @@ class ProcessGroupGradsync(dist.ProcessGroup):
         # (its own barrier waits for the work queued on it before).
         earlier = self._tracker.in_flight()
         if self._fallback is not None:
-            earlier.append(ForeignWork(self._fallback.barrier()))
+            earlier.append(ForeignWork(self._fallback.barrier(), aborted=lambda: self._aborted))
         return self._start("barrier", [self._barrier], lambda tag: _coalesced.allreduce(
             self._client, [self._barrier], "sum", None, False, None, None, None, tag=tag), [], after=earlier)
 
