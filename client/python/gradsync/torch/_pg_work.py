@@ -260,7 +260,8 @@ class GradsyncWork(_TorchWork):
                         self._done_event = torch.cuda.Event()
                         self._done_event.record(stream)
                 else:
-                    value = self._work.wait() if self._work is not None else None
+                    # _wait_daemon waited already: only the library's finisher is left to run.
+                    value = self._work._complete(None) if self._work is not None else None
                     if self._finish is not None:
                         self._finish(value)
         except Exception as e:  # noqa: BLE001 (every failure is the operation's)

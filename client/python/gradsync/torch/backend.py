@@ -42,12 +42,20 @@ from ._pg_work import ForeignWork, GradsyncWork, Slots, Tracker
 NAME = "gradsync"
 
 
+# torch's reduce op types (ReduceOp.RedOpType, hashable on every torch) by gradsync's name: a
+# lookup per call, where comparing ReduceOp objects one by one cost a few microseconds.
+_OP_NAMES = {getattr(dist.ReduceOp.RedOpType, torch_op): name
+             for name, torch_op in (("sum", "SUM"), ("avg", "AVG"), ("min", "MIN"), ("max", "MAX"))
+             if hasattr(dist.ReduceOp.RedOpType, torch_op)}
+
+
 def _op_name(op):
     """torch's ReduceOp as gradsync's name; NotImplementedError for the ones it does not offer."""
-    for name, torch_op in (("sum", "SUM"), ("avg", "AVG"), ("min", "MIN"), ("max", "MAX")):
-        if hasattr(dist.ReduceOp, torch_op) and op == getattr(dist.ReduceOp, torch_op):
-            return name
-    raise NotImplementedError(f"gradsync backend: reduce op {op} is not offered (sum, avg, min and max are)")
+    kind = getattr(op, "op", op)
+    name = _OP_NAMES.get(kind)
+    if name is None:
+        raise NotImplementedError(f"gradsync backend: reduce op {kind} is not offered (sum, avg, min and max are)")
+    return name
 
 
 def _device_of(what, tensors):
