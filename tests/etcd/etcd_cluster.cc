@@ -31,7 +31,25 @@ std::string shm_folder() {
 EtcdCluster::EtcdCluster(int members, const Tls* tls, const std::vector<std::string>& extra_args)
     : folder_("gradsync-etcd-XXXXXX"), tls_(tls != nullptr) {
   data_ = shm_folder();
-  const std::string& data = data_;
+  if (tls) ca_ = tls->ca;
+  // Free ports are found by binding port 0 and letting go, so another process (a test running
+  // beside this one) can take one before a member binds it, and that member exits at once: its
+  // cluster never becomes healthy. Such a start is retried on fresh ports; a cluster whose
+  // members all run but stay unhealthy is not.
+  std::string why;
+  for (int attempt = 1; attempt <= 3; ++attempt) {
+    why = start(members, tls, extra_args, attempt);
+    if (why.empty()) return;
+    WARN("etcd cluster start " << attempt << " of 3 failed: " << why);
+  }
+  FAIL("the etcd cluster did not start: " << why);
+}
+
+std::string EtcdCluster::start(int members, const Tls* tls, const std::vector<std::string>& extra_args, int attempt) {
+  members_.clear();  // a failed attempt's members are killed and reaped
+  client_ports_.clear();
+  alive_.clear();
+  const std::string data = data_ + "/attempt" + std::to_string(attempt);
   std::vector<int> peer_ports;
   std::string initial;
   for (int i = 0; i < members; ++i) {
@@ -39,8 +57,8 @@ EtcdCluster::EtcdCluster(int members, const Tls* tls, const std::vector<std::str
     peer_ports.push_back(free_loopback_port());
     initial += (i ? "," : "") + ("m" + std::to_string(i)) + "=http://127.0.0.1:" + std::to_string(peer_ports.back());
   }
-  if (tls) ca_ = tls->ca;
   const std::string scheme = tls ? "https" : "http";
+  const std::string logs = folder_.path() + "/attempt" + std::to_string(attempt) + "-m";
   for (int i = 0; i < members; ++i) {
     const std::string url = scheme + "://127.0.0.1:" + std::to_string(client_ports_[static_cast<size_t>(i)]);
     const std::string peer = "http://127.0.0.1:" + std::to_string(peer_ports[static_cast<size_t>(i)]);
@@ -49,24 +67,33 @@ EtcdCluster::EtcdCluster(int members, const Tls* tls, const std::vector<std::str
                                      "--advertise-client-urls", url, "--listen-peer-urls", peer,
                                      "--initial-advertise-peer-urls", peer, "--initial-cluster", initial,
                                      "--initial-cluster-state", "new", "--initial-cluster-token",
-                                     "gradsync-test-" + std::to_string(::getpid()),
+                                     "gradsync-test-" + std::to_string(::getpid()) + "-" + std::to_string(attempt),
                                      // A killed leader is replaced within a second.
                                      "--heartbeat-interval", "50", "--election-timeout", "500", "--logger", "zap",
-                                     "--log-outputs", folder_.path() + "/m" + std::to_string(i) + ".log"};
+                                     "--log-outputs", logs + std::to_string(i) + ".log"};
     if (tls) argv.insert(argv.end(), {"--cert-file", tls->cert, "--key-file", tls->key});
     argv.insert(argv.end(), extra_args.begin(), extra_args.end());
-    members_.emplace_back(argv, folder_.path() + "/m" + std::to_string(i) + ".out");
+    members_.emplace_back(argv, logs + std::to_string(i) + ".out");
     alive_.push_back(true);
   }
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   CommandRun health;
   while (std::chrono::steady_clock::now() < deadline) {
     health = ctl("endpoint health");
-    if (health.code == 0) break;
+    if (health.code == 0) return "";
+    for (int i = 0; i < members; ++i) {
+      const int status = members_[static_cast<size_t>(i)].wait_for(std::chrono::milliseconds(0));
+      if (status != -1) {
+        alive_[static_cast<size_t>(i)] = false;
+        return "member m" + std::to_string(i) + " " + describe_wait_status(status) + " (its log: " + logs +
+               std::to_string(i) + ".log)";
+      }
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   INFO(health.output);
-  REQUIRE(health.code == 0);
+  FAIL("the etcd cluster's members all run but it was not healthy within 30 s");
+  return "unreachable";
 }
 
 EtcdCluster::~EtcdCluster() {

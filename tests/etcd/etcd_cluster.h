@@ -21,7 +21,8 @@ class EtcdCluster {
     std::string ca, cert, key;  // the members' CA, and their certificate and key
   };
   // Starts `members` members and waits (at most 30 s) until each answers; the test fails if
-  // they do not.
+  // they do not. A start in which a member exited (a port another process took first) is
+  // retried on fresh ports, up to 3 times.
   explicit EtcdCluster(int members, const Tls* tls = nullptr, const std::vector<std::string>& extra_args = {});
   ~EtcdCluster();
   EtcdCluster(const EtcdCluster&) = delete;
@@ -42,6 +43,10 @@ class EtcdCluster {
   void enable_auth(const std::string& name, const std::string& password, const std::string& prefix);
 
  private:
+  // One try at starting the members on fresh ports: "" once the cluster is healthy, else why
+  // not (a member that exited). Fails the test when all run but the cluster stays unhealthy.
+  std::string start(int members, const Tls* tls, const std::vector<std::string>& extra_args, int attempt);
+
   TempFolder folder_;  // the members' logs
   std::string data_;   // their data, in /dev/shm
   bool tls_ = false;

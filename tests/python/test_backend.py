@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 
 import pytest
@@ -279,6 +280,14 @@ def test_a_barrier_waiting_for_the_fallbacks_work_keeps_the_callers_limit():
 def test_a_future_callback_running_at_exit_finishes_and_the_process_exits_cleanly(daemon):
     for rank, (_, out) in enumerate(_scenario(daemon, "callback-outlives-main")):
         assert f"rank {rank}: the callback finished" in out, out
+
+
+def test_futures_pending_at_exit_fail_and_their_callbacks_run(daemon):
+    start = time.monotonic()
+    _, out = _scenario(daemon, "exit-pending")[0]
+    assert "rank 0: the second future failed: gradsync backend: the interpreter exited before this collective's " \
+           "future was completed" in out, out
+    assert time.monotonic() - start < 25, f"took {time.monotonic() - start:.1f} s (the job's timeout is 20 s)"
 
 
 def test_newer_torchs_subclass_check_accepts_the_group():

@@ -44,6 +44,8 @@
                 fallback's barrier too (rank 1 is 3 s late), raises AbortedError within 1.5 s
                 of the abort, and abort() itself returns at once (it takes no lock and drops
                 no gloo group)
+  exit-pending  the main thread ends with two futures pending (rank 1 never comes): the one not
+                yet begun fails ("the interpreter exited") and its callback runs
   ddp-stalled-peer  DDP; rank 1 stalls past the 3 s timeout: rank 0's backward raises
                 gradsync's TimeoutError, as torch's type, through the futures
   ddp-killed-peer  DDP with no hook; rank 1 dies after 3 steps: rank 0's backward raises
@@ -264,6 +266,31 @@ def callback_outlives_main(rank):
 
     dist.all_reduce(torch.ones(3), async_op=True).get_future().then(slow)
     check(started.wait(20), "the callback never started")
+
+
+def exit_pending(rank):
+    """The main thread ends with two futures pending, rank 1 never coming to their all_reduces
+    (it sleeps, then leaves): the waiter thread is blocked in the first, and the second, not yet
+    begun, fails at exit ("the interpreter exited"), so its callback runs and says so; the
+    process exits within the waiter's bounded join, not at the job's timeout."""
+    dist.all_reduce(torch.zeros(3))
+    dist.all_reduce(torch.zeros(4))  # both layouts' staging sets registered by both ranks
+    if rank == 1:
+        time.sleep(8.0)
+        return
+    first = dist.all_reduce(torch.ones(3), async_op=True).get_future()
+    second = dist.all_reduce(torch.ones(4), async_op=True).get_future()
+
+    def said(future):
+        try:
+            future.wait()
+            print("rank 0: the second future completed", flush=True)
+        except Exception as e:  # noqa: BLE001 (printed for the test)
+            print(f"rank 0: the second future failed: {e}", flush=True)
+
+    second.then(said)
+    check(not first.done() and not second.done(), "a future was done before rank 1 came")
+    print(f"rank 0: main ends at {time.monotonic():.3f}", flush=True)
 
 
 def ddp_overlaps(rank):
@@ -598,6 +625,8 @@ def main():
         growing(rank, world)
     elif scenario == "callback-waits-later":
         callback_waits_later(rank, world)
+    elif scenario == "exit-pending":
+        exit_pending(rank)
     elif scenario == "callback-outlives-main":
         callback_outlives_main(rank)
     elif scenario == "ddp-overlap":
