@@ -161,10 +161,9 @@ void ClientImpl::join(const JoinOptions& options) {
   }
   channel_ = channel;
   std::weak_ptr<Connection> weak = connection_;
-  auto aborted = [weak]() -> std::optional<Status> {
-    auto connection = weak.lock();
-    return connection ? connection->shut_down_reason() : std::nullopt;
-  };
+  // Held, not reached through the connection: a work waited on after the client was destroyed
+  // still reports an abort before it as its cause.
+  auto aborted = [reason = connection_->shut_down_state()]() { return reason->get(); };
   completions_ = std::make_shared<Completions>(channel_, [weak, aborted]() -> Status {
     if (std::optional<Status> why = aborted()) return *why;
     auto connection = weak.lock();

@@ -138,15 +138,7 @@ std::optional<Status> Connection::notice_after_failed_write() {
 }
 
 void Connection::shut_down(const Status& why) {
-  if (shutting_.exchange(true)) return;
-  shut_why_ = why;
-  shut_.store(true, std::memory_order_release);
-  ::shutdown(fd_, SHUT_RDWR);
-}
-
-std::optional<Status> Connection::shut_down_reason() const {
-  if (!shut_.load(std::memory_order_acquire)) return std::nullopt;
-  return shut_why_;
+  if (shut_why_->set(why)) ::shutdown(fd_, SHUT_RDWR);
 }
 
 control::Reply Connection::call(control::Request request, std::chrono::milliseconds timeout, std::span<const int> fds,

@@ -3,17 +3,18 @@
 // registration), never on the per-step path.
 #pragma once
 
-#include <atomic>
 #include <chrono>
 #include <sys/types.h>
 
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "client/src/abort_reason.h"
 #include "proto/control.pb.h"
 #include "shared/framing.h"
 #include "shared/status.h"
@@ -58,11 +59,13 @@ class Connection {
 
   // Ends the connection from this side at once (shutdown(2); the descriptor stays open until
   // the Connection goes): the daemon sees this client leave, as if it had exited. Safe from any
-  // thread, also while another thread is in call(); only the first call counts. That call and
-  // every later one throw `why`.
+  // thread, also while another thread is in call(); only the first call's reason counts, and
+  // every call after any of them throws it.
   void shut_down(const Status& why);
   // Why shut_down() was called; nullopt before. Never blocks; safe from any thread.
-  std::optional<Status> shut_down_reason() const;
+  std::optional<Status> shut_down_reason() const { return shut_why_->get(); }
+  // The same, for holders that may outlive the connection (the client's completions).
+  std::shared_ptr<const AbortReason> shut_down_state() const { return shut_why_; }
 
  private:
   control::Reply call_once(control::Request request, std::chrono::milliseconds timeout, std::span<const int> fds,
@@ -78,10 +81,7 @@ class Connection {
   uint64_t next_id_ = 1;
   FrameDecoder decoder_;
   std::deque<UniqueFd> received_fds_;  // arrived, not yet claimed by a decoded reply
-  // shut_down(): `shutting_` claims the one writer of `shut_why_`, `shut_` publishes it.
-  std::atomic<bool> shutting_{false};
-  std::atomic<bool> shut_{false};
-  Status shut_why_;
+  std::shared_ptr<AbortReason> shut_why_ = std::make_shared<AbortReason>();  // shut_down()'s
 };
 
 }  // namespace gradsync

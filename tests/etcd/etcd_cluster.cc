@@ -9,6 +9,8 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <thread>
 
 namespace gradsync::test {
@@ -22,7 +24,9 @@ std::string etcd_binary() {
 namespace {
 // In /dev/shm, as TempFolder's pattern would put it in /tmp.
 std::string shm_folder() {
-  std::string pattern = "/dev/shm/gradsync-etcd-XXXXXX";
+  // Not named "gradsync...": faults_test checks that no such entry is left behind, and may
+  // run beside this.
+  std::string pattern = "/dev/shm/test-etcd-data-XXXXXX";
   REQUIRE(::mkdtemp(pattern.data()) != nullptr);
   return pattern;
 }
@@ -42,13 +46,31 @@ EtcdCluster::EtcdCluster(int members, const Tls* tls, const std::vector<std::str
     if (why.empty()) return;
     WARN("etcd cluster start " << attempt << " of 3 failed: " << why);
   }
+  discard();  // a constructor that throws runs no destructor
   FAIL("the etcd cluster did not start: " << why);
 }
 
+void EtcdCluster::discard() {
+  members_.clear();  // each ChildProcess kills and reaps its member
+  std::error_code ignored;
+  std::filesystem::remove_all(data_, ignored);
+}
+
+namespace {
+// The last `bytes` of a file ("" when it cannot be read).
+std::string tail_of(const std::string& path, size_t bytes = 600) {
+  std::ifstream in(path, std::ios::binary);
+  const std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return all.size() > bytes ? all.substr(all.size() - bytes) : all;
+}
+}  // namespace
+
 std::string EtcdCluster::start(int members, const Tls* tls, const std::vector<std::string>& extra_args, int attempt) {
-  members_.clear();  // a failed attempt's members are killed and reaped
+  members_.clear();  // a failed attempt's members are killed and reaped, their data removed
   client_ports_.clear();
   alive_.clear();
+  std::error_code ignored;
+  std::filesystem::remove_all(data_ + "/attempt" + std::to_string(attempt - 1), ignored);
   const std::string data = data_ + "/attempt" + std::to_string(attempt);
   std::vector<int> peer_ports;
   std::string initial;
@@ -80,27 +102,31 @@ std::string EtcdCluster::start(int members, const Tls* tls, const std::vector<st
   CommandRun health;
   while (std::chrono::steady_clock::now() < deadline) {
     health = ctl("endpoint health");
-    if (health.code == 0) return "";
+    // Every member is checked even after a healthy answer: the process holding a port taken
+    // from under a member may be another test's etcd, which answers for it.
     for (int i = 0; i < members; ++i) {
       const int status = members_[static_cast<size_t>(i)].wait_for(std::chrono::milliseconds(0));
-      if (status != -1) {
-        alive_[static_cast<size_t>(i)] = false;
-        return "member m" + std::to_string(i) + " " + describe_wait_status(status) + " (its log: " + logs +
-               std::to_string(i) + ".log)";
+      if (status == -1) continue;
+      alive_[static_cast<size_t>(i)] = false;
+      const std::string said = tail_of(logs + std::to_string(i) + ".log") + tail_of(logs + std::to_string(i) + ".out");
+      const std::string why = "member m" + std::to_string(i) + " " + describe_wait_status(status) + ": " + said;
+      // Only a port taken first is worth another try; anything else is a real failure.
+      if (said.find("address already in use") == std::string::npos) {
+        discard();
+        FAIL("the etcd cluster did not start: " << why);
       }
+      return why;
     }
+    if (health.code == 0) return "";
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   INFO(health.output);
+  discard();
   FAIL("the etcd cluster's members all run but it was not healthy within 30 s");
   return "unreachable";
 }
 
-EtcdCluster::~EtcdCluster() {
-  members_.clear();  // each ChildProcess kills and reaps its member
-  std::error_code ignored;
-  std::filesystem::remove_all(data_, ignored);
-}
+EtcdCluster::~EtcdCluster() { discard(); }
 
 std::string EtcdCluster::endpoints() const {
   std::string all;

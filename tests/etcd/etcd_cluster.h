@@ -21,8 +21,8 @@ class EtcdCluster {
     std::string ca, cert, key;  // the members' CA, and their certificate and key
   };
   // Starts `members` members and waits (at most 30 s) until each answers; the test fails if
-  // they do not. A start in which a member exited (a port another process took first) is
-  // retried on fresh ports, up to 3 times.
+  // they do not. A start in which a member exited because a port was taken first (by another
+  // process) is retried on fresh ports, up to 3 times; any other exit fails the test.
   explicit EtcdCluster(int members, const Tls* tls = nullptr, const std::vector<std::string>& extra_args = {});
   ~EtcdCluster();
   EtcdCluster(const EtcdCluster&) = delete;
@@ -46,6 +46,8 @@ class EtcdCluster {
   // One try at starting the members on fresh ports: "" once the cluster is healthy, else why
   // not (a member that exited). Fails the test when all run but the cluster stays unhealthy.
   std::string start(int members, const Tls* tls, const std::vector<std::string>& extra_args, int attempt);
+  // Kills the members and removes their data (before a constructor that fails throws).
+  void discard();
 
   TempFolder folder_;  // the members' logs
   std::string data_;   // their data, in /dev/shm
