@@ -146,7 +146,8 @@ Daemon::Daemon(DaemonConfig config, std::function<ParsedConfig()> reparse, TestH
   registry.jobs.cluster.auth = peer_auth_;
   registry.jobs.cluster.stores = std::make_shared<const StoreOpener>(peer_auth_, etcd);
   registry.jobs.execution = ExecutionSettings{backends_.get(), config_.execution_timeout,
-                                              IntegrityCheck{config_.integrity_check_every, hooks_.corrupt_result_at_op}};
+                                              IntegrityCheck{config_.integrity_check_every, hooks_.corrupt_result_at_op,
+                                                             hooks_.fail_alloc_at_op}};
   registry_ = std::make_unique<JobRegistry>(std::move(registry));
   server_ = std::make_unique<ControlServer>(
       io_, ControlServerOptions{config_.socket_path, config_.allowed_uids,

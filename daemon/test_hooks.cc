@@ -20,6 +20,9 @@ TestHooks TestHooks::from_environment() {
   if (const char* op = std::getenv("GRADSYNCD_TEST_CORRUPT_RESULT_AT_OP"); op != nullptr && *op != '\0') {
     hooks.corrupt_result_at_op = std::strtoull(op, nullptr, 10);
   }
+  if (const char* op = std::getenv("GRADSYNCD_TEST_FAIL_ALLOC_AT_OP"); op != nullptr && *op != '\0') {
+    hooks.fail_alloc_at_op = std::strtoull(op, nullptr, 10);
+  }
   return hooks;
 }
 

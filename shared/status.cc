@@ -59,4 +59,14 @@ std::string Status::to_string() const {
   return std::string(error_code_name(code_)) + ": " + message_;
 }
 
+std::string current_exception_text() {
+  try {
+    throw;
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "unknown exception";
+  }
+}
+
 }  // namespace gradsync

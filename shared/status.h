@@ -91,4 +91,8 @@ inline void throw_if_error(const Status& status) {
   if (!status.ok()) throw Error(status);
 }
 
+// What the exception being handled says (its what(), or "unknown exception"); call only inside
+// a catch block.
+std::string current_exception_text();
+
 }  // namespace gradsync

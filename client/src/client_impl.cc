@@ -525,9 +525,9 @@ bool ClientImpl::free_segment(uint32_t id) {
     drop_segment(id);
     return true;
   } catch (const Error& e) {
-    // Still held by a set the other local clients have not released yet (or a daemon that
-    // predates FreeSegment, which answers it as an unknown request), or device memory, which
-    // the daemon does not free: kept.
+    // Still held by a set the other local clients have not released yet, or by the daemon's
+    // GPU work and NCCL registration (or a daemon that predates FreeSegment, which answers it as
+    // an unknown request, or an older one, which refuses to free device memory): kept.
     if (e.code() == ErrorCode::kInvalidArgument || e.code() == ErrorCode::kNotSupported) return false;
     throw;
   }
@@ -535,18 +535,22 @@ bool ClientImpl::free_segment(uint32_t id) {
 
 void ClientImpl::trim_outputs() {
   // A few outputs stay for the next sets of the sizes just released; the older ones go back to
-  // the daemon, oldest first. One the daemon still holds stays, for a later release to retry.
+  // the daemon, oldest first. One the daemon still holds stays, for a later release to retry
+  // (the daemon lets go of a set once every local client released it, and of device memory once
+  // the GPU is through it and NCCL's registration is undone).
   constexpr size_t kKeptOutputs = 8;
-  int device = -1;
-  size_t bytes = 0;
-  while (Segment* oldest = free_outputs_.take_oldest_beyond(kKeptOutputs, &device, &bytes)) {
-    if (!free_segment(oldest->id)) {
-      free_outputs_.keep_oldest(oldest, device, bytes);
-      break;
+  auto trim = [this](auto& pool) {
+    int device = -1;
+    size_t bytes = 0;
+    while (auto* oldest = pool.take_oldest_beyond(kKeptOutputs, &device, &bytes)) {
+      if (!free_segment(oldest->id)) {
+        pool.keep_oldest(oldest, device, bytes);
+        break;
+      }
     }
-  }
-  // Device outputs are kept: the daemon does not free device memory yet (its NCCL engine keeps
-  // what it registered until the job ends).
+  };
+  trim(free_outputs_);
+  trim(free_device_outputs_);
 }
 
 ClientImpl::Segment& ClientImpl::output_segment(size_t bytes) {

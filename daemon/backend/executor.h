@@ -69,9 +69,12 @@ struct BucketCall {
 // reduce-scatter compare a hash of a sample of their reduced copy, and a node that disagrees
 // fails the job, named. `corrupt_at_seq` is a test hook: this node flips a byte of its reduced
 // copy of that operation's buckets, as a bad memory bit or a faulty core would.
+// `fail_alloc_at_seq`, a test hook of the same path: a reduction task of that operation's
+// cross-node buckets throws std::bad_alloc, as memory running out on a pool thread would.
 struct IntegrityCheck {
   uint64_t every = 0;
   std::optional<uint64_t> corrupt_at_seq;
+  std::optional<uint64_t> fail_alloc_at_seq;
 };
 
 using BucketDone = std::function<void(const Status&)>;

@@ -312,20 +312,18 @@ asio::awaitable<Status> ClientHandler::on_free_segment(const control::FreeSegmen
     co_return Status::invalid_argument("free: segment " + std::to_string(id) + " is not one of this client's (" +
                                        std::to_string(segments_.size()) + " announced and not freed)");
   }
-  if (found->second->device() >= 0) {
-    // The NCCL engine keeps its registration of device memory (ncclCommRegister, by address)
-    // until the job ends: memory freed under it, and a later segment mapped at the same
-    // address, would be reduced through the stale registration.
-    co_return Status::not_supported("free: segment " + std::to_string(id) +
-                                    " is device memory, which the daemon frees when the client leaves, not before");
-  }
   // Only this handler holds it: no set of the client's (registered, waiting, or released but
-  // not yet dropped by every local client) and no operation in flight. Every other holder got
-  // its reference from segments_ on this thread, so none can appear while this runs.
+  // not yet dropped by every local client), no operation in flight, and for device memory no
+  // NCCL registration (the CUDA executor holds the region until it undid the registration, once
+  // the GPU is through the sets that used it). Every other holder got its reference from
+  // segments_ on this thread, so none can appear while this runs.
   if (found->second.use_count() > 1) {
-    co_return Status::invalid_argument("free: segment " + std::to_string(id) +
-                                       " is still used by a set of this client's (registered, or released but not "
-                                       "yet dropped: the daemon drops a set once every local client released it)");
+    co_return Status::invalid_argument(
+        "free: segment " + std::to_string(id) +
+        " is still used by a set of this client's (registered, or released but not yet dropped: the daemon drops a "
+        "set once every local client released it" +
+        (found->second->device() >= 0 ? std::string(", and undoes its NCCL registration once the GPU is through it)")
+                                      : std::string(")")));
   }
   std::shared_ptr<const MemoryRegion> region = std::move(found->second);
   segments_.erase(found);

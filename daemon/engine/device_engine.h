@@ -82,6 +82,11 @@ class DeviceCollectiveEngine {
   // Registers a buffer of the daemon's with the communicator of `device` for zero-copy
   // (ncclCommRegister), once; *registered says whether the library took it.
   virtual Status register_buffer(int device, void* data, size_t bytes, bool* registered) = 0;
+  // Undoes register_buffer(device, data) (ncclCommDeregister), so that the memory may be
+  // unmapped; a buffer never registered (or refused) is only forgotten. The caller guarantees
+  // that no collective queued on the engine still uses it. An error leaves the registration in
+  // place: the memory must then stay mapped as long as the engine lives.
+  virtual Status deregister_buffer(int device, void* data) = 0;
 
   virtual void watch(std::string what, std::function<Status(bool* done)> poll, std::chrono::milliseconds timeout,
                      EngineDone done) = 0;

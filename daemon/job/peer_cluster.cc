@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <sstream>
+#include <thread>
 
 #include "daemon/job/config_channel.h"
 #include "daemon/job/layout_record.h"
@@ -24,6 +25,9 @@ constexpr auto kTableSlack = std::chrono::milliseconds(2000);
 
 // How long explain() waits for a peer daemon to answer before calling it unreachable.
 constexpr auto kProbeTimeout = std::chrono::milliseconds(1000);
+// How long explain() keeps asking for a failure notice when a peer reset its connections while
+// its daemon answers (a node that failed the job publishes why after it closed them).
+constexpr auto kNoticeWait = std::chrono::milliseconds(2000);
 
 }  // namespace
 
@@ -425,7 +429,22 @@ Status PeerCluster::explain(const Status& error) {
   if (Status why = aborted(); !why.ok()) return why;
   std::vector<int> others;
   for (int n = 0; n < options_.topology.nodes; ++n) others.push_back(n);
-  const std::map<int, NodeState> states = probe(others);
+  std::map<int, NodeState> states = probe(others);
+  // A peer that closed its connections while its daemon still answers has, most likely, failed
+  // the job itself: it aborts its engines at once and publishes why only after its bucket in
+  // flight is back (Worker::shut_down), so the notice may be a moment behind the reset. Asked
+  // again, within a bound, so that the error names that node and its cause.
+  const auto blamed = [](const std::map<int, NodeState>& s) {
+    return std::any_of(s.begin(), s.end(), [](const auto& entry) {
+      return entry.second.failure || (entry.second.asked && !entry.second.answers);
+    });
+  };
+  const auto notice_deadline = std::chrono::steady_clock::now() + kNoticeWait;
+  while (error.code() == ErrorCode::kPeerLost && !blamed(states) && std::chrono::steady_clock::now() < notice_deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (Status why = aborted(); !why.ok()) return why;
+    states = probe(others);
+  }
   // Gone nodes lead: a node that failed usually failed because of them, and its own notice
   // names them second-hand.
   std::string gone, failed;

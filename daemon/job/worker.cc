@@ -5,17 +5,6 @@
 namespace gradsync {
 namespace {
 
-// What the exception being handled says; call only inside a catch block.
-std::string current_exception_text() {
-  try {
-    throw;
-  } catch (const std::exception& e) {
-    return e.what();
-  } catch (...) {
-    return "unknown exception";
-  }
-}
-
 // The worker re-checks its stop flag at least this often even if a hostile client scribbles
 // over the doorbell's waiter count and a wake-up is lost.
 constexpr auto kWakeSlice = std::chrono::milliseconds(200);

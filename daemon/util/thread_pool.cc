@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <exception>
 
 namespace gradsync {
 
@@ -14,6 +15,7 @@ struct ThreadPool::Batch {
   std::atomic<size_t> done{0};
   Mutex mutex;
   CondVar finished;
+  std::exception_ptr failed GS_GUARDED_BY(mutex);  // the first task's exception
 };
 
 ThreadPool::ThreadPool(size_t threads) {
@@ -35,8 +37,14 @@ ThreadPool::~ThreadPool() {
 // increment of `done` happens under the batch mutex (so the owner cannot return, and destroy
 // the batch, while the helper still touches it).
 void ThreadPool::finish_one(Batch& batch, size_t i) {
-  (*batch.task)(i);
+  std::exception_ptr failed;
+  try {
+    (*batch.task)(i);
+  } catch (...) {
+    failed = std::current_exception();
+  }
   MutexLock lock(batch.mutex);
+  if (failed && !batch.failed) batch.failed = failed;
   if (batch.done.fetch_add(1) + 1 == batch.count) batch.finished.notify_all();
 }
 
@@ -60,8 +68,13 @@ void ThreadPool::parallel_for(size_t count, const std::function<void(size_t)>& t
     batches_.erase(std::find(batches_.begin(), batches_.end(), &batch));
   }
   // Helpers may still be inside a task they claimed; the batch must outlive them.
-  MutexLock lock(batch.mutex);
-  while (batch.done.load() != batch.count) batch.finished.wait(lock);
+  std::exception_ptr failed;
+  {
+    MutexLock lock(batch.mutex);
+    while (batch.done.load() != batch.count) batch.finished.wait(lock);
+    failed = batch.failed;
+  }
+  if (failed) std::rethrow_exception(failed);
 }
 
 void ThreadPool::run_worker() {

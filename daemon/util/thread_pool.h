@@ -23,8 +23,9 @@ class ThreadPool {
 
   size_t size() const { return workers_.size() + 1; }
 
-  // Calls task(i) for i in [0, count), in any order and on any thread. Exceptions must not
-  // escape task (the reduction tasks do not throw).
+  // Calls task(i) for i in [0, count), in any order and on any thread. A task that throws (memory
+  // running out in a task's own buffers) still counts as done; once every task is, the first
+  // exception is rethrown on the caller's thread, never on a pool thread.
   void parallel_for(size_t count, const std::function<void(size_t)>& task);
 
  private:

@@ -15,6 +15,7 @@
 #include <csignal>
 #include <random>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "daemon/reduce/simd.h"
@@ -138,6 +139,43 @@ TEST_CASE("gpu end to end: the health of a device allreduce equals the host's, a
           Work again = client.allreduce(set, options);
           if (!again.wait(kOperationBound)) return fail("timed out");
           if (!again.found_inf()) return fail("the inf in rank 1's tensor 2 was not found");
+          return kOk;
+        }) == 0);
+}
+
+// Device memory goes back before the client leaves: once every rank released the set, the
+// daemon drops it (after its GPU work, and NCCL's registration where there is one), and the free
+// is answered; until then it is refused as still used. New memory then reduces as before.
+TEST_CASE("gpu end to end: device memory of a released set is freed, and new memory reduces", "[gpu][e2e][free]") {
+  CHECK(run_ranks(2, [&](int rank, Client& client, const std::vector<SharedTensor>& tensors, const TensorSet& set) {
+          if (!client.allreduce(set, ReduceOptions{ReduceOp::kSum}).wait(kOperationBound)) return fail("timed out");
+          client.release(set);
+          const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+          for (int refused = 0;; ++refused) {
+            try {
+              client.free_memory(tensors[0]);
+              std::printf("free: rank %d freed its device memory after %d refusals\n", rank, refused);
+              break;
+            } catch (const Error& e) {
+              if (e.code() != ErrorCode::kInvalidArgument || std::chrono::steady_clock::now() > deadline) {
+                return fail(std::string("free_memory of device memory: ") + e.what());
+              }
+              std::this_thread::sleep_for(std::chrono::milliseconds(10));
+            }
+          }
+          const std::vector<SharedTensor> again = client.allocate_device_flat(kSpecs, 0);
+          for (const SharedTensor& t : again) {
+            if (!fill(t, rank + 10)) return fail("cudaMemcpy to the device failed");
+          }
+          const TensorSet second = client.register_tensors(again, {});
+          if (!client.allreduce(second, ReduceOptions{ReduceOp::kSum}).wait(kOperationBound)) return fail("timed out");
+          for (const SharedTensor& t : again) {
+            const std::vector<float> got = read(t);
+            for (size_t i = 0; i < got.size(); ++i) {
+              const float want = value(10, i) + value(11, i);
+              if (got[i] != want) return fail("after the free: element " + std::to_string(i) + " is " + std::to_string(got[i]));
+            }
+          }
           return kOk;
         }) == 0);
 }

@@ -82,6 +82,8 @@ void TestCluster::restart(int n, const std::vector<std::string>& extra) {
   std::vector<std::string> node_args = args_;
   node_args.insert(node_args.end(), extra.begin(), extra.end());
   node_args.insert(node_args.end(), {"--peer-listen", n == 0 ? rendezvous_ : "127.0.0.1:0"});
+  // The old one goes first: node 0's successor listens on the same (rendezvous) port.
+  daemons_.at(static_cast<size_t>(n)).reset();
   daemons_.at(static_cast<size_t>(n)) = std::make_unique<TestDaemon>(node_args);
 }
 

@@ -82,9 +82,10 @@ std::vector<std::byte> expected(DType dtype, const ReduceOptions& o, const std::
   return bytes_of(dtype, acc);
 }
 
-std::vector<int> all_ranks() {
+// Every rank of a job on `nodes` nodes (kLocal clients each).
+std::vector<int> all_ranks(int nodes = kNodes) {
   std::vector<int> ranks;
-  for (int r = 0; r < kWorld; ++r) ranks.push_back(r);
+  for (int r = 0; r < nodes * kLocal; ++r) ranks.push_back(r);
   return ranks;
 }
 
@@ -267,12 +268,23 @@ namespace {
 
 double wire_value(int rank, uint64_t tensor, uint64_t i) {
   const uint64_t h = (static_cast<uint64_t>(rank) * 2654435761u + i * 40503u + tensor * 97u) % 128'000u;
-  return (static_cast<double>(h) - 64'000.0) / 64.0;  // multiples of 1/64 in [-1000, 1000)
+  const double value = (static_cast<double>(h) - 64'000.0) / 64.0;  // multiples of 1/64 in [-1000, 1000)
+  // Tensor 1 holds gradients of a small magnitude, within float32's exact range (below 2^-20,
+  // so most are float16 subnormals, and many below half its smallest step, flushed to zero).
+  return tensor == 1 ? value * 0x1p-30 : value;
 }
 
 int check_wire(int nodes, int rank, const std::vector<SharedTensor>& tensors, ReduceOp op, DType wire,
                const std::vector<int>& ranks, size_t* inexact) {
+  // The relative unit, and half the smallest (subnormal) step: the absolute error of one rounding
+  // of a value below the normal range (docs/how-it-works.md).
   const double u = wire == DType::kBFloat16 ? 0x1p-8 : 0x1p-11;
+  const double eta = wire == DType::kBFloat16 ? 0x1p-134 : 0x1p-25;
+  const auto g = [](double v) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.9g", v);
+    return std::string(text);
+  };
   for (uint64_t t = 0; t < tensors.size(); ++t) {
     const std::span<const float> got = tensors[t].as<const float>();
     for (uint64_t i = 0; i < got.size(); ++i) {
@@ -285,7 +297,7 @@ int check_wire(int nodes, int rank, const std::vector<SharedTensor>& tensors, Re
         exact += node_sum;
         magnitude += std::fabs(node_sum);
       }
-      double bound = (nodes + 1) * u * magnitude;
+      double bound = (nodes + 1) * (u * magnitude + eta);
       if (op == ReduceOp::kAvg) {
         exact /= static_cast<double>(ranks.size());
         bound = bound / static_cast<double>(ranks.size()) + 0x1p-23 * std::fabs(exact);
@@ -293,8 +305,7 @@ int check_wire(int nodes, int rank, const std::vector<SharedTensor>& tensors, Re
       const double error = std::fabs(static_cast<double>(got[i]) - exact);
       if (error > bound) {
         return fail("rank " + std::to_string(rank) + " tensor " + std::to_string(t) + " element " + std::to_string(i) +
-                    ": " + std::to_string(got[i]) + " is " + std::to_string(error) + " from " + std::to_string(exact) +
-                    ", more than the bound " + std::to_string(bound));
+                    ": " + g(got[i]) + " is " + g(error) + " from " + g(exact) + ", more than the bound " + g(bound));
       }
       *inexact += error != 0;
     }
@@ -577,6 +588,112 @@ TEST_CASE("multi-node: --integrity-check-every finds a node whose reduced copy d
     return kOk;
   });
   for (int status : statuses) CHECK(exit_code(status) == kOk);
+}
+
+// Whether a node reduces a bucket in place (its clients' memory holds the bucket as one run) or
+// staged is its own choice, by its memory layout: node 0's clients allocate flat, node 1's
+// tensor by tensor. The integrity check must hash the same stage on both, or every average
+// (divided in place, not in the staged copy) reads as corruption. Then, with two nodes, a
+// corrupted copy cannot be told from the right one: both nodes are named, neither blamed.
+TEST_CASE("multi-node: --integrity-check-every agrees across in-place and staged nodes, and blames no one on a tie",
+          "[integration][multinode][integrity]") {
+  TestCluster cluster(2, {"--integrity-check-every", "1"});
+  ::setenv("GRADSYNCD_TEST_CORRUPT_RESULT_AT_OP", "5", 1);
+  cluster.restart(0);  // with the cluster's flags, and the hook from the environment
+  ::unsetenv("GRADSYNCD_TEST_CORRUPT_RESULT_AT_OP");
+  const std::string job = unique_job("nodes-integrity-layouts");
+  const auto statuses = run_job(
+      cluster, job,
+      [&](int rank, Client& client) {
+        const std::vector<TensorSpec> specs = {{DType::kFloat32, 3000, "dp"}, {DType::kFloat32, 517, "dp"}};
+        std::vector<SharedTensor> tensors;
+        if (rank / kLocal == 0) {
+          tensors = client.allocate_flat(specs);
+        } else {
+          for (const TensorSpec& spec : specs) tensors.push_back(client.allocate(spec));
+        }
+        const TensorSet set = client.register_tensors(tensors, RegisterOptions{});
+        const ReduceOptions modes[] = {{ReduceOp::kSum},
+                                       {ReduceOp::kAvg},
+                                       {ReduceOp::kAvg, Scaling::kBefore},
+                                       {ReduceOp::kAvg, Scaling::kAfter, 4.0}};
+        int op = 0;
+        for (const ReduceOptions& options : modes) {
+          ++op;
+          for (uint64_t t = 0; t < tensors.size(); ++t) fill_exact(tensors[t], rank, t, op);
+          if (!client.allreduce(set, options).wait(std::chrono::seconds(60))) return fail("allreduce timed out");
+          for (uint64_t t = 0; t < tensors.size(); ++t) {
+            for (uint64_t i = 0; i < tensors[t].numel(); i += 7) {
+              if (int c = check(tensors[t], i, expected(DType::kFloat32, options, all_ranks(2), t, i, op),
+                                "operation " + std::to_string(op));
+                  c != kOk) {
+                return c;
+              }
+            }
+          }
+        }
+        try {
+          client.allreduce(set, ReduceOptions{ReduceOp::kSum}).wait(std::chrono::seconds(60));
+          return fail("operation 5 succeeded with node 0's copy corrupted");
+        } catch (const Error& e) {
+          const std::string& m = e.status().message();
+          if (m.find("silent data corruption: operation 5") == std::string::npos ||
+              m.find("nodes 0 and 1 reduced it to different bytes (nodes with the same copy: [0] [1]), and no "
+                     "majority tells which copy is wrong") == std::string::npos) {
+            return fail("unexpected error: " + m);
+          }
+        }
+        return kOk;
+      },
+      {}, 2);
+  for (int status : statuses) CHECK(exit_code(status) == kOk);
+}
+
+// Memory running out in the cross-node step (a test hook throws std::bad_alloc from a reduction
+// task of node 1's operation 2) fails that job, named, on every rank; the daemon serves on, and
+// the next job on the same nodes runs.
+TEST_CASE("multi-node: memory running out in a cross-node bucket fails the job, not the daemon",
+          "[integration][multinode]") {
+  TestCluster cluster(2);
+  ::setenv("GRADSYNCD_TEST_FAIL_ALLOC_AT_OP", "2", 1);
+  cluster.restart(1);
+  ::unsetenv("GRADSYNCD_TEST_FAIL_ALLOC_AT_OP");
+  auto body = [&](bool fails) {
+    return [&, fails](int rank, Client& client) {
+      const std::vector<SharedTensor> tensors = client.allocate_flat(std::vector<TensorSpec>{{DType::kFloat32, 5000, "dp"}});
+      const TensorSet set = client.register_tensors(tensors, RegisterOptions{});
+      for (int op = 1; op <= 3; ++op) {
+        fill_exact(tensors[0], rank, 0, op);
+        try {
+          if (!client.allreduce(set, ReduceOptions{ReduceOp::kSum}).wait(std::chrono::seconds(60))) {
+            return fail("allreduce " + std::to_string(op) + " timed out");
+          }
+        } catch (const Error& e) {
+          const std::string& m = e.status().message();
+          // Every rank names the cause: node 1's own, and node 0's through node 1's notice.
+          if (fails && op == 2 && m.find("bad_alloc") != std::string::npos &&
+              (rank / kLocal == 1 || m.find("node 1") != std::string::npos)) {
+            return kOk;
+          }
+          return fail("operation " + std::to_string(op) + ": unexpected error: " + m);
+        }
+        if (fails && op == 2) return fail("operation 2 succeeded although node 1 ran out of memory");
+        if (int c = check(tensors[0], 4999, expected(DType::kFloat32, ReduceOptions{ReduceOp::kSum}, all_ranks(2), 0, 4999, op),
+                          "operation " + std::to_string(op));
+            c != kOk) {
+          return c;
+        }
+      }
+      return kOk;
+    };
+  };
+  for (int status : run_job(cluster, unique_job("nodes-bad-alloc"), body(true), {}, 2)) CHECK(exit_code(status) == kOk);
+  CHECK(cluster.node(1).running());
+  // Operation 2 of the next job fails again (the hook is by sequence number); operation 1 runs,
+  // so the daemon and its peer link serve on.
+  for (int status : run_job(cluster, unique_job("nodes-bad-alloc-next"), body(true), {}, 2)) {
+    CHECK(exit_code(status) == kOk);
+  }
 }
 
 TEST_CASE("multi-node: every operation and dtype is bit-exact across 3 daemons x 2 clients", "[integration][multinode]") {

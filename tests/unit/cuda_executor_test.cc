@@ -4,6 +4,7 @@
 #include "cuda_fixture.h"
 
 #include <cmath>
+#include <thread>
 
 #include "shared/half.h"
 
@@ -514,6 +515,91 @@ TEST_CASE("cuda executor: a DDP job's 25 sets on the same GPUs share one NCCL co
   REQUIRE(executor.admit(*elsewhere, admission).ok());
   REQUIRE(engines.made.size() == 3);
   CHECK(engines.made[2]->spec.parent == nullptr);
+}
+
+TEST_CASE("cuda executor: a VMM region's NCCL registration is undone once no set uses it and the GPU is through, "
+          "and the region is let go",
+          "[cuda][executor][nccl]") {
+  // What lets a client free device memory before it leaves (a staging area of a released set):
+  // the registration kept the region mapped, and must be undone before the memory is unmapped.
+  Fixture f(DType::kFloat32, {0, 0, 1});
+  add_event_rings(f);  // answered at enqueue: a released set's buckets may still be on the GPU
+  HostDeviceEngines engines;
+  CudaExecutor executor(options_for(f, &engines));
+  LocalRendezvous local;
+  SetAdmission admission{"j", &local, &f.topology};
+  auto first = std::make_shared<TensorSet>(*f.set);
+  auto second = std::make_shared<TensorSet>(*f.set);  // the same memory, as a pooled staging area
+  first->id = 0;
+  second->id = 1;
+  REQUIRE(executor.admit(*first, admission).ok());
+  REQUIRE(executor.admit(*second, admission).ok());
+  REQUIRE(engines.made.size() == 1);
+  HostDeviceEngine& engine = *engines.made[0];
+  CHECK(engine.registrations.size() == 3);  // each client's region once, not once per set
+  std::vector<std::weak_ptr<const MemoryRegion>> regions(f.set->regions.begin(), f.set->regions.end());
+  std::vector<bool> gpu_busy_at_deregistration;
+  engine.on_deregister = [&] { gpu_busy_at_deregistration.push_back(f.api.events_pending.load()); };
+
+  // A bucket of the first set, queued on the GPUs and not through yet.
+  BucketCall call = f.call(OpKind::kAllreduce, 1);
+  call.set = first;
+  std::optional<Status> answer;
+  executor.launch(call, [&](const Status& s) { answer = s; });
+  REQUIRE(answer.has_value());
+  REQUIRE(answer->ok());
+  f.api.events_pending = true;
+  executor.retire_set(0);  // the second still uses every region: nothing is undone
+  CHECK(engine.deregistrations.empty());
+  // The last user goes while the first's bucket is still on the GPU: undone once it is through.
+  // (Across GPUs the engine's watchdog answers the bucket once its events are through.)
+  std::thread gpu([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    f.api.events_pending = false;
+    while (engine.finish()) {
+    }
+  });
+  executor.retire_set(1);
+  gpu.join();
+  CHECK(engine.deregistrations.size() == 3);
+  auto sorted = [](std::vector<std::pair<int, void*>> v) {
+    std::sort(v.begin(), v.end());
+    return v;
+  };
+  CHECK(sorted(engine.deregistrations) == sorted(engine.registrations));
+  CHECK(gpu_busy_at_deregistration == std::vector<bool>(3, false));
+  // Nothing of the executor's holds the regions now.
+  first.reset();
+  second.reset();
+  call.set.reset();
+  f.set.reset();
+  for (const auto& region : regions) CHECK(region.expired());
+}
+
+TEST_CASE("cuda executor: a registration NCCL would not undo keeps its region mapped, and later sets register anew",
+          "[cuda][executor][nccl]") {
+  Fixture f(DType::kFloat32, {0, 0, 1});
+  HostDeviceEngines engines;
+  CudaExecutor executor(options_for(f, &engines));
+  LocalRendezvous local;
+  SetAdmission admission{"j", &local, &f.topology};
+  REQUIRE(executor.admit(*f.set, admission).ok());
+  HostDeviceEngine& engine = *engines.made.at(0);
+  std::vector<std::weak_ptr<const MemoryRegion>> regions(f.set->regions.begin(), f.set->regions.end());
+  // Offered again when a new set uses the memory after the registration was undone.
+  executor.retire_set(f.set->id);
+  CHECK(engine.deregistrations.size() == 3);
+  auto again = std::make_shared<TensorSet>(*f.set);
+  again->id = 5;
+  REQUIRE(executor.admit(*again, admission).ok());
+  CHECK(engine.registrations.size() == 6);
+  // Refused: the region stays held by the executor, so nothing else can be mapped at its address.
+  engine.fail_deregister = Status::internal("ncclCommDeregister failed (fake)");
+  executor.retire_set(5);
+  CHECK(engine.deregistrations.size() == 3);
+  again.reset();
+  f.set.reset();
+  for (const auto& region : regions) CHECK_FALSE(region.expired());
 }
 
 TEST_CASE("cuda executor: a group is split off the job's 'dp' communicator, which is made first",

@@ -224,8 +224,16 @@ class HostDeviceEngine final : public DeviceCollectiveEngine {
     }
     return Status();
   }
-  Status register_buffer(int, void*, size_t, bool* registered) override {
-    *registered = false;
+  // Records what is registered, as (GPU, address); takes it when `take_registrations`.
+  Status register_buffer(int device, void* data, size_t, bool* registered) override {
+    registrations.emplace_back(device, data);
+    *registered = take_registrations;
+    return Status();
+  }
+  Status deregister_buffer(int device, void* data) override {
+    if (!fail_deregister.ok()) return fail_deregister;
+    if (on_deregister) on_deregister();
+    deregistrations.emplace_back(device, data);
     return Status();
   }
   void watch(std::string what, std::function<Status(bool*)> poll, std::chrono::milliseconds,
@@ -263,6 +271,10 @@ class HostDeviceEngine final : public DeviceCollectiveEngine {
   std::shared_ptr<bool> abandoned = std::make_shared<bool>(false);  // outlives the (leaked) engine
   std::vector<std::string> calls;
   std::vector<size_t> counts;  // the element count of each allreduce and reduce
+  bool take_registrations = false;
+  Status fail_deregister;
+  std::function<void()> on_deregister;  // called as each deregistration is made
+  std::vector<std::pair<int, void*>> registrations, deregistrations;
   std::function<void()> on_collective;  // called as each allreduce is issued
   std::vector<std::string> watched;
   struct Pending {

@@ -208,6 +208,7 @@ class FakeNccl final : public NcclApi {
   Status deregister_buffer(void* comm, void*) override {
     Inside in(this, comm);
     std::lock_guard lock(mutex);
+    if (fail_deregister) return Status::internal("ncclCommDeregister refused (fake)");
     ++deregistrations;
     return Status();
   }
@@ -248,6 +249,7 @@ class FakeNccl final : public NcclApi {
   int deregistrations = 0;
   int polls_until_ready = 2;
   bool register_without_handle = false;  // as NCCL answers where it does not register
+  bool fail_deregister = false;
   int fail_init_rank = -1;
   std::atomic<bool> hang{false};
   std::mutex abort_gate_mutex;
@@ -373,6 +375,26 @@ TEST_CASE("nccl engine: one node with two GPUs creates both ranks inside one gro
     REQUIRE(engine.register_buffer(0, reinterpret_cast<void*>(0x9000), 1 << 20, &registered).ok());
     CHECK_FALSE(registered);
     CHECK(nccl.registrations == 2);
+    // Undone through NCCL only where it registered; forgotten either way, so that memory later
+    // mapped at the same address is offered again.
+    REQUIRE(engine.deregister_buffer(1, reinterpret_cast<void*>(0x5000)).ok());
+    CHECK(nccl.deregistrations == 1);
+    REQUIRE(engine.deregister_buffer(0, reinterpret_cast<void*>(0x9000)).ok());
+    CHECK(nccl.deregistrations == 1);
+    REQUIRE(engine.deregister_buffer(0, reinterpret_cast<void*>(0x7000)).ok());  // never registered
+    CHECK(nccl.deregistrations == 1);
+    nccl.register_without_handle = false;
+    REQUIRE(engine.register_buffer(1, reinterpret_cast<void*>(0x5000), 1 << 20, &registered).ok());
+    CHECK(registered);
+    CHECK(nccl.registrations == 3);
+    // NCCL's refusal keeps it registered (the caller then keeps the memory mapped), named.
+    nccl.fail_deregister = true;
+    const Status refused = engine.deregister_buffer(1, reinterpret_cast<void*>(0x5000));
+    CHECK(refused.code() == ErrorCode::kInternal);
+    CHECK_THAT(refused.message(), Catch::Contains("GPU 1") && Catch::Contains("refused"));
+    nccl.fail_deregister = false;
+    REQUIRE(engine.deregister_buffer(1, reinterpret_cast<void*>(0x5000)).ok());
+    CHECK(nccl.deregistrations == 2);
   }
   CHECK(nccl.aborts == 2);  // every communicator ended, and only once
 }

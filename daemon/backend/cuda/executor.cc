@@ -420,6 +420,7 @@ Status CudaExecutor::admit(const TensorSet& set, const SetAdmission& admission) 
 
 void CudaExecutor::retire_set(uint32_t set_id) {
   if (lost_) return;  // GPU work that never drained may still read them: kept, as in the destructor
+  deregister_unused(set_id);
   for (auto it = tables_.begin(); it != tables_.end();) {
     if (std::get<0>(it->first) != set_id) {
       ++it;
@@ -444,6 +445,50 @@ void CudaExecutor::retire_set(uint32_t set_id) {
   std::erase_if(engine_by_set_, [set_id](const auto& entry) { return entry.first.first == set_id; });
 }
 
+void CudaExecutor::deregister_unused(uint32_t set_id) {
+  std::vector<std::tuple<DeviceCollectiveEngine*, int, const std::byte*>> unused;
+  for (auto& [key, registration] : registrations_) {
+    if (registration.sets.erase(set_id) > 0 && registration.sets.empty()) unused.push_back(key);
+  }
+  if (unused.empty()) return;
+  // NCCL may still read the memory in a bucket queued on a GPU (answered at enqueue), of this
+  // set or of an earlier one that used it too; undoing the registration under it is undefined.
+  // Released sets rarely have buckets left, and this waits only for what the GPU was given.
+  if (Status drained = drain(); !drained.ok()) {
+    log_.warning("set " + std::to_string(set_id) + " was released with buckets still on the GPU (" +
+                 drained.message() + "): its memory stays registered with NCCL, and mapped, until the job ends");
+    return;
+  }
+  for (const auto& key : unused) {
+    auto [engine, device, base] = key;
+    const Registration& registration = registrations_.at(key);
+    const Status status = engine->deregister_buffer(device, const_cast<std::byte*>(base));
+    if (!status.ok()) {
+      log_.warning("a " + std::to_string(registration.region->size()) + "-byte VMM region on GPU " +
+                std::to_string(device) + " stays mapped until the job ends: " + status.message());
+      continue;  // kept: the engine may still hold it
+    }
+    registrations_.erase(key);  // the region goes once nothing else holds it
+  }
+}
+
+Status CudaExecutor::drain() {
+  for (auto& [device, state] : devices_) {
+    Backoff backoff;
+    for (;;) {
+      if (Status s = retire(device, false); !s.ok()) return s;
+      if (state.queued.empty()) break;
+      if (Status why = aborted(); !why.ok()) return why;
+      const Queued& oldest = state.queued.front();
+      if (std::chrono::steady_clock::now() - oldest.since > watch_timeout_) {
+        return Status::timeout(oldest.what + " on GPU " + std::to_string(device) + " has not finished on the GPU");
+      }
+      backoff.pause();
+    }
+  }
+  return Status();
+}
+
 void CudaExecutor::register_regions(const TensorSet& set, DeviceCollectiveEngine& engine, const std::string& what) {
   // VMM imports only: NCCL registers through cuMemRetainAllocationHandle, which legacy IPC
   // openings do not support when one process drives several GPUs (GPU-NOTES.md).
@@ -451,6 +496,11 @@ void CudaExecutor::register_regions(const TensorSet& set, DeviceCollectiveEngine
   for (const auto& region : set.regions) {
     if (region->kind() != MemoryKind::kCudaVmm) continue;
     if (std::find(devices.begin(), devices.end(), region->device()) == devices.end()) continue;
+    Registration& registration = registrations_[{&engine, region->device(), region->base()}];
+    const bool known = !registration.sets.empty();
+    registration.sets.insert(set.id);
+    if (known) continue;  // offered for an earlier set, still live
+    registration.region = region;
     bool registered = false;
     const Status status = engine.register_buffer(region->device(), region->base(), region->size(), &registered);
     log_.info(what + ": a " + std::to_string(region->size()) + "-byte VMM region on GPU " +

@@ -239,8 +239,15 @@ class CudaExecutor final : public BucketExecutor {
   Status share_engine(const TensorSet& set, const std::string& group, DeviceEngineSpec* spec,
                       const SetAdmission& admission, bool* shared);
   Status aborted();  // the abort's reason, ok while not aborted
-  // Offers the set's VMM regions on the engine's GPUs to NCCL, logging whether it took each.
+  // Offers the set's VMM regions on the engine's GPUs to NCCL, logging whether it took each, and
+  // records the set as a user of each registration.
   void register_regions(const TensorSet& set, DeviceCollectiveEngine& engine, const std::string& what);
+  // retire_set(): the registrations no set uses any more are undone once the GPU is through
+  // every bucket queued so far (a bucket of another set, retired earlier, may have used the same
+  // memory), which lets go of their regions; on a failure they stay.
+  void deregister_unused(uint32_t set_id);
+  // Polls (bounded as retire() is) until no bucket is queued on any GPU.
+  Status drain();
 
   DeviceApi* api_;
   KernelLauncher* kernels_;
@@ -251,6 +258,16 @@ class CudaExecutor final : public BucketExecutor {
   Mutex mutex_;
   Status aborted_ GS_GUARDED_BY(mutex_);
   std::set<int> used_devices_ GS_GUARDED_BY(mutex_);  // GPUs this executor has work on
+  // NCCL registrations of clients' VMM regions, by (engine, GPU, address): each keeps its
+  // region mapped (so that no other memory appears at a registered address) until it is undone,
+  // once no set of the engine uses it (deregister_unused). That is what lets a client free
+  // device memory before it leaves. Worker thread only; declared before engines_ so that it goes
+  // after them (the destructor ends the engines first, and with them their registrations).
+  struct Registration {
+    std::shared_ptr<const MemoryRegion> region;
+    std::set<uint32_t> sets;  // the live sets that use it on the engine
+  };
+  std::map<std::tuple<DeviceCollectiveEngine*, int, const std::byte*>, Registration> registrations_;
   // Made on the worker thread; abort() reaches them under mutex_. One per (group, layout), by
   // its name; every set's (set, group) points at its engine, and each layout at the name of
   // the engine its sets share.

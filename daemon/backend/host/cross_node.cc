@@ -227,8 +227,13 @@ enum class Results { kEveryone, kRoot, kShards };
 // Reduce-scatter crosses nodes as an allreduce of the bucket of which each node keeps its
 // ranks' shards: the same engine calls as the staged allreduce, and twice the bytes a native
 // reduce-scatter would move (docs/limitations.md).
+// `checked`: the integrity check hashes this operation's reduced copy. It is then staged on
+// every node, so that every node hashes the same stage (the carried sums, before any divide):
+// in place, the node buffer is the clients' memory, which the finish overwrites with the
+// averages, while the staged copy keeps the sums. Nodes choose in place by their own memory
+// layout, so two nodes of one job may differ.
 Status reduce_across(const BucketCall& c, ThreadPool& pool, const std::shared_ptr<NodeBuffers>& buffers,
-                     Results results, Reduced* reduced) {
+                     Results results, bool checked, Reduced* reduced) {
   const TensorSet& set = *c.set;
   const bool to_root = results == Results::kRoot;
   // In place, the clients' memory holds the node's partial sums: only an allreduce, which then
@@ -240,7 +245,7 @@ Status reduce_across(const BucketCall& c, ThreadPool& pool, const std::shared_pt
   const bool compressed = c.desc.wire != DType::kFloat32;
   const bool masked = set.masked();
   if (results == Results::kEveryone && set.canonical_run[c.bucket] && !c.health && !compressed && !masked &&
-      reduce::accumulation_dtype(c.args.dtype) == c.args.dtype) {
+      !checked && reduce::accumulation_dtype(c.args.dtype) == c.args.dtype) {
     return allreduce_in_place(c, pool, reduced);
   }
   const auto& members = set.participants[c.bucket];
@@ -546,31 +551,49 @@ Status compare_results(const BucketCall& c, const std::byte* data, size_t bytes)
   std::map<uint64_t, std::vector<int>> by_hash;
   for (size_t n = 0; n < exchange->all.size(); ++n) by_hash[exchange->all[n].hash].push_back(nodes[n]);
   if (by_hash.size() == 1) return Status();
-  // The largest agreeing group is taken for the right result (on a tie, the one with the
-  // lowest node); the others are named.
-  auto majority = by_hash.begin();
-  for (auto it = by_hash.begin(); it != by_hash.end(); ++it) {
-    if (it->second.size() > majority->second.size() ||
-        (it->second.size() == majority->second.size() && it->second.front() < majority->second.front())) {
-      majority = it;
-    }
-  }
   const auto list = [](const std::vector<int>& ns) {
     std::string text;
     for (size_t i = 0; i < ns.size(); ++i) text += (i ? (i + 1 == ns.size() ? " and " : ", ") : "") + std::to_string(ns[i]);
     return text;
   };
+  const std::string what = "silent data corruption: operation " + std::to_string(c.seq) + " (" +
+                           describe(c.desc, c.set.get()) + "), bucket " + std::to_string(c.bucket) + ": ";
+  const std::string after = " (--integrity-check-every compares a sample of every node's copy); the job is failed "
+                            "rather than train on it";
+  // The largest agreeing group is taken for the right result; where two groups tie for it (two
+  // nodes always do), which copy is wrong cannot be told, and no node is blamed.
+  auto majority = by_hash.begin();
+  bool tied = false;
+  for (auto it = std::next(by_hash.begin()); it != by_hash.end(); ++it) {
+    if (it->second.size() > majority->second.size()) {
+      majority = it;
+      tied = false;
+    } else if (it->second.size() == majority->second.size()) {
+      tied = true;
+    }
+  }
+  if (tied) {
+    std::vector<int> all = nodes;
+    std::sort(all.begin(), all.end());
+    std::string groups;
+    for (const auto& [hash, ns] : by_hash) {
+      std::string members;
+      for (int n : ns) members += (members.empty() ? "" : ", ") + std::to_string(n);
+      groups += (groups.empty() ? "[" : " [") + members + "]";
+    }
+    return Status::internal(what + "nodes " + list(all) + " reduced it to different bytes (nodes with the same copy: " +
+                            groups + "), and no majority tells which copy is wrong" + after +
+                            ": check every one of those nodes' memory and CPUs (with 3 or more nodes the check names "
+                            "the odd one out)");
+  }
   std::vector<int> odd;
   for (const auto& [hash, ns] : by_hash) {
     if (hash != majority->first) odd.insert(odd.end(), ns.begin(), ns.end());
   }
   std::sort(odd.begin(), odd.end());
-  return Status::internal("silent data corruption: operation " + std::to_string(c.seq) + " (" +
-                          describe(c.desc, c.set.get()) + "), bucket " + std::to_string(c.bucket) + ": node" +
-                          (odd.size() > 1 ? "s " : " ") + list(odd) + " reduced it to different bytes than node" +
-                          (majority->second.size() > 1 ? "s " : " ") + list(majority->second) +
-                          " (--integrity-check-every compares a sample of every node's copy); the job is failed "
-                          "rather than train on it: check those nodes' memory and CPUs");
+  return Status::internal(what + "node" + (odd.size() > 1 ? "s " : " ") + list(odd) +
+                          " reduced it to different bytes than node" + (majority->second.size() > 1 ? "s " : " ") +
+                          list(majority->second) + after + ": check those nodes' memory and CPUs");
 }
 
 }  // namespace
@@ -586,9 +609,11 @@ Status execute_across_nodes(const BucketCall& c, ThreadPool& pool, std::shared_p
     case OpKind::kAllreduce:
     case OpKind::kReduceScatter: {
       Reduced reduced;
+      const bool checked = integrity.every != 0 && c.seq % integrity.every == 0;
       const Status status = reduce_across(
-          c, pool, buffers, c.desc.kind == OpKind::kAllreduce ? Results::kEveryone : Results::kShards, &reduced);
-      if (!status.ok() || integrity.every == 0 || c.seq % integrity.every != 0) return status;
+          c, pool, buffers, c.desc.kind == OpKind::kAllreduce ? Results::kEveryone : Results::kShards, checked,
+          &reduced);
+      if (!status.ok() || !checked) return status;
       // The test hook flips a byte the sample looks at (a sample misses what it does not touch).
       if (integrity.corrupt_at_seq == c.seq && reduced.bytes > 0) {
         reduced.data[sample_shift(reduced.bytes, c.seq)] ^= std::byte{0x40};
@@ -597,7 +622,7 @@ Status execute_across_nodes(const BucketCall& c, ThreadPool& pool, std::shared_p
     }
     case OpKind::kReduce: {
       Reduced reduced;
-      return reduce_across(c, pool, buffers, Results::kRoot, &reduced);
+      return reduce_across(c, pool, buffers, Results::kRoot, false, &reduced);
     }
     case OpKind::kBroadcast: return broadcast(c, buffers);
     case OpKind::kAllgather: return allgather(c, buffers);

@@ -3,6 +3,8 @@
 #include "daemon/backend/host/local.h"
 #include "daemon/backend/host/masked.h"
 
+#include <new>
+
 namespace gradsync::host {
 
 HostExecutor::HostExecutor(ThreadPool* pool, Logger log, IntegrityCheck integrity)
@@ -88,11 +90,26 @@ void HostExecutor::run() {
       status = aborted_;
     }
     BucketTimings* timings = next.call.timings.get();
-    if (status.ok()) {
-      PhaseTimer timer(timings ? &timings->peers : nullptr);
-      status = check_sequence(next.call, integrity_.every);
+    try {
+      if (status.ok()) {
+        PhaseTimer timer(timings ? &timings->peers : nullptr);
+        status = check_sequence(next.call, integrity_.every);
+      }
+      if (status.ok() && integrity_.fail_alloc_at_seq == next.call.seq) {
+        const size_t tasks = pool_->size();
+        pool_->parallel_for(tasks, [tasks](size_t i) {
+          if (i + 1 == tasks) throw std::bad_alloc();  // a test hook (IntegrityCheck)
+        });
+      }
+      if (status.ok()) status = execute_across_nodes(next.call, *pool_, buffers_, integrity_);
+    } catch (...) {
+      // Memory ran out for the bucket's buffers (this thread's or a pool task's): the bucket
+      // fails, and the job with it, not the daemon. An engine call it started may still write
+      // the buffers it holds; the job's failure aborts the engine.
+      status = Status::resource_exhausted("the cross-node step of bucket " + std::to_string(next.call.bucket) +
+                                          " of operation " + std::to_string(next.call.seq) +
+                                          " failed: " + current_exception_text());
     }
-    if (status.ok()) status = execute_across_nodes(next.call, *pool_, buffers_, integrity_);
     if (timings) {
       timings->reported = true;
       timings->cross_node = true;

@@ -477,11 +477,10 @@ Status NcclEngine::register_buffer(int device, void* data, size_t bytes, bool* r
   if (Status status = unusable(); !status.ok()) return status;
   MutexLock lock(family_->calls);
   if (comms_aborted_) return Status::aborted("the communicators were aborted");
-  // Registrations live as long as the communicators (until parked, when they are undone, or
-  // aborted). That is sound only because a client's segment stays mapped in the daemon until
-  // the client leaves, which ends the job and with it this engine: no other memory can appear
-  // at a registered address meanwhile. A request that released one segment early would have to
-  // deregister it here first (ncclCommDeregister), once the GPU is through its sets' buckets.
+  // A registration lives until deregister_buffer() (the CUDA executor's, once no set of this
+  // engine uses the memory and the GPU is through it, before the memory may be unmapped), or
+  // until the communicators are parked (undone then) or aborted (NCCL drops them). Its owner
+  // keeps the memory mapped meanwhile: no other memory can appear at a registered address.
   if (auto it = registered_.find({device, data}); it != registered_.end()) {
     *registered = it->second != nullptr;
     return Status();
@@ -498,6 +497,24 @@ Status NcclEngine::register_buffer(int device, void* data, size_t bytes, bool* r
     return Status();
   }
   return Status::internal(spec_.what + ": GPU " + std::to_string(device) + " is not one of this engine's");
+}
+
+Status NcclEngine::deregister_buffer(int device, void* data) {
+  MutexLock lock(family_->calls);
+  auto it = registered_.find({device, data});
+  if (it == registered_.end()) return Status();
+  void* handle = it->second;
+  // Aborted or parked communicators hold no registration any more (NCCL drops them with the
+  // communicator; park_locked() undid them): nothing to undo.
+  if (handle && !comms_aborted_) {
+    const auto at = std::find(spec_.devices.begin(), spec_.devices.end(), device) - spec_.devices.begin();
+    if (Status status = api_->deregister_buffer(comms_[static_cast<size_t>(at)], handle); !status.ok()) {
+      return Status(status.code(), spec_.what + ": undoing the registration of a buffer on GPU " +
+                                       std::to_string(device) + ": " + status.message());
+    }
+  }
+  registered_.erase(it);
+  return Status();
 }
 
 void NcclEngine::watch(std::string what, std::function<Status(bool* done)> poll, std::chrono::milliseconds timeout,

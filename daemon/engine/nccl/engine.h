@@ -81,6 +81,7 @@ class NcclEngine final : public DeviceCollectiveEngine, private WatchedComms {
   Status reduce_scatter(std::span<const DeviceBuffer> in, std::span<const DeviceBuffer> out, size_t count,
                         const ReduceSpec& spec) override;
   Status register_buffer(int device, void* data, size_t bytes, bool* registered) override;
+  Status deregister_buffer(int device, void* data) override;
   void watch(std::string what, std::function<Status(bool* done)> poll, std::chrono::milliseconds timeout,
              EngineDone done) override;
   void abort(const Status& why) override;

@@ -179,16 +179,16 @@ def release_unused(client, owner, older_than):
     operation counts only, so every rank that runs the same collectives releases the same sets
     at the same point, and later registers the same ones again.
 
-    Host areas that stayed in the pool through a whole sweep (no later set took them) are freed:
+    Areas that stayed in the pool through a whole sweep (no later set took them) are freed:
     calls of ever-growing sizes would otherwise hold the sum of every size they made, not what
     they use. The memory goes back to the daemon only once it dropped the area's set (every
-    local rank released it); an area it still holds waits for the next sweep."""
+    local rank released it) and, for device memory, once its GPU is through the set and NCCL's
+    registration of it is undone; an area it still holds waits for the next sweep."""
     client._sweeps += 1
     kept = []
     for entry in client._staging_pool:
         area, device, copied_back, pooled_in = entry
-        # Device areas stay (the daemon does not free device memory yet: NCCL's registrations).
-        if device < 0 and pooled_in < client._sweeps and _freed(client, area, copied_back):
+        if pooled_in < client._sweeps and _freed(client, area, copied_back):
             continue
         kept.append(entry)
     client._staging_pool = kept
