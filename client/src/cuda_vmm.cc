@@ -22,6 +22,11 @@ class VmmAllocation final : public DeviceAllocation {
     CUcontext context = nullptr;
     const bool retained = d_->primary_ctx_retain(&context, device_) == CUDA_SUCCESS;
     const bool pushed = retained && d_->ctx_push(context) == CUDA_SUCCESS;
+    // As cudaFree does: the device's work that may still use the memory (the trainer's kernels
+    // reading a released set's outputs, which the client frees when it trims them) finishes
+    // first. cuMemUnmap does not wait in every case (PyTorch's expandable segments synchronise
+    // before unmapping too), and a kernel touching unmapped memory breaks the context for good.
+    if (pushed) d_->ctx_synchronize();
     d_->mem_unmap(address_, size_);
     d_->address_free(address_, size_);
     d_->mem_release(handle_);

@@ -440,9 +440,11 @@ Status PeerCluster::explain(const Status& error) {
     });
   };
   const auto notice_deadline = std::chrono::steady_clock::now() + kNoticeWait;
-  while (error.code() == ErrorCode::kPeerLost && !blamed(states) && std::chrono::steady_clock::now() < notice_deadline) {
+  // (An abort meanwhile, of this node's own job, ends the wait but not the explanation: the
+  // peer's reset came first.)
+  while (error.code() == ErrorCode::kPeerLost && !blamed(states) && aborted().ok() &&
+         std::chrono::steady_clock::now() < notice_deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    if (Status why = aborted(); !why.ok()) return why;
     states = probe(others);
   }
   // Gone nodes lead: a node that failed usually failed because of them, and its own notice

@@ -518,13 +518,16 @@ TEST_CASE("cuda executor: a DDP job's 25 sets on the same GPUs share one NCCL co
 }
 
 TEST_CASE("cuda executor: a VMM region's NCCL registration is undone once no set uses it and the GPU is through, "
-          "and the region is let go",
+          "without waiting, and the region is let go",
           "[cuda][executor][nccl]") {
   // What lets a client free device memory before it leaves (a staging area of a released set):
-  // the registration kept the region mapped, and must be undone before the memory is unmapped.
+  // the registration kept the region mapped, and must be undone before the memory is unmapped,
+  // but not while a queued bucket may still use it. The worker must not wait for that: a peer
+  // node may be waiting on it (a registration's exchange).
   Fixture f(DType::kFloat32, {0, 0, 1});
   add_event_rings(f);  // answered at enqueue: a released set's buckets may still be on the GPU
   HostDeviceEngines engines;
+  engines.take_registrations = true;
   CudaExecutor executor(options_for(f, &engines));
   LocalRendezvous local;
   SetAdmission admission{"j", &local, &f.topology};
@@ -551,17 +554,16 @@ TEST_CASE("cuda executor: a VMM region's NCCL registration is undone once no set
   f.api.events_pending = true;
   executor.retire_set(0);  // the second still uses every region: nothing is undone
   CHECK(engine.deregistrations.empty());
-  // The last user goes while the first's bucket is still on the GPU: undone once it is through.
-  // (Across GPUs the engine's watchdog answers the bucket once its events are through.)
-  std::thread gpu([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    f.api.events_pending = false;
-    while (engine.finish()) {
-    }
-  });
+  // The last user goes while the first's bucket is still on the GPU: nothing is undone yet,
+  // and the retirement returns at once.
   executor.retire_set(1);
-  gpu.join();
-  CHECK(engine.deregistrations.size() == 3);
+  CHECK(engine.deregistrations.empty());
+  // Once the GPUs are through (across GPUs the engine's watchdog answers the bucket), the next
+  // launch or retirement undoes them.
+  f.api.events_pending = false;
+  while (engine.finish()) {
+  }
+  executor.retire_set(7);  // some other set
   auto sorted = [](std::vector<std::pair<int, void*>> v) {
     std::sort(v.begin(), v.end());
     return v;
@@ -574,6 +576,57 @@ TEST_CASE("cuda executor: a VMM region's NCCL registration is undone once no set
   call.set.reset();
   f.set.reset();
   for (const auto& region : regions) CHECK(region.expired());
+}
+
+TEST_CASE("cuda executor: what NCCL did not take is forgotten at once, and a released region in use again stays "
+          "registered",
+          "[cuda][executor][nccl]") {
+  Fixture f(DType::kFloat32, {0, 0, 1});
+  add_event_rings(f);
+  HostDeviceEngines engines;  // NCCL registers nothing (NCCL_LOCAL_REGISTER=0)
+  CudaExecutor executor(options_for(f, &engines));
+  LocalRendezvous local;
+  SetAdmission admission{"j", &local, &f.topology};
+  auto first = std::make_shared<TensorSet>(*f.set);
+  first->id = 0;
+  REQUIRE(executor.admit(*first, admission).ok());
+  HostDeviceEngine& engine = *engines.made.at(0);
+  BucketCall call = f.call(OpKind::kAllreduce, 1);
+  call.set = first;
+  std::optional<Status> answer;
+  executor.launch(call, [&](const Status& s) { answer = s; });
+  REQUIRE(answer.has_value());
+  f.api.events_pending = true;
+  executor.retire_set(0);  // on the GPU still, but nothing of NCCL's holds the memory
+  CHECK(engine.deregistrations.size() == 3);
+  f.api.events_pending = false;
+  while (engine.finish()) {
+  }
+  // Taken by NCCL, released, then used by a new set before the GPU passed the fence: the
+  // registration stays, and is not made twice.
+  engine.take_registrations = true;
+  auto again = std::make_shared<TensorSet>(*f.set);
+  again->id = 1;
+  REQUIRE(executor.admit(*again, admission).ok());
+  CHECK(engine.registrations.size() == 6);
+  auto third = std::make_shared<TensorSet>(*f.set);
+  third->id = 2;
+  REQUIRE(executor.admit(*third, admission).ok());
+  executor.retire_set(1);
+  call.set = third;
+  answer.reset();
+  executor.launch(call, [&](const Status& s) { answer = s; });
+  f.api.events_pending = true;
+  executor.retire_set(2);  // fenced behind the bucket just launched
+  auto fourth = std::make_shared<TensorSet>(*f.set);
+  fourth->id = 3;
+  REQUIRE(executor.admit(*fourth, admission).ok());  // in use again before the fence passed
+  f.api.events_pending = false;
+  while (engine.finish()) {
+  }
+  executor.retire_set(9);
+  CHECK(engine.registrations.size() == 6);    // not registered again
+  CHECK(engine.deregistrations.size() == 3);  // and not undone under the fourth
 }
 
 TEST_CASE("cuda executor: a registration NCCL would not undo keeps its region mapped, and later sets register anew",
@@ -600,6 +653,11 @@ TEST_CASE("cuda executor: a registration NCCL would not undo keeps its region ma
   again.reset();
   f.set.reset();
   for (const auto& region : regions) CHECK_FALSE(region.expired());
+  // The next retirement tries again; undone, the regions go.
+  engine.fail_deregister = Status();
+  executor.retire_set(6);
+  CHECK(engine.deregistrations.size() == 6);
+  for (const auto& region : regions) CHECK(region.expired());
 }
 
 TEST_CASE("cuda executor: a group is split off the job's 'dp' communicator, which is made first",

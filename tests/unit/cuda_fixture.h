@@ -317,11 +317,13 @@ class HostDeviceEngines final : public DeviceEngineFactory {
   Status make(const DeviceEngineSpec& spec, std::unique_ptr<DeviceCollectiveEngine>* out) override {
     auto engine = std::make_unique<HostDeviceEngine>(spec);
     engine->fail_calls = fail_calls;
+    engine->take_registrations = take_registrations;
     made.push_back(engine.get());
     *out = std::move(engine);
     return Status();
   }
   Status fail_calls;
+  bool take_registrations = false;  // the engines' register_buffer says NCCL took the buffer
   std::vector<HostDeviceEngine*> made;  // owned by the executor
 };
 

@@ -173,6 +173,7 @@ bool CudaExecutor::quiesce(std::chrono::steady_clock::time_point deadline) {
     }
     for (const Queued& q : state.queued) state.spare_events.push_back(q.event);
     state.queued.clear();  // and with them the sets they held
+    state.finished = state.enqueued;
   }
   return true;
 }
@@ -190,6 +191,7 @@ Status CudaExecutor::retire(int device, bool room_for_one) {
       if (!done) break;
       state.spare_events.push_back(head.event);
       state.queued.pop_front();  // the bucket's set may go now: the GPU is through it
+      ++state.finished;
       backoff.reset();
     }
     if (!room_for_one || state.queued.size() < kMaxQueued) return Status();
@@ -224,6 +226,7 @@ Status CudaExecutor::enqueue_answered(const BucketCall& call, int device, const 
   }
   *event = q.event;
   state.queued.push_back(std::move(q));
+  ++state.enqueued;
   return Status();
 }
 
@@ -420,7 +423,7 @@ Status CudaExecutor::admit(const TensorSet& set, const SetAdmission& admission) 
 
 void CudaExecutor::retire_set(uint32_t set_id) {
   if (lost_) return;  // GPU work that never drained may still read them: kept, as in the destructor
-  deregister_unused(set_id);
+  release_registrations(set_id);
   for (auto it = tables_.begin(); it != tables_.end();) {
     if (std::get<0>(it->first) != set_id) {
       ++it;
@@ -445,48 +448,44 @@ void CudaExecutor::retire_set(uint32_t set_id) {
   std::erase_if(engine_by_set_, [set_id](const auto& entry) { return entry.first.first == set_id; });
 }
 
-void CudaExecutor::deregister_unused(uint32_t set_id) {
-  std::vector<std::tuple<DeviceCollectiveEngine*, int, const std::byte*>> unused;
+void CudaExecutor::release_registrations(uint32_t set_id) {
   for (auto& [key, registration] : registrations_) {
-    if (registration.sets.erase(set_id) > 0 && registration.sets.empty()) unused.push_back(key);
+    if (registration.sets.erase(set_id) == 0 || !registration.sets.empty()) continue;
+    std::map<int, uint64_t> fence;
+    for (const auto& [device, state] : devices_) fence[device] = state.enqueued;
+    registration.fence = std::move(fence);
   }
-  if (unused.empty()) return;
-  // NCCL may still read the memory in a bucket queued on a GPU (answered at enqueue), of this
-  // set or of an earlier one that used it too; undoing the registration under it is undefined.
-  // Released sets rarely have buckets left, and this waits only for what the GPU was given.
-  if (Status drained = drain(); !drained.ok()) {
-    log_.warning("set " + std::to_string(set_id) + " was released with buckets still on the GPU (" +
-                 drained.message() + "): its memory stays registered with NCCL, and mapped, until the job ends");
-    return;
-  }
-  for (const auto& key : unused) {
-    auto [engine, device, base] = key;
-    const Registration& registration = registrations_.at(key);
-    const Status status = engine->deregister_buffer(device, const_cast<std::byte*>(base));
-    if (!status.ok()) {
-      log_.warning("a " + std::to_string(registration.region->size()) + "-byte VMM region on GPU " +
-                std::to_string(device) + " stays mapped until the job ends: " + status.message());
-      continue;  // kept: the engine may still hold it
-    }
-    registrations_.erase(key);  // the region goes once nothing else holds it
-  }
+  undo_registrations();
 }
 
-Status CudaExecutor::drain() {
-  for (auto& [device, state] : devices_) {
-    Backoff backoff;
-    for (;;) {
-      if (Status s = retire(device, false); !s.ok()) return s;
-      if (state.queued.empty()) break;
-      if (Status why = aborted(); !why.ok()) return why;
-      const Queued& oldest = state.queued.front();
-      if (std::chrono::steady_clock::now() - oldest.since > watch_timeout_) {
-        return Status::timeout(oldest.what + " on GPU " + std::to_string(device) + " has not finished on the GPU");
-      }
-      backoff.pause();
-    }
+void CudaExecutor::undo_registrations() {
+  if (std::none_of(registrations_.begin(), registrations_.end(),
+                   [](const auto& entry) { return entry.second.fence.has_value(); })) {
+    return;
   }
-  return Status();
+  for (const auto& [device, state] : devices_) (void)retire(device, false);  // polls, never waits
+  for (auto it = registrations_.begin(); it != registrations_.end();) {
+    const auto& [engine, device, base] = it->first;
+    const Registration& registration = it->second;
+    bool passed = registration.fence.has_value();
+    // What NCCL never took has no handle: nothing of NCCL's can use the memory through it.
+    for (const auto& [d, enqueued] : passed && registration.taken ? *registration.fence : std::map<int, uint64_t>{}) {
+      if (devices_.at(d).finished < enqueued) passed = false;
+    }
+    if (!passed) {
+      ++it;
+      continue;
+    }
+    const Status status = engine->deregister_buffer(device, const_cast<std::byte*>(base));
+    if (!status.ok()) {
+      // Kept (the engine may still hold it), and tried again at the next launch or retirement.
+      log_.warning("a " + std::to_string(registration.region->size()) + "-byte VMM region on GPU " +
+                   std::to_string(device) + " stays mapped, registered with NCCL: " + status.message());
+      ++it;
+      continue;
+    }
+    it = registrations_.erase(it);  // the region goes once nothing else holds it
+  }
 }
 
 void CudaExecutor::register_regions(const TensorSet& set, DeviceCollectiveEngine& engine, const std::string& what) {
@@ -497,12 +496,14 @@ void CudaExecutor::register_regions(const TensorSet& set, DeviceCollectiveEngine
     if (region->kind() != MemoryKind::kCudaVmm) continue;
     if (std::find(devices.begin(), devices.end(), region->device()) == devices.end()) continue;
     Registration& registration = registrations_[{&engine, region->device(), region->base()}];
-    const bool known = !registration.sets.empty();
+    const bool known = registration.region != nullptr;
     registration.sets.insert(set.id);
-    if (known) continue;  // offered for an earlier set, still live
+    registration.fence.reset();  // a released one in use again stays registered
+    if (known) continue;  // offered for an earlier set, still registered
     registration.region = region;
     bool registered = false;
     const Status status = engine.register_buffer(region->device(), region->base(), region->size(), &registered);
+    registration.taken = registered;
     log_.info(what + ": a " + std::to_string(region->size()) + "-byte VMM region on GPU " +
               std::to_string(region->device()) + (registered ? " is registered with NCCL for zero-copy"
                                                              : " is not registered with NCCL (" +
@@ -632,6 +633,7 @@ void CudaExecutor::launch(BucketCall call, BucketDone done) {
     status = aborted_;
   }
   if (!status.ok()) return done(status);
+  undo_registrations();  // of released sets, once the GPUs passed their fences
   DeviceCollectiveEngine* engine = engine_of(call.set->id, call.set->plan.buckets[call.bucket].group);
   if (engine && engine->ranks() > 1) return run_across(call, engine, std::move(done));
   done(run_single(call));

@@ -46,6 +46,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <optional>
 #include <atomic>
 #include <functional>
 #include <set>
@@ -136,6 +137,10 @@ class CudaExecutor final : public BucketExecutor {
     // the work ahead of the GPU and notices a stream that stopped moving.
     std::deque<Queued> queued;
     std::vector<void*> spare_events;
+    // Buckets queued so far and those the GPU is through (popped from `queued`): a fence is
+    // the `enqueued` of every GPU at some point, passed once each `finished` reaches it.
+    uint64_t enqueued = 0;
+    uint64_t finished = 0;
   };
   static constexpr size_t kMaxQueued = 8;
 
@@ -242,12 +247,14 @@ class CudaExecutor final : public BucketExecutor {
   // Offers the set's VMM regions on the engine's GPUs to NCCL, logging whether it took each, and
   // records the set as a user of each registration.
   void register_regions(const TensorSet& set, DeviceCollectiveEngine& engine, const std::string& what);
-  // retire_set(): the registrations no set uses any more are undone once the GPU is through
-  // every bucket queued so far (a bucket of another set, retired earlier, may have used the same
-  // memory), which lets go of their regions; on a failure they stay.
-  void deregister_unused(uint32_t set_id);
-  // Polls (bounded as retire() is) until no bucket is queued on any GPU.
-  Status drain();
+  // retire_set(): the registrations the set was the last user of are fenced (every GPU's
+  // buckets queued so far: one of them, of this set or of an earlier one, may still use the
+  // memory) and undone once the GPUs are through; those NCCL never took are forgotten at once.
+  void release_registrations(uint32_t set_id);
+  // Undoes the fenced registrations whose fence the GPUs passed, letting go of their regions.
+  // Never waits: called at each launch and retirement, so the worker is never held (a peer may
+  // be waiting on it in a cross-node exchange).
+  void undo_registrations();
 
   DeviceApi* api_;
   KernelLauncher* kernels_;
@@ -260,12 +267,16 @@ class CudaExecutor final : public BucketExecutor {
   std::set<int> used_devices_ GS_GUARDED_BY(mutex_);  // GPUs this executor has work on
   // NCCL registrations of clients' VMM regions, by (engine, GPU, address): each keeps its
   // region mapped (so that no other memory appears at a registered address) until it is undone,
-  // once no set of the engine uses it (deregister_unused). That is what lets a client free
-  // device memory before it leaves. Worker thread only; declared before engines_ so that it goes
-  // after them (the destructor ends the engines first, and with them their registrations).
+  // once no set of the engine uses it and the GPUs are through the buckets that might
+  // (release_registrations). That is what lets a client free device memory before it leaves.
+  // Worker thread only; declared before engines_ so that it goes after them (the destructor
+  // ends the engines first, and with them their registrations).
   struct Registration {
     std::shared_ptr<const MemoryRegion> region;
     std::set<uint32_t> sets;  // the live sets that use it on the engine
+    bool taken = false;       // NCCL registered it (a handle to undo), not only asked
+    // Set once `sets` emptied: each GPU's `enqueued` then, which its `finished` must reach.
+    std::optional<std::map<int, uint64_t>> fence;
   };
   std::map<std::tuple<DeviceCollectiveEngine*, int, const std::byte*>, Registration> registrations_;
   // Made on the worker thread; abort() reaches them under mutex_. One per (group, layout), by

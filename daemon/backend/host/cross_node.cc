@@ -583,8 +583,8 @@ Status compare_results(const BucketCall& c, const std::byte* data, size_t bytes)
     }
     return Status::internal(what + "nodes " + list(all) + " reduced it to different bytes (nodes with the same copy: " +
                             groups + "), and no majority tells which copy is wrong" + after +
-                            ": check every one of those nodes' memory and CPUs (with 3 or more nodes the check names "
-                            "the odd one out)");
+                            ": check every one of those nodes' memory and CPUs" +
+                            (all.size() == 2 ? " (with 3 or more nodes the check names the odd one out)" : ""));
   }
   std::vector<int> odd;
   for (const auto& [hash, ns] : by_hash) {

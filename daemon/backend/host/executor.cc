@@ -103,12 +103,18 @@ void HostExecutor::run() {
       }
       if (status.ok()) status = execute_across_nodes(next.call, *pool_, buffers_, integrity_);
     } catch (...) {
-      // Memory ran out for the bucket's buffers (this thread's or a pool task's): the bucket
-      // fails, and the job with it, not the daemon. An engine call it started may still write
-      // the buffers it holds; the job's failure aborts the engine.
-      status = Status::resource_exhausted("the cross-node step of bucket " + std::to_string(next.call.bucket) +
-                                          " of operation " + std::to_string(next.call.seq) +
-                                          " failed: " + current_exception_text());
+      // Memory ran out for the bucket's buffers (this thread's or a pool task's), or another
+      // exception: the bucket fails, and the job with it, not the daemon. An engine call it
+      // started may still write the buffers it holds; the job's failure aborts the engine.
+      const std::string what = "the cross-node step of bucket " + std::to_string(next.call.bucket) +
+                               " of operation " + std::to_string(next.call.seq) + " failed: " + current_exception_text();
+      try {
+        throw;
+      } catch (const std::bad_alloc&) {
+        status = Status::resource_exhausted(what + " (the daemon ran out of memory)");
+      } catch (...) {
+        status = Status::internal(what);
+      }
     }
     if (timings) {
       timings->reported = true;
