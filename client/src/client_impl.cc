@@ -511,18 +511,23 @@ void ClientImpl::free_memory(const SharedTensor& tensor) {
   allocated_.erase(id);
 }
 
-void ClientImpl::drop_segment(uint32_t id) {
+void ClientImpl::drop_segment(uint32_t id, bool synchronize) {
   control::Request request;
   request.mutable_free_segment()->set_segment_id(id);
   connection_->call(request, options_.request_timeout);
+  if (synchronize) {
+    for (const DeviceSegment& s : device_segments_) {
+      if (s.id == id) throw_if_error(s.memory->synchronize());
+    }
+  }
   // The daemon has unmapped it: now this side (the mapping, or the device allocation).
   std::erase_if(segments_, [id](const std::unique_ptr<Segment>& s) { return s->id == id; });
   device_segments_.remove_if([id](const DeviceSegment& s) { return s.id == id; });
 }
 
-bool ClientImpl::free_segment(uint32_t id) {
+bool ClientImpl::free_segment(uint32_t id, bool synchronize) {
   try {
-    drop_segment(id);
+    drop_segment(id, synchronize);
     return true;
   } catch (const Error& e) {
     // Still held by a set the other local clients have not released yet, or by the daemon's
@@ -539,18 +544,20 @@ void ClientImpl::trim_outputs() {
   // (the daemon lets go of a set once every local client released it, and of device memory once
   // the GPU is through it and NCCL's registration is undone).
   constexpr size_t kKeptOutputs = 8;
-  auto trim = [this](auto& pool) {
+  // A device output may still be read by a kernel the caller queued after the operation's done
+  // event (device order): its device is synchronised before the client unmaps it.
+  auto trim = [this](auto& pool, bool synchronize) {
     int device = -1;
     size_t bytes = 0;
     while (auto* oldest = pool.take_oldest_beyond(kKeptOutputs, &device, &bytes)) {
-      if (!free_segment(oldest->id)) {
+      if (!free_segment(oldest->id, synchronize)) {
         pool.keep_oldest(oldest, device, bytes);
         break;
       }
     }
   };
-  trim(free_outputs_);
-  trim(free_device_outputs_);
+  trim(free_outputs_, false);
+  trim(free_device_outputs_, true);
 }
 
 ClientImpl::Segment& ClientImpl::output_segment(size_t bytes) {

@@ -90,10 +90,12 @@ class ClientImpl final : public Client {
 
   Segment& new_segment(size_t bytes);
   // Asks the daemon to free segment `id`, then unmaps it here; the daemon's refusal throws.
-  void drop_segment(uint32_t id);
+  // `synchronize`: a device segment's device is synchronised first (DeviceAllocation).
+  void drop_segment(uint32_t id, bool synchronize = false);
   // drop_segment, but false, leaving it, where the daemon still holds it (a set not yet dropped
-  // by every local client) or does not free it (device memory); other errors throw.
-  bool free_segment(uint32_t id);
+  // by every local client, or its GPU work and NCCL registration not yet through); other errors
+  // throw.
+  bool free_segment(uint32_t id, bool synchronize = false);
   // Frees the oldest outputs of released sets beyond a few (output_pool.h).
   void trim_outputs();
   // A host segment for a set's output: the smallest a released set left that holds `bytes`,

@@ -22,11 +22,6 @@ class VmmAllocation final : public DeviceAllocation {
     CUcontext context = nullptr;
     const bool retained = d_->primary_ctx_retain(&context, device_) == CUDA_SUCCESS;
     const bool pushed = retained && d_->ctx_push(context) == CUDA_SUCCESS;
-    // As cudaFree does: the device's work that may still use the memory (the trainer's kernels
-    // reading a released set's outputs, which the client frees when it trims them) finishes
-    // first. cuMemUnmap does not wait in every case (PyTorch's expandable segments synchronise
-    // before unmapping too), and a kernel touching unmapped memory breaks the context for good.
-    if (pushed) d_->ctx_synchronize();
     d_->mem_unmap(address_, size_);
     d_->address_free(address_, size_);
     d_->mem_release(handle_);
@@ -42,6 +37,18 @@ class VmmAllocation final : public DeviceAllocation {
   size_t size() const override { return size_; }
   int device() const override { return ordinal_; }
   const std::string& device_uuid() const override { return uuid_; }
+  Status synchronize() const override {
+    CUcontext context = nullptr;
+    if (Status s = d_->check(d_->primary_ctx_retain(&context, device_), "cuDevicePrimaryCtxRetain"); !s.ok()) return s;
+    Status status = d_->check(d_->ctx_push(context), "cuCtxPushCurrent");
+    if (status.ok()) {
+      status = d_->check(d_->ctx_synchronize(), "cuCtxSynchronize");
+      CUcontext popped = nullptr;
+      d_->ctx_pop(&popped);
+    }
+    d_->primary_ctx_release(device_);
+    return status;
+  }
   Status export_fd(UniqueFd* fd) const override {
     int raw = -1;
     if (Status s = d_->check(d_->mem_export(&raw, handle_, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
@@ -72,6 +79,7 @@ class ForeignAllocation final : public DeviceAllocation {
   size_t size() const override { return size_; }
   int device() const override { return ordinal_; }
   const std::string& device_uuid() const override { return uuid_; }
+  Status synchronize() const override { return Status(); }  // never freed here
   Status export_fd(UniqueFd*) const override {
     return Status::not_supported("memory from another allocator travels as a legacy IPC handle, not a descriptor");
   }

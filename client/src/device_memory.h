@@ -26,6 +26,11 @@ class DeviceAllocation {
   virtual const std::string& device_uuid() const = 0;  // 16 bytes: the daemon's name for the GPU
   // A new descriptor of the allocation for the daemon (cuMemExportToShareableHandle).
   virtual Status export_fd(UniqueFd* fd) const = 0;
+  // Waits until the work queued on the allocation's device in this process is through
+  // (cuCtxSynchronize on its primary context, as cudaFree does before it frees): for memory
+  // freed on the caller's behalf, which a kernel of the caller's may still be using. Unbounded,
+  // as that is.
+  virtual Status synchronize() const = 0;
 };
 
 // A client's interprocess events for one device set (DESIGN.md decision 7): two rings of

@@ -106,6 +106,11 @@ class BucketExecutor {
   // device's kernel tables, which engine serves it) can go. Worker thread, between launches.
   virtual void retire_set(uint32_t /*set_id*/) {}
 
+  // Lets go of what finished work no longer needs, where that waits for the device (a released
+  // set's NCCL registrations, undone once the GPUs are through its buckets). Worker thread,
+  // between launches, when the worker is about to sleep: an idle job still frees. Never blocks.
+  virtual void tidy() {}
+
   // Fails the bucket in flight and every later launch with `why`. Any thread; idempotent.
   virtual void abort(const Status& why) = 0;
 

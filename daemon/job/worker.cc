@@ -158,6 +158,15 @@ void Worker::retire_set(uint32_t set_id) {
   });
 }
 
+void Worker::tidy_executors() {
+  std::vector<BucketExecutor*> executors;
+  {
+    MutexLock lock(mutex_);
+    for (auto& [kind, executor] : executors_) executors.push_back(executor.get());
+  }
+  for (BucketExecutor* executor : executors) executor->tidy();
+}
+
 void Worker::retire_in_executor(const TensorSet& set) {
   // Once its last operation completed: until then the executor still serves it. Worker thread.
   for (const Op& op : ops_) {
@@ -266,6 +275,7 @@ void Worker::serve() {
       last_work_ = now;
       continue;
     }
+    if (!flight_.active()) tidy_executors();
     // Sleep until a client rings the doorbell, the executor answers, the bound of whatever the
     // worker is waiting for, or a slice. Shortly after work, poll a little first: a trainer
     // marking tensors ready one by one, or the next small step, then arrives without a futex

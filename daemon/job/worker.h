@@ -178,6 +178,8 @@ class Worker {
   void complete(Op& op);  // every bucket landed: the clients are told, the queue moves on
   // A released set with no operation left: its executor lets go of what it kept for it.
   void retire_in_executor(const TensorSet& set) GS_EXCLUDES(mutex_);
+  // Lets every executor tidy (BucketExecutor::tidy) before the worker sleeps, between launches.
+  void tidy_executors() GS_EXCLUDES(mutex_);
   std::chrono::steady_clock::time_point execution_deadline() const;  // of the flight
   BucketExecutor* executor_for(MemoryKind kind, Status* status) GS_EXCLUDES(mutex_);
   Status check_deadline();

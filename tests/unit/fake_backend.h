@@ -106,6 +106,7 @@ struct ExecutorLog {
   bool drains = true;                 // what quiesce() answers
   std::vector<std::shared_ptr<const void>> kept;  // what the backends were asked to keep mapped
   std::vector<uint32_t> retired;      // the sets retire_set() let go of, in order
+  int tidied = 0;                     // tidy() calls
 
   // Waits until `count` buckets were launched; false after `timeout`.
   bool wait_launched(size_t count, std::chrono::milliseconds timeout) {
@@ -165,6 +166,11 @@ class FakeExecutor final : public BucketExecutor {
   void retire_set(uint32_t set_id) override {
     std::lock_guard lock(log_->mutex);
     log_->retired.push_back(set_id);
+    log_->changed.notify_all();
+  }
+  void tidy() override {
+    std::lock_guard lock(log_->mutex);
+    ++log_->tidied;
     log_->changed.notify_all();
   }
 

@@ -397,6 +397,20 @@ TEST_CASE("worker: a released set with nothing in flight is let go by its execut
   CHECK(h.executors->retired == std::vector<uint32_t>{0});
 }
 
+// What an executor lets go of only once the device is through it (a released set's NCCL
+// registrations) must go in an idle job too, which launches nothing more: the worker lets its
+// executors tidy whenever it is about to sleep.
+TEST_CASE("worker: an idle worker lets its executors tidy", "[worker]") {
+  Harness h(1, 1);
+  h.submit(0, true);
+  REQUIRE(h.completion(0));
+  h.worker->retire_set(0);
+  std::unique_lock lock(h.executors->mutex);
+  const int before = h.executors->tidied;
+  // The worker wakes at least every 200 ms: two more tidies within 5 s with nothing to do.
+  REQUIRE(h.executors->changed.wait_for(lock, 5s, [&] { return h.executors->tidied >= before + 2; }));
+}
+
 TEST_CASE("worker: every set is admitted by its executor, a refusal fails the admission and the job", "[worker]") {
   Harness h(1, 2);
   {

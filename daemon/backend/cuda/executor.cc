@@ -451,8 +451,12 @@ void CudaExecutor::retire_set(uint32_t set_id) {
 void CudaExecutor::release_registrations(uint32_t set_id) {
   for (auto& [key, registration] : registrations_) {
     if (registration.sets.erase(set_id) == 0 || !registration.sets.empty()) continue;
+    // The engine's GPUs: the region's own, where the executor's kernels read it, and those NCCL
+    // reaches it from.
     std::map<int, uint64_t> fence;
-    for (const auto& [device, state] : devices_) fence[device] = state.enqueued;
+    for (int device : std::get<0>(key)->devices()) {
+      if (auto it = devices_.find(device); it != devices_.end()) fence[device] = it->second.enqueued;
+    }
     registration.fence = std::move(fence);
   }
   undo_registrations();
@@ -464,10 +468,11 @@ void CudaExecutor::undo_registrations() {
     return;
   }
   for (const auto& [device, state] : devices_) (void)retire(device, false);  // polls, never waits
+  const auto now = std::chrono::steady_clock::now();
   for (auto it = registrations_.begin(); it != registrations_.end();) {
     const auto& [engine, device, base] = it->first;
-    const Registration& registration = it->second;
-    bool passed = registration.fence.has_value();
+    Registration& registration = it->second;
+    bool passed = registration.fence.has_value() && registration.refusals < kUndoTries && now >= registration.next_try;
     // What NCCL never took has no handle: nothing of NCCL's can use the memory through it.
     for (const auto& [d, enqueued] : passed && registration.taken ? *registration.fence : std::map<int, uint64_t>{}) {
       if (devices_.at(d).finished < enqueued) passed = false;
@@ -478,9 +483,13 @@ void CudaExecutor::undo_registrations() {
     }
     const Status status = engine->deregister_buffer(device, const_cast<std::byte*>(base));
     if (!status.ok()) {
-      // Kept (the engine may still hold it), and tried again at the next launch or retirement.
+      // Kept (the engine may still hold it), and tried again later, a few times.
+      ++registration.refusals;
+      registration.next_try = now + std::chrono::seconds(1) * (1 << registration.refusals);
       log_.warning("a " + std::to_string(registration.region->size()) + "-byte VMM region on GPU " +
-                   std::to_string(device) + " stays mapped, registered with NCCL: " + status.message());
+                   std::to_string(device) + " stays mapped, registered with NCCL (" + status.message() + "); " +
+                   (registration.refusals < kUndoTries ? "tried again in " + std::to_string(1 << registration.refusals) + " s"
+                                                       : std::string("given up: its memory is freed when the job ends")));
       ++it;
       continue;
     }

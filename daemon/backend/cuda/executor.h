@@ -96,6 +96,7 @@ class CudaExecutor final : public BucketExecutor {
   // may still read them) and forgets which engines served it; the engines stay, shared by
   // the sets of their layout.
   void retire_set(uint32_t set_id) override;
+  void tidy() override { undo_registrations(); }
   void abort(const Status& why) override;
   // Waits, polling, until every stream of the executor's is through what it was given, or the
   // deadline; on a timeout it marks itself lost: the destructor then frees nothing.
@@ -252,8 +253,8 @@ class CudaExecutor final : public BucketExecutor {
   // memory) and undone once the GPUs are through; those NCCL never took are forgotten at once.
   void release_registrations(uint32_t set_id);
   // Undoes the fenced registrations whose fence the GPUs passed, letting go of their regions.
-  // Never waits: called at each launch and retirement, so the worker is never held (a peer may
-  // be waiting on it in a cross-node exchange).
+  // Never waits: called at each launch and retirement and by tidy() (an idle worker), so the
+  // worker is never held (a peer may be waiting on it in a cross-node exchange).
   void undo_registrations();
 
   DeviceApi* api_;
@@ -275,9 +276,15 @@ class CudaExecutor final : public BucketExecutor {
     std::shared_ptr<const MemoryRegion> region;
     std::set<uint32_t> sets;  // the live sets that use it on the engine
     bool taken = false;       // NCCL registered it (a handle to undo), not only asked
-    // Set once `sets` emptied: each GPU's `enqueued` then, which its `finished` must reach.
+    // Set once `sets` emptied: the `enqueued` then of each of the engine's GPUs, which its
+    // `finished` must reach.
     std::optional<std::map<int, uint64_t>> fence;
+    // Undos NCCL refused: tried again after a pause that doubles each time, kUndoTries times in
+    // all; after that the region stays mapped until the job ends.
+    int refusals = 0;
+    std::chrono::steady_clock::time_point next_try;
   };
+  static constexpr int kUndoTries = 5;
   std::map<std::tuple<DeviceCollectiveEngine*, int, const std::byte*>, Registration> registrations_;
   // Made on the worker thread; abort() reaches them under mutex_. One per (group, layout), by
   // its name; every set's (set, group) points at its engine, and each layout at the name of

@@ -507,6 +507,8 @@ Status NcclEngine::deregister_buffer(int device, void* data) {
   // Aborted or parked communicators hold no registration any more (NCCL drops them with the
   // communicator; park_locked() undid them): nothing to undo. Nor is NCCL called once a split
   // sibling's abort set the family's shared abort flag: those communicators are being aborted.
+  // (Forgetting the handle then is safe because a family abort fails the job: nothing is
+  // registered through these communicators again.)
   if (handle && !comms_aborted_ && family_aborted_locked().ok()) {
     const auto at = std::find(spec_.devices.begin(), spec_.devices.end(), device) - spec_.devices.begin();
     if (Status status = api_->deregister_buffer(comms_[static_cast<size_t>(at)], handle); !status.ok()) {
