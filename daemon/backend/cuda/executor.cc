@@ -474,8 +474,8 @@ void CudaExecutor::undo_registrations() {
     Registration& registration = it->second;
     bool passed = registration.fence.has_value() && registration.refusals < kUndoTries && now >= registration.next_try;
     // What NCCL never took has no handle: nothing of NCCL's can use the memory through it.
-    for (const auto& [d, enqueued] : passed && registration.taken ? *registration.fence : std::map<int, uint64_t>{}) {
-      if (devices_.at(d).finished < enqueued) passed = false;
+    if (passed && registration.taken) {
+      for (const auto& [d, enqueued] : *registration.fence) passed = passed && devices_.at(d).finished >= enqueued;
     }
     if (!passed) {
       ++it;
@@ -642,7 +642,6 @@ void CudaExecutor::launch(BucketCall call, BucketDone done) {
     status = aborted_;
   }
   if (!status.ok()) return done(status);
-  undo_registrations();  // of released sets, once the GPUs passed their fences
   DeviceCollectiveEngine* engine = engine_of(call.set->id, call.set->plan.buckets[call.bucket].group);
   if (engine && engine->ranks() > 1) return run_across(call, engine, std::move(done));
   done(run_single(call));

@@ -253,7 +253,7 @@ class CudaExecutor final : public BucketExecutor {
   // memory) and undone once the GPUs are through; those NCCL never took are forgotten at once.
   void release_registrations(uint32_t set_id);
   // Undoes the fenced registrations whose fence the GPUs passed, letting go of their regions.
-  // Never waits: called at each launch and retirement and by tidy() (an idle worker), so the
+  // Never waits: called at each retirement and by tidy() (the worker about to sleep), so the
   // worker is never held (a peer may be waiting on it in a cross-node exchange).
   void undo_registrations();
 

@@ -77,6 +77,16 @@ void HostExecutor::run_local(const BucketCall& call) {
   }
 }
 
+namespace {
+
+// What a cross-node step that threw says; call only inside a catch block.
+std::string failed_step(const BucketCall& call) {
+  return "the cross-node step of bucket " + std::to_string(call.bucket) + " of operation " + std::to_string(call.seq) +
+         " failed: " + current_exception_text();
+}
+
+}  // namespace
+
 void HostExecutor::run() {
   for (;;) {
     Queued next;
@@ -102,19 +112,13 @@ void HostExecutor::run() {
         });
       }
       if (status.ok()) status = execute_across_nodes(next.call, *pool_, buffers_, integrity_);
-    } catch (...) {
+    } catch (const std::bad_alloc&) {
       // Memory ran out for the bucket's buffers (this thread's or a pool task's), or another
-      // exception: the bucket fails, and the job with it, not the daemon. An engine call it
+      // exception below: the bucket fails, and the job with it, not the daemon. An engine call it
       // started may still write the buffers it holds; the job's failure aborts the engine.
-      const std::string what = "the cross-node step of bucket " + std::to_string(next.call.bucket) +
-                               " of operation " + std::to_string(next.call.seq) + " failed: " + current_exception_text();
-      try {
-        throw;
-      } catch (const std::bad_alloc&) {
-        status = Status::resource_exhausted(what + " (the daemon ran out of memory)");
-      } catch (...) {
-        status = Status::internal(what);
-      }
+      status = Status::resource_exhausted(failed_step(next.call) + " (the daemon ran out of memory)");
+    } catch (...) {
+      status = Status::internal(failed_step(next.call));
     }
     if (timings) {
       timings->reported = true;
