@@ -448,8 +448,9 @@ TensorSet ClientImpl::register_tensors(std::span<const SharedTensor> tensors, co
   kept.has_integers = std::any_of(set.tensors_.begin(), set.tensors_.end(),
                                   [](const SharedTensor& t) { return !dtype_is_floating(t.dtype()); });
   kept.masked = !options.mask.empty();
-  kept.all_float32 = std::all_of(set.tensors_.begin(), set.tensors_.end(),
-                                 [](const SharedTensor& t) { return t.dtype() == DType::kFloat32; });
+  kept.wire_compressible = std::all_of(set.tensors_.begin(), set.tensors_.end(), [](const SharedTensor& t) {
+    return t.dtype() == DType::kFloat32 || t.dtype() == DType::kFloat16 || t.dtype() == DType::kBFloat16;
+  });
   if (tensors[0].device() >= 0) {
     // The daemon made this set's event rings (DESIGN.md decision 7); open them here.
     const auto& r = reply.register_();
@@ -722,8 +723,8 @@ void ClientImpl::fill_reduce(SubmitEntry* entry, const ReduceOptions& options) c
       throw Error(Status::invalid_argument("ReduceOptions::wire_dtype must be bfloat16 or float16, not " +
                                            std::string(dtype_name(*options.wire_dtype))));
     }
-    if (it != per_join_.sets.end() && !it->second.all_float32) {
-      throw Error(Status::invalid_argument("ReduceOptions::wire_dtype compresses float32, and " +
+    if (it != per_join_.sets.end() && !it->second.wire_compressible) {
+      throw Error(Status::invalid_argument("ReduceOptions::wire_dtype applies to float32, float16 and bfloat16, and " +
                                            name_of(entry->set_id) + " has tensors of other dtypes"));
     }
     if (it != per_join_.sets.end() && it->second.events && entry->op == static_cast<uint32_t>(OpKind::kReduceScatter)) {

@@ -69,7 +69,7 @@ class ClientImpl final : public Client {
   struct RegisteredSet {
     size_t size = 0;
     bool has_integers = false;  // an integer tensor: no avg
-    bool all_float32 = false;   // wire compression applies
+    bool wire_compressible = false;  // float32, float16 and bfloat16 only: wire compression applies
     bool masked = false;        // RegisterOptions::mask: no health
     std::string name;           // how messages name it (shared/set_name.h)
     // Device sets: their event rings, shared with the Work handles of their operations.

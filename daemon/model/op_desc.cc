@@ -138,9 +138,12 @@ Status check_op(const OpDesc& desc, const TensorSet& set, const Topology& topolo
       return Status::not_supported("wire compression on " + set.name() +
                                    ": a reduce-scatter of device memory is not compressed yet (allreduce and reduce are)");
     }
+    // Every bucket of these dtypes is carried in float32 (reduce::accumulation_dtype), which is
+    // what the wire narrows: a half-precision set then crosses nodes at its own size.
     for (const auto& tensor : set.layout) {
-      if (tensor.dtype != DType::kFloat32) {
-        return Status::invalid_argument("wire compression on " + set.name() + ": it compresses float32, and the set has " +
+      if (tensor.dtype != DType::kFloat32 && tensor.dtype != DType::kFloat16 && tensor.dtype != DType::kBFloat16) {
+        return Status::invalid_argument("wire compression on " + set.name() +
+                                        ": it applies to float32, float16 and bfloat16, and the set has " +
                                         std::string(dtype_name(tensor.dtype)) + " tensors");
       }
     }

@@ -24,7 +24,8 @@ struct OpDesc {
   double divisor = 0;
   bool narrow_accumulate = false;
   bool health = false;  // fused gradient health (reduce/health.h): allreduce of floating sets
-  // Wire compression: float32 buckets cross nodes as this half type (kFloat32: not compressed).
+  // Wire compression: buckets (carried in float32) cross nodes as this half type (kFloat32: not
+  // compressed).
   DType wire = DType::kFloat32;
 
   bool operator==(const OpDesc&) const = default;

@@ -25,6 +25,7 @@
 #include "shared/version.h"
 #include "tests/integration/harness.h"
 #include "tests/integration/raw_protocol.h"
+#include "tests/integration/values.h"
 
 namespace gradsync::test {
 namespace {
@@ -265,6 +266,33 @@ TEST_CASE("operations: avg on integer tensors is refused before it reaches the j
   expect_error([&] { client->allreduce(set, ReduceOptions{ReduceOp::kAvg}); }, ErrorCode::kInvalidArgument,
                "avg is not defined for integer");
   CHECK(client->allreduce(set, ReduceOptions{ReduceOp::kSum}).wait(std::chrono::seconds(10)));
+}
+
+TEST_CASE("operations: wire compression is refused on sets of other dtypes, naming them, and taken by half sets",
+          "[integration][control][wire]") {
+  TestDaemon daemon;
+  auto client = join(daemon.socket(), unique_job("wire-dtypes"), 0, 1);
+  ReduceOptions options{ReduceOp::kSum};
+  options.wire_dtype = DType::kBFloat16;
+  for (DType dtype : {DType::kFloat64, DType::kInt32}) {
+    INFO(dtype_name(dtype));
+    const std::vector<SharedTensor> tensors = {client->allocate(TensorSpec{dtype, 4, "dp"})};
+    const TensorSet set = client->register_tensors(tensors, {});
+    expect_error([&] { client->allreduce(set, options); }, ErrorCode::kInvalidArgument,
+                 "applies to float32, float16 and bfloat16");
+  }
+  ReduceOptions bad = options;
+  bad.wire_dtype = DType::kFloat32;
+  const std::vector<SharedTensor> halves = {client->allocate(TensorSpec{DType::kFloat16, 4, "dp"}),
+                                            client->allocate(TensorSpec{DType::kBFloat16, 4, "dp"})};
+  const TensorSet half_set = client->register_tensors(halves, {});
+  expect_error([&] { client->allreduce(half_set, bad); }, ErrorCode::kInvalidArgument, "bfloat16 or float16, not float32");
+  // On one node nothing crosses, so the result is the plain one.
+  store(DType::kFloat16, halves[0].data(), 0, 1.5);
+  store(DType::kBFloat16, halves[1].data(), 0, 2.5);
+  CHECK(client->allreduce(half_set, options).wait(std::chrono::seconds(10)));
+  CHECK(half_to_float(halves[0].as<const uint16_t>()[0]) == 1.5f);
+  CHECK(bfloat16_to_float(halves[1].as<const uint16_t>()[0]) == 2.5f);
 }
 
 TEST_CASE("labels: the client's and the daemon's messages name a set by its label, and a label past 128 bytes is refused",

@@ -551,6 +551,191 @@ TEST_CASE("multi-node: masked allreduce and reduce keep only the mask's elements
   }
 }
 
+namespace {
+
+// The value of element i of a half-precision tensor.
+double half_at(const SharedTensor& t, uint64_t i) {
+  const uint16_t bits = t.as<const uint16_t>()[i];
+  return t.dtype() == DType::kFloat16 ? half_to_float(bits) : bfloat16_to_float(bits);
+}
+
+// wire_value(rank, tensor, i) as `dtype` holds it: what that rank's tensor contributes.
+double half_input(DType dtype, int rank, uint64_t tensor, uint64_t i) {
+  const float v = static_cast<float>(wire_value(rank, tensor, i));
+  return dtype == DType::kFloat16 ? half_to_float(float_to_half(v)) : bfloat16_to_float(float_to_bfloat16(v));
+}
+
+// A half-precision result against the wire bound (check_wire's) plus the rounding of the result
+// into the set's dtype: u_dtype * |result| + eta_dtype (none is needed for a sum carried in the
+// set's own type, which is exact in it; the bound allows it anyway, for avg).
+int check_half_wire(int nodes, int rank, const std::vector<SharedTensor>& tensors, ReduceOp op, DType wire,
+                    const std::vector<int>& ranks, size_t* inexact) {
+  const double u = wire == DType::kBFloat16 ? 0x1p-8 : 0x1p-11;
+  const double eta = wire == DType::kBFloat16 ? 0x1p-134 : 0x1p-25;
+  for (uint64_t t = 0; t < tensors.size(); ++t) {
+    const DType dtype = tensors[t].dtype();
+    const double u_dtype = dtype == DType::kBFloat16 ? 0x1p-8 : 0x1p-11;
+    const double eta_dtype = dtype == DType::kBFloat16 ? 0x1p-134 : 0x1p-25;
+    for (uint64_t i = 0; i < tensors[t].numel(); ++i) {
+      double exact = 0, magnitude = 0;
+      for (int n = 0; n < nodes; ++n) {
+        double node_sum = 0;
+        for (int r : ranks) {
+          if (r / kLocal == n) node_sum += half_input(dtype, r, t, i);
+        }
+        exact += node_sum;
+        magnitude += std::fabs(node_sum);
+      }
+      double bound = (nodes + 1) * (u * magnitude + eta);
+      if (op == ReduceOp::kAvg) {
+        exact /= static_cast<double>(ranks.size());
+        bound = bound / static_cast<double>(ranks.size()) + 0x1p-23 * std::fabs(exact);
+      }
+      bound += u_dtype * (std::fabs(exact) + bound) + eta_dtype;
+      const double got = half_at(tensors[t], i);
+      const double error = std::fabs(got - exact);
+      if (!(error <= bound)) {
+        return fail("rank " + std::to_string(rank) + " " + std::string(dtype_name(dtype)) + " tensor " +
+                    std::to_string(t) + " element " + std::to_string(i) + " with " + std::string(dtype_name(wire)) +
+                    " on the wire: " + std::to_string(got) + " is " + std::to_string(error) + " from " +
+                    std::to_string(exact) + ", more than the bound " + std::to_string(bound));
+      }
+      *inexact += error != 0;
+    }
+  }
+  return kOk;
+}
+
+}  // namespace
+
+// Half-precision sets with a wire dtype: carried at their own size rather than as float32,
+// within the wire's bound, for allreduce (sum, avg), reduce and reduce-scatter, on 3 and 2 nodes
+// in 64 KiB slices; a float16 set may also cross as bfloat16. Before 2026-12-06 the option was
+// refused for them and they crossed at twice their bytes.
+TEST_CASE("multi-node: float16 and bfloat16 sets cross nodes in a half type on the wire, within its bound",
+          "[integration][multinode][wire]") {
+  for (int nodes : {3, 2}) {
+    INFO(nodes << " nodes");
+    TestCluster cluster(nodes, {"--gloo-slice-bytes", "65536"});
+    const std::string job = unique_job("nodes-half-wire");
+    std::vector<int> ranks;
+    for (int r = 0; r < nodes * kLocal; ++r) ranks.push_back(r);
+    const auto statuses = run_job(
+        cluster, job,
+        [&](int rank, Client& client) {
+          const auto refill = [&](const std::vector<SharedTensor>& tensors) {
+            for (uint64_t t = 0; t < tensors.size(); ++t) {
+              for (uint64_t i = 0; i < tensors[t].numel(); ++i) {
+                store(tensors[t].dtype(), tensors[t].data(), i, wire_value(rank, t, i));
+              }
+            }
+          };
+          for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
+            std::vector<SharedTensor> tensors =
+                client.allocate_flat(std::vector<TensorSpec>{{dtype, 100'003, "dp"}, {dtype, 517, "dp"}});
+            tensors.push_back(client.allocate(TensorSpec{dtype, 4'099, "dp"}));
+            const TensorSet set = client.register_tensors(tensors, RegisterOptions{.reduce_scatter = true});
+            for (DType wire : {dtype, DType::kBFloat16}) {
+              for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+                refill(tensors);
+                ReduceOptions options{op};
+                options.wire_dtype = wire;
+                if (!client.allreduce(set, options).wait(std::chrono::seconds(60))) return fail("allreduce timed out");
+                size_t inexact = 0;
+                if (int c = check_half_wire(nodes, rank, tensors, op, wire, ranks, &inexact); c != kOk) return c;
+              }
+            }
+            ReduceOptions sum{ReduceOp::kSum};
+            sum.wire_dtype = dtype;
+            refill(tensors);
+            if (!client.reduce(set, 1, sum).wait(std::chrono::seconds(60))) return fail("reduce timed out");
+            size_t inexact = 0;
+            if (rank == 1) {
+              if (int c = check_half_wire(nodes, rank, tensors, ReduceOp::kSum, dtype, ranks, &inexact); c != kOk) {
+                return c;
+              }
+            }
+            refill(tensors);
+            if (!client.reduce_scatter(set, sum).wait(std::chrono::seconds(60))) {
+              return fail("reduce_scatter timed out");
+            }
+            // The shard against the allreduce's bound, element by element.
+            const SharedTensor& shard = set.shard();
+            const double u = dtype == DType::kBFloat16 ? 0x1p-8 : 0x1p-11;
+            for (uint64_t k = 0; k < shard.numel(); ++k) {
+              uint64_t flat = set.shard_first() + k, t = 0;
+              while (flat >= tensors[t].numel()) flat -= tensors[t++].numel();
+              double exact = 0, magnitude = 0;
+              for (int n = 0; n < nodes; ++n) {
+                double node_sum = 0;
+                for (int r : ranks) {
+                  if (r / kLocal == n) node_sum += half_input(dtype, r, t, flat);
+                }
+                exact += node_sum;
+                magnitude += std::fabs(node_sum);
+              }
+              const double bound = (nodes + 2) * u * magnitude + 0x1p-24;
+              if (!(std::fabs(half_at(shard, k) - exact) <= bound)) {
+                return fail("rank " + std::to_string(rank) + " " + std::string(dtype_name(dtype)) + " shard element " +
+                            std::to_string(k) + ": " + std::to_string(half_at(shard, k)) +
+                            " is outside the bound around " + std::to_string(exact));
+              }
+            }
+          }
+          return kOk;
+        },
+        {}, nodes);
+    for (int status : statuses) CHECK(exit_code(status) == kOk);
+  }
+  // The counter: a 1,000,000-element bfloat16 set crosses at 4 bytes an element by default and at
+  // 2 with its own type on the wire; a float16 one at 2 with float16 or bfloat16 on the wire.
+  TestCluster cluster(2);
+  const std::string job = unique_job("nodes-half-bytes");
+  constexpr uint64_t kElements = 1'000'000;
+  const auto statuses = run_job(
+      cluster, job,
+      [&](int rank, Client& client) {
+        const std::vector<SharedTensor> one = {client.allocate(TensorSpec{DType::kFloat32, 1, "dp"})};
+        const TensorSet barrier = client.register_tensors(one, RegisterOptions{});
+        uint64_t want = 0;
+        struct Step {
+          DType dtype;
+          std::optional<DType> wire;
+          uint64_t bytes_per_element;
+        };
+        const Step steps[] = {{DType::kBFloat16, std::nullopt, 4},
+                              {DType::kBFloat16, DType::kBFloat16, 2},
+                              {DType::kFloat16, DType::kFloat16, 2},
+                              {DType::kFloat16, DType::kBFloat16, 2}};
+        for (const Step& step : steps) {
+          const std::vector<SharedTensor> flat =
+              client.allocate_flat(std::vector<TensorSpec>{{step.dtype, kElements, "dp"}});
+          const TensorSet set = client.register_tensors(flat, RegisterOptions{.bucket_cap_bytes = 0});
+          ReduceOptions options{ReduceOp::kSum};
+          options.wire_dtype = step.wire;
+          if (!client.allreduce(set, options).wait(std::chrono::seconds(60))) return fail("allreduce timed out");
+          want += kElements * step.bytes_per_element;
+          if (rank % kLocal == 0) {
+            const uint64_t seen = carried_bytes(cluster.node(rank / kLocal), job, want);
+            if (seen != want) {
+              return fail(std::string(dtype_name(step.dtype)) + " with " +
+                          (step.wire ? std::string(dtype_name(*step.wire)) : std::string("no wire dtype")) + ": node " +
+                          std::to_string(rank / kLocal) + " counted " + std::to_string(seen) +
+                          " bytes carried across nodes in all, not " + std::to_string(want));
+            }
+          }
+          // Every rank stays until the counter was read; the barrier carries one float32.
+          if (!client.allreduce(barrier, ReduceOptions{ReduceOp::kSum}).wait(std::chrono::seconds(60))) {
+            return fail("barrier timed out");
+          }
+          want += sizeof(float);
+        }
+        return kOk;
+      },
+      {}, 2);
+  for (int status : statuses) CHECK(exit_code(status) == kOk);
+}
+
 // The integrity check: every 2nd operation the nodes compare hashes of their reduced copies.
 // Node 1 flips a byte of its copy of operation 4 (a test hook, as a bad memory bit would): the
 // checked operation 2 passes, and operation 4 fails on every rank, naming node 1 and the bucket.

@@ -182,6 +182,7 @@ class HostDeviceEngine final : public DeviceCollectiveEngine {
   Status allreduce(std::span<const DeviceBuffer> buffers, size_t count, const ReduceSpec& s) override {
     calls.push_back("allreduce");
     counts.push_back(count);
+    carried.push_back(s.wire.value_or(reduce::accumulation_dtype(s.element)));
     if (on_collective) on_collective();
     if (!fail_calls.ok()) return fail_calls;
     combine(buffers, count, s, -1);
@@ -197,6 +198,7 @@ class HostDeviceEngine final : public DeviceCollectiveEngine {
   Status reduce(std::span<const DeviceBuffer> buffers, size_t count, const ReduceSpec& s, int root) override {
     calls.push_back("reduce to " + std::to_string(root));
     counts.push_back(count);
+    carried.push_back(s.wire.value_or(reduce::accumulation_dtype(s.element)));
     combine(buffers, count, s, root);
     return Status();
   }
@@ -271,6 +273,7 @@ class HostDeviceEngine final : public DeviceCollectiveEngine {
   std::shared_ptr<bool> abandoned = std::make_shared<bool>(false);  // outlives the (leaked) engine
   std::vector<std::string> calls;
   std::vector<size_t> counts;  // the element count of each allreduce and reduce
+  std::vector<DType> carried;  // the type NCCL is handed for each allreduce and reduce
   bool take_registrations = false;
   Status fail_deregister;
   std::function<void()> on_deregister;  // called as each deregistration is made

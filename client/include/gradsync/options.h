@@ -99,13 +99,15 @@ struct ReduceOptions {
   // Work::found_inf() and Work::sq_norm() (mixed precision's overflow check and the gradient
   // norm, without a second pass over the gradients).
   bool health = false;
-  // Wire compression (Horovod's fp16 compression) for float32 sets (device sets: allreduce and
-  // reduce only): each node's float32
+  // Wire compression (Horovod's fp16 compression) for sets of float32, float16 and bfloat16
+  // (device sets: allreduce and reduce only): each node's float32
   // sums cross nodes as bfloat16 or float16 (half the bytes), combined in float32 at every hop
   // and rounded back; the local stages stay float32 (on device sets the hops between a node's
   // GPUs, inside NCCL, carry the half type too). Adds an error bounded in
   // docs/how-it-works.md; float16 overflows above 65504. nullopt: none. Only nodes pay; a job
-  // on one node is unaffected.
+  // on one node is unaffected. A float16 or bfloat16 set is carried in float32 (each sum
+  // rounded once) unless asked for its own type here: then it crosses at its own size, with
+  // the per-hop rounding of NCCL's and Gloo's native half-precision reductions.
   std::optional<DType> wire_dtype;
 };
 

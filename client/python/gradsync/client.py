@@ -231,9 +231,10 @@ class Client:
         """Reduces the tensors in place across the group's ranks (default "dp": every rank).
         health=True (floating-point CPU or CUDA tensors): the daemon also computes, in the same pass,
         whether the result holds an inf or a NaN and its sum of squares: Work.found_inf() and
-        Work.sq_norm() once it completed. wire_dtype=torch.bfloat16 or torch.float16 (float32
-        tensors): the nodes exchange their sums compressed to it (half the bytes), with the error
-        bounded in docs/how-it-works.md. mask (CPU tensors; a contiguous 1-D torch.int64 tensor of
+        Work.sq_norm() once it completed. wire_dtype=torch.bfloat16 or torch.float16 (float32,
+        float16 or bfloat16 tensors): the nodes exchange their sums compressed to it (half a float32
+        sum's bytes), with the error bounded in docs/how-it-works.md; half-precision tensors
+        otherwise cross nodes as float32, each sum rounded once. mask (CPU tensors; a contiguous 1-D torch.int64 tensor of
         strictly increasing indices into the tensors flattened in order, the same on every rank):
         only those elements are reduced and cross nodes; every other element becomes zero (the
         seeds' pruned-model DDP). Keep the mask tensor unchanged between calls: a changed one
