@@ -711,9 +711,10 @@ void ClientImpl::fill_reduce(SubmitEntry* entry, const ReduceOptions& options) c
                                            " has integer tensors, which hold no inf or NaN; ask for it on "
                                            "floating-point sets only"));
     }
-    if (it != per_join_.sets.end() && it->second.masked) {
+    if (it != per_join_.sets.end() && it->second.masked && it->second.events) {
       throw Error(Status::not_supported("ReduceOptions::health: " + name_of(entry->set_id) +
-                                        " has a mask, for which it is not computed yet (docs/limitations.md)"));
+                                        " has a mask and lies in device memory, where it is not computed yet "
+                                        "(docs/limitations.md)"));
     }
     entry->flags |= kSubmitHealth;
   }

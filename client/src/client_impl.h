@@ -70,7 +70,7 @@ class ClientImpl final : public Client {
     size_t size = 0;
     bool has_integers = false;  // an integer tensor: no avg
     bool wire_compressible = false;  // float32, float16 and bfloat16 only: wire compression applies
-    bool masked = false;        // RegisterOptions::mask: no health
+    bool masked = false;        // RegisterOptions::mask: no health on device sets
     std::string name;           // how messages name it (shared/set_name.h)
     // Device sets: their event rings, shared with the Work handles of their operations.
     std::shared_ptr<DeviceEvents> events;

@@ -1,15 +1,18 @@
 // Masked reduction (seeds S09) within one node through the real daemon and real client
 // processes: allreduce and reduce of a set registered with a mask leave the reference result
 // (values.cc) at the kept elements and zero at the others, every dtype and reduce mode, bit for
-// bit; broadcast moves every element; bad masks, masks that differ between ranks and options a
+// bit, with the fused health of the results (since 2026-12-06); broadcast moves every element; bad masks, masks that differ between ranks and options a
 // masked set does not take are refused, naming why, and the job goes on. The cross-node cases
 // (and the byte counter) are in multinode_test.cc.
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <algorithm>
 #include <cstring>
+#include <limits>
 
 #include "tests/integration/harness.h"
 #include "tests/integration/values.h"
+#include "tests/unit/health_reference.h"
 
 namespace gradsync::test {
 namespace {
@@ -32,6 +35,24 @@ std::vector<uint64_t> mask_for(const std::vector<uint64_t>& sizes) {
     }
   }
   return mask;
+}
+
+// The fused health against the reference's over this rank's results (health_test.cc's check).
+int check_health(const Work& work, const TensorSet& set, bool expect_inf, const std::string& what) {
+  ReferenceHealth want;
+  for (size_t t = 0; t < set.size(); ++t) {
+    add_tensor_health(set.tensor(t).dtype(), set.tensor(t).data(), set.tensor(t).numel(), &want);
+  }
+  if (work.found_inf() != want.found_inf || want.found_inf != expect_inf) {
+    return fail(what + ": found_inf " + std::to_string(work.found_inf()) + ", the results say " +
+                std::to_string(want.found_inf) + ", expected " + std::to_string(expect_inf));
+  }
+  const double got = work.sq_norm();
+  if (!(std::isnan(want.sum_sq) && std::isnan(got)) && std::memcmp(&got, &want.sum_sq, sizeof got) != 0) {
+    return fail(what + ": sq_norm " + std::to_string(got) + " differs from the reference's " +
+                std::to_string(want.sum_sq));
+  }
+  return kOk;
 }
 
 std::vector<ReduceOptions> modes(DType dtype) {
@@ -93,9 +114,16 @@ int scenario(const std::string& socket, const std::string& job, int rank, int wo
     for (const ReduceOptions& mode : modes(dtype)) {
       ++seed;
       for (uint64_t t = 0; t < set.size(); ++t) fill(set.tensor(t), rank, t, seed);
-      if (!client->allreduce(set, mode).wait(std::chrono::seconds(30))) return fail("allreduce timed out");
+      // Floating sets ask for the fused health too: it must be the reference's over the results.
+      ReduceOptions asked = mode;
+      asked.health = dtype_is_floating(dtype);
+      Work work = client->allreduce(set, asked);
+      if (!work.wait(std::chrono::seconds(30))) return fail("allreduce timed out");
       if (int code = check_masked(set, mask, mode, rank, world, seed, false, "masked allreduce"); code != kOk) {
         return code;
+      }
+      if (asked.health) {
+        if (int code = check_health(work, set, false, "masked allreduce's health"); code != kOk) return code;
       }
       ++seed;
       const int root = world - 1;
@@ -103,6 +131,27 @@ int scenario(const std::string& socket, const std::string& job, int rank, int wo
       if (!client->reduce(set, root, mode).wait(std::chrono::seconds(30))) return fail("reduce timed out");
       if (int code = check_masked(set, mask, mode, rank, world, seed, rank != root, "masked reduce"); code != kOk) {
         return code;
+      }
+    }
+    if (dtype_is_floating(dtype)) {
+      // An inf on rank 1 at an element the mask drops is zeroed, so not found; at a kept one it is.
+      const std::vector<uint64_t>& sizes = kSizes;
+      uint64_t base = 0;
+      for (size_t t = 0; t < 3; ++t) base += sizes[t];  // tensor 3's first flat position
+      const auto kept = [&](uint64_t i) { return std::binary_search(mask.begin(), mask.end(), base + i); };
+      uint64_t dropped = 1, taken = 1;
+      while (kept(dropped)) ++dropped;
+      while (!kept(taken)) ++taken;
+      for (const auto& [at, found] : {std::pair{dropped, false}, std::pair{taken, true}}) {
+        ++seed;
+        for (uint64_t t = 0; t < set.size(); ++t) fill(set.tensor(t), rank, t, seed);
+        if (rank == 1) store(dtype, set.tensor(3).data(), at, std::numeric_limits<double>::infinity());
+        ReduceOptions asked{ReduceOp::kSum};
+        asked.health = true;
+        Work work = client->allreduce(set, asked);
+        if (!work.wait(std::chrono::seconds(30))) return fail("allreduce timed out");
+        const std::string what = std::string("an inf at a ") + (found ? "kept" : "dropped") + " element";
+        if (int code = check_health(work, set, found, what); code != kOk) return code;
       }
     }
     // Broadcast ignores the mask: every element of the root's arrives.
@@ -189,13 +238,6 @@ TEST_CASE("masked: bad masks, masks that differ between ranks and options a mask
       return c;
     }
     const TensorSet set = client->register_tensors(tensors, RegisterOptions{.mask = {0, 9, 10, 15}});
-    ReduceOptions health{ReduceOp::kSum};
-    health.health = true;
-    if (int c = expect_error([&] { client->allreduce(set, health).wait(std::chrono::seconds(30)); },
-                             "has a mask, for which it is not computed yet", "health on a masked set");
-        c != kOk) {
-      return c;
-    }
     // The job still reduces.
     for (uint64_t t = 0; t < set.size(); ++t) fill(set.tensor(t), rank, t, 9);
     if (!client->allreduce(set, ReduceOptions{ReduceOp::kSum}).wait(std::chrono::seconds(30))) {

@@ -479,9 +479,23 @@ TEST_CASE("multi-node: masked allreduce and reduce keep only the mask's elements
             for (const ReduceOptions& o : modes) {
               ++seed;
               for (uint64_t t = 0; t < tensors.size(); ++t) fill_exact(tensors[t], rank, t, seed);
-              if (!client.allreduce(set, o).wait(std::chrono::seconds(60))) return fail("allreduce timed out");
+              // Floating sets ask for the fused health: the reference's over the results.
+              ReduceOptions asked = o;
+              asked.health = dtype_is_floating(dtype);
+              Work work = client.allreduce(set, asked);
+              if (!work.wait(std::chrono::seconds(60))) return fail("allreduce timed out");
               if (int c = check_masked(tensors, mask, o, ranks, rank, seed, false, "masked allreduce"); c != kOk) {
                 return c;
+              }
+              if (asked.health) {
+                ReferenceHealth want;
+                for (const SharedTensor& t : tensors) add_tensor_health(dtype, t.data(), t.numel(), &want);
+                const double got = work.sq_norm();
+                if (work.found_inf() || std::memcmp(&got, &want.sum_sq, sizeof got) != 0) {
+                  return fail("masked allreduce's health: found_inf " + std::to_string(work.found_inf()) +
+                              ", sq_norm " + std::to_string(got) + ", the results give " +
+                              std::to_string(want.sum_sq));
+                }
               }
             }
             if (dtype == DType::kFloat32) {

@@ -31,7 +31,7 @@ def test_fused_health_and_master_params(daemon):
     results = run_ranks("health.py", 2, daemon)
     assert_all_ok(results, daemon)
     for code, out in results:
-        assert "16 cases" in out and "skipped 1" in out, out
+        assert "40 cases" in out and "skipped 1" in out, out
 
 
 def test_fused_health_three_ranks(daemon):

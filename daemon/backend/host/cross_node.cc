@@ -332,7 +332,8 @@ Status reduce_across(const BucketCall& c, ThreadPool& pool, const std::shared_pt
   if (masked) {
     const std::vector<uint32_t> destinations =
         to_root ? std::vector<uint32_t>{static_cast<uint32_t>(root_local)} : members;
-    masked_finish(set, c.bucket, fan_out, acc, destinations, pool);
+    masked_finish(set, c.bucket, fan_out, acc, destinations, pool,
+                  c.health && results == Results::kEveryone ? c.health->data() : nullptr);
     return Status();
   }
   if (results == Results::kShards) {

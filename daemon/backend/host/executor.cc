@@ -62,8 +62,9 @@ void HostExecutor::run_local(const BucketCall& call) {
   // allgather move every element.
   if (set.masked() && (call.desc.kind == OpKind::kAllreduce || call.desc.kind == OpKind::kReduce)) {
     const std::vector<uint32_t> root_only = {root};
-    execute_masked(set, call.bucket, call.args,
-                   call.desc.kind == OpKind::kAllreduce ? set.participants[call.bucket] : root_only, *pool_);
+    const bool allreduce = call.desc.kind == OpKind::kAllreduce;
+    execute_masked(set, call.bucket, call.args, allreduce ? set.participants[call.bucket] : root_only, *pool_,
+                   allreduce && call.health ? call.health->data() : nullptr);
     return;
   }
   switch (call.desc.kind) {

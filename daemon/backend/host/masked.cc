@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "daemon/backend/host/local.h"
+#include "daemon/reduce/simd.h"
 #include "daemon/reduce/staged.h"
 
 namespace gradsync::host {
@@ -84,6 +85,35 @@ void scatter(size_t element, const std::byte* in, const std::vector<Location>& a
 
 size_t tasks_for(size_t kept) { return static_cast<size_t>((kept + kKeptPerTask - 1) / kKeptPerTask); }
 
+// The health blocks of the bucket's tensors in `destination`, each from its stored results.
+// Every block is written, so a block that kept nothing reads as the zeros it holds.
+void masked_health(const TensorSet& set, size_t bucket, DType dtype, uint32_t destination, ThreadPool& pool,
+                   reduce::HealthBlock* health) {
+  struct Block {
+    uint32_t tensor;
+    uint64_t first;  // element
+  };
+  std::vector<Block> blocks;
+  for (uint32_t t : set.plan.buckets[bucket].tensors) {
+    for (uint64_t first = 0; first < set.layout[t].numel; first += reduce::kHealthBlockElements) {
+      blocks.push_back(Block{t, first});
+    }
+  }
+  // 16 blocks (256 KiB of float32) per task: reading them outweighs waking a thread.
+  constexpr size_t kBlocksPerTask = 16;
+  const size_t element = dtype_size(dtype);
+  pool.parallel_for((blocks.size() + kBlocksPerTask - 1) / kBlocksPerTask, [&](size_t task) {
+    const size_t end = std::min(blocks.size(), (task + 1) * kBlocksPerTask);
+    for (size_t i = task * kBlocksPerTask; i < end; ++i) {
+      const Block& b = blocks[i];
+      const size_t count =
+          static_cast<size_t>(std::min<uint64_t>(reduce::kHealthBlockElements, set.layout[b.tensor].numel - b.first));
+      health[set.health_block[b.tensor] + b.first / reduce::kHealthBlockElements] =
+          reduce::simd::health(dtype, set.address[destination][b.tensor] + b.first * element, count);
+    }
+  });
+}
+
 }  // namespace
 
 void masked_accumulate(const TensorSet& set, size_t bucket, const reduce::KernelArgs& args, std::byte* acc,
@@ -110,7 +140,7 @@ void masked_accumulate(const TensorSet& set, size_t bucket, const reduce::Kernel
 }
 
 void masked_finish(const TensorSet& set, size_t bucket, const reduce::KernelArgs& args, const std::byte* acc,
-                   const std::vector<uint32_t>& destinations, ThreadPool& pool) {
+                   const std::vector<uint32_t>& destinations, ThreadPool& pool, reduce::HealthBlock* health) {
   const std::vector<uint64_t>& kept = set.kept[bucket];
   const size_t element = dtype_size(args.dtype);
   const size_t acc_size = dtype_size(reduce::accumulation_dtype(args.dtype));
@@ -135,14 +165,15 @@ void masked_finish(const TensorSet& set, size_t bucket, const reduce::KernelArgs
     reduce::finish(finishing, acc + first * acc_size, std::span<void* const>(&out, 1), count);
     for (uint32_t d : destinations) scatter(element, results.data(), at, set.address[d]);
   });
+  if (health != nullptr && !destinations.empty()) masked_health(set, bucket, args.dtype, destinations[0], pool, health);
 }
 
 void execute_masked(const TensorSet& set, size_t bucket, const reduce::KernelArgs& args,
-                    const std::vector<uint32_t>& destinations, ThreadPool& pool) {
+                    const std::vector<uint32_t>& destinations, ThreadPool& pool, reduce::HealthBlock* health) {
   const size_t acc_size = dtype_size(reduce::accumulation_dtype(args.dtype));
   std::vector<std::byte> acc(set.kept[bucket].size() * acc_size);
   masked_accumulate(set, bucket, args, acc.data(), pool);
-  masked_finish(set, bucket, args, acc.data(), destinations, pool);
+  masked_finish(set, bucket, args, acc.data(), destinations, pool, health);
 }
 
 }  // namespace gradsync::host

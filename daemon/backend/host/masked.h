@@ -22,13 +22,18 @@ void masked_accumulate(const TensorSet& set, size_t bucket, const reduce::Kernel
                        ThreadPool& pool);
 
 // Every destination (local ranks) gets the finished acc[i] (reduce::finish) at its element
-// kept[bucket][i] and zero at the bucket's other elements.
+// kept[bucket][i] and zero at the bucket's other elements. `health` (an allreduce's fused
+// health: the set's blocks, TensorSet::health_block), when given, gets the health of the
+// bucket's tensors as the first destination now holds them: the masked results are scattered,
+// not streamed through blocks, so this is a read pass over the bucket after the scatter, block
+// by block as reduce/health.h defines (the zeros add nothing, so it is the same bits as the
+// definition over the whole result).
 void masked_finish(const TensorSet& set, size_t bucket, const reduce::KernelArgs& args, const std::byte* acc,
-                   const std::vector<uint32_t>& destinations, ThreadPool& pool);
+                   const std::vector<uint32_t>& destinations, ThreadPool& pool, reduce::HealthBlock* health = nullptr);
 
 // A bucket within this node: the participants' kept elements combined into every destination
-// (allreduce: the participants; reduce: the root), the rest zeroed.
+// (allreduce: the participants; reduce: the root), the rest zeroed; `health` as masked_finish.
 void execute_masked(const TensorSet& set, size_t bucket, const reduce::KernelArgs& args,
-                    const std::vector<uint32_t>& destinations, ThreadPool& pool);
+                    const std::vector<uint32_t>& destinations, ThreadPool& pool, reduce::HealthBlock* health = nullptr);
 
 }  // namespace gradsync::host

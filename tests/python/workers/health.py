@@ -1,6 +1,6 @@
 """allreduce_coalesced(..., health=True) on every floating dtype, staging and direct, against a
 reference written from the definition in daemon/reduce/health.h (32 sequential float64 lanes), bit for
-bit; an inf on one rank found on all; and MasterParams stepping, skipping and rescaling alike on
+bit (masked sets too); an inf on one rank found on all; and MasterParams stepping, skipping and rescaling alike on
 every rank."""
 import math
 
@@ -56,6 +56,26 @@ def main():
                 if work.found_inf() != found or found != poison:
                     failures.append(f"{what}: found_inf {work.found_inf()}, the results say {found}")
                 if not poison and not same(work.sq_norm(), norm):
+                    failures.append(f"{what}: sq_norm {work.sq_norm()!r}, the reference {norm!r}")
+    # With a mask: the health of the results, which are zero outside it; an inf the mask drops
+    # is not found (it is zeroed), one it keeps is.
+    for path in ("staging", "direct"):
+        place = (lambda ts: [t.clone() for t in ts]) if path == "staging" else direct.like
+        for dtype in FLOATING:
+            for poison in (None, "dropped", "kept"):
+                case += 1
+                mine = place(inputs(rank, dtype, case))
+                total = sum(t.numel() for t in mine)
+                mask = torch.arange(1, total, 3)
+                if poison and rank == world - 1:
+                    mine[2][0 if poison == "dropped" else 2] = float("inf")  # flat 8 is dropped, 10 kept
+                work = client.allreduce_coalesced(mine, op="avg", health=True, mask=mask)
+                work.wait(60)
+                found, norm = reference(mine)
+                what = f"masked {path} {dtype} poison={poison}"
+                if work.found_inf() != found or found != (poison == "kept"):
+                    failures.append(f"{what}: found_inf {work.found_inf()}, the results say {found}")
+                if poison != "kept" and not same(work.sq_norm(), norm):
                     failures.append(f"{what}: sq_norm {work.sq_norm()!r}, the reference {norm!r}")
     # Not asked for: refused by name.
     work = client.allreduce_coalesced([torch.ones(4)], op="sum")
