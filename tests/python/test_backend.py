@@ -76,6 +76,12 @@ def test_backend_two_nodes_on_loopback_match_gloo():
     assert "world size 4, node 1 of 2" in logs[1], logs[1]  # the job spanned both
 
 
+def test_the_wire_dtype_option_carries_half_tensors_in_their_own_type_or_compresses_between_nodes():
+    # Options(wire_dtype=None, "native", torch.bfloat16) on two nodes: all_reduce, its coalesced
+    # form and reduce_scatter_tensor against the exact two-node expectation of each.
+    _on_two_nodes("backend_wire.py", "wire checks done")
+
+
 def test_new_group_makes_a_gradsync_job_of_its_ranks(daemon):
     # 4 ranks on one daemon: groups of 2 and of 3 ranks (one made with no backend named), each
     # a job of its own, against gloo groups of the same ranks; one destroyed and made again.

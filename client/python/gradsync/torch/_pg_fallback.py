@@ -18,11 +18,13 @@ rank that asked fails at once naming it, instead of waiting in gloo's connect fo
 import datetime
 import os
 
+import torch
 import torch.distributed as dist
 
 from ..errors import Error, InvalidArgumentError
 
 _FALLBACKS = (None, "gloo")
+_WIRE_DTYPES = (None, "native", torch.bfloat16, torch.float16)
 
 
 class Options:
@@ -31,19 +33,32 @@ class Options:
     fallback: None (the default): send, recv, all_to_all, scatter and gather raise
     NotImplementedError; "gloo": they go through a gloo group of the same ranks, made at init
     (one more TCP connection per pair of ranks; CPU tensors, and CUDA tensors where gloo takes
-    them)."""
+    them).
 
-    def __init__(self, fallback=None):
+    wire_dtype: what the reductions (all_reduce, its coalesced forms, reduce_scatter) carry
+    between nodes. None (the default): float16 and bfloat16 tensors cross as float32 sums, each
+    rounded once, and every other dtype as itself. "native": float16 and bfloat16 tensors cross
+    in their own type, at their own size, each combine rounded to it, as NCCL and gloo reduce
+    them (a call mixing dtypes crosses as the default does). torch.bfloat16 or torch.float16:
+    float32, float16 and bfloat16 tensors cross compressed to it (Horovod's compression), other
+    dtypes as the default. The error added is bounded in docs/how-it-works.md; within a node
+    nothing changes. Every rank of a group must ask the same (the nodes compare it)."""
+
+    def __init__(self, fallback=None, wire_dtype=None):
         if fallback not in _FALLBACKS:
             raise InvalidArgumentError(f"gradsync.torch.Options: fallback must be None or 'gloo', not {fallback!r}")
+        if not any(wire_dtype is w or (isinstance(w, str) and wire_dtype == w) for w in _WIRE_DTYPES):
+            raise InvalidArgumentError(f"gradsync.torch.Options: wire_dtype must be None, 'native', torch.bfloat16 "
+                                       f"or torch.float16, not {wire_dtype!r}")
         self.fallback = fallback
+        self.wire_dtype = wire_dtype
         # What torch's DeviceMesh reads of a backend_override's options (None: the mesh's own
         # timeout), so that init_device_mesh(..., backend_override={"dp": ("gradsync",
         # Options(...))}) takes these.
         self._timeout = None
 
     def __repr__(self):
-        return f"gradsync.torch.Options(fallback={self.fallback!r})"
+        return f"gradsync.torch.Options(fallback={self.fallback!r}, wire_dtype={self.wire_dtype!r})"
 
 
 def options_of(pg_options, default_group):

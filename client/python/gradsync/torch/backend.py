@@ -96,6 +96,21 @@ def _as_bytes(t):
     return t
 
 
+_HALVES = (torch.float16, torch.bfloat16)
+_COMPRESSIBLE = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _wire_for(wire, tensors):
+    """The wire dtype Options(wire_dtype=wire) gives a reduction of `tensors` (see Options):
+    None where it does not apply. Every rank passes the same dtypes, so every rank agrees."""
+    if wire is None:
+        return None
+    if isinstance(wire, str):  # "native"
+        first = tensors[0].dtype
+        return first if first in _HALVES and all(t.dtype == first for t in tensors) else None
+    return wire if all(t.dtype in _COMPRESSIBLE for t in tensors) else None
+
+
 def _nonempty(tensors):
     """The tensors with elements: a collective over none has nothing to do (every rank passes
     the same shapes), and the daemon refuses an empty tensor."""
@@ -393,8 +408,9 @@ class ProcessGroupGradsync(dist.ProcessGroup):
         moved = _nonempty(tensors)
         if not moved:
             return GradsyncWork(self._tracker, None, None, tensors)
+        wire = _wire_for(self.options.wire_dtype, moved)
         return self._start("allreduce", moved, lambda tag: _coalesced.allreduce(
-            self._client, moved, op, None, False, None, None, None, tag=tag), tensors)
+            self._client, moved, op, None, False, None, None, None, tag=tag, wire_dtype=wire), tensors)
 
     @_locked
     def allreduce_coalesced(self, tensors, opts=None):
@@ -404,8 +420,9 @@ class ProcessGroupGradsync(dist.ProcessGroup):
         moved = _nonempty(tensors)
         if not moved:
             return GradsyncWork(self._tracker, None, None, tensors)
+        wire = _wire_for(self.options.wire_dtype, moved)
         return self._start("allreduce", moved, lambda tag: _coalesced.allreduce(
-            self._client, moved, op, None, False, None, None, None, tag=tag), tensors)
+            self._client, moved, op, None, False, None, None, None, tag=tag, wire_dtype=wire), tensors)
 
     @_locked
     def reduce(self, tensors, opts=None):
@@ -482,8 +499,10 @@ class ProcessGroupGradsync(dist.ProcessGroup):
     def _reduce_scatter_flat(self, flat, opts, result, finish):
         """Reduce-scatters `flat`, world_size even shards; `finish` gets this rank's."""
         flat, op = flat.contiguous(), _op_name(opts.reduceOp)
+        # A CUDA reduce-scatter is not compressed yet (docs/limitations.md): it crosses as is.
+        wire = None if flat.is_cuda else _wire_for(self.options.wire_dtype, [flat])
         return self._start("reduce_scatter", [flat], lambda tag: _coalesced.reduce_scatter(
-            self._client, [flat], op, None, False, None, None, None, tag=tag), result, finish)
+            self._client, [flat], op, None, False, None, None, None, wire_dtype=wire, tag=tag), result, finish)
 
     # --- moves --------------------------------------------------------------------------------
 
