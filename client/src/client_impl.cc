@@ -448,6 +448,8 @@ TensorSet ClientImpl::register_tensors(std::span<const SharedTensor> tensors, co
   kept.has_integers = std::any_of(set.tensors_.begin(), set.tensors_.end(),
                                   [](const SharedTensor& t) { return !dtype_is_floating(t.dtype()); });
   kept.masked = !options.mask.empty();
+  kept.has_float16 = std::any_of(set.tensors_.begin(), set.tensors_.end(),
+                                  [](const SharedTensor& t) { return t.dtype() == DType::kFloat16; });
   kept.wire_compressible = std::all_of(set.tensors_.begin(), set.tensors_.end(), [](const SharedTensor& t) {
     return t.dtype() == DType::kFloat32 || t.dtype() == DType::kFloat16 || t.dtype() == DType::kBFloat16;
   });
@@ -727,6 +729,16 @@ void ClientImpl::fill_reduce(SubmitEntry* entry, const ReduceOptions& options) c
     if (it != per_join_.sets.end() && !it->second.wire_compressible) {
       throw Error(Status::invalid_argument("ReduceOptions::wire_dtype applies to float32, float16 and bfloat16, and " +
                                            name_of(entry->set_id) + " has tensors of other dtypes"));
+    }
+    if (it != per_join_.sets.end() && it->second.has_float16 && *options.wire_dtype == DType::kBFloat16) {
+      throw Error(Status::invalid_argument(
+          "ReduceOptions::wire_dtype: " + name_of(entry->set_id) +
+          " has float16 tensors, which cannot cross nodes as bfloat16: bfloat16 rounds float16's largest values "
+          "(65504) up past float16's range, and keeps fewer bits; use float16 (their own type) or none"));
+    }
+    if (!options.fp32_accumulate) {
+      throw Error(Status::invalid_argument("ReduceOptions::wire_dtype takes fp32_accumulate = true "
+                                           "(it narrows float32 sums)"));
     }
     if (it != per_join_.sets.end() && it->second.events && entry->op == static_cast<uint32_t>(OpKind::kReduceScatter)) {
       throw Error(Status::not_supported("ReduceOptions::wire_dtype: " + name_of(entry->set_id) +

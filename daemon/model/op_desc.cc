@@ -66,6 +66,11 @@ Status parse_op(const SubmitEntry& entry, int world_size, OpDesc* desc) {
   if (desc->wire != DType::kFloat32 && !is_reduction(desc->kind)) {
     return Status::invalid_argument("wire compression applies to allreduce, reduce and reduce-scatter only");
   }
+  if (desc->wire != DType::kFloat32 && desc->narrow_accumulate) {
+    // The wire narrows float32 sums and combines in float32: a node sum already rounded to the
+    // half type would be rounded twice, and the hops would not round to the set's type.
+    return Status::invalid_argument("a wire dtype takes fp32_accumulate = true (it narrows float32 sums)");
+  }
   if (is_reduction(desc->kind)) {
     if (entry.reduce_op < static_cast<uint32_t>(WireReduceOp::kSum) ||
         entry.reduce_op > static_cast<uint32_t>(WireReduceOp::kMax)) {
@@ -114,6 +119,16 @@ reduce::KernelArgs kernel_args(const OpDesc& desc, DType dtype, int group_size) 
   return args;
 }
 
+namespace {
+
+// bfloat16 rounds float16's largest values up past its range (65504 becomes 65536, then inf in
+// float16), and has fewer bits: a float16 set gains nothing from it.
+const std::string kFloat16OverBFloat16 =
+    "a float16 set cannot cross nodes as bfloat16: bfloat16 rounds float16's largest values (65504) up past "
+    "float16's range, and keeps fewer bits; use float16 (its own type) or no wire dtype";
+
+}  // namespace
+
 Status check_op(const OpDesc& desc, const TensorSet& set, const Topology& topology) {
   if (desc.kind == OpKind::kAllgather && set.gather_output.empty()) {
     return Status::invalid_argument(set.name() + " was registered without an allgather output");
@@ -145,6 +160,9 @@ Status check_op(const OpDesc& desc, const TensorSet& set, const Topology& topolo
         return Status::invalid_argument("wire compression on " + set.name() +
                                         ": it applies to float32, float16 and bfloat16, and the set has " +
                                         std::string(dtype_name(tensor.dtype)) + " tensors");
+      }
+      if (tensor.dtype == DType::kFloat16 && desc.wire == DType::kBFloat16) {
+        return Status::invalid_argument(kFloat16OverBFloat16 + (" (" + set.name() + ")"));
       }
     }
   }

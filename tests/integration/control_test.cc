@@ -268,7 +268,7 @@ TEST_CASE("operations: avg on integer tensors is refused before it reaches the j
   CHECK(client->allreduce(set, ReduceOptions{ReduceOp::kSum}).wait(std::chrono::seconds(10)));
 }
 
-TEST_CASE("operations: wire compression is refused on sets of other dtypes, naming them, and taken by half sets",
+TEST_CASE("operations: wire compression is refused on sets it cannot serve, naming why, and taken by half sets",
           "[integration][control][wire]") {
   TestDaemon daemon;
   auto client = join(daemon.socket(), unique_job("wire-dtypes"), 0, 1);
@@ -283,6 +283,18 @@ TEST_CASE("operations: wire compression is refused on sets of other dtypes, nami
   }
   ReduceOptions bad = options;
   bad.wire_dtype = DType::kFloat32;
+  // A float16 tensor never crosses as bfloat16 (it rounds 65504 up past float16's range), and a
+  // wire dtype needs float32 accumulation.
+  const std::vector<SharedTensor> float16 = {client->allocate(TensorSpec{DType::kFloat16, 4, "dp"}),
+                                             client->allocate(TensorSpec{DType::kFloat32, 4, "dp"})};
+  const TensorSet float16_set = client->register_tensors(float16, {});
+  expect_error([&] { client->allreduce(float16_set, options); }, ErrorCode::kInvalidArgument,
+               "has float16 tensors, which cannot cross nodes as bfloat16");
+  ReduceOptions narrow = options;
+  narrow.wire_dtype = DType::kFloat16;
+  narrow.fp32_accumulate = false;
+  expect_error([&] { client->allreduce(float16_set, narrow); }, ErrorCode::kInvalidArgument,
+               "wire_dtype takes fp32_accumulate = true");
   const std::vector<SharedTensor> halves = {client->allocate(TensorSpec{DType::kFloat16, 4, "dp"}),
                                             client->allocate(TensorSpec{DType::kBFloat16, 4, "dp"})};
   const TensorSet half_set = client->register_tensors(halves, {});
@@ -290,7 +302,9 @@ TEST_CASE("operations: wire compression is refused on sets of other dtypes, nami
   // On one node nothing crosses, so the result is the plain one.
   store(DType::kFloat16, halves[0].data(), 0, 1.5);
   store(DType::kBFloat16, halves[1].data(), 0, 2.5);
-  CHECK(client->allreduce(half_set, options).wait(std::chrono::seconds(10)));
+  ReduceOptions float16_wire{ReduceOp::kSum};
+  float16_wire.wire_dtype = DType::kFloat16;
+  CHECK(client->allreduce(half_set, float16_wire).wait(std::chrono::seconds(10)));
   CHECK(half_to_float(halves[0].as<const uint16_t>()[0]) == 1.5f);
   CHECK(bfloat16_to_float(halves[1].as<const uint16_t>()[0]) == 2.5f);
 }

@@ -77,7 +77,8 @@ struct RegisterOptions {
   // strictly increasing indices into the set's flat range (its tensors, in registration order,
   // as one range). allreduce and reduce then combine and send across nodes only those; every
   // other element of each result is set to zero. broadcast and allgather move every element.
-  // Every rank gives the same mask. Host and device sets; not with reduce_scatter or health. Empty:
+  // Every rank gives the same mask. Host and device sets; not with reduce_scatter, nor with health
+  // on device sets. Empty:
   // no mask. The daemon copies it at registration (8 bytes per index, kept for the set's life).
   std::vector<uint64_t> mask;
 };
@@ -94,10 +95,11 @@ struct ReduceOptions {
   double divisor = 0;  // kAvg only; 0 means the world size
   // float16/bfloat16: accumulate in float32 and round once (DeepSpeed's fp32_allreduce).
   bool fp32_accumulate = true;
-  // allreduce of a floating-point host set: compute, in the same pass as the reduction,
+  // allreduce of a floating-point set: compute, in the same pass as the reduction (on a masked
+  // host set and on device sets, in a read of the results right after they are written),
   // whether the result holds an inf or a NaN and its sum of squares, read with
   // Work::found_inf() and Work::sq_norm() (mixed precision's overflow check and the gradient
-  // norm, without a second pass over the gradients).
+  // norm, without a second pass over the gradients in the trainer).
   bool health = false;
   // Wire compression (Horovod's fp16 compression) for sets of float32, float16 and bfloat16
   // (device sets: allreduce and reduce only): each node's float32
@@ -106,8 +108,11 @@ struct ReduceOptions {
   // GPUs, inside NCCL, carry the half type too). Adds an error bounded in
   // docs/how-it-works.md; float16 overflows above 65504. nullopt: none. Only nodes pay; a job
   // on one node is unaffected. A float16 or bfloat16 set is carried in float32 (each sum
-  // rounded once) unless asked for its own type here: then it crosses at its own size, with
-  // the per-hop rounding of NCCL's and Gloo's native half-precision reductions.
+  // rounded once) unless a wire dtype is given: then it crosses at that type's size (its own
+  // type: rounded at each combine, as NCCL's and Gloo's sums of it are). A float16 set takes
+  // float16 only (bfloat16 would round its largest values up past its range). Needs
+  // fp32_accumulate. With kAvg the node sums cross before the divide: ask Scaling::kBefore to
+  // keep float16 sums in range (NCCL's avg divides first too).
   std::optional<DType> wire_dtype;
 };
 

@@ -1040,7 +1040,7 @@ void CudaExecutor::run_across(const BucketCall& call, DeviceCollectiveEngine* en
   } steps(*this, call);
 
   // Wire compression, as on the host: only where the group spans nodes (check_op admits it for
-  // float32 allreduce and reduce).
+  // allreduce and reduce of float32, float16 and bfloat16 sets).
   if (call.desc.wire != DType::kFloat32 && topology.nodes_of(set.plan.buckets[b].group).size() > 1) {
     // Only these planners hand NCCL the wire type (check_op refuses the others first).
     if (call.desc.kind != OpKind::kAllreduce && call.desc.kind != OpKind::kReduce) {

@@ -4,7 +4,8 @@ result is known exactly: a node's sum p_n (float32, of its two ranks' inputs) ro
 wire dtype, the two added in float32 and rounded again, then stored in the tensor's dtype.
 
   "native"        float16 and bfloat16 tensors cross in their own type; float32 as float32;
-  torch.bfloat16  float32, float16 and bfloat16 tensors cross as bfloat16; float64 as itself;
+  torch.bfloat16  float32 and bfloat16 tensors cross as bfloat16, float16 ones as float16 (bfloat16
+                  would overflow their largest values); float64 as itself;
   None            (the default) every sum rounded once.
 
 Checked for all_reduce, all_reduce_coalesced and reduce_scatter_tensor, each against the exact
@@ -44,7 +45,7 @@ def wire_of(setting, dtype):
         return dtype if dtype in (torch.float16, torch.bfloat16) else None
     if setting is None or dtype == torch.float64:
         return None
-    return setting
+    return torch.float16 if dtype == torch.float16 else setting  # float16 never crosses as bfloat16
 
 
 def run(setting, rank, world):

@@ -1,8 +1,8 @@
 """One rank per node (daemon): connect() from torchrun's variables alone, the rendezvous from
 $MASTER_ADDR (the library adds gradsyncd's default peer port). Across the nodes: a plain
 allreduce, a masked one (only the kept elements reduced, the rest zero), sparse gradients
-(every rank's rows gathered and summed) and wire compression (float32, bfloat16 and float16
-tensors crossing as bfloat16: with two nodes, one rounding of each node's sum and one of their
+(every rank's rows gathered and summed) and wire compression (float32 and bfloat16 tensors
+crossing as bfloat16, float16 ones as float16: with two nodes, one rounding of each node's sum and one of their
 sum, so the result is known exactly)."""
 import torch
 
@@ -23,19 +23,26 @@ if world == 2:
     assert summed._indices().tolist() == [[0, 1, 2]] and summed._values().tolist() == [[1.0] * 3, [1.0] * 3, [2.0] * 3], summed
     generator = torch.Generator().manual_seed(7)
     inputs = [[torch.randn(1000, generator=generator) * 100 for _ in range(3)] for _ in range(world)]
-    dtypes = (torch.float32, torch.bfloat16, torch.float16)
-    mine = [x.to(dtype).clone() for x, dtype in zip(inputs[client.rank], dtypes)]
-    client.allreduce_coalesced(mine, op="sum", wire_dtype=torch.bfloat16).wait(30)
     across = client.local_world_size == 1  # two nodes; else both ranks on one, where nothing crosses
-    for k, dtype in enumerate(dtypes):
-        given = [inputs[r][k].to(dtype).float() for r in range(world)]
-        if across:
-            want = (given[0].bfloat16().float() + given[1].bfloat16().float()).bfloat16().float().to(dtype)
-        else:
-            want = (given[0] + given[1]).to(dtype)
-        assert torch.equal(mine[k], want), (dtype, across, (mine[k].float() - want.float()).abs().max())
-    exact = inputs[0][0] + inputs[1][0]
-    assert ((mine[0] != exact).sum() > 500) == across, (across, (mine[0] != exact).sum())
+    # float32 and bfloat16 as bfloat16; float16 as float16 (never bfloat16: refused below).
+    for dtypes, wire in (((torch.float32, torch.bfloat16), torch.bfloat16), ((torch.float16,), torch.float16)):
+        mine = [x.to(dtype).clone() for x, dtype in zip(inputs[client.rank], dtypes)]
+        client.allreduce_coalesced(mine, op="sum", wire_dtype=wire).wait(30)
+        for k, dtype in enumerate(dtypes):
+            given = [inputs[r][k].to(dtype).float() for r in range(world)]
+            if across:
+                want = (given[0].to(wire).float() + given[1].to(wire).float()).to(wire).float().to(dtype)
+            else:
+                want = (given[0] + given[1]).to(dtype)
+            assert torch.equal(mine[k], want), (dtype, wire, across, (mine[k].float() - want.float()).abs().max())
+        if dtypes[0] == torch.float32:
+            exact = inputs[0][0] + inputs[1][0]
+            assert ((mine[0] != exact).sum() > 500) == across, (across, (mine[0] != exact).sum())
+    try:
+        client.allreduce_coalesced([torch.ones(4, dtype=torch.float16)], op="sum", wire_dtype=torch.bfloat16)
+        raise AssertionError("a float16 tensor crossing as bfloat16 was accepted")
+    except gradsync.InvalidArgumentError as e:
+        assert "cannot cross nodes as bfloat16" in str(e), e
     try:
         client.allreduce_coalesced([torch.ones(4, dtype=torch.float64)], op="sum", wire_dtype=torch.bfloat16)
         raise AssertionError("wire compression of float64 was accepted")

@@ -41,7 +41,9 @@ class Options:
     in their own type, at their own size, each combine rounded to it, as NCCL and gloo reduce
     them (a call mixing dtypes crosses as the default does). torch.bfloat16 or torch.float16:
     float32, float16 and bfloat16 tensors cross compressed to it (Horovod's compression), other
-    dtypes as the default. The error added is bounded in docs/how-it-works.md; within a node
+    dtypes as the default; float16 tensors never cross as bfloat16 (it rounds their largest
+    values up past float16's range): under torch.bfloat16 they cross as float16, and a call
+    mixing them with other dtypes as the default. The error added is bounded in docs/how-it-works.md; within a node
     nothing changes. Every rank of a group must ask the same (the nodes compare it)."""
 
     def __init__(self, fallback=None, wire_dtype=None):

@@ -105,9 +105,12 @@ def _wire_for(wire, tensors):
     None where it does not apply. Every rank passes the same dtypes, so every rank agrees."""
     if wire is None:
         return None
+    first = tensors[0].dtype
     if isinstance(wire, str):  # "native"
-        first = tensors[0].dtype
         return first if first in _HALVES and all(t.dtype == first for t in tensors) else None
+    if any(t.dtype == torch.float16 for t in tensors) and wire == torch.bfloat16:
+        # Never bfloat16 for float16 (the daemon refuses it: it overflows 65504): their own type.
+        return torch.float16 if all(t.dtype == torch.float16 for t in tensors) else None
     return wire if all(t.dtype in _COMPRESSIBLE for t in tensors) else None
 
 

@@ -1,0 +1,71 @@
+// The daemon's own checks of an operation against its set (daemon/model/op_desc.h), which a
+// client that skips the library's checks meets: what a wire dtype and the fused health cannot
+// serve is refused, naming why.
+#include <catch2/catch.hpp>
+#include <memory>
+
+#include "daemon/model/op_desc.h"
+#include "shared/channel_layout.h"
+
+namespace gradsync {
+namespace {
+
+TensorSet set_of(std::vector<DType> dtypes, MemoryKind kind = MemoryKind::kHostMemfd, bool masked = false) {
+  TensorSet set;
+  set.id = 5;
+  for (DType dtype : dtypes) set.layout.push_back(plan::TensorLayout{dtype, 64, "dp"});
+  set.memory_kind = kind;
+  if (masked) set.mask = std::make_shared<const std::vector<uint64_t>>(std::vector<uint64_t>{1, 3});
+  return set;
+}
+
+OpDesc allreduce(DType wire = DType::kFloat32, bool health = false) {
+  OpDesc desc;
+  desc.kind = OpKind::kAllreduce;
+  desc.wire = wire;
+  desc.health = health;
+  return desc;
+}
+
+}  // namespace
+
+TEST_CASE("op desc: a wire dtype is taken by float32, float16 and bfloat16 sets only, never bfloat16 for float16",
+          "[unit][op_desc][wire]") {
+  const Topology topology;
+  CHECK(check_op(allreduce(DType::kBFloat16), set_of({DType::kFloat32, DType::kBFloat16}), topology).ok());
+  CHECK(check_op(allreduce(DType::kFloat16), set_of({DType::kFloat16, DType::kBFloat16}), topology).ok());
+  const Status float64 = check_op(allreduce(DType::kBFloat16), set_of({DType::kFloat32, DType::kFloat64}), topology);
+  CHECK(float64.code() == ErrorCode::kInvalidArgument);
+  CHECK_THAT(float64.message(), Catch::Contains("applies to float32, float16 and bfloat16, and the set has float64"));
+  const Status float16 = check_op(allreduce(DType::kBFloat16), set_of({DType::kFloat16}), topology);
+  CHECK(float16.code() == ErrorCode::kInvalidArgument);
+  CHECK_THAT(float16.message(), Catch::Contains("a float16 set cannot cross nodes as bfloat16"));
+  CHECK_THAT(float16.message(), Catch::Contains("(set 5)"));
+}
+
+TEST_CASE("op desc: a wire dtype with narrow accumulation is refused at parse", "[unit][op_desc][wire]") {
+  SubmitEntry entry;
+  entry.op = static_cast<uint32_t>(OpKind::kAllreduce);
+  entry.reduce_op = static_cast<uint32_t>(WireReduceOp::kSum);
+  entry.flags = kSubmitWireFloat16;
+  OpDesc desc;
+  CHECK(parse_op(entry, 2, &desc).ok());
+  entry.flags |= kSubmitNarrowAccumulate;
+  const Status status = parse_op(entry, 2, &desc);
+  CHECK(status.code() == ErrorCode::kInvalidArgument);
+  CHECK_THAT(status.message(), Catch::Contains("a wire dtype takes fp32_accumulate = true"));
+}
+
+TEST_CASE("op desc: health on a masked set is taken in host memory and refused in device memory",
+          "[unit][op_desc][health]") {
+  const Topology topology;
+  CHECK(check_op(allreduce(DType::kFloat32, true), set_of({DType::kFloat32}, MemoryKind::kHostMemfd, true), topology)
+            .ok());
+  const Status device =
+      check_op(allreduce(DType::kFloat32, true), set_of({DType::kFloat32}, MemoryKind::kCudaVmm, true), topology);
+  CHECK(device.code() == ErrorCode::kNotSupported);
+  CHECK_THAT(device.message(), Catch::Contains("not computed for a masked set in device memory yet"));
+  CHECK(check_op(allreduce(DType::kFloat32, true), set_of({DType::kFloat32}, MemoryKind::kCudaVmm), topology).ok());
+}
+
+}  // namespace gradsync
