@@ -448,8 +448,9 @@ TensorSet ClientImpl::register_tensors(std::span<const SharedTensor> tensors, co
   kept.has_integers = std::any_of(set.tensors_.begin(), set.tensors_.end(),
                                   [](const SharedTensor& t) { return !dtype_is_floating(t.dtype()); });
   kept.masked = !options.mask.empty();
-  kept.has_float16 = std::any_of(set.tensors_.begin(), set.tensors_.end(),
-                                  [](const SharedTensor& t) { return t.dtype() == DType::kFloat16; });
+  for (const SharedTensor& t : set.tensors_) {
+    if (t.dtype() == DType::kFloat16 || t.dtype() == DType::kBFloat16) kept.halves.insert(t.dtype());
+  }
   kept.wire_compressible = std::all_of(set.tensors_.begin(), set.tensors_.end(), [](const SharedTensor& t) {
     return t.dtype() == DType::kFloat32 || t.dtype() == DType::kFloat16 || t.dtype() == DType::kBFloat16;
   });
@@ -730,15 +731,23 @@ void ClientImpl::fill_reduce(SubmitEntry* entry, const ReduceOptions& options) c
       throw Error(Status::invalid_argument("ReduceOptions::wire_dtype applies to float32, float16 and bfloat16, and " +
                                            name_of(entry->set_id) + " has tensors of other dtypes"));
     }
-    if (it != per_join_.sets.end() && it->second.has_float16 && *options.wire_dtype == DType::kBFloat16) {
-      throw Error(Status::invalid_argument(
-          "ReduceOptions::wire_dtype: " + name_of(entry->set_id) +
-          " has float16 tensors, which cannot cross nodes as bfloat16: bfloat16 rounds float16's largest values "
-          "(65504) up past float16's range, and keeps fewer bits; use float16 (their own type) or none"));
-    }
-    if (!options.fp32_accumulate) {
-      throw Error(Status::invalid_argument("ReduceOptions::wire_dtype takes fp32_accumulate = true "
-                                           "(it narrows float32 sums)"));
+    if (it != per_join_.sets.end()) {
+      // A half-precision tensor crosses in its own type or as float32, never as the other half
+      // type (the daemon's check_op says why, and checks the same).
+      const DType other = *options.wire_dtype == DType::kBFloat16 ? DType::kFloat16 : DType::kBFloat16;
+      if (it->second.halves.contains(other)) {
+        throw Error(Status::invalid_argument(
+            "ReduceOptions::wire_dtype: " + name_of(entry->set_id) + " has " + std::string(dtype_name(other)) +
+            " tensors, which cannot cross nodes as " + std::string(dtype_name(*options.wire_dtype)) +
+            (other == DType::kFloat16 ? " (bfloat16 rounds float16's largest values, 65504, up past its range)"
+                                      : " (float16 overflows bfloat16's values above 65504 and flushes its smallest)") +
+            "; use their own type or no wire dtype"));
+      }
+      if (!it->second.halves.empty() && !options.fp32_accumulate) {
+        throw Error(Status::invalid_argument("ReduceOptions::wire_dtype: " + name_of(entry->set_id) +
+                                             " has half-precision tensors, which need fp32_accumulate = true "
+                                             "(the wire narrows float32 sums)"));
+      }
     }
     if (it != per_join_.sets.end() && it->second.events && entry->op == static_cast<uint32_t>(OpKind::kReduceScatter)) {
       throw Error(Status::not_supported("ReduceOptions::wire_dtype: " + name_of(entry->set_id) +

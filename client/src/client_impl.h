@@ -70,7 +70,7 @@ class ClientImpl final : public Client {
     size_t size = 0;
     bool has_integers = false;  // an integer tensor: no avg
     bool wire_compressible = false;  // float32, float16 and bfloat16 only: wire compression applies
-    bool has_float16 = false;        // no bfloat16 wire (it overflows float16's largest values)
+    std::set<DType> halves;          // its half-precision dtypes: each crosses only as itself
     bool masked = false;        // RegisterOptions::mask: no health on device sets
     std::string name;           // how messages name it (shared/set_name.h)
     // Device sets: their event rings, shared with the Work handles of their operations.

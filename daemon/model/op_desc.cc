@@ -66,11 +66,6 @@ Status parse_op(const SubmitEntry& entry, int world_size, OpDesc* desc) {
   if (desc->wire != DType::kFloat32 && !is_reduction(desc->kind)) {
     return Status::invalid_argument("wire compression applies to allreduce, reduce and reduce-scatter only");
   }
-  if (desc->wire != DType::kFloat32 && desc->narrow_accumulate) {
-    // The wire narrows float32 sums and combines in float32: a node sum already rounded to the
-    // half type would be rounded twice, and the hops would not round to the set's type.
-    return Status::invalid_argument("a wire dtype takes fp32_accumulate = true (it narrows float32 sums)");
-  }
   if (is_reduction(desc->kind)) {
     if (entry.reduce_op < static_cast<uint32_t>(WireReduceOp::kSum) ||
         entry.reduce_op > static_cast<uint32_t>(WireReduceOp::kMax)) {
@@ -121,11 +116,17 @@ reduce::KernelArgs kernel_args(const OpDesc& desc, DType dtype, int group_size) 
 
 namespace {
 
-// bfloat16 rounds float16's largest values up past its range (65504 becomes 65536, then inf in
-// float16), and has fewer bits: a float16 set gains nothing from it.
-const std::string kFloat16OverBFloat16 =
-    "a float16 set cannot cross nodes as bfloat16: bfloat16 rounds float16's largest values (65504) up past "
-    "float16's range, and keeps fewer bits; use float16 (its own type) or no wire dtype";
+// A half-precision tensor crosses in its own type or as float32, never as the other half type:
+// bfloat16 rounds float16's largest values up past its range (65504 becomes 65536, inf in
+// float16) and keeps fewer bits; float16 overflows bfloat16's values above 65504 and flushes its
+// small ones (NCCL never converts either).
+std::string other_half(const std::string& set, DType dtype, DType wire) {
+  return "wire compression on " + set + ": its " + std::string(dtype_name(dtype)) + " tensors cannot cross nodes as " +
+         std::string(dtype_name(wire)) + " (" +
+         (dtype == DType::kFloat16 ? "bfloat16 rounds float16's largest values, 65504, up past its range"
+                                   : "float16 overflows bfloat16's values above 65504 and flushes its smallest") +
+         "); use " + std::string(dtype_name(dtype)) + ", their own type, or no wire dtype";
+}
 
 }  // namespace
 
@@ -161,8 +162,15 @@ Status check_op(const OpDesc& desc, const TensorSet& set, const Topology& topolo
                                         ": it applies to float32, float16 and bfloat16, and the set has " +
                                         std::string(dtype_name(tensor.dtype)) + " tensors");
       }
-      if (tensor.dtype == DType::kFloat16 && desc.wire == DType::kBFloat16) {
-        return Status::invalid_argument(kFloat16OverBFloat16 + (" (" + set.name() + ")"));
+      if ((tensor.dtype == DType::kFloat16 || tensor.dtype == DType::kBFloat16) && tensor.dtype != desc.wire) {
+        return Status::invalid_argument(other_half(set.name(), tensor.dtype, desc.wire));
+      }
+      if (tensor.dtype != DType::kFloat32 && desc.narrow_accumulate) {
+        // The wire narrows float32 sums and combines in float32: a node sum already rounded to
+        // the half type would be rounded twice.
+        return Status::invalid_argument("wire compression on " + set.name() + ": its " +
+                                        std::string(dtype_name(tensor.dtype)) +
+                                        " tensors need fp32_accumulate = true (the wire narrows float32 sums)");
       }
     }
   }

@@ -283,30 +283,36 @@ TEST_CASE("operations: wire compression is refused on sets it cannot serve, nami
   }
   ReduceOptions bad = options;
   bad.wire_dtype = DType::kFloat32;
-  // A float16 tensor never crosses as bfloat16 (it rounds 65504 up past float16's range), and a
-  // wire dtype needs float32 accumulation.
+  // A half tensor crosses only as its own type (bfloat16 rounds float16's 65504 up past its
+  // range; float16 overflows bfloat16's large values), and needs float32 accumulation for it.
+  ReduceOptions float16_wire{ReduceOp::kSum};
+  float16_wire.wire_dtype = DType::kFloat16;
   const std::vector<SharedTensor> float16 = {client->allocate(TensorSpec{DType::kFloat16, 4, "dp"}),
                                              client->allocate(TensorSpec{DType::kFloat32, 4, "dp"})};
   const TensorSet float16_set = client->register_tensors(float16, {});
+  const std::vector<SharedTensor> bfloat16 = {client->allocate(TensorSpec{DType::kBFloat16, 4, "dp"})};
+  const TensorSet bfloat16_set = client->register_tensors(bfloat16, {});
   expect_error([&] { client->allreduce(float16_set, options); }, ErrorCode::kInvalidArgument,
                "has float16 tensors, which cannot cross nodes as bfloat16");
-  ReduceOptions narrow = options;
-  narrow.wire_dtype = DType::kFloat16;
+  expect_error([&] { client->allreduce(bfloat16_set, float16_wire); }, ErrorCode::kInvalidArgument,
+               "has bfloat16 tensors, which cannot cross nodes as float16");
+  expect_error([&] { client->allreduce(float16_set, bad); }, ErrorCode::kInvalidArgument,
+               "bfloat16 or float16, not float32");
+  ReduceOptions narrow = float16_wire;
   narrow.fp32_accumulate = false;
   expect_error([&] { client->allreduce(float16_set, narrow); }, ErrorCode::kInvalidArgument,
-               "wire_dtype takes fp32_accumulate = true");
-  const std::vector<SharedTensor> halves = {client->allocate(TensorSpec{DType::kFloat16, 4, "dp"}),
-                                            client->allocate(TensorSpec{DType::kBFloat16, 4, "dp"})};
-  const TensorSet half_set = client->register_tensors(halves, {});
-  expect_error([&] { client->allreduce(half_set, bad); }, ErrorCode::kInvalidArgument, "bfloat16 or float16, not float32");
+               "has half-precision tensors, which need fp32_accumulate = true");
   // On one node nothing crosses, so the result is the plain one.
-  store(DType::kFloat16, halves[0].data(), 0, 1.5);
-  store(DType::kBFloat16, halves[1].data(), 0, 2.5);
-  ReduceOptions float16_wire{ReduceOp::kSum};
-  float16_wire.wire_dtype = DType::kFloat16;
-  CHECK(client->allreduce(half_set, float16_wire).wait(std::chrono::seconds(10)));
-  CHECK(half_to_float(halves[0].as<const uint16_t>()[0]) == 1.5f);
-  CHECK(bfloat16_to_float(halves[1].as<const uint16_t>()[0]) == 2.5f);
+  store(DType::kFloat16, float16[0].data(), 0, 1.5);
+  store(DType::kBFloat16, bfloat16[0].data(), 0, 2.5);
+  CHECK(client->allreduce(float16_set, float16_wire).wait(std::chrono::seconds(10)));
+  CHECK(client->allreduce(bfloat16_set, options).wait(std::chrono::seconds(10)));
+  CHECK(half_to_float(float16[0].as<const uint16_t>()[0]) == 1.5f);
+  CHECK(bfloat16_to_float(bfloat16[0].as<const uint16_t>()[0]) == 2.5f);
+  // A float32 set still takes fp32_accumulate = false beside a wire dtype (it changes nothing).
+  const std::vector<SharedTensor> float32 = {client->allocate(TensorSpec{DType::kFloat32, 4, "dp"})};
+  const TensorSet float32_set = client->register_tensors(float32, {});
+  CHECK(client->allreduce(float32_set, narrow).wait(std::chrono::seconds(10)));
 }
 
 TEST_CASE("labels: the client's and the daemon's messages name a set by its label, and a label past 128 bytes is refused",

@@ -108,11 +108,11 @@ struct ReduceOptions {
   // GPUs, inside NCCL, carry the half type too). Adds an error bounded in
   // docs/how-it-works.md; float16 overflows above 65504. nullopt: none. Only nodes pay; a job
   // on one node is unaffected. A float16 or bfloat16 set is carried in float32 (each sum
-  // rounded once) unless a wire dtype is given: then it crosses at that type's size (its own
-  // type: rounded at each combine, as NCCL's and Gloo's sums of it are). A float16 set takes
-  // float16 only (bfloat16 would round its largest values up past its range). Needs
-  // fp32_accumulate. With kAvg the node sums cross before the divide: ask Scaling::kBefore to
-  // keep float16 sums in range (NCCL's avg divides first too).
+  // rounded once) unless its own type is given here: then it crosses at its own size, rounded
+  // at each combine, as NCCL's and Gloo's sums of it are. A half tensor takes no other wire
+  // type (bfloat16 rounds float16's 65504 up past its range; float16 overflows bfloat16's large
+  // values), and needs fp32_accumulate. With kAvg the node sums cross before the divide: ask
+  // Scaling::kBefore to keep float16 sums in range (NCCL's avg divides first too).
   std::optional<DType> wire_dtype;
 };
 

@@ -24,7 +24,9 @@ if world == 2:
     generator = torch.Generator().manual_seed(7)
     inputs = [[torch.randn(1000, generator=generator) * 100 for _ in range(3)] for _ in range(world)]
     across = client.local_world_size == 1  # two nodes; else both ranks on one, where nothing crosses
-    # float32 and bfloat16 as bfloat16; float16 as float16 (never bfloat16: refused below).
+    # float32 and bfloat16 as bfloat16; float16 as float16 (never bfloat16: refused below). With
+    # one rank per node a half tensor's node sum is already in its type, so only float32 shows
+    # that the wire took effect here; the C++ byte counter and backend_wire.py show it for halves.
     for dtypes, wire in (((torch.float32, torch.bfloat16), torch.bfloat16), ((torch.float16,), torch.float16)):
         mine = [x.to(dtype).clone() for x, dtype in zip(inputs[client.rank], dtypes)]
         client.allreduce_coalesced(mine, op="sum", wire_dtype=wire).wait(30)

@@ -24,7 +24,8 @@ import torch.distributed as dist
 from ..errors import Error, InvalidArgumentError
 
 _FALLBACKS = (None, "gloo")
-_WIRE_DTYPES = (None, "native", torch.bfloat16, torch.float16)
+# What Options(wire_dtype=...) takes, and what it keeps (the strings the client takes too).
+_WIRE_DTYPES = {"native": "native", "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class Options:
@@ -36,28 +37,45 @@ class Options:
     them).
 
     wire_dtype: what the reductions (all_reduce, its coalesced forms, reduce_scatter) carry
-    between nodes. None (the default): float16 and bfloat16 tensors cross as float32 sums, each
-    rounded once, and every other dtype as itself. "native": float16 and bfloat16 tensors cross
-    in their own type, at their own size, each combine rounded to it, as NCCL and gloo reduce
-    them (a call mixing dtypes crosses as the default does). torch.bfloat16 or torch.float16:
-    float32, float16 and bfloat16 tensors cross compressed to it (Horovod's compression), other
-    dtypes as the default; float16 tensors never cross as bfloat16 (it rounds their largest
-    values up past float16's range): under torch.bfloat16 they cross as float16, and a call
-    mixing them with other dtypes as the default. The error added is bounded in docs/how-it-works.md; within a node
-    nothing changes. Every rank of a group must ask the same (the nodes compare it)."""
+    between nodes.
+      None (the default): float16 and bfloat16 tensors as float32 sums, each rounded once (twice
+        their bytes); every other dtype as itself.
+      "native": float16 and bfloat16 tensors in their own type, at their own size, each combine
+        rounded to it, as NCCL reduces them; float32 as itself.
+      torch.bfloat16 or torch.float16 (or their names): float32 tensors compressed to it
+        (Horovod's compression); float16 and bfloat16 ones in their own type.
+    A half tensor never crosses as the other half type (bfloat16 rounds float16's 65504 up past
+    its range; float16 overflows bfloat16's large values), so a call mixing float32 with the
+    other half type, or both half types, crosses as the default; float64, integers and sparse
+    tensors always do. With a wire dtype an avg divides before the sum, as NCCL's does, so half
+    node sums stay in range. The error added is bounded in docs/how-it-works.md. Within a node
+    nothing changes for CPU tensors; CUDA tensors' NCCL hops between a node's GPUs carry it too.
+    reduce and barrier are never compressed, nor a CUDA reduce_scatter. Every rank of a group
+    must ask the same: nodes compare it for CPU tensors, nothing does for CUDA ones."""
 
     def __init__(self, fallback=None, wire_dtype=None):
         if fallback not in _FALLBACKS:
             raise InvalidArgumentError(f"gradsync.torch.Options: fallback must be None or 'gloo', not {fallback!r}")
-        if not any(wire_dtype is w or (isinstance(w, str) and wire_dtype == w) for w in _WIRE_DTYPES):
+        kept = wire_dtype
+        if isinstance(wire_dtype, str):
+            kept = _WIRE_DTYPES.get(wire_dtype)
+        elif wire_dtype is not None and wire_dtype not in (torch.bfloat16, torch.float16):
+            kept = None
+        if kept is None and wire_dtype is not None:
             raise InvalidArgumentError(f"gradsync.torch.Options: wire_dtype must be None, 'native', torch.bfloat16 "
                                        f"or torch.float16, not {wire_dtype!r}")
         self.fallback = fallback
-        self.wire_dtype = wire_dtype
+        self._wire_dtype = kept
         # What torch's DeviceMesh reads of a backend_override's options (None: the mesh's own
         # timeout), so that init_device_mesh(..., backend_override={"dp": ("gradsync",
         # Options(...))}) takes these.
         self._timeout = None
+
+    @property
+    def wire_dtype(self):
+        """None, "native", torch.bfloat16 or torch.float16 (fixed at construction: a group reads it
+        at every call, and every rank must see the same)."""
+        return self._wire_dtype
 
     def __repr__(self):
         return f"gradsync.torch.Options(fallback={self.fallback!r}, wire_dtype={self.wire_dtype!r})"

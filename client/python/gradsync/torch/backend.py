@@ -102,16 +102,25 @@ _COMPRESSIBLE = (torch.float32, torch.float16, torch.bfloat16)
 
 def _wire_for(wire, tensors):
     """The wire dtype Options(wire_dtype=wire) gives a reduction of `tensors` (see Options):
-    None where it does not apply. Every rank passes the same dtypes, so every rank agrees."""
-    if wire is None:
+    None where it does not apply. It depends on the setting and the tensors' dtypes only, which
+    every rank passes alike, so every rank agrees."""
+    if wire is None or not all(t.dtype in _COMPRESSIBLE for t in tensors):
         return None
-    first = tensors[0].dtype
-    if isinstance(wire, str):  # "native"
-        return first if first in _HALVES and all(t.dtype == first for t in tensors) else None
-    if any(t.dtype == torch.float16 for t in tensors) and wire == torch.bfloat16:
-        # Never bfloat16 for float16 (the daemon refuses it: it overflows 65504): their own type.
-        return torch.float16 if all(t.dtype == torch.float16 for t in tensors) else None
-    return wire if all(t.dtype in _COMPRESSIBLE for t in tensors) else None
+    halves = {t.dtype for t in tensors if t.dtype in _HALVES}
+    if len(halves) > 1:
+        return None  # one wire dtype per call, and a half tensor crosses only as itself
+    if halves:
+        (half,) = halves
+        if all(t.dtype == half for t in tensors):
+            return half  # "native", or a compressing setting: their own type
+        return half if wire == half else None  # with float32: only where the setting is that type
+    return None if wire == "native" else wire
+
+
+def _avg_prescaled(op, wire):
+    """Whether an avg divides before the sum: with a wire dtype, as NCCL's avg does, so that half
+    node sums stay in range where the average does."""
+    return op == "avg" and wire is not None
 
 
 def _nonempty(tensors):
@@ -413,7 +422,8 @@ class ProcessGroupGradsync(dist.ProcessGroup):
             return GradsyncWork(self._tracker, None, None, tensors)
         wire = _wire_for(self.options.wire_dtype, moved)
         return self._start("allreduce", moved, lambda tag: _coalesced.allreduce(
-            self._client, moved, op, None, False, None, None, None, tag=tag, wire_dtype=wire), tensors)
+            self._client, moved, op, None, _avg_prescaled(op, wire), None, None, None, tag=tag, wire_dtype=wire),
+            tensors)
 
     @_locked
     def allreduce_coalesced(self, tensors, opts=None):
@@ -425,7 +435,8 @@ class ProcessGroupGradsync(dist.ProcessGroup):
             return GradsyncWork(self._tracker, None, None, tensors)
         wire = _wire_for(self.options.wire_dtype, moved)
         return self._start("allreduce", moved, lambda tag: _coalesced.allreduce(
-            self._client, moved, op, None, False, None, None, None, tag=tag, wire_dtype=wire), tensors)
+            self._client, moved, op, None, _avg_prescaled(op, wire), None, None, None, tag=tag, wire_dtype=wire),
+            tensors)
 
     @_locked
     def reduce(self, tensors, opts=None):
@@ -505,7 +516,8 @@ class ProcessGroupGradsync(dist.ProcessGroup):
         # A CUDA reduce-scatter is not compressed yet (docs/limitations.md): it crosses as is.
         wire = None if flat.is_cuda else _wire_for(self.options.wire_dtype, [flat])
         return self._start("reduce_scatter", [flat], lambda tag: _coalesced.reduce_scatter(
-            self._client, [flat], op, None, False, None, None, None, wire_dtype=wire, tag=tag), result, finish)
+            self._client, [flat], op, None, _avg_prescaled(op, wire), None, None, None, wire_dtype=wire, tag=tag),
+            result, finish)
 
     # --- moves --------------------------------------------------------------------------------
 
