@@ -623,9 +623,10 @@ int check_half_wire(int nodes, int rank, const std::vector<SharedTensor>& tensor
 
 // Half-precision sets with a wire dtype: carried at their own size rather than as float32,
 // within the wire's bound, for allreduce (sum, avg), reduce and reduce-scatter, on 3 and 2 nodes
-// in 64 KiB slices (a half set never crosses as the other half type: control_test.cc). Before 2026-12-06 the option was refused for them and they crossed at twice
-// their bytes. That they cross compressed is shown by the byte counter below (the results are
-// rounded to the set's type either way).
+// in 64 KiB slices (a half set never crosses as the other half type: control_test.cc). Before
+// 2026-12-06 the option was refused for them and they crossed at twice their bytes. That they
+// cross compressed is shown by the byte counter below (the results are rounded to the set's
+// type either way).
 TEST_CASE("multi-node: float16 and bfloat16 sets cross nodes in a half type on the wire, within its bound",
           "[integration][multinode][wire]") {
   for (int nodes : {3, 2}) {
