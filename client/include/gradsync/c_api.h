@@ -85,7 +85,8 @@ typedef struct gs_reduce_options {
 typedef struct gs_op_options {
   uint32_t size;
   int32_t health;     /* allreduce of a floating host set: compute its health (gs_work_health) */
-  int32_t wire_dtype; /* 0: none; GS_BFLOAT16 or GS_FLOAT16: float32 tensors, and half tensors of that type, cross nodes as it */
+  int32_t wire_dtype; /* 0: none; GS_BFLOAT16 or GS_FLOAT16: float32 tensors and half tensors of
+                         that type cross nodes as it (other half types are refused) */
 } gs_op_options;
 
 /* How a set is registered (gs_register_ex). `size` is sizeof(gs_register_options) as the caller
