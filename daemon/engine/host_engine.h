@@ -32,6 +32,7 @@
 #include <functional>
 #include <optional>
 #include <memory>
+#include <span>
 
 #include "daemon/reduce/kernel.h"
 #include "shared/dtype.h"
@@ -80,6 +81,15 @@ class HostCollectiveEngine {
 
   // In place; the result is meaningful on the root node only.
   virtual void reduce(void* data, size_t count, const ReduceSpec& spec, int root_node, EngineDone done) = 0;
+
+  // In place over nodes() consecutive parts of `data`, part n holding counts[n] elements (of the
+  // wire type, else the accumulation type), node-major: when Done runs, this node's part holds
+  // the reduction of every node's copy of it, combined in node order (node 0's, then node 1's
+  // combined into it, ...); the other parts are left as they were. Every node passes the same
+  // counts. Each node sends every other node only that node's part: (nodes() - 1) / nodes() of
+  // the buffer, half of what an allreduce of it moves.
+  virtual void reduce_scatter(void* data, std::span<const uint64_t> counts, const ReduceSpec& spec,
+                              EngineDone done) = 0;
 
   // Fails the call in flight and every later one with `why`. Any thread; idempotent; never
   // blocks (the answer to the call in flight may come a little later, on another thread).

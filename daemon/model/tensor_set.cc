@@ -146,6 +146,32 @@ std::vector<ShardPiece> shard_pieces(const TensorSet& set, size_t bucket, uint32
   return pieces;
 }
 
+std::vector<uint64_t> node_parts(const TensorSet& set, size_t bucket, const Topology& topology) {
+  const std::string& group = set.plan.buckets[bucket].group;
+  const std::vector<int>& ranks = topology.ranks(group);
+  const std::vector<int> nodes = topology.nodes_of(group);
+  std::vector<uint64_t> parts(nodes.size(), 0);
+  const uint64_t capacity = shard_capacity(set.flat_elements, ranks.size());
+  for (size_t n = 0; n < nodes.size(); ++n) {
+    // The node's ranks sit at consecutive positions of the sorted group: its shards span
+    // [first, end) of the flat range.
+    uint64_t lowest = ranks.size(), highest = 0;
+    for (size_t at = 0; at < ranks.size(); ++at) {
+      if (ranks[at] / topology.local_world_size != nodes[n]) continue;
+      lowest = std::min<uint64_t>(lowest, at);
+      highest = at + 1;
+    }
+    const uint64_t first = std::min(set.flat_elements, lowest * capacity);
+    const uint64_t end = std::min(set.flat_elements, highest * capacity);
+    for (uint32_t t : set.plan.buckets[bucket].tensors) {
+      const uint64_t begin = std::max(set.flat_offset[t], first);
+      const uint64_t stop = std::min(set.flat_offset[t] + set.layout[t].numel, end);
+      if (begin < stop) parts[n] += stop - begin;
+    }
+  }
+  return parts;
+}
+
 ShardRange TensorSet::shard(uint32_t local_rank) const {
   if (local_rank >= shard_index.size() || shard_index[local_rank] < 0 || layout.empty()) return ShardRange{};
   return shard_of(flat_elements, shard_group_size, static_cast<uint64_t>(shard_index[local_rank]));

@@ -103,6 +103,13 @@ struct ShardPiece {
 // none for a rank outside the group or a set without a shard output.
 std::vector<ShardPiece> shard_pieces(const TensorSet& set, size_t bucket, uint32_t local_rank);
 
+// A reduce-scatter across nodes: how many of bucket `bucket`'s elements fall in the shards of
+// each of its group's nodes, in Topology::nodes_of order. Canonical order follows the flat range
+// and a node's ranks own consecutive shards, so each node's elements are one stretch of the
+// bucket, node after node: the parts the engine's reduce_scatter takes. They add up to
+// bucket_elements[bucket]; every node computes the same from the layout it checked.
+std::vector<uint64_t> node_parts(const TensorSet& set, size_t bucket, const Topology& topology);
+
 // Splits every bucket into runs and fills offset_in_bucket and bucket_elements. `address`
 // must already be filled.
 void build_runs(TensorSet* set);

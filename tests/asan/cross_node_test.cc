@@ -42,6 +42,12 @@ class LingeringEngine final : public HostCollectiveEngine {
   void reduce(void* data, size_t count, const ReduceSpec& spec, int, EngineDone done) override {
     hold(data, count * dtype_size(reduce::accumulation_dtype(spec.element)), std::move(done));
   }
+  void reduce_scatter(void* data, std::span<const uint64_t> counts, const ReduceSpec& spec,
+                      EngineDone done) override {
+    uint64_t count = 0;
+    for (uint64_t part : counts) count += part;
+    hold(data, count * dtype_size(spec.wire.value_or(reduce::accumulation_dtype(spec.element))), std::move(done));
+  }
 
   void abort(const Status& why) override {
     EngineDone answer;

@@ -62,7 +62,7 @@ struct BenchOptions {
 // The names --only takes, one per row (or pair of rows) of the table.
 constexpr const char* kRowKeys[] = {"float32", "float16", "bfloat16", "resnet50", "small",   "mark161",
                                     "mark10k", "eight",   "2x2",      "4x1",      "latency", "reduce_scatter",
-                                    "health",  "mask"};
+                                    "health",  "mask",    "scatter2x2"};
 
 // The daemon's anonymous resident memory (heap, stacks, staging; not the clients' segments).
 long rss_anon_kib(pid_t pid) {
@@ -98,7 +98,30 @@ struct JobSamples {
   // Multi-node jobs: node 0's count of the bytes it carried across nodes
   // (gradsync_daemon_cross_node_bytes_total), per step of the job (warm-up included).
   double carried_bytes_per_step = -1;
+  // Multi-node jobs: the bytes the loopback interface sent while the job ran (every node's
+  // Gloo traffic and the peer service's), per step of the job (warm-up and connecting included).
+  double loopback_bytes_per_step = -1;
 };
+
+// The bytes the loopback interface has sent (/proc/net/dev), or nullopt where it cannot be read.
+std::optional<double> loopback_bytes() {
+  std::ifstream in("/proc/net/dev");
+  std::string line;
+  while (std::getline(in, line)) {
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    std::istringstream name(line.substr(0, colon));
+    std::string interface;
+    if (!(name >> interface) || interface != "lo") continue;
+    std::istringstream fields(line.substr(colon + 1));
+    double value = 0;
+    // Received: bytes packets errs drop fifo frame compressed multicast; then sent bytes.
+    for (int i = 0; i < 9 && fields >> value; ++i) {
+    }
+    if (fields) return value;
+  }
+  return std::nullopt;
+}
 
 std::vector<double> read_values(const std::string& file, const std::string& key) {
   std::ifstream in(file);
@@ -183,6 +206,7 @@ JobSamples run_job_once(Daemons& daemons, int nodes, int per_node, TrainerArgs s
   shape.local_world = per_node;
   shape.rendezvous = nodes > 1 ? daemons.rendezvous() : "";
   const std::optional<double> carried_before = daemons.carried_bytes();
+  const std::optional<double> loopback_before = nodes > 1 ? loopback_bytes() : std::nullopt;
   std::vector<ChildProcess> trainers;
   for (int r = 0; r < shape.world; ++r) {
     TrainerArgs a = shape;
@@ -232,6 +256,9 @@ JobSamples run_job_once(Daemons& daemons, int nodes, int per_node, TrainerArgs s
     result.daemon_cpu_ms_per_step =
         (cpu_at_end - cpu_at_warm) / static_cast<double>(result.step.samples.size() - samples_at_warm);
   }
+  if (const std::optional<double> after = loopback_before ? loopback_bytes() : std::nullopt; after) {
+    result.loopback_bytes_per_step = (*after - *loopback_before) / (shape.warmup + shape.steps);
+  }
   if (shape.mode == "mark") result.mark = measured(read_values(out, "mark"));
   if (shape.mode == "health") result.plain = measured(read_values(out, "plain"));
   if (carried_before) {
@@ -265,6 +292,9 @@ JobSamples run_job(Daemons& daemons, int nodes, int per_node, const TrainerArgs&
     all.rss_peak_kib = std::max(all.rss_peak_kib, more.rss_peak_kib);
     all.rss_end_kib = more.rss_end_kib;
     if (more.daemon_cpu_ms_per_step >= 0) cpu.push_back(more.daemon_cpu_ms_per_step);
+    if (all.loopback_bytes_per_step >= 0 && more.loopback_bytes_per_step >= 0) {
+      all.loopback_bytes_per_step = (all.loopback_bytes_per_step * r + more.loopback_bytes_per_step) / (r + 1);
+    }
   }
   if (!cpu.empty()) all.daemon_cpu_ms_per_step = std::accumulate(cpu.begin(), cpu.end(), 0.0) / static_cast<double>(cpu.size());
   return all;
@@ -462,13 +492,15 @@ int run_bench(const BenchOptions& o) {
             std::string("the one-node scenario stopped: ") + e.what());
   }
   // A multi-node row: `nodes` daemons on loopback, `per_node` trainers each, when selected.
-  auto across_nodes = [&](std::initializer_list<const char*> keys, int nodes, int per_node, int mask_percent = 0) {
+  auto across_nodes = [&](std::initializer_list<const char*> keys, int nodes, int per_node, int mask_percent = 0,
+                          const std::string& mode = "step") {
     if (o.floors_only || !want(keys)) return unselected;
     JobSamples job;
     try {
       Daemons daemons(o, nodes);
       TrainerArgs shape = big;
       shape.mask_percent = mask_percent;
+      shape.mode = mode;
       job = run_job(daemons, nodes, per_node, shape, o.repeat);
       daemons_ok &= daemons.terminate_all();
     } catch (const std::exception& e) {
@@ -476,9 +508,10 @@ int run_bench(const BenchOptions& o) {
     }
     return job;
   };
-  const JobSamples two_by_two = across_nodes({"2x2", "mask"}, 2, 2);
+  const JobSamples two_by_two = across_nodes({"2x2", "mask", "scatter2x2"}, 2, 2);
   const JobSamples four_by_one = across_nodes({"4x1"}, 4, 1);
   const JobSamples masked = across_nodes({"mask"}, 2, 2, 10);
+  const JobSamples scatter_nodes = across_nodes({"scatter2x2"}, 2, 2, 0, "reduce_scatter");
   auto ms = [&](const JobSamples& j) { return o.floors_only ? not_run : scaled(j.step, 1e-3); };
   auto us = [&](const JobSamples& j) { return o.floors_only ? not_run : j.step; };
 
@@ -578,6 +611,17 @@ int run_bench(const BenchOptions& o) {
   }
   rows.push_back({"2 nodes x 2 clients x 100 MiB float32, mask keeping 10% (loopback), per step", "ms", ms(masked),
                   ms(two_by_two), "the unmasked 2 x 2 row, same run", na, carried});
+  std::string sent = "loopback bytes not read";
+  if (scatter_nodes.loopback_bytes_per_step > 0 && two_by_two.loopback_bytes_per_step > 0) {
+    char text[200];
+    std::snprintf(text, sizeof(text), "the loopback sent %.1f MiB per step, %.1f%% of the allreduce's %.1f MiB",
+                  scatter_nodes.loopback_bytes_per_step / kMiB,
+                  100.0 * scatter_nodes.loopback_bytes_per_step / two_by_two.loopback_bytes_per_step,
+                  two_by_two.loopback_bytes_per_step / kMiB);
+    sent = text;
+  }
+  rows.push_back({"2 nodes x 2 clients x 100 MiB float32 reduce-scatter (loopback), per step", "ms",
+                  ms(scatter_nodes), ms(two_by_two), "the 2 x 2 allreduce row, same run", na, sent});
   rows.push_back({"4 nodes x 1 client x 100 MiB float32 (loopback), per step", "ms", ms(four_by_one), gloo4.ms,
                   std::string("Gloo alone, 4 processes, ") + slices + ", ring", peer4, cpu_per_step(four_by_one, gloo4)});
   std::string p99;
@@ -689,7 +733,9 @@ constexpr const char* kHelp =
     "                    float32, float16, bfloat16, resnet50, small, mark161, mark10k, eight,\n"
     "                    2x2 (two rows: against Gloo alone and against the shared-CPU floor),\n"
     "                    4x1, latency, reduce_scatter, health, mask (2 x 2 with a mask keeping\n"
-    "                    10%, beside the unmasked 2 x 2 and with the bytes node 0 counted)\n"
+    "                    10%, beside the unmasked 2 x 2 and with the bytes node 0 counted),\n"
+    "                    scatter2x2 (a 2 x 2 reduce-scatter, beside the 2 x 2 allreduce and\n"
+    "                    with the bytes the loopback sent for each)\n"
     "  --json FILE       also write the table to FILE as JSON\n"
     "  --python PATH     the Python with torch for the peer (default /usr/bin/python3; without\n"
     "                    torch the peer is printed as skipped)\n"

@@ -796,6 +796,47 @@ TEST_CASE("multi-node: --integrity-check-every finds a node whose reduced copy d
   for (int status : statuses) CHECK(exit_code(status) == kOk);
 }
 
+// A reduce-scatter crosses nodes as parts (each node gets only its ranks' shards), except when
+// the integrity check hashes it: then it crosses whole, so that every node has the whole
+// reduced bucket to hash. Both kinds alternate here (every second operation is checked) and
+// must give every rank its shard; a corrupted checked one is found and its node named.
+TEST_CASE("multi-node: reduce_scatter, checked and unchecked alternating, gives the shards and finds a corrupted node",
+          "[integration][multinode][integrity]") {
+  TestCluster cluster(kNodes, {"--integrity-check-every", "2"});
+  ::setenv("GRADSYNCD_TEST_CORRUPT_RESULT_AT_OP", "6", 1);
+  cluster.restart(2);  // with the cluster's flags, and the hook from the environment
+  ::unsetenv("GRADSYNCD_TEST_CORRUPT_RESULT_AT_OP");
+  const std::string job = unique_job("nodes-rs-integrity");
+  const auto statuses = run_job(cluster, job, [&](int rank, Client& client) {
+    std::vector<SharedTensor> tensors = client.allocate_flat(
+        std::vector<TensorSpec>{{DType::kFloat32, 30'011, "dp"}, {DType::kFloat32, 7, "dp"}});
+    tensors.push_back(client.allocate(TensorSpec{DType::kFloat32, 20'000, "dp"}));
+    const TensorSet set = client.register_tensors(tensors, RegisterOptions{.bucket_cap_bytes = 65'536,
+                                                                           .reduce_scatter = true});
+    const ReduceOptions modes[] = {{ReduceOp::kSum}, {ReduceOp::kAvg}, {ReduceOp::kMax},
+                                   {ReduceOp::kAvg, Scaling::kBefore}, {ReduceOp::kMin}};
+    int op = 0;
+    for (const ReduceOptions& options : modes) {
+      ++op;
+      for (uint64_t t = 0; t < tensors.size(); ++t) fill_exact(tensors[t], rank, t, op);
+      if (!client.reduce_scatter(set, options).wait(std::chrono::seconds(60))) return fail("reduce_scatter timed out");
+      if (int c = check_shard(set, tensors, options, all_ranks(), rank, op); c != kOk) return c;
+    }
+    try {
+      client.reduce_scatter(set, ReduceOptions{ReduceOp::kSum}).wait(std::chrono::seconds(60));
+      return fail("operation 6 succeeded with node 2's copy corrupted");
+    } catch (const Error& e) {
+      const std::string& m = e.status().message();
+      if (m.find("silent data corruption: operation 6") == std::string::npos ||
+          m.find("node 2 reduced it to different bytes than nodes 0 and 1") == std::string::npos) {
+        return fail("unexpected error: " + m);
+      }
+    }
+    return kOk;
+  });
+  for (int status : statuses) CHECK(exit_code(status) == kOk);
+}
+
 // Whether a node reduces a bucket in place (its clients' memory holds the bucket as one run) or
 // staged is its own choice, by its memory layout: node 0's clients allocate flat, node 1's
 // tensor by tensor. The integrity check must hash the same stage on both, or every average

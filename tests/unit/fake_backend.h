@@ -39,6 +39,9 @@ class FakeEngine final : public HostCollectiveEngine {
   void broadcast(void*, size_t, int, EngineDone done) override { run(std::move(done)); }
   void allgather(const void*, size_t, void*, EngineDone done) override { run(std::move(done)); }
   void reduce(void*, size_t, const ReduceSpec&, int, EngineDone done) override { run(std::move(done)); }
+  void reduce_scatter(void*, std::span<const uint64_t>, const ReduceSpec&, EngineDone done) override {
+    run(std::move(done));
+  }
 
   void abort(const Status& why) override {
     EngineDone hung;

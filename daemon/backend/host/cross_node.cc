@@ -224,9 +224,10 @@ Status allreduce_in_place(const BucketCall& c, ThreadPool& pool, Reduced* reduce
 // or each participant's shard output (reduce-scatter).
 enum class Results { kEveryone, kRoot, kShards };
 
-// Reduce-scatter crosses nodes as an allreduce of the bucket of which each node keeps its
-// ranks' shards: the same engine calls as the staged allreduce, and twice the bytes a native
-// reduce-scatter would move (docs/limitations.md).
+// Reduce-scatter crosses nodes as the engine's reduce_scatter: each node's stretch of the bucket
+// (node_parts: its ranks' shards) goes only to that node, half the bytes of an allreduce, and
+// each node finishes just its ranks' shards. A checked one crosses as an allreduce instead, so
+// that every node holds the whole reduced bucket to hash.
 // `checked`: the integrity check hashes this operation's reduced copy. It is then staged on
 // every node, so that every node hashes the same stage (the carried sums, before any divide):
 // in place, the node buffer is the clients' memory, which the finish overwrites with the
@@ -301,6 +302,20 @@ Status reduce_across(const BucketCall& c, ThreadPool& pool, const std::shared_pt
     }
     if (root / c.topology->local_world_size == c.topology->node) root_local = root % c.topology->local_world_size;
     if (status.ok() && root_local >= 0) from_wire(0, elements);
+  } else if (results == Results::kShards && !checked) {
+    // One call for the whole bucket: no node works in place for a reduce-scatter, so there is
+    // no other node's slicing to match, and each node's combine runs as its part arrives.
+    const std::vector<uint64_t> parts = node_parts(set, c.bucket, *c.topology);
+    const size_t me = static_cast<size_t>(c.engine->node());
+    uint64_t own_first = 0;
+    for (size_t n = 0; n < me; ++n) own_first += parts[n];
+    to_wire(0, elements);
+    if (elements > 0) {
+      status = timed_engine_call(c, buffers, elements * wire_size, [&](EngineDone done) {
+        c.engine->reduce_scatter(carried(0), parts, spec, std::move(done));
+      });
+    }
+    if (status.ok()) from_wire(own_first, parts[me]);
   } else if (compressed) {
     // Every node compresses, so every node slices alike: by the wire's bytes.
     const uint64_t slice = std::max<uint64_t>(1, c.engine->slice_bytes() / wire_size);

@@ -2,6 +2,7 @@
 
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
+#include <gloo/alltoallv.h>
 #include <gloo/broadcast.h>
 #include <gloo/common/error.h>
 #include <gloo/reduce.h>
@@ -88,6 +89,9 @@ struct EngineState {
   Status aborted GS_GUARDED_BY(mutex);
   bool stopping GS_GUARDED_BY(mutex) = false;
   Status failure;                                  // engine thread only
+  // reduce_scatter's copies of this node's part, kept between calls so that a step does not
+  // fault fresh pages in (engine thread only; it grows to the largest part times nodes).
+  std::vector<uint8_t> received;
 
   // Runs the calls in order until the engine is closed.
   void run() {
@@ -201,6 +205,48 @@ class GlooEngine final : public HostCollectiveEngine {
              opts.setTimeout(timeout);
              ::gloo::reduce(opts);
            });
+         });
+  }
+
+  // Gloo's one reduce-scatter (ReduceScatterHalvingDoubling) is an old-style algorithm over
+  // `int` counts whose result layout is its own, not the node-major parts this contract asks
+  // for: this is Gloo's alltoallv, which sends each node its part directly, then this node's
+  // combine of the copies it received, in node order, on the engine's thread as Gloo's own
+  // combines run.
+  void reduce_scatter(void* data, std::span<const uint64_t> counts, const ReduceSpec& spec,
+                      EngineDone done) override {
+    post("reduce_scatter", std::move(done),
+         [state = state_.get(), context = state_->context, timeout = state_->spec.timeout, node = state_->spec.node,
+          data, counts = std::vector<uint64_t>(counts.begin(), counts.end()), spec] {
+           const DType carried = spec.wire.value_or(reduce::accumulation_dtype(spec.element));
+           const size_t element = dtype_size(carried);
+           if (counts.size() != static_cast<size_t>(context->size)) {
+             throw Error(Status::internal("reduce_scatter was given " + std::to_string(counts.size()) +
+                                          " parts for " + std::to_string(context->size) + " nodes"));
+           }
+           const uint64_t mine = counts[static_cast<size_t>(node)];
+           uint64_t offset = 0;
+           for (int n = 0; n < node; ++n) offset += counts[static_cast<size_t>(n)];
+           // In bytes: Gloo's element type only sets the unit of its counts.
+           std::vector<int64_t> in, out(counts.size(), static_cast<int64_t>(mine * element));
+           for (uint64_t count : counts) in.push_back(static_cast<int64_t>(count * element));
+           // Every node's copy of this node's part, node-major (at least one byte: Gloo maps
+           // the pointer even when it receives nothing).
+           std::vector<uint8_t>& copies = state->received;
+           if (copies.size() < std::max<size_t>(1, counts.size() * mine * element)) {
+             copies.resize(std::max<size_t>(1, counts.size() * mine * element));
+           }
+           ::gloo::AlltoallvOptions opts(context);
+           opts.setInput(static_cast<uint8_t*>(data), std::move(in));
+           opts.setOutput(copies.data(), std::move(out));
+           opts.setTimeout(timeout);
+           ::gloo::alltoallv(opts);
+           if (mine == 0 || counts.size() < 2) return;
+           const auto combine = combine_of(spec);
+           uint8_t* part = static_cast<uint8_t*>(data) + offset * element;
+           const size_t bytes = mine * element;
+           combine(part, copies.data(), copies.data() + bytes, mine);
+           for (size_t n = 2; n < counts.size(); ++n) combine(part, part, copies.data() + n * bytes, mine);
          });
   }
 
