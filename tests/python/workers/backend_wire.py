@@ -11,8 +11,9 @@ The rules (written here again, independently of the backend's _wire_for):
   a half tensor never crosses as the other half type: a call mixing float32 with the other half
   type, or both half types, crosses as the default; float64 always does.
 
-Checked for all_reduce, all_reduce_coalesced (one dtype, and mixed), reduce_scatter_tensor, an
-avg near float16's range (divided before the sum under a wire dtype, as NCCL's avg is), and a
+Checked for all_reduce, all_reduce_coalesced (one dtype, and mixed), reduce_scatter_tensor,
+reduce, the DDP hook with HookState(client, group, wire_dtype) (the same rules), an avg near
+float16's range (divided before the sum under a wire dtype, as NCCL's avg is), and a
 new_group without options of its own, which inherits the default group's; each against the exact
 expectation and against the default's, so that it shows the setting took effect."""
 import os
@@ -64,7 +65,25 @@ def compare(what, got, want):
         failures.append(f"{what}: {(got.double() - want.double()).abs().max()} from the expectation")
 
 
+class _Bucket:
+    """What allreduce_hook reads of a DDP bucket."""
+
+    def __init__(self, tensor, index):
+        self._tensor, self._index = tensor, index
+
+    def buffer(self):
+        return self._tensor
+
+    def get_tensor(self):
+        return self._tensor
+
+    def index(self):
+        return self._index
+
+
 def run(setting, rank, world, group):
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    client = gradsync.torch.client_of(pg)
     for dtype in FLOATS:
         wire = wire_of(setting, [dtype])
         want, plain = expected(dtype, wire, world), expected(dtype, None, world)
@@ -86,9 +105,18 @@ def run(setting, rank, world, group):
         else:
             dist._reduce_scatter_base(shard, inputs(rank, dtype), group=group)
         compare(what + " reduce_scatter_tensor", shard, want[rank * shard.numel():(rank + 1) * shard.numel()])
+        # reduce to rank 1 (node 0): both nodes' sums cross in the wire dtype and combine once.
+        mine = inputs(rank, dtype)
+        dist.reduce(mine, dst=1, group=group)
+        if rank == 1:
+            compare(what + " reduce", mine, want)
+        # The DDP hook with HookState's wire_dtype: an avg over 4 ranks, divided first under a
+        # wire dtype; dividing by 4 is exact, so the expectation is the sum's over 4.
+        state = gradsync.torch.HookState(client, None, setting)
+        got = gradsync.torch.allreduce_hook(state, _Bucket(inputs(rank, dtype), FLOATS.index(dtype))).wait()
+        compare(what + " allreduce_hook", got, (want.double() / world).to(dtype))
     # Mixed calls: one wire dtype per call, by the rules. torch's own all_reduce_coalesced refuses
     # mixed dtypes; the group's method (what torch 2.x's coalescing manager calls) takes them.
-    pg = group if group is not None else dist.distributed_c10d._get_default_group()
     for dtypes in ((torch.float32, torch.bfloat16), (torch.float32, torch.float16), (torch.float16, torch.bfloat16)):
         wire = wire_of(setting, dtypes)
         mixed = [inputs(rank, d, k) for k, d in enumerate(dtypes)]
@@ -102,6 +130,14 @@ def run(setting, rank, world, group):
     dist.all_reduce(big, op=dist.ReduceOp.AVG, group=group)
     if not torch.equal(big, torch.full((64,), 20000.0, dtype=torch.float16)):
         failures.append(f"wire_dtype={setting} avg of float16 20000: {big[:4].tolist()}")
+    big = torch.full((64,), 20000.0, dtype=torch.float16)
+    dist.reduce(big, dst=1, op=dist.ReduceOp.AVG, group=group)
+    if rank == 1 and not torch.equal(big, torch.full((64,), 20000.0, dtype=torch.float16)):
+        failures.append(f"wire_dtype={setting} reduce avg of float16 20000: {big[:4].tolist()}")
+    big = torch.full((64,), 20000.0, dtype=torch.float16)
+    got = gradsync.torch.allreduce_hook(gradsync.torch.HookState(client, None, setting), _Bucket(big, 99)).wait()
+    if not torch.equal(got, torch.full((64,), 20000.0, dtype=torch.float16)):
+        failures.append(f"wire_dtype={setting} allreduce_hook of float16 20000: {got[:4].tolist()}")
 
 
 def main():
@@ -126,6 +162,12 @@ def main():
         except gradsync.InvalidArgumentError as e:
             if "wire_dtype must be None, 'native', torch.bfloat16 or torch.float16" not in str(e):
                 failures.append(f"Options(wire_dtype={bad!r}): {e}")
+        try:
+            gradsync.torch.HookState(None, None, bad)
+            failures.append(f"HookState(wire_dtype={bad!r}) was accepted")
+        except gradsync.InvalidArgumentError as e:
+            if "gradsync.torch.HookState: wire_dtype must be None" not in str(e):
+                failures.append(f"HookState(wire_dtype={bad!r}): {e}")
     try:
         gradsync.torch.Options(wire_dtype="native").wire_dtype = torch.bfloat16
         failures.append("Options.wire_dtype could be changed after construction")

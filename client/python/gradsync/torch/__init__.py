@@ -6,12 +6,12 @@ Imports torch."""
 from . import backend as _backend
 from ._pg_fallback import Options
 from .backend import client_of, inline_futures
-from .ddp import allreduce_hook
+from .ddp import HookState, allreduce_hook
 from .grad_buffer import GradBuffer
 from ._memory import empty
 from .master_params import MasterParams
 from .params import sync_params
 
-__all__ = ["GradBuffer", "MasterParams", "Options", "allreduce_hook", "client_of", "empty", "inline_futures", "sync_params"]
+__all__ = ["GradBuffer", "HookState", "MasterParams", "Options", "allreduce_hook", "client_of", "empty", "inline_futures", "sync_params"]
 
 _backend.register()

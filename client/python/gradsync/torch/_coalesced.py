@@ -345,14 +345,14 @@ def broadcast(client, tensors, root, group, tag=None):
                                    device))
 
 
-def reduce(client, tensors, root, op, group, mask=None, tag=None):
+def reduce(client, tensors, root, op, group, mask=None, tag=None, prescale=False, wire_dtype=None):
     tensors, device = _validate(client, tensors, group)
     _check_root(client, root, group)
-    options, _ = _reduce_options(client, op, None, False, None)
+    options, extra = _reduce_options(client, op, None, prescale, None, wire_dtype=wire_dtype)
     registered = _prepare(client, tensors, device, group, None, True, mask=mask, tag=tag)
     handle = ctypes.c_void_p()
-    _check(_lib.lib().gs_reduce(client._h(), registered.handle, int(root), ctypes.byref(options),
-                                ctypes.byref(handle)))
+    _check(_lib.lib().gs_reduce_ex(client._h(), registered.handle, int(root), ctypes.byref(options),
+                                   ctypes.byref(extra), ctypes.byref(handle)))
     return _start(registered, Work(client, handle, _finisher(client, registered, tensors, device,
                                                              client.rank == root), device))
 

@@ -18,14 +18,12 @@ rank that asked fails at once naming it, instead of waiting in gloo's connect fo
 import datetime
 import os
 
-import torch
 import torch.distributed as dist
 
 from ..errors import Error, InvalidArgumentError
+from . import _wire
 
 _FALLBACKS = (None, "gloo")
-# What Options(wire_dtype=...) takes, and what it keeps (the strings the client takes too).
-_WIRE_DTYPES = {"native": "native", "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class Options:
@@ -36,8 +34,8 @@ class Options:
     (one more TCP connection per pair of ranks; CPU tensors, and CUDA tensors where gloo takes
     them).
 
-    wire_dtype: what the reductions (all_reduce, its coalesced forms, reduce_scatter) carry
-    between nodes.
+    wire_dtype: what the reductions (all_reduce, its coalesced forms, reduce, reduce_scatter)
+    carry between nodes (gradsync.torch._wire; the DDP hook's HookState takes the same).
       None (the default): float16 and bfloat16 tensors as float32 sums, each rounded once (twice
         their bytes); every other dtype as itself.
       "native": float16 and bfloat16 tensors in their own type, at their own size, each combine
@@ -50,22 +48,14 @@ class Options:
     tensors always do. With a wire dtype an avg divides before the sum, as NCCL's does, so half
     node sums stay in range. The error added is bounded in docs/how-it-works.md. Within a node
     nothing changes for CPU tensors; CUDA tensors' NCCL hops between a node's GPUs carry it too.
-    reduce and barrier are never compressed, nor a CUDA reduce_scatter. Every rank of a group
+    barrier is never compressed, nor a CUDA reduce_scatter. Every rank of a group
     must ask the same: nodes compare it for CPU tensors, nothing does for CUDA ones."""
 
     def __init__(self, fallback=None, wire_dtype=None):
         if fallback not in _FALLBACKS:
             raise InvalidArgumentError(f"gradsync.torch.Options: fallback must be None or 'gloo', not {fallback!r}")
-        kept = wire_dtype
-        if isinstance(wire_dtype, str):
-            kept = _WIRE_DTYPES.get(wire_dtype)
-        elif wire_dtype is not None and wire_dtype not in (torch.bfloat16, torch.float16):
-            kept = None
-        if kept is None and wire_dtype is not None:
-            raise InvalidArgumentError(f"gradsync.torch.Options: wire_dtype must be None, 'native', torch.bfloat16 "
-                                       f"or torch.float16, not {wire_dtype!r}")
         self.fallback = fallback
-        self._wire_dtype = kept
+        self._wire_dtype = _wire.setting(wire_dtype, "gradsync.torch.Options")
         # What torch's DeviceMesh reads of a backend_override's options (None: the mesh's own
         # timeout), so that init_device_mesh(..., backend_override={"dp": ("gradsync",
         # Options(...))}) takes these.

@@ -36,7 +36,7 @@ from .. import client as _client
 from ..errors import AbortedError, Error, InvalidArgumentError
 from ._pg_errors import as_torch
 from ._pg_fallback import Options, fallback_group, options_of
-from . import _coalesced
+from . import _coalesced, _wire
 from ._pg_work import ForeignWork, GradsyncWork, Slots, Tracker
 
 NAME = "gradsync"
@@ -94,33 +94,6 @@ def _as_bytes(t):
         # last dimension), which a view as a smaller dtype refuses; 0-dim ones become 1 element.
         return t.reshape(-1).view(torch.uint8)
     return t
-
-
-_HALVES = (torch.float16, torch.bfloat16)
-_COMPRESSIBLE = (torch.float32, torch.float16, torch.bfloat16)
-
-
-def _wire_for(wire, tensors):
-    """The wire dtype Options(wire_dtype=wire) gives a reduction of `tensors` (see Options):
-    None where it does not apply. It depends on the setting and the tensors' dtypes only, which
-    every rank passes alike, so every rank agrees."""
-    if wire is None or not all(t.dtype in _COMPRESSIBLE for t in tensors):
-        return None
-    halves = {t.dtype for t in tensors if t.dtype in _HALVES}
-    if len(halves) > 1:
-        return None  # one wire dtype per call, and a half tensor crosses only as itself
-    if halves:
-        (half,) = halves
-        if all(t.dtype == half for t in tensors):
-            return half  # "native", or a compressing setting: their own type
-        return half if wire == half else None  # with float32: only where the setting is that type
-    return None if wire == "native" else wire
-
-
-def _avg_prescaled(op, wire):
-    """Whether an avg divides before the sum: with a wire dtype, as NCCL's avg does, so that half
-    node sums stay in range where the average does."""
-    return op == "avg" and wire is not None
 
 
 def _nonempty(tensors):
@@ -420,9 +393,9 @@ class ProcessGroupGradsync(dist.ProcessGroup):
         moved = _nonempty(tensors)
         if not moved:
             return GradsyncWork(self._tracker, None, None, tensors)
-        wire = _wire_for(self.options.wire_dtype, moved)
+        wire = _wire.wire_for(self.options.wire_dtype, moved)
         return self._start("allreduce", moved, lambda tag: _coalesced.allreduce(
-            self._client, moved, op, None, _avg_prescaled(op, wire), None, None, None, tag=tag, wire_dtype=wire),
+            self._client, moved, op, None, _wire.avg_prescaled(op, wire), None, None, None, tag=tag, wire_dtype=wire),
             tensors)
 
     @_locked
@@ -433,9 +406,9 @@ class ProcessGroupGradsync(dist.ProcessGroup):
         moved = _nonempty(tensors)
         if not moved:
             return GradsyncWork(self._tracker, None, None, tensors)
-        wire = _wire_for(self.options.wire_dtype, moved)
+        wire = _wire.wire_for(self.options.wire_dtype, moved)
         return self._start("allreduce", moved, lambda tag: _coalesced.allreduce(
-            self._client, moved, op, None, _avg_prescaled(op, wire), None, None, None, tag=tag, wire_dtype=wire),
+            self._client, moved, op, None, _wire.avg_prescaled(op, wire), None, None, None, tag=tag, wire_dtype=wire),
             tensors)
 
     @_locked
@@ -446,8 +419,10 @@ class ProcessGroupGradsync(dist.ProcessGroup):
         moved = _nonempty(tensors)
         if not moved:
             return GradsyncWork(self._tracker, None, None, tensors)
+        wire = _wire.wire_for(self.options.wire_dtype, moved)
         return self._start("reduce", moved, lambda tag: _coalesced.reduce(
-            self._client, moved, opts.rootRank, op, None, tag=tag), tensors)
+            self._client, moved, opts.rootRank, op, None, tag=tag, prescale=_wire.avg_prescaled(op, wire),
+            wire_dtype=wire), tensors)
 
     @_locked
     def reduce_scatter(self, outputs, input_lists, opts=None):
@@ -514,9 +489,9 @@ class ProcessGroupGradsync(dist.ProcessGroup):
         """Reduce-scatters `flat`, world_size even shards; `finish` gets this rank's."""
         flat, op = flat.contiguous(), _op_name(opts.reduceOp)
         # A CUDA reduce-scatter is not compressed yet (docs/limitations.md): it crosses as is.
-        wire = None if flat.is_cuda else _wire_for(self.options.wire_dtype, [flat])
+        wire = None if flat.is_cuda else _wire.wire_for(self.options.wire_dtype, [flat])
         return self._start("reduce_scatter", [flat], lambda tag: _coalesced.reduce_scatter(
-            self._client, [flat], op, None, _avg_prescaled(op, wire), None, None, None, wire_dtype=wire, tag=tag),
+            self._client, [flat], op, None, _wire.avg_prescaled(op, wire), None, None, None, wire_dtype=wire, tag=tag),
             result, finish)
 
     # --- moves --------------------------------------------------------------------------------

@@ -4,7 +4,9 @@
 
 DDP hands the hook its own bucket buffers, so they go through the client's staging area (one
 per bucket index and layout), averaged across the ranks of the job ("dp"), or of a group:
-pass (client, "group") as the state, the same ranks as DDP's process_group. The returned
+pass (client, "group") as the state, the same ranks as DDP's process_group. What crosses nodes
+is chosen with HookState(client, group=None, wire_dtype=None) as the state: wire_dtype takes
+what the backend's Options(wire_dtype=...) takes, with the same rules (gradsync.torch._wire). The returned
 future completes from a waiter thread once the daemon queued (CUDA: stream-ordered, on the
 stream backward ran on, as with NCCL) or finished (CPU) the reduction, so backward never
 blocks on it. Its callbacks run on the waiter's callback threads (_pg_waiter), in order; a
@@ -25,8 +27,39 @@ import threading
 
 import torch
 
-from . import _coalesced, sparse
+from ..errors import InvalidArgumentError
+from . import _coalesced, _wire, sparse
 from ._pg_waiter import Waiter
+
+
+class HookState(tuple):
+    """allreduce_hook's state with every option: the client, the group its buckets are averaged
+    over (None: the job's "dp"), and what they carry between nodes (wire_dtype: None, "native",
+    torch.bfloat16 or torch.float16; see gradsync.torch.Options). A tuple (client, group,
+    wire_dtype), checked when made; the state may also be the client alone, or (client, group)."""
+    __slots__ = ()
+
+    def __new__(cls, client, group=None, wire_dtype=None):
+        return super().__new__(cls, (client, group, _wire.setting(wire_dtype, "gradsync.torch.HookState")))
+
+    client = property(lambda self: self[0])
+    group = property(lambda self: self[1])
+    wire_dtype = property(lambda self: self[2])
+
+    def __repr__(self):
+        return f"gradsync.torch.HookState({self.client!r}, group={self.group!r}, wire_dtype={self.wire_dtype!r})"
+
+
+def _unpack(state):
+    """(client, group, wire setting) of any state allreduce_hook takes."""
+    if isinstance(state, HookState):
+        return tuple(state)
+    if isinstance(state, tuple):
+        if not 1 <= len(state) <= 3:
+            raise InvalidArgumentError(f"gradsync allreduce_hook: the state is a client, (client, group) or "
+                                       f"HookState(client, group, wire_dtype), not a tuple of {len(state)}")
+        return tuple(HookState(*state))
+    return state, None, None
 
 
 class _Outcome:
@@ -93,9 +126,10 @@ def _bucket_tensor(bucket):
 
 def allreduce_hook(state, bucket):
     """DDP comm hook: averages the bucket across every rank of the client's job, or of a group
-    when the state is (client, group). When the reduction fails, backward() raises gradsync's
+    when the state is (client, group); HookState(client, group, wire_dtype) also sets what
+    crosses nodes. When the reduction fails, backward() raises gradsync's
     error (gradsync.PeerLostError when a rank was lost, ...), not a RuntimeError."""
-    client, group = state if isinstance(state, tuple) else (state, None)
+    client, group, wire_setting = _unpack(state)
     tensor = _bucket_tensor(bucket)
     if tensor.is_cuda:
         future = torch.futures.Future(devices=[tensor.device])
@@ -117,8 +151,9 @@ def allreduce_hook(state, bucket):
         outcome.done.set()
         return future
     try:
-        work = _coalesced.allreduce(client, [tensor], "avg", None, False, None, 0, group,
-                                    tag=("ddp", bucket.index()))
+        wire = _wire.wire_for(wire_setting, [tensor])
+        work = _coalesced.allreduce(client, [tensor], "avg", None, _wire.avg_prescaled("avg", wire), None, 0, group,
+                                    tag=("ddp", bucket.index()), wire_dtype=wire)
     except Exception as e:  # the job failed already, say: raised at the end of backward, as it is
         outcome.fail(future, e)
         if not _at_backward_end(outcome):
