@@ -447,7 +447,6 @@ TensorSet ClientImpl::register_tensors(std::span<const SharedTensor> tensors, co
   kept.name = set_name(set.id_, set.label_);
   kept.has_integers = std::any_of(set.tensors_.begin(), set.tensors_.end(),
                                   [](const SharedTensor& t) { return !dtype_is_floating(t.dtype()); });
-  kept.masked = !options.mask.empty();
   for (const SharedTensor& t : set.tensors_) {
     if (t.dtype() == DType::kFloat16 || t.dtype() == DType::kBFloat16) kept.halves.insert(t.dtype());
   }
@@ -713,11 +712,6 @@ void ClientImpl::fill_reduce(SubmitEntry* entry, const ReduceOptions& options) c
       throw Error(Status::invalid_argument("ReduceOptions::health: " + name_of(entry->set_id) +
                                            " has integer tensors, which hold no inf or NaN; ask for it on "
                                            "floating-point sets only"));
-    }
-    if (it != per_join_.sets.end() && it->second.masked && it->second.events) {
-      throw Error(Status::not_supported("ReduceOptions::health: " + name_of(entry->set_id) +
-                                        " has a mask and lies in device memory, where it is not computed yet "
-                                        "(docs/limitations.md)"));
     }
     entry->flags |= kSubmitHealth;
   }

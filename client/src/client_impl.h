@@ -71,7 +71,6 @@ class ClientImpl final : public Client {
     bool has_integers = false;  // an integer tensor: no avg
     bool wire_compressible = false;  // float32, float16 and bfloat16 only: wire compression applies
     std::set<DType> halves;          // its half-precision dtypes: each crosses only as itself
-    bool masked = false;        // RegisterOptions::mask: no health on device sets
     std::string name;           // how messages name it (shared/set_name.h)
     // Device sets: their event rings, shared with the Work handles of their operations.
     std::shared_ptr<DeviceEvents> events;

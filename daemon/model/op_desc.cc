@@ -138,10 +138,6 @@ Status check_op(const OpDesc& desc, const TensorSet& set, const Topology& topolo
     return Status::invalid_argument(set.name() + " was registered without a reduce-scatter output");
   }
   if (desc.health) {
-    if (set.masked() && set.memory_kind != MemoryKind::kHostMemfd) {
-      return Status::not_supported("health on " + set.name() + ": not computed for a masked set in device memory yet "
-                                   "(docs/limitations.md)");
-    }
     for (const auto& tensor : set.layout) {
       if (!dtype_is_floating(tensor.dtype)) {
         return Status::invalid_argument("health on " + set.name() + ": " + std::string(dtype_name(tensor.dtype)) +

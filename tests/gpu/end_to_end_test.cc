@@ -182,7 +182,8 @@ TEST_CASE("gpu end to end: device memory of a released set is freed, and new mem
 
 // Masked reduction on the GPU: every third element of the flat set and a run of 1000 are
 // summed across 2 clients; every other element becomes zero.
-TEST_CASE("gpu end to end: a masked allreduce sums the kept elements and zeroes the others", "[gpu][e2e][masked]") {
+TEST_CASE("gpu end to end: a masked allreduce sums the kept elements, zeroes the others, and its health is theirs",
+          "[gpu][e2e][masked]") {
   TestDaemon daemon;
   const std::string job = unique_job("gpu-masked");
   ClientGroup group(2, [&](int rank) {
@@ -206,6 +207,39 @@ TEST_CASE("gpu end to end: a masked allreduce sums the kept elements and zeroes 
         const bool kept = flat % 3 == 0 || (flat >= 5000 && flat < 6000);
         const float want = kept ? value(0, i) + value(1, i) : 0.0f;
         if (got[i] != want) return fail("flat element " + std::to_string(flat) + " is " + std::to_string(got[i]));
+      }
+    }
+    // The fused health of the masked results: an inf rank 1 puts at a dropped element (flat 1)
+    // is not found and the norm is the host's over the results; one at a kept element (flat 3)
+    // is found.
+    ReduceOptions healthy{ReduceOp::kSum};
+    healthy.health = true;
+    for (uint64_t at : {uint64_t{1}, uint64_t{3}}) {
+      for (const SharedTensor& t : tensors) {
+        if (!fill(t, rank)) return fail("cudaMemcpy to the device failed");
+      }
+      const float inf = INFINITY;
+      if (rank == 1 &&
+          cudaMemcpy(tensors[0].data() + at * sizeof(float), &inf, sizeof inf, cudaMemcpyHostToDevice) != cudaSuccess) {
+        return fail("cudaMemcpy to the device failed");
+      }
+      Work work = client->allreduce(set, healthy);
+      if (!work.wait(kOperationBound)) return fail("the health allreduce timed out");
+      if (work.found_inf() != (at == 3)) {
+        return fail("an inf at flat element " + std::to_string(at) + (at == 3 ? " (kept) was not found" : " (dropped) was found"));
+      }
+      if (at == 1) {
+        double want = 0;
+        for (const SharedTensor& t : tensors) {
+          const std::vector<float> got = read(t);
+          for (size_t first = 0; first < got.size(); first += reduce::kHealthBlockElements) {
+            const size_t n = std::min<size_t>(reduce::kHealthBlockElements, got.size() - first);
+            want = want + reduce::simd::health(DType::kFloat32, got.data() + first, n).sum_sq;
+          }
+        }
+        const double sq_norm = work.sq_norm();
+        std::printf("masked health: rank %d sq_norm=%.17g (host %.17g)\n", rank, sq_norm, want);
+        if (std::memcmp(&sq_norm, &want, sizeof want) != 0) return fail("masked sq_norm differs from the host's");
       }
     }
     return kOk;

@@ -1,6 +1,7 @@
 // Fused health on device sets: the health functor against the host's (reduce/simd.h) bit for
 // bit, and the CUDA executor reading each bucket's result once the scatter wrote it, answering
 // only once the GPU is through (the answer carries the health), on one GPU and across two.
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -193,6 +194,94 @@ TEST_CASE("cuda executor: a device allreduce's health equals the host's, answere
         CHECK(f.api.allocations.empty());  // the health tables freed with the executor
         f.set.reset();  // its event rings, before the fake device they were made on
       }
+    }
+  }
+}
+
+// A masked device set's health is that of its results, as on the host: the kept elements'
+// reductions and zeros elsewhere. The health kernel reads the reader's tensors after the
+// scatter, which zeroes the destinations before writing the kept elements back, so an inf at a
+// dropped element is not found and one at a kept element is.
+TEST_CASE("cuda executor: a masked device allreduce's health is its results', an inf it drops unseen",
+          "[cuda][executor][health][masked]") {
+  for (DType dtype : kFloating) {
+    for (bool across : {false, true}) {
+      INFO(dtype_name(dtype) << (across ? ", clients on two GPUs" : ", one GPU"));
+      Fixture f(dtype, across ? std::vector<int>{0, 0, 1} : std::vector<int>{0, 0, 0});
+      auto masked = std::make_shared<TensorSet>(*f.set);
+      auto mask = std::make_shared<std::vector<uint64_t>>();
+      for (uint64_t i = 0; i < masked->flat_elements; ++i) {
+        if (i % 3 == 0 || (i >= 5000 && i < 6000)) mask->push_back(i);
+      }
+      masked->mask = mask;
+      complete_tensor_set(masked.get(), f.topology);
+      f.set = masked;
+      for (int c = 0; c < kClients; ++c) {
+        for (size_t t = 0; t < f.set->layout.size(); ++t) {
+          for (uint64_t i = 0; i < f.set->layout[t].numel; ++i) {
+            const double v = static_cast<double>(static_cast<int>((i * 7 + c * 3 + t) % 17) - 8) / 4;
+            reduce::cases::store_exact(dtype, f.set->address[c][t] + i * dtype_size(dtype), v);
+          }
+        }
+      }
+      // Client 1's tensor 3 (9000 elements, blocks 0-2): an inf at a dropped element of block 0
+      // and one at a kept element of block 2.
+      const auto kept = [&](uint64_t e) {
+        return std::binary_search(mask->begin(), mask->end(), f.set->flat_offset[3] + e);
+      };
+      uint64_t dropped = 0, held = 8200;
+      while (kept(dropped)) ++dropped;
+      while (!kept(held)) ++held;
+      REQUIRE(dropped < reduce::kHealthBlockElements);
+      REQUIRE(held >= 2 * reduce::kHealthBlockElements);
+      test::store_as(dtype, f.set->address[1][3] + dropped * dtype_size(dtype), INFINITY);
+      test::store_as(dtype, f.set->address[1][3] + held * dtype_size(dtype), INFINITY);
+      f.original = f.memory;
+      HostDeviceEngines engines;
+      {
+        CudaExecutor executor(options_for(f, across ? &engines : nullptr));
+        if (across) {
+          LocalRendezvous local;
+          REQUIRE(executor.admit(*f.set, SetAdmission{"j", &local, &f.topology}).ok());
+        }
+        const reduce::KernelArgs args{.dtype = dtype, .scale = reduce::Scale::kAfter, .divisor = 3};
+        auto health = std::make_shared<std::vector<reduce::HealthBlock>>(f.set->health_blocks);
+        for (size_t b = 0; b < f.set->plan.buckets.size(); ++b) {
+          BucketCall call = f.call(OpKind::kAllreduce, 1, b);
+          call.args = args;
+          call.desc.health = true;
+          call.health = health;
+          if (across) {
+            REQUIRE(launch_and_finish(f, executor, engines, call, true).ok());
+          } else {
+            std::optional<Status> answer;
+            executor.launch(call, [&](const Status& s) { answer = s; });
+            REQUIRE(answer.has_value());
+            REQUIRE(answer->ok());
+          }
+        }
+        const size_t element = dtype_size(dtype);
+        for (size_t t = 0; t < f.set->layout.size(); ++t) {
+          // The results: the reduction at kept elements, zero elsewhere.
+          Bytes want = f.reduced(args, t);
+          const Bytes zero(element);
+          for (uint64_t e = 0; e < f.set->layout[t].numel; ++e) {
+            if (!std::binary_search(mask->begin(), mask->end(), f.set->flat_offset[t] + e)) {
+              std::memcpy(want.data() + e * element, zero.data(), element);
+            }
+          }
+          const uint64_t numel = f.set->layout[t].numel;
+          for (uint64_t first = 0, k = 0; first < numel; first += reduce::kHealthBlockElements, ++k) {
+            INFO("tensor " << t << " block " << k);
+            const reduce::HealthBlock expected = reduce::simd::health(
+                dtype, want.data() + first * element, std::min<uint64_t>(reduce::kHealthBlockElements, numel - first));
+            CHECK(block_difference((*health)[f.set->health_block[t] + k], expected) == "");
+            CHECK((*health)[f.set->health_block[t] + k].nonfinite == (t == 3 && k == 2 ? 1u : 0u));
+          }
+        }
+      }
+      CHECK(f.api.allocations.empty());
+      f.set.reset();
     }
   }
 }

@@ -55,16 +55,12 @@ TEST_CASE("op desc: a wire dtype on half tensors needs float32 accumulation", "[
   CHECK_THAT(status.message(), Catch::Contains("its float16 tensors need fp32_accumulate = true"));
 }
 
-TEST_CASE("op desc: health on a masked set is taken in host memory and refused in device memory",
-          "[unit][op_desc][health]") {
+TEST_CASE("op desc: health on a masked set is taken in host and in device memory", "[unit][op_desc][health]") {
   const Topology topology;
-  CHECK(check_op(allreduce(DType::kFloat32, true), set_of({DType::kFloat32}, MemoryKind::kHostMemfd, true), topology)
-            .ok());
-  const Status device =
-      check_op(allreduce(DType::kFloat32, true), set_of({DType::kFloat32}, MemoryKind::kCudaVmm, true), topology);
-  CHECK(device.code() == ErrorCode::kNotSupported);
-  CHECK_THAT(device.message(), Catch::Contains("not computed for a masked set in device memory yet"));
-  CHECK(check_op(allreduce(DType::kFloat32, true), set_of({DType::kFloat32}, MemoryKind::kCudaVmm), topology).ok());
+  for (MemoryKind kind : {MemoryKind::kHostMemfd, MemoryKind::kCudaVmm}) {
+    CHECK(check_op(allreduce(DType::kFloat32, true), set_of({DType::kFloat32}, kind, true), topology).ok());
+    CHECK(check_op(allreduce(DType::kFloat32, true), set_of({DType::kFloat32}, kind), topology).ok());
+  }
 }
 
 }  // namespace gradsync
