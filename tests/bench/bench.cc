@@ -62,7 +62,7 @@ struct BenchOptions {
 // The names --only takes, one per row (or pair of rows) of the table.
 constexpr const char* kRowKeys[] = {"float32", "float16", "bfloat16", "resnet50", "small",   "mark161",
                                     "mark10k", "eight",   "2x2",      "4x1",      "latency", "reduce_scatter",
-                                    "health",  "mask",    "scatter2x2"};
+                                    "health",  "mask",    "scatter2x2", "wire2x2"};
 
 // The daemon's anonymous resident memory (heap, stacks, staging; not the clients' segments).
 long rss_anon_kib(pid_t pid) {
@@ -493,7 +493,8 @@ int run_bench(const BenchOptions& o) {
   }
   // A multi-node row: `nodes` daemons on loopback, `per_node` trainers each, when selected.
   auto across_nodes = [&](std::initializer_list<const char*> keys, int nodes, int per_node, int mask_percent = 0,
-                          const std::string& mode = "step") {
+                          const std::string& mode = "step", const std::string& dtype = "float32",
+                          const std::string& wire = "") {
     if (o.floors_only || !want(keys)) return unselected;
     JobSamples job;
     try {
@@ -501,6 +502,8 @@ int run_bench(const BenchOptions& o) {
       TrainerArgs shape = big;
       shape.mask_percent = mask_percent;
       shape.mode = mode;
+      shape.dtype = dtype;
+      shape.wire = wire;
       job = run_job(daemons, nodes, per_node, shape, o.repeat);
       daemons_ok &= daemons.terminate_all();
     } catch (const std::exception& e) {
@@ -508,10 +511,13 @@ int run_bench(const BenchOptions& o) {
     }
     return job;
   };
-  const JobSamples two_by_two = across_nodes({"2x2", "mask", "scatter2x2"}, 2, 2);
+  const JobSamples two_by_two = across_nodes({"2x2", "mask", "scatter2x2", "wire2x2"}, 2, 2);
   const JobSamples four_by_one = across_nodes({"4x1"}, 4, 1);
   const JobSamples masked = across_nodes({"mask"}, 2, 2, 10);
   const JobSamples scatter_nodes = across_nodes({"scatter2x2"}, 2, 2, 0, "reduce_scatter");
+  const JobSamples compressed = across_nodes({"wire2x2"}, 2, 2, 0, "step", "float32", "bfloat16");
+  const JobSamples half_default = across_nodes({"wire2x2"}, 2, 2, 0, "step", "bfloat16");
+  const JobSamples half_native = across_nodes({"wire2x2"}, 2, 2, 0, "step", "bfloat16", "bfloat16");
   auto ms = [&](const JobSamples& j) { return o.floors_only ? not_run : scaled(j.step, 1e-3); };
   auto us = [&](const JobSamples& j) { return o.floors_only ? not_run : j.step; };
 
@@ -611,17 +617,25 @@ int run_bench(const BenchOptions& o) {
   }
   rows.push_back({"2 nodes x 2 clients x 100 MiB float32, mask keeping 10% (loopback), per step", "ms", ms(masked),
                   ms(two_by_two), "the unmasked 2 x 2 row, same run", na, carried});
-  std::string sent = "loopback bytes not read";
-  if (scatter_nodes.loopback_bytes_per_step > 0 && two_by_two.loopback_bytes_per_step > 0) {
+  // What the loopback sent for `job`, against `beside` (what its floor column names).
+  auto sent = [](const JobSamples& job, const JobSamples& beside, const char* what) {
+    if (job.loopback_bytes_per_step <= 0 || beside.loopback_bytes_per_step <= 0) return std::string("loopback bytes not read");
     char text[200];
-    std::snprintf(text, sizeof(text), "the loopback sent %.1f MiB per step, %.1f%% of the allreduce's %.1f MiB",
-                  scatter_nodes.loopback_bytes_per_step / kMiB,
-                  100.0 * scatter_nodes.loopback_bytes_per_step / two_by_two.loopback_bytes_per_step,
-                  two_by_two.loopback_bytes_per_step / kMiB);
-    sent = text;
-  }
+    std::snprintf(text, sizeof(text), "the loopback sent %.1f MiB per step, %.1f%% of %s %.1f MiB",
+                  job.loopback_bytes_per_step / kMiB, 100.0 * job.loopback_bytes_per_step / beside.loopback_bytes_per_step,
+                  what, beside.loopback_bytes_per_step / kMiB);
+    return std::string(text);
+  };
   rows.push_back({"2 nodes x 2 clients x 100 MiB float32 reduce-scatter (loopback), per step", "ms",
-                  ms(scatter_nodes), ms(two_by_two), "the 2 x 2 allreduce row, same run", na, sent});
+                  ms(scatter_nodes), ms(two_by_two), "the 2 x 2 allreduce row, same run", na,
+                  sent(scatter_nodes, two_by_two, "the allreduce's")});
+  rows.push_back({"2 nodes x 2 clients x 100 MiB float32, bfloat16 on the wire (loopback), per step", "ms",
+                  ms(compressed), ms(two_by_two), "the 2 x 2 allreduce row (float32 on the wire), same run", na,
+                  sent(compressed, two_by_two, "the float32 wire's")});
+  rows.push_back({"2 nodes x 2 clients x 100 MiB bfloat16, in its own type on the wire (loopback), per step", "ms",
+                  ms(half_native), ms(half_default),
+                  "the same bfloat16 job carried as float32 sums (the default), same run", na,
+                  sent(half_native, half_default, "the default's")});
   rows.push_back({"4 nodes x 1 client x 100 MiB float32 (loopback), per step", "ms", ms(four_by_one), gloo4.ms,
                   std::string("Gloo alone, 4 processes, ") + slices + ", ring", peer4, cpu_per_step(four_by_one, gloo4)});
   std::string p99;
@@ -735,7 +749,9 @@ constexpr const char* kHelp =
     "                    4x1, latency, reduce_scatter, health, mask (2 x 2 with a mask keeping\n"
     "                    10%, beside the unmasked 2 x 2 and with the bytes node 0 counted),\n"
     "                    scatter2x2 (a 2 x 2 reduce-scatter, beside the 2 x 2 allreduce and\n"
-    "                    with the bytes the loopback sent for each)\n"
+    "                    with the bytes the loopback sent for each), wire2x2 (2 x 2 float32\n"
+    "                    with bfloat16 on the wire beside the 2 x 2 allreduce, and a bfloat16\n"
+    "                    set in its own type beside the same set carried as float32; bytes sent)\n"
     "  --json FILE       also write the table to FILE as JSON\n"
     "  --python PATH     the Python with torch for the peer (default /usr/bin/python3; without\n"
     "                    torch the peer is printed as skipped)\n"

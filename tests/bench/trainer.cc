@@ -85,6 +85,7 @@ std::vector<std::string> trainer_argv(const TrainerArgs& a) {
   if (!a.rendezvous.empty()) argv.insert(argv.end(), {"--rendezvous", a.rendezvous});
   if (!a.barrier) argv.push_back("--no-barrier");
   if (a.mask_percent > 0) argv.insert(argv.end(), {"--mask-percent", std::to_string(a.mask_percent)});
+  if (!a.wire.empty()) argv.insert(argv.end(), {"--wire", a.wire});
   return argv;
 }
 
@@ -102,6 +103,7 @@ bool parse_trainer_flag(int argc, char** argv, int& i, TrainerArgs& a) {
   else if (flag == "--layout") text = &a.layout;
   else if (flag == "--dtype") text = &a.dtype;
   else if (flag == "--mode") text = &a.mode;
+  else if (flag == "--wire") text = &a.wire;
   else if (flag == "--rank") number = &a.rank;
   else if (flag == "--world") number = &a.world;
   else if (flag == "--local-rank") number = &a.local_rank;
@@ -139,6 +141,8 @@ int run_trainer(const TrainerArgs& a) {
   const std::vector<SharedTensor> token = {client->allocate(TensorSpec{DType::kFloat32, 1, "dp"})};
   const TensorSet barrier = client->register_tensors(token, {});
   const auto deadline = std::chrono::seconds(120);
+  ReduceOptions step_options;
+  if (!a.wire.empty()) step_options.wire_dtype = parse_dtype(a.wire);
   for (int i = 0; i < a.warmup + a.steps; ++i) {
     if (a.barrier || i == 0) {
       if (!client->allreduce(barrier, ReduceOptions{ReduceOp::kSum}).wait(deadline)) return 1;
@@ -185,7 +189,7 @@ int run_trainer(const TrainerArgs& a) {
       // What a trainer does without the fused check: a pass of its own over the results.
       if (!client->allreduce(set, ReduceOptions{}).wait(deadline)) return 1;
       if (separate_health(tensors) < 0) return 1;
-    } else if (!client->allreduce(set, ReduceOptions{}).wait(deadline)) {
+    } else if (!client->allreduce(set, step_options).wait(deadline)) {
       return 1;
     }
     const double step_us = us_since(start);

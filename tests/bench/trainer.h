@@ -29,6 +29,8 @@ struct TrainerArgs {
   // A mask keeping about this percentage of the set's elements (spread as a pruned model's
   // are); 0: no mask.
   int mask_percent = 0;
+  // The step mode's ReduceOptions::wire_dtype: "" (none), "bfloat16" or "float16".
+  std::string wire;
   int steps = 10;
   int warmup = 2;
   bool barrier = true;            // line the ranks up before every timed step
