@@ -1116,6 +1116,47 @@ TEST_CASE("multi-node: buckets larger than --gloo-slice-bytes cross in pipelined
   for (int status : statuses) CHECK(exit_code(status) == kOk);
 }
 
+// Node 0's clients hold the set as one flat buffer and reduce in place; the other nodes' hold
+// it tensor by tensor and stage it (allreduce_staged), in pipelined slices too: both must make
+// the same engine calls. The half-type buckets are staged on every node and cross in slices of
+// their float32 sums. Every mode, bit-exact.
+TEST_CASE("multi-node: in-place and staged nodes slice alike, and half types cross in pipelined slices",
+          "[integration][multinode]") {
+  TestCluster cluster(kNodes, {"--gloo-slice-bytes", "65536"});
+  const std::string job = unique_job("nodes-staged-slices");
+  const auto statuses = run_job(cluster, job, [&](int rank, Client& client) {
+    const std::vector<TensorSpec> specs = {{DType::kFloat32, 262'144, "dp"},
+                                           {DType::kFloat32, 70'001, "dp"},
+                                           {DType::kBFloat16, 100'003, "dp"},
+                                           {DType::kFloat16, 50'000, "dp"}};
+    std::vector<SharedTensor> tensors;
+    if (rank / kLocal == 0) {
+      tensors = client.allocate_flat(specs);
+    } else {
+      for (const TensorSpec& spec : specs) tensors.push_back(client.allocate(spec));
+    }
+    const TensorSet set = client.register_tensors(tensors, RegisterOptions{0, false});
+    const ReduceOptions modes[] = {{ReduceOp::kSum}, {ReduceOp::kAvg}, {ReduceOp::kAvg, Scaling::kBefore},
+                                   {ReduceOp::kMin}};
+    for (int step = 0; step < 4; ++step) {
+      const ReduceOptions& options = modes[step];
+      for (uint64_t t = 0; t < tensors.size(); ++t) fill_exact(tensors[t], rank, t, step);
+      if (!client.allreduce(set, options).wait(std::chrono::seconds(60))) return fail("allreduce timed out");
+      for (uint64_t t = 0; t < tensors.size(); ++t) {
+        for (uint64_t i = 0; i < tensors[t].numel(); ++i) {
+          const auto want = expected(tensors[t].dtype(), options, all_ranks(), t, i, step);
+          if (int c = check(tensors[t], i, want, "tensor " + std::to_string(t) + " in step " + std::to_string(step));
+              c != kOk) {
+            return c;
+          }
+        }
+      }
+    }
+    return kOk;
+  });
+  for (int status : statuses) CHECK(exit_code(status) == kOk);
+}
+
 // Flat buckets with two ranks per node, in slices of 1 MiB, which Gloo carries with its ring
 // (bcube only below 256 KiB): the pipelined in-place path with the ring, and a bucket of more
 // than 16 MiB, whose fan-out writes the other rank's results with streaming stores

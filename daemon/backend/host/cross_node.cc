@@ -220,6 +220,137 @@ Status allreduce_in_place(const BucketCall& c, ThreadPool& pool, Reduced* reduce
   return Status();
 }
 
+// Canonical range [first, first + count) of the bucket as pieces of its tensors, cut so that
+// `threads` threads share them (none below kMinBytesPerTask unless the range is).
+std::vector<Piece> pieces_in_range(const TensorSet& set, size_t bucket, uint64_t first, uint64_t count,
+                                   size_t threads) {
+  const size_t element = dtype_size(set.plan.buckets[bucket].dtype);
+  const uint64_t per = std::max<uint64_t>(std::max<uint64_t>(1, kMinBytesPerTask / element),
+                                          (count + threads - 1) / std::max<size_t>(threads, 1));
+  std::vector<uint32_t> tensors = set.plan.buckets[bucket].tensors;
+  std::sort(tensors.begin(), tensors.end());  // canonical order
+  std::vector<Piece> pieces;
+  for (uint32_t t : tensors) {
+    const uint64_t begin = std::max(set.offset_in_bucket[t], first);
+    const uint64_t end = std::min(set.offset_in_bucket[t] + set.layout[t].numel, first + count);
+    for (uint64_t at = begin; at < end; at += per) {
+      pieces.push_back({t, at - set.offset_in_bucket[t], std::min(per, end - at)});
+    }
+  }
+  return pieces;
+}
+
+// The staged allreduce (a bucket that is not one canonical run in every client, a half-type
+// one, or one compressed on the wire), pipelined as allreduce_in_place is: while the engine
+// carries slice k of the node buffer (on its own thread), the pool accumulates slice k + 1
+// into it (and narrows it for the wire) and finishes slice k - 1 into every member's tensors.
+// The slices are the engine's slice_bytes of what it carries, as on every other node: a node
+// that takes allreduce_in_place makes the same calls (only a dtype that accumulates in itself,
+// uncompressed, takes it, and then the carried size is the element's).
+Status allreduce_staged(const BucketCall& c, ThreadPool& pool, const std::shared_ptr<NodeBuffers>& buffers,
+                        Reduced* reduced) {
+  const TensorSet& set = *c.set;
+  const auto& members = set.participants[c.bucket];
+  const size_t acc_size = dtype_size(reduce::accumulation_dtype(c.args.dtype));
+  const size_t element = dtype_size(c.args.dtype);
+  const uint64_t elements = set.bucket_elements[c.bucket];
+  // Wire compression: the engine carries the node's float32 sums as the half type, each hop
+  // rounding its sum (docs/how-it-works.md bounds the error); they are widened back after.
+  const bool compressed = c.desc.wire != DType::kFloat32;
+  ReduceSpec spec = spec_of(c.args);
+  if (compressed) {
+    spec.wire = c.desc.wire;
+    buffers->wire.resize(elements * dtype_size(c.desc.wire));
+  } else {
+    buffers->work.resize(elements * acc_size);
+  }
+  std::byte* const acc = compressed ? nullptr : buffers->work.data();
+  const size_t carried_size = compressed ? dtype_size(c.desc.wire) : acc_size;
+  std::byte* const carried = compressed ? buffers->wire.data() : acc;
+  // What the integrity check hashes: the carried copy, as it came back (every node of a
+  // compressed operation compresses, so every node hashes the wire's bytes).
+  *reduced = Reduced{carried, elements * carried_size};
+  const uint64_t slice = std::max<uint64_t>(1, c.engine->slice_bytes() / carried_size);
+  const size_t slices = static_cast<size_t>((elements + slice - 1) / slice);
+  const reduce::KernelArgs fan_out = fan_out_args(c, elements * element);
+  auto pieces_of_slice = [&](size_t k) {
+    const uint64_t first = k * slice;
+    return pieces_in_range(set, c.bucket, first, std::min(slice, elements - first), pool.size());
+  };
+  // Compressed, the float32 sums never need the node buffer: each task works through its piece
+  // a cache-sized stretch at a time in a scratch of its own (accumulate, then narrow into the
+  // wire; widen, then finish into the outputs), which saves writing and reading the sums in
+  // memory twice. Uncompressed, the engine carries the sums themselves, in the node buffer.
+  constexpr uint64_t kStretch = 4096;
+  auto accumulate = [&](size_t k) {
+    PhaseTimer timer(local_time(c));
+    const std::vector<Piece> pieces = pieces_of_slice(k);
+    pool.parallel_for(pieces.size(), [&](size_t i) {
+      const Piece& p = pieces[i];
+      const uint64_t at = set.offset_in_bucket[p.tensor] + p.first;
+      std::vector<const void*> inputs(members.size());
+      std::vector<std::byte> scratch(compressed ? kStretch * acc_size : 0);
+      const uint64_t step = compressed ? kStretch : p.count;
+      for (uint64_t done = 0; done < p.count; done += step) {
+        const uint64_t n = std::min(step, p.count - done);
+        for (size_t m = 0; m < members.size(); ++m) {
+          inputs[m] = set.address[members[m]][p.tensor] + (p.first + done) * element;
+        }
+        std::byte* sums = compressed ? scratch.data() : acc + (at + done) * acc_size;
+        reduce::accumulate(c.args, inputs, sums, n);
+        if (compressed) reduce::simd::narrow(c.desc.wire, carried + (at + done) * carried_size, sums, n);
+      }
+    });
+  };
+  auto finish = [&](size_t k) {
+    PhaseTimer timer(local_time(c));
+    const std::vector<Piece> pieces = pieces_of_slice(k);
+    pool.parallel_for(pieces.size(), [&](size_t i) {
+      const Piece& p = pieces[i];
+      const uint64_t at = set.offset_in_bucket[p.tensor] + p.first;
+      std::vector<void*> outputs(members.size());
+      std::vector<std::byte> scratch(compressed ? kStretch * acc_size : 0);
+      const uint64_t step = compressed ? kStretch : p.count;
+      for (uint64_t done = 0; done < p.count; done += step) {
+        const uint64_t n = std::min(step, p.count - done);
+        for (size_t m = 0; m < members.size(); ++m) {
+          outputs[m] = set.address[members[m]][p.tensor] + (p.first + done) * element;
+        }
+        const std::byte* sums = acc + (at + done) * acc_size;
+        if (compressed) {
+          reduce::simd::widen(c.desc.wire, scratch.data(), carried + (at + done) * carried_size, n);
+          sums = scratch.data();
+        }
+        reduce::finish(fan_out, sums, outputs, n);
+      }
+    });
+  };
+  auto carry = [&](size_t k) {
+    const uint64_t first = k * slice, count = std::min(slice, elements - first);
+    auto done = std::make_shared<std::promise<Status>>();
+    std::future<Status> answer = done->get_future();
+    const auto started = std::chrono::steady_clock::now();
+    std::chrono::nanoseconds* into = collective_time(c);
+    count_carried(c, count * carried_size);
+    c.engine->allreduce(carried + first * carried_size, count, spec,
+                        [done, started, into, buffers](const Status& status) {
+                          if (into) *into += std::chrono::steady_clock::now() - started;
+                          done->set_value(status);
+                        });
+    return answer;
+  };
+  if (slices == 0) return Status();
+  accumulate(0);
+  for (size_t k = 0; k < slices; ++k) {
+    std::future<Status> answer = carry(k);
+    if (k + 1 < slices) accumulate(k + 1);
+    if (k > 0) finish(k - 1);
+    if (Status s = answer.get(); !s.ok()) return s;
+  }
+  finish(slices - 1);
+  return Status();
+}
+
 // Where a reduction's results go: every participant's tensors (allreduce), the root's (reduce),
 // or each participant's shard output (reduce-scatter).
 enum class Results { kEveryone, kRoot, kShards };
@@ -249,6 +380,7 @@ Status reduce_across(const BucketCall& c, ThreadPool& pool, const std::shared_pt
       !checked && reduce::accumulation_dtype(c.args.dtype) == c.args.dtype) {
     return allreduce_in_place(c, pool, reduced);
   }
+  if (results == Results::kEveryone && !c.health && !masked) return allreduce_staged(c, pool, buffers, reduced);
   const auto& members = set.participants[c.bucket];
   const DType acc_type = reduce::accumulation_dtype(c.args.dtype);
   const size_t acc_size = dtype_size(acc_type);
@@ -328,10 +460,9 @@ Status reduce_across(const BucketCall& c, ThreadPool& pool, const std::shared_pt
       if (status.ok()) from_wire(first, count);
     }
   } else {
-    // Another node may hold this bucket contiguously and take allreduce_in_place, which makes
-    // one engine call per slice: make the same calls, or the nodes' Gloo calls would not match.
-    // Only a dtype that accumulates in itself takes that path (so the slices agree); the half
-    // types are staged on every node and cross in one call.
+    // A reduce (every node here), a reduce-scatter the integrity check hashes, or an allreduce
+    // with health or a mask (every node here too, as the header says): a dtype that
+    // accumulates in itself in slice_bytes slices, the half types in one call.
     const uint64_t slice = acc_type == c.args.dtype ? std::max<uint64_t>(1, c.engine->slice_bytes() / acc_size) : elements;
     for (uint64_t first = 0; first < elements && status.ok(); first += slice) {
       const uint64_t count = std::min(slice, elements - first);
