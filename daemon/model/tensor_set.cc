@@ -152,17 +152,14 @@ std::vector<uint64_t> node_parts(const TensorSet& set, size_t bucket, const Topo
   const std::vector<int> nodes = topology.nodes_of(group);
   std::vector<uint64_t> parts(nodes.size(), 0);
   const uint64_t capacity = shard_capacity(set.flat_elements, ranks.size());
+  size_t at = 0;  // position in the group's sorted ranks
   for (size_t n = 0; n < nodes.size(); ++n) {
-    // The node's ranks sit at consecutive positions of the sorted group: its shards span
-    // [first, end) of the flat range.
-    uint64_t lowest = ranks.size(), highest = 0;
-    for (size_t at = 0; at < ranks.size(); ++at) {
-      if (ranks[at] / topology.local_world_size != nodes[n]) continue;
-      lowest = std::min<uint64_t>(lowest, at);
-      highest = at + 1;
-    }
-    const uint64_t first = std::min(set.flat_elements, lowest * capacity);
-    const uint64_t end = std::min(set.flat_elements, highest * capacity);
+    // Ranks are node-major and the group's are sorted, so the node's ranks sit at consecutive
+    // positions [lowest, at), and its shards span [first, end) of the flat range.
+    const size_t lowest = at;
+    while (at < ranks.size() && ranks[at] / topology.local_world_size == nodes[n]) ++at;
+    const uint64_t first = std::min<uint64_t>(set.flat_elements, lowest * capacity);
+    const uint64_t end = std::min<uint64_t>(set.flat_elements, at * capacity);
     for (uint32_t t : set.plan.buckets[bucket].tensors) {
       const uint64_t begin = std::max(set.flat_offset[t], first);
       const uint64_t stop = std::min(set.flat_offset[t] + set.layout[t].numel, end);
