@@ -86,8 +86,9 @@ class HostCollectiveEngine {
   // wire type, else the accumulation type), node-major: when Done runs, this node's part holds
   // the reduction of every node's copy of it, combined in node order (node 0's, then node 1's
   // combined into it, ...); the other parts are left as they were. Every node passes the same
-  // counts. Each node sends every other node only that node's part: (nodes() - 1) / nodes() of
-  // the buffer, half of what an allreduce of it moves.
+  // counts. Each node sends every other node only that node's part, and receives nodes() - 1
+  // copies of its own: with equal parts (nodes() - 1) / nodes() of the buffer each way, half of
+  // what a ring allreduce moves; with one large part, its node receives that many times it.
   virtual void reduce_scatter(void* data, std::span<const uint64_t> counts, const ReduceSpec& spec,
                               EngineDone done) = 0;
 

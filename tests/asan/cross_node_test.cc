@@ -33,14 +33,14 @@ class LingeringEngine final : public HostCollectiveEngine {
   int nodes() const override { return 2; }
 
   void allreduce(void* data, size_t count, const ReduceSpec& spec, EngineDone done) override {
-    hold(data, count * dtype_size(reduce::accumulation_dtype(spec.element)), std::move(done));
+    hold(data, count * dtype_size(spec.wire.value_or(reduce::accumulation_dtype(spec.element))), std::move(done));
   }
   void broadcast(void* data, size_t bytes, int, EngineDone done) override { hold(data, bytes, std::move(done)); }
   void allgather(const void*, size_t bytes, void* out, EngineDone done) override {
     hold(out, bytes * 2, std::move(done));
   }
   void reduce(void* data, size_t count, const ReduceSpec& spec, int, EngineDone done) override {
-    hold(data, count * dtype_size(reduce::accumulation_dtype(spec.element)), std::move(done));
+    hold(data, count * dtype_size(spec.wire.value_or(reduce::accumulation_dtype(spec.element))), std::move(done));
   }
   void reduce_scatter(void* data, std::span<const uint64_t> counts, const ReduceSpec& spec,
                       EngineDone done) override {
@@ -248,6 +248,33 @@ TEST_CASE("cross-node: node buffers an aborted engine call still holds are not r
   // The calls worked in the node buffers only: they never pinned the client's memory.
   b.call.set.reset();
   CHECK(*b.released);
+}
+
+TEST_CASE("cross-node: a compressed bucket's wire buffer and a reduce-scatter's node buffer outlive an aborted call",
+          "[cross_node]") {
+  // A float32 bucket with bfloat16 on the wire (the staged, pipelined path: the engine carries
+  // the wire buffer), and a reduce-scatter (the engine's reduce_scatter on the node buffer).
+  for (const bool scatter : {false, true}) {
+    INFO((scatter ? "reduce-scatter" : "bfloat16 wire"));
+    OneBucket b(DType::kFloat32, 4096);
+    if (scatter) {
+      auto set = std::make_shared<TensorSet>(*b.call.set);
+      set->shard_output = {set->address[0][0]};  // any memory: the call never finishes
+      complete_tensor_set(set.get(), b.topology);
+      b.call.set = set;
+      b.call.desc.kind = OpKind::kReduceScatter;
+    } else {
+      b.call.desc.wire = DType::kBFloat16;
+    }
+    ThreadPool pool(1);
+    auto buffers = std::make_shared<NodeBuffers>();
+    CHECK(b.run_and_abort(pool, buffers).code() == ErrorCode::kAborted);
+    const std::weak_ptr<NodeBuffers> held = buffers;
+    buffers.reset();  // the caller lets go; the call still holds them
+    CHECK_FALSE(held.expired());
+    b.engine.leave();  // the late write lands in the buffers the call was given
+    CHECK(held.expired());
+  }
 }
 
 TEST_CASE("cross-node: the sequence check's exchange buffers outlive an aborted engine call", "[cross_node]") {

@@ -796,14 +796,16 @@ TEST_CASE("multi-node: --integrity-check-every finds a node whose reduced copy d
   for (int status : statuses) CHECK(exit_code(status) == kOk);
 }
 
-// A reduce-scatter crosses nodes as parts (each node gets only its ranks' shards), except when
-// the integrity check hashes it: then it crosses whole, so that every node has the whole
-// reduced bucket to hash. Both kinds alternate here (every second operation is checked) and
-// must give every rank its shard; a corrupted checked one is found and its node named.
+// A reduce-scatter crosses nodes as parts (each node gets only its ranks' shards) where no node
+// would receive more than a ring gives it, else as an allreduce, and always as one when the
+// integrity check hashes it, so that every node has the whole reduced bucket to hash. Here
+// 64 KiB buckets of a set of 6 shards on 3 nodes (some split between nodes, some in one node's
+// shards) and a set of 4 elements (node 2 owns none) go both ways, checked (every third
+// operation) and not; every rank must get its shard, and a corrupted checked one is found.
 TEST_CASE("multi-node: reduce_scatter, checked and unchecked alternating, gives the shards and finds a corrupted node",
           "[integration][multinode][integrity]") {
-  TestCluster cluster(kNodes, {"--integrity-check-every", "2"});
-  ::setenv("GRADSYNCD_TEST_CORRUPT_RESULT_AT_OP", "6", 1);
+  TestCluster cluster(kNodes, {"--integrity-check-every", "3"});
+  ::setenv("GRADSYNCD_TEST_CORRUPT_RESULT_AT_OP", "12", 1);
   cluster.restart(2);  // with the cluster's flags, and the hook from the environment
   ::unsetenv("GRADSYNCD_TEST_CORRUPT_RESULT_AT_OP");
   const std::string job = unique_job("nodes-rs-integrity");
@@ -813,21 +815,35 @@ TEST_CASE("multi-node: reduce_scatter, checked and unchecked alternating, gives 
     tensors.push_back(client.allocate(TensorSpec{DType::kFloat32, 20'000, "dp"}));
     const TensorSet set = client.register_tensors(tensors, RegisterOptions{.bucket_cap_bytes = 65'536,
                                                                            .reduce_scatter = true});
+    // 4 elements over 6 ranks: node 2's ranks own no shard (its part is empty).
+    const std::vector<SharedTensor> tiny = {client.allocate(TensorSpec{DType::kFloat32, 4, "dp"})};
+    const TensorSet few = client.register_tensors(tiny, RegisterOptions{.reduce_scatter = true});
     const ReduceOptions modes[] = {{ReduceOp::kSum}, {ReduceOp::kAvg}, {ReduceOp::kMax},
                                    {ReduceOp::kAvg, Scaling::kBefore}, {ReduceOp::kMin}};
-    int op = 0;
+    // Operations 1-11 alternate the two sets (the main set's are the odd ones), so that with
+    // every third checked each set has checked and unchecked ones.
+    int seed = 0;
     for (const ReduceOptions& options : modes) {
-      ++op;
-      for (uint64_t t = 0; t < tensors.size(); ++t) fill_exact(tensors[t], rank, t, op);
+      ++seed;
+      for (uint64_t t = 0; t < tensors.size(); ++t) fill_exact(tensors[t], rank, t, seed);
+      fill_exact(tiny[0], rank, 0, seed);
       if (!client.reduce_scatter(set, options).wait(std::chrono::seconds(60))) return fail("reduce_scatter timed out");
-      if (int c = check_shard(set, tensors, options, all_ranks(), rank, op); c != kOk) return c;
+      if (int c = check_shard(set, tensors, options, all_ranks(), rank, seed); c != kOk) return c;
+      if (!client.reduce_scatter(few, options).wait(std::chrono::seconds(60))) return fail("reduce_scatter timed out");
+      if (int c = check_shard(few, tiny, options, all_ranks(), rank, seed); c != kOk) return c;
     }
+    ++seed;
+    for (uint64_t t = 0; t < tensors.size(); ++t) fill_exact(tensors[t], rank, t, seed);
+    if (!client.reduce_scatter(set, ReduceOptions{ReduceOp::kSum}).wait(std::chrono::seconds(60))) {
+      return fail("reduce_scatter 11 timed out");
+    }
+    if (int c = check_shard(set, tensors, ReduceOptions{ReduceOp::kSum}, all_ranks(), rank, seed); c != kOk) return c;
     try {
       client.reduce_scatter(set, ReduceOptions{ReduceOp::kSum}).wait(std::chrono::seconds(60));
-      return fail("operation 6 succeeded with node 2's copy corrupted");
+      return fail("operation 12 succeeded with node 2's copy corrupted");
     } catch (const Error& e) {
       const std::string& m = e.status().message();
-      if (m.find("silent data corruption: operation 6") == std::string::npos ||
+      if (m.find("silent data corruption: operation 12") == std::string::npos ||
           m.find("node 2 reduced it to different bytes than nodes 0 and 1") == std::string::npos) {
         return fail("unexpected error: " + m);
       }

@@ -1,6 +1,7 @@
 #include "daemon/backend/host/cross_node.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstring>
 #include <functional>
@@ -257,6 +258,11 @@ Status allreduce_staged(const BucketCall& c, ThreadPool& pool, const std::shared
   // Wire compression: the engine carries the node's float32 sums as the half type, each hop
   // rounding its sum (docs/how-it-works.md bounds the error); they are widened back after.
   const bool compressed = c.desc.wire != DType::kFloat32;
+  if (compressed && acc_size != sizeof(float)) {
+    // check_op admits a wire dtype on float32, float16 and bfloat16 sets only, which all
+    // accumulate in float32 (the stretches' scratch below is sized for it).
+    return Status::internal("wire compression of a bucket that does not accumulate in float32");
+  }
   ReduceSpec spec = spec_of(c.args);
   if (compressed) {
     spec.wire = c.desc.wire;
@@ -289,14 +295,14 @@ Status allreduce_staged(const BucketCall& c, ThreadPool& pool, const std::shared
       const Piece& p = pieces[i];
       const uint64_t at = set.offset_in_bucket[p.tensor] + p.first;
       std::vector<const void*> inputs(members.size());
-      std::vector<std::byte> scratch(compressed ? kStretch * acc_size : 0);
+      alignas(64) std::array<std::byte, kStretch * sizeof(float)> scratch;  // compressed: float32 sums
       const uint64_t step = compressed ? kStretch : p.count;
       for (uint64_t done = 0; done < p.count; done += step) {
         const uint64_t n = std::min(step, p.count - done);
         for (size_t m = 0; m < members.size(); ++m) {
           inputs[m] = set.address[members[m]][p.tensor] + (p.first + done) * element;
         }
-        std::byte* sums = compressed ? scratch.data() : acc + (at + done) * acc_size;
+        std::byte* const sums = compressed ? scratch.data() : acc + (at + done) * acc_size;
         reduce::accumulate(c.args, inputs, sums, n);
         if (compressed) reduce::simd::narrow(c.desc.wire, carried + (at + done) * carried_size, sums, n);
       }
@@ -309,17 +315,19 @@ Status allreduce_staged(const BucketCall& c, ThreadPool& pool, const std::shared
       const Piece& p = pieces[i];
       const uint64_t at = set.offset_in_bucket[p.tensor] + p.first;
       std::vector<void*> outputs(members.size());
-      std::vector<std::byte> scratch(compressed ? kStretch * acc_size : 0);
+      alignas(64) std::array<std::byte, kStretch * sizeof(float)> scratch;  // compressed: float32 sums
       const uint64_t step = compressed ? kStretch : p.count;
       for (uint64_t done = 0; done < p.count; done += step) {
         const uint64_t n = std::min(step, p.count - done);
         for (size_t m = 0; m < members.size(); ++m) {
           outputs[m] = set.address[members[m]][p.tensor] + (p.first + done) * element;
         }
-        const std::byte* sums = acc + (at + done) * acc_size;
+        const std::byte* sums = nullptr;
         if (compressed) {
           reduce::simd::widen(c.desc.wire, scratch.data(), carried + (at + done) * carried_size, n);
           sums = scratch.data();
+        } else {
+          sums = acc + (at + done) * acc_size;
         }
         reduce::finish(fan_out, sums, outputs, n);
       }
@@ -349,6 +357,23 @@ Status allreduce_staged(const BucketCall& c, ThreadPool& pool, const std::shared
   }
   finish(slices - 1);
   return Status();
+}
+
+// Whether a reduce-scatter bucket crosses as its parts (the engine's reduce_scatter: node j
+// receives (N - 1) x parts[j] and sends the bucket less its own part) rather than as an
+// allreduce (a ring: every node sends and receives 2 (N - 1) / N of the bucket). As parts it
+// moves half the bytes in all, but a bucket that falls mostly in one node's shards would have
+// every other node send that node the whole bucket: a bucket is only sent as parts when no node
+// receives more than the ring would give it, max(parts) <= 2 x bucket / N (any bucket on 2
+// nodes; an even split on any number). Buckets smaller than a node's share (the default cap
+// on a large set) mostly fall in one node's shards, and cross as an allreduce.
+bool as_parts(const std::vector<uint64_t>& parts) {
+  uint64_t total = 0, largest = 0;
+  for (uint64_t p : parts) {
+    total += p;
+    largest = std::max(largest, p);
+  }
+  return parts.size() >= 2 && largest * parts.size() <= 2 * total;
 }
 
 // Where a reduction's results go: every participant's tensors (allreduce), the root's (reduce),
@@ -422,6 +447,10 @@ Status reduce_across(const BucketCall& c, ThreadPool& pool, const std::shared_pt
   auto from_wire = [&](uint64_t first, uint64_t count) {
     if (compressed) reduce::simd::widen(c.desc.wire, acc + first * acc_size, carried(first), count);
   };
+  // A reduce-scatter's parts per node, from the layout every node checked (so every node makes
+  // the same choice below).
+  const std::vector<uint64_t> parts_of_bucket =
+      results == Results::kShards ? node_parts(set, c.bucket, *c.topology) : std::vector<uint64_t>{};
   if (to_root) {
     const int root = c.desc.root;
     const int root_node = group_node_of(*c.topology, group, root);
@@ -434,10 +463,10 @@ Status reduce_across(const BucketCall& c, ThreadPool& pool, const std::shared_pt
     }
     if (root / c.topology->local_world_size == c.topology->node) root_local = root % c.topology->local_world_size;
     if (status.ok() && root_local >= 0) from_wire(0, elements);
-  } else if (results == Results::kShards && !checked) {
+  } else if (results == Results::kShards && !checked && as_parts(parts_of_bucket)) {
     // One call for the whole bucket: no node works in place for a reduce-scatter, so there is
     // no other node's slicing to match, and each node's combine runs as its part arrives.
-    const std::vector<uint64_t> parts = node_parts(set, c.bucket, *c.topology);
+    const std::vector<uint64_t>& parts = parts_of_bucket;
     const size_t me = static_cast<size_t>(c.engine->node());
     uint64_t own_first = 0;
     for (size_t n = 0; n < me; ++n) own_first += parts[n];

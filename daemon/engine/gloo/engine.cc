@@ -90,7 +90,8 @@ struct EngineState {
   bool stopping GS_GUARDED_BY(mutex) = false;
   Status failure;                                  // engine thread only
   // reduce_scatter's copies of this node's part, kept between calls so that a step does not
-  // fault fresh pages in (engine thread only; it grows to the largest part times nodes).
+  // fault fresh pages in (engine thread only; it grows to the largest part times nodes, at most
+  // twice the largest bucket sent as parts, host/cross_node.cc's as_parts, and is never shrunk).
   std::vector<uint8_t> received;
 
   // Runs the calls in order until the engine is closed.
@@ -212,7 +213,10 @@ class GlooEngine final : public HostCollectiveEngine {
   // `int` counts whose result layout is its own, not the node-major parts this contract asks
   // for: this is Gloo's alltoallv, which sends each node its part directly, then this node's
   // combine of the copies it received, in node order, on the engine's thread as Gloo's own
-  // combines run.
+  // combines run. Unlike theirs, the combine runs after Gloo returned, so an abort's 500 ms
+  // wait may answer the call while it still writes this node's part: the caller's buffers stay
+  // alive in Done (engine contract), and the caller gives the next bucket fresh ones while a
+  // call still holds them (host/cross_node.cc).
   void reduce_scatter(void* data, std::span<const uint64_t> counts, const ReduceSpec& spec,
                       EngineDone done) override {
     post("reduce_scatter", std::move(done),

@@ -16,6 +16,7 @@ reduce, the DDP hook with HookState(client, group, wire_dtype) (the same rules),
 float16's range (divided before the sum under a wire dtype, as NCCL's avg is), and a
 new_group without options of its own, which inherits the default group's; each against the exact
 expectation and against the default's, so that it shows the setting took effect."""
+import copy
 import os
 
 import torch
@@ -163,11 +164,30 @@ def main():
             if "wire_dtype must be None, 'native', torch.bfloat16 or torch.float16" not in str(e):
                 failures.append(f"Options(wire_dtype={bad!r}): {e}")
         try:
-            gradsync.torch.HookState(None, None, bad)
+            gradsync.torch.HookState(gradsync.torch.client_of(), None, bad)
             failures.append(f"HookState(wire_dtype={bad!r}) was accepted")
         except gradsync.InvalidArgumentError as e:
             if "gradsync.torch.HookState: wire_dtype must be None" not in str(e):
                 failures.append(f"HookState(wire_dtype={bad!r}): {e}")
+    # HookState: copies keep the fields; a client that is not one, a torch group as the group and
+    # a tuple state of the wrong length are refused, naming what is wrong.
+    client = gradsync.torch.client_of()
+    state = gradsync.torch.HookState(client, None, "bfloat16")
+    copied = copy.copy(state)
+    if (copied.client, copied.group, copied.wire_dtype) != (client, None, torch.bfloat16):
+        failures.append(f"a copy of a HookState is {copied!r}")
+    refusals = [(lambda: gradsync.torch.HookState("client"), "client must be a gradsync.Client"),
+                (lambda: gradsync.torch.HookState(client, dist.distributed_c10d._get_default_group()),
+                 "a torch ProcessGroup is not one"),
+                (lambda: gradsync.torch.allreduce_hook((client, None, None, None), _Bucket(torch.ones(4), 0)),
+                 "not a tuple of 4")]
+    for make, text in refusals:
+        try:
+            make()
+            failures.append(f"accepted, expected a refusal saying {text!r}")
+        except gradsync.InvalidArgumentError as e:
+            if text not in str(e):
+                failures.append(f"refusal {e} does not say {text!r}")
     try:
         gradsync.torch.Options(wire_dtype="native").wire_dtype = torch.bfloat16
         failures.append("Options.wire_dtype could be changed after construction")

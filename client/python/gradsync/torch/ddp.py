@@ -27,6 +27,7 @@ import threading
 
 import torch
 
+from ..client import Client
 from ..errors import InvalidArgumentError
 from . import _coalesced, _wire, sparse
 from ._pg_waiter import Waiter
@@ -40,7 +41,18 @@ class HookState(tuple):
     __slots__ = ()
 
     def __new__(cls, client, group=None, wire_dtype=None):
-        return super().__new__(cls, (client, group, _wire.setting(wire_dtype, "gradsync.torch.HookState")))
+        who = "gradsync.torch.HookState"
+        if not isinstance(client, Client):
+            raise InvalidArgumentError(f"{who}: client must be a gradsync.Client (gradsync.connect(), or "
+                                       f"gradsync.torch.client_of(group)), not {type(client).__name__}")
+        if group is not None and not isinstance(group, str):
+            raise InvalidArgumentError(f"{who}: group must be None or the name of a group declared at connect(), "
+                                       f"not {type(group).__name__} (a torch ProcessGroup is not one)")
+        return super().__new__(cls, (client, group, _wire.setting(wire_dtype, who)))
+
+    def __getnewargs__(self):
+        # What copy and pickle call __new__ with: the three fields, not the tuple as the client.
+        return tuple(self)
 
     client = property(lambda self: self[0])
     group = property(lambda self: self[1])
@@ -59,7 +71,7 @@ def _unpack(state):
             raise InvalidArgumentError(f"gradsync allreduce_hook: the state is a client, (client, group) or "
                                        f"HookState(client, group, wire_dtype), not a tuple of {len(state)}")
         return tuple(HookState(*state))
-    return state, None, None
+    return tuple(HookState(state))
 
 
 class _Outcome:
@@ -129,7 +141,6 @@ def allreduce_hook(state, bucket):
     when the state is (client, group); HookState(client, group, wire_dtype) also sets what
     crosses nodes. When the reduction fails, backward() raises gradsync's
     error (gradsync.PeerLostError when a rank was lost, ...), not a RuntimeError."""
-    client, group, wire_setting = _unpack(state)
     tensor = _bucket_tensor(bucket)
     if tensor.is_cuda:
         future = torch.futures.Future(devices=[tensor.device])
@@ -138,16 +149,26 @@ def allreduce_hook(state, bucket):
         future = torch.futures.Future()
         stream = None
     outcome = _Outcome()
+
+    def failed(error):
+        """The hook's answer to an error (a bad state, a failed job): raised at the end of
+        backward, as it is, and the future failed with it; raised here outside backward."""
+        outcome.fail(future, error)
+        if not _at_backward_end(outcome):
+            raise error
+        return future
+
+    try:
+        client, group, wire_setting = _unpack(state)
+    except Exception as e:
+        return failed(e)
     if tensor.is_sparse:
         # A sparse gradient (nn.Embedding(sparse=True)): gathered and summed in the call
         # (gradsync.torch.sparse); DDP takes the coalesced average as the parameter's gradient.
         try:
             future.set_result(sparse.allreduce(client, [tensor], "avg", None, group).wait()[0])
         except Exception as e:
-            outcome.fail(future, e)
-            if not _at_backward_end(outcome):
-                raise
-            return future
+            return failed(e)
         outcome.done.set()
         return future
     try:
@@ -155,10 +176,7 @@ def allreduce_hook(state, bucket):
         work = _coalesced.allreduce(client, [tensor], "avg", None, _wire.avg_prescaled("avg", wire), None, 0, group,
                                     tag=("ddp", bucket.index()), wire_dtype=wire)
     except Exception as e:  # the job failed already, say: raised at the end of backward, as it is
-        outcome.fail(future, e)
-        if not _at_backward_end(outcome):
-            raise
-        return future
+        return failed(e)
     _waiter(client).queue.put((_HookWork(work), tensor, future, stream, outcome))
     _at_backward_end(outcome)
     return future
