@@ -38,9 +38,10 @@ inline constexpr uint32_t kProtocolVersion = 5;
 //   8: Gloo's mesh: node 0 publishes each other rank's column of the pair addresses
 //      ("col_<s>", or "whole"), which that rank reads instead of every rank's list (a rank of
 //      protocol 7 as node 0 would never publish it)
-//   9: a reduce-scatter bucket crosses as each node's part sent to that node (Gloo's
-//      alltoallv), not as an allreduce; a staged allreduce of a half-type bucket crosses in
-//      slice_bytes slices of its float32 sums, not in one call
+//   9: a reduce-scatter bucket whose largest node part is at most 2/N of it (node_parts_even)
+//      crosses as each node's part sent to that node (Gloo's alltoallv), not as an allreduce;
+//      a staged allreduce of a half-type bucket crosses in slice_bytes slices of its float32
+//      sums, not in one call
 inline constexpr uint32_t kCrossNodeProtocol = 9;
 
 }  // namespace gradsync

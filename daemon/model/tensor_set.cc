@@ -169,6 +169,15 @@ std::vector<uint64_t> node_parts(const TensorSet& set, size_t bucket, const Topo
   return parts;
 }
 
+bool node_parts_even(const std::vector<uint64_t>& parts) {
+  uint64_t total = 0, largest = 0;
+  for (uint64_t p : parts) {
+    total += p;
+    largest = std::max(largest, p);
+  }
+  return parts.size() >= 2 && largest * parts.size() <= 2 * total;
+}
+
 ShardRange TensorSet::shard(uint32_t local_rank) const {
   if (local_rank >= shard_index.size() || shard_index[local_rank] < 0 || layout.empty()) return ShardRange{};
   return shard_of(flat_elements, shard_group_size, static_cast<uint64_t>(shard_index[local_rank]));

@@ -110,6 +110,16 @@ std::vector<ShardPiece> shard_pieces(const TensorSet& set, size_t bucket, uint32
 // bucket_elements[bucket]; every node computes the same from the layout it checked.
 std::vector<uint64_t> node_parts(const TensorSet& set, size_t bucket, const Topology& topology);
 
+// Whether a reduce-scatter bucket with these node parts crosses as its parts (the engine's
+// reduce_scatter: node j receives (N - 1) x parts[j] and sends the bucket less its own part)
+// rather than as an allreduce (a ring: every node sends and receives 2 (N - 1) / N of the
+// bucket). As parts it moves half the bytes in all, but a bucket that falls mostly in one
+// node's shards would have every other node send that node the whole bucket: so only when no
+// node receives more than the ring would give it, max(parts) <= 2 x bucket / N (any bucket on
+// 2 nodes; an even split on any number). Buckets smaller than a node's share (the default cap
+// on a large set) mostly fall in one node's shards, and cross as an allreduce.
+bool node_parts_even(const std::vector<uint64_t>& parts);
+
 // Splits every bucket into runs and fills offset_in_bucket and bucket_elements. `address`
 // must already be filled.
 void build_runs(TensorSet* set);

@@ -46,8 +46,11 @@ class LingeringEngine final : public HostCollectiveEngine {
                       EngineDone done) override {
     uint64_t count = 0;
     for (uint64_t part : counts) count += part;
+    scattered_ = true;
     hold(data, count * dtype_size(spec.wire.value_or(reduce::accumulation_dtype(spec.element))), std::move(done));
   }
+  // Whether a reduce_scatter call was made (the test thread reads it once the call was).
+  bool scattered() const { return scattered_; }
 
   void abort(const Status& why) override {
     EngineDone answer;
@@ -98,6 +101,7 @@ class LingeringEngine final : public HostCollectiveEngine {
   std::condition_variable called_;
   Status aborted_;  // guarded by mutex_
   Held held_;       // guarded by mutex_
+  std::atomic<bool> scattered_{false};
 };
 
 // Host memory standing in for a client's mapped segment; records when it is released.
@@ -269,6 +273,7 @@ TEST_CASE("cross-node: a compressed bucket's wire buffer and a reduce-scatter's 
     ThreadPool pool(1);
     auto buffers = std::make_shared<NodeBuffers>();
     CHECK(b.run_and_abort(pool, buffers).code() == ErrorCode::kAborted);
+    CHECK(b.engine.scattered() == scatter);  // 2 nodes: the bucket crosses as parts
     const std::weak_ptr<NodeBuffers> held = buffers;
     buffers.reset();  // the caller lets go; the call still holds them
     CHECK_FALSE(held.expired());

@@ -1132,6 +1132,54 @@ TEST_CASE("multi-node: buckets larger than --gloo-slice-bytes cross in pipelined
   for (int status : statuses) CHECK(exit_code(status) == kOk);
 }
 
+// Every path a reduce-scatter bucket can take across 3 nodes, each bit-exact (the values' sums
+// are exact even in bfloat16, so a bfloat16 wire rounds nothing): as parts or as an allreduce
+// (64 KiB buckets cut the 6 shards, so some split between nodes and some lie in one node's),
+// checked (every third operation) or not, for float32, bfloat16 and int32, uncompressed and with
+// their bfloat16 wire; and a set of 4 elements, whose node 2 owns no shard.
+TEST_CASE("multi-node: reduce_scatter as parts or as an allreduce, every dtype path, checked or not, bit-exact",
+          "[integration][multinode]") {
+  TestCluster cluster(kNodes, {"--integrity-check-every", "3"});
+  const std::string job = unique_job("nodes-rs-paths");
+  const auto statuses = run_job(cluster, job, [&](int rank, Client& client) {
+    struct Path {
+      DType dtype;
+      std::optional<DType> wire;
+    };
+    const Path paths[] = {{DType::kFloat32, std::nullopt},
+                          {DType::kBFloat16, std::nullopt},
+                          {DType::kInt32, std::nullopt},
+                          {DType::kFloat32, DType::kBFloat16},
+                          {DType::kBFloat16, DType::kBFloat16}};
+    const ReduceOptions modes[] = {{ReduceOp::kSum}, {ReduceOp::kAvg}, {ReduceOp::kMax},
+                                   {ReduceOp::kAvg, Scaling::kBefore}, {ReduceOp::kMin}};
+    int seed = 100;
+    for (const Path& path : paths) {
+      std::vector<SharedTensor> tensors = client.allocate_flat(
+          std::vector<TensorSpec>{{path.dtype, 30'011, "dp"}, {path.dtype, 7, "dp"}});
+      tensors.push_back(client.allocate(TensorSpec{path.dtype, 20'000, "dp"}));
+      const TensorSet set = client.register_tensors(
+          tensors, RegisterOptions{.bucket_cap_bytes = 65'536 / dtype_size(path.dtype) * 2, .reduce_scatter = true});
+      const std::vector<SharedTensor> tiny = {client.allocate(TensorSpec{path.dtype, 4, "dp"})};
+      const TensorSet few = client.register_tensors(tiny, RegisterOptions{.reduce_scatter = true});
+      for (ReduceOptions options : modes) {
+        if (options.op == ReduceOp::kAvg && !dtype_is_floating(path.dtype)) continue;
+        options.wire_dtype = path.wire;
+        ++seed;
+        for (uint64_t t = 0; t < tensors.size(); ++t) fill_exact(tensors[t], rank, t, seed);
+        fill_exact(tiny[0], rank, 0, seed);
+        const std::string what = std::string(dtype_name(path.dtype)) + (path.wire ? " with a bfloat16 wire" : "");
+        if (!client.reduce_scatter(set, options).wait(std::chrono::seconds(60))) return fail(what + " timed out");
+        if (int c = check_shard(set, tensors, options, all_ranks(), rank, seed); c != kOk) return c;
+        if (!client.reduce_scatter(few, options).wait(std::chrono::seconds(60))) return fail(what + " timed out");
+        if (int c = check_shard(few, tiny, options, all_ranks(), rank, seed); c != kOk) return c;
+      }
+    }
+    return kOk;
+  });
+  for (int status : statuses) CHECK(exit_code(status) == kOk);
+}
+
 // Node 0's clients hold the set as one flat buffer and reduce in place; the other nodes' hold
 // it tensor by tensor and stage it (allreduce_staged), in pipelined slices too: both must make
 // the same engine calls. The half-type buckets are staged on every node and cross in slices of

@@ -88,4 +88,19 @@ TEST_CASE("node parts: each node's stretch of a reduce-scatter bucket, one after
   check(Case{5, 1, {12'345}, 8192, {}});
 }
 
+TEST_CASE("node parts: a bucket crosses as parts only where no node receives more than a ring gives it",
+          "[unit][node_parts]") {
+  CHECK(node_parts_even({5, 5}));
+  CHECK(node_parts_even({10, 0}));  // 2 nodes: (N - 1) x 10 = 10 <= 2 (N - 1) / N x 10
+  CHECK(node_parts_even({4, 4, 4}));
+  CHECK(node_parts_even({6, 3, 0}));  // at the bound: 3 x 6 == 2 x 9
+  CHECK_FALSE(node_parts_even({7, 2, 0}));
+  CHECK_FALSE(node_parts_even({0, 7, 0}));
+  CHECK(node_parts_even({16'674, 13'337, 16'670, 1}));  // 4 x 16674 <= 2 x 46682
+  CHECK_FALSE(node_parts_even({20, 1, 1, 1}));          // 4 x 20 > 2 x 23
+  CHECK(node_parts_even({16'674, 13'337, 0}));
+  CHECK(node_parts_even({0, 0}));    // an empty bucket: no call on any node either way
+  CHECK_FALSE(node_parts_even({9}));  // one node: nothing crosses
+}
+
 }  // namespace gradsync

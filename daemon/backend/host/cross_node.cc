@@ -359,31 +359,15 @@ Status allreduce_staged(const BucketCall& c, ThreadPool& pool, const std::shared
   return Status();
 }
 
-// Whether a reduce-scatter bucket crosses as its parts (the engine's reduce_scatter: node j
-// receives (N - 1) x parts[j] and sends the bucket less its own part) rather than as an
-// allreduce (a ring: every node sends and receives 2 (N - 1) / N of the bucket). As parts it
-// moves half the bytes in all, but a bucket that falls mostly in one node's shards would have
-// every other node send that node the whole bucket: a bucket is only sent as parts when no node
-// receives more than the ring would give it, max(parts) <= 2 x bucket / N (any bucket on 2
-// nodes; an even split on any number). Buckets smaller than a node's share (the default cap
-// on a large set) mostly fall in one node's shards, and cross as an allreduce.
-bool as_parts(const std::vector<uint64_t>& parts) {
-  uint64_t total = 0, largest = 0;
-  for (uint64_t p : parts) {
-    total += p;
-    largest = std::max(largest, p);
-  }
-  return parts.size() >= 2 && largest * parts.size() <= 2 * total;
-}
-
 // Where a reduction's results go: every participant's tensors (allreduce), the root's (reduce),
 // or each participant's shard output (reduce-scatter).
 enum class Results { kEveryone, kRoot, kShards };
 
-// Reduce-scatter crosses nodes as the engine's reduce_scatter: each node's stretch of the bucket
-// (node_parts: its ranks' shards) goes only to that node, half the bytes of an allreduce, and
-// each node finishes just its ranks' shards. A checked one crosses as an allreduce instead, so
-// that every node holds the whole reduced bucket to hash.
+// Reduce-scatter crosses nodes as the engine's reduce_scatter where the bucket's node parts are
+// even enough (node_parts_even): each node's stretch of the bucket (node_parts: its ranks'
+// shards) goes only to that node, half the bytes of an allreduce. Other buckets, and a checked
+// one (so that every node holds the whole reduced bucket to hash), cross as an allreduce. Each
+// node finishes just its ranks' shards.
 // `checked`: the integrity check hashes this operation's reduced copy. It is then staged on
 // every node, so that every node hashes the same stage (the carried sums, before any divide):
 // in place, the node buffer is the clients' memory, which the finish overwrites with the
@@ -463,7 +447,7 @@ Status reduce_across(const BucketCall& c, ThreadPool& pool, const std::shared_pt
     }
     if (root / c.topology->local_world_size == c.topology->node) root_local = root % c.topology->local_world_size;
     if (status.ok() && root_local >= 0) from_wire(0, elements);
-  } else if (results == Results::kShards && !checked && as_parts(parts_of_bucket)) {
+  } else if (results == Results::kShards && !checked && node_parts_even(parts_of_bucket)) {
     // One call for the whole bucket: no node works in place for a reduce-scatter, so there is
     // no other node's slicing to match, and each node's combine runs as its part arrives.
     const std::vector<uint64_t>& parts = parts_of_bucket;
@@ -489,9 +473,10 @@ Status reduce_across(const BucketCall& c, ThreadPool& pool, const std::shared_pt
       if (status.ok()) from_wire(first, count);
     }
   } else {
-    // A reduce (every node here), a reduce-scatter the integrity check hashes, or an allreduce
-    // with health or a mask (every node here too, as the header says): a dtype that
-    // accumulates in itself in slice_bytes slices, the half types in one call.
+    // A reduce (every node here), a reduce-scatter not sent as parts or that the integrity
+    // check hashes, or an allreduce with health or a mask (every node here too, as the header
+    // says): a dtype that accumulates in itself in slice_bytes slices, the half types in one
+    // call.
     const uint64_t slice = acc_type == c.args.dtype ? std::max<uint64_t>(1, c.engine->slice_bytes() / acc_size) : elements;
     for (uint64_t first = 0; first < elements && status.ok(); first += slice) {
       const uint64_t count = std::min(slice, elements - first);

@@ -91,7 +91,7 @@ struct EngineState {
   Status failure;                                  // engine thread only
   // reduce_scatter's copies of this node's part, kept between calls so that a step does not
   // fault fresh pages in (engine thread only; it grows to the largest part times nodes, at most
-  // twice the largest bucket sent as parts, host/cross_node.cc's as_parts, and is never shrunk).
+  // twice the largest bucket sent as parts, node_parts_even in model/tensor_set.h, and is never shrunk).
   std::vector<uint8_t> received;
 
   // Runs the calls in order until the engine is closed.

@@ -51,7 +51,8 @@ class HookState(tuple):
         return super().__new__(cls, (client, group, _wire.setting(wire_dtype, who)))
 
     def __getnewargs__(self):
-        # What copy and pickle call __new__ with: the three fields, not the tuple as the client.
+        # What copy.copy calls __new__ with: the three fields, not the tuple as the client (a
+        # deepcopy or pickle fails anyway, on the client's handles).
         return tuple(self)
 
     client = property(lambda self: self[0])
