@@ -178,6 +178,19 @@ class Client:
         if handle:
             _check(_lib.lib().gs_client_abort(handle, str(why).encode()))
 
+    # A client is this process's connection to its daemon: a copy is the same connection (so that
+    # copy.deepcopy of a model whose DDP comm hook state holds it, as torch's AveragedModel
+    # makes, works), and it cannot be pickled into another process.
+    def __copy__(self):
+        return self
+
+    def __deepcopy__(self, memo):
+        return self
+
+    def __reduce__(self):
+        raise TypeError("a gradsync.Client cannot be pickled: it is this process's connection to its gradsyncd; "
+                        "connect again in the other process (gradsync.connect())")
+
     def __enter__(self):
         return self
 

@@ -5,7 +5,9 @@
 Saves the final parameters to OUT_rank.pt and prints the client's staging counters over the
 training steps.
 usage: train.py MODE OUT STEPS [cuda]"""
+import copy
 import os
+import pickle
 import sys
 
 import torch
@@ -59,6 +61,21 @@ def main():
         if mode == "gradbuffer":
             buffer.wait()
         optimizer.step()
+    if mode == "hook":
+        # A deep copy of the DDP model (what torch.optim.swa_utils.AveragedModel makes): torch 2.x
+        # copies the comm hook's state with it, the client, which copies as itself.
+        twin = copy.deepcopy(net)
+        if copy.deepcopy(client) is not client or copy.copy(client) is not client:
+            raise AssertionError("a copy of the client is another object")
+        for a, b in zip(twin.parameters(), net.parameters()):
+            if not torch.equal(a, b):
+                raise AssertionError("the deep copy's parameters differ")
+        try:
+            pickle.dumps(client)
+            raise AssertionError("a client was pickled")
+        except TypeError as e:
+            if "cannot be pickled" not in str(e):
+                raise
     module = net.module if isinstance(net, DDP) else net
     torch.save({k: v.detach().cpu() for k, v in module.state_dict().items()}, f"{out}_{rank}.pt")
     if client is not None:
