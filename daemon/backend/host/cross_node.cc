@@ -135,6 +135,39 @@ ReduceSpec spec_of(const reduce::KernelArgs& args) {
   return ReduceSpec{args.combine, args.dtype, args.wide_accumulate};
 }
 
+// One slice's engine allreduce, started now and timed as collective time from its start to its
+// answer (on the engine's thread, overlapping the local work on the neighbouring slices).
+// `owner`, what the slice lives in, rides in the Done (engine.h).
+std::future<Status> carry_slice(const BucketCall& c, void* data, uint64_t count, size_t carried_size,
+                                const ReduceSpec& spec, std::shared_ptr<const void> owner) {
+  auto done = std::make_shared<std::promise<Status>>();
+  std::future<Status> answer = done->get_future();
+  const auto started = std::chrono::steady_clock::now();
+  std::chrono::nanoseconds* into = collective_time(c);
+  count_carried(c, count * carried_size);
+  c.engine->allreduce(data, count, spec, [done, started, into, owner = std::move(owner)](const Status& status) {
+    if (into) *into += std::chrono::steady_clock::now() - started;
+    done->set_value(status);
+  });
+  return answer;
+}
+
+// A bucket's pipeline over `slices` slices: while the engine carries slice k, the pool
+// accumulates slice k + 1 and finishes slice k - 1.
+template <class Accumulate, class Carry, class Finish>
+Status run_pipeline(size_t slices, const Accumulate& accumulate, const Carry& carry, const Finish& finish) {
+  if (slices == 0) return Status();
+  accumulate(0);
+  for (size_t k = 0; k < slices; ++k) {
+    std::future<Status> answer = carry(k);
+    if (k + 1 < slices) accumulate(k + 1);
+    if (k > 0) finish(k - 1);
+    if (Status s = answer.get(); !s.ok()) return s;
+  }
+  finish(slices - 1);
+  return Status();
+}
+
 // The common case of a flat float32/float64/integer gradient buffer: the first participant's
 // memory is the node buffer, so nothing is staged in the daemon. A bucket larger than the
 // engine's slice_bytes() is cut into slices and pipelined: while the engine carries slice k
@@ -192,33 +225,11 @@ Status allreduce_in_place(const BucketCall& c, ThreadPool& pool, Reduced* reduce
     });
   };
   // The engine carries slice k on its own (persistent) thread while this one prepares the next.
-  const auto pinned = regions_overlapping(set, node_buffer, node_buffer + elements * element);
-  auto carry = [&](size_t k) {
+  const std::shared_ptr<const void> pinned = regions_overlapping(set, node_buffer, node_buffer + elements * element);
+  return run_pipeline(slices, accumulate, [&](size_t k) {
     const uint64_t first = k * slice;
-    auto done = std::make_shared<std::promise<Status>>();
-    std::future<Status> carried = done->get_future();
-    // Each slice's collective is timed from its start to its answer (on the engine's thread);
-    // it overlaps the local work on the next and previous slices.
-    const auto started = std::chrono::steady_clock::now();
-    std::chrono::nanoseconds* into = collective_time(c);
-    count_carried(c, std::min(slice, elements - first) * element);
-    c.engine->allreduce(node_buffer + first * element, std::min(slice, elements - first), spec,
-                        [done, started, into, pinned](const Status& status) {
-                          if (into) *into += std::chrono::steady_clock::now() - started;
-                          done->set_value(status);
-                        });
-    return carried;
-  };
-
-  accumulate(0);
-  for (size_t k = 0; k < slices; ++k) {
-    std::future<Status> carried = carry(k);
-    if (k + 1 < slices) accumulate(k + 1);
-    if (k > 0) finish(k - 1);
-    if (Status s = carried.get(); !s.ok()) return s;
-  }
-  finish(slices - 1);
-  return Status();
+    return carry_slice(c, node_buffer + first * element, std::min(slice, elements - first), element, spec, pinned);
+  }, finish);
 }
 
 // Canonical range [first, first + count) of the bucket as pieces of its tensors, cut so that
@@ -333,30 +344,11 @@ Status allreduce_staged(const BucketCall& c, ThreadPool& pool, const std::shared
       }
     });
   };
-  auto carry = [&](size_t k) {
-    const uint64_t first = k * slice, count = std::min(slice, elements - first);
-    auto done = std::make_shared<std::promise<Status>>();
-    std::future<Status> answer = done->get_future();
-    const auto started = std::chrono::steady_clock::now();
-    std::chrono::nanoseconds* into = collective_time(c);
-    count_carried(c, count * carried_size);
-    c.engine->allreduce(carried + first * carried_size, count, spec,
-                        [done, started, into, buffers](const Status& status) {
-                          if (into) *into += std::chrono::steady_clock::now() - started;
-                          done->set_value(status);
-                        });
-    return answer;
-  };
-  if (slices == 0) return Status();
-  accumulate(0);
-  for (size_t k = 0; k < slices; ++k) {
-    std::future<Status> answer = carry(k);
-    if (k + 1 < slices) accumulate(k + 1);
-    if (k > 0) finish(k - 1);
-    if (Status s = answer.get(); !s.ok()) return s;
-  }
-  finish(slices - 1);
-  return Status();
+  return run_pipeline(slices, accumulate, [&](size_t k) {
+    const uint64_t first = k * slice;
+    return carry_slice(c, carried + first * carried_size, std::min(slice, elements - first), carried_size, spec,
+                       buffers);
+  }, finish);
 }
 
 // Where a reduction's results go: every participant's tensors (allreduce), the root's (reduce),
