@@ -43,6 +43,42 @@ reduce::HealthBlock functor_health(DType dtype, const HealthItem& item) {
   return block;
 }
 
+// Moderate values in every client's tensors (the fixture's random ones hold an inf in nearly
+// every block).
+void fill_moderate(Fixture& f, DType dtype) {
+  for (int c = 0; c < kClients; ++c) {
+    for (size_t t = 0; t < f.set->layout.size(); ++t) {
+      for (uint64_t i = 0; i < f.set->layout[t].numel; ++i) {
+        const double v = static_cast<double>(static_cast<int>((i * 7 + c * 3 + t) % 17) - 8) / 4;
+        reduce::cases::store_exact(dtype, f.set->address[c][t] + i * dtype_size(dtype), v);
+      }
+    }
+  }
+}
+
+// An allreduce with health of every bucket of the fixture's set, each answered ok; across two
+// GPUs (`engines` given) not at enqueue, even device-ordered, but once the GPUs are through.
+std::shared_ptr<std::vector<reduce::HealthBlock>> allreduce_with_health(Fixture& f, CudaExecutor& executor,
+                                                                        HostDeviceEngines* engines,
+                                                                        const reduce::KernelArgs& args) {
+  auto health = std::make_shared<std::vector<reduce::HealthBlock>>(f.set->health_blocks);
+  for (size_t b = 0; b < f.set->plan.buckets.size(); ++b) {
+    BucketCall call = f.call(OpKind::kAllreduce, 1, b);
+    call.args = args;
+    call.desc.health = true;
+    call.health = health;
+    if (engines) {
+      REQUIRE(launch_and_finish(f, executor, *engines, call, true).ok());
+    } else {
+      std::optional<Status> answer;
+      executor.launch(call, [&](const Status& s) { answer = s; });
+      REQUIRE(answer.has_value());
+      REQUIRE(answer->ok());
+    }
+  }
+  return health;
+}
+
 }  // namespace
 
 TEST_CASE("cuda health: the functor's blocks equal the host's bit for bit, every floating dtype", "[cuda][health]") {
@@ -128,14 +164,7 @@ TEST_CASE("cuda executor: a device allreduce's health equals the host's, answere
         Fixture f(dtype, across ? std::vector<int>{0, 0, 1} : std::vector<int>{0, 0, 0});
         // Moderate values (the fixture's random ones hold an inf in nearly every block), and one
         // inf: in client 1's tensor 3 (9000 elements: blocks 0-2), in its second block.
-        for (int c = 0; c < kClients; ++c) {
-          for (size_t t = 0; t < f.set->layout.size(); ++t) {
-            for (uint64_t i = 0; i < f.set->layout[t].numel; ++i) {
-              const double v = static_cast<double>(static_cast<int>((i * 7 + c * 3 + t) % 17) - 8) / 4;
-              reduce::cases::store_exact(dtype, f.set->address[c][t] + i * dtype_size(dtype), v);
-            }
-          }
-        }
+        fill_moderate(f, dtype);
         test::store_as(dtype, f.set->address[1][3] + 5000 * dtype_size(dtype), INFINITY);
         f.original = f.memory;
         if (ordered) add_event_rings(f);
@@ -150,22 +179,7 @@ TEST_CASE("cuda executor: a device allreduce's health equals the host's, answere
             REQUIRE(executor.admit(*f.set, SetAdmission{"j", &local, &f.topology}).ok());
           }
           const reduce::KernelArgs args{.dtype = dtype, .scale = reduce::Scale::kAfter, .divisor = 3};
-          auto health = std::make_shared<std::vector<reduce::HealthBlock>>(f.set->health_blocks);
-          for (size_t b = 0; b < f.set->plan.buckets.size(); ++b) {
-            BucketCall call = f.call(OpKind::kAllreduce, 1, b);
-            call.args = args;
-            call.desc.health = true;
-            call.health = health;
-            if (across) {
-              // Not at enqueue, even device-ordered: only once the GPUs are through.
-              REQUIRE(launch_and_finish(f, executor, engines, call, true).ok());
-            } else {
-              std::optional<Status> answer;
-              executor.launch(call, [&](const Status& s) { answer = s; });
-              REQUIRE(answer.has_value());
-              REQUIRE(answer->ok());
-            }
-          }
+          const auto health = allreduce_with_health(f, executor, across ? &engines : nullptr, args);
           // Every block, against the host's health of the host's reduction.
           for (size_t t = 0; t < f.set->layout.size(); ++t) {
             const Bytes want = f.reduced(args, t);
@@ -216,14 +230,7 @@ TEST_CASE("cuda executor: a masked device allreduce's health is its results', an
       masked->mask = mask;
       complete_tensor_set(masked.get(), f.topology);
       f.set = masked;
-      for (int c = 0; c < kClients; ++c) {
-        for (size_t t = 0; t < f.set->layout.size(); ++t) {
-          for (uint64_t i = 0; i < f.set->layout[t].numel; ++i) {
-            const double v = static_cast<double>(static_cast<int>((i * 7 + c * 3 + t) % 17) - 8) / 4;
-            reduce::cases::store_exact(dtype, f.set->address[c][t] + i * dtype_size(dtype), v);
-          }
-        }
-      }
+      fill_moderate(f, dtype);
       // Client 1's tensor 3 (9000 elements, blocks 0-2): an inf at a dropped element of block 0
       // and one at a kept element of block 2.
       const auto kept = [&](uint64_t e) {
@@ -245,21 +252,7 @@ TEST_CASE("cuda executor: a masked device allreduce's health is its results', an
           REQUIRE(executor.admit(*f.set, SetAdmission{"j", &local, &f.topology}).ok());
         }
         const reduce::KernelArgs args{.dtype = dtype, .scale = reduce::Scale::kAfter, .divisor = 3};
-        auto health = std::make_shared<std::vector<reduce::HealthBlock>>(f.set->health_blocks);
-        for (size_t b = 0; b < f.set->plan.buckets.size(); ++b) {
-          BucketCall call = f.call(OpKind::kAllreduce, 1, b);
-          call.args = args;
-          call.desc.health = true;
-          call.health = health;
-          if (across) {
-            REQUIRE(launch_and_finish(f, executor, engines, call, true).ok());
-          } else {
-            std::optional<Status> answer;
-            executor.launch(call, [&](const Status& s) { answer = s; });
-            REQUIRE(answer.has_value());
-            REQUIRE(answer->ok());
-          }
-        }
+        const auto health = allreduce_with_health(f, executor, across ? &engines : nullptr, args);
         const size_t element = dtype_size(dtype);
         for (size_t t = 0; t < f.set->layout.size(); ++t) {
           // The results: the reduction at kept elements, zero elsewhere.
