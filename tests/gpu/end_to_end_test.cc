@@ -66,6 +66,20 @@ int run_ranks(int world, const std::function<int(int, Client&, const std::vector
   return failed;
 }
 
+// The host's sum of squares of the float32 tensors' contents, block by block in the order the
+// health defines (reduce/health.h): what a device allreduce's sq_norm must equal bit for bit.
+double host_sq_norm(const std::vector<SharedTensor>& tensors) {
+  double sum = 0;
+  for (const SharedTensor& t : tensors) {
+    const std::vector<float> got = read(t);
+    for (size_t first = 0; first < got.size(); first += reduce::kHealthBlockElements) {
+      const size_t n = std::min<size_t>(reduce::kHealthBlockElements, got.size() - first);
+      sum = sum + reduce::simd::health(DType::kFloat32, got.data() + first, n).sum_sq;
+    }
+  }
+  return sum;
+}
+
 }  // namespace
 
 TEST_CASE("gpu end to end: allreduce sum and avg across 2 and 3 clients on one GPU, every element", "[gpu][e2e]") {
@@ -117,14 +131,7 @@ TEST_CASE("gpu end to end: the health of a device allreduce equals the host's, a
           options.health = true;
           Work work = client.allreduce(set, options);
           if (!work.wait(kOperationBound)) return fail("timed out");
-          double want = 0;
-          for (const SharedTensor& t : tensors) {
-            const std::vector<float> got = read(t);
-            for (size_t first = 0; first < got.size(); first += reduce::kHealthBlockElements) {
-              const size_t n = std::min<size_t>(reduce::kHealthBlockElements, got.size() - first);
-              want = want + reduce::simd::health(DType::kFloat32, got.data() + first, n).sum_sq;
-            }
-          }
+          const double want = host_sq_norm(tensors);
           const double sq_norm = work.sq_norm();
           std::printf("health: rank %d sq_norm=%.17g (host %.17g)\n", rank, sq_norm, want);
           if (work.found_inf()) return fail("found_inf on finite gradients");
@@ -229,14 +236,7 @@ TEST_CASE("gpu end to end: a masked allreduce sums the kept elements, zeroes the
         return fail("an inf at flat element " + std::to_string(at) + (at == 3 ? " (kept) was not found" : " (dropped) was found"));
       }
       if (at == 1) {
-        double want = 0;
-        for (const SharedTensor& t : tensors) {
-          const std::vector<float> got = read(t);
-          for (size_t first = 0; first < got.size(); first += reduce::kHealthBlockElements) {
-            const size_t n = std::min<size_t>(reduce::kHealthBlockElements, got.size() - first);
-            want = want + reduce::simd::health(DType::kFloat32, got.data() + first, n).sum_sq;
-          }
-        }
+        const double want = host_sq_norm(tensors);
         const double sq_norm = work.sq_norm();
         std::printf("masked health: rank %d sq_norm=%.17g (host %.17g)\n", rank, sq_norm, want);
         if (std::memcmp(&sq_norm, &want, sizeof want) != 0) return fail("masked sq_norm differs from the host's");
